@@ -1,0 +1,39 @@
+//! Builds the two things the agent embeds: the BPF object (through aya-build, with the nightly
+//! toolchain and bpf-linker that `cargo xtask setup` installs) and the pprof protobuf types
+//! (through protox, so no system `protoc` is needed).
+use anyhow::{anyhow, Context as _};
+
+fn main() -> anyhow::Result<()> {
+    build_proto()?;
+    build_ebpf()
+}
+
+fn build_proto() -> anyhow::Result<()> {
+    let proto_dir = "../proto";
+    println!("cargo:rerun-if-changed={proto_dir}/profile.proto");
+    let descriptors = protox::compile([format!("{proto_dir}/profile.proto")], [proto_dir])
+        .context("compiling proto/profile.proto")?;
+    prost_build::Config::new()
+        .compile_fds(descriptors)
+        .context("generating Rust types for proto/profile.proto")?;
+    Ok(())
+}
+
+fn build_ebpf() -> anyhow::Result<()> {
+    let manifest_dir = std::env::var("CARGO_MANIFEST_DIR").context("CARGO_MANIFEST_DIR not set")?;
+    let ebpf_dir = std::path::Path::new(&manifest_dir).join("../agent-ebpf");
+    let ebpf_dir = ebpf_dir
+        .to_str()
+        .ok_or_else(|| anyhow!("non-UTF-8 path {}", ebpf_dir.display()))?;
+    // aya-build prints `rerun-if-changed` for the BPF crate's directory, so edits there rebuild
+    // the embedded object.
+    aya_build::build_ebpf(
+        [aya_build::Package {
+            name: "scorch-ebpf",
+            root_dir: ebpf_dir,
+            ..Default::default()
+        }],
+        aya_build::Toolchain::default(),
+    )
+    .context("building the BPF program (is the toolchain set up? run `cargo xtask setup`)")
+}

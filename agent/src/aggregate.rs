@@ -1,0 +1,128 @@
+//! Aggregate: merge drained windows into one set of distinct stacks with counts.
+//!
+//! Pure: no BPF, no I/O. Stack ids are per generation and reused, so windows are merged on the
+//! resolved frames, never on ids.
+
+use std::{collections::HashMap, time::SystemTime};
+
+use crate::drain::{Losses, RawWindow, Stack};
+
+/// The identity of a sampled stack: which process, which user frames, which kernel frames.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct StackSample {
+    pub tgid: u32,
+    pub user: Stack,
+    pub kernel: Stack,
+}
+
+/// Per-window totals, kept so a run can show that its windows add up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WindowTotal {
+    pub start: SystemTime,
+    pub end: SystemTime,
+    pub samples: u64,
+}
+
+/// Windows merged so far.
+#[derive(Debug, Clone, Default)]
+pub struct Aggregated {
+    pub stacks: HashMap<StackSample, u64>,
+    /// Process names as the BPF program recorded them.
+    pub comms: HashMap<u32, String>,
+    pub losses: Losses,
+    pub windows: Vec<WindowTotal>,
+}
+
+impl Aggregated {
+    /// Adds one window's samples.
+    pub fn add(&mut self, window: RawWindow) {
+        self.windows.push(WindowTotal {
+            start: window.start,
+            end: window.end,
+            samples: window.total_samples(),
+        });
+        for sample in window.samples {
+            *self
+                .stacks
+                .entry(StackSample {
+                    tgid: sample.tgid,
+                    user: sample.user,
+                    kernel: sample.kernel,
+                })
+                .or_insert(0) += sample.count;
+        }
+        for (tgid, comm) in window.comms {
+            self.comms.entry(tgid).or_insert(comm);
+        }
+        self.losses.add(&window.losses);
+    }
+
+    pub fn total_samples(&self) -> u64 {
+        self.stacks.values().sum()
+    }
+
+    /// Distinct processes sampled.
+    pub fn processes(&self) -> usize {
+        let mut pids: Vec<u32> = self.stacks.keys().map(|s| s.tgid).collect();
+        pids.sort_unstable();
+        pids.dedup();
+        pids.len()
+    }
+
+    pub fn start(&self) -> Option<SystemTime> {
+        self.windows.first().map(|w| w.start)
+    }
+
+    pub fn end(&self) -> Option<SystemTime> {
+        self.windows.last().map(|w| w.end)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::drain::RawSample;
+
+    fn window(at: u64, samples: Vec<RawSample>) -> RawWindow {
+        let start = SystemTime::UNIX_EPOCH + Duration::from_secs(at);
+        let mut losses = Losses::default();
+        losses.by_kind[0] = 1;
+        RawWindow {
+            start,
+            end: start + Duration::from_secs(10),
+            samples,
+            comms: HashMap::from([(7, "work".to_owned())]),
+            losses,
+        }
+    }
+
+    fn sample(tgid: u32, user: &[u64], count: u64) -> RawSample {
+        RawSample {
+            tgid,
+            user: Stack::Frames(user.to_vec()),
+            kernel: Stack::Absent,
+            count,
+        }
+    }
+
+    #[test]
+    fn merges_equal_stacks_across_windows() {
+        let mut agg = Aggregated::default();
+        agg.add(window(0, vec![sample(7, &[1, 2], 3), sample(7, &[1, 3], 1)]));
+        agg.add(window(10, vec![sample(7, &[1, 2], 4), sample(8, &[1, 2], 2)]));
+        assert_eq!(agg.total_samples(), 10);
+        assert_eq!(agg.stacks.len(), 3);
+        let key = StackSample {
+            tgid: 7,
+            user: Stack::Frames(vec![1, 2]),
+            kernel: Stack::Absent,
+        };
+        assert_eq!(agg.stacks[&key], 7);
+        assert_eq!(agg.processes(), 2);
+        assert_eq!(agg.windows.iter().map(|w| w.samples).collect::<Vec<_>>(), [4, 6]);
+        assert_eq!(agg.losses.by_kind[0], 2);
+        assert_eq!(agg.end().unwrap() - Duration::from_secs(20), agg.start().unwrap());
+    }
+}

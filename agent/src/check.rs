@@ -1,0 +1,233 @@
+//! `scorch check`: a preflight report, one line per requirement, with a fix for each failure.
+
+use std::fmt;
+
+use crate::{
+    privileges::{Capabilities, CAP_SYSLOG},
+    sampler::{Sampler, SamplerConfig},
+};
+
+/// The outcome of one check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    Ok,
+    /// Profiling works, but something will be missing from the profiles.
+    Warn,
+    /// Profiling cannot work.
+    Fail,
+}
+
+#[derive(Debug, Clone)]
+pub struct Item {
+    pub status: Status,
+    pub name: &'static str,
+    pub detail: String,
+    /// What to do about a WARN or FAIL.
+    pub fix: Option<String>,
+}
+
+impl fmt::Display for Item {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let status = match self.status {
+            Status::Ok => "OK  ",
+            Status::Warn => "WARN",
+            Status::Fail => "FAIL",
+        };
+        write!(f, "{status} {:<22} {}", self.name, self.detail)?;
+        if let Some(fix) = &self.fix {
+            write!(f, " -> {fix}")?;
+        }
+        Ok(())
+    }
+}
+
+fn item(status: Status, name: &'static str, detail: impl Into<String>, fix: Option<&str>) -> Item {
+    Item {
+        status,
+        name,
+        detail: detail.into(),
+        fix: fix.map(str::to_owned),
+    }
+}
+
+/// Runs every check. Loading and attaching the real sampler is the last, decisive one.
+pub fn run_checks() -> Vec<Item> {
+    let mut items = Vec::new();
+
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_default();
+    let version = parse_kernel_version(&release);
+    items.push(match version {
+        Some(v) if v >= (5, 8) => item(Status::Ok, "kernel version", &release, None),
+        Some(v) if v >= (4, 9) => item(
+            Status::Warn,
+            "kernel version",
+            format!("{release}: CAP_BPF/CAP_PERFMON need 5.8, so only root can profile"),
+            Some("run as root, or upgrade the kernel"),
+        ),
+        _ => item(
+            Status::Fail,
+            "kernel version",
+            format!("{release:?}: perf_event BPF programs need Linux 4.9 or newer"),
+            Some("upgrade the kernel"),
+        ),
+    });
+
+    items.push(if std::path::Path::new("/sys/kernel/btf/vmlinux").exists() {
+        item(Status::Ok, "BTF", "/sys/kernel/btf/vmlinux present", None)
+    } else {
+        item(
+            Status::Warn,
+            "BTF",
+            "/sys/kernel/btf/vmlinux missing",
+            Some("use a kernel built with CONFIG_DEBUG_INFO_BTF=y (most distributions since 2020)"),
+        )
+    });
+
+    let caps = Capabilities::effective();
+    let euid = unsafe { libc::geteuid() };
+    items.push(if caps.can_profile() {
+        item(
+            Status::Ok,
+            "privileges",
+            if euid == 0 { "root".to_owned() } else { format!("uid {euid} with CAP_BPF and CAP_PERFMON") },
+            None,
+        )
+    } else {
+        item(
+            Status::Fail,
+            "privileges",
+            format!("uid {euid}, missing {}", caps.missing_for_profiling().join(" and ")),
+            Some("run with sudo, or: sudo setcap cap_bpf,cap_perfmon,cap_syslog+ep $(which scorch)"),
+        )
+    });
+
+    let paranoid = read_sysctl("/proc/sys/kernel/perf_event_paranoid");
+    items.push(match paranoid {
+        Some(p) if caps.can_profile() => item(
+            Status::Ok,
+            "perf_event_paranoid",
+            format!("{p} (does not apply with CAP_PERFMON)"),
+            None,
+        ),
+        Some(p) if p <= -1 => item(Status::Ok, "perf_event_paranoid", p.to_string(), None),
+        Some(p) => item(
+            Status::Fail,
+            "perf_event_paranoid",
+            format!("{p}: system-wide perf events need CAP_PERFMON or paranoid -1"),
+            Some("grant CAP_PERFMON (preferred) or: sudo sysctl kernel.perf_event_paranoid=-1"),
+        ),
+        None => item(Status::Warn, "perf_event_paranoid", "unreadable", None),
+    });
+
+    let kptr = read_sysctl("/proc/sys/kernel/kptr_restrict");
+    let kallsyms_visible = kallsyms_addresses_visible();
+    items.push(match (kptr, kallsyms_visible) {
+        (_, true) => item(
+            Status::Ok,
+            "kptr_restrict",
+            format!("{}: kernel addresses visible", kptr.unwrap_or(-1)),
+            None,
+        ),
+        (k, false) => item(
+            Status::Warn,
+            "kptr_restrict",
+            format!(
+                "{}: /proc/kallsyms hides addresses, kernel frames will be unnamed",
+                k.map_or("unreadable".to_owned(), |k| k.to_string())
+            ),
+            Some(if caps.has(CAP_SYSLOG) || euid == 0 {
+                "sudo sysctl kernel.kptr_restrict=0"
+            } else {
+                "grant CAP_SYSLOG, or: sudo sysctl kernel.kptr_restrict=0"
+            }),
+        ),
+    });
+
+    // Decisive: load the real program and attach it on every CPU, then detach.
+    let config = SamplerConfig {
+        frequency_hz: 19,
+        pids: vec![],
+        include_idle: false,
+        window_secs: 10,
+    };
+    match Sampler::start(&config) {
+        Ok((sampler, _, _)) => {
+            items.push(item(Status::Ok, "BPF program loads", "scorch sampler verified", None));
+            items.push(item(
+                Status::Ok,
+                "perf event opens",
+                format!("CPU clock attached on {} CPUs", sampler.cpus().len()),
+                None,
+            ));
+        }
+        Err(err) => {
+            let attach = matches!(err, crate::sampler::SamplerError::Attach { .. });
+            if attach {
+                items.push(item(Status::Ok, "BPF program loads", "scorch sampler verified", None));
+            }
+            items.push(item(
+                Status::Fail,
+                if attach { "perf event opens" } else { "BPF program loads" },
+                err.to_string(),
+                Some("fix the failures above first; see `dmesg` for the kernel's reason"),
+            ));
+        }
+    }
+    items
+}
+
+/// True when every check lets profiling work.
+pub fn can_profile(items: &[Item]) -> bool {
+    items.iter().all(|i| i.status != Status::Fail)
+}
+
+fn read_sysctl(path: &str) -> Option<i64> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+fn kallsyms_addresses_visible() -> bool {
+    use std::io::BufRead;
+    let Ok(file) = std::fs::File::open("/proc/kallsyms") else {
+        return false;
+    };
+    let mut first = String::new();
+    if std::io::BufReader::new(file).read_line(&mut first).is_err() {
+        return false;
+    }
+    first
+        .split(' ')
+        .next()
+        .and_then(|a| u64::from_str_radix(a, 16).ok())
+        .is_some_and(|a| a != 0)
+}
+
+/// `6.1.0-18-amd64` -> (6, 1).
+pub fn parse_kernel_version(release: &str) -> Option<(u32, u32)> {
+    let mut parts = release.split(|c: char| !c.is_ascii_digit());
+    let major = parts.next()?.parse().ok()?;
+    let minor = parts.next()?.parse().ok()?;
+    Some((major, minor))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernel_versions() {
+        assert_eq!(parse_kernel_version("6.1.0-18-amd64"), Some((6, 1)));
+        assert_eq!(parse_kernel_version("6.18.44-fc-v595"), Some((6, 18)));
+        assert_eq!(parse_kernel_version("4.9"), Some((4, 9)));
+        assert_eq!(parse_kernel_version("garbage"), None);
+    }
+
+    #[test]
+    fn item_lines_read_well() {
+        let line = item(Status::Fail, "privileges", "uid 1000", Some("run with sudo")).to_string();
+        assert_eq!(line, "FAIL privileges             uid 1000 -> run with sudo");
+        assert!(!can_profile(&[item(Status::Fail, "x", "", None)]));
+        assert!(can_profile(&[item(Status::Warn, "x", "", None)]));
+    }
+}

@@ -1,0 +1,188 @@
+//! Command-line interface: argument definitions and the parsers that reject bad input before
+//! anything touches the kernel.
+
+use std::{path::PathBuf, time::Duration};
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::encode::Format;
+
+/// Highest sampling frequency accepted. Beyond this the profiler's own cost stops being
+/// negligible and `perf` users expect `perf`.
+pub const MAX_FREQUENCY_HZ: u64 = 1000;
+
+#[derive(Debug, Parser)]
+#[command(name = "scorch", version, about = "System-wide CPU profiler for Linux, on eBPF")]
+pub struct Cli {
+    /// Log filter (e.g. `info`, `debug`, `scorch=debug`); `RUST_LOG` overrides it.
+    #[arg(long, global = true, default_value = "info")]
+    pub log_level: String,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Sample every CPU for a while and write one profile (like `perf record -a -g`).
+    Record(RecordArgs),
+    /// Check that this machine and this user can profile; one line per requirement.
+    Check,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct RecordArgs {
+    /// How long to sample (e.g. `10s`, `1m`, `500ms`; a bare number is seconds). Ctrl-C or
+    /// SIGTERM ends the recording early and still writes the output.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub duration: Duration,
+    /// Samples per second on each CPU. A prime (the default, 19) never beats against periodic
+    /// work.
+    #[arg(long, short = 'F', default_value_t = 19, value_parser = parse_frequency)]
+    pub frequency: u64,
+    /// Only sample this process (repeatable). Enforced in the kernel before any stack is walked.
+    #[arg(long, short = 'p', value_parser = parse_pid)]
+    pub pid: Vec<u32>,
+    /// Keep samples of idle CPUs (the swapper task, pid 0).
+    #[arg(long)]
+    pub include_idle: bool,
+    /// Where to write the profile.
+    #[arg(long, short = 'o', default_value = "scorch.pb.gz")]
+    pub output: PathBuf,
+    /// Output format; by default inferred from the output's extension: `.svg`, `.folded` or
+    /// `.txt`, anything else pprof.
+    #[arg(long, value_enum)]
+    pub format: Option<Format>,
+    /// How often the kernel maps are drained while recording, so they never fill up.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub window: Duration,
+}
+
+impl RecordArgs {
+    /// The format to write: the explicit `--format`, else what the file name implies.
+    pub fn output_format(&self) -> Format {
+        self.format.unwrap_or_else(|| Format::from_path(&self.output))
+    }
+}
+
+/// Parses `10s`, `1m`, `1h`, `500ms`, or a bare number of seconds. Zero is refused: a profile
+/// of nothing is always a mistake.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    if text.starts_with('-') {
+        return Err("a duration cannot be negative; use e.g. `10s`".into());
+    }
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("`{text}` is not a duration; use e.g. `10s`, `2m` or `500ms`"))?;
+    let seconds = match unit {
+        "" | "s" => value,
+        "ms" => value / 1000.0,
+        "m" | "min" => value * 60.0,
+        "h" => value * 3600.0,
+        other => {
+            return Err(format!(
+                "unknown unit `{other}` in `{text}`; use ms, s, m or h"
+            ))
+        }
+    };
+    if !seconds.is_finite() || seconds <= 0.0 {
+        return Err(format!("duration must be greater than zero, got `{text}`"));
+    }
+    if seconds > 365.0 * 24.0 * 3600.0 {
+        return Err(format!("duration `{text}` is longer than a year"));
+    }
+    Ok(Duration::from_secs_f64(seconds))
+}
+
+/// Parses a sampling frequency in Hz, 1 to [`MAX_FREQUENCY_HZ`].
+pub fn parse_frequency(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let text = text.strip_suffix("Hz").or_else(|| text.strip_suffix("hz")).unwrap_or(text);
+    if text.starts_with('-') {
+        return Err(format!("frequency must be between 1 and {MAX_FREQUENCY_HZ} Hz, got `{text}`"));
+    }
+    let hz: u64 = text
+        .parse()
+        .map_err(|_| format!("`{text}` is not a whole number of Hz (e.g. 19, 99)"))?;
+    if hz == 0 || hz > MAX_FREQUENCY_HZ {
+        return Err(format!("frequency must be between 1 and {MAX_FREQUENCY_HZ} Hz, got {hz}"));
+    }
+    Ok(hz)
+}
+
+/// Parses a PID and checks that the process exists now.
+pub fn parse_pid(text: &str) -> Result<u32, String> {
+    let pid: u32 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{text}` is not a process id"))?;
+    if pid == 0 {
+        return Err("PID 0 is the idle task; use --include-idle instead".into());
+    }
+    if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+        return Err(format!("no process with PID {pid} (is it still running?)"));
+    }
+    Ok(pid)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("10s"), Ok(Duration::from_secs(10)));
+        assert_eq!(parse_duration("10"), Ok(Duration::from_secs(10)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
+        for bad in ["0", "0s", "-5s", "abc", "", "10x", "s"] {
+            assert!(parse_duration(bad).is_err(), "{bad} accepted");
+        }
+        assert!(parse_duration("-5s").unwrap_err().contains("negative"));
+        assert!(parse_duration("0s").unwrap_err().contains("greater than zero"));
+        assert!(parse_duration("ten").unwrap_err().contains("`ten` is not a duration"));
+    }
+
+    #[test]
+    fn frequencies() {
+        assert_eq!(parse_frequency("19"), Ok(19));
+        assert_eq!(parse_frequency("99Hz"), Ok(99));
+        assert_eq!(parse_frequency("1000"), Ok(1000));
+        for bad in ["0", "1001", "-19", "fast", "19.5"] {
+            assert!(parse_frequency(bad).is_err(), "{bad} accepted");
+        }
+        assert!(parse_frequency("5000").unwrap_err().contains("between 1 and 1000"));
+    }
+
+    #[test]
+    fn pids() {
+        assert_eq!(parse_pid(&std::process::id().to_string()), Ok(std::process::id()));
+        assert!(parse_pid("0").is_err());
+        assert!(parse_pid("abc").unwrap_err().contains("not a process id"));
+        // PIDs above pid_max (at most 2^22) cannot exist.
+        assert!(parse_pid("4194305").unwrap_err().contains("no process with PID 4194305"));
+    }
+
+    #[test]
+    fn full_command_lines() {
+        let cli = Cli::try_parse_from(["scorch", "record", "--duration", "3s", "-o", "x.svg"]).unwrap();
+        let Command::Record(args) = cli.command else { panic!("not record") };
+        assert_eq!(args.duration, Duration::from_secs(3));
+        assert_eq!(args.frequency, 19);
+        assert_eq!(args.output_format(), Format::Svg);
+
+        let err = Cli::try_parse_from(["scorch", "record", "--frequency", "5000"]).unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains("--frequency") && text.contains("between 1 and 1000"), "{text}");
+
+        let cli = Cli::try_parse_from(["scorch", "record", "-o", "x.svg", "--format", "pprof"]).unwrap();
+        let Command::Record(args) = cli.command else { panic!("not record") };
+        assert_eq!(args.output_format(), Format::Pprof);
+    }
+}

@@ -1,0 +1,334 @@
+//! Drain: read and reset the sampler's maps once per window, without losing or double-counting
+//! a sample at the boundary.
+//!
+//! The BPF program writes to one of two map generations, chosen by `CONTROL.generation`. To
+//! drain, the agent flips the generation, waits until no run of the program can still be
+//! writing to the old one, then reads and empties the old generation at leisure:
+//!
+//! 1. write `generation = 1 - g`;
+//! 2. for every CPU, read its `RUN_SEQ`; an odd value means a run is in flight, possibly one
+//!    that read `g` before the flip. Wait until that CPU's value changes. A run that starts
+//!    after step 2 read the CPU's value reads the new generation, because the program bumps its
+//!    sequence (a full barrier) before it reads the generation;
+//! 3. read `COUNTS_g`, the stacks it references in `STACKS_g`, and `COMMS_g`; delete every entry.
+//!
+//! Loss counters are cumulative per CPU; each window reports the difference.
+
+use std::{
+    collections::HashMap,
+    time::{Duration, Instant, SystemTime},
+};
+
+use aya::maps::{Array, HashMap as BpfHashMap, MapData, MapError, PerCpuArray, StackTraceMap};
+use scorch_common::{
+    Comm, Control, Loss, RunSeq, StackKey, LOSS_KINDS, MAX_STACK_DEPTH, STACK_ABSENT,
+    STACK_LOST_COLLISION,
+};
+
+/// Longest a single BPF run may take before the drain gives up waiting on it. Runs take
+/// microseconds; this only guards against a wedged CPU stalling the daemon.
+const QUIESCE_TIMEOUT: Duration = Duration::from_secs(1);
+
+#[derive(Debug, thiserror::Error)]
+pub enum DrainError {
+    #[error("{action} BPF map {map}: {source}")]
+    Map {
+        action: &'static str,
+        map: &'static str,
+        source: MapError,
+    },
+    #[error("CPU {cpu} stayed inside the BPF program for over {QUIESCE_TIMEOUT:?}")]
+    NotQuiescent { cpu: usize },
+}
+
+/// A stack as recorded for one sample.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Stack {
+    /// Instruction pointers, leaf first.
+    Frames(Vec<u64>),
+    /// The sample has no stack of this kind (kernel thread: no user stack; user mode: no
+    /// kernel stack).
+    Absent,
+    /// The stack could not be recorded; the reason was counted in the losses.
+    Lost,
+}
+
+/// One (process, user stack, kernel stack) and how often it was sampled in a window.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RawSample {
+    pub tgid: u32,
+    pub user: Stack,
+    pub kernel: Stack,
+    pub count: u64,
+}
+
+/// Loss counts by [`Loss`] kind, plus stacks cut at the depth limit.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Losses {
+    pub by_kind: [u64; LOSS_KINDS as usize],
+    /// Samples whose user or kernel stack hit the depth limit (their root frames are missing).
+    pub truncated_stacks: u64,
+}
+
+impl Losses {
+    pub fn add(&mut self, other: &Losses) {
+        for (mine, theirs) in self.by_kind.iter_mut().zip(other.by_kind) {
+            *mine += theirs;
+        }
+        self.truncated_stacks += other.truncated_stacks;
+    }
+
+    /// Samples dropped outright (not merely degraded).
+    pub fn dropped_samples(&self) -> u64 {
+        self.by_kind[Loss::CountsMapFull as usize]
+    }
+
+    /// Samples kept without one of their stacks.
+    pub fn lost_stacks(&self) -> u64 {
+        [
+            Loss::UserStackCollision,
+            Loss::UserStackError,
+            Loss::KernelStackCollision,
+            Loss::KernelStackError,
+        ]
+        .iter()
+        .map(|&l| self.by_kind[l as usize])
+        .sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        *self == Losses::default()
+    }
+
+    /// `kind=count` pairs for the non-zero counters, for summaries and logs.
+    pub fn describe(&self) -> String {
+        let mut parts: Vec<String> = Loss::ALL
+            .iter()
+            .filter(|&&l| self.by_kind[l as usize] > 0)
+            .map(|&l| format!("{}: {}", l.name(), self.by_kind[l as usize]))
+            .collect();
+        if self.truncated_stacks > 0 {
+            parts.push(format!("truncated stacks: {}", self.truncated_stacks));
+        }
+        if parts.is_empty() {
+            "none".to_owned()
+        } else {
+            parts.join(", ")
+        }
+    }
+}
+
+/// Everything sampled in one window, with stack ids resolved to frames.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RawWindow {
+    pub start: SystemTime,
+    pub end: SystemTime,
+    pub samples: Vec<RawSample>,
+    /// Process names recorded by the BPF program, for processes that may be gone by now.
+    pub comms: HashMap<u32, String>,
+    pub losses: Losses,
+}
+
+impl RawWindow {
+    pub fn total_samples(&self) -> u64 {
+        self.samples.iter().map(|s| s.count).sum()
+    }
+}
+
+/// The maps of one generation, taken out of the loaded program.
+pub struct GenerationMaps {
+    pub counts: BpfHashMap<MapData, StackKey, u64>,
+    pub stacks: StackTraceMap<MapData>,
+    pub comms: BpfHashMap<MapData, u32, Comm>,
+}
+
+/// All maps the drain needs.
+pub struct SamplerMaps {
+    pub control: Array<MapData, Control>,
+    pub run_seq: PerCpuArray<MapData, RunSeq>,
+    pub losses: PerCpuArray<MapData, u64>,
+    pub generations: [GenerationMaps; 2],
+}
+
+/// Reads windows out of the sampler's maps.
+pub struct Drainer {
+    maps: SamplerMaps,
+    control: Control,
+    window_start: SystemTime,
+    /// Cumulative loss counters at the previous drain.
+    previous_losses: [u64; LOSS_KINDS as usize],
+}
+
+fn map_err(action: &'static str, map: &'static str) -> impl FnOnce(MapError) -> DrainError {
+    move |source| DrainError::Map { action, map, source }
+}
+
+impl Drainer {
+    /// Takes over the maps; `control` is the configuration the sampler was started with.
+    pub fn new(maps: SamplerMaps, control: Control) -> Self {
+        Drainer {
+            maps,
+            control,
+            window_start: SystemTime::now(),
+            previous_losses: [0; LOSS_KINDS as usize],
+        }
+    }
+
+    /// Ends the current window and returns what it sampled.
+    pub fn drain_window(&mut self) -> Result<RawWindow, DrainError> {
+        let old = self.control.generation as usize & 1;
+        self.control.generation = (old ^ 1) as u32;
+        self.maps
+            .control
+            .set(0, self.control, 0)
+            .map_err(map_err("writing", "CONTROL"))?;
+        let end = SystemTime::now();
+        self.wait_quiescent()?;
+
+        let generation = &mut self.maps.generations[old];
+        let mut counts: Vec<(StackKey, u64)> = Vec::new();
+        for entry in generation.counts.iter() {
+            counts.push(entry.map_err(map_err("reading", "COUNTS"))?);
+        }
+        let mut stacks: HashMap<i32, Vec<u64>> = HashMap::new();
+        let mut losses = Losses::default();
+        let mut samples = Vec::with_capacity(counts.len());
+        for (key, count) in &counts {
+            let user = resolve_stack(&generation.stacks, &mut stacks, key.user_stack_id)?;
+            let kernel = resolve_stack(&generation.stacks, &mut stacks, key.kernel_stack_id)?;
+            let truncated = |s: &Stack| matches!(s, Stack::Frames(f) if f.len() >= MAX_STACK_DEPTH);
+            if truncated(&user) || truncated(&kernel) {
+                losses.truncated_stacks += count;
+            }
+            samples.push(RawSample {
+                tgid: key.tgid,
+                user,
+                kernel,
+                count: *count,
+            });
+        }
+        let mut comms = HashMap::new();
+        let mut comm_keys = Vec::new();
+        for entry in generation.comms.iter() {
+            let (tgid, Comm(raw)) = entry.map_err(map_err("reading", "COMMS"))?;
+            let len = raw.iter().position(|&b| b == 0).unwrap_or(raw.len());
+            comms.insert(tgid, String::from_utf8_lossy(&raw[..len]).into_owned());
+            comm_keys.push(tgid);
+        }
+
+        // Empty the generation for its next turn. Keys were collected first: deleting while
+        // iterating a BPF hash map restarts or skips the walk.
+        for (key, _) in &counts {
+            remove_ok(generation.counts.remove(key)).map_err(map_err("clearing", "COUNTS"))?;
+        }
+        let stack_ids: Vec<u32> = generation
+            .stacks
+            .stack_ids()
+            .collect::<Result<_, _>>()
+            .map_err(map_err("listing", "STACKS"))?;
+        for id in stack_ids {
+            remove_ok(generation.stacks.remove(&id)).map_err(map_err("clearing", "STACKS"))?;
+        }
+        for tgid in comm_keys {
+            remove_ok(generation.comms.remove(&tgid)).map_err(map_err("clearing", "COMMS"))?;
+        }
+
+        let totals = self.read_loss_totals()?;
+        for (i, total) in totals.iter().enumerate() {
+            losses.by_kind[i] = total.saturating_sub(self.previous_losses[i]);
+        }
+        self.previous_losses = totals;
+
+        let start = std::mem::replace(&mut self.window_start, end);
+        Ok(RawWindow {
+            start,
+            end,
+            samples,
+            comms,
+            losses,
+        })
+    }
+
+    /// Waits until no CPU can still be running the program against the old generation.
+    fn wait_quiescent(&self) -> Result<(), DrainError> {
+        let snapshot = self
+            .maps
+            .run_seq
+            .get(&0, 0)
+            .map_err(map_err("reading", "RUN_SEQ"))?;
+        let deadline = Instant::now() + QUIESCE_TIMEOUT;
+        for (cpu, before) in snapshot.iter().enumerate() {
+            if before.seq % 2 == 0 {
+                continue;
+            }
+            loop {
+                let now = self
+                    .maps
+                    .run_seq
+                    .get(&0, 0)
+                    .map_err(map_err("reading", "RUN_SEQ"))?;
+                if now[cpu].seq != before.seq {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    return Err(DrainError::NotQuiescent { cpu });
+                }
+                std::thread::yield_now();
+            }
+        }
+        Ok(())
+    }
+
+    fn read_loss_totals(&self) -> Result<[u64; LOSS_KINDS as usize], DrainError> {
+        let mut totals = [0u64; LOSS_KINDS as usize];
+        for (i, total) in totals.iter_mut().enumerate() {
+            let per_cpu = self
+                .maps
+                .losses
+                .get(&(i as u32), 0)
+                .map_err(map_err("reading", "LOSSES"))?;
+            *total = per_cpu.iter().sum();
+        }
+        Ok(totals)
+    }
+}
+
+/// A key deleted by someone else in between is as good as deleted.
+fn remove_ok(result: Result<(), MapError>) -> Result<(), MapError> {
+    match result {
+        Err(MapError::KeyNotFound) => Ok(()),
+        other => other,
+    }
+}
+
+fn resolve_stack(
+    map: &StackTraceMap<MapData>,
+    cache: &mut HashMap<i32, Vec<u64>>,
+    id: i32,
+) -> Result<Stack, DrainError> {
+    if id == STACK_ABSENT {
+        return Ok(Stack::Absent);
+    }
+    if id < 0 {
+        debug_assert!(id <= STACK_LOST_COLLISION);
+        return Ok(Stack::Lost);
+    }
+    if let Some(frames) = cache.get(&id) {
+        return Ok(Stack::Frames(frames.clone()));
+    }
+    match map.get(&(id as u32), 0) {
+        Ok(trace) => {
+            let frames: Vec<u64> = trace.frames().iter().map(|f| f.ip).collect();
+            cache.insert(id, frames.clone());
+            Ok(Stack::Frames(frames))
+        }
+        // Cannot happen while the generation is quiescent, but a missing stack must not
+        // abort the window.
+        Err(MapError::KeyNotFound) => Ok(Stack::Lost),
+        Err(source) => Err(DrainError::Map {
+            action: "reading",
+            map: "STACKS",
+            source,
+        }),
+    }
+}

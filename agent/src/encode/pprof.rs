@@ -1,0 +1,297 @@
+//! pprof encoding (`perftools.profiles.Profile`), gzipped.
+//!
+//! Layout of Go's CPU profiles, which every reader understands: sample types
+//! `[samples/count, cpu/nanoseconds]`, period type `cpu/nanoseconds`, values `[n, n * period]`.
+//! Strings, functions, locations and mappings are each written once; ids start at 1.
+
+use std::{collections::HashMap, io::Write};
+
+use flate2::{write::GzEncoder, Compression};
+use prost::Message;
+
+use crate::{pprof as pb, profile::Profile};
+
+/// Interns strings into the pprof string table (index 0 is always "").
+#[derive(Default)]
+struct StringTable {
+    strings: Vec<String>,
+    index: HashMap<String, i64>,
+}
+
+impl StringTable {
+    fn new() -> Self {
+        let mut table = StringTable::default();
+        table.intern("");
+        table
+    }
+
+    fn intern(&mut self, s: &str) -> i64 {
+        if let Some(&i) = self.index.get(s) {
+            return i;
+        }
+        let i = self.strings.len() as i64;
+        self.strings.push(s.to_owned());
+        self.index.insert(s.to_owned(), i);
+        i
+    }
+}
+
+/// Builds the protobuf message.
+pub fn to_message(profile: &Profile) -> pb::Profile {
+    let mut strings = StringTable::new();
+    let value_type = |strings: &mut StringTable, ty: &str, unit: &str| pb::ValueType {
+        r#type: strings.intern(ty),
+        unit: strings.intern(unit),
+    };
+    let sample_type = vec![
+        value_type(&mut strings, "samples", "count"),
+        value_type(&mut strings, "cpu", "nanoseconds"),
+    ];
+    let period_type = Some(value_type(&mut strings, "cpu", "nanoseconds"));
+
+    let mapping = profile
+        .mappings
+        .iter()
+        .enumerate()
+        .map(|(i, m)| pb::Mapping {
+            id: i as u64 + 1,
+            memory_start: m.start,
+            memory_limit: m.limit,
+            file_offset: m.file_offset,
+            filename: strings.intern(&m.path),
+            build_id: m.build_id.as_deref().map_or(0, |id| strings.intern(id)),
+            has_functions: m.has_functions,
+            has_filenames: false,
+            has_line_numbers: false,
+            has_inline_frames: false,
+        })
+        .collect();
+
+    let mut functions: Vec<pb::Function> = Vec::new();
+    let mut function_ids: HashMap<&str, u64> = HashMap::new();
+    let location = profile
+        .locations
+        .iter()
+        .enumerate()
+        .map(|(i, l)| pb::Location {
+            id: i as u64 + 1,
+            mapping_id: l.mapping.map_or(0, |m| m as u64 + 1),
+            address: l.address,
+            line: l
+                .lines
+                .iter()
+                .map(|line| {
+                    let id = *function_ids.entry(&line.function).or_insert_with(|| {
+                        let name = strings.intern(&line.function);
+                        functions.push(pb::Function {
+                            id: functions.len() as u64 + 1,
+                            name,
+                            system_name: name,
+                            filename: 0,
+                            start_line: 0,
+                        });
+                        functions.len() as u64
+                    });
+                    pb::Line {
+                        function_id: id,
+                        line: 0,
+                        column: 0,
+                    }
+                })
+                .collect(),
+            is_folded: false,
+        })
+        .collect();
+
+    let pid_key = strings.intern("pid");
+    let comm_key = strings.intern("comm");
+    let period = profile.period_ns as i64;
+    let sample = profile
+        .samples
+        .iter()
+        .map(|s| pb::Sample {
+            location_id: s.locations.iter().map(|&l| l as u64 + 1).collect(),
+            value: vec![s.count as i64, s.count as i64 * period],
+            label: vec![
+                pb::Label {
+                    key: pid_key,
+                    num: i64::from(s.pid),
+                    ..Default::default()
+                },
+                pb::Label {
+                    key: comm_key,
+                    str: strings.intern(&s.comm),
+                    ..Default::default()
+                },
+            ],
+        })
+        .collect();
+
+    let time_nanos = profile
+        .start
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as i64);
+    pb::Profile {
+        sample_type,
+        sample,
+        mapping,
+        location,
+        function: functions,
+        string_table: strings.strings,
+        time_nanos,
+        duration_nanos: profile.duration.as_nanos() as i64,
+        period_type,
+        period,
+        ..Default::default()
+    }
+}
+
+/// Encodes and gzips the profile.
+pub fn encode(profile: &Profile) -> Vec<u8> {
+    let bytes = to_message(profile).encode_to_vec();
+    let mut gz = GzEncoder::new(Vec::with_capacity(bytes.len() / 4), Compression::default());
+    // Writing into a Vec cannot fail.
+    let _ = gz.write_all(&bytes);
+    gz.finish().unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{
+        io::Read,
+        time::{Duration, SystemTime},
+    };
+
+    use super::*;
+    use crate::profile::{Line, Location, Mapping, Sample};
+
+    pub(crate) fn sample_profile() -> Profile {
+        Profile {
+            start: SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000),
+            duration: Duration::from_secs(10),
+            period_ns: 52_631_578,
+            mappings: vec![
+                Mapping {
+                    start: 0xffffffff81000000,
+                    limit: u64::MAX,
+                    file_offset: 0,
+                    path: "[kernel.kallsyms]".into(),
+                    build_id: None,
+                    has_functions: true,
+                },
+                Mapping {
+                    start: 0x5000,
+                    limit: 0x9000,
+                    file_offset: 0x1000,
+                    path: "/usr/bin/work".into(),
+                    build_id: Some("abcdef".into()),
+                    has_functions: true,
+                },
+            ],
+            locations: vec![
+                Location {
+                    mapping: Some(0),
+                    address: 0xffffffff81234567,
+                    lines: vec![Line {
+                        function: "vfs_read".into(),
+                    }],
+                    kernel: true,
+                },
+                Location {
+                    mapping: Some(1),
+                    address: 0x5100,
+                    lines: vec![Line {
+                        function: "leaf".into(),
+                    }],
+                    kernel: false,
+                },
+                Location {
+                    mapping: Some(1),
+                    address: 0x5200,
+                    lines: vec![Line {
+                        function: "main".into(),
+                    }],
+                    kernel: false,
+                },
+                Location {
+                    mapping: Some(1),
+                    address: 0x5300,
+                    lines: vec![],
+                    kernel: false,
+                },
+            ],
+            samples: vec![
+                Sample {
+                    pid: 42,
+                    comm: "work".into(),
+                    locations: vec![0, 1, 2],
+                    count: 3,
+                },
+                Sample {
+                    pid: 42,
+                    comm: "work".into(),
+                    locations: vec![3, 2],
+                    count: 1,
+                },
+            ],
+        }
+    }
+
+    #[test]
+    fn encodes_a_valid_cpu_profile() {
+        let profile = sample_profile();
+        let gz = encode(&profile);
+        let mut raw = Vec::new();
+        flate2::read::GzDecoder::new(&gz[..])
+            .read_to_end(&mut raw)
+            .unwrap();
+        let p = pb::Profile::decode(&raw[..]).unwrap();
+        let s = |i: i64| p.string_table[i as usize].as_str();
+
+        assert_eq!(p.string_table[0], "");
+        let types: Vec<_> = p.sample_type.iter().map(|t| (s(t.r#type), s(t.unit))).collect();
+        assert_eq!(types, [("samples", "count"), ("cpu", "nanoseconds")]);
+        let period_type = p.period_type.unwrap();
+        assert_eq!((s(period_type.r#type), s(period_type.unit)), ("cpu", "nanoseconds"));
+        assert_eq!(p.period, 52_631_578);
+        assert_eq!(p.time_nanos, 1_700_000_000_000_000_000);
+        assert_eq!(p.duration_nanos, 10_000_000_000);
+
+        // Every string once.
+        let mut sorted = p.string_table.clone();
+        sorted.sort();
+        sorted.dedup();
+        assert_eq!(sorted.len(), p.string_table.len());
+
+        // Ids are 1-based and every reference resolves.
+        assert_eq!(p.mapping.iter().map(|m| m.id).collect::<Vec<_>>(), [1, 2]);
+        assert_eq!(s(p.mapping[0].filename), "[kernel.kallsyms]");
+        assert_eq!(s(p.mapping[1].build_id), "abcdef");
+        assert_eq!(p.mapping[0].build_id, 0);
+        assert_eq!(p.function.len(), 3, "main is shared, not repeated");
+        let name_of = |loc_id: u64| {
+            let loc = p.location.iter().find(|l| l.id == loc_id).unwrap();
+            loc.line
+                .first()
+                .map(|line| {
+                    let f = p.function.iter().find(|f| f.id == line.function_id).unwrap();
+                    s(f.name).to_owned()
+                })
+                .unwrap_or_default()
+        };
+
+        assert_eq!(p.sample.len(), 2);
+        let first = &p.sample[0];
+        assert_eq!(first.value, [3, 3 * 52_631_578]);
+        let names: Vec<_> = first.location_id.iter().map(|&id| name_of(id)).collect();
+        assert_eq!(names, ["vfs_read", "leaf", "main"]);
+        assert_eq!(s(first.label[0].key), "pid");
+        assert_eq!(first.label[0].num, 42);
+        assert_eq!(s(first.label[1].key), "comm");
+        assert_eq!(s(first.label[1].str), "work");
+        // The unnamed location keeps its address and mapping and has no line.
+        let unnamed = p.location.iter().find(|l| l.address == 0x5300).unwrap();
+        assert!(unnamed.line.is_empty());
+        assert_eq!(unnamed.mapping_id, 2);
+    }
+}

@@ -1,0 +1,56 @@
+//! Flame graph SVG, drawn by inferno from the folded stacks.
+
+use inferno::flamegraph::{self, color::MultiPalette, Options, Palette};
+
+use crate::profile::Profile;
+
+#[derive(Debug, thiserror::Error)]
+#[error("drawing the flame graph: {0}")]
+pub struct SvgError(String);
+
+/// Draws the profile as an interactive flame graph titled `title`.
+pub fn encode(profile: &Profile, title: &str) -> Result<Vec<u8>, SvgError> {
+    let lines = super::folded::fold(profile);
+    let mut options = Options::default();
+    options.title = title.to_owned();
+    options.count_name = "samples".to_owned();
+    // The "java" palette colours `_[k]` frames (kernel) apart from user frames.
+    options.colors = Palette::Multi(MultiPalette::Java);
+    if lines.is_empty() {
+        // inferno refuses empty input; say so in a picture rather than invent a frame.
+        return Ok(empty_svg(title).into_bytes());
+    }
+    let mut svg = Vec::new();
+    flamegraph::from_lines(&mut options, lines.iter().map(String::as_str), &mut svg)
+        .map_err(|e| SvgError(e.to_string()))?;
+    Ok(svg)
+}
+
+fn empty_svg(title: &str) -> String {
+    let title = title
+        .replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;");
+    format!(
+        "<?xml version=\"1.0\" standalone=\"no\"?>\n\
+         <svg version=\"1.1\" width=\"1200\" height=\"80\" xmlns=\"http://www.w3.org/2000/svg\">\n\
+         <text x=\"600\" y=\"24\" text-anchor=\"middle\" font-size=\"17\">{title}</text>\n\
+         <text x=\"600\" y=\"56\" text-anchor=\"middle\" font-size=\"14\">No samples were collected.</text>\n\
+         </svg>\n"
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::encode::pprof::tests::sample_profile;
+
+    #[test]
+    fn draws_named_frames() {
+        let svg = String::from_utf8(encode(&sample_profile(), "scorch test").unwrap()).unwrap();
+        assert!(svg.starts_with("<?xml"));
+        assert!(svg.contains("scorch test"));
+        assert!(svg.contains("vfs_read_[k]"));
+        assert!(svg.contains("leaf"));
+    }
+}

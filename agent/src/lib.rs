@@ -1,0 +1,26 @@
+//! scorch: a system-wide CPU profiler for Linux on eBPF.
+//!
+//! The pipeline, one module per stage (see ARCHITECTURE.md):
+//!
+//! ```text
+//! sampler (BPF load + attach) -> drain (read + reset maps) -> RawWindow
+//!   -> aggregate -> symbolize (kernel: kallsyms; user: ELF) -> Profile
+//!   -> encode (pprof, folded, SVG) -> file
+//! ```
+
+pub mod aggregate;
+pub mod check;
+pub mod cli;
+pub mod drain;
+pub mod encode;
+pub mod privileges;
+pub mod profile;
+pub mod record;
+pub mod sampler;
+pub mod symbolize;
+
+/// Protobuf types generated from `proto/profile.proto`.
+#[allow(clippy::all, missing_docs)]
+pub mod pprof {
+    include!(concat!(env!("OUT_DIR"), "/perftools.profiles.rs"));
+}

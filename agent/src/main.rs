@@ -1,0 +1,63 @@
+//! The `scorch` binary: parse the command line, set up logging, run the command.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use scorch::{
+    check,
+    cli::{Cli, Command},
+    record,
+};
+use tracing_subscriber::EnvFilter;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let filter = EnvFilter::try_from_default_env()
+        .or_else(|_| EnvFilter::try_new(&cli.log_level))
+        .unwrap_or_else(|_| EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+
+    match cli.command {
+        Command::Record(args) => {
+            // Bad arguments and missing privileges are reported before a runtime or any BPF
+            // exists.
+            if let Err(err) = record::preflight(&args) {
+                eprintln!("scorch: {err}");
+                return ExitCode::from(2);
+            }
+            let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                Ok(rt) => rt,
+                Err(err) => {
+                    eprintln!("scorch: starting the runtime: {err}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            match runtime.block_on(record::record(&args)) {
+                Ok(summary) => {
+                    println!("{summary}");
+                    ExitCode::SUCCESS
+                }
+                Err(err) => {
+                    eprintln!("scorch: {err}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Command::Check => {
+            let items = check::run_checks();
+            for item in &items {
+                println!("{item}");
+            }
+            if check::can_profile(&items) {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+    }
+}

@@ -1,0 +1,95 @@
+//! The symbolised profile: what the encoders (pprof, folded, SVG) consume.
+//!
+//! It mirrors pprof's model (mappings, locations, samples) because that is the richest output,
+//! but holds owned names rather than string-table indices so the encoders stay simple and the
+//! symboliser does not need to know about any wire format.
+
+use std::time::{Duration, SystemTime};
+
+/// A symbolised CPU profile of one or more processes over one period.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Profile {
+    /// When sampling started.
+    pub start: SystemTime,
+    /// How long sampling ran.
+    pub duration: Duration,
+    /// Nanoseconds of CPU time each sample stands for (1e9 / frequency).
+    pub period_ns: u64,
+    pub mappings: Vec<Mapping>,
+    pub locations: Vec<Location>,
+    pub samples: Vec<Sample>,
+}
+
+/// A file (or the kernel) mapped into an address range.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mapping {
+    pub start: u64,
+    pub limit: u64,
+    pub file_offset: u64,
+    /// File path as the process saw it, or `[kernel.kallsyms]`, `[vdso]`, ...
+    pub path: String,
+    /// Lowercase hex GNU build id.
+    pub build_id: Option<String>,
+    /// True when at least one location in this mapping was given a function name.
+    pub has_functions: bool,
+}
+
+/// Index into [`Profile::mappings`].
+pub type MappingIndex = usize;
+/// Index into [`Profile::locations`].
+pub type LocationIndex = usize;
+
+/// One distinct frame: an address in a mapping and what it was resolved to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Location {
+    pub mapping: Option<MappingIndex>,
+    /// Absolute address as sampled (for return addresses, the address after the call).
+    pub address: u64,
+    /// Function names for this address, innermost (inlined) first; empty when unresolved.
+    pub lines: Vec<Line>,
+    /// True for kernel frames.
+    pub kernel: bool,
+}
+
+/// One function level at a location.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Line {
+    pub function: String,
+}
+
+/// A stack seen `count` times in one process.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sample {
+    pub pid: u32,
+    pub comm: String,
+    /// Leaf first: kernel frames, then user frames.
+    pub locations: Vec<LocationIndex>,
+    pub count: u64,
+}
+
+impl Profile {
+    /// Total samples.
+    pub fn total_samples(&self) -> u64 {
+        self.samples.iter().map(|s| s.count).sum()
+    }
+
+    /// The display name of a location: its outermost function, or a placeholder naming the
+    /// mapping (`[libc.so.6]`) or `[unknown]`.
+    pub fn location_name(&self, index: LocationIndex) -> String {
+        let location = &self.locations[index];
+        if let Some(line) = location.lines.last() {
+            return line.function.clone();
+        }
+        match location.mapping.map(|m| &self.mappings[m]) {
+            Some(mapping) => {
+                let base = mapping.path.rsplit('/').next().unwrap_or(&mapping.path);
+                if base.starts_with('[') {
+                    base.to_owned()
+                } else {
+                    format!("[{base}]")
+                }
+            }
+            None => "[unknown]".to_owned(),
+        }
+    }
+}

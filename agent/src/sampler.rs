@@ -1,0 +1,243 @@
+//! Sampler: load the BPF program and attach it to a CPU-clock perf event on every online CPU.
+
+use std::{io, path::PathBuf};
+
+use aya::{
+    maps::{Array, HashMap as BpfHashMap, MapData, MapError, PerCpuArray, StackTraceMap},
+    programs::{
+        perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
+        PerfEvent, ProgramError,
+    },
+    Ebpf, EbpfError, EbpfLoader,
+};
+use scorch_common::{Control, MAX_STACK_DEPTH};
+
+use crate::drain::{GenerationMaps, SamplerMaps};
+
+/// The BPF object, built by build.rs with aya-build.
+static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/scorch-ebpf"));
+
+#[derive(Debug, thiserror::Error)]
+pub enum SamplerError {
+    #[error("loading the BPF object: {0}")]
+    Load(#[from] EbpfError),
+    #[error("BPF program `sample` is missing from the object")]
+    MissingProgram,
+    #[error("BPF map {0} is missing from the object")]
+    MissingMap(&'static str),
+    #[error("BPF map {name}: {source}")]
+    Map {
+        name: &'static str,
+        source: MapError,
+    },
+    #[error("loading the BPF program into the kernel: {0}")]
+    Program(ProgramError),
+    #[error("opening the CPU-clock perf event on CPU {cpu}: {source}")]
+    Attach { cpu: u32, source: ProgramError },
+    #[error("reading {path}: {source}")]
+    OnlineCpus { path: PathBuf, source: io::Error },
+    #[error("{path}: cannot parse CPU list {text:?}")]
+    CpuList { path: PathBuf, text: String },
+}
+
+/// What to sample.
+#[derive(Debug, Clone)]
+pub struct SamplerConfig {
+    /// Samples per second per CPU.
+    pub frequency_hz: u64,
+    /// When non-empty, only these processes are sampled.
+    pub pids: Vec<u32>,
+    /// Keep samples of the idle task.
+    pub include_idle: bool,
+    /// How often the maps are drained: sizes the stack maps.
+    pub window_secs: u64,
+}
+
+/// A loaded and attached sampler. Dropping it detaches the program.
+pub struct Sampler {
+    ebpf: Ebpf,
+    cpus: Vec<u32>,
+    /// Drains BPF-side log records into `tracing` (through the `log` bridge).
+    logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
+}
+
+impl Sampler {
+    /// Loads the program, sizes and fills its maps, and attaches it on every online CPU.
+    /// Returns the sampler and the maps the drain needs.
+    pub fn start(config: &SamplerConfig) -> Result<(Sampler, SamplerMaps, Control), SamplerError> {
+        let cpus = online_cpus()?;
+        let stack_entries = stack_map_entries(cpus.len() as u64, config);
+        let mut ebpf = EbpfLoader::new()
+            .map_max_entries("STACKS_0", stack_entries)
+            .map_max_entries("STACKS_1", stack_entries)
+            .load(BPF_OBJECT)?;
+        let logger = match aya_log::EbpfLogger::init(&mut ebpf) {
+            Ok(logger) => Some(logger),
+            Err(err) => {
+                tracing::debug!("BPF-side logging unavailable: {err}");
+                None
+            }
+        };
+
+        let mut maps = take_maps(&mut ebpf)?;
+        let control = Control {
+            generation: 0,
+            filter_pids: u32::from(!config.pids.is_empty()),
+            include_idle: u32::from(config.include_idle),
+            _reserved: 0,
+        };
+        maps.control.set(0, control, 0).map_err(|source| SamplerError::Map {
+            name: "CONTROL",
+            source,
+        })?;
+        if !config.pids.is_empty() {
+            let map = ebpf
+                .map_mut("PID_FILTER")
+                .ok_or(SamplerError::MissingMap("PID_FILTER"))?;
+            let mut filter: BpfHashMap<&mut MapData, u32, u8> =
+                BpfHashMap::try_from(map).map_err(|source| SamplerError::Map {
+                    name: "PID_FILTER",
+                    source,
+                })?;
+            for &pid in &config.pids {
+                filter.insert(pid, 1, 0).map_err(|source| SamplerError::Map {
+                    name: "PID_FILTER",
+                    source,
+                })?;
+            }
+        }
+
+        let program: &mut PerfEvent = ebpf
+            .program_mut("sample")
+            .ok_or(SamplerError::MissingProgram)?
+            .try_into()
+            .map_err(SamplerError::Program)?;
+        program.load().map_err(SamplerError::Program)?;
+        for &cpu in &cpus {
+            program
+                .attach(
+                    PerfEventConfig::Software(SoftwareEvent::CpuClock),
+                    PerfEventScope::AllProcessesOneCpu { cpu },
+                    SamplePolicy::Frequency(config.frequency_hz),
+                    false,
+                )
+                .map_err(|source| SamplerError::Attach { cpu, source })?;
+        }
+        Ok((Sampler { ebpf, cpus, logger }, maps, control))
+    }
+
+    /// CPUs the program is attached on.
+    pub fn cpus(&self) -> &[u32] {
+        &self.cpus
+    }
+
+    /// Forwards log records the BPF program wrote since the last call.
+    pub fn flush_logs(&mut self) {
+        if let Some(logger) = &mut self.logger {
+            logger.flush();
+        }
+    }
+
+    /// Cumulative run time and run count of the program, when `kernel.bpf_stats_enabled` is on
+    /// (otherwise both stay zero).
+    pub fn run_stats(&self) -> Option<(std::time::Duration, u64)> {
+        let program = self.ebpf.program("sample")?;
+        let info = program.info().ok()?;
+        Some((info.run_time(), info.run_count()))
+    }
+}
+
+/// Stack-map size: a stack map keeps one stack per hash bucket and drops a colliding one, so
+/// give it room well beyond the samples one window can hold (user + kernel stack per sample),
+/// within sane kernel-memory bounds (each entry costs ~1 KiB).
+fn stack_map_entries(cpus: u64, config: &SamplerConfig) -> u32 {
+    let per_window = cpus * config.frequency_hz * config.window_secs.max(1);
+    let wanted = (per_window * 2 * 8).next_power_of_two();
+    wanted.clamp(8192, 262_144) as u32
+}
+
+fn take_maps(ebpf: &mut Ebpf) -> Result<SamplerMaps, SamplerError> {
+    fn take<T>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, SamplerError>
+    where
+        T: TryFrom<aya::maps::Map, Error = MapError>,
+    {
+        let map = ebpf.take_map(name).ok_or(SamplerError::MissingMap(name))?;
+        T::try_from(map).map_err(|source| SamplerError::Map { name, source })
+    }
+    let generation = |ebpf: &mut Ebpf, counts, stacks, comms| -> Result<_, SamplerError> {
+        let stacks: StackTraceMap<MapData> = take(ebpf, stacks)?;
+        Ok(GenerationMaps {
+            counts: take(ebpf, counts)?,
+            stacks,
+            comms: take(ebpf, comms)?,
+        })
+    };
+    let gen0 = generation(ebpf, "COUNTS_0", "STACKS_0", "COMMS_0")?;
+    let gen1 = generation(ebpf, "COUNTS_1", "STACKS_1", "COMMS_1")?;
+    let control: Array<MapData, Control> = take(ebpf, "CONTROL")?;
+    Ok(SamplerMaps {
+        control,
+        run_seq: take(ebpf, "RUN_SEQ")?,
+        losses: take::<PerCpuArray<MapData, u64>>(ebpf, "LOSSES")?,
+        generations: [gen0, gen1],
+    })
+}
+
+/// The online CPUs, from `/sys/devices/system/cpu/online` (e.g. `0-3,6`).
+pub fn online_cpus() -> Result<Vec<u32>, SamplerError> {
+    let path = PathBuf::from("/sys/devices/system/cpu/online");
+    let text = std::fs::read_to_string(&path).map_err(|source| SamplerError::OnlineCpus {
+        path: path.clone(),
+        source,
+    })?;
+    parse_cpu_list(text.trim()).ok_or(SamplerError::CpuList { path, text })
+}
+
+/// Parses the kernel's CPU list format.
+pub fn parse_cpu_list(text: &str) -> Option<Vec<u32>> {
+    let mut cpus = Vec::new();
+    for part in text.split(',').filter(|p| !p.is_empty()) {
+        match part.split_once('-') {
+            Some((a, b)) => {
+                let (a, b): (u32, u32) = (a.parse().ok()?, b.parse().ok()?);
+                if b < a {
+                    return None;
+                }
+                cpus.extend(a..=b);
+            }
+            None => cpus.push(part.parse().ok()?),
+        }
+    }
+    (!cpus.is_empty()).then_some(cpus)
+}
+
+// The stack map's value size is what bounds recorded depth; keep the shared constant honest.
+const _: () = assert!(MAX_STACK_DEPTH == 127);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_cpu_lists() {
+        assert_eq!(parse_cpu_list("0"), Some(vec![0]));
+        assert_eq!(parse_cpu_list("0-3,6"), Some(vec![0, 1, 2, 3, 6]));
+        assert_eq!(parse_cpu_list("0-1,4-5"), Some(vec![0, 1, 4, 5]));
+        assert_eq!(parse_cpu_list(""), None);
+        assert_eq!(parse_cpu_list("3-1"), None);
+        assert_eq!(parse_cpu_list("x"), None);
+    }
+
+    #[test]
+    fn sizes_stack_maps_with_headroom() {
+        let config = SamplerConfig {
+            frequency_hz: 19,
+            pids: vec![],
+            include_idle: false,
+            window_secs: 10,
+        };
+        assert_eq!(stack_map_entries(2, &config), 8192);
+        assert_eq!(stack_map_entries(256, &config), 131_072);
+        assert_eq!(stack_map_entries(4096, &config), 262_144);
+    }
+}

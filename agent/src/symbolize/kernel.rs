@@ -1,0 +1,500 @@
+//! Kernel frame names from `/proc/kallsyms`.
+//!
+//! The table holds only text symbols (`t`, `T`, `w`, `W`), sorted by address, with all names in
+//! one string arena so 120k symbols cost a few MB and one allocation each for the two vectors.
+//! Lookup is a binary search. Module symbols (including `[bpf]` programs) are named
+//! `name [module]`, the way `perf` prints them.
+//!
+//! The kernel's table changes when modules or BPF programs load, so [`KernelSymbolizer`]
+//! reloads when the set of modules or BPF programs changed since the last load, and when a
+//! lookup lands outside the table.
+
+use std::{
+    fs::File,
+    io::{self, BufRead, BufReader},
+    path::{Path, PathBuf},
+};
+
+/// A symbol further than this from the address it names is not trusted: the address is more
+/// likely in code the table does not know (a module or BPF program loaded later).
+const MAX_SYMBOL_SPAN: u64 = 1 << 20;
+
+#[derive(Debug, thiserror::Error)]
+pub enum KallsymsError {
+    #[error("reading {path}: {source}")]
+    Read { path: PathBuf, source: io::Error },
+    #[error("{path}: line {line}: {reason}")]
+    Parse {
+        path: PathBuf,
+        line: usize,
+        reason: &'static str,
+    },
+    #[error("{path}: no text symbols found")]
+    Empty { path: PathBuf },
+}
+
+/// Where one symbol's name lives in the arena.
+#[derive(Clone, Copy, Debug)]
+struct NameRef {
+    offset: u32,
+    len: u32,
+    /// Index into `modules`, or `NO_MODULE` for the core kernel.
+    module: u32,
+}
+
+const NO_MODULE: u32 = u32::MAX;
+
+/// A sorted, immutable snapshot of the kernel's text symbols.
+#[derive(Debug)]
+pub struct KernelSymbols {
+    /// Symbol start addresses, ascending; parallel to `names`.
+    addresses: Vec<u64>,
+    names: Vec<NameRef>,
+    /// All symbol names back to back.
+    arena: String,
+    /// Module names referenced by `NameRef::module`.
+    modules: Vec<String>,
+    /// True when every address read was zero: kptr_restrict hides them from this process.
+    addresses_hidden: bool,
+}
+
+/// The answer for one kernel address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KernelFrame<'a> {
+    /// The function holding the address, and how far into it the address is.
+    Symbol {
+        name: &'a str,
+        module: Option<&'a str>,
+        offset: u64,
+    },
+    /// The address is not covered by the table (see [`MAX_SYMBOL_SPAN`]).
+    Miss,
+}
+
+impl KernelSymbols {
+    /// Reads the live table from `/proc/kallsyms`.
+    pub fn load() -> Result<Self, KallsymsError> {
+        Self::load_from(Path::new("/proc/kallsyms"))
+    }
+
+    /// Reads a table in kallsyms format from `path`.
+    pub fn load_from(path: &Path) -> Result<Self, KallsymsError> {
+        let file = File::open(path).map_err(|source| KallsymsError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        // Stream it: the file is ~5 MB and reading it whole would double the peak memory.
+        Self::parse(BufReader::with_capacity(64 * 1024, file), path)
+    }
+
+    /// Parses kallsyms text. `origin` only names the input in errors.
+    pub fn parse(mut input: impl BufRead, origin: &Path) -> Result<Self, KallsymsError> {
+        let mut entries: Vec<(u64, NameRef, u8)> = Vec::with_capacity(1 << 17);
+        let mut arena = String::with_capacity(4 << 20);
+        let mut modules: Vec<String> = Vec::new();
+        let mut line = Vec::with_capacity(256);
+        let mut line_no = 0;
+        let mut any_nonzero = false;
+        loop {
+            line.clear();
+            let read = input
+                .read_until(b'\n', &mut line)
+                .map_err(|source| KallsymsError::Read {
+                    path: origin.to_owned(),
+                    source,
+                })?;
+            if read == 0 {
+                break;
+            }
+            line_no += 1;
+            let text = trim_newline(&line);
+            if text.is_empty() {
+                continue;
+            }
+            let parse_err = |reason| KallsymsError::Parse {
+                path: origin.to_owned(),
+                line: line_no,
+                reason,
+            };
+            let (address, rest) = split_field(text).ok_or_else(|| parse_err("missing fields"))?;
+            let (kind, rest) = split_field(rest).ok_or_else(|| parse_err("missing symbol type"))?;
+            let address = parse_hex(address).ok_or_else(|| parse_err("address is not hex"))?;
+            let [kind] = kind else {
+                return Err(parse_err("symbol type is not one character"));
+            };
+            if !matches!(kind, b't' | b'T' | b'w' | b'W') {
+                continue;
+            }
+            // `name` or `name\t[module]`.
+            let (name, module) = match rest.iter().position(|&b| b == b'\t') {
+                Some(tab) => (&rest[..tab], module_name(&rest[tab + 1..])),
+                None => (rest, None),
+            };
+            let name = std::str::from_utf8(name).map_err(|_| parse_err("name is not UTF-8"))?;
+            if name.is_empty() {
+                return Err(parse_err("empty symbol name"));
+            }
+            any_nonzero |= address != 0;
+            let module = match module {
+                None => NO_MODULE,
+                Some(m) => {
+                    let m = std::str::from_utf8(m).map_err(|_| parse_err("module is not UTF-8"))?;
+                    // Modules arrive grouped, so the last one is almost always the match.
+                    match modules.iter().rposition(|known| known == m) {
+                        Some(i) => i as u32,
+                        None => {
+                            modules.push(m.to_owned());
+                            (modules.len() - 1) as u32
+                        }
+                    }
+                }
+            };
+            let name_ref = NameRef {
+                offset: arena.len() as u32,
+                len: name.len() as u32,
+                module,
+            };
+            arena.push_str(name);
+            entries.push((address, name_ref, *kind));
+        }
+        if entries.is_empty() {
+            return Err(KallsymsError::Empty {
+                path: origin.to_owned(),
+            });
+        }
+        // Core kernel symbols come sorted; modules follow in load order. A stable sort keeps
+        // the kernel's own order among aliases at one address.
+        entries.sort_by_key(|(address, _, _)| *address);
+        // Several names often share an address (`_text`, `_stext`, ...): keep the one a reader
+        // expects, a global symbol before a local one, a plain name before `__`-prefixed.
+        let mut deduped: Vec<(u64, NameRef, u8)> = Vec::with_capacity(entries.len());
+        for entry in entries {
+            match deduped.last_mut() {
+                Some(last) if last.0 == entry.0 => {
+                    if alias_rank(&arena, &entry) < alias_rank(&arena, last) {
+                        *last = entry;
+                    }
+                }
+                _ => deduped.push(entry),
+            }
+        }
+        let addresses = deduped.iter().map(|e| e.0).collect();
+        let names = deduped.iter().map(|e| e.1).collect();
+        arena.shrink_to_fit();
+        Ok(KernelSymbols {
+            addresses,
+            names,
+            arena,
+            modules,
+            addresses_hidden: !any_nonzero,
+        })
+    }
+
+    /// True when kptr_restrict hid every address (all read as zero): lookups cannot work.
+    pub fn addresses_hidden(&self) -> bool {
+        self.addresses_hidden
+    }
+
+    /// Number of distinct symbol addresses in the table.
+    pub fn len(&self) -> usize {
+        self.addresses.len()
+    }
+
+    /// True when the table holds no symbols.
+    pub fn is_empty(&self) -> bool {
+        self.addresses.is_empty()
+    }
+
+    /// Names the function holding `address`.
+    pub fn lookup(&self, address: u64) -> KernelFrame<'_> {
+        if self.addresses_hidden {
+            return KernelFrame::Miss;
+        }
+        let index = self.addresses.partition_point(|&start| start <= address);
+        let Some(index) = index.checked_sub(1) else {
+            return KernelFrame::Miss;
+        };
+        let offset = address - self.addresses[index];
+        if offset >= MAX_SYMBOL_SPAN {
+            return KernelFrame::Miss;
+        }
+        let name_ref = self.names[index];
+        let start = name_ref.offset as usize;
+        let name = &self.arena[start..start + name_ref.len as usize];
+        let module = (name_ref.module != NO_MODULE)
+            .then(|| self.modules[name_ref.module as usize].as_str());
+        KernelFrame::Symbol {
+            name,
+            module,
+            offset,
+        }
+    }
+
+    /// Lowest symbol address, a stand-in for the start of kernel text.
+    pub fn lowest_address(&self) -> u64 {
+        self.addresses.first().copied().unwrap_or(0)
+    }
+}
+
+fn alias_rank(arena: &str, (_, name_ref, kind): &(u64, NameRef, u8)) -> (u8, bool) {
+    let start = name_ref.offset as usize;
+    let name = &arena[start..start + name_ref.len as usize];
+    let global = matches!(kind, b'T' | b'W');
+    (u8::from(!global), name.starts_with('_'))
+}
+
+fn trim_newline(line: &[u8]) -> &[u8] {
+    line.strip_suffix(b"\n").unwrap_or(line)
+}
+
+/// Splits off the first space-separated field.
+fn split_field(text: &[u8]) -> Option<(&[u8], &[u8])> {
+    let space = text.iter().position(|&b| b == b' ')?;
+    Some((&text[..space], &text[space + 1..]))
+}
+
+fn module_name(field: &[u8]) -> Option<&[u8]> {
+    field.strip_prefix(b"[")?.strip_suffix(b"]")
+}
+
+fn parse_hex(text: &[u8]) -> Option<u64> {
+    if text.is_empty() || text.len() > 16 {
+        return None;
+    }
+    let mut value = 0u64;
+    for &b in text {
+        let digit = match b {
+            b'0'..=b'9' => b - b'0',
+            b'a'..=b'f' => b - b'a' + 10,
+            b'A'..=b'F' => b - b'A' + 10,
+            _ => return None,
+        };
+        value = (value << 4) | u64::from(digit);
+    }
+    Some(value)
+}
+
+/// Fingerprint of what makes the kernel's symbol table change after boot.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+struct TableFingerprint {
+    modules: Vec<u8>,
+    bpf_program_ids: Vec<u32>,
+}
+
+impl TableFingerprint {
+    fn read() -> Self {
+        // Either source may be unreadable (no modules support, no BPF privileges); an empty
+        // value then simply never changes and the miss-triggered reload still works.
+        let modules = std::fs::read("/proc/modules")
+            .map(|text| {
+                // Keep only the names: the use counts in later columns change all the time.
+                text.split(|&b| b == b'\n')
+                    .filter_map(|line| line.split(|&b| b == b' ').next())
+                    .flat_map(|name| name.iter().copied().chain([b'\n']))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let bpf_program_ids = aya::programs::loaded_programs()
+            .filter_map(Result::ok)
+            .map(|info| info.id())
+            .collect();
+        TableFingerprint {
+            modules,
+            bpf_program_ids,
+        }
+    }
+}
+
+/// The kernel symbol table as the pipeline uses it: loaded on first use, reloaded when stale.
+#[derive(Debug, Default)]
+pub struct KernelSymbolizer {
+    table: Option<KernelSymbols>,
+    fingerprint: TableFingerprint,
+    /// The hidden-addresses warning is printed once per process, not once per reload.
+    warned_hidden: bool,
+    /// How many times the table was (re)loaded; reported in logs.
+    pub loads: u32,
+}
+
+impl KernelSymbolizer {
+    /// Makes sure the table is current, then names each of `addresses`. Reloads at most once per
+    /// call when an address misses, because a module or BPF program may have appeared since.
+    pub fn symbolize<'s>(
+        &'s mut self,
+        addresses: &[u64],
+    ) -> Result<Vec<KernelFrame<'s>>, KallsymsError> {
+        let fingerprint = TableFingerprint::read();
+        let stale = self.table.is_none() || fingerprint != self.fingerprint;
+        if stale {
+            self.reload(fingerprint)?;
+        } else if let Some(table) = &self.table {
+            let missed = addresses
+                .iter()
+                .any(|&a| matches!(table.lookup(a), KernelFrame::Miss));
+            if missed && !table.addresses_hidden() {
+                self.reload(fingerprint)?;
+            }
+        }
+        let Some(table) = &self.table else {
+            return Ok(vec![KernelFrame::Miss; addresses.len()]);
+        };
+        Ok(addresses.iter().map(|&a| table.lookup(a)).collect())
+    }
+
+    fn reload(&mut self, fingerprint: TableFingerprint) -> Result<(), KallsymsError> {
+        let table = KernelSymbols::load()?;
+        if table.addresses_hidden() && !self.warned_hidden {
+            tracing::warn!(
+                "/proc/kallsyms shows every address as zero (kernel.kptr_restrict hides them \
+                 from this process): kernel frames will be reported as raw addresses. Run as \
+                 root or with CAP_SYSLOG, or set kernel.kptr_restrict=0"
+            );
+            self.warned_hidden = true;
+        }
+        tracing::debug!(symbols = table.len(), "loaded /proc/kallsyms");
+        self.table = Some(table);
+        self.fingerprint = fingerprint;
+        self.loads += 1;
+        Ok(())
+    }
+
+    /// Start of kernel text as far as the table knows, for the pprof kernel mapping.
+    pub fn text_start(&self) -> u64 {
+        self.table.as_ref().map_or(0, KernelSymbols::lowest_address)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> KernelSymbols {
+        KernelSymbols::parse(text.as_bytes(), Path::new("fixture")).unwrap()
+    }
+
+    const FIXTURE: &str = include_str!("../../tests/fixtures/kallsyms");
+
+    #[test]
+    fn parses_fixture_and_keeps_only_text() {
+        let table = parse(FIXTURE);
+        assert!(!table.addresses_hidden());
+        // 16 lines: 3 data symbols dropped, 4 aliases at one address folded into one.
+        assert_eq!(table.len(), 10);
+        // The data symbol `init_task` is not in the table, so its address names nothing.
+        assert_eq!(table.lookup(0xffffffff82a00000), KernelFrame::Miss);
+    }
+
+    #[test]
+    fn looks_up_inside_a_function() {
+        let table = parse(FIXTURE);
+        assert_eq!(
+            table.lookup(0xffffffff81234567 + 0x10),
+            KernelFrame::Symbol {
+                name: "vfs_read",
+                module: None,
+                offset: 0x10
+            }
+        );
+        // Exactly at a start address.
+        assert_eq!(
+            table.lookup(0xffffffff81234600),
+            KernelFrame::Symbol {
+                name: "ksys_read",
+                module: None,
+                offset: 0
+            }
+        );
+    }
+
+    #[test]
+    fn names_module_symbols() {
+        let table = parse(FIXTURE);
+        assert_eq!(
+            table.lookup(0xffffffffc0a01010),
+            KernelFrame::Symbol {
+                name: "ext4_file_read_iter",
+                module: Some("ext4"),
+                offset: 0x10
+            }
+        );
+        assert_eq!(
+            table.lookup(0xffffffffc0301005),
+            KernelFrame::Symbol {
+                name: "bpf_prog_6deef7357e7b4530_sample",
+                module: Some("bpf"),
+                offset: 5
+            }
+        );
+    }
+
+    #[test]
+    fn prefers_global_plain_alias_at_shared_address() {
+        let table = parse(FIXTURE);
+        assert_eq!(
+            table.lookup(0xffffffff81000000),
+            KernelFrame::Symbol {
+                name: "startup_64",
+                module: None,
+                offset: 0
+            }
+        );
+    }
+
+    #[test]
+    fn misses_outside_the_table() {
+        let table = parse(FIXTURE);
+        assert_eq!(table.lookup(0x1000), KernelFrame::Miss);
+        // Far past the last core symbol, before the module area.
+        assert_eq!(table.lookup(0xffffffffa0000000), KernelFrame::Miss);
+        assert_eq!(table.lookup(u64::MAX), KernelFrame::Miss);
+    }
+
+    #[test]
+    fn unsorted_input_is_sorted() {
+        let table = parse(
+            "ffffffff81000200 T second\nffffffff81000100 T first\nffffffff81000300 t third\n",
+        );
+        assert_eq!(
+            table.lookup(0xffffffff81000150),
+            KernelFrame::Symbol {
+                name: "first",
+                module: None,
+                offset: 0x50
+            }
+        );
+    }
+
+    #[test]
+    fn hidden_addresses_are_detected() {
+        let table = parse("0000000000000000 T _text\n0000000000000000 t do_one\n");
+        assert!(table.addresses_hidden());
+        assert_eq!(table.lookup(0xffffffff81000000), KernelFrame::Miss);
+    }
+
+    #[test]
+    fn bad_lines_name_the_input_and_line() {
+        let err = KernelSymbols::parse(
+            "ffffffff81000000 T ok\nzzzz T broken\n".as_bytes(),
+            Path::new("my-kallsyms"),
+        )
+        .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "my-kallsyms: line 2: address is not hex"
+        );
+        let err = KernelSymbols::parse("".as_bytes(), Path::new("empty")).unwrap_err();
+        assert_eq!(err.to_string(), "empty: no text symbols found");
+    }
+
+    #[test]
+    fn parses_this_machines_table_when_readable() {
+        // The live table must parse: it is the real format. Only an unreadable file (a
+        // sandbox without /proc) is a reason to skip.
+        if let Err(err) = File::open("/proc/kallsyms") {
+            eprintln!("skipping: cannot open /proc/kallsyms: {err}");
+            return;
+        }
+        let table = KernelSymbols::load().unwrap();
+        assert!(table.len() > 1000);
+    }
+}

@@ -1,0 +1,320 @@
+//! Symbolize: turn aggregated address stacks into a [`Profile`] with function names.
+//!
+//! Kernel frames are named from kallsyms ([`kernel`]), user frames from the ELF files the
+//! process mapped ([`user`]). A frame that cannot be named keeps its address and mapping; that
+//! is data for the reader (and for servers that symbolise later), never an error.
+
+pub mod kernel;
+pub mod user;
+
+use std::{collections::HashMap, time::Duration};
+
+use crate::{
+    aggregate::Aggregated,
+    drain::Stack,
+    profile::{Line, Location, LocationIndex, Mapping, MappingIndex, Profile, Sample},
+};
+use kernel::{KernelFrame, KernelSymbolizer};
+use user::UserSymbolizer;
+
+/// Where a location lives, for deduplication.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum LocationKey {
+    Kernel(u64),
+    User(Option<MappingIndex>, u64),
+    /// A placeholder for a stack that could not be recorded.
+    Lost { kernel: bool },
+}
+
+/// Identity of a user mapping across processes: the same file mapped at the same place (forked
+/// workers) shares one pprof mapping.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct MappingKey {
+    start: u64,
+    end: u64,
+    offset: u64,
+    dev: u64,
+    inode: u64,
+    path: String,
+}
+
+struct ProfileBuilder {
+    mappings: Vec<Mapping>,
+    mapping_index: HashMap<MappingKey, MappingIndex>,
+    locations: Vec<Location>,
+    location_index: HashMap<LocationKey, LocationIndex>,
+    kernel_mapping: Option<MappingIndex>,
+}
+
+impl ProfileBuilder {
+    fn location(&mut self, key: LocationKey, make: impl FnOnce() -> Location) -> LocationIndex {
+        if let Some(&index) = self.location_index.get(&key) {
+            return index;
+        }
+        self.locations.push(make());
+        let index = self.locations.len() - 1;
+        self.location_index.insert(key, index);
+        index
+    }
+}
+
+/// Builds the profile. `comm_of` names a process (the agent prefers the name it read from
+/// /proc while the process was alive, then the one the BPF program recorded).
+pub fn symbolize(
+    aggregated: &Aggregated,
+    kernel: &mut KernelSymbolizer,
+    user: &mut UserSymbolizer,
+    period_ns: u64,
+    comm_of: impl Fn(u32) -> Option<String>,
+) -> Result<Profile, kernel::KallsymsError> {
+    let mut builder = ProfileBuilder {
+        mappings: Vec::new(),
+        mapping_index: HashMap::new(),
+        locations: Vec::new(),
+        location_index: HashMap::new(),
+        kernel_mapping: None,
+    };
+
+    // Kernel: one batched lookup for every distinct address, return addresses adjusted.
+    let mut kernel_addresses: Vec<u64> = aggregated
+        .stacks
+        .keys()
+        .filter_map(|s| match &s.kernel {
+            Stack::Frames(frames) => Some(frames),
+            _ => None,
+        })
+        .flat_map(|frames| frames.iter().enumerate().map(|(i, &a)| lookup_address(a, i)))
+        .collect();
+    kernel_addresses.sort_unstable();
+    kernel_addresses.dedup();
+    let kernel_names: HashMap<u64, String> = if kernel_addresses.is_empty() {
+        HashMap::new()
+    } else {
+        let frames = kernel.symbolize(&kernel_addresses)?;
+        kernel_addresses
+            .iter()
+            .zip(frames)
+            .filter_map(|(&address, frame)| match frame {
+                KernelFrame::Symbol { name, module, .. } => Some((
+                    address,
+                    match module {
+                        Some(m) => format!("{name} [{m}]"),
+                        None => name.to_owned(),
+                    },
+                )),
+                KernelFrame::Miss => None,
+            })
+            .collect()
+    };
+    if !kernel_addresses.is_empty() {
+        builder.mappings.push(Mapping {
+            start: kernel.text_start(),
+            limit: u64::MAX,
+            file_offset: 0,
+            path: "[kernel.kallsyms]".to_owned(),
+            build_id: kernel_build_id(),
+            has_functions: !kernel_names.is_empty(),
+        });
+        builder.kernel_mapping = Some(builder.mappings.len() - 1);
+    }
+
+    let mut stacks: Vec<_> = aggregated.stacks.iter().collect();
+    // Deterministic output: same input, same bytes.
+    stacks.sort_by(|a, b| a.0.cmp(b.0));
+    let mut samples = Vec::with_capacity(stacks.len());
+    for (stack, &count) in stacks {
+        let mut locations = Vec::new();
+        match &stack.kernel {
+            Stack::Frames(frames) => {
+                for (depth, &address) in frames.iter().enumerate() {
+                    let name = kernel_names.get(&lookup_address(address, depth)).cloned();
+                    let mapping = builder.kernel_mapping;
+                    locations.push(builder.location(LocationKey::Kernel(address), || Location {
+                        mapping,
+                        address,
+                        lines: name.map(|function| Line { function }).into_iter().collect(),
+                        kernel: true,
+                    }));
+                }
+            }
+            Stack::Lost => locations.push(lost_location(&mut builder, true)),
+            Stack::Absent => {}
+        }
+        match &stack.user {
+            Stack::Frames(frames) => {
+                for (depth, &address) in frames.iter().enumerate() {
+                    let index = user_location(&mut builder, user, stack.tgid, address, depth);
+                    locations.push(index);
+                }
+            }
+            Stack::Lost => locations.push(lost_location(&mut builder, false)),
+            Stack::Absent => {}
+        }
+        let comm = comm_of(stack.tgid)
+            .or_else(|| aggregated.comms.get(&stack.tgid).cloned())
+            .unwrap_or_default();
+        samples.push(Sample {
+            pid: stack.tgid,
+            comm,
+            locations,
+            count,
+        });
+    }
+
+    let start = aggregated.start().unwrap_or_else(std::time::SystemTime::now);
+    let duration = aggregated
+        .end()
+        .and_then(|end| end.duration_since(start).ok())
+        .unwrap_or(Duration::ZERO);
+    Ok(Profile {
+        start,
+        duration,
+        period_ns,
+        mappings: builder.mappings,
+        locations: builder.locations,
+        samples,
+    })
+}
+
+/// The address to look up for frame `depth`: every frame but the leaf is a return address,
+/// which may already be past the end of the calling function (a call as its last instruction).
+fn lookup_address(address: u64, depth: usize) -> u64 {
+    if depth == 0 {
+        address
+    } else {
+        address.saturating_sub(1)
+    }
+}
+
+fn lost_location(builder: &mut ProfileBuilder, kernel: bool) -> LocationIndex {
+    builder.location(LocationKey::Lost { kernel }, || Location {
+        mapping: None,
+        address: 0,
+        lines: vec![Line {
+            function: if kernel {
+                "[kernel stack lost]".to_owned()
+            } else {
+                "[user stack lost]".to_owned()
+            },
+        }],
+        kernel,
+    })
+}
+
+fn user_location(
+    builder: &mut ProfileBuilder,
+    user: &mut UserSymbolizer,
+    pid: u32,
+    address: u64,
+    depth: usize,
+) -> LocationIndex {
+    let entry = user
+        .maps(pid)
+        .and_then(|maps| maps.find(address))
+        .map(|(_, entry)| entry.clone());
+    let mapping = entry.as_ref().map(|entry| {
+        let key = MappingKey {
+            start: entry.start,
+            end: entry.end,
+            offset: entry.offset,
+            dev: entry.dev,
+            inode: entry.inode,
+            path: entry.path.clone(),
+        };
+        if let Some(&index) = builder.mapping_index.get(&key) {
+            return index;
+        }
+        let build_id = user.build_id(pid, entry);
+        builder.mappings.push(Mapping {
+            start: entry.start,
+            limit: entry.end,
+            file_offset: entry.offset,
+            path: entry.file_path().to_owned(),
+            build_id,
+            has_functions: false,
+        });
+        let index = builder.mappings.len() - 1;
+        builder.mapping_index.insert(key, index);
+        index
+    });
+    let key = LocationKey::User(mapping, address);
+    if let Some(&index) = builder.location_index.get(&key) {
+        return index;
+    }
+    let frame = user.symbolize(pid, address, depth > 0);
+    let lines = match frame.function {
+        Ok(function) => {
+            if let Some(m) = mapping {
+                builder.mappings[m].has_functions = true;
+            }
+            vec![Line { function }]
+        }
+        Err(_) => Vec::new(),
+    };
+    builder.location(key, || Location {
+        mapping,
+        address,
+        lines,
+        kernel: false,
+    })
+}
+
+/// The running kernel's GNU build id, from the ELF notes it exports in /sys/kernel/notes.
+fn kernel_build_id() -> Option<String> {
+    let notes = std::fs::read("/sys/kernel/notes").ok()?;
+    parse_build_id_note(&notes)
+}
+
+/// Finds the `NT_GNU_BUILD_ID` note in a sequence of ELF notes (4-byte aligned, native endian).
+fn parse_build_id_note(mut notes: &[u8]) -> Option<String> {
+    const NT_GNU_BUILD_ID: u32 = 3;
+    let word = |b: &[u8], at: usize| -> Option<u32> {
+        Some(u32::from_ne_bytes(b.get(at..at + 4)?.try_into().ok()?))
+    };
+    let align4 = |n: usize| (n + 3) & !3;
+    while notes.len() >= 12 {
+        let name_size = word(notes, 0)? as usize;
+        let desc_size = word(notes, 4)? as usize;
+        let kind = word(notes, 8)?;
+        let name = notes.get(12..12 + name_size)?;
+        let desc_start = 12 + align4(name_size);
+        let desc = notes.get(desc_start..desc_start + desc_size)?;
+        if kind == NT_GNU_BUILD_ID && name == b"GNU\0" {
+            return Some(desc.iter().map(|b| format!("{b:02x}")).collect());
+        }
+        notes = notes.get(desc_start + align4(desc_size)..)?;
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_build_id_after_other_notes() {
+        let mut notes = Vec::new();
+        // A Xen note first (name "Xen", 4 bytes of desc), then the GNU build id.
+        for (name, kind, desc) in [
+            (&b"Xen\0"[..], 6u32, &[1u8, 2, 3, 4][..]),
+            (&b"GNU\0"[..], 3u32, &[0xde, 0xad, 0xbe, 0xef, 0x01][..]),
+        ] {
+            notes.extend((name.len() as u32).to_ne_bytes());
+            notes.extend((desc.len() as u32).to_ne_bytes());
+            notes.extend(kind.to_ne_bytes());
+            notes.extend(name);
+            notes.extend(desc);
+            while notes.len() % 4 != 0 {
+                notes.push(0);
+            }
+        }
+        assert_eq!(parse_build_id_note(&notes).as_deref(), Some("deadbeef01"));
+        assert_eq!(parse_build_id_note(&notes[..20]), None);
+    }
+
+    #[test]
+    fn return_addresses_are_looked_up_one_byte_earlier() {
+        assert_eq!(lookup_address(0x1000, 0), 0x1000);
+        assert_eq!(lookup_address(0x1000, 1), 0xfff);
+    }
+}
