@@ -110,8 +110,14 @@ mod tests {
     #[test]
     fn merges_equal_stacks_across_windows() {
         let mut agg = Aggregated::default();
-        agg.add(window(0, vec![sample(7, &[1, 2], 3), sample(7, &[1, 3], 1)]));
-        agg.add(window(10, vec![sample(7, &[1, 2], 4), sample(8, &[1, 2], 2)]));
+        agg.add(window(
+            0,
+            vec![sample(7, &[1, 2], 3), sample(7, &[1, 3], 1)],
+        ));
+        agg.add(window(
+            10,
+            vec![sample(7, &[1, 2], 4), sample(8, &[1, 2], 2)],
+        ));
         assert_eq!(agg.total_samples(), 10);
         assert_eq!(agg.stacks.len(), 3);
         let key = StackSample {
@@ -121,8 +127,14 @@ mod tests {
         };
         assert_eq!(agg.stacks[&key], 7);
         assert_eq!(agg.processes(), 2);
-        assert_eq!(agg.windows.iter().map(|w| w.samples).collect::<Vec<_>>(), [4, 6]);
+        assert_eq!(
+            agg.windows.iter().map(|w| w.samples).collect::<Vec<_>>(),
+            [4, 6]
+        );
         assert_eq!(agg.losses.by_kind[0], 2);
-        assert_eq!(agg.end().unwrap() - Duration::from_secs(20), agg.start().unwrap());
+        assert_eq!(
+            agg.end().unwrap() - Duration::from_secs(20),
+            agg.start().unwrap()
+        );
     }
 }

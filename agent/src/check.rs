@@ -74,16 +74,18 @@ pub fn run_checks() -> Vec<Item> {
         ),
     });
 
-    items.push(if std::path::Path::new("/sys/kernel/btf/vmlinux").exists() {
-        item(Status::Ok, "BTF", "/sys/kernel/btf/vmlinux present", None)
-    } else {
-        item(
+    items.push(
+        if std::path::Path::new("/sys/kernel/btf/vmlinux").exists() {
+            item(Status::Ok, "BTF", "/sys/kernel/btf/vmlinux present", None)
+        } else {
+            item(
             Status::Warn,
             "BTF",
             "/sys/kernel/btf/vmlinux missing",
             Some("use a kernel built with CONFIG_DEBUG_INFO_BTF=y (most distributions since 2020)"),
         )
-    });
+        },
+    );
 
     let caps = Capabilities::effective();
     let euid = unsafe { libc::geteuid() };
@@ -91,15 +93,24 @@ pub fn run_checks() -> Vec<Item> {
         item(
             Status::Ok,
             "privileges",
-            if euid == 0 { "root".to_owned() } else { format!("uid {euid} with CAP_BPF and CAP_PERFMON") },
+            if euid == 0 {
+                "root".to_owned()
+            } else {
+                format!("uid {euid} with CAP_BPF and CAP_PERFMON")
+            },
             None,
         )
     } else {
         item(
             Status::Fail,
             "privileges",
-            format!("uid {euid}, missing {}", caps.missing_for_profiling().join(" and ")),
-            Some("run with sudo, or: sudo setcap cap_bpf,cap_perfmon,cap_syslog+ep $(which scorch)"),
+            format!(
+                "uid {euid}, missing {}",
+                caps.missing_for_profiling().join(" and ")
+            ),
+            Some(
+                "run with sudo, or: sudo setcap cap_bpf,cap_perfmon,cap_syslog+ep $(which scorch)",
+            ),
         )
     });
 
@@ -154,7 +165,12 @@ pub fn run_checks() -> Vec<Item> {
     };
     match Sampler::start(&config) {
         Ok((sampler, _, _)) => {
-            items.push(item(Status::Ok, "BPF program loads", "scorch sampler verified", None));
+            items.push(item(
+                Status::Ok,
+                "BPF program loads",
+                "scorch sampler verified",
+                None,
+            ));
             items.push(item(
                 Status::Ok,
                 "perf event opens",
@@ -165,11 +181,20 @@ pub fn run_checks() -> Vec<Item> {
         Err(err) => {
             let attach = matches!(err, crate::sampler::SamplerError::Attach { .. });
             if attach {
-                items.push(item(Status::Ok, "BPF program loads", "scorch sampler verified", None));
+                items.push(item(
+                    Status::Ok,
+                    "BPF program loads",
+                    "scorch sampler verified",
+                    None,
+                ));
             }
             items.push(item(
                 Status::Fail,
-                if attach { "perf event opens" } else { "BPF program loads" },
+                if attach {
+                    "perf event opens"
+                } else {
+                    "BPF program loads"
+                },
                 err.to_string(),
                 Some("fix the failures above first; see `dmesg` for the kernel's reason"),
             ));
@@ -225,8 +250,17 @@ mod tests {
 
     #[test]
     fn item_lines_read_well() {
-        let line = item(Status::Fail, "privileges", "uid 1000", Some("run with sudo")).to_string();
-        assert_eq!(line, "FAIL privileges             uid 1000 -> run with sudo");
+        let line = item(
+            Status::Fail,
+            "privileges",
+            "uid 1000",
+            Some("run with sudo"),
+        )
+        .to_string();
+        assert_eq!(
+            line,
+            "FAIL privileges             uid 1000 -> run with sudo"
+        );
         assert!(!can_profile(&[item(Status::Fail, "x", "", None)]));
         assert!(can_profile(&[item(Status::Warn, "x", "", None)]));
     }

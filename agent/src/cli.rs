@@ -12,7 +12,11 @@ use crate::encode::Format;
 pub const MAX_FREQUENCY_HZ: u64 = 1000;
 
 #[derive(Debug, Parser)]
-#[command(name = "scorch", version, about = "System-wide CPU profiler for Linux, on eBPF")]
+#[command(
+    name = "scorch",
+    version,
+    about = "System-wide CPU profiler for Linux, on eBPF"
+)]
 pub struct Cli {
     /// Log filter (e.g. `info`, `debug`, `scorch=debug`); `RUST_LOG` overrides it.
     #[arg(long, global = true, default_value = "info")]
@@ -33,11 +37,17 @@ pub enum Command {
 pub struct RecordArgs {
     /// How long to sample (e.g. `10s`, `1m`, `500ms`; a bare number is seconds). Ctrl-C or
     /// SIGTERM ends the recording early and still writes the output.
-    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    #[arg(long, default_value = "10s", value_parser = parse_duration, allow_hyphen_values = true)]
     pub duration: Duration,
     /// Samples per second on each CPU. A prime (the default, 19) never beats against periodic
     /// work.
-    #[arg(long, short = 'F', default_value_t = 19, value_parser = parse_frequency)]
+    #[arg(
+        long,
+        short = 'F',
+        default_value_t = 19,
+        value_parser = parse_frequency,
+        allow_hyphen_values = true
+    )]
     pub frequency: u64,
     /// Only sample this process (repeatable). Enforced in the kernel before any stack is walked.
     #[arg(long, short = 'p', value_parser = parse_pid)]
@@ -53,14 +63,15 @@ pub struct RecordArgs {
     #[arg(long, value_enum)]
     pub format: Option<Format>,
     /// How often the kernel maps are drained while recording, so they never fill up.
-    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    #[arg(long, default_value = "10s", value_parser = parse_duration, allow_hyphen_values = true)]
     pub window: Duration,
 }
 
 impl RecordArgs {
     /// The format to write: the explicit `--format`, else what the file name implies.
     pub fn output_format(&self) -> Format {
-        self.format.unwrap_or_else(|| Format::from_path(&self.output))
+        self.format
+            .unwrap_or_else(|| Format::from_path(&self.output))
     }
 }
 
@@ -101,15 +112,22 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 /// Parses a sampling frequency in Hz, 1 to [`MAX_FREQUENCY_HZ`].
 pub fn parse_frequency(text: &str) -> Result<u64, String> {
     let text = text.trim();
-    let text = text.strip_suffix("Hz").or_else(|| text.strip_suffix("hz")).unwrap_or(text);
+    let text = text
+        .strip_suffix("Hz")
+        .or_else(|| text.strip_suffix("hz"))
+        .unwrap_or(text);
     if text.starts_with('-') {
-        return Err(format!("frequency must be between 1 and {MAX_FREQUENCY_HZ} Hz, got `{text}`"));
+        return Err(format!(
+            "frequency must be between 1 and {MAX_FREQUENCY_HZ} Hz, got `{text}`"
+        ));
     }
     let hz: u64 = text
         .parse()
         .map_err(|_| format!("`{text}` is not a whole number of Hz (e.g. 19, 99)"))?;
     if hz == 0 || hz > MAX_FREQUENCY_HZ {
-        return Err(format!("frequency must be between 1 and {MAX_FREQUENCY_HZ} Hz, got {hz}"));
+        return Err(format!(
+            "frequency must be between 1 and {MAX_FREQUENCY_HZ} Hz, got {hz}"
+        ));
     }
     Ok(hz)
 }
@@ -145,8 +163,12 @@ mod tests {
             assert!(parse_duration(bad).is_err(), "{bad} accepted");
         }
         assert!(parse_duration("-5s").unwrap_err().contains("negative"));
-        assert!(parse_duration("0s").unwrap_err().contains("greater than zero"));
-        assert!(parse_duration("ten").unwrap_err().contains("`ten` is not a duration"));
+        assert!(parse_duration("0s")
+            .unwrap_err()
+            .contains("greater than zero"));
+        assert!(parse_duration("ten")
+            .unwrap_err()
+            .contains("`ten` is not a duration"));
     }
 
     #[test]
@@ -157,32 +179,48 @@ mod tests {
         for bad in ["0", "1001", "-19", "fast", "19.5"] {
             assert!(parse_frequency(bad).is_err(), "{bad} accepted");
         }
-        assert!(parse_frequency("5000").unwrap_err().contains("between 1 and 1000"));
+        assert!(parse_frequency("5000")
+            .unwrap_err()
+            .contains("between 1 and 1000"));
     }
 
     #[test]
     fn pids() {
-        assert_eq!(parse_pid(&std::process::id().to_string()), Ok(std::process::id()));
+        assert_eq!(
+            parse_pid(&std::process::id().to_string()),
+            Ok(std::process::id())
+        );
         assert!(parse_pid("0").is_err());
         assert!(parse_pid("abc").unwrap_err().contains("not a process id"));
         // PIDs above pid_max (at most 2^22) cannot exist.
-        assert!(parse_pid("4194305").unwrap_err().contains("no process with PID 4194305"));
+        assert!(parse_pid("4194305")
+            .unwrap_err()
+            .contains("no process with PID 4194305"));
     }
 
     #[test]
     fn full_command_lines() {
-        let cli = Cli::try_parse_from(["scorch", "record", "--duration", "3s", "-o", "x.svg"]).unwrap();
-        let Command::Record(args) = cli.command else { panic!("not record") };
+        let cli =
+            Cli::try_parse_from(["scorch", "record", "--duration", "3s", "-o", "x.svg"]).unwrap();
+        let Command::Record(args) = cli.command else {
+            panic!("not record")
+        };
         assert_eq!(args.duration, Duration::from_secs(3));
         assert_eq!(args.frequency, 19);
         assert_eq!(args.output_format(), Format::Svg);
 
         let err = Cli::try_parse_from(["scorch", "record", "--frequency", "5000"]).unwrap_err();
         let text = err.to_string();
-        assert!(text.contains("--frequency") && text.contains("between 1 and 1000"), "{text}");
+        assert!(
+            text.contains("--frequency") && text.contains("between 1 and 1000"),
+            "{text}"
+        );
 
-        let cli = Cli::try_parse_from(["scorch", "record", "-o", "x.svg", "--format", "pprof"]).unwrap();
-        let Command::Record(args) = cli.command else { panic!("not record") };
+        let cli =
+            Cli::try_parse_from(["scorch", "record", "-o", "x.svg", "--format", "pprof"]).unwrap();
+        let Command::Record(args) = cli.command else {
+            panic!("not record")
+        };
         assert_eq!(args.output_format(), Format::Pprof);
     }
 }

@@ -160,7 +160,11 @@ pub struct Drainer {
 }
 
 fn map_err(action: &'static str, map: &'static str) -> impl FnOnce(MapError) -> DrainError {
-    move |source| DrainError::Map { action, map, source }
+    move |source| DrainError::Map {
+        action,
+        map,
+        source,
+    }
 }
 
 impl Drainer {

@@ -30,7 +30,10 @@ fn main() -> ExitCode {
                 eprintln!("scorch: {err}");
                 return ExitCode::from(2);
             }
-            let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+            let runtime = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
                 Ok(rt) => rt,
                 Err(err) => {
                     eprintln!("scorch: starting the runtime: {err}");

@@ -93,3 +93,77 @@ impl Profile {
         }
     }
 }
+
+/// A small profile with kernel, user and unnamed frames, shared by the encoders' tests.
+#[cfg(test)]
+pub(crate) fn sample_profile() -> Profile {
+    Profile {
+        start: SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000),
+        duration: Duration::from_secs(10),
+        period_ns: 52_631_578,
+        mappings: vec![
+            Mapping {
+                start: 0xffffffff81000000,
+                limit: u64::MAX,
+                file_offset: 0,
+                path: "[kernel.kallsyms]".into(),
+                build_id: None,
+                has_functions: true,
+            },
+            Mapping {
+                start: 0x5000,
+                limit: 0x9000,
+                file_offset: 0x1000,
+                path: "/usr/bin/work".into(),
+                build_id: Some("abcdef".into()),
+                has_functions: true,
+            },
+        ],
+        locations: vec![
+            Location {
+                mapping: Some(0),
+                address: 0xffffffff81234567,
+                lines: vec![Line {
+                    function: "vfs_read".into(),
+                }],
+                kernel: true,
+            },
+            Location {
+                mapping: Some(1),
+                address: 0x5100,
+                lines: vec![Line {
+                    function: "leaf".into(),
+                }],
+                kernel: false,
+            },
+            Location {
+                mapping: Some(1),
+                address: 0x5200,
+                lines: vec![Line {
+                    function: "main".into(),
+                }],
+                kernel: false,
+            },
+            Location {
+                mapping: Some(1),
+                address: 0x5300,
+                lines: vec![],
+                kernel: false,
+            },
+        ],
+        samples: vec![
+            Sample {
+                pid: 42,
+                comm: "work".into(),
+                locations: vec![0, 1, 2],
+                count: 3,
+            },
+            Sample {
+                pid: 42,
+                comm: "work".into(),
+                locations: vec![3, 2],
+                count: 1,
+            },
+        ],
+    }
+}

@@ -58,7 +58,7 @@ impl std::fmt::Display for RecordSummary {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "scorch: {} samples from {} processes in {:.1}s ({} windows); lost: {}; wrote {} ({})",
+            "scorch: {} samples from {} processes in {:.2}s ({} windows); lost: {}; wrote {} ({})",
             self.samples,
             self.processes,
             self.duration.as_secs_f64(),
@@ -111,10 +111,8 @@ pub async fn record(args: &RecordArgs) -> Result<RecordSummary, RecordError> {
     let deadline = tokio::time::Instant::now() + args.duration;
     let mut drainer = Drainer::new(maps, control);
     let mut session = Session::default();
-    let mut ticker = tokio::time::interval_at(
-        tokio::time::Instant::now() + args.window,
-        args.window,
-    );
+    let mut ticker =
+        tokio::time::interval_at(tokio::time::Instant::now() + args.window, args.window);
     loop {
         tokio::select! {
             _ = ticker.tick() => {
@@ -224,7 +222,10 @@ pub fn check_output_writable(path: &Path) -> Result<(), RecordError> {
         _ => Path::new("."),
     };
     if !parent.is_dir() {
-        return Err(err(format!("directory {} does not exist", parent.display())));
+        return Err(err(format!(
+            "directory {} does not exist",
+            parent.display()
+        )));
     }
     // Creating a probe file proves the directory is writable for real (read-only mounts,
     // ACLs and permissions all show up), which access(2) would not for root.
@@ -233,7 +234,12 @@ pub fn check_output_writable(path: &Path) -> Result<(), RecordError> {
         Ok(_) => {
             let _ = std::fs::remove_file(&probe);
         }
-        Err(e) => return Err(err(format!("directory {} is not writable: {e}", parent.display()))),
+        Err(e) => {
+            return Err(err(format!(
+                "directory {} is not writable: {e}",
+                parent.display()
+            )))
+        }
     }
     if path.exists() {
         std::fs::OpenOptions::new()
@@ -251,7 +257,10 @@ fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), RecordError> {
         path: path.to_owned(),
         reason: e.to_string(),
     };
-    let file_name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let file_name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
     let temporary = path.with_file_name(format!(".{file_name}.tmp-{}", std::process::id()));
     let result = (|| {
         let mut file = std::fs::File::create(&temporary)?;
@@ -276,7 +285,9 @@ mod tests {
         assert!(check_output_writable(&dir.join("x.pb.gz")).is_ok());
         let e = check_output_writable(&dir).unwrap_err().to_string();
         assert!(e.contains("is a directory"), "{e}");
-        let e = check_output_writable(&dir.join("missing/x.svg")).unwrap_err().to_string();
+        let e = check_output_writable(&dir.join("missing/x.svg"))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("does not exist"), "{e}");
         write_atomically(&dir.join("y.txt"), b"abc").unwrap();
         assert_eq!(std::fs::read(dir.join("y.txt")).unwrap(), b"abc");

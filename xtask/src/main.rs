@@ -1,1 +1,152 @@
-fn main(){}
+//! Project automation: `cargo xtask setup | build | run | test | bench`.
+//!
+//! Everything a fresh Debian/Ubuntu machine needs is installed by `setup`, which every other
+//! command that needs it runs first, so `cargo xtask test` works from a clean clone.
+
+mod bench;
+mod setup;
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "xtask")]
+struct Cli {
+    #[command(subcommand)]
+    command: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Install the toolchain pieces and Debian packages (idempotent).
+    Setup,
+    /// Build the scorch binary (release) with its embedded BPF program.
+    Build,
+    /// Build, then run `scorch ARGS` (through sudo when not root).
+    Run {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Setup, lints, unit tests, then the BPF integration tests one at a time.
+    Test {
+        /// Only run integration tests whose name contains this.
+        filter: Option<String>,
+    },
+    /// Measure BPF cost per sample, CPU time and RSS beside `perf record`, and kallsyms speed.
+    Bench {
+        /// Seconds per recording (the figure is 60).
+        #[arg(long, default_value_t = 60)]
+        seconds: u64,
+        /// Recordings, each with scorch and perf side by side.
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+    },
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    let root = workspace_root();
+    match cli.command {
+        Task::Setup => setup::setup(),
+        Task::Build => build(&root).map(|_| ()),
+        Task::Run { args } => run(&root, &args),
+        Task::Test { filter } => test(&root, filter.as_deref()),
+        Task::Bench { seconds, runs } => {
+            setup::setup()?;
+            let scorch = build(&root)?;
+            bench::bench(&root, &scorch, seconds, runs)
+        }
+    }
+}
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."))
+}
+
+/// Runs a command, failing with its command line when it fails.
+pub fn run_command(command: &mut Command) -> Result<()> {
+    let status = command
+        .status()
+        .with_context(|| format!("starting {command:?}"))?;
+    if !status.success() {
+        bail!("{command:?} failed: {status}");
+    }
+    Ok(())
+}
+
+/// Builds the release binary and returns its path.
+fn build(root: &Path) -> Result<PathBuf> {
+    setup::ensure_bpf_toolchain()?;
+    run_command(Command::new("cargo").current_dir(root).args([
+        "build",
+        "--release",
+        "--package",
+        "scorch",
+    ]))?;
+    Ok(root.join("target/release/scorch"))
+}
+
+fn run(root: &Path, args: &[String]) -> Result<()> {
+    let scorch = build(root)?;
+    let mut command = if effective_uid() == 0 {
+        Command::new(&scorch)
+    } else {
+        let mut sudo = Command::new("sudo");
+        sudo.arg("-E").arg(&scorch);
+        sudo
+    };
+    command.args(args);
+    let status = command
+        .status()
+        .with_context(|| format!("starting {command:?}"))?;
+    std::process::exit(status.code().unwrap_or(1));
+}
+
+fn test(root: &Path, filter: Option<&str>) -> Result<()> {
+    setup::setup()?;
+    let cargo = |args: &[&str]| run_command(Command::new("cargo").current_dir(root).args(args));
+    cargo(&["fmt", "--all", "--check"])?;
+    cargo(&[
+        "clippy",
+        "--workspace",
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ])?;
+    // Unit tests: pure stages, parsers, encoders. No BPF.
+    cargo(&["test", "--workspace", "--exclude", "scorch-tests"])?;
+    let scorch = build(root)?;
+    // Integration tests load the real BPF program and profile workloads they build. They run
+    // one at a time: each one samples the whole machine, so two at once would see each other.
+    let mut command = Command::new("cargo");
+    command
+        .current_dir(root)
+        .env("SCORCH_BIN", &scorch)
+        .args(["test", "--package", "scorch-tests", "--"])
+        .args(["--test-threads=1", "--nocapture"]);
+    if let Some(filter) = filter {
+        command.arg(filter);
+    }
+    run_command(&mut command)
+}
+
+fn effective_uid() -> u32 {
+    // /proc/self/status avoids a libc dependency for one call.
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Uid:"))
+                .and_then(|ids| ids.split_whitespace().nth(1).and_then(|e| e.parse().ok()))
+        })
+        .unwrap_or(u32::MAX)
+}

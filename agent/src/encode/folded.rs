@@ -47,7 +47,7 @@ fn sanitize(name: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::encode::pprof::tests::sample_profile;
+    use crate::profile::sample_profile;
 
     #[test]
     fn folds_root_first_with_kernel_suffix() {
@@ -69,6 +69,9 @@ mod tests {
         profile.samples.push(copy);
         profile.locations[2].lines[0].function = "a;b".into();
         let lines = fold(&profile);
-        assert!(lines.contains(&"work;a_b;leaf;vfs_read_[k] 5".to_owned()), "{lines:?}");
+        assert!(
+            lines.contains(&"work;a_b;leaf;vfs_read_[k] 5".to_owned()),
+            "{lines:?}"
+        );
     }
 }

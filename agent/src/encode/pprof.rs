@@ -157,85 +157,10 @@ pub fn encode(profile: &Profile) -> Vec<u8> {
 
 #[cfg(test)]
 mod tests {
-    use std::{
-        io::Read,
-        time::{Duration, SystemTime},
-    };
+    use std::io::Read;
 
     use super::*;
-    use crate::profile::{Line, Location, Mapping, Sample};
-
-    pub(crate) fn sample_profile() -> Profile {
-        Profile {
-            start: SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000),
-            duration: Duration::from_secs(10),
-            period_ns: 52_631_578,
-            mappings: vec![
-                Mapping {
-                    start: 0xffffffff81000000,
-                    limit: u64::MAX,
-                    file_offset: 0,
-                    path: "[kernel.kallsyms]".into(),
-                    build_id: None,
-                    has_functions: true,
-                },
-                Mapping {
-                    start: 0x5000,
-                    limit: 0x9000,
-                    file_offset: 0x1000,
-                    path: "/usr/bin/work".into(),
-                    build_id: Some("abcdef".into()),
-                    has_functions: true,
-                },
-            ],
-            locations: vec![
-                Location {
-                    mapping: Some(0),
-                    address: 0xffffffff81234567,
-                    lines: vec![Line {
-                        function: "vfs_read".into(),
-                    }],
-                    kernel: true,
-                },
-                Location {
-                    mapping: Some(1),
-                    address: 0x5100,
-                    lines: vec![Line {
-                        function: "leaf".into(),
-                    }],
-                    kernel: false,
-                },
-                Location {
-                    mapping: Some(1),
-                    address: 0x5200,
-                    lines: vec![Line {
-                        function: "main".into(),
-                    }],
-                    kernel: false,
-                },
-                Location {
-                    mapping: Some(1),
-                    address: 0x5300,
-                    lines: vec![],
-                    kernel: false,
-                },
-            ],
-            samples: vec![
-                Sample {
-                    pid: 42,
-                    comm: "work".into(),
-                    locations: vec![0, 1, 2],
-                    count: 3,
-                },
-                Sample {
-                    pid: 42,
-                    comm: "work".into(),
-                    locations: vec![3, 2],
-                    count: 1,
-                },
-            ],
-        }
-    }
+    use crate::profile::sample_profile;
 
     #[test]
     fn encodes_a_valid_cpu_profile() {
@@ -249,10 +174,17 @@ mod tests {
         let s = |i: i64| p.string_table[i as usize].as_str();
 
         assert_eq!(p.string_table[0], "");
-        let types: Vec<_> = p.sample_type.iter().map(|t| (s(t.r#type), s(t.unit))).collect();
+        let types: Vec<_> = p
+            .sample_type
+            .iter()
+            .map(|t| (s(t.r#type), s(t.unit)))
+            .collect();
         assert_eq!(types, [("samples", "count"), ("cpu", "nanoseconds")]);
         let period_type = p.period_type.unwrap();
-        assert_eq!((s(period_type.r#type), s(period_type.unit)), ("cpu", "nanoseconds"));
+        assert_eq!(
+            (s(period_type.r#type), s(period_type.unit)),
+            ("cpu", "nanoseconds")
+        );
         assert_eq!(p.period, 52_631_578);
         assert_eq!(p.time_nanos, 1_700_000_000_000_000_000);
         assert_eq!(p.duration_nanos, 10_000_000_000);
@@ -274,7 +206,11 @@ mod tests {
             loc.line
                 .first()
                 .map(|line| {
-                    let f = p.function.iter().find(|f| f.id == line.function_id).unwrap();
+                    let f = p
+                        .function
+                        .iter()
+                        .find(|f| f.id == line.function_id)
+                        .unwrap();
                     s(f.name).to_owned()
                 })
                 .unwrap_or_default()

@@ -97,12 +97,13 @@ impl KernelSymbols {
         let mut any_nonzero = false;
         loop {
             line.clear();
-            let read = input
-                .read_until(b'\n', &mut line)
-                .map_err(|source| KallsymsError::Read {
-                    path: origin.to_owned(),
-                    source,
-                })?;
+            let read =
+                input
+                    .read_until(b'\n', &mut line)
+                    .map_err(|source| KallsymsError::Read {
+                        path: origin.to_owned(),
+                        source,
+                    })?;
             if read == 0 {
                 break;
             }
@@ -221,8 +222,8 @@ impl KernelSymbols {
         let name_ref = self.names[index];
         let start = name_ref.offset as usize;
         let name = &self.arena[start..start + name_ref.len as usize];
-        let module = (name_ref.module != NO_MODULE)
-            .then(|| self.modules[name_ref.module as usize].as_str());
+        let module =
+            (name_ref.module != NO_MODULE).then(|| self.modules[name_ref.module as usize].as_str());
         KernelFrame::Symbol {
             name,
             module,
@@ -372,7 +373,7 @@ mod tests {
         KernelSymbols::parse(text.as_bytes(), Path::new("fixture")).unwrap()
     }
 
-    const FIXTURE: &str = include_str!("../../tests/fixtures/kallsyms");
+    const FIXTURE: &str = include_str!("../../../tests/fixtures/kallsyms");
 
     #[test]
     fn parses_fixture_and_keeps_only_text() {
@@ -478,10 +479,7 @@ mod tests {
             Path::new("my-kallsyms"),
         )
         .unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            "my-kallsyms: line 2: address is not hex"
-        );
+        assert_eq!(err.to_string(), "my-kallsyms: line 2: address is not hex");
         let err = KernelSymbols::parse("".as_bytes(), Path::new("empty")).unwrap_err();
         assert_eq!(err.to_string(), "empty: no text symbols found");
     }

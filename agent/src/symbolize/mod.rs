@@ -15,7 +15,7 @@ use crate::{
     profile::{Line, Location, LocationIndex, Mapping, MappingIndex, Profile, Sample},
 };
 use kernel::{KernelFrame, KernelSymbolizer};
-use user::UserSymbolizer;
+use user::{MapEntry, UserSymbolizer};
 
 /// Where a location lives, for deduplication.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -23,7 +23,9 @@ enum LocationKey {
     Kernel(u64),
     User(Option<MappingIndex>, u64),
     /// A placeholder for a stack that could not be recorded.
-    Lost { kernel: bool },
+    Lost {
+        kernel: bool,
+    },
 }
 
 /// Identity of a user mapping across processes: the same file mapped at the same place (forked
@@ -83,7 +85,12 @@ pub fn symbolize(
             Stack::Frames(frames) => Some(frames),
             _ => None,
         })
-        .flat_map(|frames| frames.iter().enumerate().map(|(i, &a)| lookup_address(a, i)))
+        .flat_map(|frames| {
+            frames
+                .iter()
+                .enumerate()
+                .map(|(i, &a)| lookup_address(a, i))
+        })
         .collect();
     kernel_addresses.sort_unstable();
     kernel_addresses.dedup();
@@ -106,6 +113,19 @@ pub fn symbolize(
             })
             .collect()
     };
+    // pprof readers take mapping[0] as the main binary: make it the executable of the most
+    // sampled process (its lowest file mapping, where the kernel maps the executable).
+    if let Some(pid) = busiest_process(aggregated) {
+        let main = user.maps(pid).and_then(|maps| {
+            maps.entries()
+                .iter()
+                .find(|e| e.is_file() && e.executable)
+                .cloned()
+        });
+        if let Some(entry) = main {
+            builder.user_mapping(user, pid, &entry);
+        }
+    }
     if !kernel_addresses.is_empty() {
         builder.mappings.push(Mapping {
             start: kernel.text_start(),
@@ -161,7 +181,9 @@ pub fn symbolize(
         });
     }
 
-    let start = aggregated.start().unwrap_or_else(std::time::SystemTime::now);
+    let start = aggregated
+        .start()
+        .unwrap_or_else(std::time::SystemTime::now);
     let duration = aggregated
         .end()
         .and_then(|end| end.duration_since(start).ok())
@@ -174,6 +196,18 @@ pub fn symbolize(
         locations: builder.locations,
         samples,
     })
+}
+
+/// The process with the most samples.
+fn busiest_process(aggregated: &Aggregated) -> Option<u32> {
+    let mut per_process: HashMap<u32, u64> = HashMap::new();
+    for (stack, count) in &aggregated.stacks {
+        *per_process.entry(stack.tgid).or_insert(0) += count;
+    }
+    per_process
+        .into_iter()
+        .max_by_key(|&(pid, count)| (count, std::cmp::Reverse(pid)))
+        .map(|(pid, _)| pid)
 }
 
 /// The address to look up for frame `depth`: every frame but the leaf is a return address,
@@ -212,31 +246,7 @@ fn user_location(
         .maps(pid)
         .and_then(|maps| maps.find(address))
         .map(|(_, entry)| entry.clone());
-    let mapping = entry.as_ref().map(|entry| {
-        let key = MappingKey {
-            start: entry.start,
-            end: entry.end,
-            offset: entry.offset,
-            dev: entry.dev,
-            inode: entry.inode,
-            path: entry.path.clone(),
-        };
-        if let Some(&index) = builder.mapping_index.get(&key) {
-            return index;
-        }
-        let build_id = user.build_id(pid, entry);
-        builder.mappings.push(Mapping {
-            start: entry.start,
-            limit: entry.end,
-            file_offset: entry.offset,
-            path: entry.file_path().to_owned(),
-            build_id,
-            has_functions: false,
-        });
-        let index = builder.mappings.len() - 1;
-        builder.mapping_index.insert(key, index);
-        index
-    });
+    let mapping = entry.map(|entry| builder.user_mapping(user, pid, &entry));
     let key = LocationKey::User(mapping, address);
     if let Some(&index) = builder.location_index.get(&key) {
         return index;
@@ -257,6 +267,40 @@ fn user_location(
         lines,
         kernel: false,
     })
+}
+
+impl ProfileBuilder {
+    /// The pprof mapping for `entry` of process `pid`, created on first use.
+    fn user_mapping(
+        &mut self,
+        user: &mut UserSymbolizer,
+        pid: u32,
+        entry: &MapEntry,
+    ) -> MappingIndex {
+        let key = MappingKey {
+            start: entry.start,
+            end: entry.end,
+            offset: entry.offset,
+            dev: entry.dev,
+            inode: entry.inode,
+            path: entry.path.clone(),
+        };
+        if let Some(&index) = self.mapping_index.get(&key) {
+            return index;
+        }
+        let build_id = user.build_id(pid, entry);
+        self.mappings.push(Mapping {
+            start: entry.start,
+            limit: entry.end,
+            file_offset: entry.offset,
+            path: entry.file_path().to_owned(),
+            build_id,
+            has_functions: false,
+        });
+        let index = self.mappings.len() - 1;
+        self.mapping_index.insert(key, index);
+        index
+    }
 }
 
 /// The running kernel's GNU build id, from the ELF notes it exports in /sys/kernel/notes.

@@ -99,7 +99,9 @@ pub fn parse_maps(text: &str, origin: &Path) -> Result<Vec<MapEntry>, UserSymbol
         let dev = fields.next().ok_or_else(|| err("missing device"))?;
         let inode = fields.next().ok_or_else(|| err("missing inode"))?;
         let path = fields.next().unwrap_or("").trim_start();
-        let (start, end) = range.split_once('-').ok_or_else(|| err("bad address range"))?;
+        let (start, end) = range
+            .split_once('-')
+            .ok_or_else(|| err("bad address range"))?;
         let hex = |s: &str| u64::from_str_radix(s, 16);
         let start = hex(start).map_err(|_| err("bad start address"))?;
         let end = hex(end).map_err(|_| err("bad end address"))?;
@@ -133,8 +135,10 @@ impl ProcessMaps {
     /// Reads `/proc/PID/maps`.
     pub fn read(pid: u32) -> Result<Self, UserSymbolError> {
         let path = PathBuf::from(format!("/proc/{pid}/maps"));
-        let text = std::fs::read_to_string(&path)
-            .map_err(|source| UserSymbolError::Read { path: path.clone(), source })?;
+        let text = std::fs::read_to_string(&path).map_err(|source| UserSymbolError::Read {
+            path: path.clone(),
+            source,
+        })?;
         Ok(ProcessMaps {
             entries: parse_maps(&text, &path)?,
         })
@@ -147,7 +151,10 @@ impl ProcessMaps {
 
     /// The mapping holding `address`, with its index (stable for this snapshot).
     pub fn find(&self, address: u64) -> Option<(usize, &MapEntry)> {
-        let index = self.entries.partition_point(|e| e.start <= address).checked_sub(1)?;
+        let index = self
+            .entries
+            .partition_point(|e| e.start <= address)
+            .checked_sub(1)?;
         let entry = &self.entries[index];
         (address < entry.end).then_some((index, entry))
     }
@@ -452,9 +459,12 @@ mod tests {
 
     #[test]
     fn corrupt_elf_is_an_error_not_a_panic() {
-        let err = ElfSymbols::parse(b"\x7fELF\x02\x01\x01garbage", Path::new("bad.so"))
-            .unwrap_err();
-        assert!(err.to_string().starts_with("parsing ELF file bad.so:"), "{err}");
+        let err =
+            ElfSymbols::parse(b"\x7fELF\x02\x01\x01garbage", Path::new("bad.so")).unwrap_err();
+        assert!(
+            err.to_string().starts_with("parsing ELF file bad.so:"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -471,6 +481,8 @@ mod tests {
         let (_, entry) = symbolizer.maps(pid).unwrap().find(address).unwrap();
         let entry = entry.clone();
         let build_id = symbolizer.build_id(pid, &entry);
-        assert!(build_id.is_some_and(|id| id.len() >= 16 && id.chars().all(|c| c.is_ascii_hexdigit())));
+        assert!(
+            build_id.is_some_and(|id| id.len() >= 16 && id.chars().all(|c| c.is_ascii_hexdigit()))
+        );
     }
 }

@@ -1,0 +1,218 @@
+//! The perf_event program and its maps (see the crate root for the design).
+
+use core::intrinsics::{atomic_xadd, AtomicOrdering};
+
+use aya_ebpf::{
+    bindings::{BPF_F_USER_STACK, BPF_NOEXIST},
+    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid},
+    macros::{map, perf_event},
+    maps::{Array, HashMap, PerCpuArray, StackTrace},
+    programs::{tracing::StackIdContext, PerfEventContext},
+};
+use aya_log_ebpf::warn;
+use scorch_common::{
+    Comm, Control, Loss, RunSeq, StackKey, LOSS_KINDS, MAX_COMMS, MAX_COUNT_KEYS, MAX_PID_FILTER,
+    STACK_ABSENT, STACK_LOST_COLLISION, STACK_LOST_OTHER,
+};
+
+const EEXIST: i32 = 17;
+const EFAULT: i32 = 14;
+const E2BIG: i32 = 7;
+
+/// Single entry: generation, PID filter switch, idle switch. Written only by the agent.
+#[map]
+static CONTROL: Array<Control> = Array::with_max_entries(1, 0);
+
+/// PIDs (tgids) to sample when `Control::filter_pids` is set. Value unused.
+#[map]
+static PID_FILTER: HashMap<u32, u8> = HashMap::with_max_entries(MAX_PID_FILTER, 0);
+
+/// Per-CPU run bracket; see `RunSeq`.
+#[map]
+static RUN_SEQ: PerCpuArray<RunSeq> = PerCpuArray::with_max_entries(1, 0);
+
+/// Per-CPU loss counters indexed by `Loss`; cumulative, the agent takes differences.
+#[map]
+static LOSSES: PerCpuArray<u64> = PerCpuArray::with_max_entries(LOSS_KINDS, 0);
+
+// Two generations of the per-window maps. The agent sizes the stack maps at load time from the
+// CPU count, frequency and window; the value here is only the default.
+#[map]
+static COUNTS_0: HashMap<StackKey, u64> = HashMap::with_max_entries(MAX_COUNT_KEYS, 0);
+#[map]
+static COUNTS_1: HashMap<StackKey, u64> = HashMap::with_max_entries(MAX_COUNT_KEYS, 0);
+#[map]
+static STACKS_0: StackTrace = StackTrace::with_max_entries(8192, 0);
+#[map]
+static STACKS_1: StackTrace = StackTrace::with_max_entries(8192, 0);
+#[map]
+static COMMS_0: HashMap<u32, Comm> = HashMap::with_max_entries(MAX_COMMS, 0);
+#[map]
+static COMMS_1: HashMap<u32, Comm> = HashMap::with_max_entries(MAX_COMMS, 0);
+
+/// The maps of one generation.
+struct Generation {
+    counts: &'static HashMap<StackKey, u64>,
+    stacks: &'static StackTrace,
+    comms: &'static HashMap<u32, Comm>,
+}
+
+#[perf_event]
+pub fn sample(ctx: PerfEventContext) -> u32 {
+    let Some(seq) = RUN_SEQ.get_ptr_mut(0) else {
+        return 0;
+    };
+    let seq = seq.cast::<u64>();
+    // SAFETY: the pointer is this CPU's slot of a per-CPU array map value, valid for the whole
+    // run, and u64-aligned. The atomic adds are full barriers, so the read of the generation
+    // inside `try_sample` cannot move before the first one nor the map writes after the second.
+    unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::SeqCst }>(seq, 1) };
+    if let Err(err) = try_sample(&ctx) {
+        warn!(&ctx, "scorch sampler: map update failed: {}", err);
+    }
+    // SAFETY: as above.
+    unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::SeqCst }>(seq, 1) };
+    0
+}
+
+#[inline(always)]
+fn try_sample(ctx: &PerfEventContext) -> Result<(), i64> {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tgid = (pid_tgid >> 32) as u32;
+    let tid = pid_tgid as u32;
+    let Some(control) = CONTROL.get(0) else {
+        return Ok(());
+    };
+    // Idle (the per-CPU swapper, tid 0) would dominate every profile of a quiet machine.
+    if tid == 0 && control.include_idle == 0 {
+        return Ok(());
+    }
+    // The filter runs before any stack is walked so unwanted processes cost one lookup.
+    if control.filter_pids != 0 && unsafe { PID_FILTER.get(tgid) }.is_none() {
+        return Ok(());
+    }
+    let generation = if control.generation == 0 {
+        Generation {
+            counts: &COUNTS_0,
+            stacks: &STACKS_0,
+            comms: &COMMS_0,
+        }
+    } else {
+        Generation {
+            counts: &COUNTS_1,
+            stacks: &STACKS_1,
+            comms: &COMMS_1,
+        }
+    };
+
+    let key = StackKey {
+        tgid,
+        user_stack_id: stack_id(
+            ctx,
+            generation.stacks,
+            u64::from(BPF_F_USER_STACK),
+            Loss::UserStackCollision,
+            Loss::UserStackError,
+        ),
+        kernel_stack_id: stack_id(
+            ctx,
+            generation.stacks,
+            0,
+            Loss::KernelStackCollision,
+            Loss::KernelStackError,
+        ),
+    };
+
+    record_comm(generation.comms, tgid);
+
+    if let Some(count) = generation.counts.get_ptr_mut(key) {
+        bump(count);
+        return Ok(());
+    }
+    match generation.counts.insert(key, 1u64, u64::from(BPF_NOEXIST)) {
+        Ok(()) => Ok(()),
+        // Another CPU inserted the same key between our lookup and insert.
+        Err(err) if err == -EEXIST => {
+            if let Some(count) = generation.counts.get_ptr_mut(key) {
+                bump(count);
+            }
+            Ok(())
+        }
+        Err(err) => {
+            count_loss(Loss::CountsMapFull);
+            // -E2BIG is the expected "map full"; anything else is worth a log line.
+            if err == -E2BIG {
+                Ok(())
+            } else {
+                Err(err as i64)
+            }
+        }
+    }
+}
+
+#[inline(always)]
+fn bump(count: *mut u64) {
+    // SAFETY: `count` points into a map value that stays allocated while this program runs;
+    // several CPUs may bump the same key, hence the atomic add.
+    unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(count, 1) };
+}
+
+#[inline(always)]
+fn stack_id(
+    ctx: &PerfEventContext,
+    stacks: &StackTrace,
+    flags: u64,
+    collision: Loss,
+    error: Loss,
+) -> i32 {
+    match ctx.get_stackid(stacks, flags) {
+        Ok(id) => id as i32,
+        // No stack of this kind: a kernel thread has no user stack, and a sample taken in
+        // user mode has no kernel stack. Not a loss.
+        Err(err) if err == -EFAULT => STACK_ABSENT,
+        Err(err) if err == -EEXIST => {
+            count_loss(collision);
+            STACK_LOST_COLLISION
+        }
+        Err(_) => {
+            count_loss(error);
+            STACK_LOST_OTHER
+        }
+    }
+}
+
+#[inline(always)]
+fn record_comm(comms: &HashMap<u32, Comm>, tgid: u32) {
+    if comms.get_ptr(tgid).is_some() {
+        return;
+    }
+    let Ok(comm) = bpf_get_current_comm() else {
+        return;
+    };
+    // -EEXIST means another CPU recorded it first, which is fine.
+    if let Err(err) = comms.insert(tgid, Comm(comm), u64::from(BPF_NOEXIST)) {
+        if err != -EEXIST {
+            count_loss(Loss::CommMapFull);
+        }
+    }
+}
+
+#[inline(always)]
+fn count_loss(loss: Loss) {
+    if let Some(counter) = LOSSES.get_ptr_mut(loss as u32) {
+        // SAFETY: this CPU's slot; the program cannot run twice at once on one CPU.
+        unsafe { *counter += 1 };
+    }
+}
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    loop {}
+}
+
+/// `bpf_get_stackid` is GPL-only; the kernel refuses the program without a GPL-compatible
+/// licence string.
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";

@@ -1,0 +1,65 @@
+/* A CPU-bound workload with a known call tree, built with frame pointers by the tests.
+ *
+ *   main -> dispatch -> run_a -> leaf_a   60% of CPU
+ *                    -> run_b -> leaf_b   30%
+ *                    -> run_c -> leaf_c   10%
+ *
+ * Each leaf runs the same loop body, so CPU shares follow the iteration counts 6:3:1.
+ * Usage: calltree [threads] [seconds]. It exits by itself after `seconds` (SIGALRM), so a
+ * failed test never leaves it spinning.
+ */
+#include <pthread.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+volatile unsigned long sink;
+
+/* A register-only dependency chain: every iteration costs the same few cycles whatever the
+ * loop's alignment or the CPU's store-forwarding tricks, so time is proportional to the count. */
+#define LEAF(name, iterations)                                  \
+    __attribute__((noinline)) void name(void) {                 \
+        unsigned long x = 1;                                    \
+        /* Forces a frame: GCC 12 drops it in leaf functions even  \
+         * with -mno-omit-leaf-frame-pointer, and an unwinder then  \
+         * skips the leaf's caller. */                           \
+        __asm__ volatile("" : : "r"(__builtin_frame_address(0))); \
+        for (unsigned long i = 0; i < (iterations); i++) {      \
+            x = x * 6364136223846793005UL + i;                  \
+            __asm__ volatile("" : "+r"(x));                     \
+        }                                                       \
+        sink = x;                                               \
+    }
+
+LEAF(leaf_a, 6000000UL)
+LEAF(leaf_b, 3000000UL)
+LEAF(leaf_c, 1000000UL)
+
+__attribute__((noinline)) void run_a(void) { leaf_a(); __asm__ volatile(""); }
+__attribute__((noinline)) void run_b(void) { leaf_b(); __asm__ volatile(""); }
+__attribute__((noinline)) void run_c(void) { leaf_c(); __asm__ volatile(""); }
+
+__attribute__((noinline)) void dispatch(void) {
+    for (;;) {
+        run_a();
+        run_b();
+        run_c();
+    }
+}
+
+static void *thread_main(void *arg) {
+    (void)arg;
+    dispatch();
+    return NULL;
+}
+
+int main(int argc, char **argv) {
+    int threads = argc > 1 ? atoi(argv[1]) : 1;
+    int seconds = argc > 2 ? atoi(argv[2]) : 30;
+    alarm(seconds);
+    for (int i = 1; i < threads; i++) {
+        pthread_t thread;
+        pthread_create(&thread, NULL, thread_main, NULL);
+    }
+    dispatch();
+    return 0;
+}

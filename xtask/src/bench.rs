@@ -1,0 +1,239 @@
+//! `cargo xtask bench`: the figures the closing notes quote, measured the way a reviewer can
+//! believe them.
+//!
+//! - scorch record and `perf record -F 19 -a -g` run side by side for the same seconds, in fresh
+//!   processes, while a workload keeps every CPU busy; the start order alternates between runs.
+//!   CPU time (user + system) and peak RSS come from `/usr/bin/time -v`. Medians are reported.
+//! - BPF cost per sample: with `kernel.bpf_stats_enabled=1`, the program's run_time_ns /
+//!   run_cnt as the kernel counts them (scorch prints it in its summary).
+//! - kallsyms load and lookup: the criterion bench `agent/benches/kallsyms.rs`.
+
+use std::{
+    fmt::Write as _,
+    path::Path,
+    process::{Child, Command, Output, Stdio},
+    time::Duration,
+};
+
+use anyhow::{bail, Context, Result};
+
+use crate::run_command;
+
+/// What `/usr/bin/time -v` says about one process.
+#[derive(Debug, Clone, Copy)]
+struct Usage {
+    cpu_seconds: f64,
+    max_rss_kib: u64,
+}
+
+#[derive(Debug)]
+struct Run {
+    scorch: Usage,
+    perf: Usage,
+    bpf_ns_per_sample: Option<f64>,
+    scorch_samples: u64,
+}
+
+pub fn bench(root: &Path, scorch: &Path, seconds: u64, runs: usize) -> Result<()> {
+    let dir = root.join("target/bench");
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let workload = dir.join("calltree");
+    run_command(
+        Command::new("gcc")
+            .args(["-O2", "-fno-omit-frame-pointer", "-o"])
+            .arg(&workload)
+            .arg(root.join("tests/workloads/calltree.c"))
+            .arg("-lpthread"),
+    )?;
+    let cpus = std::thread::available_parallelism()?.get();
+
+    let stats_path = "/proc/sys/kernel/bpf_stats_enabled";
+    let previous_stats = std::fs::read_to_string(stats_path).unwrap_or_else(|_| "0".into());
+    std::fs::write(stats_path, "1")
+        .with_context(|| format!("enabling {stats_path} (needs root)"))?;
+    let result = (|| -> Result<Vec<Run>> {
+        let mut results = Vec::new();
+        for run in 0..runs {
+            eprintln!(
+                "bench: run {} of {runs}: scorch and perf side by side for {seconds} s",
+                run + 1
+            );
+            let mut burner = Command::new(&workload)
+                .args([cpus.to_string(), (seconds + 60).to_string()])
+                .spawn()
+                .context("starting the workload")?;
+            std::thread::sleep(Duration::from_millis(500));
+            let scorch_out = dir.join(format!("scorch-{run}.pb.gz"));
+            let perf_out = dir.join(format!("perf-{run}.data"));
+            let scorch_cmd = timed(
+                scorch,
+                &[
+                    "record",
+                    "--duration",
+                    &format!("{seconds}s"),
+                    "--output",
+                    path_str(&scorch_out)?,
+                ],
+            );
+            let perf_cmd = timed(
+                Path::new("perf"),
+                &[
+                    "record",
+                    "-F",
+                    "19",
+                    "-a",
+                    "-g",
+                    "-o",
+                    path_str(&perf_out)?,
+                    "--",
+                    "sleep",
+                    &seconds.to_string(),
+                ],
+            );
+            // Alternate who starts first so neither always pays for the other's start-up.
+            let (scorch_out, perf_out) = if run % 2 == 0 {
+                let s = spawn(scorch_cmd)?;
+                let p = spawn(perf_cmd)?;
+                (wait(s)?, wait(p)?)
+            } else {
+                let p = spawn(perf_cmd)?;
+                let s = spawn(scorch_cmd)?;
+                (wait(s)?, wait(p)?)
+            };
+            let _ = burner.kill();
+            let _ = burner.wait();
+            let summary = String::from_utf8_lossy(&scorch_out.stdout).into_owned();
+            eprintln!("bench:   {}", summary.trim());
+            results.push(Run {
+                scorch: parse_time(&scorch_out)?,
+                perf: parse_time(&perf_out)?,
+                bpf_ns_per_sample: parse_bpf_ns(&summary),
+                scorch_samples: summary
+                    .split_whitespace()
+                    .nth(1)
+                    .and_then(|n| n.parse().ok())
+                    .unwrap_or(0),
+            });
+        }
+        Ok(results)
+    })();
+    let _ = std::fs::write(stats_path, previous_stats.trim());
+    let results = result?;
+
+    let mut report = String::new();
+    writeln!(
+        report,
+        "# scorch record vs perf record -F 19 -a -g, {seconds} s, {cpus} busy CPUs"
+    )?;
+    writeln!(report)?;
+    writeln!(report, "| run | scorch CPU s | perf CPU s | scorch max RSS MiB | perf max RSS MiB | BPF ns/sample | samples |")?;
+    writeln!(report, "|---|---|---|---|---|---|---|")?;
+    for (i, r) in results.iter().enumerate() {
+        writeln!(
+            report,
+            "| {} | {:.3} | {:.3} | {:.1} | {:.1} | {} | {} |",
+            i + 1,
+            r.scorch.cpu_seconds,
+            r.perf.cpu_seconds,
+            r.scorch.max_rss_kib as f64 / 1024.0,
+            r.perf.max_rss_kib as f64 / 1024.0,
+            r.bpf_ns_per_sample
+                .map_or("n/a".into(), |n| format!("{n:.0}")),
+            r.scorch_samples,
+        )?;
+    }
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+    };
+    let scorch_cpu = median(results.iter().map(|r| r.scorch.cpu_seconds).collect());
+    let perf_cpu = median(results.iter().map(|r| r.perf.cpu_seconds).collect());
+    let scorch_rss = median(
+        results
+            .iter()
+            .map(|r| r.scorch.max_rss_kib as f64 / 1024.0)
+            .collect(),
+    );
+    let perf_rss = median(
+        results
+            .iter()
+            .map(|r| r.perf.max_rss_kib as f64 / 1024.0)
+            .collect(),
+    );
+    let bpf = median(results.iter().filter_map(|r| r.bpf_ns_per_sample).collect());
+    writeln!(report)?;
+    writeln!(
+        report,
+        "medians: scorch {scorch_cpu:.3} CPU s vs perf {perf_cpu:.3} ({}); scorch max RSS {scorch_rss:.1} MiB ({}), perf {perf_rss:.1} MiB; BPF {bpf:.0} ns/sample ({})",
+        verdict(scorch_cpu <= perf_cpu, "target: no more than perf"),
+        verdict(scorch_rss <= 20.0, "target: at most 20 MiB"),
+        verdict(bpf <= 2000.0, "target: at most 2000 ns"),
+    )?;
+    print!("{report}");
+    let report_path = dir.join("report.md");
+    std::fs::write(&report_path, &report)?;
+    eprintln!("bench: report written to {}", report_path.display());
+
+    // kallsyms load and lookup, with criterion.
+    run_command(Command::new("cargo").current_dir(root).args([
+        "bench",
+        "--package",
+        "scorch",
+        "--bench",
+        "kallsyms",
+    ]))
+}
+
+fn verdict(ok: bool, target: &str) -> String {
+    format!("{} {target}", if ok { "meets" } else { "MISSES" })
+}
+
+fn path_str(path: &Path) -> Result<&str> {
+    path.to_str()
+        .with_context(|| format!("non-UTF-8 path {}", path.display()))
+}
+
+fn timed(program: &Path, args: &[&str]) -> Command {
+    let mut command = Command::new("/usr/bin/time");
+    command.arg("-v").arg(program).args(args);
+    command
+}
+
+fn spawn(mut command: Command) -> Result<Child> {
+    command
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("starting {command:?} (cargo xtask setup installs `time`)"))
+}
+
+fn wait(child: Child) -> Result<Output> {
+    let output = child.wait_with_output()?;
+    if !output.status.success() {
+        bail!(
+            "benchmark command failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    Ok(output)
+}
+
+fn parse_time(output: &Output) -> Result<Usage> {
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let field = |name: &str| -> Result<f64> {
+        stderr
+            .lines()
+            .find_map(|l| l.trim().strip_prefix(name))
+            .and_then(|v| v.trim().parse().ok())
+            .with_context(|| format!("no `{name}` in /usr/bin/time output:\n{stderr}"))
+    };
+    Ok(Usage {
+        cpu_seconds: field("User time (seconds):")? + field("System time (seconds):")?,
+        max_rss_kib: field("Maximum resident set size (kbytes):")? as u64,
+    })
+}
+
+fn parse_bpf_ns(summary: &str) -> Option<f64> {
+    let (_, rest) = summary.split_once("BPF ")?;
+    rest.split_whitespace().next()?.parse().ok()
+}

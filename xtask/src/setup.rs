@@ -1,0 +1,191 @@
+//! `cargo xtask setup`: the nightly `rust-src`, bpf-linker built against the nightly rustc's
+//! own LLVM, and the Debian packages the tests and benchmarks use. Every step checks first and
+//! does nothing when already done.
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{bail, Context, Result};
+
+use crate::run_command;
+
+/// bpf-linker release that builds with this machine's toolchains (newer ones need Rust 1.98).
+const BPF_LINKER_VERSION: &str = "0.13.0";
+
+/// Debian packages: gcc builds the test workloads, golang-go provides `go tool pprof` (the
+/// reference pprof reader), linux-perf is the peer profiler, bpftrace the second peer, time
+/// gives `/usr/bin/time -v` for the benchmark's RSS figures, util-linux has setpriv.
+const PACKAGES: &[&str] = &[
+    "gcc",
+    "golang-go",
+    "linux-perf",
+    "bpftrace",
+    "time",
+    "util-linux",
+];
+
+pub fn setup() -> Result<()> {
+    install_packages()?;
+    ensure_bpf_toolchain()
+}
+
+/// The pieces the BPF build needs: nightly with rust-src, and bpf-linker.
+pub fn ensure_bpf_toolchain() -> Result<()> {
+    ensure_rust_src()?;
+    ensure_bpf_linker()
+}
+
+fn install_packages() -> Result<()> {
+    let missing: Vec<&str> = PACKAGES
+        .iter()
+        .copied()
+        .filter(|p| {
+            !Command::new("dpkg-query")
+                .args(["-W", "-f=${Status}", p])
+                .output()
+                .map(|o| String::from_utf8_lossy(&o.stdout).contains("install ok installed"))
+                .unwrap_or(false)
+        })
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    eprintln!("xtask: installing Debian packages: {}", missing.join(" "));
+    let sudo = !is_root();
+    let apt = |args: &[&str]| {
+        let mut command = if sudo {
+            Command::new("sudo")
+        } else {
+            Command::new("apt-get")
+        };
+        if sudo {
+            command.arg("apt-get");
+        }
+        command.env("DEBIAN_FRONTEND", "noninteractive").args(args);
+        command
+    };
+    run_command(&mut apt(&["update", "-q"]))?;
+    let mut install = apt(&["install", "-y", "-q", "--no-install-recommends"]);
+    install.args(&missing);
+    run_command(&mut install)
+}
+
+fn ensure_rust_src() -> Result<()> {
+    let installed = Command::new("rustup")
+        .args(["component", "list", "--installed", "--toolchain", "nightly"])
+        .output()
+        .context("running rustup (is rustup installed?)")?;
+    if !installed.status.success() {
+        bail!(
+            "the nightly toolchain is missing ({}); install it with `rustup toolchain install nightly`",
+            String::from_utf8_lossy(&installed.stderr).trim()
+        );
+    }
+    if String::from_utf8_lossy(&installed.stdout)
+        .lines()
+        .any(|l| l.starts_with("rust-src"))
+    {
+        return Ok(());
+    }
+    run_command(Command::new("rustup").args([
+        "component",
+        "add",
+        "rust-src",
+        "--toolchain",
+        "nightly",
+    ]))
+}
+
+fn cargo_home() -> PathBuf {
+    std::env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")))
+        .unwrap_or_else(|| PathBuf::from("/root/.cargo"))
+}
+
+fn ensure_bpf_linker() -> Result<()> {
+    let installed = Command::new("bpf-linker")
+        .arg("--version")
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).contains(BPF_LINKER_VERSION))
+        .unwrap_or(false);
+    if installed {
+        return Ok(());
+    }
+    // bpf-linker must link against the LLVM inside the nightly rustc, so the bitcode rustc
+    // emits is bitcode it understands. Its build finds LLVM through LLVM_PREFIX/lib; the
+    // prefix must outlive the build because the binary keeps it as its runpath.
+    let sysroot = Command::new("rustc")
+        .args(["+nightly", "--print", "sysroot"])
+        .output()
+        .context("asking the nightly rustc for its sysroot")?;
+    let sysroot = PathBuf::from(String::from_utf8_lossy(&sysroot.stdout).trim());
+    let llvm = find_rust_llvm(&sysroot.join("lib"))?;
+    let major = llvm_major(&llvm)?;
+    let prefix = cargo_home().join("scorch-bpf-llvm");
+    let lib = prefix.join("lib");
+    std::fs::create_dir_all(&lib).with_context(|| format!("creating {}", lib.display()))?;
+    let file_name = llvm.file_name().context("LLVM library has no file name")?;
+    for link in [lib.join("libLLVM.so"), lib.join(file_name)] {
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(&llvm, &link)
+            .with_context(|| format!("linking {} to {}", link.display(), llvm.display()))?;
+    }
+    eprintln!(
+        "xtask: building bpf-linker {BPF_LINKER_VERSION} against {}",
+        llvm.display()
+    );
+    run_command(
+        Command::new("cargo")
+            .env("LLVM_PREFIX", &prefix)
+            .args([
+                "install",
+                "bpf-linker",
+                "--locked",
+                "--force",
+                "--version",
+                BPF_LINKER_VERSION,
+            ])
+            .args([
+                "--no-default-features",
+                "--features",
+                &format!("llvm-{major}"),
+            ]),
+    )
+}
+
+/// The nightly's `libLLVM.so.<ver>-rust-<ver>-nightly`.
+fn find_rust_llvm(lib_dir: &Path) -> Result<PathBuf> {
+    let entries =
+        std::fs::read_dir(lib_dir).with_context(|| format!("listing {}", lib_dir.display()))?;
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with("libLLVM.so.") && name.contains("-rust-") {
+            return Ok(entry.path());
+        }
+    }
+    bail!(
+        "no libLLVM.so.*-rust-* in {}: is the nightly toolchain complete?",
+        lib_dir.display()
+    )
+}
+
+/// `libLLVM.so.22.1-rust-1.97.0-nightly` -> 22.
+fn llvm_major(library: &Path) -> Result<u32> {
+    let name = library
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or_default();
+    name.strip_prefix("libLLVM.so.")
+        .and_then(|rest| rest.split('.').next())
+        .and_then(|major| major.parse().ok())
+        .with_context(|| format!("cannot read the LLVM version from {name}"))
+}
+
+fn is_root() -> bool {
+    crate::effective_uid() == 0
+}
