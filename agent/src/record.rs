@@ -115,13 +115,16 @@ pub async fn record(args: &RecordArgs) -> Result<RecordSummary, RecordError> {
         tokio::time::interval_at(tokio::time::Instant::now() + args.window, args.window);
     loop {
         tokio::select! {
+            // Checked in order: at the deadline the final drain below takes the last window,
+            // rather than a tick draining it and leaving an empty one behind.
+            biased;
+            _ = tokio::time::sleep_until(deadline) => break,
+            _ = sigint.recv() => { tracing::info!("interrupted: writing what was sampled"); break }
+            _ = sigterm.recv() => { tracing::info!("terminated: writing what was sampled"); break }
             _ = ticker.tick() => {
                 session.add(drainer.drain_window()?);
                 sampler.flush_logs();
             }
-            _ = tokio::time::sleep_until(deadline) => break,
-            _ = sigint.recv() => { tracing::info!("interrupted: writing what was sampled"); break }
-            _ = sigterm.recv() => { tracing::info!("terminated: writing what was sampled"); break }
         }
     }
     session.add(drainer.drain_window()?);

@@ -1,7 +1,7 @@
 //! Kernel frame names from `/proc/kallsyms`.
 //!
 //! The table holds only text symbols (`t`, `T`, `w`, `W`), sorted by address, with all names in
-//! one string arena so 120k symbols cost a few MB and one allocation each for the two vectors.
+//! one string arena: 120k symbols cost about 6 MB in two allocations.
 //! Lookup is a binary search. Module symbols (including `[bpf]` programs) are named
 //! `name [module]`, the way `perf` prints them.
 //!
@@ -33,26 +33,28 @@ pub enum KallsymsError {
     Empty { path: PathBuf },
 }
 
-/// Where one symbol's name lives in the arena.
+/// One text symbol: where it starts and where its name lives in the arena.
 #[derive(Clone, Copy, Debug)]
-struct NameRef {
-    offset: u32,
-    len: u32,
+struct Symbol {
+    address: u64,
+    name_offset: u32,
+    name_len: u16,
     /// Index into `modules`, or `NO_MODULE` for the core kernel.
-    module: u32,
+    module: u16,
+    /// `T`/`W` rather than `t`/`w`: preferred among aliases at one address.
+    global: bool,
 }
 
-const NO_MODULE: u32 = u32::MAX;
+const NO_MODULE: u16 = u16::MAX;
 
 /// A sorted, immutable snapshot of the kernel's text symbols.
 #[derive(Debug)]
 pub struct KernelSymbols {
-    /// Symbol start addresses, ascending; parallel to `names`.
-    addresses: Vec<u64>,
-    names: Vec<NameRef>,
+    /// Ascending by address, one per address.
+    symbols: Vec<Symbol>,
     /// All symbol names back to back.
     arena: String,
-    /// Module names referenced by `NameRef::module`.
+    /// Module names referenced by `Symbol::module`.
     modules: Vec<String>,
     /// True when every address read was zero: kptr_restrict hides them from this process.
     addresses_hidden: bool,
@@ -89,7 +91,7 @@ impl KernelSymbols {
 
     /// Parses kallsyms text. `origin` only names the input in errors.
     pub fn parse(mut input: impl BufRead, origin: &Path) -> Result<Self, KallsymsError> {
-        let mut entries: Vec<(u64, NameRef, u8)> = Vec::with_capacity(1 << 17);
+        let mut symbols: Vec<Symbol> = Vec::with_capacity(1 << 17);
         let mut arena = String::with_capacity(4 << 20);
         let mut modules: Vec<String> = Vec::new();
         let mut line = Vec::with_capacity(256);
@@ -132,8 +134,8 @@ impl KernelSymbols {
                 None => (rest, None),
             };
             let name = std::str::from_utf8(name).map_err(|_| parse_err("name is not UTF-8"))?;
-            if name.is_empty() {
-                return Err(parse_err("empty symbol name"));
+            if name.is_empty() || name.len() > usize::from(u16::MAX) {
+                return Err(parse_err("symbol name empty or too long"));
             }
             any_nonzero |= address != 0;
             let module = match module {
@@ -142,49 +144,47 @@ impl KernelSymbols {
                     let m = std::str::from_utf8(m).map_err(|_| parse_err("module is not UTF-8"))?;
                     // Modules arrive grouped, so the last one is almost always the match.
                     match modules.iter().rposition(|known| known == m) {
-                        Some(i) => i as u32,
-                        None => {
+                        Some(i) => i as u16,
+                        None if modules.len() < usize::from(NO_MODULE) => {
                             modules.push(m.to_owned());
-                            (modules.len() - 1) as u32
+                            (modules.len() - 1) as u16
                         }
+                        None => return Err(parse_err("more than 65534 modules")),
                     }
                 }
             };
-            let name_ref = NameRef {
-                offset: arena.len() as u32,
-                len: name.len() as u32,
+            symbols.push(Symbol {
+                address,
+                name_offset: arena.len() as u32,
+                name_len: name.len() as u16,
                 module,
-            };
+                global: matches!(kind, b'T' | b'W'),
+            });
             arena.push_str(name);
-            entries.push((address, name_ref, *kind));
         }
-        if entries.is_empty() {
+        if symbols.is_empty() {
             return Err(KallsymsError::Empty {
                 path: origin.to_owned(),
             });
         }
         // Core kernel symbols come sorted; modules follow in load order. A stable sort keeps
         // the kernel's own order among aliases at one address.
-        entries.sort_by_key(|(address, _, _)| *address);
+        symbols.sort_by_key(|s| s.address);
         // Several names often share an address (`_text`, `_stext`, ...): keep the one a reader
         // expects, a global symbol before a local one, a plain name before `__`-prefixed.
-        let mut deduped: Vec<(u64, NameRef, u8)> = Vec::with_capacity(entries.len());
-        for entry in entries {
-            match deduped.last_mut() {
-                Some(last) if last.0 == entry.0 => {
-                    if alias_rank(&arena, &entry) < alias_rank(&arena, last) {
-                        *last = entry;
-                    }
-                }
-                _ => deduped.push(entry),
+        symbols.dedup_by(|later, earlier| {
+            if later.address != earlier.address {
+                return false;
             }
-        }
-        let addresses = deduped.iter().map(|e| e.0).collect();
-        let names = deduped.iter().map(|e| e.1).collect();
+            if alias_rank(&arena, later) < alias_rank(&arena, earlier) {
+                std::mem::swap(later, earlier);
+            }
+            true
+        });
+        symbols.shrink_to_fit();
         arena.shrink_to_fit();
         Ok(KernelSymbols {
-            addresses,
-            names,
+            symbols,
             arena,
             modules,
             addresses_hidden: !any_nonzero,
@@ -198,12 +198,12 @@ impl KernelSymbols {
 
     /// Number of distinct symbol addresses in the table.
     pub fn len(&self) -> usize {
-        self.addresses.len()
+        self.symbols.len()
     }
 
     /// True when the table holds no symbols.
     pub fn is_empty(&self) -> bool {
-        self.addresses.is_empty()
+        self.symbols.is_empty()
     }
 
     /// Names the function holding `address`.
@@ -211,19 +211,17 @@ impl KernelSymbols {
         if self.addresses_hidden {
             return KernelFrame::Miss;
         }
-        let index = self.addresses.partition_point(|&start| start <= address);
-        let Some(index) = index.checked_sub(1) else {
+        let index = self.symbols.partition_point(|s| s.address <= address);
+        let Some(symbol) = index.checked_sub(1).map(|i| self.symbols[i]) else {
             return KernelFrame::Miss;
         };
-        let offset = address - self.addresses[index];
+        let offset = address - symbol.address;
         if offset >= MAX_SYMBOL_SPAN {
             return KernelFrame::Miss;
         }
-        let name_ref = self.names[index];
-        let start = name_ref.offset as usize;
-        let name = &self.arena[start..start + name_ref.len as usize];
+        let name = symbol_name(&self.arena, &symbol);
         let module =
-            (name_ref.module != NO_MODULE).then(|| self.modules[name_ref.module as usize].as_str());
+            (symbol.module != NO_MODULE).then(|| self.modules[usize::from(symbol.module)].as_str());
         KernelFrame::Symbol {
             name,
             module,
@@ -233,15 +231,18 @@ impl KernelSymbols {
 
     /// Lowest symbol address, a stand-in for the start of kernel text.
     pub fn lowest_address(&self) -> u64 {
-        self.addresses.first().copied().unwrap_or(0)
+        self.symbols.first().map_or(0, |s| s.address)
     }
 }
 
-fn alias_rank(arena: &str, (_, name_ref, kind): &(u64, NameRef, u8)) -> (u8, bool) {
-    let start = name_ref.offset as usize;
-    let name = &arena[start..start + name_ref.len as usize];
-    let global = matches!(kind, b'T' | b'W');
-    (u8::from(!global), name.starts_with('_'))
+fn symbol_name<'a>(arena: &'a str, symbol: &Symbol) -> &'a str {
+    let start = symbol.name_offset as usize;
+    &arena[start..start + usize::from(symbol.name_len)]
+}
+
+/// Lower is preferred.
+fn alias_rank(arena: &str, symbol: &Symbol) -> (bool, bool) {
+    (!symbol.global, symbol_name(arena, symbol).starts_with('_'))
 }
 
 fn trim_newline(line: &[u8]) -> &[u8] {

@@ -113,3 +113,49 @@ fn check_reports_every_item() {
         "{privileges}"
     );
 }
+
+#[test]
+fn sigint_and_sigterm_stop_early_and_still_write() -> anyhow::Result<()> {
+    let program = build_workload("calltree", &["-O2", "-fno-omit-frame-pointer"])?;
+    let workload = Workload::start(&program, &["1", "30"])?;
+    for signal in ["INT", "TERM"] {
+        let path = work_dir().join(format!("signal-{signal}.pb.gz"));
+        let started = std::time::Instant::now();
+        let child = Command::new(scorch_bin())
+            .args([
+                "record",
+                "--duration",
+                "60s",
+                "--pid",
+                &workload.pid().to_string(),
+                "-o",
+            ])
+            .arg(&path)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()?;
+        std::thread::sleep(std::time::Duration::from_secs(2));
+        let status = Command::new("kill")
+            .args([&format!("-{signal}"), &child.id().to_string()])
+            .status()?;
+        assert!(status.success());
+        let output = child.wait_with_output()?;
+        assert!(
+            output.status.success(),
+            "SIG{signal}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        assert!(
+            started.elapsed().as_secs() < 20,
+            "SIG{signal} did not stop the recording"
+        );
+        let report = parse_record_output(&output)?;
+        assert!(report.samples > 10, "SIG{signal}: {}", report.summary);
+        let in_file: i64 = named_samples(&read_pprof(&path)?)
+            .iter()
+            .map(|s| s.count)
+            .sum();
+        assert_eq!(in_file as u64, report.samples);
+    }
+    Ok(())
+}
