@@ -5,7 +5,9 @@
 //!   processes, while a workload keeps every CPU busy; the start order alternates between runs.
 //!   CPU time (user + system) and peak RSS come from `/usr/bin/time -v`. Medians are reported.
 //! - BPF cost per sample: with `kernel.bpf_stats_enabled=1`, the program's run_time_ns /
-//!   run_cnt as the kernel counts them (scorch prints it in its summary).
+//!   run_cnt as the kernel counts them (scorch prints it in its summary). bpftrace runs the
+//!   equivalent program (`profile:hz:19 { @[kstack, ustack, pid] = count(); }`) in the same
+//!   seconds as a peer, read from its program's fdinfo.
 //! - kallsyms load and lookup: the criterion bench `agent/benches/kallsyms.rs`.
 
 use std::{
@@ -31,6 +33,7 @@ struct Run {
     scorch: Usage,
     perf: Usage,
     bpf_ns_per_sample: Option<f64>,
+    bpftrace_ns_per_sample: Option<f64>,
     scorch_samples: u64,
 }
 
@@ -63,6 +66,12 @@ pub fn bench(root: &Path, scorch: &Path, seconds: u64, runs: usize) -> Result<()
                 .spawn()
                 .context("starting the workload")?;
             std::thread::sleep(Duration::from_millis(500));
+            let mut bpftrace = Command::new("bpftrace")
+                .args(["-e", "profile:hz:19 { @[kstack, ustack, pid] = count(); }"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .context("starting bpftrace (cargo xtask setup installs it)")?;
             let scorch_out = dir.join(format!("scorch-{run}.pb.gz"));
             let perf_out = dir.join(format!("perf-{run}.data"));
             let scorch_cmd = timed(
@@ -100,6 +109,9 @@ pub fn bench(root: &Path, scorch: &Path, seconds: u64, runs: usize) -> Result<()
                 let s = spawn(scorch_cmd)?;
                 (wait(s)?, wait(p)?)
             };
+            let bpftrace_ns_per_sample = bpf_prog_ns_per_run(bpftrace.id());
+            let _ = bpftrace.kill();
+            let _ = bpftrace.wait();
             let _ = burner.kill();
             let _ = burner.wait();
             let summary = String::from_utf8_lossy(&scorch_out.stdout).into_owned();
@@ -108,6 +120,7 @@ pub fn bench(root: &Path, scorch: &Path, seconds: u64, runs: usize) -> Result<()
                 scorch: parse_time(&scorch_out)?,
                 perf: parse_time(&perf_out)?,
                 bpf_ns_per_sample: parse_bpf_ns(&summary),
+                bpftrace_ns_per_sample,
                 scorch_samples: summary
                     .split_whitespace()
                     .nth(1)
@@ -126,12 +139,12 @@ pub fn bench(root: &Path, scorch: &Path, seconds: u64, runs: usize) -> Result<()
         "# scorch record vs perf record -F 19 -a -g, {seconds} s, {cpus} busy CPUs"
     )?;
     writeln!(report)?;
-    writeln!(report, "| run | scorch CPU s | perf CPU s | scorch max RSS MiB | perf max RSS MiB | BPF ns/sample | samples |")?;
-    writeln!(report, "|---|---|---|---|---|---|---|")?;
+    writeln!(report, "| run | scorch CPU s | perf CPU s | scorch max RSS MiB | perf max RSS MiB | scorch BPF ns/sample | bpftrace BPF ns/sample | samples |")?;
+    writeln!(report, "|---|---|---|---|---|---|---|---|")?;
     for (i, r) in results.iter().enumerate() {
         writeln!(
             report,
-            "| {} | {:.3} | {:.3} | {:.1} | {:.1} | {} | {} |",
+            "| {} | {:.3} | {:.3} | {:.1} | {:.1} | {} | {} | {} |",
             i + 1,
             r.scorch.cpu_seconds,
             r.perf.cpu_seconds,
@@ -161,10 +174,16 @@ pub fn bench(root: &Path, scorch: &Path, seconds: u64, runs: usize) -> Result<()
             .collect(),
     );
     let bpf = median(results.iter().filter_map(|r| r.bpf_ns_per_sample).collect());
+    let bpftrace = median(
+        results
+            .iter()
+            .filter_map(|r| r.bpftrace_ns_per_sample)
+            .collect(),
+    );
     writeln!(report)?;
     writeln!(
         report,
-        "medians: scorch {scorch_cpu:.3} CPU s vs perf {perf_cpu:.3} ({}); scorch max RSS {scorch_rss:.1} MiB ({}), perf {perf_rss:.1} MiB; BPF {bpf:.0} ns/sample ({})",
+        "medians: scorch {scorch_cpu:.3} CPU s vs perf {perf_cpu:.3} ({}); scorch max RSS {scorch_rss:.1} MiB ({}), perf {perf_rss:.1} MiB; BPF {bpf:.0} ns/sample ({}; bpftrace's equivalent program {bpftrace:.0} ns)",
         verdict(scorch_cpu <= perf_cpu, "target: no more than perf"),
         verdict(scorch_rss <= 20.0, "target: at most 20 MiB"),
         verdict(bpf <= 2000.0, "target: at most 2000 ns"),
@@ -231,6 +250,25 @@ fn parse_time(output: &Output) -> Result<Usage> {
         cpu_seconds: field("User time (seconds):")? + field("System time (seconds):")?,
         max_rss_kib: field("Maximum resident set size (kbytes):")? as u64,
     })
+}
+
+/// Mean run time of the busiest BPF program `pid` holds, from its fdinfo (needs
+/// kernel.bpf_stats_enabled).
+fn bpf_prog_ns_per_run(pid: u32) -> Option<f64> {
+    let dir = std::fs::read_dir(format!("/proc/{pid}/fdinfo")).ok()?;
+    dir.flatten()
+        .filter_map(|entry| std::fs::read_to_string(entry.path()).ok())
+        .filter_map(|info| {
+            let field = |name: &str| -> Option<f64> {
+                info.lines()
+                    .find_map(|l| l.strip_prefix(name))
+                    .and_then(|v| v.trim().parse().ok())
+            };
+            Some((field("run_time_ns:")?, field("run_cnt:")?))
+        })
+        .filter(|&(_, runs)| runs > 0.0)
+        .max_by(|a, b| a.1.total_cmp(&b.1))
+        .map(|(time, runs)| time / runs)
 }
 
 fn parse_bpf_ns(summary: &str) -> Option<f64> {

@@ -11,7 +11,7 @@
 
 use std::{
     fs::File,
-    io::{self, BufRead, BufReader},
+    io::{self, Read},
     path::{Path, PathBuf},
 };
 
@@ -80,115 +80,61 @@ impl KernelSymbols {
     }
 
     /// Reads a table in kallsyms format from `path`.
+    ///
+    /// Most of the time goes into the kernel formatting the file (~120k `vsnprintf` calls), so a
+    /// reader thread pulls chunks while this thread parses the previous ones. Chunks stream
+    /// through a small bounded channel: the ~5 MB file is never held whole.
     pub fn load_from(path: &Path) -> Result<Self, KallsymsError> {
-        let file = File::open(path).map_err(|source| KallsymsError::Read {
+        let read_err = |source| KallsymsError::Read {
             path: path.to_owned(),
             source,
-        })?;
-        // Stream it: the file is ~5 MB and reading it whole would double the peak memory.
-        Self::parse(BufReader::with_capacity(64 * 1024, file), path)
+        };
+        let mut file = File::open(path).map_err(read_err)?;
+        let (chunks_tx, chunks_rx) = std::sync::mpsc::sync_channel::<io::Result<Vec<u8>>>(4);
+        std::thread::scope(|scope| {
+            scope.spawn(move || loop {
+                let mut chunk = vec![0; CHUNK];
+                let result = read_full(&mut file, &mut chunk).map(|n| {
+                    chunk.truncate(n);
+                    chunk
+                });
+                let done = matches!(&result, Ok(c) if c.is_empty()) || result.is_err();
+                // The parser hung up (it failed): nothing more to do.
+                if chunks_tx.send(result).is_err() || done {
+                    return;
+                }
+            });
+            let mut builder = TableBuilder::new(path);
+            let mut lines = LineSplitter::default();
+            for chunk in chunks_rx {
+                let chunk = chunk.map_err(read_err)?;
+                if chunk.is_empty() {
+                    break;
+                }
+                lines.feed(&chunk, |line| builder.line(line))?;
+            }
+            lines.finish(|line| builder.line(line))?;
+            builder.finish()
+        })
     }
 
-    /// Parses kallsyms text. `origin` only names the input in errors.
-    pub fn parse(mut input: impl BufRead, origin: &Path) -> Result<Self, KallsymsError> {
-        let mut symbols: Vec<Symbol> = Vec::with_capacity(1 << 17);
-        let mut arena = String::with_capacity(4 << 20);
-        let mut modules: Vec<String> = Vec::new();
-        let mut line = Vec::with_capacity(256);
-        let mut line_no = 0;
-        let mut any_nonzero = false;
+    /// Parses kallsyms text from any reader. `origin` only names the input in errors.
+    pub fn parse(mut input: impl Read, origin: &Path) -> Result<Self, KallsymsError> {
+        let mut builder = TableBuilder::new(origin);
+        let mut lines = LineSplitter::default();
+        let mut chunk = vec![0; CHUNK];
         loop {
-            line.clear();
-            let read =
-                input
-                    .read_until(b'\n', &mut line)
-                    .map_err(|source| KallsymsError::Read {
-                        path: origin.to_owned(),
-                        source,
-                    })?;
-            if read == 0 {
+            let n = read_full(&mut input, &mut chunk).map_err(|source| KallsymsError::Read {
+                path: origin.to_owned(),
+                source,
+            })?;
+            if n == 0 {
                 break;
             }
-            line_no += 1;
-            let text = trim_newline(&line);
-            if text.is_empty() {
-                continue;
-            }
-            let parse_err = |reason| KallsymsError::Parse {
-                path: origin.to_owned(),
-                line: line_no,
-                reason,
-            };
-            let (address, rest) = split_field(text).ok_or_else(|| parse_err("missing fields"))?;
-            let (kind, rest) = split_field(rest).ok_or_else(|| parse_err("missing symbol type"))?;
-            let address = parse_hex(address).ok_or_else(|| parse_err("address is not hex"))?;
-            let [kind] = kind else {
-                return Err(parse_err("symbol type is not one character"));
-            };
-            if !matches!(kind, b't' | b'T' | b'w' | b'W') {
-                continue;
-            }
-            // `name` or `name\t[module]`.
-            let (name, module) = match rest.iter().position(|&b| b == b'\t') {
-                Some(tab) => (&rest[..tab], module_name(&rest[tab + 1..])),
-                None => (rest, None),
-            };
-            let name = std::str::from_utf8(name).map_err(|_| parse_err("name is not UTF-8"))?;
-            if name.is_empty() || name.len() > usize::from(u16::MAX) {
-                return Err(parse_err("symbol name empty or too long"));
-            }
-            any_nonzero |= address != 0;
-            let module = match module {
-                None => NO_MODULE,
-                Some(m) => {
-                    let m = std::str::from_utf8(m).map_err(|_| parse_err("module is not UTF-8"))?;
-                    // Modules arrive grouped, so the last one is almost always the match.
-                    match modules.iter().rposition(|known| known == m) {
-                        Some(i) => i as u16,
-                        None if modules.len() < usize::from(NO_MODULE) => {
-                            modules.push(m.to_owned());
-                            (modules.len() - 1) as u16
-                        }
-                        None => return Err(parse_err("more than 65534 modules")),
-                    }
-                }
-            };
-            symbols.push(Symbol {
-                address,
-                name_offset: arena.len() as u32,
-                name_len: name.len() as u16,
-                module,
-                global: matches!(kind, b'T' | b'W'),
-            });
-            arena.push_str(name);
+            lines.feed(&chunk[..n], |line| builder.line(line))?;
         }
-        if symbols.is_empty() {
-            return Err(KallsymsError::Empty {
-                path: origin.to_owned(),
-            });
-        }
-        // Core kernel symbols come sorted; modules follow in load order. A stable sort keeps
-        // the kernel's own order among aliases at one address.
-        symbols.sort_by_key(|s| s.address);
-        // Several names often share an address (`_text`, `_stext`, ...): keep the one a reader
-        // expects, a global symbol before a local one, a plain name before `__`-prefixed.
-        symbols.dedup_by(|later, earlier| {
-            if later.address != earlier.address {
-                return false;
-            }
-            if alias_rank(&arena, later) < alias_rank(&arena, earlier) {
-                std::mem::swap(later, earlier);
-            }
-            true
-        });
-        symbols.shrink_to_fit();
-        arena.shrink_to_fit();
-        Ok(KernelSymbols {
-            symbols,
-            arena,
-            modules,
-            addresses_hidden: !any_nonzero,
-        })
+        lines.finish(|line| builder.line(line))?;
+        builder.finish()
     }
 
     /// True when kptr_restrict hid every address (all read as zero): lookups cannot work.
@@ -235,6 +181,181 @@ impl KernelSymbols {
     }
 }
 
+/// Bytes read per chunk: large enough that the kernel's per-read setup is noise.
+const CHUNK: usize = 256 * 1024;
+
+/// Fills `buf` as far as the reader allows; returns the bytes read (0 at end of input).
+fn read_full(input: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        match input.read(&mut buf[filled..]) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(filled)
+}
+
+/// Cuts a byte stream that arrives in arbitrary chunks into lines.
+#[derive(Default)]
+struct LineSplitter {
+    /// The start of a line whose end is in a later chunk.
+    partial: Vec<u8>,
+}
+
+impl LineSplitter {
+    fn feed<E>(
+        &mut self,
+        mut chunk: &[u8],
+        mut line: impl FnMut(&[u8]) -> Result<(), E>,
+    ) -> Result<(), E> {
+        if !self.partial.is_empty() {
+            let Some(end) = memchr::memchr(b'\n', chunk) else {
+                self.partial.extend_from_slice(chunk);
+                return Ok(());
+            };
+            self.partial.extend_from_slice(&chunk[..end]);
+            line(&self.partial)?;
+            self.partial.clear();
+            chunk = &chunk[end + 1..];
+        }
+        let mut start = 0;
+        for end in memchr::memchr_iter(b'\n', chunk) {
+            line(&chunk[start..end])?;
+            start = end + 1;
+        }
+        self.partial.extend_from_slice(&chunk[start..]);
+        Ok(())
+    }
+
+    fn finish<E>(self, mut line: impl FnMut(&[u8]) -> Result<(), E>) -> Result<(), E> {
+        if self.partial.is_empty() {
+            Ok(())
+        } else {
+            line(&self.partial)
+        }
+    }
+}
+
+/// Accumulates parsed lines into a table.
+struct TableBuilder<'p> {
+    /// Names the input in errors.
+    origin: &'p Path,
+    symbols: Vec<Symbol>,
+    arena: String,
+    modules: Vec<String>,
+    line_no: usize,
+    any_nonzero: bool,
+}
+
+impl<'p> TableBuilder<'p> {
+    fn new(origin: &'p Path) -> Self {
+        TableBuilder {
+            origin,
+            symbols: Vec::with_capacity(1 << 17),
+            arena: String::with_capacity(4 << 20),
+            modules: Vec::new(),
+            line_no: 0,
+            any_nonzero: false,
+        }
+    }
+
+    /// Parses one line: `address type name` or `address type name\t[module]`.
+    fn line(&mut self, text: &[u8]) -> Result<(), KallsymsError> {
+        self.line_no += 1;
+        if text.is_empty() {
+            return Ok(());
+        }
+        let parse_err = |reason| KallsymsError::Parse {
+            path: self.origin.to_owned(),
+            line: self.line_no,
+            reason,
+        };
+        let (address, rest) = split_field(text).ok_or_else(|| parse_err("missing fields"))?;
+        let (kind, rest) = split_field(rest).ok_or_else(|| parse_err("missing symbol type"))?;
+        let address = parse_hex(address).ok_or_else(|| parse_err("address is not hex"))?;
+        let [kind] = kind else {
+            return Err(parse_err("symbol type is not one character"));
+        };
+        if !matches!(kind, b't' | b'T' | b'w' | b'W') {
+            return Ok(());
+        }
+        let (name, module) = match memchr::memchr(b'\t', rest) {
+            Some(tab) => (&rest[..tab], module_name(&rest[tab + 1..])),
+            None => (rest, None),
+        };
+        let name = std::str::from_utf8(name).map_err(|_| parse_err("name is not UTF-8"))?;
+        if name.is_empty() || name.len() > usize::from(u16::MAX) {
+            return Err(parse_err("symbol name empty or too long"));
+        }
+        self.any_nonzero |= address != 0;
+        let module = match module {
+            None => NO_MODULE,
+            Some(m) => {
+                let m = std::str::from_utf8(m).map_err(|_| parse_err("module is not UTF-8"))?;
+                // Modules arrive grouped, so the last one is almost always the match.
+                match self.modules.iter().rposition(|known| known == m) {
+                    Some(i) => i as u16,
+                    None if self.modules.len() < usize::from(NO_MODULE) => {
+                        self.modules.push(m.to_owned());
+                        (self.modules.len() - 1) as u16
+                    }
+                    None => return Err(parse_err("more than 65534 modules")),
+                }
+            }
+        };
+        self.symbols.push(Symbol {
+            address,
+            name_offset: self.arena.len() as u32,
+            name_len: name.len() as u16,
+            module,
+            global: matches!(kind, b'T' | b'W'),
+        });
+        self.arena.push_str(name);
+        Ok(())
+    }
+
+    fn finish(self) -> Result<KernelSymbols, KallsymsError> {
+        let TableBuilder {
+            origin,
+            mut symbols,
+            mut arena,
+            modules,
+            any_nonzero,
+            ..
+        } = self;
+        if symbols.is_empty() {
+            return Err(KallsymsError::Empty {
+                path: origin.to_owned(),
+            });
+        }
+        // Core kernel symbols come sorted; modules follow in load order. A stable sort keeps
+        // the kernel's own order among aliases at one address.
+        symbols.sort_by_key(|s| s.address);
+        // Several names often share an address (`_text`, `_stext`, ...): keep the one a reader
+        // expects, a global symbol before a local one, a plain name before `__`-prefixed.
+        symbols.dedup_by(|later, earlier| {
+            if later.address != earlier.address {
+                return false;
+            }
+            if alias_rank(&arena, later) < alias_rank(&arena, earlier) {
+                std::mem::swap(later, earlier);
+            }
+            true
+        });
+        symbols.shrink_to_fit();
+        arena.shrink_to_fit();
+        Ok(KernelSymbols {
+            symbols,
+            arena,
+            modules,
+            addresses_hidden: !any_nonzero,
+        })
+    }
+}
+
 fn symbol_name<'a>(arena: &'a str, symbol: &Symbol) -> &'a str {
     let start = symbol.name_offset as usize;
     &arena[start..start + usize::from(symbol.name_len)]
@@ -243,10 +364,6 @@ fn symbol_name<'a>(arena: &'a str, symbol: &Symbol) -> &'a str {
 /// Lower is preferred.
 fn alias_rank(arena: &str, symbol: &Symbol) -> (bool, bool) {
     (!symbol.global, symbol_name(arena, symbol).starts_with('_'))
-}
-
-fn trim_newline(line: &[u8]) -> &[u8] {
-    line.strip_suffix(b"\n").unwrap_or(line)
 }
 
 /// Splits off the first space-separated field.
@@ -449,6 +566,26 @@ mod tests {
         // Far past the last core symbol, before the module area.
         assert_eq!(table.lookup(0xffffffffa0000000), KernelFrame::Miss);
         assert_eq!(table.lookup(u64::MAX), KernelFrame::Miss);
+    }
+
+    #[test]
+    fn lines_split_across_chunks_of_any_size() {
+        for chunk_size in [1, 2, 7, 64, FIXTURE.len()] {
+            let mut builder = TableBuilder::new(Path::new("fixture"));
+            let mut lines = LineSplitter::default();
+            for chunk in FIXTURE.as_bytes().chunks(chunk_size) {
+                lines.feed(chunk, |line| builder.line(line)).unwrap();
+            }
+            lines.finish(|line| builder.line(line)).unwrap();
+            let table = builder.finish().unwrap();
+            assert_eq!(table.len(), 10, "chunk size {chunk_size}");
+            assert_eq!(
+                table.lookup(0xffffffffc0a01010),
+                parse(FIXTURE).lookup(0xffffffffc0a01010)
+            );
+        }
+        // A last line without a newline still counts.
+        assert_eq!(parse("ffffffff81000000 T only").len(), 1);
     }
 
     #[test]
