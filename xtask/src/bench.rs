@@ -152,6 +152,8 @@ pub fn bench(root: &Path, scorch: &Path, seconds: u64, runs: usize) -> Result<()
             r.perf.max_rss_kib as f64 / 1024.0,
             r.bpf_ns_per_sample
                 .map_or("n/a".into(), |n| format!("{n:.0}")),
+            r.bpftrace_ns_per_sample
+                .map_or("n/a".into(), |n| format!("{n:.0}")),
             r.scorch_samples,
         )?;
     }
