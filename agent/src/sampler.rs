@@ -68,10 +68,6 @@ impl Sampler {
         let cpus = online_cpus()?;
         let stack_entries = stack_map_entries(cpus.len() as u64, config);
         let mut ebpf = EbpfLoader::new()
-            // The program reads no kernel structures, so it has no CO-RE relocations to apply,
-            // and parsing the kernel's BTF (/sys/kernel/btf/vmlinux) would cost ~15 MB of peak
-            // memory for nothing. The object's own BTF is still loaded with it.
-            .btf(None)
             .map_max_entries("STACKS_0", stack_entries)
             .map_max_entries("STACKS_1", stack_entries)
             .load(BPF_OBJECT)?;
