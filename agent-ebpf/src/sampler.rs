@@ -105,6 +105,18 @@ fn try_sample(ctx: &PerfEventContext) -> Result<(), i64> {
         }
     };
 
+    // A sample taken in user mode has no kernel stack: skip asking for one.
+    let kernel_stack_id = if interrupted_user_mode(ctx) {
+        STACK_ABSENT
+    } else {
+        stack_id(
+            ctx,
+            generation.stacks,
+            0,
+            Loss::KernelStackCollision,
+            Loss::KernelStackError,
+        )
+    };
     let key = StackKey {
         tgid,
         user_stack_id: stack_id(
@@ -114,21 +126,17 @@ fn try_sample(ctx: &PerfEventContext) -> Result<(), i64> {
             Loss::UserStackCollision,
             Loss::UserStackError,
         ),
-        kernel_stack_id: stack_id(
-            ctx,
-            generation.stacks,
-            0,
-            Loss::KernelStackCollision,
-            Loss::KernelStackError,
-        ),
+        kernel_stack_id,
     };
-
-    record_comm(generation.comms, tgid);
 
     if let Some(count) = generation.counts.get_ptr_mut(key) {
         bump(count);
         return Ok(());
     }
+    // A new key: the first sample of this stack in this window. Every process sampled in a
+    // window passes here at least once, so this is where its name is recorded, off the
+    // common path.
+    record_comm(generation.comms, tgid);
     match generation.counts.insert(key, 1u64, u64::from(BPF_NOEXIST)) {
         Ok(()) => Ok(()),
         // Another CPU inserted the same key between our lookup and insert.
@@ -178,6 +186,23 @@ fn stack_id(
             count_loss(error);
             STACK_LOST_OTHER
         }
+    }
+}
+
+/// True when the sample interrupted user mode (on architectures where that is cheap to tell).
+#[inline(always)]
+fn interrupted_user_mode(ctx: &PerfEventContext) -> bool {
+    #[cfg(bpf_target_arch = "x86_64")]
+    {
+        // SAFETY: `ctx.ctx` is the kernel's bpf_perf_event_data for this run; perf_event
+        // programs may read the saved registers. The low two bits of CS are the privilege level.
+        let cs = unsafe { (*ctx.ctx).regs.cs };
+        cs & 3 == 3
+    }
+    #[cfg(not(bpf_target_arch = "x86_64"))]
+    {
+        let _ = ctx;
+        false
     }
 }
 
