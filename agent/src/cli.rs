@@ -5,7 +5,7 @@ use std::{path::PathBuf, time::Duration};
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::encode::Format;
+use crate::{encode::Format, symbolize::user::SymbolizeMode};
 
 /// Highest sampling frequency accepted. Beyond this the profiler's own cost stops being
 /// negligible and `perf` users expect `perf`.
@@ -65,6 +65,14 @@ pub struct RecordArgs {
     /// How often the kernel maps are drained while recording, so they never fill up.
     #[arg(long, default_value = "10s", value_parser = parse_duration, allow_hyphen_values = true)]
     pub window: Duration,
+    /// `local`: name user frames here (DWARF, inline frames, file:line); `none`: keep
+    /// addresses, mappings and build ids for a server that symbolises later.
+    #[arg(long, value_enum, default_value = "local")]
+    pub symbolize: SymbolizeMode,
+    /// Memory budget, in MiB, for parsed binaries and debug info; the least recently used are
+    /// evicted beyond it.
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..=65536))]
+    pub symbol_cache_mb: u64,
 }
 
 impl RecordArgs {

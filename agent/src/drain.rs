@@ -178,6 +178,18 @@ impl Drainer {
         }
     }
 
+    /// Processes sampled so far in the current window, from the comm map the program fills the
+    /// first time it sees each one. Lets the agent read a new process's maps right away, so
+    /// a process that exits before the window ends is still named.
+    pub fn active_pids(&self) -> Result<Vec<u32>, DrainError> {
+        let current = self.control.generation as usize & 1;
+        self.maps.generations[current]
+            .comms
+            .keys()
+            .collect::<Result<_, _>>()
+            .map_err(map_err("listing", "COMMS"))
+    }
+
     /// Ends the current window and returns what it sampled.
     pub fn drain_window(&mut self) -> Result<RawWindow, DrainError> {
         let old = self.control.generation as usize & 1;

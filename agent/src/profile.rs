@@ -32,6 +32,12 @@ pub struct Mapping {
     pub build_id: Option<String>,
     /// True when at least one location in this mapping was given a function name.
     pub has_functions: bool,
+    /// ... a source file name.
+    pub has_filenames: bool,
+    /// ... a source line number.
+    pub has_line_numbers: bool,
+    /// ... more than one function level (inlined functions).
+    pub has_inline_frames: bool,
 }
 
 /// Index into [`Profile::mappings`].
@@ -54,7 +60,27 @@ pub struct Location {
 /// One function level at a location.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Line {
+    /// Demangled name.
     pub function: String,
+    /// The name as the binary spells it (mangled).
+    pub system_name: String,
+    /// Source file, when debug info says.
+    pub file: Option<String>,
+    /// Source line (for an inlined function's caller, the call site); 0 when unknown.
+    pub line: u32,
+}
+
+impl Line {
+    /// A level known only by name (kernel symbols, placeholders).
+    pub fn named(function: impl Into<String>) -> Line {
+        let function = function.into();
+        Line {
+            system_name: function.clone(),
+            function,
+            file: None,
+            line: 0,
+        }
+    }
 }
 
 /// A stack seen `count` times in one process.
@@ -73,13 +99,18 @@ impl Profile {
         self.samples.iter().map(|s| s.count).sum()
     }
 
-    /// The display name of a location: its outermost function, or a placeholder naming the
-    /// mapping (`[libc.so.6]`) or `[unknown]`.
-    pub fn location_name(&self, index: LocationIndex) -> String {
+    /// The display names of a location's function levels, innermost (inlined) first; for an
+    /// unnamed location, a placeholder naming the mapping (`[libc.so.6]`) or `[unknown]`.
+    pub fn location_names(&self, index: LocationIndex) -> Vec<String> {
         let location = &self.locations[index];
-        if let Some(line) = location.lines.last() {
-            return line.function.clone();
+        if !location.lines.is_empty() {
+            return location.lines.iter().map(|l| l.function.clone()).collect();
         }
+        vec![self.placeholder_name(index)]
+    }
+
+    fn placeholder_name(&self, index: LocationIndex) -> String {
+        let location = &self.locations[index];
         match location.mapping.map(|m| &self.mappings[m]) {
             Some(mapping) => {
                 let base = mapping.path.rsplit('/').next().unwrap_or(&mapping.path);
@@ -109,6 +140,9 @@ pub(crate) fn sample_profile() -> Profile {
                 path: "[kernel.kallsyms]".into(),
                 build_id: None,
                 has_functions: true,
+                has_filenames: false,
+                has_line_numbers: false,
+                has_inline_frames: false,
             },
             Mapping {
                 start: 0x5000,
@@ -117,31 +151,28 @@ pub(crate) fn sample_profile() -> Profile {
                 path: "/usr/bin/work".into(),
                 build_id: Some("abcdef".into()),
                 has_functions: true,
+                has_filenames: false,
+                has_line_numbers: false,
+                has_inline_frames: false,
             },
         ],
         locations: vec![
             Location {
                 mapping: Some(0),
                 address: 0xffffffff81234567,
-                lines: vec![Line {
-                    function: "vfs_read".into(),
-                }],
+                lines: vec![Line::named("vfs_read")],
                 kernel: true,
             },
             Location {
                 mapping: Some(1),
                 address: 0x5100,
-                lines: vec![Line {
-                    function: "leaf".into(),
-                }],
+                lines: vec![Line::named("leaf")],
                 kernel: false,
             },
             Location {
                 mapping: Some(1),
                 address: 0x5200,
-                lines: vec![Line {
-                    function: "main".into(),
-                }],
+                lines: vec![Line::named("main")],
                 kernel: false,
             },
             Location {

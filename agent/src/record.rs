@@ -4,7 +4,7 @@
 //! -> (at the end) symbolize -> encode -> file.
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     io::{self, Write},
     path::{Path, PathBuf},
     time::{Duration, Instant},
@@ -52,6 +52,8 @@ pub struct RecordSummary {
     pub duration: Duration,
     /// Mean BPF run time per sample, when kernel.bpf_stats_enabled was on.
     pub bpf_ns_per_run: Option<f64>,
+    /// User frames left unnamed, by reason, and names found by a fallback, by reason.
+    pub unnamed_frames: Vec<(&'static str, u64)>,
 }
 
 impl std::fmt::Display for RecordSummary {
@@ -71,6 +73,14 @@ impl std::fmt::Display for RecordSummary {
                 Format::Svg => "svg",
             }
         )?;
+        if !self.unnamed_frames.is_empty() {
+            let parts: Vec<String> = self
+                .unnamed_frames
+                .iter()
+                .map(|(reason, n)| format!("{reason}: {n}"))
+                .collect();
+            write!(f, "; unnamed user frames: {}", parts.join(", "))?;
+        }
         if let Some(ns) = self.bpf_ns_per_run {
             write!(f, "; BPF {ns:.0} ns/sample")?;
         }
@@ -110,9 +120,16 @@ pub async fn record(args: &RecordArgs) -> Result<RecordSummary, RecordError> {
     let started = Instant::now();
     let deadline = tokio::time::Instant::now() + args.duration;
     let mut drainer = Drainer::new(maps, control);
-    let mut session = Session::default();
+    let mut session = Session {
+        aggregated: Aggregated::default(),
+        user: UserSymbolizer::new(args.symbolize, (args.symbol_cache_mb as usize) << 20),
+        proc_comms: HashMap::new(),
+        seen_this_window: HashSet::new(),
+    };
     let mut ticker =
         tokio::time::interval_at(tokio::time::Instant::now() + args.window, args.window);
+    let mut discover = tokio::time::interval(DISCOVERY_INTERVAL);
+    discover.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             // Checked in order: at the deadline the final drain below takes the last window,
@@ -125,6 +142,7 @@ pub async fn record(args: &RecordArgs) -> Result<RecordSummary, RecordError> {
                 session.add(drainer.drain_window()?);
                 sampler.flush_logs();
             }
+            _ = discover.tick() => session.discover(drainer.active_pids()?),
         }
     }
     session.add(drainer.drain_window()?);
@@ -143,6 +161,16 @@ pub async fn record(args: &RecordArgs) -> Result<RecordSummary, RecordError> {
         1_000_000_000 / args.frequency,
         |pid| session.proc_comms.get(&pid).cloned(),
     )?;
+    for hint in symbolize::frame_pointer_hints(&session.aggregated, &session.user) {
+        tracing::warn!("{hint}");
+    }
+    let unnamed_frames = session
+        .user
+        .misses
+        .iter()
+        .map(|(miss, n)| (miss.name(), *n))
+        .chain(session.user.fallbacks.iter().map(|(f, n)| (f.name(), *n)))
+        .collect();
     let format = args.output_format();
     let bytes = match format {
         Format::Pprof => encode::pprof::encode(&profile),
@@ -168,32 +196,52 @@ pub async fn record(args: &RecordArgs) -> Result<RecordSummary, RecordError> {
         format,
         duration,
         bpf_ns_per_run,
+        unnamed_frames,
     })
 }
 
+/// How often the current window's new processes are looked for, to read their maps while they
+/// still run.
+const DISCOVERY_INTERVAL: Duration = Duration::from_millis(200);
+
 /// State gathered while recording.
-#[derive(Default)]
 struct Session {
     aggregated: Aggregated,
     user: UserSymbolizer,
     /// Process names read from /proc while the processes were alive: the process's own name,
     /// where the BPF program could only see the sampled thread's.
     proc_comms: HashMap<u32, String>,
+    /// Processes whose maps were read in the current window.
+    seen_this_window: HashSet<u32>,
 }
 
 impl Session {
-    fn add(&mut self, window: RawWindow) {
-        let mut pids: Vec<u32> = window.samples.iter().map(|s| s.tgid).collect();
-        pids.sort_unstable();
-        pids.dedup();
-        // Capture maps now, while the processes still run: a process that exits before the
-        // recording ends must still have its frames named.
+    /// Reads the maps and name of processes first seen in this window.
+    fn discover(&mut self, pids: Vec<u32>) {
+        let new: Vec<u32> = pids
+            .into_iter()
+            .filter(|pid| self.seen_this_window.insert(*pid))
+            .collect();
+        self.capture(&new);
+    }
+
+    fn capture(&mut self, pids: &[u32]) {
         self.user.capture(pids.iter().copied());
-        for &pid in &pids {
+        for &pid in pids {
             if let Ok(comm) = std::fs::read_to_string(format!("/proc/{pid}/comm")) {
                 self.proc_comms.insert(pid, comm.trim_end().to_owned());
             }
         }
+    }
+
+    fn add(&mut self, window: RawWindow) {
+        let mut pids: Vec<u32> = window.samples.iter().map(|s| s.tgid).collect();
+        pids.sort_unstable();
+        pids.dedup();
+        // Read maps again at the end of the window: libraries loaded since discovery count.
+        // A process that exited keeps what discovery captured.
+        self.capture(&pids);
+        self.seen_this_window.clear();
         tracing::info!(
             "window {}: {} samples from {} processes; lost: {}",
             self.aggregated.windows.len() + 1,

@@ -18,11 +18,15 @@ pub fn fold(profile: &Profile) -> Vec<String> {
         };
         let mut frames = vec![sanitize(&comm)];
         for &location in sample.locations.iter().rev() {
-            let mut name = sanitize(&profile.location_name(location));
-            if profile.locations[location].kernel {
-                name.push_str("_[k]");
+            let kernel = profile.locations[location].kernel;
+            // Inlined functions are frames of their own, outermost first.
+            for name in profile.location_names(location).iter().rev() {
+                let mut name = sanitize(name);
+                if kernel {
+                    name.push_str("_[k]");
+                }
+                frames.push(name);
             }
-            frames.push(name);
         }
         *merged.entry(frames.join(";")).or_insert(0) += sample.count;
     }
@@ -68,9 +72,13 @@ mod tests {
         copy.count = 2;
         profile.samples.push(copy);
         profile.locations[2].lines[0].function = "a;b".into();
+        // An inlined level becomes a frame below its caller.
+        profile.locations[1]
+            .lines
+            .insert(0, crate::profile::Line::named("inlined"));
         let lines = fold(&profile);
         assert!(
-            lines.contains(&"work;a_b;leaf;vfs_read_[k] 5".to_owned()),
+            lines.contains(&"work;a_b;leaf;inlined;vfs_read_[k] 5".to_owned()),
             "{lines:?}"
         );
     }

@@ -61,14 +61,16 @@ pub fn to_message(profile: &Profile) -> pb::Profile {
             filename: strings.intern(&m.path),
             build_id: m.build_id.as_deref().map_or(0, |id| strings.intern(id)),
             has_functions: m.has_functions,
-            has_filenames: false,
-            has_line_numbers: false,
-            has_inline_frames: false,
+            has_filenames: m.has_filenames,
+            has_line_numbers: m.has_line_numbers,
+            has_inline_frames: m.has_inline_frames,
         })
         .collect();
 
     let mut functions: Vec<pb::Function> = Vec::new();
-    let mut function_ids: HashMap<&str, u64> = HashMap::new();
+    // A function is its name, mangled name and file: the same name in two files (static
+    // functions) stays two functions.
+    let mut function_ids: HashMap<(&str, &str, &str), u64> = HashMap::new();
     let location = profile
         .locations
         .iter()
@@ -81,20 +83,21 @@ pub fn to_message(profile: &Profile) -> pb::Profile {
                 .lines
                 .iter()
                 .map(|line| {
-                    let id = *function_ids.entry(&line.function).or_insert_with(|| {
-                        let name = strings.intern(&line.function);
+                    let file = line.file.as_deref().unwrap_or("");
+                    let key = (line.function.as_str(), line.system_name.as_str(), file);
+                    let id = *function_ids.entry(key).or_insert_with(|| {
                         functions.push(pb::Function {
                             id: functions.len() as u64 + 1,
-                            name,
-                            system_name: name,
-                            filename: 0,
+                            name: strings.intern(&line.function),
+                            system_name: strings.intern(&line.system_name),
+                            filename: strings.intern(file),
                             start_line: 0,
                         });
                         functions.len() as u64
                     });
                     pb::Line {
                         function_id: id,
-                        line: 0,
+                        line: i64::from(line.line),
                         column: 0,
                     }
                 })

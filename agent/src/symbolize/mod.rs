@@ -4,6 +4,7 @@
 //! process mapped ([`user`]). A frame that cannot be named keeps its address and mapping; that
 //! is data for the reader (and for servers that symbolise later), never an error.
 
+pub mod elf;
 pub mod kernel;
 pub mod user;
 
@@ -134,6 +135,9 @@ pub fn symbolize(
             path: "[kernel.kallsyms]".to_owned(),
             build_id: kernel_build_id(),
             has_functions: !kernel_names.is_empty(),
+            has_filenames: false,
+            has_line_numbers: false,
+            has_inline_frames: false,
         });
         builder.kernel_mapping = Some(builder.mappings.len() - 1);
     }
@@ -152,7 +156,7 @@ pub fn symbolize(
                     locations.push(builder.location(LocationKey::Kernel(address), || Location {
                         mapping,
                         address,
-                        lines: name.map(|function| Line { function }).into_iter().collect(),
+                        lines: name.map(Line::named).into_iter().collect(),
                         kernel: true,
                     }));
                 }
@@ -198,6 +202,52 @@ pub fn symbolize(
     })
 }
 
+/// Share of an executable's samples with at most this many user frames above which it was
+/// probably built without frame pointers: its stacks stop after a frame or two.
+const SHORT_STACK_SHARE: f64 = 0.5;
+const SHORT_STACK_FRAMES: usize = 2;
+/// Fewer samples than this say nothing either way.
+const HINT_MIN_SAMPLES: u64 = 20;
+
+/// Names the executables whose user stacks are mostly short, with a line for the user.
+pub fn frame_pointer_hints(aggregated: &Aggregated, user: &UserSymbolizer) -> Vec<String> {
+    let mut per_executable: HashMap<String, (u64, u64)> = HashMap::new();
+    for (stack, &count) in &aggregated.stacks {
+        let Stack::Frames(frames) = &stack.user else {
+            continue;
+        };
+        let Some(executable) = user
+            .maps(stack.tgid)
+            .and_then(|maps| maps.entries().iter().find(|e| e.is_file() && e.executable))
+        else {
+            continue;
+        };
+        let entry = per_executable
+            .entry(executable.file_path().to_owned())
+            .or_insert((0, 0));
+        entry.0 += count;
+        if frames.len() <= SHORT_STACK_FRAMES {
+            entry.1 += count;
+        }
+    }
+    let mut hints: Vec<String> = per_executable
+        .into_iter()
+        .filter(|(_, (total, short))| {
+            *total >= HINT_MIN_SAMPLES && *short as f64 > SHORT_STACK_SHARE * *total as f64
+        })
+        .map(|(path, (total, short))| {
+            format!(
+                "{path}: {:.0}% of its {total} samples have at most {SHORT_STACK_FRAMES} user \
+                 frames; it was probably built without frame pointers (rebuild with \
+                 -fno-omit-frame-pointer, or -C force-frame-pointers=yes for Rust)",
+                100.0 * short as f64 / total as f64
+            )
+        })
+        .collect();
+    hints.sort();
+    hints
+}
+
 /// The process with the most samples.
 fn busiest_process(aggregated: &Aggregated) -> Option<u32> {
     let mut per_process: HashMap<u32, u64> = HashMap::new();
@@ -224,13 +274,11 @@ fn lost_location(builder: &mut ProfileBuilder, kernel: bool) -> LocationIndex {
     builder.location(LocationKey::Lost { kernel }, || Location {
         mapping: None,
         address: 0,
-        lines: vec![Line {
-            function: if kernel {
-                "[kernel stack lost]".to_owned()
-            } else {
-                "[user stack lost]".to_owned()
-            },
-        }],
+        lines: vec![Line::named(if kernel {
+            "[kernel stack lost]"
+        } else {
+            "[user stack lost]"
+        })],
         kernel,
     })
 }
@@ -252,15 +300,25 @@ fn user_location(
         return index;
     }
     let frame = user.symbolize(pid, address, depth > 0);
-    let lines = match frame.function {
-        Ok(function) => {
-            if let Some(m) = mapping {
-                builder.mappings[m].has_functions = true;
-            }
-            vec![Line { function }]
-        }
+    let lines: Vec<Line> = match frame.frames {
+        Ok(frames) => frames
+            .into_iter()
+            .map(|f| Line {
+                function: f.function,
+                system_name: f.system_name,
+                file: f.file,
+                line: f.line,
+            })
+            .collect(),
         Err(_) => Vec::new(),
     };
+    if let Some(m) = mapping {
+        let mapping = &mut builder.mappings[m];
+        mapping.has_functions |= !lines.is_empty();
+        mapping.has_filenames |= lines.iter().any(|l| l.file.is_some());
+        mapping.has_line_numbers |= lines.iter().any(|l| l.line > 0);
+        mapping.has_inline_frames |= lines.len() > 1;
+    }
     builder.location(key, || Location {
         mapping,
         address,
@@ -296,6 +354,9 @@ impl ProfileBuilder {
             path: entry.file_path().to_owned(),
             build_id,
             has_functions: false,
+            has_filenames: false,
+            has_line_numbers: false,
+            has_inline_frames: false,
         });
         let index = self.mappings.len() - 1;
         self.mapping_index.insert(key, index);

@@ -1,0 +1,542 @@
+//! What one ELF file knows about its code: `PT_LOAD` segments, symbol tables, GNU build id,
+//! `.gnu_debuglink`, and DWARF with inline frames and file:line (through addr2line).
+//!
+//! Files are memory-mapped and DWARF sections are read in place, so only the pages a lookup
+//! touches become resident, and addr2line parses only the compilation units that hold the
+//! addresses asked for. Compressed sections (zlib, zstd) are the exception: they are inflated
+//! onto the heap, and their size is part of [`ElfFile::cost`].
+//!
+//! Every input here comes from outside the process and may be truncated or corrupt: parsing
+//! errors become [`ElfError`], lookup failures become a fallback (DWARF, then symbol table,
+//! then nothing), never a panic. `fuzz/` drives [`fuzz_one`] with arbitrary bytes.
+
+use std::{
+    borrow::Cow,
+    fmt,
+    fs::File,
+    io,
+    ops::Deref,
+    path::{Path, PathBuf},
+    sync::Arc,
+};
+
+use object::{CompressionFormat, Object, ObjectSection, ObjectSegment, ObjectSymbol, SymbolKind};
+
+use super::user::{ElfAddress, FileOffset};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ElfError {
+    #[error("reading {path}: {source}")]
+    Read { path: PathBuf, source: io::Error },
+    #[error("parsing ELF file {path}: {source}")]
+    Parse {
+        path: PathBuf,
+        source: object::Error,
+    },
+    #[error("reading DWARF in {path}: {source}")]
+    Dwarf { path: PathBuf, source: gimli::Error },
+}
+
+/// The bytes of a file: mapped from disk, or owned (a copy of the vdso, fuzz input).
+pub enum FileData {
+    Mapped(memmap2::Mmap),
+    Owned(Vec<u8>),
+}
+
+impl FileData {
+    /// Maps `path` read-only.
+    pub fn map(path: &Path) -> Result<Self, ElfError> {
+        let read_err = |source| ElfError::Read {
+            path: path.to_owned(),
+            source,
+        };
+        let file = File::open(path).map_err(read_err)?;
+        // SAFETY: a private read-only map. A file truncated underneath it would fault on
+        // access; binaries are replaced by rename, not rewritten in place, and a binary that is
+        // mapped for execution cannot be opened for writing (ETXTBSY).
+        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(read_err)?;
+        Ok(FileData::Mapped(map))
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        match self {
+            FileData::Mapped(map) => map,
+            FileData::Owned(bytes) => bytes,
+        }
+    }
+}
+
+/// A DWARF section's bytes: a window into the mapped file, or an inflated copy. Cheap to
+/// clone, and its address never moves, which is what gimli's owned reader needs.
+#[derive(Clone)]
+pub struct SectionBytes {
+    data: Arc<FileData>,
+    start: usize,
+    len: usize,
+    inflated: Option<Arc<[u8]>>,
+}
+
+impl Deref for SectionBytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match &self.inflated {
+            Some(bytes) => bytes,
+            None => &self.data.bytes()[self.start..self.start + self.len],
+        }
+    }
+}
+
+impl fmt::Debug for SectionBytes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "SectionBytes({} bytes)", self.len)
+    }
+}
+
+// SAFETY: both variants deref into memory owned by an `Arc` (a mapping or a heap slice) that
+// neither moves nor changes while any clone is alive.
+unsafe impl stable_deref_trait::StableDeref for SectionBytes {}
+// SAFETY: clones share the same `Arc`, so they deref to the same address.
+unsafe impl stable_deref_trait::CloneStableDeref for SectionBytes {}
+
+type Reader = gimli::EndianReader<gimli::RunTimeEndian, SectionBytes>;
+
+/// One function level at an address.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResolvedFrame {
+    /// Demangled name.
+    pub function: String,
+    /// The name as the binary spells it (mangled).
+    pub system_name: String,
+    /// Source file, when DWARF says.
+    pub file: Option<String>,
+    /// Source line, 0 when unknown. For an inlined function's caller, the call site.
+    pub line: u32,
+}
+
+/// A `PT_LOAD` segment: which file bytes land at which ELF addresses.
+#[derive(Debug, Clone, Copy)]
+struct LoadSegment {
+    file_offset: u64,
+    file_size: u64,
+    address: u64,
+}
+
+/// A function symbol: start, size (0 when the table does not say), name in the arena.
+#[derive(Debug, Clone, Copy)]
+struct FunctionSymbol {
+    start: u64,
+    size: u64,
+    name_offset: u32,
+    name_len: u32,
+}
+
+/// Function symbols from `.symtab` and `.dynsym`, sorted by address.
+#[derive(Debug, Default)]
+struct SymbolTable {
+    symbols: Vec<FunctionSymbol>,
+    arena: String,
+}
+
+impl SymbolTable {
+    fn read(file: &object::File<'_>) -> Self {
+        let mut table = SymbolTable::default();
+        // .symtab is the full table; .dynsym survives `strip` and names exported functions.
+        for symbol in file.symbols().chain(file.dynamic_symbols()) {
+            if symbol.kind() != SymbolKind::Text || symbol.address() == 0 {
+                continue;
+            }
+            let Ok(name) = symbol.name() else { continue };
+            if name.is_empty() || name.len() > u32::MAX as usize {
+                continue;
+            }
+            table.symbols.push(FunctionSymbol {
+                start: symbol.address(),
+                size: symbol.size(),
+                name_offset: table.arena.len() as u32,
+                name_len: name.len() as u32,
+            });
+            table.arena.push_str(name);
+        }
+        // Both tables name the same exported functions; keep one per address, preferring a
+        // sized entry so lookups can tell where a function ends.
+        table
+            .symbols
+            .sort_by(|a, b| a.start.cmp(&b.start).then(b.size.cmp(&a.size)));
+        table.symbols.dedup_by_key(|s| s.start);
+        table.symbols.shrink_to_fit();
+        table.arena.shrink_to_fit();
+        table
+    }
+
+    fn lookup(&self, address: u64) -> Option<&str> {
+        let index = self
+            .symbols
+            .partition_point(|s| s.start <= address)
+            .checked_sub(1)?;
+        let symbol = self.symbols[index];
+        // A sized symbol ends where it says; an unsized one (hand-written assembly) is trusted
+        // up to the next symbol.
+        if symbol.size != 0 && address >= symbol.start.saturating_add(symbol.size) {
+            return None;
+        }
+        let start = symbol.name_offset as usize;
+        self.arena.get(start..start + symbol.name_len as usize)
+    }
+
+    fn bytes(&self) -> usize {
+        self.symbols.len() * std::mem::size_of::<FunctionSymbol>() + self.arena.len()
+    }
+}
+
+/// DWARF of a file, ready for address lookups.
+struct Dwarf {
+    context: addr2line::Context<Reader>,
+    /// Bytes of inflated (compressed on disk) sections held on the heap.
+    inflated_bytes: usize,
+    /// Bytes of sections read in place from the mapping: an upper bound on what lookups can
+    /// make resident.
+    mapped_bytes: usize,
+}
+
+/// Why an ELF lookup found nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ElfMiss {
+    /// The file offset is in no `PT_LOAD` segment.
+    NotLoaded,
+    /// Neither DWARF nor the symbol tables cover the address.
+    NoSymbol,
+}
+
+/// One ELF file's code knowledge.
+pub struct ElfFile {
+    /// Lowercase hex GNU build id.
+    pub build_id: Option<String>,
+    /// `.gnu_debuglink`: the separate debug file's name and the CRC-32 of its contents.
+    pub debuglink: Option<(String, u32)>,
+    segments: Vec<LoadSegment>,
+    symbols: SymbolTable,
+    dwarf: Option<Dwarf>,
+    /// DWARF problems met while resolving, reported as fallbacks; the frame still gets the
+    /// symbol-table name.
+    dwarf_errors: std::sync::atomic::AtomicU64,
+}
+
+impl fmt::Debug for ElfFile {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ElfFile")
+            .field("build_id", &self.build_id)
+            .field("symbols", &self.symbols.symbols.len())
+            .field("has_dwarf", &self.dwarf.is_some())
+            .finish()
+    }
+}
+
+impl ElfFile {
+    /// Maps and parses the file at `path`.
+    pub fn open(path: &Path) -> Result<Self, ElfError> {
+        Self::parse(Arc::new(FileData::map(path)?), path)
+    }
+
+    /// Parses an ELF image. `path` only names the input in errors.
+    pub fn parse(data: Arc<FileData>, path: &Path) -> Result<Self, ElfError> {
+        let parse_err = |source| ElfError::Parse {
+            path: path.to_owned(),
+            source,
+        };
+        let file = object::File::parse(data.bytes()).map_err(parse_err)?;
+        let build_id = file
+            .build_id()
+            .map_err(parse_err)?
+            .map(|id| id.iter().map(|b| format!("{b:02x}")).collect());
+        let debuglink = file
+            .gnu_debuglink()
+            .ok()
+            .flatten()
+            .map(|(name, crc)| (String::from_utf8_lossy(name).into_owned(), crc));
+        let segments = file
+            .segments()
+            .map(|segment| {
+                let (file_offset, file_size) = segment.file_range();
+                LoadSegment {
+                    file_offset,
+                    file_size,
+                    address: segment.address(),
+                }
+            })
+            .collect();
+        let symbols = SymbolTable::read(&file);
+        let dwarf = load_dwarf(&file, &data).map_err(|source| ElfError::Dwarf {
+            path: path.to_owned(),
+            source,
+        })?;
+        Ok(ElfFile {
+            build_id,
+            debuglink,
+            segments,
+            symbols,
+            dwarf,
+            dwarf_errors: Default::default(),
+        })
+    }
+
+    /// True when the file carries its own DWARF line tables.
+    pub fn has_dwarf(&self) -> bool {
+        self.dwarf.is_some()
+    }
+
+    /// Takes DWARF (and, when it has more, the symbol table) from a separate debug file.
+    pub fn attach_debug(&mut self, debug: ElfFile) {
+        if self.dwarf.is_none() {
+            self.dwarf = debug.dwarf;
+        }
+        if debug.symbols.symbols.len() > self.symbols.symbols.len() {
+            self.symbols = debug.symbols;
+        }
+    }
+
+    /// Estimated memory this entry can hold: heap for tables and inflated sections, plus the
+    /// mapped DWARF that lookups may fault in.
+    pub fn cost(&self) -> usize {
+        let dwarf = self
+            .dwarf
+            .as_ref()
+            .map_or(0, |d| d.inflated_bytes + d.mapped_bytes);
+        self.symbols.bytes() + dwarf + 4096
+    }
+
+    /// DWARF errors met so far (each one fell back to the symbol table).
+    pub fn dwarf_errors(&self) -> u64 {
+        self.dwarf_errors.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The ELF address that `offset` is loaded at, through the `PT_LOAD` segment holding it.
+    pub fn elf_address(&self, offset: FileOffset) -> Option<ElfAddress> {
+        self.segments
+            .iter()
+            .find(|s| offset.0 >= s.file_offset && offset.0 - s.file_offset < s.file_size)
+            .map(|s| ElfAddress(offset.0 - s.file_offset + s.address))
+    }
+
+    /// The function levels at `address`, innermost (inlined) first. DWARF first; the symbol
+    /// table when DWARF has nothing or fails.
+    pub fn resolve(&self, address: ElfAddress) -> Result<Vec<ResolvedFrame>, ElfMiss> {
+        let symbol = self.symbols.lookup(address.0);
+        if let Some(dwarf) = &self.dwarf {
+            match dwarf_frames(&dwarf.context, address.0, symbol) {
+                Ok(frames) if !frames.is_empty() => return Ok(frames),
+                Ok(_) => {}
+                Err(_) => {
+                    self.dwarf_errors
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+            }
+        }
+        let name = symbol.ok_or(ElfMiss::NoSymbol)?;
+        Ok(vec![ResolvedFrame {
+            function: demangle(name).into_owned(),
+            system_name: name.to_owned(),
+            file: None,
+            line: 0,
+        }])
+    }
+}
+
+/// Demangles Rust (legacy and v0) and C++ names; anything else comes back unchanged.
+pub fn demangle(name: &str) -> Cow<'_, str> {
+    addr2line::demangle_auto(Cow::Borrowed(name), None)
+}
+
+fn load_dwarf(
+    file: &object::File<'_>,
+    data: &Arc<FileData>,
+) -> Result<Option<Dwarf>, gimli::Error> {
+    if file.section_by_name(".debug_info").is_none() {
+        return Ok(None);
+    }
+    let endian = if file.is_little_endian() {
+        gimli::RunTimeEndian::Little
+    } else {
+        gimli::RunTimeEndian::Big
+    };
+    let mut inflated_bytes = 0;
+    let mut mapped_bytes = 0;
+    let empty = SectionBytes {
+        data: data.clone(),
+        start: 0,
+        len: 0,
+        inflated: None,
+    };
+    let dwarf = gimli::Dwarf::load(|id| -> Result<Reader, gimli::Error> {
+        let Some(section) = file.section_by_name(id.name()) else {
+            return Ok(Reader::new(empty.clone(), endian));
+        };
+        let range = section
+            .compressed_file_range()
+            .map_err(|_| gimli::Error::Io)?;
+        let bytes = if range.format == CompressionFormat::None {
+            let start = usize::try_from(range.offset).map_err(|_| gimli::Error::Io)?;
+            let len = usize::try_from(range.compressed_size).map_err(|_| gimli::Error::Io)?;
+            if start
+                .checked_add(len)
+                .is_none_or(|end| end > data.bytes().len())
+            {
+                return Err(gimli::Error::Io);
+            }
+            mapped_bytes += len;
+            SectionBytes {
+                data: data.clone(),
+                start,
+                len,
+                inflated: None,
+            }
+        } else {
+            let inflated: Arc<[u8]> = section
+                .uncompressed_data()
+                .map_err(|_| gimli::Error::Io)?
+                .into_owned()
+                .into();
+            inflated_bytes += inflated.len();
+            SectionBytes {
+                data: data.clone(),
+                start: 0,
+                len: inflated.len(),
+                inflated: Some(inflated),
+            }
+        };
+        Ok(Reader::new(bytes, endian))
+    })?;
+    let context = addr2line::Context::from_dwarf(dwarf)?;
+    Ok(Some(Dwarf {
+        context,
+        inflated_bytes,
+        mapped_bytes,
+    }))
+}
+
+fn dwarf_frames(
+    context: &addr2line::Context<Reader>,
+    address: u64,
+    symbol: Option<&str>,
+) -> Result<Vec<ResolvedFrame>, gimli::Error> {
+    let mut frames = Vec::new();
+    let mut iter = context.find_frames(address).skip_all_loads()?;
+    while let Some(frame) = iter.next()? {
+        let system_name = match &frame.function {
+            Some(function) => function.raw_name()?.into_owned(),
+            None => String::new(),
+        };
+        let function = match &frame.function {
+            Some(function) => function.demangle()?.into_owned(),
+            None => String::new(),
+        };
+        let (file, line) = frame.location.map_or((None, 0), |l| {
+            (l.file.map(str::to_owned), l.line.unwrap_or(0))
+        });
+        frames.push(ResolvedFrame {
+            function,
+            system_name,
+            file,
+            line,
+        });
+    }
+    // The outermost frame is the real function: when DWARF has no name for it (some
+    // compilers only give the inlined ones names), the symbol table does.
+    if let (Some(outer), Some(symbol)) = (frames.last_mut(), symbol) {
+        if outer.function.is_empty() {
+            outer.function = demangle(symbol).into_owned();
+            outer.system_name = symbol.to_owned();
+        }
+    }
+    frames.retain(|f| !f.function.is_empty());
+    Ok(frames)
+}
+
+/// Parses arbitrary bytes as an ELF file and resolves addresses spread over its segments,
+/// the way the profiler would. Must never panic: `fuzz/` calls it with corrupt input and the
+/// regression files under `agent/tests/fuzz-regressions/` keep what it found.
+pub fn fuzz_one(data: &[u8]) {
+    let Ok(file) = ElfFile::parse(Arc::new(FileData::Owned(data.to_vec())), Path::new("fuzz"))
+    else {
+        return;
+    };
+    let mut addresses: Vec<u64> = file
+        .segments
+        .iter()
+        .flat_map(|s| [s.address, s.address.wrapping_add(s.file_size / 2)])
+        .chain(file.symbols.symbols.iter().take(64).map(|s| s.start))
+        .collect();
+    addresses.extend([0, 1, u64::MAX]);
+    for address in addresses {
+        let _ = file.resolve(ElfAddress(address));
+    }
+    let _ = file.elf_address(FileOffset(0));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn corrupt_elf_is_an_error_not_a_panic() {
+        let data = Arc::new(FileData::Owned(b"\x7fELF\x02\x01\x01garbage".to_vec()));
+        let err = ElfFile::parse(data, Path::new("bad.so")).unwrap_err();
+        assert!(
+            err.to_string().starts_with("parsing ELF file bad.so:"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn resolves_own_functions_with_dwarf() {
+        // This test binary has DWARF (tests build with debug info): resolve one of its own
+        // functions through its own file, and expect a source file and line.
+        let exe = std::fs::read_link("/proc/self/exe").unwrap();
+        let file = ElfFile::open(&exe).unwrap();
+        assert!(file.has_dwarf());
+        assert!(file.build_id.is_some());
+        let maps = super::super::user::ProcessMaps::read(std::process::id()).unwrap();
+        let address = resolves_own_functions_with_dwarf as *const () as u64;
+        let (_, entry) = maps.find(address).unwrap();
+        let elf_address = file.elf_address(entry.file_offset(address)).unwrap();
+        let frames = file.resolve(elf_address).unwrap();
+        let outer = frames.last().unwrap();
+        assert!(
+            outer
+                .function
+                .ends_with("resolves_own_functions_with_dwarf"),
+            "{frames:?}"
+        );
+        assert!(
+            outer.file.as_deref().is_some_and(|f| f.ends_with("elf.rs")),
+            "{frames:?}"
+        );
+        assert!(outer.line > 0);
+    }
+
+    #[test]
+    fn demangles_rust_and_cpp() {
+        assert_eq!(
+            demangle("_ZN4core3fmt5write17h0123456789abcdefE"),
+            "core::fmt::write"
+        );
+        assert_eq!(demangle("_RNvCs1234_7mycrate4work"), "mycrate::work");
+        assert_eq!(demangle("_ZN2ns5Shape4areaEv"), "ns::Shape::area()");
+        assert_eq!(demangle("plain_c_function"), "plain_c_function");
+    }
+
+    #[test]
+    fn fuzz_regressions_do_not_panic() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fuzz-regressions");
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            fuzz_one(&std::fs::read(entry.path()).unwrap());
+        }
+        // Truncations of a real binary: every prefix length class must fail cleanly.
+        let exe = std::fs::read(std::fs::read_link("/proc/self/exe").unwrap()).unwrap();
+        for len in [0, 4, 16, 64, 512, 4096, exe.len() / 3, exe.len() - 1] {
+            fuzz_one(&exe[..len]);
+        }
+    }
+}
