@@ -39,27 +39,379 @@ pub fn work_dir() -> &'static Path {
     })
 }
 
-/// Compiles `tests/workloads/<name>.c` with gcc and `flags`; returns the executable.
-pub fn build_workload(name: &str, flags: &[&str]) -> Result<PathBuf> {
-    let source = Path::new(env!("CARGO_MANIFEST_DIR"))
+/// `tests/workloads/<file>`: the sources of the programs the tests profile. Absolute, so the
+/// DWARF of what is built from it names it with its full path.
+pub fn workload_source(file: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("workloads")
-        .join(format!("{name}.c"));
-    let output = work_dir().join(name);
-    let result = Command::new("gcc")
-        .args(flags)
-        .arg("-o")
-        .arg(&output)
-        .arg(&source)
-        .arg("-lpthread")
+        .join(file)
+}
+
+/// Runs a build or inspection tool and returns its output, failing with the command line and
+/// its stderr when it fails, so a broken toolchain reads as such rather than as a scorch bug.
+pub fn run_tool(command: &mut Command) -> Result<Output> {
+    let line = format!("{command:?}");
+    let output = command
         .output()
-        .context("running gcc (cargo xtask setup installs it)")?;
+        .with_context(|| format!("running {line} (cargo xtask setup installs the tools)"))?;
     ensure!(
-        result.status.success(),
-        "gcc {}: {}",
-        source.display(),
-        String::from_utf8_lossy(&result.stderr)
+        output.status.success(),
+        "{line} failed ({}):\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
     );
     Ok(output)
+}
+
+/// Compiles `source` with `compiler` (gcc, g++) into `output`: `flags` before the source,
+/// `link` after it, where the linker wants libraries (after the objects that use them).
+pub fn compile(
+    compiler: &str,
+    source: &Path,
+    output: &Path,
+    flags: &[&str],
+    link: &[&str],
+) -> Result<PathBuf> {
+    run_tool(
+        Command::new(compiler)
+            .args(flags)
+            .arg("-o")
+            .arg(output)
+            .arg(source)
+            .args(link),
+    )?;
+    Ok(output.to_owned())
+}
+
+/// Compiles `tests/workloads/<name>.c` with gcc and `flags`; returns the executable.
+pub fn build_workload(name: &str, flags: &[&str]) -> Result<PathBuf> {
+    compile(
+        "gcc",
+        &workload_source(&format!("{name}.c")),
+        &work_dir().join(name),
+        flags,
+        &["-lpthread"],
+    )
+}
+
+/// Compiles `tests/workloads/<name>.cpp` with g++ and `flags`; returns the executable. C++
+/// workloads exist for their mangled names.
+pub fn build_cpp_workload(name: &str, flags: &[&str]) -> Result<PathBuf> {
+    compile(
+        "g++",
+        &workload_source(&format!("{name}.cpp")),
+        &work_dir().join(name),
+        flags,
+        &[],
+    )
+}
+
+/// Compiles `tests/workloads/<name>.rs` with rustc, optimised, with frame pointers (so the
+/// stacks unwind through it) and full debug info; the crate is named `name`, which is the
+/// first path segment of its demangled function names.
+pub fn build_rust_workload(name: &str) -> Result<PathBuf> {
+    let output = work_dir().join(name);
+    run_tool(
+        Command::new("rustc")
+            .args(["--edition", "2021", "--crate-name", name])
+            .args(["-C", "opt-level=2", "-C", "force-frame-pointers=yes", "-g"])
+            .arg("-o")
+            .arg(&output)
+            .arg(workload_source(&format!("{name}.rs"))),
+    )?;
+    Ok(output)
+}
+
+/// Compiles `tests/workloads/<name>.c` into the shared library `<name>.so`, position
+/// independent (it is mapped wherever the loader puts it, unlike the executable). Give `name`
+/// the `lib` prefix so programs can link it with `-l`.
+pub fn build_shared_library(name: &str, flags: &[&str]) -> Result<PathBuf> {
+    let mut all = vec!["-shared", "-fPIC"];
+    all.extend_from_slice(flags);
+    compile(
+        "gcc",
+        &workload_source(&format!("{name}.c")),
+        &work_dir().join(format!("{name}.so")),
+        &all,
+        &[],
+    )
+}
+
+/// Compiles `tests/workloads/<name>.c` like [`build_workload`], linked against `library` (a
+/// `lib*.so` from [`build_shared_library`]) with an rpath to its directory, so the program
+/// runs without `LD_LIBRARY_PATH`.
+pub fn build_workload_linked_to(name: &str, flags: &[&str], library: &Path) -> Result<PathBuf> {
+    let dir = library.parent().context("library has no directory")?;
+    let stem = library
+        .file_name()
+        .and_then(|f| f.to_str())
+        .and_then(|f| f.strip_prefix("lib"))
+        .and_then(|f| f.strip_suffix(".so"))
+        .with_context(|| format!("{} is not named lib*.so", library.display()))?;
+    let dir = dir.to_str().context("library directory is not UTF-8")?;
+    compile(
+        "gcc",
+        &workload_source(&format!("{name}.c")),
+        &work_dir().join(name),
+        flags,
+        &[
+            &format!("-L{dir}"),
+            &format!("-l{stem}"),
+            &format!("-Wl,-rpath,{dir}"),
+            "-lpthread",
+        ],
+    )
+}
+
+/// Moves `binary`'s debug information into `<binary>.debug` the way distributions ship it, and
+/// strips the binary with `strip --strip-all`, which removes `.symtab` as well as the DWARF: any
+/// name or line a profiler then shows for it can only have come from the debug file. With
+/// `debuglink`, the binary gets a `.gnu_debuglink` section naming that file (looked up next to
+/// the binary); without, only its build id can lead to it. Returns the debug file.
+pub fn split_debug_info(binary: &Path, debuglink: bool) -> Result<PathBuf> {
+    let mut debug = binary.as_os_str().to_owned();
+    debug.push(".debug");
+    let debug = PathBuf::from(debug);
+    run_tool(
+        Command::new("objcopy")
+            .arg("--only-keep-debug")
+            .arg(binary)
+            .arg(&debug),
+    )?;
+    run_tool(Command::new("strip").arg("--strip-all").arg(binary))?;
+    if debuglink {
+        let mut link = std::ffi::OsString::from("--add-gnu-debuglink=");
+        link.push(&debug);
+        run_tool(Command::new("objcopy").arg(link).arg(binary))?;
+    }
+    Ok(debug)
+}
+
+/// The GNU build id of an ELF file as lowercase hex, read by `readelf -n`: an independent
+/// reading to compare with the one scorch reports, and the key of `/usr/lib/debug/.build-id/`.
+pub fn gnu_build_id(file: &Path) -> Result<String> {
+    let output = run_tool(Command::new("readelf").arg("-n").arg(file))?;
+    let text = String::from_utf8_lossy(&output.stdout);
+    text.lines()
+        .find_map(|l| l.trim().strip_prefix("Build ID:"))
+        .map(|id| id.trim().to_lowercase())
+        .with_context(|| format!("{} has no GNU build id:\n{text}", file.display()))
+}
+
+/// The section names of an ELF file (`readelf -S`), to check that a test set up what it meant
+/// to (a stripped binary really has no `.symtab`) before blaming scorch.
+pub fn section_names(file: &Path) -> Result<Vec<String>> {
+    let output = run_tool(Command::new("readelf").args(["-S", "-W"]).arg(file))?;
+    Ok(String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter_map(|l| l.trim_start().strip_prefix('[')?.split_once(']'))
+        .filter_map(|(_, rest)| rest.split_whitespace().next())
+        .filter(|name| name.starts_with('.'))
+        .map(str::to_owned)
+        .collect())
+}
+
+/// The 1-based number of the one line of `source` that contains `marker` (a comment such as
+/// `/* LOOP_LINE */`): tests expect line numbers found in the source, not written in the test,
+/// so editing a workload cannot silently make them wrong.
+pub fn marked_line(source: &Path, marker: &str) -> Result<i64> {
+    let text =
+        std::fs::read_to_string(source).with_context(|| format!("reading {}", source.display()))?;
+    let lines: Vec<usize> = text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| l.contains(marker))
+        .map(|(i, _)| i + 1)
+        .collect();
+    ensure!(
+        lines.len() == 1,
+        "{marker} marks lines {lines:?} of {}; expected exactly one",
+        source.display()
+    );
+    Ok(lines[0] as i64)
+}
+
+/// Files and directories a test created outside its work directory (`/usr/lib/debug`, `/tmp`),
+/// removed when dropped, in reverse order, so that a failing test leaves the machine as it
+/// found it. Directories are only removed when empty.
+#[derive(Default)]
+pub struct Cleanup {
+    paths: Vec<PathBuf>,
+}
+
+impl Cleanup {
+    pub fn new() -> Cleanup {
+        Cleanup::default()
+    }
+
+    /// Removes `path` (a file) on drop, whoever creates it.
+    pub fn file(&mut self, path: impl Into<PathBuf>) {
+        self.paths.push(path.into());
+    }
+
+    /// Creates `dir` and its missing parents, each removed on drop if still empty; the ones
+    /// that already existed are left alone.
+    pub fn create_dir_all(&mut self, dir: &Path) -> Result<()> {
+        let mut missing: Vec<&Path> = dir.ancestors().take_while(|d| !d.exists()).collect();
+        missing.reverse();
+        for d in missing {
+            std::fs::create_dir(d).with_context(|| format!("creating {}", d.display()))?;
+            self.paths.push(d.to_owned());
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        for path in self.paths.iter().rev() {
+            if path.is_dir() {
+                let _ = std::fs::remove_dir(path);
+            } else {
+                let _ = std::fs::remove_file(path);
+            }
+        }
+    }
+}
+
+/// Kills a process by PID when dropped: for processes a test did not spawn itself (the program
+/// a wrapper such as `unshare` ran), which [`Workload`] cannot reach.
+pub struct KillOnDrop(pub u32);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-KILL", &self.0.to_string()])
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+/// The PIDs of processes whose command line is exactly `argv`, from `/proc/*/cmdline`: how a
+/// test finds a process started through a wrapper, whose PID it was never told.
+pub fn pids_with_cmdline(argv: &[&str]) -> Vec<u32> {
+    let mut wanted = Vec::new();
+    for arg in argv {
+        wanted.extend_from_slice(arg.as_bytes());
+        wanted.push(0);
+    }
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c == wanted))
+        .collect()
+}
+
+/// Records `pid` with scorch for `seconds` at 199 Hz into `work_dir()/<name>.pb.gz` and returns
+/// the decoded profile with the summary: the usual shape of a symbolisation test.
+pub fn record_pid(pid: u32, seconds: u32, name: &str) -> Result<(pprof::Profile, RecordReport)> {
+    let path = work_dir().join(format!("{name}.pb.gz"));
+    let output = run_scorch(&[
+        "record",
+        "--pid",
+        &pid.to_string(),
+        "-F",
+        "199",
+        "--duration",
+        &format!("{seconds}s"),
+        "-o",
+        path.to_str().context("work directory is not UTF-8")?,
+    ])?;
+    let report = parse_record_output(&output)?;
+    Ok((read_pprof(&path)?, report))
+}
+
+/// A `scorch record` running in the background, for tests that must act once sampling has
+/// begun (start a process that lives for only part of the recording).
+pub struct BackgroundRecording {
+    child: Option<Child>,
+    stderr: Option<std::thread::JoinHandle<Vec<u8>>>,
+}
+
+impl BackgroundRecording {
+    /// Starts `scorch <args>` and returns once it samples: when it holds the file descriptor of
+    /// an attached perf event program (a BPF link, or the perf event itself on kernels that
+    /// attach without links). That is a fact of the kernel, unlike the wording of a log line.
+    pub fn start(args: &[&str]) -> Result<BackgroundRecording> {
+        let mut child = Command::new(scorch_bin())
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .context("starting scorch")?;
+        let mut pipe = child.stderr.take().context("scorch's stderr")?;
+        let stderr = std::thread::spawn(move || {
+            let mut text = Vec::new();
+            let _ = pipe.read_to_end(&mut text);
+            text
+        });
+        let mut recording = BackgroundRecording {
+            child: Some(child),
+            stderr: Some(stderr),
+        };
+        let started = std::time::Instant::now();
+        let pid = recording.child.as_ref().map_or(0, Child::id);
+        while attachment_fds(pid) == 0 {
+            if let Some(status) = recording.child.as_mut().and_then(|c| c.try_wait().ok()?) {
+                let stderr = recording.take_stderr();
+                bail!("scorch {args:?} exited ({status}) before sampling:\n{stderr}");
+            }
+            ensure!(
+                started.elapsed() < std::time::Duration::from_secs(20),
+                "scorch {args:?} attached nothing in 20 s"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        Ok(recording)
+    }
+
+    fn take_stderr(&mut self) -> String {
+        self.stderr
+            .take()
+            .and_then(|t| t.join().ok())
+            .map(|s| String::from_utf8_lossy(&s).into_owned())
+            .unwrap_or_default()
+    }
+
+    /// Waits for the recording to end; fails with scorch's stderr when it fails.
+    pub fn finish(mut self) -> Result<Output> {
+        let child = self.child.take().context("recording already finished")?;
+        let output = child.wait_with_output().context("waiting for scorch")?;
+        let stderr = self.take_stderr();
+        ensure!(
+            output.status.success(),
+            "scorch failed ({}):\n{stderr}",
+            output.status
+        );
+        Ok(Output {
+            stderr: stderr.into_bytes(),
+            ..output
+        })
+    }
+}
+
+impl Drop for BackgroundRecording {
+    fn drop(&mut self) {
+        if let Some(child) = self.child.as_mut() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// How many BPF link and perf event file descriptors process `pid` holds.
+fn attachment_fds(pid: u32) -> usize {
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return 0;
+    };
+    fds.filter_map(|fd| std::fs::read_link(fd.ok()?.path()).ok())
+        .filter(|target| {
+            target.as_os_str() == "anon_inode:bpf_link"
+                || target.as_os_str() == "anon_inode:[perf_event]"
+        })
+        .count()
 }
 
 /// A running workload, killed when dropped so a failing test leaves nothing behind.
@@ -172,6 +524,202 @@ pub fn named_samples(profile: &pprof::Profile) -> Vec<NamedSample> {
             }
         })
         .collect()
+}
+
+/// One source line of a frame, as the pprof names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LineInfo {
+    /// Demangled name (`Function.name`).
+    pub function: String,
+    /// Mangled name (`Function.system_name`).
+    pub system_name: String,
+    /// Source file (`Function.filename`); empty when unknown.
+    pub file: String,
+    /// Line in `file`; 0 when unknown.
+    pub line: i64,
+}
+
+/// A pprof mapping with its strings resolved.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MappingInfo {
+    pub filename: String,
+    pub build_id: String,
+    pub has_functions: bool,
+    pub has_filenames: bool,
+    pub has_line_numbers: bool,
+    pub has_inline_frames: bool,
+}
+
+/// One frame (pprof location) of a sample, with every line it carries.
+#[derive(Debug, Clone)]
+pub struct Frame {
+    pub address: u64,
+    pub mapping: Option<MappingInfo>,
+    /// One per inline level: innermost (inlined) function first, the real function whose
+    /// machine code this is last. Empty when the frame could not be named.
+    pub lines: Vec<LineInfo>,
+}
+
+impl Frame {
+    /// The real function, whose machine code holds this address: the outermost line's
+    /// function, which does not change when the compiler inlines something else into it.
+    pub fn function(&self) -> Option<&str> {
+        self.lines.last().map(|l| l.function.as_str())
+    }
+
+    /// The innermost function: the inlined one when there is inlining.
+    pub fn innermost(&self) -> Option<&str> {
+        self.lines.first().map(|l| l.function.as_str())
+    }
+
+    /// The mapping's file, or "" when the frame has no mapping.
+    pub fn mapping_file(&self) -> &str {
+        self.mapping.as_ref().map_or("", |m| m.filename.as_str())
+    }
+}
+
+impl std::fmt::Display for Frame {
+    /// `inlined (file:12) < caller (file:30) @0x1234 in /path/to/binary`: every inline level,
+    /// innermost first, which is what a failing assertion needs to show.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.lines.is_empty() {
+            write!(f, "?")?;
+        }
+        for (i, line) in self.lines.iter().enumerate() {
+            if i > 0 {
+                write!(f, " < ")?;
+            }
+            write!(f, "{}", line.function)?;
+            if !line.file.is_empty() || line.line != 0 {
+                write!(f, " ({}:{})", line.file, line.line)?;
+            }
+            if line.system_name != line.function {
+                write!(f, " [{}]", line.system_name)?;
+            }
+        }
+        write!(f, " @{:#x} in {}", self.address, self.mapping_file())
+    }
+}
+
+/// One sample of a decoded pprof with everything its frames carry.
+#[derive(Debug, Clone)]
+pub struct DetailedSample {
+    /// Leaf first.
+    pub frames: Vec<Frame>,
+    pub count: i64,
+    pub pid: i64,
+    pub comm: String,
+}
+
+impl DetailedSample {
+    /// The leaf frame, if the sample has any.
+    pub fn leaf(&self) -> Option<&Frame> {
+        self.frames.first()
+    }
+}
+
+/// Flattens a pprof into samples whose frames keep all their lines, files, mangled names and
+/// mappings, for tests of symbolisation (where [`named_samples`] keeps one name per frame).
+pub fn detailed_samples(profile: &pprof::Profile) -> Vec<DetailedSample> {
+    let strings = &profile.string_table;
+    let string = |i: i64| strings.get(i as usize).cloned().unwrap_or_default();
+    let functions: HashMap<u64, &pprof::Function> =
+        profile.function.iter().map(|f| (f.id, f)).collect();
+    let mappings: HashMap<u64, MappingInfo> = profile
+        .mapping
+        .iter()
+        .map(|m| {
+            let info = MappingInfo {
+                filename: string(m.filename),
+                build_id: string(m.build_id),
+                has_functions: m.has_functions,
+                has_filenames: m.has_filenames,
+                has_line_numbers: m.has_line_numbers,
+                has_inline_frames: m.has_inline_frames,
+            };
+            (m.id, info)
+        })
+        .collect();
+    let frames: HashMap<u64, Frame> = profile
+        .location
+        .iter()
+        .map(|l| {
+            let lines = l
+                .line
+                .iter()
+                .map(|line| {
+                    let function = functions.get(&line.function_id);
+                    LineInfo {
+                        function: function.map_or_else(String::new, |f| string(f.name)),
+                        system_name: function.map_or_else(String::new, |f| string(f.system_name)),
+                        file: function.map_or_else(String::new, |f| string(f.filename)),
+                        line: line.line,
+                    }
+                })
+                .collect();
+            let frame = Frame {
+                address: l.address,
+                mapping: mappings.get(&l.mapping_id).cloned(),
+                lines,
+            };
+            (l.id, frame)
+        })
+        .collect();
+    profile
+        .sample
+        .iter()
+        .map(|s| {
+            let label = |key: &str| s.label.iter().find(|l| string(l.key) == key);
+            DetailedSample {
+                frames: s
+                    .location_id
+                    .iter()
+                    .filter_map(|id| frames.get(id).cloned())
+                    .collect(),
+                count: s.value.first().copied().unwrap_or(0),
+                pid: label("pid").map_or(-1, |l| l.num),
+                comm: label("comm").map_or_else(String::new, |l| string(l.str)),
+            }
+        })
+        .collect()
+}
+
+/// Samples of `samples` that satisfy `predicate`, and all samples, both weighted by count:
+/// "most samples have ..." assertions compare the two.
+pub fn count_where<'a>(
+    samples: impl IntoIterator<Item = &'a DetailedSample>,
+    predicate: impl Fn(&DetailedSample) -> bool,
+) -> (i64, i64) {
+    samples.into_iter().fold((0, 0), |(hits, total), s| {
+        (
+            hits + if predicate(s) { s.count } else { 0 },
+            total + s.count,
+        )
+    })
+}
+
+/// The `limit` heaviest stacks of `samples`, one frame per line, leaf first: what a failed
+/// assertion prints so its message says what scorch produced instead.
+pub fn describe_stacks<'a>(
+    samples: impl IntoIterator<Item = &'a DetailedSample>,
+    limit: usize,
+) -> String {
+    let mut samples: Vec<&DetailedSample> = samples.into_iter().collect();
+    samples.sort_by_key(|s| std::cmp::Reverse(s.count));
+    let mut text = String::new();
+    for s in samples.iter().take(limit) {
+        text.push_str(&format!(
+            "{} samples, pid {} ({}):\n",
+            s.count, s.pid, s.comm
+        ));
+        for frame in &s.frames {
+            text.push_str(&format!("    {frame}\n"));
+        }
+    }
+    if samples.len() > limit {
+        text.push_str(&format!("... and {} more stacks\n", samples.len() - limit));
+    }
+    text
 }
 
 /// Share of samples (0..1) whose leaf frame is each of `names`, among samples of `pid`.

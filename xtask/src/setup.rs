@@ -19,6 +19,7 @@ const BPF_LINKER_VERSION: &str = "0.13.0";
 /// gives `/usr/bin/time -v` for the benchmark's RSS figures, util-linux has setpriv.
 const PACKAGES: &[&str] = &[
     "gcc",
+    "g++",
     "golang-go",
     "linux-perf",
     "bpftrace",

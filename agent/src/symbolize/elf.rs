@@ -343,6 +343,11 @@ impl ElfFile {
 
 /// Demangles Rust (legacy and v0) and C++ names; anything else comes back unchanged.
 pub fn demangle(name: &str) -> Cow<'_, str> {
+    // Itanium C++ names start with _Z, Rust v0 with _R, legacy Rust is Itanium-shaped. Most
+    // names (C, assembly) are neither, and trying two demanglers on each costs time.
+    if !(name.starts_with("_Z") || name.starts_with("_R") || name.starts_with("__Z")) {
+        return Cow::Borrowed(name);
+    }
     addr2line::demangle_auto(Cow::Borrowed(name), None)
 }
 

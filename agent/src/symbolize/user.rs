@@ -71,6 +71,12 @@ impl MapEntry {
         self.path.strip_suffix(" (deleted)").unwrap_or(&self.path)
     }
 
+    /// The device number in the kernel's `dev_t` encoding, as `stat` reports it.
+    pub fn dev_t(&self) -> u64 {
+        let (major, minor) = (self.dev >> 32, self.dev & 0xffff_ffff);
+        libc::makedev(major as u32, minor as u32)
+    }
+
     /// Translates an absolute address inside this mapping to an offset in the mapped file.
     pub fn file_offset(&self, address: u64) -> FileOffset {
         FileOffset(address - self.start + self.offset)
@@ -387,6 +393,20 @@ impl UserSymbolizer {
             }
             match ProcessMaps::read(pid) {
                 Ok(maps) => {
+                    // Open the code files now, while /proc/PID/map_files and /proc/PID/root
+                    // still lead to them: a short-lived process may be gone by the time its
+                    // samples are symbolised. Files already cached cost a lookup.
+                    if self.mode == SymbolizeMode::Local {
+                        let code: Vec<MapEntry> = maps
+                            .entries()
+                            .iter()
+                            .filter(|e| e.executable && e.is_file())
+                            .cloned()
+                            .collect();
+                        for entry in &code {
+                            let _ = self.elf(pid, entry);
+                        }
+                    }
                     self.maps.insert(pid, maps);
                 }
                 Err(err) => tracing::debug!("{err}"),
@@ -400,6 +420,11 @@ impl UserSymbolizer {
         let alive = |pid: &u32| Path::new(&format!("/proc/{pid}")).exists();
         self.maps.retain(|pid, _| alive(pid));
         self.perf_maps.retain(|pid, _| alive(pid));
+    }
+
+    /// Changes the byte budget for parsed files; takes effect at the next `enforce_budget`.
+    pub fn set_cache_budget(&mut self, bytes: usize) {
+        self.cache.budget = bytes;
     }
 
     /// Evicts parsed files beyond the byte budget and gives the freed memory back to the OS.
@@ -460,17 +485,33 @@ impl UserSymbolizer {
             "/proc/{pid}/map_files/{:x}-{:x}",
             entry.start, entry.end
         ));
-        let (path, metadata) = match std::fs::metadata(&map_files) {
-            Ok(m) => (map_files, m),
-            Err(_) => match std::fs::metadata(&by_root) {
-                Ok(m) => {
-                    if m.ino() != entry.inode {
-                        return Err(UserMiss::BinaryReplaced);
+        // After the process exits only the host path is left, which is the right file when
+        // its inode still matches (same mount namespace, not replaced).
+        let on_host = PathBuf::from(entry.file_path());
+        let mut replaced = false;
+        let mut found = None;
+        if let Ok(m) = std::fs::metadata(&map_files) {
+            found = Some((map_files, m));
+        } else {
+            // Through the root only the inode is compared: on overlayfs the device in
+            // /proc/PID/maps is the underlying one, not what stat reports.
+            for (candidate, check_dev) in [(&by_root, false), (&on_host, true)] {
+                match std::fs::metadata(candidate) {
+                    Ok(m) if m.ino() == entry.inode && (!check_dev || m.dev() == entry.dev_t()) => {
+                        found = Some((candidate.clone(), m));
+                        break;
                     }
-                    (by_root.clone(), m)
+                    Ok(_) => replaced = true,
+                    Err(_) => {}
                 }
-                Err(_) => return Err(UserMiss::UnreadableFile),
-            },
+            }
+        }
+        let Some((path, metadata)) = found else {
+            return Err(if replaced {
+                UserMiss::BinaryReplaced
+            } else {
+                UserMiss::UnreadableFile
+            });
         };
         let mut file = ElfFile::open(&path).map_err(|err| {
             tracing::debug!("{err}");
@@ -591,7 +632,6 @@ impl UserSymbolizer {
                 frames: self.jit_frame(pid, address).ok_or(UserMiss::Unmapped),
             };
         };
-        let entry = entry.clone();
         let mapping = Some(index);
         if self.mode == SymbolizeMode::None {
             return UserFrame {
@@ -604,17 +644,31 @@ impl UserSymbolizer {
         } else {
             address
         };
-        if !entry.is_file() && entry.path != "[vdso]" {
+        let file_offset = entry.file_offset(lookup_address);
+        let vdso = entry.path == "[vdso]";
+        if !entry.is_file() && !vdso {
             return UserFrame {
                 mapping,
                 frames: self.jit_frame(pid, address).ok_or(UserMiss::Anonymous),
             };
         }
-        let frames = self.elf(pid, &entry).and_then(|elf| {
+        // The hot path is a cache hit, which needs only the mapping's identity; the entry is
+        // copied only to open a file not seen before.
+        let cached = if vdso {
+            None
+        } else {
+            self.cache.get(entry.dev, entry.inode)
+        };
+        let elf = match cached {
+            Some(hit) => hit.ok_or(UserMiss::UnreadableFile),
+            None => {
+                let entry = entry.clone();
+                self.elf(pid, &entry)
+            }
+        };
+        let frames = elf.and_then(|elf| {
             let before = elf.dwarf_errors();
-            let elf_address = elf
-                .elf_address(entry.file_offset(lookup_address))
-                .ok_or(UserMiss::NotLoaded)?;
+            let elf_address = elf.elf_address(file_offset).ok_or(UserMiss::NotLoaded)?;
             let result = elf.resolve(elf_address).map_err(|miss| match miss {
                 ElfMiss::NotLoaded => UserMiss::NotLoaded,
                 ElfMiss::NoSymbol => UserMiss::NoSymbol,

@@ -5,3 +5,4 @@ mod cli;
 mod counting;
 mod kernel_frames;
 mod known_call_tree;
+mod symbols;
