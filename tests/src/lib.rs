@@ -35,7 +35,9 @@ pub fn work_dir() -> &'static Path {
             .args(["-R", "a+rwx"])
             .arg(&dir)
             .status();
-        dir
+        // Canonical, so paths the tests build compare equal to what /proc/PID/maps shows.
+        dir.canonicalize()
+            .expect("canonicalizing the test work directory")
     })
 }
 

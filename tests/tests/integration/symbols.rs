@@ -556,3 +556,111 @@ fn jit_frames_are_named_from_the_perf_map() -> Result<()> {
     assert!(!map.exists(), "{} was not removed", map.display());
     Ok(())
 }
+
+/// `--symbolize none` leaves user frames to a server: addresses, mappings and build ids, no
+/// names; kernel frames are still named, since no server has this machine's kallsyms.
+#[test]
+fn symbolize_none_keeps_addresses_mappings_and_build_ids() -> Result<()> {
+    let program = build_workload("calltree", C_FLAGS)?;
+    let workload = Workload::start(&program, &["1", "20"])?;
+    let path = work_dir().join("symbolize-none.pb.gz");
+    let pid = workload.pid().to_string();
+    let output = run_scorch(&[
+        "record",
+        "--pid",
+        &pid,
+        "-F",
+        "199",
+        "--duration",
+        "3s",
+        "--symbolize",
+        "none",
+        "-o",
+        path.to_str().context("path")?,
+    ])?;
+    println!("{}", parse_record_output(&output)?.summary);
+    let samples = detailed_samples(&read_pprof(&path)?);
+    let user_frames: Vec<&Frame> = samples
+        .iter()
+        .flat_map(|s| &s.frames)
+        .filter(|f| f.mapping_file() != "[kernel.kallsyms]")
+        .collect();
+    ensure!(!user_frames.is_empty(), "no user frames");
+    for frame in &user_frames {
+        ensure!(
+            frame.lines.is_empty(),
+            "user frame named under --symbolize none: {frame}"
+        );
+    }
+    let in_binary: Vec<&&Frame> = user_frames
+        .iter()
+        .filter(|f| f.mapping_file() == program.to_str().unwrap_or_default())
+        .collect();
+    ensure!(!in_binary.is_empty(), "no frame in {}", program.display());
+    let mapping = in_binary[0].mapping.as_ref().context("mapping")?;
+    ensure!(
+        mapping.build_id == gnu_build_id(&program)?,
+        "build id {:?}",
+        mapping.build_id
+    );
+    ensure!(
+        !mapping.has_functions && !mapping.has_line_numbers,
+        "{mapping:?}"
+    );
+    Ok(())
+}
+
+/// A binary built without frame pointers gives one- or two-frame user stacks; scorch says so
+/// and names the binary.
+#[test]
+fn binary_without_frame_pointers_is_named_in_a_hint() -> Result<()> {
+    let program = compile(
+        "gcc",
+        &workload_source("calltree.c"),
+        &work_dir().join("calltree-nofp"),
+        &["-O2", "-fomit-frame-pointer"],
+        &["-lpthread"],
+    )?;
+    let workload = Workload::start(&program, &["1", "20"])?;
+    let path = work_dir().join("nofp.pb.gz");
+    let output = run_scorch(&[
+        "record",
+        "--pid",
+        &workload.pid().to_string(),
+        "-F",
+        "199",
+        "--duration",
+        "3s",
+        "-o",
+        path.to_str().context("path")?,
+    ])?;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    ensure!(
+        stderr
+            .lines()
+            .any(|l| l.contains(program.to_str().unwrap_or_default())
+                && l.contains("probably built without frame pointers")),
+        "no frame-pointer hint naming {}:\n{stderr}",
+        program.display()
+    );
+    // The same workload with frame pointers draws no hint.
+    let program = build_workload("calltree", C_FLAGS)?;
+    let workload = Workload::start(&program, &["1", "20"])?;
+    let output = run_scorch(&[
+        "record",
+        "--pid",
+        &workload.pid().to_string(),
+        "-F",
+        "199",
+        "--duration",
+        "2s",
+        "-o",
+        path.to_str().context("path")?,
+    ])?;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    ensure!(
+        !stderr.contains("without frame pointers"),
+        "spurious hint:\n{stderr}"
+    );
+    Ok(())
+}
