@@ -355,6 +355,8 @@ pub struct UserSymbolizer {
     cache: ElfCache,
     /// The vdso image, identical in every process of this kernel, read from our own memory.
     vdso: Option<Option<Rc<ElfFile>>>,
+    /// Build ids by mapped file, for `--symbolize none`, which parses nothing else.
+    build_ids: HashMap<(u64, u64), Option<String>>,
     /// Frames left unnamed, by reason.
     pub misses: BTreeMap<UserMiss, u64>,
     /// Names found by a fallback path, by reason.
@@ -375,6 +377,7 @@ impl UserSymbolizer {
             perf_maps: HashMap::new(),
             cache: ElfCache::new(cache_bytes),
             vdso: None,
+            build_ids: HashMap::new(),
             misses: BTreeMap::new(),
             fallbacks: BTreeMap::new(),
         }
@@ -479,40 +482,8 @@ impl UserSymbolizer {
         pid: u32,
         entry: &MapEntry,
     ) -> Result<(ElfFile, CacheKey), UserMiss> {
+        let (path, metadata) = mapped_file_path(pid, entry)?;
         let root = PathBuf::from(format!("/proc/{pid}/root"));
-        let by_root = root.join(entry.file_path().trim_start_matches('/'));
-        let map_files = PathBuf::from(format!(
-            "/proc/{pid}/map_files/{:x}-{:x}",
-            entry.start, entry.end
-        ));
-        // After the process exits only the host path is left, which is the right file when
-        // its inode still matches (same mount namespace, not replaced).
-        let on_host = PathBuf::from(entry.file_path());
-        let mut replaced = false;
-        let mut found = None;
-        if let Ok(m) = std::fs::metadata(&map_files) {
-            found = Some((map_files, m));
-        } else {
-            // Through the root only the inode is compared: on overlayfs the device in
-            // /proc/PID/maps is the underlying one, not what stat reports.
-            for (candidate, check_dev) in [(&by_root, false), (&on_host, true)] {
-                match std::fs::metadata(candidate) {
-                    Ok(m) if m.ino() == entry.inode && (!check_dev || m.dev() == entry.dev_t()) => {
-                        found = Some((candidate.clone(), m));
-                        break;
-                    }
-                    Ok(_) => replaced = true,
-                    Err(_) => {}
-                }
-            }
-        }
-        let Some((path, metadata)) = found else {
-            return Err(if replaced {
-                UserMiss::BinaryReplaced
-            } else {
-                UserMiss::UnreadableFile
-            });
-        };
         let mut file = ElfFile::open(&path).map_err(|err| {
             tracing::debug!("{err}");
             UserMiss::UnreadableFile
@@ -693,10 +664,60 @@ impl UserSymbolizer {
 
     /// The build id of the file behind `entry`, when it has one and could be read.
     pub fn build_id(&mut self, pid: u32, entry: &MapEntry) -> Option<String> {
-        self.elf(pid, entry)
-            .ok()
-            .and_then(|elf| elf.build_id.clone())
+        if self.mode == SymbolizeMode::Local || entry.path == "[vdso]" {
+            return self
+                .elf(pid, entry)
+                .ok()
+                .and_then(|elf| elf.build_id.clone());
+        }
+        // Without local symbolisation, read only the note, not symbols and DWARF.
+        if !entry.is_file() {
+            return None;
+        }
+        self.build_ids
+            .entry((entry.dev, entry.inode))
+            .or_insert_with(|| {
+                let (path, _) = mapped_file_path(pid, entry).ok()?;
+                let data = FileData::map(&path).ok()?;
+                let file = object::File::parse(data.bytes()).ok()?;
+                let id = object::Object::build_id(&file).ok()??;
+                Some(id.iter().map(|b| format!("{b:02x}")).collect())
+            })
+            .clone()
     }
+}
+
+/// Where the file a mapping holds can be opened: `/proc/PID/map_files` (the mapped inode
+/// itself, even deleted or replaced), else the process's root or, once the process is gone, the
+/// host path, each only when the inode still matches.
+fn mapped_file_path(pid: u32, entry: &MapEntry) -> Result<(PathBuf, std::fs::Metadata), UserMiss> {
+    let map_files = PathBuf::from(format!(
+        "/proc/{pid}/map_files/{:x}-{:x}",
+        entry.start, entry.end
+    ));
+    if let Ok(m) = std::fs::metadata(&map_files) {
+        return Ok((map_files, m));
+    }
+    let by_root =
+        PathBuf::from(format!("/proc/{pid}/root")).join(entry.file_path().trim_start_matches('/'));
+    let on_host = PathBuf::from(entry.file_path());
+    let mut replaced = false;
+    // Through the root only the inode is compared: on overlayfs the device in /proc/PID/maps
+    // is the underlying one, not what stat reports.
+    for (candidate, check_dev) in [(by_root, false), (on_host, true)] {
+        match std::fs::metadata(&candidate) {
+            Ok(m) if m.ino() == entry.inode && (!check_dev || m.dev() == entry.dev_t()) => {
+                return Ok((candidate, m));
+            }
+            Ok(_) => replaced = true,
+            Err(_) => {}
+        }
+    }
+    Err(if replaced {
+        UserMiss::BinaryReplaced
+    } else {
+        UserMiss::UnreadableFile
+    })
 }
 
 /// Returns freed heap memory to the OS. glibc keeps freed memory in its arenas until asked;
