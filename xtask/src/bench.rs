@@ -209,7 +209,29 @@ pub fn bench(root: &Path, scorch: &Path, seconds: u64, runs: usize) -> Result<()
         "scorch",
         "--bench",
         "kallsyms",
-    ]))
+    ]))?;
+    symbolize_bench(root)
+}
+
+/// User symbolisation, warm and cold. The cold case needs a binary with a lot of DWARF: scorch
+/// itself built as release with full debug info (inline records included), in its own target
+/// directory so it never replaces the binary under test.
+fn symbolize_bench(root: &Path) -> Result<()> {
+    let target_dir = root.join("target/bigdwarf");
+    run_command(
+        Command::new("cargo")
+            .current_dir(root)
+            .env("CARGO_PROFILE_RELEASE_DEBUG", "2")
+            .env("CARGO_PROFILE_RELEASE_STRIP", "none")
+            .args(["build", "--release", "--package", "scorch", "--target-dir"])
+            .arg(&target_dir),
+    )?;
+    run_command(
+        Command::new("cargo")
+            .current_dir(root)
+            .env("SCORCH_BIG_DWARF_BINARY", target_dir.join("release/scorch"))
+            .args(["bench", "--package", "scorch", "--bench", "symbolize"]),
+    )
 }
 
 /// BPF cost per sample at 997 Hz, where the program and its maps stay in cache between
