@@ -64,6 +64,17 @@ impl FileData {
             FileData::Owned(bytes) => bytes,
         }
     }
+
+    /// Drops this process's page-table entries for the mapping. The pages stay in the page
+    /// cache (shared, not this process's RSS) and fault back in on the next read; without
+    /// this, every DWARF page a lookup ever touched would count as scorch's memory.
+    fn release_resident_pages(&self) {
+        if let FileData::Mapped(map) = self {
+            // SAFETY: the mapping is private and read-only and never written, so discarding
+            // its pages loses nothing: the next access reads the file again.
+            let _ = unsafe { map.unchecked_advise(memmap2::UncheckedAdvice::DontNeed) };
+        }
+    }
 }
 
 /// A DWARF section's bytes: a window into the mapped file, or an inflated copy. Cheap to
@@ -99,6 +110,9 @@ unsafe impl stable_deref_trait::StableDeref for SectionBytes {}
 unsafe impl stable_deref_trait::CloneStableDeref for SectionBytes {}
 
 type Reader = gimli::EndianReader<gimli::RunTimeEndian, SectionBytes>;
+
+/// Largest compressed debug section inflated onto the heap. Real ones are tens of MB.
+const MAX_INFLATED_SECTION: u64 = 1 << 30;
 
 /// One function level at an address.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -216,6 +230,8 @@ pub struct ElfFile {
     segments: Vec<LoadSegment>,
     symbols: SymbolTable,
     dwarf: Option<Dwarf>,
+    /// The mapped files this entry reads from (the binary, and its debug file when attached).
+    data: Vec<Arc<FileData>>,
     /// DWARF problems met while resolving, reported as fallbacks; the frame still gets the
     /// symbol-table name.
     dwarf_errors: std::sync::atomic::AtomicU64,
@@ -265,17 +281,26 @@ impl ElfFile {
             })
             .collect();
         let symbols = SymbolTable::read(&file);
-        let dwarf = load_dwarf(&file, &data).map_err(|source| ElfError::Dwarf {
-            path: path.to_owned(),
-            source,
-        })?;
+        // Corrupt DWARF costs the file its line tables, not its symbol names.
+        let (dwarf, dwarf_unreadable) = match load_dwarf(&file, &data) {
+            Ok(dwarf) => (dwarf, false),
+            Err(source) => {
+                let err = ElfError::Dwarf {
+                    path: path.to_owned(),
+                    source,
+                };
+                tracing::debug!("{err}");
+                (None, true)
+            }
+        };
         Ok(ElfFile {
             build_id,
             debuglink,
             segments,
             symbols,
             dwarf,
-            dwarf_errors: Default::default(),
+            data: vec![data],
+            dwarf_errors: u64::from(dwarf_unreadable).into(),
         })
     }
 
@@ -291,6 +316,15 @@ impl ElfFile {
         }
         if debug.symbols.symbols.len() > self.symbols.symbols.len() {
             self.symbols = debug.symbols;
+        }
+        self.data.extend(debug.data);
+    }
+
+    /// Lets the kernel reclaim the file pages lookups made resident (see
+    /// [`FileData::release_resident_pages`]).
+    pub fn release_resident_pages(&self) {
+        for data in &self.data {
+            data.release_resident_pages();
         }
     }
 
@@ -321,7 +355,9 @@ impl ElfFile {
     /// table when DWARF has nothing or fails.
     pub fn resolve(&self, address: ElfAddress) -> Result<Vec<ResolvedFrame>, ElfMiss> {
         let symbol = self.symbols.lookup(address.0);
-        if let Some(dwarf) = &self.dwarf {
+        // addr2line probes [address, address + 1): the last address cannot be asked about.
+        let dwarf = self.dwarf.as_ref().filter(|_| address.0 != u64::MAX);
+        if let Some(dwarf) = dwarf {
             match dwarf_frames(&dwarf.context, address.0, symbol) {
                 Ok(frames) if !frames.is_empty() => return Ok(frames),
                 Ok(_) => {}
@@ -395,6 +431,15 @@ fn load_dwarf(
                 inflated: None,
             }
         } else {
+            // The header's size is input like any other: a corrupt one must not make us
+            // allocate terabytes. Neither zlib nor zstd inflates beyond ~1032:1.
+            let limit = range
+                .compressed_size
+                .saturating_mul(1032)
+                .saturating_add(1 << 20);
+            if range.uncompressed_size > limit.min(MAX_INFLATED_SECTION) {
+                return Err(gimli::Error::Io);
+            }
             let inflated: Arc<[u8]> = section
                 .uncompressed_data()
                 .map_err(|_| gimli::Error::Io)?

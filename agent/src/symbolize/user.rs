@@ -342,6 +342,11 @@ impl ElfCache {
     }
 }
 
+/// How many lookups may touch mapped DWARF before its pages are released from this process's
+/// RSS: often enough that a large binary's debug info never all counts at once, rarely enough
+/// that refaulting from the page cache costs little.
+const RELEASE_PAGES_EVERY: u64 = 256;
+
 /// Default budget for parsed binaries and their debug info.
 pub const DEFAULT_CACHE_BYTES: usize = 256 << 20;
 
@@ -355,6 +360,8 @@ pub struct UserSymbolizer {
     cache: ElfCache,
     /// The vdso image, identical in every process of this kernel, read from our own memory.
     vdso: Option<Option<Rc<ElfFile>>>,
+    /// Lookups so far; every [`RELEASE_PAGES_EVERY`] the mapped pages they touched are let go.
+    lookups: u64,
     /// Build ids by mapped file, for `--symbolize none`, which parses nothing else.
     build_ids: HashMap<(u64, u64), Option<String>>,
     /// Frames left unnamed, by reason.
@@ -378,6 +385,7 @@ impl UserSymbolizer {
             cache: ElfCache::new(cache_bytes),
             vdso: None,
             build_ids: HashMap::new(),
+            lookups: 0,
             misses: BTreeMap::new(),
             fallbacks: BTreeMap::new(),
         }
@@ -435,6 +443,16 @@ impl UserSymbolizer {
         if self.cache.enforce_budget() > 0 {
             release_free_memory();
         }
+        self.release_resident_pages();
+    }
+
+    /// Drops the mapped file pages that lookups made resident, in every cached file.
+    pub fn release_resident_pages(&self) {
+        for entry in self.cache.entries.values() {
+            if let Some(file) = &entry.file {
+                file.release_resident_pages();
+            }
+        }
     }
 
     /// The captured maps of `pid`.
@@ -488,6 +506,9 @@ impl UserSymbolizer {
             tracing::debug!("{err}");
             UserMiss::UnreadableFile
         })?;
+        if file.dwarf_errors() > 0 {
+            *self.fallbacks.entry(Fallback::BadDwarf).or_insert(0) += 1;
+        }
         if !file.has_dwarf() {
             if let Some(debug) = self.find_debug_file(&root, entry.file_path(), &file) {
                 file.attach_debug(debug);
@@ -582,6 +603,10 @@ impl UserSymbolizer {
     /// Names `address` in process `pid`. `is_return_address` is true for every frame but the
     /// leaf: those point after a call, possibly past the end of the calling function.
     pub fn symbolize(&mut self, pid: u32, address: u64, is_return_address: bool) -> UserFrame {
+        self.lookups += 1;
+        if self.lookups.is_multiple_of(RELEASE_PAGES_EVERY) {
+            self.release_resident_pages();
+        }
         let frame = self.resolve(pid, address, is_return_address);
         if let Err(miss) = &frame.frames {
             *self.misses.entry(*miss).or_insert(0) += 1;
