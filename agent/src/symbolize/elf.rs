@@ -46,15 +46,23 @@ pub enum FileData {
 impl FileData {
     /// Maps `path` read-only.
     pub fn map(path: &Path) -> Result<Self, ElfError> {
+        let file = File::open(path).map_err(|source| ElfError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::map_file(&file, path)
+    }
+
+    /// Maps an already open file read-only. `path` only names it in errors.
+    pub fn map_file(file: &File, path: &Path) -> Result<Self, ElfError> {
         let read_err = |source| ElfError::Read {
             path: path.to_owned(),
             source,
         };
-        let file = File::open(path).map_err(read_err)?;
         // SAFETY: a private read-only map. A file truncated underneath it would fault on
         // access; binaries are replaced by rename, not rewritten in place, and a binary that is
         // mapped for execution cannot be opened for writing (ETXTBSY).
-        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(read_err)?;
+        let map = unsafe { memmap2::Mmap::map(file) }.map_err(read_err)?;
         Ok(FileData::Mapped(map))
     }
 

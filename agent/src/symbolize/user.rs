@@ -342,6 +342,10 @@ impl ElfCache {
     }
 }
 
+/// Most file handles kept open for processes that may exit before their samples are named;
+/// well under the default soft limit of 1024 descriptors.
+const MAX_HELD_FILES: usize = 512;
+
 /// How many lookups may touch mapped DWARF before its pages are released from this process's
 /// RSS: often enough that a large binary's debug info never all counts at once, rarely enough
 /// that refaulting from the page cache costs little.
@@ -360,6 +364,8 @@ pub struct UserSymbolizer {
     cache: ElfCache,
     /// The vdso image, identical in every process of this kernel, read from our own memory.
     vdso: Option<Option<Rc<ElfFile>>>,
+    /// Open handles on code files of processes seen, not parsed yet, by (device, inode).
+    held: HashMap<(u64, u64), (std::fs::File, PathBuf, i64)>,
     /// Lookups so far; every [`RELEASE_PAGES_EVERY`] the mapped pages they touched are let go.
     lookups: u64,
     /// Build ids by mapped file, for `--symbolize none`, which parses nothing else.
@@ -385,6 +391,7 @@ impl UserSymbolizer {
             cache: ElfCache::new(cache_bytes),
             vdso: None,
             build_ids: HashMap::new(),
+            held: HashMap::new(),
             lookups: 0,
             misses: BTreeMap::new(),
             fallbacks: BTreeMap::new(),
@@ -404,18 +411,17 @@ impl UserSymbolizer {
             }
             match ProcessMaps::read(pid) {
                 Ok(maps) => {
-                    // Open the code files now, while /proc/PID/map_files and /proc/PID/root
-                    // still lead to them: a short-lived process may be gone by the time its
-                    // samples are symbolised. Files already cached cost a lookup.
+                    // Open (not parse) the code files now, while /proc/PID/map_files and
+                    // /proc/PID/root still lead to them: a short-lived process may be gone by
+                    // the time its samples are symbolised. Only the files its samples turn out
+                    // to hit are parsed, later.
                     if self.mode == SymbolizeMode::Local {
-                        let code: Vec<MapEntry> = maps
+                        for entry in maps
                             .entries()
                             .iter()
                             .filter(|e| e.executable && e.is_file())
-                            .cloned()
-                            .collect();
-                        for entry in &code {
-                            let _ = self.elf(pid, entry);
+                        {
+                            self.hold_file(pid, entry);
                         }
                     }
                     self.maps.insert(pid, maps);
@@ -431,6 +437,8 @@ impl UserSymbolizer {
         let alive = |pid: &u32| Path::new(&format!("/proc/{pid}")).exists();
         self.maps.retain(|pid, _| alive(pid));
         self.perf_maps.retain(|pid, _| alive(pid));
+        // Held handles only bridge the gap between capture and symbolisation.
+        self.held.clear();
     }
 
     /// Changes the byte budget for parsed files; takes effect at the next `enforce_budget`.
@@ -451,6 +459,22 @@ impl UserSymbolizer {
         for entry in self.cache.entries.values() {
             if let Some(file) = &entry.file {
                 file.release_resident_pages();
+            }
+        }
+    }
+
+    /// Keeps an open handle on the file behind `entry`, unless it is cached or held already.
+    fn hold_file(&mut self, pid: u32, entry: &MapEntry) {
+        let id = (entry.dev, entry.inode);
+        if self.held.contains_key(&id)
+            || self.held.len() >= MAX_HELD_FILES
+            || self.cache.by_inode.contains_key(&id)
+        {
+            return;
+        }
+        if let Ok((path, metadata)) = mapped_file_path(pid, entry) {
+            if let Ok(file) = std::fs::File::open(&path) {
+                self.held.insert(id, (file, path, metadata.mtime()));
             }
         }
     }
@@ -500,12 +524,20 @@ impl UserSymbolizer {
         pid: u32,
         entry: &MapEntry,
     ) -> Result<(ElfFile, CacheKey), UserMiss> {
-        let (path, metadata) = mapped_file_path(pid, entry)?;
+        let (data, path, mtime) = match self.held.remove(&(entry.dev, entry.inode)) {
+            Some((handle, path, mtime)) => (FileData::map_file(&handle, &path), path, mtime),
+            None => {
+                let (path, metadata) = mapped_file_path(pid, entry)?;
+                (FileData::map(&path), path, metadata.mtime())
+            }
+        };
         let root = PathBuf::from(format!("/proc/{pid}/root"));
-        let mut file = ElfFile::open(&path).map_err(|err| {
-            tracing::debug!("{err}");
-            UserMiss::UnreadableFile
-        })?;
+        let mut file = data
+            .and_then(|data| ElfFile::parse(Arc::new(data), &path))
+            .map_err(|err| {
+                tracing::debug!("{err}");
+                UserMiss::UnreadableFile
+            })?;
         if file.dwarf_errors() > 0 {
             *self.fallbacks.entry(Fallback::BadDwarf).or_insert(0) += 1;
         }
@@ -519,7 +551,7 @@ impl UserSymbolizer {
             None => CacheKey::Inode {
                 dev: entry.dev,
                 inode: entry.inode,
-                mtime: metadata.mtime(),
+                mtime,
             },
         };
         Ok((file, key))
