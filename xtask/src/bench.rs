@@ -214,7 +214,8 @@ pub fn bench(root: &Path, scorch: &Path, seconds: u64, runs: usize) -> Result<()
 }
 
 /// User symbolisation, warm and cold. The cold case needs a binary with a lot of DWARF: scorch
-/// itself built as release with full debug info (inline records included), in its own target
+/// itself built as release with full debug info (inline records included) and its own crate
+/// split into 256 codegen units (each repeats the type information it uses), in its own target
 /// directory so it never replaces the binary under test.
 fn symbolize_bench(root: &Path) -> Result<()> {
     let target_dir = root.join("target/bigdwarf");
@@ -223,7 +224,12 @@ fn symbolize_bench(root: &Path) -> Result<()> {
             .current_dir(root)
             .env("CARGO_PROFILE_RELEASE_DEBUG", "2")
             .env("CARGO_PROFILE_RELEASE_STRIP", "none")
-            .args(["build", "--release", "--package", "scorch", "--target-dir"])
+            .args(["build", "--release", "--package", "scorch"])
+            .args([
+                "--config",
+                "profile.release.package.scorch.codegen-units=256",
+            ])
+            .arg("--target-dir")
             .arg(&target_dir),
     )?;
     run_command(

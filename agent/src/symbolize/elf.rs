@@ -448,10 +448,14 @@ fn load_dwarf(
             if range.uncompressed_size > limit.min(MAX_INFLATED_SECTION) {
                 return Err(gimli::Error::Io);
             }
-            let inflated: Arc<[u8]> = section
-                .uncompressed_data()
-                .map_err(|_| gimli::Error::Io)?
-                .into_owned()
+            let start = usize::try_from(range.offset).map_err(|_| gimli::Error::Io)?;
+            let len = usize::try_from(range.compressed_size).map_err(|_| gimli::Error::Io)?;
+            let compressed = data
+                .bytes()
+                .get(start..start.checked_add(len).ok_or(gimli::Error::Io)?)
+                .ok_or(gimli::Error::Io)?;
+            let inflated: Arc<[u8]> = inflate(range.format, compressed, range.uncompressed_size)
+                .ok_or(gimli::Error::Io)?
                 .into();
             inflated_bytes += inflated.len();
             SectionBytes {
@@ -469,6 +473,28 @@ fn load_dwarf(
         inflated_bytes,
         mapped_bytes,
     }))
+}
+
+/// Inflates a compressed section, producing exactly the size its header claims or nothing:
+/// the decoder is cut off one byte past the claim, so a section that claims little and expands
+/// to gigabytes (a decompression bomb) costs no more than its claim.
+fn inflate(format: CompressionFormat, compressed: &[u8], claimed: u64) -> Option<Vec<u8>> {
+    use std::io::Read;
+    let claimed_len = usize::try_from(claimed).ok()?;
+    let mut out = Vec::new();
+    out.try_reserve_exact(claimed_len).ok()?;
+    let limit = claimed.checked_add(1)?;
+    let read = match format {
+        CompressionFormat::Zlib => flate2::read::ZlibDecoder::new(compressed)
+            .take(limit)
+            .read_to_end(&mut out),
+        CompressionFormat::Zstandard => ruzstd::decoding::StreamingDecoder::new(compressed)
+            .ok()?
+            .take(limit)
+            .read_to_end(&mut out),
+        _ => return None,
+    };
+    (read.is_ok() && out.len() == claimed_len).then_some(out)
 }
 
 fn dwarf_frames(
