@@ -3,8 +3,9 @@
 //!
 //! Files are memory-mapped and DWARF sections are read in place, so only the pages a lookup
 //! touches become resident, and addr2line parses only the compilation units that hold the
-//! addresses asked for. Compressed sections (zlib, zstd) are the exception: they are inflated
-//! onto the heap, and their size is part of [`ElfFile::cost`].
+//! addresses asked for. Compressed sections (zlib, zstd; Debian's debug packages use them) are
+//! inflated into unlinked temporary files and mapped too: their pages are page cache the kernel
+//! can reclaim, not heap, and leave this process's RSS like the rest of the mapped DWARF.
 //!
 //! Every input here comes from outside the process and may be truncated or corrupt: parsing
 //! errors become [`ElfError`], lookup failures become a fallback (DWARF, then symbol table,
@@ -85,23 +86,20 @@ impl FileData {
     }
 }
 
-/// A DWARF section's bytes: a window into the mapped file, or an inflated copy. Cheap to
-/// clone, and its address never moves, which is what gimli's owned reader needs.
+/// A DWARF section's bytes: a window into a mapped file (the binary, or the inflated copy of a
+/// compressed section). Cheap to clone, and its address never moves, which is what gimli's
+/// owned reader needs.
 #[derive(Clone)]
 pub struct SectionBytes {
     data: Arc<FileData>,
     start: usize,
     len: usize,
-    inflated: Option<Arc<[u8]>>,
 }
 
 impl Deref for SectionBytes {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
-        match &self.inflated {
-            Some(bytes) => bytes,
-            None => &self.data.bytes()[self.start..self.start + self.len],
-        }
+        &self.data.bytes()[self.start..self.start + self.len]
     }
 }
 
@@ -111,8 +109,8 @@ impl fmt::Debug for SectionBytes {
     }
 }
 
-// SAFETY: both variants deref into memory owned by an `Arc` (a mapping or a heap slice) that
-// neither moves nor changes while any clone is alive.
+// SAFETY: derefs into memory owned by an `Arc` (a mapping or a heap buffer) that neither moves
+// nor changes while any clone is alive.
 unsafe impl stable_deref_trait::StableDeref for SectionBytes {}
 // SAFETY: clones share the same `Arc`, so they deref to the same address.
 unsafe impl stable_deref_trait::CloneStableDeref for SectionBytes {}
@@ -213,11 +211,11 @@ impl SymbolTable {
 /// DWARF of a file, ready for address lookups.
 struct Dwarf {
     context: addr2line::Context<Reader>,
-    /// Bytes of inflated (compressed on disk) sections held on the heap.
-    inflated_bytes: usize,
-    /// Bytes of sections read in place from the mapping: an upper bound on what lookups can
-    /// make resident.
+    /// Bytes of sections read through mappings (in place or inflated): an upper bound on what
+    /// lookups can make resident.
     mapped_bytes: usize,
+    /// The inflated copies of compressed sections, for releasing their pages.
+    inflated: Vec<Arc<FileData>>,
 }
 
 /// Why an ELF lookup found nothing.
@@ -290,7 +288,7 @@ impl ElfFile {
             .collect();
         let symbols = SymbolTable::read(&file);
         // Corrupt DWARF costs the file its line tables, not its symbol names.
-        let (dwarf, dwarf_unreadable) = match load_dwarf(&file, &data) {
+        let (mut dwarf, dwarf_unreadable) = match load_dwarf(&file, &data) {
             Ok(dwarf) => (dwarf, false),
             Err(source) => {
                 let err = ElfError::Dwarf {
@@ -301,13 +299,17 @@ impl ElfFile {
                 (None, true)
             }
         };
+        let inflated = dwarf.as_mut().map(|d| std::mem::take(&mut d.inflated));
+        let mapped = std::iter::once(data)
+            .chain(inflated.unwrap_or_default())
+            .collect();
         Ok(ElfFile {
             build_id,
             debuglink,
             segments,
             symbols,
             dwarf,
-            data: vec![data],
+            data: mapped,
             dwarf_errors: u64::from(dwarf_unreadable).into(),
         })
     }
@@ -339,10 +341,7 @@ impl ElfFile {
     /// Estimated memory this entry can hold: heap for tables and inflated sections, plus the
     /// mapped DWARF that lookups may fault in.
     pub fn cost(&self) -> usize {
-        let dwarf = self
-            .dwarf
-            .as_ref()
-            .map_or(0, |d| d.inflated_bytes + d.mapped_bytes);
+        let dwarf = self.dwarf.as_ref().map_or(0, |d| d.mapped_bytes);
         self.symbols.bytes() + dwarf + 4096
     }
 
@@ -407,13 +406,12 @@ fn load_dwarf(
     } else {
         gimli::RunTimeEndian::Big
     };
-    let mut inflated_bytes = 0;
+    let mut inflated = Vec::new();
     let mut mapped_bytes = 0;
     let empty = SectionBytes {
         data: data.clone(),
         start: 0,
         len: 0,
-        inflated: None,
     };
     let dwarf = gimli::Dwarf::load(|id| -> Result<Reader, gimli::Error> {
         let Some(section) = file.section_by_name(id.name()) else {
@@ -436,7 +434,6 @@ fn load_dwarf(
                 data: data.clone(),
                 start,
                 len,
-                inflated: None,
             }
         } else {
             // The header's size is input like any other: a corrupt one must not make us
@@ -454,47 +451,55 @@ fn load_dwarf(
                 .bytes()
                 .get(start..start.checked_add(len).ok_or(gimli::Error::Io)?)
                 .ok_or(gimli::Error::Io)?;
-            let inflated: Arc<[u8]> = inflate(range.format, compressed, range.uncompressed_size)
-                .ok_or(gimli::Error::Io)?
-                .into();
-            inflated_bytes += inflated.len();
+            let copy = Arc::new(
+                inflate(range.format, compressed, range.uncompressed_size)
+                    .ok_or(gimli::Error::Io)?,
+            );
+            let len = copy.bytes().len();
+            mapped_bytes += len;
+            inflated.push(copy.clone());
             SectionBytes {
-                data: data.clone(),
+                data: copy,
                 start: 0,
-                len: inflated.len(),
-                inflated: Some(inflated),
+                len,
             }
         };
         Ok(Reader::new(bytes, endian))
     })?;
+    let mut dwarf = dwarf;
+    // Units that share an abbreviation table (common in large binaries) then share its parse.
+    dwarf.populate_abbreviations_cache(gimli::AbbreviationsCacheStrategy::Duplicates);
     let context = addr2line::Context::from_dwarf(dwarf)?;
     Ok(Some(Dwarf {
         context,
-        inflated_bytes,
         mapped_bytes,
+        inflated,
     }))
 }
 
-/// Inflates a compressed section, producing exactly the size its header claims or nothing:
-/// the decoder is cut off one byte past the claim, so a section that claims little and expands
-/// to gigabytes (a decompression bomb) costs no more than its claim.
-fn inflate(format: CompressionFormat, compressed: &[u8], claimed: u64) -> Option<Vec<u8>> {
+/// Inflates a compressed section into an unlinked temporary file and maps it, producing
+/// exactly the size its header claims or nothing: the decoder is cut off one byte past the
+/// claim, so a section that claims little and expands to gigabytes (a decompression bomb) costs
+/// no more than its claim. An empty section maps nothing and stays on the heap.
+fn inflate(format: CompressionFormat, compressed: &[u8], claimed: u64) -> Option<FileData> {
     use std::io::Read;
-    let claimed_len = usize::try_from(claimed).ok()?;
-    let mut out = Vec::new();
-    out.try_reserve_exact(claimed_len).ok()?;
     let limit = claimed.checked_add(1)?;
-    let read = match format {
-        CompressionFormat::Zlib => flate2::read::ZlibDecoder::new(compressed)
-            .take(limit)
-            .read_to_end(&mut out),
-        CompressionFormat::Zstandard => ruzstd::decoding::StreamingDecoder::new(compressed)
-            .ok()?
-            .take(limit)
-            .read_to_end(&mut out),
+    let mut decoder: Box<dyn Read + '_> = match format {
+        CompressionFormat::Zlib => Box::new(flate2::read::ZlibDecoder::new(compressed)),
+        CompressionFormat::Zstandard => {
+            Box::new(ruzstd::decoding::StreamingDecoder::new(compressed).ok()?)
+        }
         _ => return None,
     };
-    (read.is_ok() && out.len() == claimed_len).then_some(out)
+    if claimed == 0 {
+        return Some(FileData::Owned(Vec::new()));
+    }
+    let mut file = tempfile::tempfile().ok()?;
+    let written = std::io::copy(&mut (&mut decoder).take(limit), &mut file).ok()?;
+    if written != claimed {
+        return None;
+    }
+    FileData::map_file(&file, Path::new("inflated debug section")).ok()
 }
 
 fn dwarf_frames(

@@ -546,6 +546,8 @@ impl UserSymbolizer {
                 file.attach_debug(debug);
             }
         }
+        // Indexing the DWARF read every unit header; those pages are not needed again soon.
+        file.release_resident_pages();
         let key = match &file.build_id {
             Some(id) => CacheKey::BuildId(id.clone()),
             None => CacheKey::Inode {
