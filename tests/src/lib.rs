@@ -306,21 +306,32 @@ pub fn pids_with_cmdline(argv: &[&str]) -> Vec<u32> {
         .collect()
 }
 
+/// Records `pid` with scorch for `seconds` at 199 Hz into `output` (format from its
+/// extension), with `extra` arguments, and returns what scorch printed.
+pub fn record_pid_to(pid: u32, seconds: u32, output: &Path, extra: &[&str]) -> Result<Output> {
+    let pid = pid.to_string();
+    let duration = format!("{seconds}s");
+    let output = output.to_str().context("output path is not UTF-8")?;
+    let mut args = vec![
+        "record",
+        "--pid",
+        &pid,
+        "-F",
+        "199",
+        "--duration",
+        &duration,
+        "-o",
+        output,
+    ];
+    args.extend_from_slice(extra);
+    run_scorch(&args)
+}
+
 /// Records `pid` with scorch for `seconds` at 199 Hz into `work_dir()/<name>.pb.gz` and returns
 /// the decoded profile with the summary: the usual shape of a symbolisation test.
 pub fn record_pid(pid: u32, seconds: u32, name: &str) -> Result<(pprof::Profile, RecordReport)> {
     let path = work_dir().join(format!("{name}.pb.gz"));
-    let output = run_scorch(&[
-        "record",
-        "--pid",
-        &pid.to_string(),
-        "-F",
-        "199",
-        "--duration",
-        &format!("{seconds}s"),
-        "-o",
-        path.to_str().context("work directory is not UTF-8")?,
-    ])?;
+    let output = record_pid_to(pid, seconds, &path, &[])?;
     let report = parse_record_output(&output)?;
     Ok((read_pprof(&path)?, report))
 }

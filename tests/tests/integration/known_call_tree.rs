@@ -97,17 +97,7 @@ fn function_shares_match_known_ratios_and_perf() -> anyhow::Result<()> {
 
     // Folded and SVG outputs of a fresh recording name the same functions.
     let folded_path = dir.join("calltree.folded");
-    run_scorch(&[
-        "record",
-        "--pid",
-        &pid.to_string(),
-        "--duration",
-        "2s",
-        "-F",
-        "199",
-        "-o",
-        folded_path.to_str().unwrap(),
-    ])?;
+    record_pid_to(pid as u32, 2, &folded_path, &[])?;
     let folded = std::fs::read_to_string(&folded_path)?;
     assert!(
         folded
@@ -116,17 +106,7 @@ fn function_shares_match_known_ratios_and_perf() -> anyhow::Result<()> {
         "{folded}"
     );
     let svg_path = dir.join("calltree.svg");
-    run_scorch(&[
-        "record",
-        "--pid",
-        &pid.to_string(),
-        "--duration",
-        "2s",
-        "-F",
-        "199",
-        "-o",
-        svg_path.to_str().unwrap(),
-    ])?;
+    record_pid_to(pid as u32, 2, &svg_path, &[])?;
     let svg = std::fs::read_to_string(&svg_path)?;
     assert!(svg.contains("<svg") && svg.contains("leaf_a") && svg.contains("samples"));
     drop(workload);

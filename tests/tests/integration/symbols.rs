@@ -564,20 +564,7 @@ fn symbolize_none_keeps_addresses_mappings_and_build_ids() -> Result<()> {
     let program = build_workload("calltree", C_FLAGS)?;
     let workload = Workload::start(&program, &["1", "20"])?;
     let path = work_dir().join("symbolize-none.pb.gz");
-    let pid = workload.pid().to_string();
-    let output = run_scorch(&[
-        "record",
-        "--pid",
-        &pid,
-        "-F",
-        "199",
-        "--duration",
-        "3s",
-        "--symbolize",
-        "none",
-        "-o",
-        path.to_str().context("path")?,
-    ])?;
+    let output = record_pid_to(workload.pid(), 3, &path, &["--symbolize", "none"])?;
     println!("{}", parse_record_output(&output)?.summary);
     let samples = detailed_samples(&read_pprof(&path)?);
     let user_frames: Vec<&Frame> = samples
@@ -623,17 +610,7 @@ fn binary_without_frame_pointers_is_named_in_a_hint() -> Result<()> {
     )?;
     let workload = Workload::start(&program, &["1", "20"])?;
     let path = work_dir().join("nofp.pb.gz");
-    let output = run_scorch(&[
-        "record",
-        "--pid",
-        &workload.pid().to_string(),
-        "-F",
-        "199",
-        "--duration",
-        "3s",
-        "-o",
-        path.to_str().context("path")?,
-    ])?;
+    let output = record_pid_to(workload.pid(), 3, &path, &[])?;
     let stderr = String::from_utf8_lossy(&output.stderr);
     ensure!(
         stderr
@@ -646,17 +623,7 @@ fn binary_without_frame_pointers_is_named_in_a_hint() -> Result<()> {
     // The same workload with frame pointers draws no hint.
     let program = build_workload("calltree", C_FLAGS)?;
     let workload = Workload::start(&program, &["1", "20"])?;
-    let output = run_scorch(&[
-        "record",
-        "--pid",
-        &workload.pid().to_string(),
-        "-F",
-        "199",
-        "--duration",
-        "2s",
-        "-o",
-        path.to_str().context("path")?,
-    ])?;
+    let output = record_pid_to(workload.pid(), 2, &path, &[])?;
     let stderr = String::from_utf8_lossy(&output.stderr);
     ensure!(
         !stderr.contains("without frame pointers"),
