@@ -191,7 +191,8 @@ pub fn bench(root: &Path, scorch: &Path, seconds: u64, runs: usize) -> Result<()
     writeln!(
         report,
         "medians: scorch {scorch_cpu:.3} CPU s vs perf {perf_cpu:.3} ({}); scorch max RSS {scorch_rss:.1} MiB ({}), perf {perf_rss:.1} MiB; BPF {bpf:.0} ns/sample ({}; bpftrace's equivalent program {bpftrace:.0} ns)",
-        verdict(scorch_cpu <= perf_cpu, "target: no more than perf"),
+        // `time` reports 10 ms steps; sums of its figures carry float noise.
+        verdict(scorch_cpu <= perf_cpu + 1e-6, "target: no more than perf"),
         verdict(scorch_rss <= 20.0, "target: at most 20 MiB"),
         verdict(bpf <= 2000.0, "target: at most 2000 ns"),
     )?;
