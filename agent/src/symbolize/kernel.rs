@@ -431,8 +431,6 @@ pub struct KernelSymbolizer {
     fingerprint: TableFingerprint,
     /// The hidden-addresses warning is printed once per process, not once per reload.
     warned_hidden: bool,
-    /// How many times the table was (re)loaded; reported in logs.
-    pub loads: u32,
 }
 
 impl KernelSymbolizer {
@@ -473,7 +471,6 @@ impl KernelSymbolizer {
         tracing::debug!(symbols = table.len(), "loaded /proc/kallsyms");
         self.table = Some(table);
         self.fingerprint = fingerprint;
-        self.loads += 1;
         Ok(())
     }
 

@@ -6,19 +6,8 @@ use scorch_tests::*;
 fn kernel_frames_are_symbolized() -> anyhow::Result<()> {
     let program = build_workload("readzero", &["-O2", "-fno-omit-frame-pointer"])?;
     let workload = Workload::start(&program, &["20"])?;
-    let pid = workload.pid().to_string();
     let path = work_dir().join("readzero.pb.gz");
-    let output = run_scorch(&[
-        "record",
-        "--pid",
-        &pid,
-        "-F",
-        "199",
-        "--duration",
-        "4s",
-        "-o",
-        path.to_str().unwrap(),
-    ])?;
+    let output = record_pid_to(workload.pid(), 4, &path, &[])?;
     println!("{}", parse_record_output(&output)?.summary);
 
     let profile = read_pprof(&path)?;

@@ -56,6 +56,26 @@ fn assert_share(
     );
 }
 
+/// The first frame whose leaf is `function`, with its mapping, checked to be `file`.
+fn leaf_in_file<'a>(
+    samples: &'a [DetailedSample],
+    function: &str,
+    file: &Path,
+) -> Result<(&'a Frame, &'a MappingInfo)> {
+    let frame = first_leaf(samples, function);
+    let mapping = frame
+        .mapping
+        .as_ref()
+        .context("leaf frame has no mapping")?;
+    ensure!(
+        Path::new(&mapping.filename) == file.canonicalize()?,
+        "leaf {function} mapped from {:?}, not {}: {frame}",
+        mapping.filename,
+        file.display()
+    );
+    Ok((frame, mapping))
+}
+
 /// The leaf frame's real function (outermost line), or "" when the sample has none.
 fn leaf_function(sample: &DetailedSample) -> &str {
     sample.leaf().and_then(Frame::function).unwrap_or("")
@@ -204,16 +224,7 @@ fn assert_named_from_debug_file(samples: &[DetailedSample], binary: &Path) -> Re
     assert_share(samples, MOST, "caller = debug_only_caller", |s| {
         caller_function(s) == "debug_only_caller"
     });
-    let frame = first_leaf(samples, "debug_only_spin");
-    let mapping = frame
-        .mapping
-        .as_ref()
-        .context("leaf frame has no mapping")?;
-    assert_eq!(
-        Path::new(&mapping.filename),
-        binary.canonicalize()?,
-        "{frame}"
-    );
+    let (frame, mapping) = leaf_in_file(samples, "debug_only_spin", binary)?;
     assert!(
         mapping.has_functions && mapping.has_filenames && mapping.has_line_numbers,
         "mapping of {frame} does not claim functions, files and lines: {mapping:?}"
@@ -370,16 +381,7 @@ fn shared_library_function_is_named_in_its_mapping() -> Result<()> {
     assert_share(&samples, MOST, "caller = uselib_caller", |s| {
         caller_function(s) == "uselib_caller"
     });
-    let frame = first_leaf(&samples, "libwork_spin");
-    let mapping = frame
-        .mapping
-        .as_ref()
-        .context("leaf frame has no mapping")?;
-    assert_eq!(
-        Path::new(&mapping.filename),
-        library.canonicalize()?,
-        "{frame}"
-    );
+    let (frame, mapping) = leaf_in_file(&samples, "libwork_spin", &library)?;
     assert!(!mapping.build_id.is_empty(), "no build id: {frame}");
     assert_eq!(mapping.build_id, gnu_build_id(&library)?, "{frame}");
     let caller = samples
