@@ -13,6 +13,8 @@
 
 use std::{
     borrow::Cow,
+    cell::RefCell,
+    collections::HashSet,
     fmt,
     fs::File,
     io,
@@ -208,14 +210,63 @@ impl SymbolTable {
     }
 }
 
+/// How much DWARF (bytes of `.debug_info` plus `.debug_line` of the units lookups have
+/// touched) one file's parsed state may cover before it is dropped and started afresh.
+/// addr2line keeps every unit it ever parsed, and its parse costs about 0.8 bytes of heap per
+/// byte of those sections; without a bound, a long-lived agent symbolising a large binary
+/// would end up holding all of its DWARF in parsed form.
+const MAX_PARSED_DWARF: usize = 16 << 20;
+
 /// DWARF of a file, ready for address lookups.
 struct Dwarf {
-    context: addr2line::Context<Reader>,
+    sections: Arc<gimli::Dwarf<Reader>>,
+    /// Parsed lazily on the first lookup and dropped when it covers more than `budget`.
+    parsed: RefCell<Parse>,
+    budget: usize,
+    /// How many times the parse was dropped and started afresh.
+    reparses: std::cell::Cell<u64>,
     /// Bytes of sections read through mappings (in place or inflated): an upper bound on what
     /// lookups can make resident.
     mapped_bytes: usize,
     /// The inflated copies of compressed sections, for releasing their pages.
     inflated: Vec<Arc<FileData>>,
+}
+
+/// Where a file's DWARF parse stands.
+enum Parse {
+    NotYet,
+    Parsed(ParsedDwarf),
+    /// The unit index could not be read: lookups use the symbol table.
+    Unreadable,
+}
+
+/// addr2line's lookup state, and which units it has parsed so far.
+struct ParsedDwarf {
+    context: addr2line::Context<Reader>,
+    /// `.debug_info` offsets of the units lookups landed in.
+    units: HashSet<usize>,
+    /// Sum of those units' `.debug_info` and line-program bytes.
+    covered: usize,
+}
+
+impl ParsedDwarf {
+    /// Counts the unit holding `address` as parsed (addr2line has just parsed it, or had
+    /// before).
+    fn account(&mut self, address: u64) {
+        let Some(unit) = self.context.find_dwarf_and_unit(address).skip_all_loads() else {
+            return;
+        };
+        let gimli::UnitSectionOffset::DebugInfoOffset(offset) = unit.header.offset() else {
+            return;
+        };
+        if self.units.insert(offset.0) {
+            let lines = unit
+                .line_program
+                .as_ref()
+                .map_or(0, |p| p.header().raw_program_buf().len());
+            self.covered += unit.header.length_including_self() + lines;
+        }
+    }
 }
 
 /// Why an ELF lookup found nothing.
@@ -345,6 +396,18 @@ impl ElfFile {
         self.symbols.bytes() + dwarf + 4096
     }
 
+    /// Caps how much DWARF the file's parsed state may cover (default [`MAX_PARSED_DWARF`]).
+    pub fn set_dwarf_parse_budget(&mut self, bytes: usize) {
+        if let Some(dwarf) = &mut self.dwarf {
+            dwarf.budget = bytes;
+        }
+    }
+
+    /// How many times the DWARF parse was dropped for covering more than its budget.
+    pub fn dwarf_reparses(&self) -> u64 {
+        self.dwarf.as_ref().map_or(0, |d| d.reparses.get())
+    }
+
     /// DWARF errors met so far (each one fell back to the symbol table).
     pub fn dwarf_errors(&self) -> u64 {
         self.dwarf_errors.load(std::sync::atomic::Ordering::Relaxed)
@@ -365,7 +428,7 @@ impl ElfFile {
         // addr2line probes [address, address + 1): the last address cannot be asked about.
         let dwarf = self.dwarf.as_ref().filter(|_| address.0 != u64::MAX);
         if let Some(dwarf) = dwarf {
-            match dwarf_frames(&dwarf.context, address.0, symbol) {
+            match self.dwarf_frames(dwarf, address.0, symbol) {
                 Ok(frames) if !frames.is_empty() => return Ok(frames),
                 Ok(_) => {}
                 Err(_) => {
@@ -381,6 +444,61 @@ impl ElfFile {
             file: None,
             line: 0,
         }])
+    }
+}
+
+impl ElfFile {
+    /// DWARF frames at `address`, through the parsed state, which is started afresh once it
+    /// covers too much.
+    fn dwarf_frames(
+        &self,
+        dwarf: &Dwarf,
+        address: u64,
+        symbol: Option<&str>,
+    ) -> Result<Vec<ResolvedFrame>, gimli::Error> {
+        let mut slot = dwarf.parsed.borrow_mut();
+        if matches!(&*slot, Parse::Parsed(parsed) if parsed.covered > dwarf.budget) {
+            // Dropping the parse frees its heap; the pages it read go too, and what the next
+            // lookups need is parsed again (a unit's parse costs well under a millisecond,
+            // the unit index ~25 ms for a binary with 100 MB of DWARF).
+            *slot = Parse::NotYet;
+            self.release_resident_pages();
+            release_free_memory();
+            dwarf.reparses.set(dwarf.reparses.get() + 1);
+        }
+        if matches!(&*slot, Parse::NotYet) {
+            let built = addr2line::Context::from_arc_dwarf(dwarf.sections.clone());
+            // Indexing the units read a little of every unit (header, root entry, line
+            // program header); the lookups that follow need few of those pages again.
+            self.release_resident_pages();
+            *slot = match built {
+                Ok(context) => Parse::Parsed(ParsedDwarf {
+                    context,
+                    units: HashSet::new(),
+                    covered: 0,
+                }),
+                Err(err) => {
+                    *slot = Parse::Unreadable;
+                    return Err(err);
+                }
+            };
+        }
+        let Parse::Parsed(parsed) = &mut *slot else {
+            return Ok(Vec::new());
+        };
+        let frames = dwarf_frames(&parsed.context, address, symbol);
+        parsed.account(address);
+        frames
+    }
+}
+
+/// Returns freed heap memory to the OS. glibc keeps freed memory in its arenas until asked,
+/// and memory an arena keeps is still this process's RSS.
+pub fn release_free_memory() {
+    // SAFETY: malloc_trim only walks the allocator's own free lists.
+    #[cfg(target_env = "gnu")]
+    unsafe {
+        libc::malloc_trim(0);
     }
 }
 
@@ -469,9 +587,11 @@ fn load_dwarf(
     let mut dwarf = dwarf;
     // Units that share an abbreviation table (common in large binaries) then share its parse.
     dwarf.populate_abbreviations_cache(gimli::AbbreviationsCacheStrategy::Duplicates);
-    let context = addr2line::Context::from_dwarf(dwarf)?;
     Ok(Some(Dwarf {
-        context,
+        sections: Arc::new(dwarf),
+        parsed: RefCell::new(Parse::NotYet),
+        budget: MAX_PARSED_DWARF,
+        reparses: 0.into(),
         mapped_bytes,
         inflated,
     }))
@@ -600,6 +720,38 @@ mod tests {
             "{frames:?}"
         );
         assert!(outer.line > 0);
+    }
+
+    #[test]
+    fn bounded_parse_resolves_the_same_frames() {
+        // With a budget of one byte the parse is dropped before every lookup: the frames
+        // must not change, only the work to find them.
+        let exe = std::fs::read_link("/proc/self/exe").unwrap();
+        let unbounded = ElfFile::open(&exe).unwrap();
+        let mut bounded = ElfFile::open(&exe).unwrap();
+        bounded.set_dwarf_parse_budget(1);
+        let addresses: Vec<ElfAddress> = unbounded
+            .symbols
+            .symbols
+            .iter()
+            .step_by(97)
+            .take(60)
+            .map(|s| ElfAddress(s.start + 1))
+            .collect();
+        let mut with_lines = 0;
+        for &address in &addresses {
+            let expected = unbounded.resolve(address);
+            with_lines += usize::from(
+                expected
+                    .as_ref()
+                    .is_ok_and(|frames| frames.iter().any(|f| f.line > 0)),
+            );
+            assert_eq!(bounded.resolve(address), expected, "at {address:?}");
+        }
+        assert!(with_lines > 30, "only {with_lines} addresses had lines");
+        // Every lookup that found a unit put it over budget for the next one.
+        assert!(bounded.dwarf_reparses() >= with_lines as u64 - 1);
+        assert_eq!(unbounded.dwarf_reparses(), 0);
     }
 
     #[test]

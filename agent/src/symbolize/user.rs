@@ -20,7 +20,7 @@ use std::{
     sync::Arc,
 };
 
-use super::elf::{ElfFile, ElfMiss, FileData, ResolvedFrame};
+use super::elf::{release_free_memory, ElfFile, ElfMiss, FileData, ResolvedFrame};
 
 #[derive(Debug, thiserror::Error)]
 pub enum UserSymbolError {
@@ -777,16 +777,6 @@ fn mapped_file_path(pid: u32, entry: &MapEntry) -> Result<(PathBuf, std::fs::Met
     } else {
         UserMiss::UnreadableFile
     })
-}
-
-/// Returns freed heap memory to the OS. glibc keeps freed memory in its arenas until asked;
-/// without this, evicting a large binary's DWARF would not lower the RSS.
-fn release_free_memory() {
-    // SAFETY: malloc_trim only walks the allocator's own free lists.
-    #[cfg(target_env = "gnu")]
-    unsafe {
-        libc::malloc_trim(0);
-    }
 }
 
 /// A JIT's symbol map, `/tmp/perf-PID.map`: one `START SIZE name` line (hex) per function.
