@@ -17,6 +17,7 @@ pub mod privileges;
 pub mod profile;
 pub mod record;
 pub mod sampler;
+pub mod store;
 pub mod symbolize;
 
 /// Protobuf types generated from `proto/profile.proto`.
