@@ -11,14 +11,21 @@
 pub mod aggregate;
 pub mod check;
 pub mod cli;
+pub mod config;
 pub mod drain;
 pub mod encode;
+pub mod http;
+pub mod metrics;
 pub mod privileges;
 pub mod profile;
+pub mod query;
 pub mod record;
+pub mod run;
 pub mod sampler;
+pub mod selector;
 pub mod store;
 pub mod symbolize;
+pub mod timespec;
 
 /// Protobuf types generated from `proto/profile.proto`.
 #[allow(clippy::all, missing_docs)]

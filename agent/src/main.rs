@@ -6,7 +6,8 @@ use clap::Parser;
 use scorch::{
     check,
     cli::{Cli, Command},
-    record,
+    config::RunConfig,
+    query, record, run,
 };
 use tracing_subscriber::EnvFilter;
 
@@ -51,6 +52,53 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Command::Run(args) => {
+            let config = match RunConfig::resolve(&args) {
+                Ok(config) => config,
+                Err(err) => {
+                    eprintln!("scorch: {err}");
+                    return ExitCode::from(2);
+                }
+            };
+            // Privileges and the store are checked before a runtime or any BPF exists.
+            let store = match run::preflight(&config) {
+                Ok(store) => store,
+                Err(err) => {
+                    eprintln!("scorch: {err}");
+                    return ExitCode::from(2);
+                }
+            };
+            // Two workers: the window pipeline on one, HTTP requests never waiting behind it.
+            let runtime = match tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .max_blocking_threads(4)
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(err) => {
+                    eprintln!("scorch: starting the runtime: {err}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            match runtime.block_on(run::run(config, store)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(err) => {
+                    eprintln!("scorch: {err}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Command::Query(args) => match query::query(&args) {
+            Ok(summary) => {
+                eprintln!("{summary}");
+                ExitCode::SUCCESS
+            }
+            Err(err) => {
+                eprintln!("scorch: {err}");
+                ExitCode::FAILURE
+            }
+        },
         Command::Check => {
             let items = check::run_checks();
             for item in &items {

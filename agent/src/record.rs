@@ -71,6 +71,7 @@ impl std::fmt::Display for RecordSummary {
                 Format::Pprof => "pprof",
                 Format::Folded => "folded",
                 Format::Svg => "svg",
+                Format::Top => "top",
             }
         )?;
         if !self.unnamed_frames.is_empty() {
@@ -120,12 +121,10 @@ pub async fn record(args: &RecordArgs) -> Result<RecordSummary, RecordError> {
     let started = Instant::now();
     let deadline = tokio::time::Instant::now() + args.duration;
     let mut drainer = Drainer::new(maps, control);
-    let mut session = Session {
-        aggregated: Aggregated::default(),
-        user: UserSymbolizer::new(args.symbolize, (args.symbol_cache_mb as usize) << 20),
-        proc_comms: HashMap::new(),
-        seen_this_window: HashSet::new(),
-    };
+    let mut session = Session::new(UserSymbolizer::new(
+        args.symbolize,
+        (args.symbol_cache_mb as usize) << 20,
+    ));
     let mut ticker =
         tokio::time::interval_at(tokio::time::Instant::now() + args.window, args.window);
     let mut discover = tokio::time::interval(DISCOVERY_INTERVAL);
@@ -184,6 +183,7 @@ pub async fn record(args: &RecordArgs) -> Result<RecordSummary, RecordError> {
             );
             encode::svg::encode(&profile, &title)?
         }
+        Format::Top => encode::top::encode(&profile).into_bytes(),
     };
     write_atomically(&args.output, &bytes)?;
     let aggregated = &session.aggregated;
@@ -202,22 +202,43 @@ pub async fn record(args: &RecordArgs) -> Result<RecordSummary, RecordError> {
 
 /// How often the current window's new processes are looked for, to read their maps while they
 /// still run.
-const DISCOVERY_INTERVAL: Duration = Duration::from_millis(200);
+pub(crate) const DISCOVERY_INTERVAL: Duration = Duration::from_millis(200);
 
-/// State gathered while recording.
-struct Session {
-    aggregated: Aggregated,
-    user: UserSymbolizer,
+/// State gathered while sampling, shared by `record` (all windows, one profile at the end) and
+/// `run` (one profile per window).
+pub(crate) struct Session {
+    pub(crate) aggregated: Aggregated,
+    pub(crate) user: UserSymbolizer,
     /// Process names read from /proc while the processes were alive: the process's own name,
     /// where the BPF program could only see the sampled thread's.
-    proc_comms: HashMap<u32, String>,
+    pub(crate) proc_comms: HashMap<u32, String>,
     /// Processes whose maps were read in the current window.
     seen_this_window: HashSet<u32>,
+    /// Windows drained so far, for the log.
+    windows: u64,
 }
 
 impl Session {
+    pub(crate) fn new(user: UserSymbolizer) -> Self {
+        Session {
+            aggregated: Aggregated::default(),
+            user,
+            proc_comms: HashMap::new(),
+            seen_this_window: HashSet::new(),
+            windows: 0,
+        }
+    }
+
+    /// Drops what is kept about processes that have exited: a daemon would otherwise remember
+    /// every process it ever saw.
+    pub(crate) fn forget_exited(&mut self) {
+        self.user.forget_exited();
+        self.proc_comms
+            .retain(|pid, _| Path::new(&format!("/proc/{pid}")).exists());
+    }
+
     /// Reads the maps and name of processes first seen in this window.
-    fn discover(&mut self, pids: Vec<u32>) {
+    pub(crate) fn discover(&mut self, pids: Vec<u32>) {
         let new: Vec<u32> = pids
             .into_iter()
             .filter(|pid| self.seen_this_window.insert(*pid))
@@ -234,7 +255,7 @@ impl Session {
         }
     }
 
-    fn add(&mut self, window: RawWindow) {
+    pub(crate) fn add(&mut self, window: RawWindow) {
         let mut pids: Vec<u32> = window.samples.iter().map(|s| s.tgid).collect();
         pids.sort_unstable();
         pids.dedup();
@@ -242,9 +263,10 @@ impl Session {
         // A process that exited keeps what discovery captured.
         self.capture(&pids);
         self.seen_this_window.clear();
+        self.windows += 1;
         tracing::info!(
             "window {}: {} samples from {} processes; lost: {}",
-            self.aggregated.windows.len() + 1,
+            self.windows,
             window.total_samples(),
             pids.len(),
             window.losses.describe()
@@ -253,7 +275,7 @@ impl Session {
     }
 }
 
-fn hostname() -> String {
+pub(crate) fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_owned())
         .unwrap_or_else(|_| "unknown host".to_owned())
@@ -303,7 +325,7 @@ pub fn check_output_writable(path: &Path) -> Result<(), RecordError> {
 
 /// Writes through a temporary file and a rename, so a reader never sees half a profile and an
 /// interrupted write leaves any earlier file intact.
-fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), RecordError> {
+pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), RecordError> {
     let err = |e: io::Error| RecordError::Output {
         path: path.to_owned(),
         reason: e.to_string(),

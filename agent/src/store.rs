@@ -47,7 +47,9 @@ const MAX_CACHED_ROWS: usize = 1 << 20;
 pub enum StoreError {
     #[error("{path} is not a scorch store: {reason}; scorch leaves it untouched")]
     Foreign { path: PathBuf, reason: String },
-    #[error("{path} was written by a newer scorch (schema {found}, this one reads {SCHEMA_VERSION})")]
+    #[error(
+        "{path} was written by a newer scorch (schema {found}, this one reads {SCHEMA_VERSION})"
+    )]
     NewerSchema { path: PathBuf, found: i32 },
     #[error("creating the store directory {path}: {source}")]
     CreateDir {
@@ -127,7 +129,7 @@ struct IdCache {
     strings: HashMap<String, (i64, i64)>,
     mappings: HashMap<MappingKey, (i64, i64)>,
     functions: HashMap<(i64, i64, i64), (i64, i64)>,
-    locations: HashMap<(i64, i64, bool, Vec<u8>), (i64, i64)>,
+    locations: HashMap<LocationKey, (i64, i64)>,
     stacks: HashMap<Vec<u8>, (i64, i64)>,
     series: HashMap<String, (i64, i64)>,
 }
@@ -155,6 +157,8 @@ impl IdCache {
 }
 
 type MappingKey = (i64, i64, i64, i64, i64, i64);
+/// (mapping id, address, kernel, encoded lines).
+type LocationKey = (i64, i64, bool, Vec<u8>);
 
 const SCHEMA: &str = "
 CREATE TABLE strings (
@@ -421,7 +425,10 @@ impl Store {
     /// Deletes windows older than the age limit, then the oldest ones while the store is over
     /// its size limit, then the rows no window uses any more. Returns the windows deleted.
     pub fn enforce_retention(&mut self, now: SystemTime) -> Result<usize, StoreError> {
-        let oldest_kept_ns = unix_ns(now.checked_sub(self.retention.max_age).unwrap_or(UNIX_EPOCH));
+        let oldest_kept_ns = unix_ns(
+            now.checked_sub(self.retention.max_age)
+                .unwrap_or(UNIX_EPOCH),
+        );
         let mut expired = self
             .delete_windows("start_ns < ?1", oldest_kept_ns)
             .map_err(|e| self.sqlite(e))?;
@@ -569,6 +576,35 @@ impl Store {
         tx.commit().map_err(err)
     }
 
+    /// The time range of every stored window, oldest first.
+    pub fn window_ranges(&self) -> Result<Vec<TimeRange>, StoreError> {
+        let err = |e| self.sqlite(e);
+        let mut statement = self
+            .connection
+            .prepare("SELECT start_ns, duration_ns FROM windows ORDER BY id")
+            .map_err(err)?;
+        let rows = statement
+            .query_map([], |row| Ok((row.get::<_, i64>(0)?, row.get::<_, i64>(1)?)))
+            .map_err(err)?;
+        let mut ranges = Vec::new();
+        for row in rows {
+            let (start, duration) = row.map_err(err)?;
+            ranges.push(TimeRange {
+                from: from_unix_ns(start),
+                to: from_unix_ns(start.saturating_add(duration.max(1))),
+            });
+        }
+        Ok(ranges)
+    }
+
+    /// Moves the WAL's content into the database file and truncates the WAL, so the file's
+    /// size is the store's size.
+    pub fn checkpoint(&self) -> Result<(), StoreError> {
+        self.connection
+            .execute_batch("PRAGMA wal_checkpoint(TRUNCATE);")
+            .map_err(|e| self.sqlite(e))
+    }
+
     /// Windows stored: `(count, oldest start, newest start)`.
     pub fn windows(&self) -> Result<(u64, Option<SystemTime>, Option<SystemTime>), StoreError> {
         self.connection
@@ -595,15 +631,15 @@ impl Store {
     ) -> Result<Profile, StoreError> {
         let err = |e| self.sqlite(e);
         let (from, to) = (unix_ns(range.from), unix_ns(range.to));
-        let (windows, first, last_end, period): (i64, Option<i64>, Option<i64>, Option<i64>) =
-            self.connection
-                .query_row(
-                    "SELECT COUNT(*), MIN(start_ns), MAX(start_ns + duration_ns), MAX(period_ns)
+        let (windows, first, last_end, period): (i64, Option<i64>, Option<i64>, Option<i64>) = self
+            .connection
+            .query_row(
+                "SELECT COUNT(*), MIN(start_ns), MAX(start_ns + duration_ns), MAX(period_ns)
                      FROM windows WHERE start_ns >= ?1 AND start_ns < ?2",
-                    [from, to],
-                    |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?)),
-                )
-                .map_err(err)?;
+                [from, to],
+                |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?)),
+            )
+            .map_err(err)?;
         let start = first.unwrap_or(from);
         let mut profile = Profile {
             start: from_unix_ns(start),
@@ -627,8 +663,11 @@ impl Store {
             .map_err(err)?;
         let mut rows = statement.query([from, to]).map_err(err)?;
         while let Some(row) = rows.next().map_err(err)? {
-            let (series, stack, value): (i64, i64, i64) =
-                (row.get(0).map_err(err)?, row.get(1).map_err(err)?, row.get(2).map_err(err)?);
+            let (series, stack, value): (i64, i64, i64) = (
+                row.get(0).map_err(err)?,
+                row.get(1).map_err(err)?,
+                row.get(2).map_err(err)?,
+            );
             let Some(labels) = reader.series(series)? else {
                 continue;
             };
@@ -702,7 +741,9 @@ impl Store {
         if dangling > 0 {
             return Err(StoreError::Damaged {
                 path: self.path.clone(),
-                reason: format!("{dangling} sample rows refer to missing windows, series or stacks"),
+                reason: format!(
+                    "{dangling} sample rows refer to missing windows, series or stacks"
+                ),
             });
         }
         // Every stack a window uses must decode into existing locations, functions, strings.
@@ -767,7 +808,9 @@ impl Writer<'_> {
         if let Some((id, last)) = cache.get_mut(&key) {
             if *last + TOUCH_EVERY <= window {
                 connection
-                    .prepare_cached(&format!("UPDATE {table} SET last_window = ?1 WHERE id = ?2"))?
+                    .prepare_cached(&format!(
+                        "UPDATE {table} SET last_window = ?1 WHERE id = ?2"
+                    ))?
                     .execute([window, *id])?;
                 *last = window;
             }
@@ -823,8 +866,14 @@ impl Writer<'_> {
             flags,
         );
         let (connection, window) = (self.connection, self.window);
-        Self::id(connection, window, &mut self.cache.mappings, key, "mappings", || {
-            connection
+        Self::id(
+            connection,
+            window,
+            &mut self.cache.mappings,
+            key,
+            "mappings",
+            || {
+                connection
                 .prepare_cached(
                     "INSERT INTO mappings (start, limit_, file_offset, path, build_id, flags, last_window)
                      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
@@ -836,7 +885,8 @@ impl Writer<'_> {
                     params![key.0, key.1, key.2, key.3, key.4, key.5, window],
                     |row| row.get(0),
                 )
-        })
+            },
+        )
     }
 
     fn function(&mut self, line: &Line) -> rusqlite::Result<i64> {
@@ -846,17 +896,24 @@ impl Writer<'_> {
             self.optional_string(line.file.as_deref())?,
         );
         let (connection, window) = (self.connection, self.window);
-        Self::id(connection, window, &mut self.cache.functions, key, "functions", || {
-            connection
-                .prepare_cached(
-                    "INSERT INTO functions (name, system_name, file, last_window)
+        Self::id(
+            connection,
+            window,
+            &mut self.cache.functions,
+            key,
+            "functions",
+            || {
+                connection
+                    .prepare_cached(
+                        "INSERT INTO functions (name, system_name, file, last_window)
                      VALUES (?1, ?2, ?3, ?4)
                      ON CONFLICT (name, system_name, file)
                      DO UPDATE SET last_window = excluded.last_window
                      RETURNING id",
-                )?
-                .query_row(params![key.0, key.1, key.2, window], |row| row.get(0))
-        })
+                    )?
+                    .query_row(params![key.0, key.1, key.2, window], |row| row.get(0))
+            },
+        )
     }
 
     fn location(&mut self, location: &Location, mapping_ids: &[i64]) -> rusqlite::Result<i64> {
@@ -869,20 +926,33 @@ impl Writer<'_> {
         let key = (mapping, location.address as i64, location.kernel, lines);
         let (connection, window) = (self.connection, self.window);
         let insert_key = key.clone();
-        Self::id(connection, window, &mut self.cache.locations, key, "locations", || {
-            connection
-                .prepare_cached(
-                    "INSERT INTO locations (mapping, address, kernel, lines, last_window)
+        Self::id(
+            connection,
+            window,
+            &mut self.cache.locations,
+            key,
+            "locations",
+            || {
+                connection
+                    .prepare_cached(
+                        "INSERT INTO locations (mapping, address, kernel, lines, last_window)
                      VALUES (?1, ?2, ?3, ?4, ?5)
                      ON CONFLICT (mapping, address, kernel, lines)
                      DO UPDATE SET last_window = excluded.last_window
                      RETURNING id",
-                )?
-                .query_row(
-                    params![insert_key.0, insert_key.1, insert_key.2, insert_key.3, window],
-                    |row| row.get(0),
-                )
-        })
+                    )?
+                    .query_row(
+                        params![
+                            insert_key.0,
+                            insert_key.1,
+                            insert_key.2,
+                            insert_key.3,
+                            window
+                        ],
+                        |row| row.get(0),
+                    )
+            },
+        )
     }
 
     fn stack(&mut self, location_ids: &[i64]) -> rusqlite::Result<i64> {
@@ -892,30 +962,44 @@ impl Writer<'_> {
         }
         let (connection, window) = (self.connection, self.window);
         let insert_blob = blob.clone();
-        Self::id(connection, window, &mut self.cache.stacks, blob, "stacks", || {
-            connection
-                .prepare_cached(
-                    "INSERT INTO stacks (locations, last_window) VALUES (?1, ?2)
+        Self::id(
+            connection,
+            window,
+            &mut self.cache.stacks,
+            blob,
+            "stacks",
+            || {
+                connection
+                    .prepare_cached(
+                        "INSERT INTO stacks (locations, last_window) VALUES (?1, ?2)
                      ON CONFLICT (locations) DO UPDATE SET last_window = excluded.last_window
                      RETURNING id",
-                )?
-                .query_row(params![insert_blob, window], |row| row.get(0))
-        })
+                    )?
+                    .query_row(params![insert_blob, window], |row| row.get(0))
+            },
+        )
     }
 
     fn series(&mut self, labels: &Labels) -> rusqlite::Result<i64> {
         let text = labels_json(labels);
         let (connection, window) = (self.connection, self.window);
         let insert_text = text.clone();
-        Self::id(connection, window, &mut self.cache.series, text, "series", || {
-            connection
-                .prepare_cached(
-                    "INSERT INTO series (labels, last_window) VALUES (?1, ?2)
+        Self::id(
+            connection,
+            window,
+            &mut self.cache.series,
+            text,
+            "series",
+            || {
+                connection
+                    .prepare_cached(
+                        "INSERT INTO series (labels, last_window) VALUES (?1, ?2)
                      ON CONFLICT (labels) DO UPDATE SET last_window = excluded.last_window
                      RETURNING id",
-                )?
-                .query_row(params![insert_text, window], |row| row.get(0))
-        })
+                    )?
+                    .query_row(params![insert_text, window], |row| row.get(0))
+            },
+        )
     }
 }
 
@@ -1329,7 +1413,8 @@ mod tests {
         }
         // Keep the newest window only: the old window's rows are then more than TOUCH_EVERY
         // windows older than the oldest one kept.
-        store.retention.max_age = Duration::from_millis((100 - TOUCH_EVERY as u64 - 1) * 1000 + 500);
+        store.retention.max_age =
+            Duration::from_millis((100 - TOUCH_EVERY as u64 - 1) * 1000 + 500);
         store.enforce_retention(SystemTime::now()).unwrap();
         assert_eq!(store.windows().unwrap().0, 1);
         let series: Vec<String> = store
@@ -1347,7 +1432,13 @@ mod tests {
         assert!(store.verify().unwrap() >= 1);
         // What is still used survived: a new window and a query work.
         store.write_window(&window_at(now - 1)).unwrap();
-        assert!(store.query(everything(), &|_| true).unwrap().total_samples() > 0);
+        assert!(
+            store
+                .query(everything(), &|_| true)
+                .unwrap()
+                .total_samples()
+                > 0
+        );
         assert!(store.verify().is_ok());
     }
 
@@ -1385,7 +1476,10 @@ mod tests {
         }
         let (count, _, newest) = store.windows().unwrap();
         assert!(count < 60, "{count} windows kept");
-        assert_eq!(newest, Some(UNIX_EPOCH + Duration::from_secs(now - 1000 + 59)));
+        assert_eq!(
+            newest,
+            Some(UNIX_EPOCH + Duration::from_secs(now - 1000 + 59))
+        );
         assert!(store.verify().is_ok());
     }
 
@@ -1396,9 +1490,7 @@ mod tests {
         let path = dir.path().join(DATABASE_FILE);
         std::fs::write(&path, b"my precious notes, not a database\n".repeat(10)).unwrap();
         let before = std::fs::read(&path).unwrap();
-        let err = Store::open(dir.path(), Retention::default())
-            .err()
-            .unwrap();
+        let err = Store::open(dir.path(), Retention::default()).err().unwrap();
         assert!(err.to_string().contains("is not a scorch store"), "{err}");
         assert!(err.to_string().contains("not a SQLite database"), "{err}");
         assert_eq!(std::fs::read(&path).unwrap(), before);
@@ -1409,9 +1501,7 @@ mod tests {
             .execute_batch("CREATE TABLE t (x); INSERT INTO t VALUES (1);")
             .unwrap();
         let before = std::fs::read(&path).unwrap();
-        let err = Store::open(dir.path(), Retention::default())
-            .err()
-            .unwrap();
+        let err = Store::open(dir.path(), Retention::default()).err().unwrap();
         assert!(err.to_string().contains("another application"), "{err}");
         assert!(Store::open_read_only(dir.path()).is_err());
         assert_eq!(std::fs::read(&path).unwrap(), before);

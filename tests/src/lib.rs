@@ -7,6 +7,7 @@ use std::{
     path::{Path, PathBuf},
     process::{Child, Command, Output, Stdio},
     sync::OnceLock,
+    time::Duration,
 };
 
 use anyhow::{bail, ensure, Context, Result};
@@ -845,4 +846,140 @@ pub fn parse_record_output(output: &Output) -> Result<RecordReport> {
         windows,
         summary,
     })
+}
+
+/// A `scorch run` daemon started by a test, on a free loopback port, killed when dropped.
+pub struct Daemon {
+    pub child: Child,
+    /// `127.0.0.1:PORT` of its HTTP server.
+    pub address: String,
+    pub store: PathBuf,
+}
+
+impl Daemon {
+    /// Starts `scorch run --store STORE --http-address 127.0.0.1:PORT ARGS...` and waits until
+    /// its HTTP server answers (the BPF program is attached by then).
+    pub fn start(store: &Path, args: &[&str]) -> Result<Daemon> {
+        // Let the kernel pick a free port, then hand it to the daemon.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        let address = format!("127.0.0.1:{port}");
+        let child = Command::new(scorch_bin())
+            .arg("run")
+            .arg("--store")
+            .arg(store)
+            .args(["--http-address", &address])
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .context("starting scorch run")?;
+        let mut daemon = Daemon {
+            child,
+            address,
+            store: store.to_owned(),
+        };
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while std::time::Instant::now() < deadline {
+            if let Some(status) = daemon.child.try_wait()? {
+                let mut stderr = String::new();
+                if let Some(mut pipe) = daemon.child.stderr.take() {
+                    let _ = std::io::Read::read_to_string(&mut pipe, &mut stderr);
+                }
+                bail!("scorch run exited ({status}) before serving:\n{stderr}");
+            }
+            if http_get(&daemon.address, "/healthz").is_ok() {
+                return Ok(daemon);
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        bail!(
+            "scorch run did not serve HTTP on {} within 30 s",
+            daemon.address
+        )
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends SIGTERM and waits for the exit; returns the exit status, the time it took and
+    /// what the daemon wrote to stderr.
+    pub fn stop(mut self) -> Result<(std::process::ExitStatus, Duration, String)> {
+        let started = std::time::Instant::now();
+        // SAFETY: kill(2) on a child this test started and has not reaped.
+        unsafe { libc_kill(self.child.id() as i32, 15) };
+        let status = self.child.wait()?;
+        let elapsed = started.elapsed();
+        let mut stderr = String::new();
+        if let Some(mut pipe) = self.child.stderr.take() {
+            std::io::Read::read_to_string(&mut pipe, &mut stderr)?;
+        }
+        Ok((status, elapsed, stderr))
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+extern "C" {
+    #[link_name = "kill"]
+    fn libc_kill(pid: i32, signal: i32) -> i32;
+}
+
+/// A minimal HTTP/1.1 GET over loopback: `(status, body)`. Enough for the daemon's API; no
+/// client library needed.
+pub fn http_get(address: &str, path: &str) -> Result<(u16, Vec<u8>)> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(address)
+        .with_context(|| format!("connecting to {address}"))?;
+    stream.set_read_timeout(Some(Duration::from_secs(30)))?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response)?;
+    let header_end = response
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .context("no end of HTTP headers")?;
+    let head = String::from_utf8_lossy(&response[..header_end]).into_owned();
+    let status: u16 = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .with_context(|| format!("bad status line in {head:?}"))?;
+    let mut body = response[header_end + 4..].to_vec();
+    if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        body = dechunk(&body)?;
+    }
+    Ok((status, body))
+}
+
+fn dechunk(mut data: &[u8]) -> Result<Vec<u8>> {
+    let mut out = Vec::new();
+    loop {
+        let line_end = data
+            .windows(2)
+            .position(|w| w == b"\r\n")
+            .context("truncated chunk size")?;
+        let size_text = String::from_utf8_lossy(&data[..line_end]);
+        let size = usize::from_str_radix(size_text.split(';').next().unwrap_or("").trim(), 16)
+            .with_context(|| format!("bad chunk size {size_text:?}"))?;
+        data = &data[line_end + 2..];
+        if size == 0 {
+            return Ok(out);
+        }
+        out.extend_from_slice(data.get(..size).context("truncated chunk")?);
+        data = data.get(size + 2..).context("truncated chunk end")?;
+    }
 }

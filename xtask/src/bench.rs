@@ -37,7 +37,37 @@ struct Run {
     scorch_samples: u64,
 }
 
-pub fn bench(root: &Path, scorch: &Path, seconds: u64, runs: usize) -> Result<()> {
+pub fn bench(
+    root: &Path,
+    scorch: &Path,
+    seconds: u64,
+    runs: usize,
+    only: Option<&str>,
+    daemon_windows: u64,
+) -> Result<()> {
+    match only {
+        None => {
+            record_bench(root, scorch, seconds, runs)?;
+            symbolize_bench(root)?;
+            daemon_report(root, scorch, daemon_windows)
+        }
+        Some("record") => record_bench(root, scorch, seconds, runs),
+        Some("symbolize") => symbolize_bench(root),
+        Some("daemon") => daemon_report(root, scorch, daemon_windows),
+        Some(other) => bail!("--only {other:?}: expected record, symbolize or daemon"),
+    }
+}
+
+fn daemon_report(root: &Path, scorch: &Path, windows: u64) -> Result<()> {
+    let report = crate::bench_daemon::daemon_bench(root, scorch, windows)?;
+    print!("{report}");
+    let path = root.join("target/bench/daemon-report.md");
+    std::fs::write(&path, &report)?;
+    eprintln!("bench: report written to {}", path.display());
+    Ok(())
+}
+
+fn record_bench(root: &Path, scorch: &Path, seconds: u64, runs: usize) -> Result<()> {
     let dir = root.join("target/bench");
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let workload = dir.join("calltree");
@@ -210,8 +240,7 @@ pub fn bench(root: &Path, scorch: &Path, seconds: u64, runs: usize) -> Result<()
         "scorch",
         "--bench",
         "kallsyms",
-    ]))?;
-    symbolize_bench(root)
+    ]))
 }
 
 /// User symbolisation, warm and cold. The cold case needs a binary with a lot of DWARF: scorch

@@ -4,6 +4,7 @@
 //! command that needs it runs first, so `cargo xtask test` works from a clean clone.
 
 mod bench;
+mod bench_daemon;
 mod setup;
 
 use std::{
@@ -45,6 +46,13 @@ enum Task {
         /// Recordings, each with scorch and perf side by side.
         #[arg(long, default_value_t = 3)]
         runs: usize,
+        /// Run only one part: `record` (scorch record vs perf, BPF cost, kallsyms),
+        /// `symbolize`, or `daemon` (scorch run steady state, store size, query time).
+        #[arg(long)]
+        only: Option<String>,
+        /// Windows of 10 s the daemon bench measures.
+        #[arg(long, default_value_t = 30)]
+        daemon_windows: u64,
     },
 }
 
@@ -56,10 +64,22 @@ fn main() -> Result<()> {
         Task::Build => build(&root).map(|_| ()),
         Task::Run { args } => run(&root, &args),
         Task::Test { filter } => test(&root, filter.as_deref()),
-        Task::Bench { seconds, runs } => {
+        Task::Bench {
+            seconds,
+            runs,
+            only,
+            daemon_windows,
+        } => {
             setup::setup()?;
             let scorch = build(&root)?;
-            bench::bench(&root, &scorch, seconds, runs)
+            bench::bench(
+                &root,
+                &scorch,
+                seconds,
+                runs,
+                only.as_deref(),
+                daemon_windows,
+            )
         }
     }
 }

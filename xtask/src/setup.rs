@@ -16,7 +16,8 @@ const BPF_LINKER_VERSION: &str = "0.13.0";
 
 /// Debian packages: gcc builds the test workloads, golang-go provides `go tool pprof` (the
 /// reference pprof reader), linux-perf is the peer profiler, bpftrace the second peer, time
-/// gives `/usr/bin/time -v` for the benchmark's RSS figures, util-linux has setpriv.
+/// gives `/usr/bin/time -v` for the benchmark's RSS figures, util-linux has setpriv, chromium
+/// runs headless for the UI test.
 const PACKAGES: &[&str] = &[
     "gcc",
     "g++",
@@ -25,6 +26,7 @@ const PACKAGES: &[&str] = &[
     "bpftrace",
     "time",
     "util-linux",
+    "chromium",
 ];
 
 pub fn setup() -> Result<()> {

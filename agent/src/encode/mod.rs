@@ -9,6 +9,7 @@
 pub mod folded;
 pub mod pprof;
 pub mod svg;
+pub mod top;
 
 use std::path::Path;
 
@@ -18,6 +19,8 @@ pub enum Format {
     Pprof,
     Folded,
     Svg,
+    /// Flat and cumulative shares per function, like `go tool pprof -top`.
+    Top,
 }
 
 impl Format {

@@ -374,6 +374,18 @@ pub struct UserSymbolizer {
     pub misses: BTreeMap<UserMiss, u64>,
     /// Names found by a fallback path, by reason.
     pub fallbacks: BTreeMap<Fallback, u64>,
+    /// File lookups the cache answered, and those that had to open and parse the file.
+    cache_hits: u64,
+    cache_misses: u64,
+}
+
+/// The ELF cache's footprint and effectiveness, for metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CacheStats {
+    /// Estimated bytes the cached files hold (see `ElfFile::cost`).
+    pub bytes: u64,
+    pub hits: u64,
+    pub misses: u64,
 }
 
 impl Default for UserSymbolizer {
@@ -395,6 +407,16 @@ impl UserSymbolizer {
             lookups: 0,
             misses: BTreeMap::new(),
             fallbacks: BTreeMap::new(),
+            cache_hits: 0,
+            cache_misses: 0,
+        }
+    }
+
+    pub fn cache_stats(&self) -> CacheStats {
+        CacheStats {
+            bytes: self.cache.used as u64,
+            hits: self.cache_hits,
+            misses: self.cache_misses,
         }
     }
 
@@ -493,8 +515,10 @@ impl UserSymbolizer {
             return Err(UserMiss::Anonymous);
         }
         if let Some(cached) = self.cache.get(entry.dev, entry.inode) {
+            self.cache_hits += 1;
             return cached.ok_or(UserMiss::UnreadableFile);
         }
+        self.cache_misses += 1;
         let (file, key) = match self.open_mapped_file(pid, entry) {
             Ok(opened) => opened,
             Err(miss) => {

@@ -3,6 +3,8 @@
 
 mod cli;
 mod counting;
+mod daemon;
 mod kernel_frames;
 mod known_call_tree;
 mod symbols;
+mod ui;

@@ -1,0 +1,362 @@
+//! `scorch run`'s configuration: built-in defaults, overridden by a TOML file (`--config`),
+//! overridden by flags. Every key of the file is also a flag of the same name; the reference
+//! file `packaging/scorch.toml` documents each one with its default, and a test keeps the two
+//! in step.
+
+use std::{
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use clap::Args;
+use serde::Deserialize;
+
+use crate::{
+    cli::{parse_duration, parse_frequency},
+    store::Retention,
+    symbolize::user::SymbolizeMode,
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("reading the config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("config file {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("config file {path}: key `{key}`: {message}")]
+    Value {
+        path: PathBuf,
+        key: &'static str,
+        message: String,
+    },
+}
+
+/// Flags of `scorch run`. Each is optional so that a flag left out falls back to the file, and
+/// the file to the default.
+#[derive(Debug, Clone, Default, Args)]
+pub struct RunArgs {
+    /// TOML file with any of the keys below (see packaging/scorch.toml); flags override it.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Directory of the profile store [default: /var/lib/scorch].
+    #[arg(long)]
+    pub store: Option<PathBuf>,
+    /// Address of the HTTP server (UI, API, /metrics, /healthz) [default: 127.0.0.1:7071].
+    /// Only what is named here is listened on: `0.0.0.0:7071` exposes it to every interface.
+    #[arg(long)]
+    pub http_address: Option<SocketAddr>,
+    /// How often the maps are drained and a profile per series is stored [default: 10s].
+    #[arg(long, value_parser = parse_duration)]
+    pub window: Option<Duration>,
+    /// Samples per second on each CPU [default: 19].
+    #[arg(long, short = 'F', value_parser = parse_frequency)]
+    pub frequency: Option<u64>,
+    /// Keep windows this long [default: 7d].
+    #[arg(long, value_parser = parse_retention_age)]
+    pub retention_age: Option<Duration>,
+    /// Keep the store under this size, e.g. `512MiB`, `1GiB` [default: 1GiB].
+    #[arg(long, value_parser = parse_bytes)]
+    pub retention_size: Option<u64>,
+    /// `local` or `none` [default: local].
+    #[arg(long, value_enum)]
+    pub symbolize: Option<SymbolizeMode>,
+    /// Memory budget, in MiB, for parsed binaries and debug info [default: 256].
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=65536))]
+    pub symbol_cache_mb: Option<u64>,
+    /// Keep samples of idle CPUs [default: false].
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    pub include_idle: Option<bool>,
+}
+
+/// The config file: the same keys as the flags, kebab-case.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct FileConfig {
+    store: Option<PathBuf>,
+    http_address: Option<String>,
+    window: Option<String>,
+    frequency: Option<u64>,
+    retention_age: Option<String>,
+    retention_size: Option<String>,
+    symbolize: Option<String>,
+    symbol_cache_mb: Option<u64>,
+    include_idle: Option<bool>,
+}
+
+/// Everything `scorch run` needs, resolved.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunConfig {
+    pub store: PathBuf,
+    pub http_address: SocketAddr,
+    pub window: Duration,
+    pub frequency: u64,
+    pub retention: Retention,
+    pub symbolize: SymbolizeMode,
+    pub symbol_cache_mb: u64,
+    pub include_idle: bool,
+}
+
+impl Default for RunConfig {
+    fn default() -> Self {
+        RunConfig {
+            store: PathBuf::from("/var/lib/scorch"),
+            http_address: SocketAddr::from(([127, 0, 0, 1], 7071)),
+            window: Duration::from_secs(10),
+            frequency: 19,
+            retention: Retention::default(),
+            symbolize: SymbolizeMode::Local,
+            symbol_cache_mb: 256,
+            include_idle: false,
+        }
+    }
+}
+
+impl RunConfig {
+    /// Defaults, then the file `args.config` names, then the flags.
+    pub fn resolve(args: &RunArgs) -> Result<RunConfig, ConfigError> {
+        let mut config = RunConfig::default();
+        if let Some(path) = &args.config {
+            let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+                path: path.clone(),
+                source,
+            })?;
+            config.apply_file(&text, path)?;
+        }
+        config.apply_flags(args);
+        Ok(config)
+    }
+
+    fn apply_file(&mut self, text: &str, path: &Path) -> Result<(), ConfigError> {
+        let file: FileConfig = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: path.to_owned(),
+            message: e.to_string(),
+        })?;
+        let value = |key: &'static str, message: String| ConfigError::Value {
+            path: path.to_owned(),
+            key,
+            message,
+        };
+        if let Some(store) = file.store {
+            self.store = store;
+        }
+        if let Some(address) = file.http_address {
+            self.http_address = address
+                .parse()
+                .map_err(|e| value("http-address", format!("{address:?}: {e}")))?;
+        }
+        if let Some(window) = file.window {
+            self.window = parse_duration(&window).map_err(|e| value("window", e))?;
+        }
+        if let Some(frequency) = file.frequency {
+            self.frequency =
+                parse_frequency(&frequency.to_string()).map_err(|e| value("frequency", e))?;
+        }
+        if let Some(age) = file.retention_age {
+            self.retention.max_age =
+                parse_retention_age(&age).map_err(|e| value("retention-age", e))?;
+        }
+        if let Some(size) = file.retention_size {
+            self.retention.max_bytes =
+                parse_bytes(&size).map_err(|e| value("retention-size", e))?;
+        }
+        if let Some(mode) = file.symbolize {
+            self.symbolize = <SymbolizeMode as clap::ValueEnum>::from_str(&mode, false)
+                .map_err(|_| value("symbolize", format!("{mode:?}: expected local or none")))?;
+        }
+        if let Some(mb) = file.symbol_cache_mb {
+            if !(1..=65536).contains(&mb) {
+                return Err(value(
+                    "symbol-cache-mb",
+                    format!("{mb}: expected 1 to 65536"),
+                ));
+            }
+            self.symbol_cache_mb = mb;
+        }
+        if let Some(idle) = file.include_idle {
+            self.include_idle = idle;
+        }
+        Ok(())
+    }
+
+    fn apply_flags(&mut self, args: &RunArgs) {
+        if let Some(store) = &args.store {
+            self.store = store.clone();
+        }
+        if let Some(address) = args.http_address {
+            self.http_address = address;
+        }
+        if let Some(window) = args.window {
+            self.window = window;
+        }
+        if let Some(frequency) = args.frequency {
+            self.frequency = frequency;
+        }
+        if let Some(age) = args.retention_age {
+            self.retention.max_age = age;
+        }
+        if let Some(size) = args.retention_size {
+            self.retention.max_bytes = size;
+        }
+        if let Some(mode) = args.symbolize {
+            self.symbolize = mode;
+        }
+        if let Some(mb) = args.symbol_cache_mb {
+            self.symbol_cache_mb = mb;
+        }
+        if let Some(idle) = args.include_idle {
+            self.include_idle = idle;
+        }
+    }
+}
+
+/// A retention age: `7d`, `12h`, `90m`... (days allowed, unlike sampling durations).
+pub fn parse_retention_age(text: &str) -> Result<Duration, String> {
+    let trimmed = text.trim();
+    if let Some(days) = trimmed.strip_suffix('d') {
+        return match days.parse::<u64>() {
+            Ok(0) | Err(_) => Err(format!(
+                "{text:?}: expected a positive whole number of days, like 7d"
+            )),
+            Ok(days) => Ok(Duration::from_secs(days * 24 * 3600)),
+        };
+    }
+    parse_duration(trimmed)
+}
+
+/// A size: `1GiB`, `512MiB`, `100MB`, `4096` (bytes). Binary and decimal units both accepted.
+pub fn parse_bytes(text: &str) -> Result<u64, String> {
+    let trimmed = text.trim();
+    let split = trimmed
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(trimmed.len());
+    let (number, unit) = trimmed.split_at(split);
+    let number: u64 = number
+        .parse()
+        .map_err(|_| format!("{text:?}: expected a number with a unit, like 1GiB or 512MiB"))?;
+    let multiplier: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "KiB" | "K" => 1 << 10,
+        "MiB" | "M" => 1 << 20,
+        "GiB" | "G" => 1 << 30,
+        "TiB" | "T" => 1 << 40,
+        "kB" | "KB" => 1_000,
+        "MB" => 1_000_000,
+        "GB" => 1_000_000_000,
+        "TB" => 1_000_000_000_000,
+        other => {
+            return Err(format!(
+                "{text:?}: unknown unit {other:?} (use B, KiB, MiB, GiB, TiB, kB, MB, GB, TB)"
+            ))
+        }
+    };
+    let bytes = number
+        .checked_mul(multiplier)
+        .ok_or_else(|| format!("{text:?}: too large"))?;
+    // Below this a single window may not fit, and retention would delete every window.
+    if bytes < 1 << 20 {
+        return Err(format!("{text:?}: the store needs at least 1MiB"));
+    }
+    Ok(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reference_file_documents_the_defaults() {
+        // packaging/scorch.toml lists every key with its default value, commented out; with
+        // the comment markers removed it must parse to exactly the defaults.
+        let reference = std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../packaging/scorch.toml"),
+        )
+        .unwrap();
+        let uncommented: String = reference
+            .lines()
+            .filter_map(|l| l.strip_prefix("# ").filter(|l| l.contains(" = ")))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        let file: FileConfig = toml::from_str(&uncommented).unwrap();
+        // Every key is there.
+        let keys = [
+            file.store.is_some(),
+            file.http_address.is_some(),
+            file.window.is_some(),
+            file.frequency.is_some(),
+            file.retention_age.is_some(),
+            file.retention_size.is_some(),
+            file.symbolize.is_some(),
+            file.symbol_cache_mb.is_some(),
+            file.include_idle.is_some(),
+        ];
+        assert!(keys.iter().all(|&k| k), "{file:?}");
+        let mut config = RunConfig::default();
+        config
+            .apply_file(&uncommented, Path::new("scorch.toml"))
+            .unwrap();
+        assert_eq!(config, RunConfig::default());
+    }
+
+    #[test]
+    fn flags_override_the_file_which_overrides_defaults() {
+        let mut config = RunConfig::default();
+        config
+            .apply_file(
+                "store = \"/srv/scorch\"\nwindow = \"5s\"\nretention-size = \"64MiB\"\n",
+                Path::new("x.toml"),
+            )
+            .unwrap();
+        config.apply_flags(&RunArgs {
+            window: Some(Duration::from_secs(2)),
+            ..RunArgs::default()
+        });
+        assert_eq!(config.store, PathBuf::from("/srv/scorch"));
+        assert_eq!(config.window, Duration::from_secs(2));
+        assert_eq!(config.retention.max_bytes, 64 << 20);
+        assert_eq!(config.http_address.to_string(), "127.0.0.1:7071");
+    }
+
+    #[test]
+    fn bad_files_name_the_file_and_key() {
+        let mut config = RunConfig::default();
+        let err = config
+            .apply_file("window = \"soon\"\n", Path::new("/etc/scorch.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("config file /etc/scorch.toml: key `window`"),
+            "{err}"
+        );
+        let err = config
+            .apply_file("colour = \"red\"\n", Path::new("/etc/scorch.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("unknown field `colour`"), "{err}");
+        let err = config
+            .apply_file("http-address = \"localhost\"\n", Path::new("a.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("http-address"), "{err}");
+    }
+
+    #[test]
+    fn parses_sizes_and_ages() {
+        assert_eq!(parse_bytes("1GiB").unwrap(), 1 << 30);
+        assert_eq!(parse_bytes("100MB").unwrap(), 100_000_000);
+        assert!(parse_bytes("10").unwrap_err().contains("at least 1MiB"));
+        assert!(parse_bytes("1 parsec").is_err());
+        assert_eq!(
+            parse_retention_age("7d").unwrap(),
+            Duration::from_secs(7 * 86400)
+        );
+        assert_eq!(
+            parse_retention_age("90m").unwrap(),
+            Duration::from_secs(5400)
+        );
+        assert!(parse_retention_age("0d").is_err());
+    }
+}

@@ -1,0 +1,548 @@
+//! The daemon's HTTP server: the query API over the local store, Prometheus metrics, a health
+//! check and the flame-graph page.
+//!
+//! | route | answer |
+//! |---|---|
+//! | `GET /` | the UI (`ui/index.html`, self-contained: no network, no CDN) |
+//! | `GET /api/v1/profile?from=&to=&match=&format=` | the merged profile: `pprof` (default; gzipped protobuf, so `go tool pprof URL` works), `svg` (inferno flame graph), `folded`, or `top` (pprof `-top` text) |
+//! | `GET /api/v1/top?from=&to=&match=&limit=` | the top-functions table as JSON, for the UI |
+//! | `GET /api/v1/series?from=&to=&match=` | the label sets with samples in the range, as JSON |
+//! | `GET /metrics` | Prometheus (OpenMetrics text) |
+//! | `GET /healthz` | `200 ok`, or `503` and the reason |
+//!
+//! `from`/`to` take RFC 3339, Unix seconds or `now-15m` ([`crate::timespec`]); without them
+//! the last 15 minutes. `match` is a Prometheus selector ([`crate::selector`]). A bad parameter
+//! is a 400 naming it; a store that cannot be read is a 503 (500 if it is not a scorch store).
+//! Queries run on the blocking pool, since SQLite and symbol merging are synchronous.
+
+use std::{
+    future::Future,
+    io,
+    path::PathBuf,
+    sync::Arc,
+    time::{Duration, SystemTime},
+};
+
+use axum::{
+    extract::{Query, State},
+    http::{header, HeaderValue, StatusCode},
+    response::{Html, IntoResponse, Response},
+    routing::get,
+    Router,
+};
+use serde::Deserialize;
+
+use crate::{
+    encode::{self, Format},
+    metrics::{Health, Metrics},
+    profile::Profile,
+    selector::{Selector, SelectorError},
+    store::{Labels, Store, StoreError, TimeRange},
+    timespec::{self, TimeError},
+};
+
+/// What the handlers share.
+#[derive(Debug)]
+pub struct HttpState {
+    /// The store the daemon writes; each query opens it read-only.
+    pub store_dir: PathBuf,
+    /// Encoded on each `GET /metrics`.
+    pub metrics: Arc<Metrics>,
+    /// Asked on each `GET /healthz`.
+    pub health: Arc<Health>,
+    /// The daemon's window length, which the UI shows so a user knows how fresh the data is.
+    pub window: Duration,
+}
+
+/// Why a request failed, and so its status.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("parameter {param}: {message}")]
+    BadParameter {
+        param: &'static str,
+        message: String,
+    },
+    #[error("{0}")]
+    Store(#[from] StoreError),
+    #[error("encoding the profile: {0}")]
+    Encode(String),
+    #[error("query task failed: {0}")]
+    Task(#[from] tokio::task::JoinError),
+}
+
+impl ApiError {
+    fn bad(param: &'static str, message: impl ToString) -> ApiError {
+        ApiError::BadParameter {
+            param,
+            message: message.to_string(),
+        }
+    }
+
+    fn status(&self) -> StatusCode {
+        match self {
+            ApiError::BadParameter { .. } => StatusCode::BAD_REQUEST,
+            // A file that is not a store will not become one by retrying.
+            ApiError::Store(StoreError::Foreign { .. }) => StatusCode::INTERNAL_SERVER_ERROR,
+            // Missing (nothing written yet), locked, or unreadable: may well pass.
+            ApiError::Store(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Encode(_) | ApiError::Task(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        if status.is_server_error() {
+            tracing::warn!("HTTP API: {self}");
+        }
+        (status, format!("{self}\n")).into_response()
+    }
+}
+
+/// The query string of the profile, top and series routes; every field is optional text, so
+/// parsing (and its error messages) is ours rather than the extractor's.
+#[derive(Debug, Default, Deserialize)]
+pub struct QueryParams {
+    pub from: Option<String>,
+    pub to: Option<String>,
+    #[serde(rename = "match")]
+    pub selector: Option<String>,
+    pub format: Option<String>,
+    pub limit: Option<String>,
+}
+
+/// A query with its parameters checked.
+#[derive(Debug)]
+pub struct ParsedQuery {
+    pub range: TimeRange,
+    pub selector: Selector,
+    pub format: Format,
+    /// Rows of the top table, at most.
+    pub limit: Option<usize>,
+}
+
+/// The span a query without `from` covers.
+pub const DEFAULT_SPAN: Duration = Duration::from_secs(15 * 60);
+
+impl QueryParams {
+    /// Checks every parameter, naming the first bad one; `now` resolves relative times.
+    pub fn parse(&self, now: SystemTime) -> Result<ParsedQuery, ApiError> {
+        let time = |param: &'static str, text: &Option<String>| {
+            text.as_deref()
+                .filter(|t| !t.trim().is_empty())
+                .map(|t| timespec::parse_time(t, now).map_err(|e| ApiError::bad(param, e)))
+                .transpose()
+        };
+        let from = time("from", &self.from)?;
+        let to = time("to", &self.to)?.unwrap_or(now);
+        let from = from.unwrap_or_else(|| {
+            to.checked_sub(DEFAULT_SPAN)
+                .unwrap_or(SystemTime::UNIX_EPOCH)
+        });
+        if from >= to {
+            let empty = TimeError::EmptyRange {
+                from: humantime::format_rfc3339_millis(from).to_string(),
+                to: humantime::format_rfc3339_millis(to).to_string(),
+            };
+            return Err(ApiError::bad("from", empty));
+        }
+        let selector = match self.selector.as_deref() {
+            Some(text) => {
+                Selector::parse(text).map_err(|e: SelectorError| ApiError::bad("match", e))?
+            }
+            None => Selector::all(),
+        };
+        let format = match self.format.as_deref().map(str::trim) {
+            None | Some("") => Format::Pprof,
+            Some(text) => <Format as clap::ValueEnum>::from_str(text, true).map_err(|_| {
+                ApiError::bad(
+                    "format",
+                    format!("{text:?} is not one of pprof, svg, folded, top"),
+                )
+            })?,
+        };
+        let limit = match self.limit.as_deref().map(str::trim) {
+            None | Some("") => None,
+            Some(text) => Some(text.parse::<usize>().map_err(|_| {
+                ApiError::bad("limit", format!("{text:?} is not a number of rows"))
+            })?),
+        };
+        Ok(ParsedQuery {
+            range: TimeRange { from, to },
+            selector,
+            format,
+            limit,
+        })
+    }
+}
+
+/// Serves until `shutdown` resolves, then lets requests in flight finish.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    state: Arc<HttpState>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> io::Result<()> {
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+/// The routes, apart from the listener so tests can drive them directly.
+pub fn router(state: Arc<HttpState>) -> Router {
+    Router::new()
+        .route("/", get(ui))
+        .route("/api/v1/profile", get(profile))
+        .route("/api/v1/top", get(top))
+        .route("/api/v1/series", get(series))
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(healthz))
+        .with_state(state)
+}
+
+const UI_PAGE: &str = include_str!("ui/index.html");
+
+async fn ui(State(state): State<Arc<HttpState>>) -> Html<String> {
+    // The one value the page cannot ask for: how often the data changes.
+    Html(UI_PAGE.replace(
+        "{{WINDOW_SECONDS}}",
+        &state.window.as_secs_f64().to_string(),
+    ))
+}
+
+/// Merges the matching windows on the blocking pool.
+async fn query_store(
+    state: &HttpState,
+    range: TimeRange,
+    selector: Selector,
+) -> Result<Profile, ApiError> {
+    let dir = state.store_dir.clone();
+    let profile = tokio::task::spawn_blocking(move || {
+        Store::open_read_only(&dir)?.query(range, &|labels: &Labels| selector.matches(labels))
+    })
+    .await??;
+    Ok(profile)
+}
+
+async fn profile(
+    State(state): State<Arc<HttpState>>,
+    Query(params): Query<QueryParams>,
+) -> Result<Response, ApiError> {
+    let query = params.parse(SystemTime::now())?;
+    let title = flame_graph_title(&query);
+    let format = query.format;
+    let limit = query.limit;
+    let profile = query_store(&state, query.range, query.selector).await?;
+    // Encoding a large merge is CPU work too; keep it off the async threads.
+    let response = tokio::task::spawn_blocking(move || -> Result<Response, ApiError> {
+        Ok(match format {
+            Format::Pprof => (
+                [
+                    (header::CONTENT_TYPE, "application/octet-stream"),
+                    (
+                        header::CONTENT_DISPOSITION,
+                        "attachment; filename=\"scorch.pb.gz\"",
+                    ),
+                ],
+                encode::pprof::encode(&profile),
+            )
+                .into_response(),
+            Format::Svg => (
+                [(header::CONTENT_TYPE, "image/svg+xml")],
+                encode::svg::encode(&profile, &title)
+                    .map_err(|e| ApiError::Encode(e.to_string()))?,
+            )
+                .into_response(),
+            Format::Folded => (
+                [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+                encode::folded::encode(&profile),
+            )
+                .into_response(),
+            Format::Top => (
+                [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+                encode::top::render(&encode::top::top(&profile), limit),
+            )
+                .into_response(),
+        })
+    })
+    .await??;
+    Ok(response)
+}
+
+/// `CPU 2024-05-01T12:00:00Z .. 12:15:00Z {comm="x"}`: what the picture shows, on it.
+fn flame_graph_title(query: &ParsedQuery) -> String {
+    let from = humantime::format_rfc3339_seconds(query.range.from).to_string();
+    let to = humantime::format_rfc3339_seconds(query.range.to).to_string();
+    let mut title = format!("CPU {from} .. {to}");
+    if !query.selector.is_empty() {
+        title.push(' ');
+        title.push_str(&query.selector.to_string());
+    }
+    title
+}
+
+async fn top(
+    State(state): State<Arc<HttpState>>,
+    Query(params): Query<QueryParams>,
+) -> Result<Response, ApiError> {
+    let query = params.parse(SystemTime::now())?;
+    let limit = query.limit;
+    let profile = query_store(&state, query.range, query.selector).await?;
+    let mut table = encode::top::top(&profile);
+    if let Some(limit) = limit {
+        table.rows.truncate(limit);
+    }
+    json(&table)
+}
+
+async fn series(
+    State(state): State<Arc<HttpState>>,
+    Query(params): Query<QueryParams>,
+) -> Result<Response, ApiError> {
+    let query = params.parse(SystemTime::now())?;
+    let dir = state.store_dir.clone();
+    let range = query.range;
+    let all =
+        tokio::task::spawn_blocking(move || Store::open_read_only(&dir)?.series(range)).await??;
+    let matching: Vec<Labels> = all
+        .into_iter()
+        .filter(|labels| query.selector.matches(labels))
+        .collect();
+    json(&matching)
+}
+
+fn json(value: &impl serde::Serialize) -> Result<Response, ApiError> {
+    let body = serde_json::to_vec(value).map_err(|e| ApiError::Encode(e.to_string()))?;
+    Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
+}
+
+async fn metrics(State(state): State<Arc<HttpState>>) -> Response {
+    let mut response = state.metrics.encode().into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static(crate::metrics::CONTENT_TYPE),
+    );
+    response
+}
+
+async fn healthz(State(state): State<Arc<HttpState>>) -> Response {
+    match state.health.check(SystemTime::now()) {
+        Ok(()) => (StatusCode::OK, "ok\n").into_response(),
+        Err(reason) => (StatusCode::SERVICE_UNAVAILABLE, format!("{reason}\n")).into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NOW_SECS: u64 = 1_714_564_800;
+
+    fn now() -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::from_secs(NOW_SECS)
+    }
+
+    fn params(pairs: &[(&str, &str)]) -> QueryParams {
+        let mut params = QueryParams::default();
+        for &(key, value) in pairs {
+            let value = Some(value.to_owned());
+            match key {
+                "from" => params.from = value,
+                "to" => params.to = value,
+                "match" => params.selector = value,
+                "format" => params.format = value,
+                "limit" => params.limit = value,
+                _ => panic!("{key}"),
+            }
+        }
+        params
+    }
+
+    fn bad_param(pairs: &[(&str, &str)]) -> (&'static str, String) {
+        match params(pairs).parse(now()) {
+            Err(ApiError::BadParameter { param, message }) => (param, message),
+            other => panic!("{pairs:?}: expected a bad parameter, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn defaults_to_the_last_15_minutes_as_pprof() {
+        let query = params(&[]).parse(now()).unwrap();
+        assert_eq!(query.range.to, now());
+        assert_eq!(query.range.from, now() - DEFAULT_SPAN);
+        assert!(query.selector.is_empty());
+        assert_eq!(query.format, Format::Pprof);
+        assert_eq!(query.limit, None);
+        // Empty values, as an HTML form sends them, are defaults too.
+        let query = params(&[("from", ""), ("match", ""), ("format", "")])
+            .parse(now())
+            .unwrap();
+        assert_eq!(query.range.from, now() - DEFAULT_SPAN);
+        assert_eq!(query.format, Format::Pprof);
+    }
+
+    #[test]
+    fn parses_every_parameter() {
+        let query = params(&[
+            ("from", "now-1h"),
+            ("to", "2024-05-01T11:30:00Z"),
+            ("match", r#"{comm="nginx"}"#),
+            ("format", "SVG"),
+            ("limit", "20"),
+        ])
+        .parse(now())
+        .unwrap();
+        assert_eq!(query.range.from, now() - Duration::from_secs(3600));
+        assert_eq!(query.range.to, now() - Duration::from_secs(1800));
+        assert_eq!(query.selector.to_string(), r#"{comm="nginx"}"#);
+        assert_eq!(query.format, Format::Svg);
+        assert_eq!(query.limit, Some(20));
+        for (text, format) in [
+            ("pprof", Format::Pprof),
+            ("folded", Format::Folded),
+            ("top", Format::Top),
+        ] {
+            assert_eq!(
+                params(&[("format", text)]).parse(now()).unwrap().format,
+                format
+            );
+        }
+        // Only `to`: the 15 minutes before it.
+        let query = params(&[("to", "1714564000")]).parse(now()).unwrap();
+        assert_eq!(
+            query.range.from,
+            SystemTime::UNIX_EPOCH + Duration::from_secs(1_714_563_100)
+        );
+    }
+
+    #[test]
+    fn bad_parameters_are_named() {
+        let (param, message) = bad_param(&[("from", "yesterday")]);
+        assert_eq!(param, "from");
+        assert!(message.contains("\"yesterday\""), "{message}");
+        assert_eq!(bad_param(&[("to", "now-1x")]).0, "to");
+        let (param, message) = bad_param(&[("from", "now"), ("to", "now-1h")]);
+        assert_eq!(param, "from");
+        assert!(message.contains("not before"), "{message}");
+        let (param, message) = bad_param(&[("match", "{comm=nginx}")]);
+        assert_eq!(param, "match");
+        assert!(message.contains("quoted value"), "{message}");
+        let (param, message) = bad_param(&[("format", "png")]);
+        assert_eq!(param, "format");
+        assert!(message.contains("\"png\""), "{message}");
+        assert_eq!(bad_param(&[("limit", "-1")]).0, "limit");
+
+        let error = params(&[("format", "png")]).parse(now()).unwrap_err();
+        assert_eq!(error.status(), StatusCode::BAD_REQUEST);
+        assert!(
+            error.to_string().starts_with("parameter format: "),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn store_errors_map_to_5xx() {
+        let foreign = ApiError::Store(StoreError::Foreign {
+            path: "/x".into(),
+            reason: "not SQLite".into(),
+        });
+        assert_eq!(foreign.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        let sqlite = ApiError::Store(StoreError::Sqlite {
+            path: "/x".into(),
+            source: rusqlite::Error::InvalidQuery,
+        });
+        assert_eq!(sqlite.status(), StatusCode::SERVICE_UNAVAILABLE);
+    }
+
+    #[test]
+    fn title_says_range_and_selector() {
+        let query = params(&[("from", "now-1h"), ("match", "{comm=\"a\"}")])
+            .parse(now())
+            .unwrap();
+        assert_eq!(
+            flame_graph_title(&query),
+            "CPU 2024-05-01T11:00:00Z .. 2024-05-01T12:00:00Z {comm=\"a\"}"
+        );
+    }
+
+    #[test]
+    fn ui_page_is_self_contained() {
+        // No script, style or frame from elsewhere: the page must work with no network.
+        for needle in [
+            "src=\"http",
+            "href=\"http",
+            "src=\"//",
+            "href=\"//",
+            "@import",
+        ] {
+            assert!(!UI_PAGE.contains(needle), "the UI page loads {needle}...");
+        }
+        assert!(UI_PAGE.contains("{{WINDOW_SECONDS}}"));
+    }
+
+    /// A GET over a real socket (blocking, so it runs on the blocking pool): status and body.
+    async fn get(address: std::net::SocketAddr, path: &str) -> (u16, String, String) {
+        let path = path.to_owned();
+        tokio::task::spawn_blocking(move || {
+            use std::io::{Read, Write};
+            let mut stream = std::net::TcpStream::connect(address).unwrap();
+            write!(
+                stream,
+                "GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n"
+            )
+            .unwrap();
+            let mut response = String::new();
+            stream.read_to_string(&mut response).unwrap();
+            let (head, body) = response.split_once("\r\n\r\n").unwrap();
+            let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+            (status, head.to_owned(), body.to_owned())
+        })
+        .await
+        .unwrap()
+    }
+
+    /// The routes that need no store, through `serve` on a loopback socket, then shutdown.
+    #[tokio::test]
+    async fn metrics_health_ui_and_bad_requests() {
+        let state = Arc::new(HttpState {
+            store_dir: PathBuf::from("/nonexistent/scorch-store"),
+            metrics: Arc::new(Metrics::new()),
+            health: Arc::new(Health::new(Duration::from_secs(10), SystemTime::now())),
+            window: Duration::from_secs(10),
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(serve(listener, state.clone(), async {
+            let _ = stopped.await;
+        }));
+
+        let (status, head, body) = get(address, "/metrics").await;
+        assert_eq!(status, 200);
+        assert!(head.contains(crate::metrics::CONTENT_TYPE), "{head}");
+        assert!(body.contains("scorch_samples_total 0"), "{body}");
+
+        assert_eq!(get(address, "/healthz").await.0, 200);
+        state.health.store_failed("disk full".into());
+        let (status, _, body) = get(address, "/healthz").await;
+        assert_eq!(status, 503);
+        assert!(body.contains("disk full"), "{body}");
+
+        let (status, _, body) = get(address, "/api/v1/profile?format=png").await;
+        assert_eq!(status, 400);
+        assert!(body.starts_with("parameter format:"), "{body}");
+        let (status, _, body) = get(address, "/api/v1/top?match=%7Bcomm%3D").await;
+        assert_eq!(status, 400);
+        assert!(body.starts_with("parameter match:"), "{body}");
+
+        let (status, head, body) = get(address, "/").await;
+        assert_eq!(status, 200);
+        assert!(head.contains("text/html"), "{head}");
+        assert!(body.contains("<html") && !body.contains("{{WINDOW_SECONDS}}"));
+
+        assert_eq!(get(address, "/nope").await.0, 404);
+
+        stop.send(()).unwrap();
+        server.await.unwrap().unwrap();
+    }
+}

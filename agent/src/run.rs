@@ -1,0 +1,272 @@
+//! `scorch run`: the daemon. Samples continuously and, every window, drains the maps,
+//! symbolises, and writes one profile per series to the local store, while an HTTP server
+//! answers queries, serves the UI, /metrics and /healthz.
+//!
+//! sampler -> (every window) drain -> aggregate -> symbolize -> Profile -> store
+//!
+//! A store that cannot be written (a full disk) does not stop sampling: windows wait in memory
+//! (up to [`MAX_BUFFERED_WINDOWS`]) and are written when the store accepts writes again.
+
+use std::{
+    collections::{HashSet, VecDeque},
+    io,
+    sync::Arc,
+    time::{Duration, Instant, SystemTime},
+};
+
+use tokio::{
+    signal::unix::{signal, SignalKind},
+    sync::watch,
+};
+
+use crate::{
+    config::RunConfig,
+    drain::{DrainError, Drainer},
+    http::{self, HttpState},
+    metrics::{Health, Metrics},
+    privileges::{missing_privileges_message, Capabilities},
+    profile::Profile,
+    record::{Session, DISCOVERY_INTERVAL},
+    sampler::{Sampler, SamplerConfig, SamplerError},
+    store::{Store, StoreError},
+    symbolize::{self, elf::release_free_memory, kernel::KernelSymbolizer, user::UserSymbolizer},
+};
+
+/// Windows kept in memory while the store refuses writes: 30 minutes at the default window.
+pub const MAX_BUFFERED_WINDOWS: usize = 180;
+
+/// How long shutdown may take: the partial window is flushed within it, or given up.
+const SHUTDOWN_BUDGET: Duration = Duration::from_secs(4);
+
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("{0}")]
+    Privileges(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("listening on {address}: {source}")]
+    Listen {
+        address: std::net::SocketAddr,
+        source: io::Error,
+    },
+    #[error(transparent)]
+    Sampler(#[from] SamplerError),
+    #[error("draining the sampler's maps: {0}")]
+    Drain(#[from] DrainError),
+    #[error("waiting for signals: {0}")]
+    Signals(io::Error),
+}
+
+/// Checks what can be checked before any BPF is loaded: privileges, and that the store opens.
+pub fn preflight(config: &RunConfig) -> Result<Store, RunError> {
+    let caps = Capabilities::effective();
+    if !caps.can_profile() {
+        return Err(RunError::Privileges(missing_privileges_message(caps)));
+    }
+    Ok(Store::open(&config.store, config.retention)?)
+}
+
+/// Runs until SIGINT or SIGTERM, then flushes the partial window and returns.
+pub async fn run(config: RunConfig, store: Store) -> Result<(), RunError> {
+    let mut sigint = signal(SignalKind::interrupt()).map_err(RunError::Signals)?;
+    let mut sigterm = signal(SignalKind::terminate()).map_err(RunError::Signals)?;
+    let listener = tokio::net::TcpListener::bind(config.http_address)
+        .await
+        .map_err(|source| RunError::Listen {
+            address: config.http_address,
+            source,
+        })?;
+    let metrics = Arc::new(Metrics::new());
+    let health = Arc::new(Health::new(config.window, SystemTime::now()));
+    let (stop_http, http_stopped) = watch::channel(false);
+    let http_state = Arc::new(HttpState {
+        store_dir: config.store.clone(),
+        metrics: metrics.clone(),
+        health: health.clone(),
+        window: config.window,
+    });
+    let http_task = tokio::spawn(http::serve(listener, http_state, async move {
+        let mut stopped = http_stopped;
+        let _ = stopped.wait_for(|&stop| stop).await;
+    }));
+
+    let sampler_config = SamplerConfig {
+        frequency_hz: config.frequency,
+        pids: Vec::new(),
+        include_idle: config.include_idle,
+        window_secs: config.window.as_secs().max(1),
+    };
+    let (mut sampler, maps, control) = Sampler::start(&sampler_config)?;
+    // Loading parsed the kernel's BTF (tens of MB, freed by now): give those pages back, or a
+    // daemon's RSS would keep them for its whole life.
+    release_free_memory();
+    tracing::info!(
+        cpus = sampler.cpus().len(),
+        frequency_hz = config.frequency,
+        window = ?config.window,
+        store = %config.store.display(),
+        "profiling; UI and API on http://{}",
+        config.http_address
+    );
+    let mut drainer = Drainer::new(maps, control);
+    let mut pipeline = Pipeline {
+        session: Session::new(UserSymbolizer::new(
+            config.symbolize,
+            (config.symbol_cache_mb as usize) << 20,
+        )),
+        kernel: KernelSymbolizer::default(),
+        period_ns: 1_000_000_000 / config.frequency,
+        store,
+        buffered: VecDeque::new(),
+        metrics: metrics.clone(),
+        health: health.clone(),
+        warned_binaries: HashSet::new(),
+        failing_since: None,
+    };
+    let mut ticker =
+        tokio::time::interval_at(tokio::time::Instant::now() + config.window, config.window);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut discover = tokio::time::interval(DISCOVERY_INTERVAL);
+    discover.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let result = loop {
+        tokio::select! {
+            biased;
+            _ = sigint.recv() => { tracing::info!("interrupted: flushing the current window"); break Ok(()) }
+            _ = sigterm.recv() => { tracing::info!("terminated: flushing the current window"); break Ok(()) }
+            _ = ticker.tick() => {
+                if let Err(err) = pipeline.window(&mut drainer) {
+                    break Err(err);
+                }
+                sampler.flush_logs();
+            }
+            _ = discover.tick() => match drainer.active_pids() {
+                Ok(pids) => pipeline.session.discover(pids),
+                Err(err) => break Err(err.into()),
+            },
+        }
+    };
+    // The partial window: drained and written within the shutdown budget. Symbolising is
+    // bounded by what the window holds; the store write by its busy timeout.
+    let flush_started = Instant::now();
+    if result.is_ok() {
+        if let Err(err) = pipeline.window(&mut drainer) {
+            tracing::warn!("flushing the last window: {err}");
+        }
+        if !pipeline.buffered.is_empty() {
+            tracing::warn!(
+                "{} windows could not be written before exit: {}",
+                pipeline.buffered.len(),
+                health.check(SystemTime::now()).err().unwrap_or_default()
+            );
+        }
+    }
+    drop(sampler);
+    let _ = stop_http.send(true);
+    let remaining = SHUTDOWN_BUDGET.saturating_sub(flush_started.elapsed());
+    match tokio::time::timeout(remaining, http_task).await {
+        Ok(Ok(Err(err))) => tracing::warn!("HTTP server: {err}"),
+        Ok(_) => {}
+        Err(_) => tracing::warn!("HTTP server did not stop in time; exiting anyway"),
+    }
+    result
+}
+
+/// The per-window work, and what it keeps between windows.
+struct Pipeline {
+    session: Session,
+    kernel: KernelSymbolizer,
+    period_ns: u64,
+    store: Store,
+    /// Symbolised windows the store has not accepted yet, oldest first.
+    buffered: VecDeque<Profile>,
+    metrics: Arc<Metrics>,
+    health: Arc<Health>,
+    /// Executables already reported as built without frame pointers.
+    warned_binaries: HashSet<String>,
+    /// When the store started refusing writes, so the log says it once, not every window.
+    failing_since: Option<SystemTime>,
+}
+
+impl Pipeline {
+    fn window(&mut self, drainer: &mut Drainer) -> Result<(), RunError> {
+        let drain_started = Instant::now();
+        let raw = drainer.drain_window()?;
+        let (samples, losses) = (raw.total_samples(), raw.losses);
+        self.session.add(raw);
+        self.metrics
+            .window_drained(samples, &losses, drain_started.elapsed());
+        self.health.sampling_ok_at(SystemTime::now());
+
+        let aggregated = std::mem::take(&mut self.session.aggregated);
+        let symbolize_started = Instant::now();
+        let comms = &self.session.proc_comms;
+        match symbolize::symbolize(
+            &aggregated,
+            &mut self.kernel,
+            &mut self.session.user,
+            self.period_ns,
+            |pid| comms.get(&pid).cloned(),
+        ) {
+            Ok(profile) if profile.samples.is_empty() => {}
+            Ok(profile) => self.buffered.push_back(profile),
+            // No kernel symbols this window; the next one reloads /proc/kallsyms.
+            Err(err) => tracing::warn!("symbolizing a window: {err}"),
+        }
+        self.metrics.window_symbolized(symbolize_started.elapsed());
+        for hint in symbolize::frame_pointer_hints(&aggregated, &self.session.user) {
+            if self.warned_binaries.insert(hint.clone()) {
+                tracing::warn!("{hint}");
+            }
+        }
+        drop(aggregated);
+
+        self.write_buffered();
+        self.session.forget_exited();
+        self.session.user.enforce_budget();
+        let cache = self.session.user.cache_stats();
+        self.metrics
+            .set_symbol_cache(cache.bytes, cache.hits, cache.misses);
+        self.metrics.set_store_bytes(self.store.disk_bytes());
+        Ok(())
+    }
+
+    /// Writes waiting windows oldest first; stops at the first failure and keeps the rest.
+    fn write_buffered(&mut self) {
+        while let Some(profile) = self.buffered.front() {
+            match self.store.write_window(profile) {
+                Ok(stats) => {
+                    self.buffered.pop_front();
+                    self.metrics.window_written();
+                    self.health.store_ok();
+                    if let Some(since) = self.failing_since.take() {
+                        tracing::info!(
+                            "the store accepts writes again (refused them for {:.0?})",
+                            since.elapsed().unwrap_or_default()
+                        );
+                    }
+                    if stats.windows_expired > 0 {
+                        tracing::debug!("retention deleted {} windows", stats.windows_expired);
+                    }
+                }
+                Err(err) => {
+                    self.metrics.store_write_failed(err.reason());
+                    self.health.store_failed(err.to_string());
+                    if self.failing_since.is_none() {
+                        self.failing_since = Some(SystemTime::now());
+                        tracing::error!(
+                            "writing to the store failed ({err}); sampling goes on and up to \
+                             {MAX_BUFFERED_WINDOWS} windows wait in memory"
+                        );
+                    }
+                    break;
+                }
+            }
+        }
+        while self.buffered.len() > MAX_BUFFERED_WINDOWS {
+            self.buffered.pop_front();
+            self.metrics.window_dropped();
+        }
+        self.metrics
+            .set_windows_buffered(self.buffered.len() as u64);
+    }
+}

@@ -1,0 +1,204 @@
+//! `cargo xtask bench --only daemon`: `scorch run` in steady state, and its store.
+//!
+//! - Steady state: the daemon runs for WINDOWS windows of 10 s at 19 Hz while 2 threads keep
+//!   both CPUs busy and 98 light processes wake every 200 ms (about 100 processes in all). After
+//!   two windows of warm-up, its CPU time comes from /proc/PID/stat (utime + stime) over the
+//!   measured windows, and its RSS from /proc/PID/status every second (median and maximum).
+//! - Store size: the real windows it stored are cycled into 360 windows (one hour) by the
+//!   `store` bench, which compares the store's bytes with the windows' gzipped pprofs.
+//! - Query: `scorch query --since 1h --format svg` on that hour, 5 fresh processes, median
+//!   wall time.
+
+use std::{
+    path::Path,
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context, Result};
+
+use crate::run_command;
+
+const LIGHT_PROCESSES: usize = 98;
+
+/// A process that does ~1 ms of work every 200 ms: the long tail of a real host.
+const LIGHT_WORKLOAD: &str = r#"
+#include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
+volatile unsigned long sink;
+__attribute__((noinline)) void tick_work(void) {
+    for (unsigned long i = 0; i < 300000; i++) sink += i * i;
+}
+int main(int argc, char **argv) {
+    alarm(argc > 1 ? atoi(argv[1]) : 60);
+    for (;;) { tick_work(); usleep(200000); }
+}
+"#;
+
+/// Kills the processes it holds when dropped, so a failed bench leaves nothing running.
+struct Processes(Vec<Child>);
+
+impl Drop for Processes {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+pub fn daemon_bench(root: &Path, scorch: &Path, windows: u64) -> Result<String> {
+    let dir = root.join("target/bench");
+    std::fs::create_dir_all(&dir)?;
+    let busy = dir.join("calltree");
+    run_command(
+        Command::new("gcc")
+            .args(["-O2", "-fno-omit-frame-pointer", "-o"])
+            .arg(&busy)
+            .arg(root.join("tests/workloads/calltree.c"))
+            .arg("-lpthread"),
+    )?;
+    let light_source = dir.join("light.c");
+    std::fs::write(&light_source, LIGHT_WORKLOAD)?;
+    let light = dir.join("light");
+    run_command(
+        Command::new("gcc")
+            .args(["-O2", "-fno-omit-frame-pointer", "-o"])
+            .arg(&light)
+            .arg(&light_source),
+    )?;
+    let seconds = (windows + 3) * 10 + 30;
+    let mut workloads = Processes(Vec::new());
+    workloads.0.push(
+        Command::new(&busy)
+            .args(["2", &seconds.to_string()])
+            .spawn()?,
+    );
+    for _ in 0..LIGHT_PROCESSES {
+        workloads
+            .0
+            .push(Command::new(&light).arg(seconds.to_string()).spawn()?);
+    }
+
+    let store = dir.join("daemon-store");
+    let _ = std::fs::remove_dir_all(&store);
+    let mut daemon = Processes(vec![Command::new(scorch)
+        .args([
+            "run",
+            "--window",
+            "10s",
+            "--http-address",
+            "127.0.0.1:17071",
+            "--store",
+        ])
+        .arg(&store)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("starting scorch run")?]);
+    let pid = daemon.0[0].id();
+    eprintln!("daemon bench: warming up for 2 windows");
+    std::thread::sleep(Duration::from_secs(21));
+    let cpu_before = cpu_seconds(pid)?;
+    let started = Instant::now();
+    let mut rss = Vec::new();
+    while started.elapsed() < Duration::from_secs(windows * 10) {
+        rss.push(rss_kib(pid)?);
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    let cpu = cpu_seconds(pid)? - cpu_before;
+    let elapsed = started.elapsed().as_secs_f64();
+    // SIGTERM, so the daemon flushes and closes its store.
+    run_command(Command::new("kill").args(["-TERM", &pid.to_string()]))?;
+    let status = daemon.0[0].wait()?;
+    if !status.success() {
+        bail!("scorch run exited with {status}");
+    }
+    drop(workloads);
+    rss.sort_unstable();
+    let core_percent = 100.0 * cpu / elapsed;
+    let rss_median = rss[rss.len() / 2] as f64 / 1024.0;
+    let rss_max = rss[rss.len() - 1] as f64 / 1024.0;
+    let mut report = format!(
+        "daemon steady state ({windows} windows of 10 s at 19 Hz, 2 busy CPUs, {} processes): \
+         {cpu:.2} CPU s in {elapsed:.0} s = {core_percent:.2}% of one core ({}: at most 0.5%); \
+         RSS median {rss_median:.1} MiB, max {rss_max:.1} MiB ({}: at most 30 MB)\n",
+        LIGHT_PROCESSES + 1,
+        verdict(core_percent <= 0.5),
+        verdict(rss_max * 1.048_576 <= 30.0),
+    );
+
+    let replay = dir.join("replay-store");
+    let output = Command::new("cargo")
+        .current_dir(root)
+        .args(["bench", "--package", "scorch", "--bench", "store", "--"])
+        .arg(&store)
+        .arg(&replay)
+        .arg("360")
+        .stderr(Stdio::inherit())
+        .output()?;
+    if !output.status.success() {
+        bail!("the store bench failed");
+    }
+    let store_line = String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .find(|l| l.starts_with("store:"))
+        .unwrap_or("store: no figure")
+        .to_owned();
+    report.push_str(&store_line);
+    report.push('\n');
+
+    let svg = dir.join("query-1h.svg");
+    let mut times = Vec::new();
+    for _ in 0..5 {
+        let started = Instant::now();
+        run_command(
+            Command::new(scorch)
+                .args(["query", "--since", "1h", "--format", "svg", "--store"])
+                .arg(&replay)
+                .arg("-o")
+                .arg(&svg)
+                .stderr(Stdio::null()),
+        )?;
+        times.push(started.elapsed().as_secs_f64() * 1e3);
+    }
+    times.sort_by(f64::total_cmp);
+    report.push_str(&format!(
+        "query: merge 360 windows into a flame graph (scorch query --since 1h --format svg, \
+         fresh process): median {:.0} ms of 5 (min {:.0}, max {:.0}) ({}: at most 200 ms)\n",
+        times[2],
+        times[0],
+        times[4],
+        verdict(times[2] <= 200.0)
+    ));
+    Ok(report)
+}
+
+fn verdict(ok: bool) -> &'static str {
+    if ok {
+        "meets target"
+    } else {
+        "MISSES target"
+    }
+}
+
+fn cpu_seconds(pid: u32) -> Result<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // Fields after the command name (which may hold spaces) start at state.
+    let rest = stat.rsplit_once(')').context("odd /proc/PID/stat")?.1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| -> Result<f64> { Ok(fields.get(i).context("short stat")?.parse()?) };
+    // utime and stime are fields 14 and 15 of stat, 11 and 12 after the state (index 0).
+    let hz = 100.0; // USER_HZ on Linux
+    Ok((ticks(11)? + ticks(12)?) / hz)
+}
+
+fn rss_kib(pid: u32) -> Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .context("no VmRSS")
+}
