@@ -186,3 +186,95 @@ fn a_foreign_file_at_the_store_path_is_refused_untouched() -> Result<()> {
     );
     Ok(())
 }
+
+/// Unmounts the small file system when the test ends, however it ends.
+struct Mount(std::path::PathBuf);
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+    }
+}
+
+#[test]
+fn a_full_disk_pauses_writes_and_sampling_goes_on() -> Result<()> {
+    let program = build_workload("calltree", &["-O2", "-fno-omit-frame-pointer"])?;
+    let _workload = Workload::start(&program, &["1", "90"])?;
+    let mount_point = work_dir().join("small-fs");
+    std::fs::create_dir_all(&mount_point)?;
+    // A mount left behind by an interrupted run.
+    let _ = std::process::Command::new("umount")
+        .arg("-l")
+        .arg(&mount_point)
+        .stderr(std::process::Stdio::null())
+        .status();
+    scorch_tests::run_tool(
+        std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=8m", "tmpfs"])
+            .arg(&mount_point),
+    )?;
+    let _mount = Mount(mount_point.clone());
+    let store = mount_point.join("store");
+    let daemon = Daemon::start(&store, &["--window", "1s"])?;
+    let address = daemon.address.clone();
+    let wait_for = |what: &str, condition: &dyn Fn() -> Result<bool>| -> Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !condition()? {
+            ensure!(Instant::now() < deadline, "waited 20 s for {what}");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        Ok(())
+    };
+    wait_for("a first window", &|| {
+        Ok(metric(&address, "scorch_windows_written_total")? >= 1.0)
+    })?;
+
+    // Fill the file system to the last byte.
+    let filler = mount_point.join("filler");
+    {
+        use std::io::Write;
+        let mut file = std::fs::File::create(&filler)?;
+        let chunk = vec![0xa5u8; 4096];
+        while file.write_all(&chunk).and_then(|()| file.flush()).is_ok() {}
+        let _ = file.sync_all();
+    }
+    wait_for("a disk-full write error", &|| {
+        let (_, body) = http_get(&address, "/metrics")?;
+        Ok(String::from_utf8_lossy(&body).contains("reason=\"disk_full\""))
+    })?;
+    let (status, body) = http_get(&address, "/healthz")?;
+    ensure!(
+        status == 503,
+        "/healthz with a full disk: {status} {}",
+        String::from_utf8_lossy(&body)
+    );
+    // Sampling goes on.
+    let samples = metric(&address, "scorch_samples_total")?;
+    wait_for("more samples while the disk is full", &|| {
+        Ok(metric(&address, "scorch_samples_total")? > samples)
+    })?;
+    ensure!(metric(&address, "scorch_windows_buffered")? >= 1.0);
+
+    // Space comes back: the buffered windows are written and health recovers.
+    let written = metric(&address, "scorch_windows_written_total")?;
+    std::fs::remove_file(&filler)?;
+    wait_for("writes to resume", &|| {
+        Ok(
+            metric(&address, "scorch_windows_written_total")? > written + 1.0
+                && metric(&address, "scorch_windows_buffered")? == 0.0,
+        )
+    })?;
+    let (status, _) = http_get(&address, "/healthz")?;
+    ensure!(status == 200, "/healthz after space came back: {status}");
+    let (status, _, stderr) = daemon.stop()?;
+    ensure!(status.success(), "{stderr}");
+    ensure!(
+        stderr.contains("writing to the store failed") && stderr.contains("accepts writes again"),
+        "{stderr}"
+    );
+    Store::open_read_only(&store)?.verify()?;
+    Ok(())
+}
