@@ -223,6 +223,9 @@ impl Pipeline {
         self.write_buffered();
         self.session.forget_exited();
         self.session.user.enforce_budget();
+        // Symbolising and encoding a window allocate and free megabytes; glibc would keep the
+        // freed pages in its arenas for the daemon's whole life.
+        release_free_memory();
         let cache = self.session.user.cache_stats();
         self.metrics
             .set_symbol_cache(cache.bytes, cache.hits, cache.misses);
