@@ -1413,9 +1413,13 @@ mod tests {
         }
         // Keep the newest window only: the old window's rows are then more than TOUCH_EVERY
         // windows older than the oldest one kept.
+        // An exact `now` (the windows start whole seconds before it), so the cut falls between
+        // the last two windows whatever the clock's fraction of a second.
         store.retention.max_age =
             Duration::from_millis((100 - TOUCH_EVERY as u64 - 1) * 1000 + 500);
-        store.enforce_retention(SystemTime::now()).unwrap();
+        store
+            .enforce_retention(UNIX_EPOCH + Duration::from_secs(now))
+            .unwrap();
         assert_eq!(store.windows().unwrap().0, 1);
         let series: Vec<String> = store
             .connection
