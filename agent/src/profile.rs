@@ -4,7 +4,14 @@
 //! but holds owned names rather than string-table indices so the encoders stay simple and the
 //! symboliser does not need to know about any wire format.
 
-use std::time::{Duration, SystemTime};
+use std::{
+    collections::BTreeMap,
+    sync::Arc,
+    time::{Duration, SystemTime},
+};
+
+/// A series' labels (`comm`, `pid`, `systemd_unit`, ...), sorted by name.
+pub type Labels = BTreeMap<String, String>;
 
 /// A symbolised CPU profile of one or more processes over one period.
 #[derive(Debug, Clone, PartialEq)]
@@ -88,9 +95,22 @@ impl Line {
 pub struct Sample {
     pub pid: u32,
     pub comm: String,
+    /// The process's other labels (cgroup, systemd unit, container...), shared by all of its
+    /// samples; empty when nothing more is known.
+    pub labels: Arc<Labels>,
     /// Leaf first: kernel frames, then user frames.
     pub locations: Vec<LocationIndex>,
     pub count: u64,
+}
+
+impl Sample {
+    /// The labels of the series this sample belongs to: `comm`, `pid` and the others.
+    pub fn series_labels(&self) -> Labels {
+        let mut labels = (*self.labels).clone();
+        labels.insert("comm".to_owned(), self.comm.clone());
+        labels.insert("pid".to_owned(), self.pid.to_string());
+        labels
+    }
 }
 
 impl Profile {
@@ -186,12 +206,14 @@ pub(crate) fn sample_profile() -> Profile {
             Sample {
                 pid: 42,
                 comm: "work".into(),
+                labels: Arc::default(),
                 locations: vec![0, 1, 2],
                 count: 3,
             },
             Sample {
                 pid: 42,
                 comm: "work".into(),
+                labels: Arc::default(),
                 locations: vec![3, 2],
                 count: 1,
             },

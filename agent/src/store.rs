@@ -17,8 +17,9 @@
 //! unused by any window and are deleted.
 
 use std::{
-    collections::{BTreeMap, HashMap, HashSet},
+    collections::{HashMap, HashSet},
     path::{Path, PathBuf},
+    sync::Arc,
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
@@ -26,8 +27,7 @@ use rusqlite::{params, Connection, ErrorCode, OpenFlags, OptionalExtension};
 
 use crate::profile::{Line, Location, Mapping, Profile, Sample};
 
-/// A series' labels (`comm`, `pid`, ...), sorted by name.
-pub type Labels = BTreeMap<String, String>;
+pub use crate::profile::Labels;
 
 /// The file name of the database inside the store directory.
 pub const DATABASE_FILE: &str = "scorch.db";
@@ -273,7 +273,11 @@ impl Store {
                 "PRAGMA journal_mode = WAL;
                  PRAGMA synchronous = NORMAL;
                  PRAGMA journal_size_limit = 8388608;
-                 PRAGMA foreign_keys = OFF;",
+                 PRAGMA foreign_keys = OFF;
+                 CREATE TABLE IF NOT EXISTS cursors (
+                     name TEXT PRIMARY KEY,    -- a remote sink
+                     window INTEGER NOT NULL   -- the newest window it has delivered
+                 );",
             )
             .map_err(sqlite)?;
         Ok(Store {
@@ -398,7 +402,7 @@ impl Store {
         }
         let mut rows: HashMap<(i64, i64), u64> = HashMap::new();
         for sample in &profile.samples {
-            let series = writer.series(&sample_labels(sample)).map_err(err)?;
+            let series = writer.series(&sample.series_labels()).map_err(err)?;
             let ids: Vec<i64> = sample.locations.iter().map(|&l| location_ids[l]).collect();
             let stack = writer.stack(&ids).map_err(err)?;
             *rows.entry((series, stack)).or_insert(0) += sample.count;
@@ -576,6 +580,121 @@ impl Store {
         tx.commit().map_err(err)
     }
 
+    /// Up to `limit` windows after window id `after`, oldest first: `(id, range)`. Window ids
+    /// only grow, so a sink that remembers the last id it delivered finds what is left here.
+    pub fn windows_after(
+        &self,
+        after: i64,
+        limit: usize,
+    ) -> Result<Vec<(i64, TimeRange)>, StoreError> {
+        let err = |e| self.sqlite(e);
+        let mut statement = self
+            .connection
+            .prepare_cached(
+                "SELECT id, start_ns, duration_ns FROM windows WHERE id > ?1 ORDER BY id LIMIT ?2",
+            )
+            .map_err(err)?;
+        let rows = statement
+            .query_map(params![after, limit as i64], |row| {
+                Ok((
+                    row.get::<_, i64>(0)?,
+                    row.get::<_, i64>(1)?,
+                    row.get::<_, i64>(2)?,
+                ))
+            })
+            .map_err(err)?;
+        let mut windows = Vec::new();
+        for row in rows {
+            let (id, start, duration) = row.map_err(err)?;
+            windows.push((
+                id,
+                TimeRange {
+                    from: from_unix_ns(start),
+                    to: from_unix_ns(start.saturating_add(duration.max(1))),
+                },
+            ));
+        }
+        Ok(windows)
+    }
+
+    /// The profile of one window (all its series; each sample's labels say which), or `None`
+    /// when retention has deleted it.
+    pub fn window_profile(&self, id: i64) -> Result<Option<Profile>, StoreError> {
+        let err = |e| self.sqlite(e);
+        let window: Option<(i64, i64, i64)> = self
+            .connection
+            .query_row(
+                "SELECT start_ns, duration_ns, period_ns FROM windows WHERE id = ?1",
+                [id],
+                |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)),
+            )
+            .optional()
+            .map_err(err)?;
+        let Some((start, duration, period)) = window else {
+            return Ok(None);
+        };
+        let mut profile = Profile {
+            start: from_unix_ns(start),
+            duration: Duration::from_nanos(duration.max(0) as u64),
+            period_ns: period.max(0) as u64,
+            mappings: Vec::new(),
+            locations: Vec::new(),
+            samples: Vec::new(),
+        };
+        let mut reader = Reader::new(&self.connection, &self.path);
+        let mut statement = self
+            .connection
+            .prepare_cached("SELECT series, stack, value FROM samples WHERE window = ?1")
+            .map_err(err)?;
+        let mut rows = statement.query([id]).map_err(err)?;
+        while let Some(row) = rows.next().map_err(err)? {
+            let (series, stack, value): (i64, i64, i64) = (
+                row.get(0).map_err(err)?,
+                row.get(1).map_err(err)?,
+                row.get(2).map_err(err)?,
+            );
+            let labels = reader.series(series)?.unwrap_or_default();
+            let locations = reader.stack(stack, &mut profile)?;
+            profile.samples.push(sample_of(&labels, locations, value));
+        }
+        Ok(Some(profile))
+    }
+
+    /// The newest window the sink `name` has delivered (0 for none).
+    pub fn cursor(&self, name: &str) -> Result<i64, StoreError> {
+        let value: rusqlite::Result<Option<i64>> = self
+            .connection
+            .query_row(
+                "SELECT window FROM cursors WHERE name = ?1",
+                [name],
+                |row| row.get(0),
+            )
+            .optional();
+        match value {
+            Ok(value) => Ok(value.unwrap_or(0)),
+            // A store written before cursors existed, opened read-only.
+            Err(rusqlite::Error::SqliteFailure(_, Some(message)))
+                if message.contains("no such table") =>
+            {
+                Ok(0)
+            }
+            Err(e) => Err(self.sqlite(e)),
+        }
+    }
+
+    /// Records that the sink `name` has delivered every window up to `window`. Needs a store
+    /// opened with [`Store::open`].
+    pub fn set_cursor(&self, name: &str, window: i64) -> Result<(), StoreError> {
+        self.connection
+            .execute(
+                "INSERT INTO cursors (name, window) VALUES (?1, ?2)
+                 ON CONFLICT (name) DO UPDATE SET window = excluded.window",
+                params![name, window],
+            )
+            .map(|_| ())
+            .map_err(|e| self.sqlite(e))
+    }
+
     /// The time range of every stored window, oldest first.
     pub fn window_ranges(&self) -> Result<Vec<TimeRange>, StoreError> {
         let err = |e| self.sqlite(e);
@@ -675,12 +794,7 @@ impl Store {
                 continue;
             }
             let locations = reader.stack(stack, &mut profile)?;
-            profile.samples.push(Sample {
-                pid: labels.get("pid").and_then(|p| p.parse().ok()).unwrap_or(0),
-                comm: labels.get("comm").cloned().unwrap_or_default(),
-                locations,
-                count: value as u64,
-            });
+            profile.samples.push(sample_of(&labels, locations, value));
         }
         Ok(profile)
     }
@@ -1202,12 +1316,18 @@ impl<'a> Reader<'a> {
     }
 }
 
-/// The series a sample belongs to.
-fn sample_labels(sample: &Sample) -> Labels {
-    Labels::from([
-        ("comm".to_owned(), sample.comm.clone()),
-        ("pid".to_owned(), sample.pid.to_string()),
-    ])
+/// A sample of the series with `labels`.
+fn sample_of(labels: &Labels, locations: Vec<usize>, value: i64) -> Sample {
+    let mut others = labels.clone();
+    others.remove("pid");
+    others.remove("comm");
+    Sample {
+        pid: labels.get("pid").and_then(|p| p.parse().ok()).unwrap_or(0),
+        comm: labels.get("comm").cloned().unwrap_or_default(),
+        labels: Arc::new(others),
+        locations,
+        count: value.max(0) as u64,
+    }
 }
 
 fn labels_json(labels: &Labels) -> String {
@@ -1262,6 +1382,8 @@ fn varints(mut bytes: &[u8]) -> Option<Vec<u64>> {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
     use super::*;
     use crate::profile::sample_profile;
 
@@ -1514,6 +1636,33 @@ mod tests {
         std::fs::write(&file, b"x").unwrap();
         let err = Store::open(&file, Retention::default()).err().unwrap();
         assert!(err.to_string().contains("is a file"), "{err}");
+    }
+
+    #[test]
+    fn sinks_find_undelivered_windows_after_their_cursor() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = Store::open(dir.path(), Retention::default()).unwrap();
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        for i in 0..3 {
+            store.write_window(&window_at(now - 30 + i * 10)).unwrap();
+        }
+        assert_eq!(store.cursor("parca").unwrap(), 0);
+        let pending = store.windows_after(0, 10).unwrap();
+        assert_eq!(pending.len(), 3);
+        let first = store.window_profile(pending[0].0).unwrap().unwrap();
+        assert_eq!(named(&first), named(&sample_profile()));
+        assert_eq!(first.start, UNIX_EPOCH + Duration::from_secs(now - 30));
+        store.set_cursor("parca", pending[1].0).unwrap();
+        // A restart finds the cursor where it was left.
+        drop(store);
+        let store = Store::open(dir.path(), Retention::default()).unwrap();
+        let after = store.cursor("parca").unwrap();
+        assert_eq!(after, pending[1].0);
+        assert_eq!(store.windows_after(after, 10).unwrap(), vec![pending[2]]);
+        assert!(store.window_profile(12345).unwrap().is_none());
     }
 
     #[test]

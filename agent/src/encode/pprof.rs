@@ -112,10 +112,8 @@ pub fn to_message(profile: &Profile) -> pb::Profile {
     let sample = profile
         .samples
         .iter()
-        .map(|s| pb::Sample {
-            location_id: s.locations.iter().map(|&l| l as u64 + 1).collect(),
-            value: vec![s.count as i64, s.count as i64 * period],
-            label: vec![
+        .map(|s| {
+            let mut label = vec![
                 pb::Label {
                     key: pid_key,
                     num: i64::from(s.pid),
@@ -126,7 +124,18 @@ pub fn to_message(profile: &Profile) -> pb::Profile {
                     str: strings.intern(&s.comm),
                     ..Default::default()
                 },
-            ],
+            ];
+            // The process's other labels (cgroup, unit, container...), as string labels.
+            label.extend(s.labels.iter().map(|(key, value)| pb::Label {
+                key: strings.intern(key),
+                str: strings.intern(value),
+                ..Default::default()
+            }));
+            pb::Sample {
+                location_id: s.locations.iter().map(|&l| l as u64 + 1).collect(),
+                value: vec![s.count as i64, s.count as i64 * period],
+                label,
+            }
         })
         .collect();
 

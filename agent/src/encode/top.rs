@@ -277,6 +277,7 @@ mod tests {
         profile.samples.push(Sample {
             pid: 42,
             comm: "work".into(),
+            labels: std::sync::Arc::default(),
             locations: vec![1, 2, 2],
             count: 2,
         });

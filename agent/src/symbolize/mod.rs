@@ -180,6 +180,7 @@ pub fn symbolize(
         samples.push(Sample {
             pid: stack.tgid,
             comm,
+            labels: std::sync::Arc::default(),
             locations,
             count,
         });
