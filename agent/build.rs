@@ -1,10 +1,12 @@
 //! Builds the two things the agent embeds: the BPF object (through aya-build, with the nightly
-//! toolchain and bpf-linker that `cargo xtask setup` installs) and the pprof protobuf types
-//! (through protox, so no system `protoc` is needed).
+//! toolchain and bpf-linker that `cargo xtask setup` installs) and the protobuf types: pprof,
+//! and the remote sinks' Pyroscope push and Parca gRPC APIs (through protox, so no system
+//! `protoc` is needed; tonic's generator takes protox's descriptors for the gRPC clients).
 use anyhow::{anyhow, Context as _};
 
 fn main() -> anyhow::Result<()> {
     build_proto()?;
+    build_remote_protos()?;
     build_ebpf()
 }
 
@@ -16,6 +18,27 @@ fn build_proto() -> anyhow::Result<()> {
     prost_build::Config::new()
         .compile_fds(descriptors)
         .context("generating Rust types for proto/profile.proto")?;
+    Ok(())
+}
+
+/// The remote sinks' APIs (see proto/ for their upstreams): message types for Pyroscope's push
+/// API, which scorch speaks as connect over HTTP/1.1, and tonic clients for Parca's services.
+fn build_remote_protos() -> anyhow::Result<()> {
+    let proto_dir = "../proto";
+    let files = [
+        "push/v1/push.proto",
+        "types/v1/types.proto",
+        "parca/profilestore/v1alpha1/profilestore.proto",
+        "parca/debuginfo/v1alpha1/debuginfo.proto",
+    ];
+    for file in files {
+        println!("cargo:rerun-if-changed={proto_dir}/{file}");
+    }
+    let descriptors = protox::compile(files, [proto_dir]).context("compiling the remote protos")?;
+    tonic_prost_build::configure()
+        .build_server(false)
+        .compile_fds(descriptors)
+        .context("generating Rust types for the remote protos")?;
     Ok(())
 }
 

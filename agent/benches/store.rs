@@ -11,8 +11,11 @@ use std::{
     time::{Duration, Instant, SystemTime},
 };
 
+use std::collections::{BTreeMap, HashMap};
+
 use scorch::{
     encode,
+    profile::{Labels, Profile, Sample},
     store::{Retention, Store},
 };
 
@@ -42,12 +45,17 @@ fn main() {
     let mut store = Store::open(&output, Retention::default()).expect("creating the output store");
     let now = SystemTime::now();
     let mut pprof_bytes = 0usize;
+    let mut series_pprof_bytes = 0usize;
     let mut write_time = Duration::ZERO;
     for i in 0..windows {
         let mut profile = real[i % real.len()].clone();
         profile.start = now - Duration::from_secs(10 * (windows - i) as u64);
         profile.duration = Duration::from_secs(10);
         pprof_bytes += encode::pprof::encode(&profile).len();
+        series_pprof_bytes += per_series(&profile)
+            .iter()
+            .map(|p| encode::pprof::encode(p).len())
+            .sum::<usize>();
         let started = Instant::now();
         store.write_window(&profile).expect("writing a window");
         write_time += started.elapsed();
@@ -58,12 +66,65 @@ fn main() {
     let rows: usize = real.iter().map(|p| p.samples.len()).sum::<usize>() / real.len();
     println!(
         "store: {windows} windows (cycling {} real windows of ~{samples} samples and ~{rows} \
-         series-stacks each): store {:.2} MiB on disk, gzipped pprofs {:.2} MiB: ratio 1/{:.1} \
-         (target at most 1/5); mean write {:.2} ms/window",
+         series-stacks each): store {:.2} MiB on disk; the daemon's gzipped pprofs, one per \
+         series per window, {:.2} MiB: ratio 1/{:.1} (target at most 1/5); one gzipped pprof \
+         per window with every series in it, {:.2} MiB: ratio 1/{:.1}; mean write {:.2} \
+         ms/window",
         real.len(),
         store_bytes as f64 / (1 << 20) as f64,
+        series_pprof_bytes as f64 / (1 << 20) as f64,
+        series_pprof_bytes as f64 / store_bytes as f64,
         pprof_bytes as f64 / (1 << 20) as f64,
         pprof_bytes as f64 / store_bytes as f64,
         write_time.as_secs_f64() * 1e3 / windows as f64,
     );
+}
+
+/// The window split the way the daemon defines series: one profile per label set, each with
+/// only the mappings and locations its samples use.
+fn per_series(profile: &Profile) -> Vec<Profile> {
+    let mut groups: BTreeMap<Labels, Vec<&Sample>> = BTreeMap::new();
+    for sample in &profile.samples {
+        groups
+            .entry(sample.series_labels())
+            .or_default()
+            .push(sample);
+    }
+    groups
+        .into_values()
+        .map(|samples| {
+            let mut part = Profile {
+                start: profile.start,
+                duration: profile.duration,
+                period_ns: profile.period_ns,
+                mappings: Vec::new(),
+                locations: Vec::new(),
+                samples: Vec::new(),
+            };
+            let mut location_index = HashMap::new();
+            let mut mapping_index = HashMap::new();
+            for sample in samples {
+                let mut locations = Vec::new();
+                for &l in &sample.locations {
+                    let index = *location_index.entry(l).or_insert_with(|| {
+                        let mut location = profile.locations[l].clone();
+                        location.mapping = location.mapping.map(|m| {
+                            *mapping_index.entry(m).or_insert_with(|| {
+                                part.mappings.push(profile.mappings[m].clone());
+                                part.mappings.len() - 1
+                            })
+                        });
+                        part.locations.push(location);
+                        part.locations.len() - 1
+                    });
+                    locations.push(index);
+                }
+                part.samples.push(Sample {
+                    locations,
+                    ..sample.clone()
+                });
+            }
+            part
+        })
+        .collect()
 }

@@ -35,7 +35,7 @@ pub const DATABASE_FILE: &str = "scorch.db";
 /// `PRAGMA application_id` of a scorch store ("SCOR"): how a SQLite file says what it is.
 const APPLICATION_ID: i32 = 0x5343_4f52;
 /// `PRAGMA user_version`: the schema below.
-const SCHEMA_VERSION: i32 = 1;
+const SCHEMA_VERSION: i32 = 2;
 
 /// How stale a row's `last_window` may get before a window that uses it refreshes it.
 const TOUCH_EVERY: i64 = 32;
@@ -51,6 +51,11 @@ pub enum StoreError {
         "{path} was written by a newer scorch (schema {found}, this one reads {SCHEMA_VERSION})"
     )]
     NewerSchema { path: PathBuf, found: i32 },
+    #[error(
+        "{path} was written by an earlier development build (schema {found}, this one reads \
+         {SCHEMA_VERSION}); move it away to start a new store"
+    )]
+    OlderSchema { path: PathBuf, found: i32 },
     #[error("creating the store directory {path}: {source}")]
     CreateDir {
         path: PathBuf,
@@ -163,9 +168,11 @@ type LocationKey = (i64, i64, bool, Vec<u8>);
 const SCHEMA: &str = "
 CREATE TABLE strings (
     id INTEGER PRIMARY KEY,
-    value TEXT NOT NULL UNIQUE,
+    hash INTEGER NOT NULL, -- content_hash(value): looked up by it, compared on value
+    value TEXT NOT NULL,
     last_window INTEGER NOT NULL
 );
+CREATE INDEX strings_by_hash ON strings (hash);
 CREATE TABLE mappings (
     id INTEGER PRIMARY KEY,
     start INTEGER NOT NULL,
@@ -187,18 +194,21 @@ CREATE TABLE functions (
 );
 CREATE TABLE locations (
     id INTEGER PRIMARY KEY,
+    hash INTEGER NOT NULL,    -- content_hash of the other columns
     mapping INTEGER NOT NULL, -- mappings.id, 0 for none
     address INTEGER NOT NULL,
     kernel INTEGER NOT NULL,
     lines BLOB NOT NULL,      -- varint (functions.id, line) pairs, innermost first
-    last_window INTEGER NOT NULL,
-    UNIQUE (mapping, address, kernel, lines)
-);
-CREATE TABLE stacks (
-    id INTEGER PRIMARY KEY,
-    locations BLOB NOT NULL UNIQUE, -- varint locations.id list, leaf first
     last_window INTEGER NOT NULL
 );
+CREATE INDEX locations_by_hash ON locations (hash);
+CREATE TABLE stacks (
+    id INTEGER PRIMARY KEY,
+    hash INTEGER NOT NULL,    -- content_hash(locations)
+    locations BLOB NOT NULL,  -- varint locations.id list, leaf first
+    last_window INTEGER NOT NULL
+);
+CREATE INDEX stacks_by_hash ON stacks (hash);
 CREATE TABLE series (
     id INTEGER PRIMARY KEY,
     labels TEXT NOT NULL UNIQUE, -- JSON object, keys sorted
@@ -211,13 +221,12 @@ CREATE TABLE windows (
     period_ns INTEGER NOT NULL
 );
 CREATE INDEX windows_by_start ON windows (start_ns);
-CREATE TABLE samples (
-    window INTEGER NOT NULL,
-    series INTEGER NOT NULL,
-    stack INTEGER NOT NULL,
-    value INTEGER NOT NULL,
-    PRIMARY KEY (window, series, stack)
-) WITHOUT ROWID;
+-- One row per window: its (series, stack, value) rows, sorted and delta-encoded as varints
+-- (see encode_rows). A few bytes per row, where a table row would cost ~15.
+CREATE TABLE window_samples (
+    window INTEGER PRIMARY KEY, -- windows.id
+    rows BLOB NOT NULL
+);
 ";
 
 impl Store {
@@ -407,18 +416,12 @@ impl Store {
             let stack = writer.stack(&ids).map_err(err)?;
             *rows.entry((series, stack)).or_insert(0) += sample.count;
         }
-        {
-            let mut insert = connection
-                .prepare_cached(
-                    "INSERT INTO samples (window, series, stack, value) VALUES (?1, ?2, ?3, ?4)",
-                )
-                .map_err(err)?;
-            for (&(series, stack), &value) in &rows {
-                insert
-                    .execute(params![window, series, stack, value as i64])
-                    .map_err(err)?;
-            }
-        }
+        let mut sorted: Vec<(i64, i64, u64)> = rows.iter().map(|(&(a, b), &v)| (a, b, v)).collect();
+        sorted.sort_unstable();
+        connection
+            .prepare_cached("INSERT INTO window_samples (window, rows) VALUES (?1, ?2)")
+            .and_then(|mut insert| insert.execute(params![window, encode_rows(&sorted)]))
+            .map_err(err)?;
         connection.execute_batch("COMMIT").map_err(err)?;
         Ok(WriteStats {
             rows: rows.len(),
@@ -466,7 +469,7 @@ impl Store {
         let tx = self.connection.unchecked_transaction()?;
         tx.execute(
             &format!(
-                "DELETE FROM samples WHERE window IN (SELECT id FROM windows WHERE {condition})"
+                "DELETE FROM window_samples WHERE window IN (SELECT id FROM windows WHERE {condition})"
             ),
             [value],
         )?;
@@ -535,13 +538,44 @@ impl Store {
         };
         let tx = self.connection.unchecked_transaction().map_err(err)?;
         tx.execute_batch(
-            "DELETE FROM stacks WHERE id NOT IN (SELECT DISTINCT stack FROM samples);
-             DELETE FROM series WHERE id NOT IN (SELECT DISTINCT series FROM samples);
-             CREATE TEMP TABLE IF NOT EXISTS live (id INTEGER PRIMARY KEY);
+            "CREATE TEMP TABLE IF NOT EXISTS live (id INTEGER PRIMARY KEY);
              DELETE FROM temp.live;",
         )
         .map_err(err)?;
-        let decode = |sql: &str, what: &str, step: usize| -> Result<(), StoreError> {
+        let keep_only = |table: &str, live: HashSet<u64>| -> Result<(), StoreError> {
+            let mut insert = tx
+                .prepare("INSERT INTO temp.live (id) VALUES (?1)")
+                .map_err(err)?;
+            for id in live {
+                insert.execute([id as i64]).map_err(err)?;
+            }
+            tx.execute_batch(&format!(
+                "DELETE FROM {table} WHERE id NOT IN (SELECT id FROM temp.live);
+                 DELETE FROM temp.live;"
+            ))
+            .map_err(err)
+        };
+        // The series and stacks the remaining windows use.
+        let (mut series, mut stacks) = (HashSet::new(), HashSet::new());
+        {
+            let mut select = tx
+                .prepare("SELECT window, rows FROM window_samples")
+                .map_err(err)?;
+            let mut rows = select.query([]).map_err(err)?;
+            while let Some(row) = rows.next().map_err(err)? {
+                let (window, blob): (i64, Vec<u8>) =
+                    (row.get(0).map_err(err)?, row.get(1).map_err(err)?);
+                for (one_series, stack, _) in
+                    decode_rows(&blob).ok_or_else(|| damaged("window", window))?
+                {
+                    series.insert(one_series as u64);
+                    stacks.insert(stack as u64);
+                }
+            }
+        }
+        keep_only("series", series)?;
+        keep_only("stacks", stacks)?;
+        let decode = |sql: &str, what: &str, step: usize| -> Result<HashSet<u64>, StoreError> {
             let mut live = HashSet::new();
             let mut select = tx.prepare(sql).map_err(err)?;
             let mut rows = select.query([]).map_err(err)?;
@@ -551,26 +585,19 @@ impl Store {
                 let ids = varints(&blob).ok_or_else(|| damaged(what, id))?;
                 live.extend(ids.into_iter().step_by(step));
             }
-            let mut insert = tx
-                .prepare("INSERT INTO temp.live (id) VALUES (?1)")
-                .map_err(err)?;
-            for id in live {
-                insert.execute([id as i64]).map_err(err)?;
-            }
-            Ok(())
+            Ok(live)
         };
-        decode("SELECT id, locations FROM stacks", "stack", 1)?;
-        tx.execute_batch(
-            "DELETE FROM locations WHERE id NOT IN (SELECT id FROM temp.live);
-             DELETE FROM temp.live;",
-        )
-        .map_err(err)?;
+        keep_only(
+            "locations",
+            decode("SELECT id, locations FROM stacks", "stack", 1)?,
+        )?;
         // Lines are (function, line) pairs: every other number is a function id.
-        decode("SELECT id, lines FROM locations", "location", 2)?;
+        keep_only(
+            "functions",
+            decode("SELECT id, lines FROM locations", "location", 2)?,
+        )?;
         tx.execute_batch(
-            "DELETE FROM functions WHERE id NOT IN (SELECT id FROM temp.live);
-             DELETE FROM temp.live;
-             DELETE FROM mappings WHERE id NOT IN (SELECT DISTINCT mapping FROM locations);
+            "DELETE FROM mappings WHERE id NOT IN (SELECT DISTINCT mapping FROM locations);
              DELETE FROM strings WHERE id NOT IN (
                  SELECT name FROM functions UNION SELECT system_name FROM functions
                  UNION SELECT file FROM functions UNION SELECT path FROM mappings
@@ -641,21 +668,17 @@ impl Store {
             locations: Vec::new(),
             samples: Vec::new(),
         };
+        let mut rows = Vec::new();
+        self.for_each_window_rows("window = ?1", &[id], |series, stack, value| {
+            rows.push((series, stack, value))
+        })?;
         let mut reader = Reader::new(&self.connection, &self.path);
-        let mut statement = self
-            .connection
-            .prepare_cached("SELECT series, stack, value FROM samples WHERE window = ?1")
-            .map_err(err)?;
-        let mut rows = statement.query([id]).map_err(err)?;
-        while let Some(row) = rows.next().map_err(err)? {
-            let (series, stack, value): (i64, i64, i64) = (
-                row.get(0).map_err(err)?,
-                row.get(1).map_err(err)?,
-                row.get(2).map_err(err)?,
-            );
+        for (series, stack, value) in rows {
             let labels = reader.series(series)?.unwrap_or_default();
             let locations = reader.stack(stack, &mut profile)?;
-            profile.samples.push(sample_of(&labels, locations, value));
+            profile
+                .samples
+                .push(sample_of(&labels, locations, value as i64));
         }
         Ok(Some(profile))
     }
@@ -771,22 +794,17 @@ impl Store {
         if windows == 0 {
             return Ok(profile);
         }
+        let mut merged: HashMap<(i64, i64), u64> = HashMap::new();
+        self.for_each_window_rows(
+            "window IN (SELECT id FROM windows WHERE start_ns >= ?1 AND start_ns < ?2)",
+            &[from, to],
+            |series, stack, value| *merged.entry((series, stack)).or_insert(0) += value,
+        )?;
+        let mut merged: Vec<_> = merged.into_iter().collect();
+        // Stable output: the same store and range give the same profile.
+        merged.sort_unstable();
         let mut reader = Reader::new(&self.connection, &self.path);
-        let mut statement = self
-            .connection
-            .prepare(
-                "SELECT series, stack, SUM(value) FROM samples
-                 WHERE window IN (SELECT id FROM windows WHERE start_ns >= ?1 AND start_ns < ?2)
-                 GROUP BY series, stack",
-            )
-            .map_err(err)?;
-        let mut rows = statement.query([from, to]).map_err(err)?;
-        while let Some(row) = rows.next().map_err(err)? {
-            let (series, stack, value): (i64, i64, i64) = (
-                row.get(0).map_err(err)?,
-                row.get(1).map_err(err)?,
-                row.get(2).map_err(err)?,
-            );
+        for ((series, stack), value) in merged {
             let Some(labels) = reader.series(series)? else {
                 continue;
             };
@@ -794,36 +812,64 @@ impl Store {
                 continue;
             }
             let locations = reader.stack(stack, &mut profile)?;
-            profile.samples.push(sample_of(&labels, locations, value));
+            profile
+                .samples
+                .push(sample_of(&labels, locations, value as i64));
         }
         Ok(profile)
     }
 
-    /// The label sets of series with samples in windows starting in `range`.
-    pub fn series(&self, range: TimeRange) -> Result<Vec<Labels>, StoreError> {
+    /// Calls `each(series, stack, value)` for every row of the windows `condition` (SQL over
+    /// `window_samples.window`, with `params`) selects.
+    fn for_each_window_rows(
+        &self,
+        condition: &str,
+        params: &[i64],
+        mut each: impl FnMut(i64, i64, u64),
+    ) -> Result<(), StoreError> {
         let err = |e| self.sqlite(e);
         let mut statement = self
             .connection
-            .prepare(
-                "SELECT labels FROM series WHERE id IN (
-                     SELECT DISTINCT series FROM samples WHERE window IN (
-                         SELECT id FROM windows WHERE start_ns >= ?1 AND start_ns < ?2))
-                 ORDER BY labels",
-            )
+            .prepare_cached(&format!(
+                "SELECT window, rows FROM window_samples WHERE {condition}"
+            ))
             .map_err(err)?;
-        let rows = statement
-            .query_map([unix_ns(range.from), unix_ns(range.to)], |row| {
-                row.get::<_, String>(0)
-            })
+        let mut rows = statement
+            .query(rusqlite::params_from_iter(params))
             .map_err(err)?;
-        let mut series = Vec::new();
-        for text in rows {
-            let text = text.map_err(err)?;
-            series.push(parse_labels(&text).ok_or_else(|| StoreError::Damaged {
+        while let Some(row) = rows.next().map_err(err)? {
+            let window: i64 = row.get(0).map_err(err)?;
+            let blob: Vec<u8> = row.get(1).map_err(err)?;
+            let decoded = decode_rows(&blob).ok_or_else(|| StoreError::Damaged {
                 path: self.path.clone(),
-                reason: format!("series labels are not a JSON object of strings: {text}"),
+                reason: format!("window {window}: its sample rows do not decode"),
+            })?;
+            for (series, stack, value) in decoded {
+                each(series, stack, value);
+            }
+        }
+        Ok(())
+    }
+
+    /// The label sets of series with samples in windows starting in `range`.
+    pub fn series(&self, range: TimeRange) -> Result<Vec<Labels>, StoreError> {
+        let mut ids = HashSet::new();
+        self.for_each_window_rows(
+            "window IN (SELECT id FROM windows WHERE start_ns >= ?1 AND start_ns < ?2)",
+            &[unix_ns(range.from), unix_ns(range.to)],
+            |series, _, _| {
+                ids.insert(series);
+            },
+        )?;
+        let mut reader = Reader::new(&self.connection, &self.path);
+        let mut series = Vec::new();
+        for id in ids {
+            series.push(reader.series(id)?.ok_or_else(|| StoreError::Damaged {
+                path: self.path.clone(),
+                reason: format!("series {id}: labels are not a JSON object of strings"),
             })?);
         }
+        series.sort();
         Ok(series)
     }
 
@@ -841,23 +887,18 @@ impl Store {
                 reason: check,
             });
         }
-        let dangling: i64 = self
+        let orphans: i64 = self
             .connection
             .query_row(
-                "SELECT COUNT(*) FROM samples
-                 WHERE window NOT IN (SELECT id FROM windows)
-                    OR series NOT IN (SELECT id FROM series)
-                    OR stack NOT IN (SELECT id FROM stacks)",
+                "SELECT COUNT(*) FROM window_samples WHERE window NOT IN (SELECT id FROM windows)",
                 [],
                 |row| row.get(0),
             )
             .map_err(err)?;
-        if dangling > 0 {
+        if orphans > 0 {
             return Err(StoreError::Damaged {
                 path: self.path.clone(),
-                reason: format!(
-                    "{dangling} sample rows refer to missing windows, series or stacks"
-                ),
+                reason: format!("{orphans} windows' sample rows have no window"),
             });
         }
         // Every stack a window uses must decode into existing locations, functions, strings.
@@ -894,6 +935,12 @@ fn identify(path: &Path) -> Result<(), StoreError> {
     }
     if user_version > SCHEMA_VERSION {
         return Err(StoreError::NewerSchema {
+            path: path.to_owned(),
+            found: user_version,
+        });
+    }
+    if user_version < SCHEMA_VERSION {
+        return Err(StoreError::OlderSchema {
             path: path.to_owned(),
             found: user_version,
         });
@@ -949,13 +996,17 @@ impl Writer<'_> {
             value.to_owned(),
             "strings",
             || {
-                connection
-                    .prepare_cached(
-                        "INSERT INTO strings (value, last_window) VALUES (?1, ?2)
-                         ON CONFLICT (value) DO UPDATE SET last_window = excluded.last_window
-                         RETURNING id",
-                    )?
-                    .query_row(params![value, window], |row| row.get(0))
+                let hash = content_hash(value.as_bytes());
+                find_or_insert(
+                    connection,
+                    "strings",
+                    "value",
+                    hash,
+                    window,
+                    |candidate| candidate.as_str() == Ok(value),
+                    "INSERT INTO strings (hash, value, last_window) VALUES (?1, ?2, ?3)",
+                    params![hash, value, window],
+                )
             },
         )
     }
@@ -1039,7 +1090,7 @@ impl Writer<'_> {
         let mapping = location.mapping.map_or(0, |m| mapping_ids[m]);
         let key = (mapping, location.address as i64, location.kernel, lines);
         let (connection, window) = (self.connection, self.window);
-        let insert_key = key.clone();
+        let k = key.clone();
         Self::id(
             connection,
             window,
@@ -1047,24 +1098,35 @@ impl Writer<'_> {
             key,
             "locations",
             || {
+                // The row's content, as one byte string, is what is hashed.
+                let mut content = Vec::with_capacity(k.3.len() + 24);
+                put_varint(&mut content, k.0 as u64);
+                put_varint(&mut content, k.1 as u64);
+                content.push(u8::from(k.2));
+                content.extend_from_slice(&k.3);
+                let hash = content_hash(&content);
+                let mut select = connection.prepare_cached(
+                    "SELECT id, mapping, address, kernel, lines FROM locations WHERE hash = ?1",
+                )?;
+                let mut rows = select.query([hash])?;
+                while let Some(row) = rows.next()? {
+                    let same = row.get::<_, i64>(1)? == k.0
+                        && row.get::<_, i64>(2)? == k.1
+                        && row.get::<_, bool>(3)? == k.2
+                        && row.get_ref(4)?.as_blob()? == k.3.as_slice();
+                    if same {
+                        let id: i64 = row.get(0)?;
+                        touch(connection, "locations", id, window)?;
+                        return Ok(id);
+                    }
+                }
                 connection
                     .prepare_cached(
-                        "INSERT INTO locations (mapping, address, kernel, lines, last_window)
-                     VALUES (?1, ?2, ?3, ?4, ?5)
-                     ON CONFLICT (mapping, address, kernel, lines)
-                     DO UPDATE SET last_window = excluded.last_window
-                     RETURNING id",
+                        "INSERT INTO locations (hash, mapping, address, kernel, lines, last_window)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
                     )?
-                    .query_row(
-                        params![
-                            insert_key.0,
-                            insert_key.1,
-                            insert_key.2,
-                            insert_key.3,
-                            window
-                        ],
-                        |row| row.get(0),
-                    )
+                    .execute(params![hash, k.0, k.1, k.2, k.3, window])?;
+                Ok(connection.last_insert_rowid())
             },
         )
     }
@@ -1083,13 +1145,17 @@ impl Writer<'_> {
             blob,
             "stacks",
             || {
-                connection
-                    .prepare_cached(
-                        "INSERT INTO stacks (locations, last_window) VALUES (?1, ?2)
-                     ON CONFLICT (locations) DO UPDATE SET last_window = excluded.last_window
-                     RETURNING id",
-                    )?
-                    .query_row(params![insert_blob, window], |row| row.get(0))
+                let hash = content_hash(&insert_blob);
+                find_or_insert(
+                    connection,
+                    "stacks",
+                    "locations",
+                    hash,
+                    window,
+                    |candidate| candidate.as_blob() == Ok(insert_blob.as_slice()),
+                    "INSERT INTO stacks (hash, locations, last_window) VALUES (?1, ?2, ?3)",
+                    params![hash, insert_blob, window],
+                )
             },
         )
     }
@@ -1115,6 +1181,90 @@ impl Writer<'_> {
             },
         )
     }
+}
+
+/// The id of the row of `table` whose `column` `same` accepts among those with `hash`
+/// (refreshing its `last_window`), or of the row `insert` adds.
+#[allow(clippy::too_many_arguments)]
+fn find_or_insert(
+    connection: &Connection,
+    table: &str,
+    column: &str,
+    hash: i64,
+    window: i64,
+    same: impl Fn(rusqlite::types::ValueRef<'_>) -> bool,
+    insert: &str,
+    insert_params: &[&dyn rusqlite::ToSql],
+) -> rusqlite::Result<i64> {
+    let mut select =
+        connection.prepare_cached(&format!("SELECT id, {column} FROM {table} WHERE hash = ?1"))?;
+    let mut rows = select.query([hash])?;
+    while let Some(row) = rows.next()? {
+        if same(row.get_ref(1)?) {
+            let id: i64 = row.get(0)?;
+            touch(connection, table, id, window)?;
+            return Ok(id);
+        }
+    }
+    connection.prepare_cached(insert)?.execute(insert_params)?;
+    Ok(connection.last_insert_rowid())
+}
+
+fn touch(connection: &Connection, table: &str, id: i64, window: i64) -> rusqlite::Result<()> {
+    connection
+        .prepare_cached(&format!(
+            "UPDATE {table} SET last_window = ?1 WHERE id = ?2 AND last_window < ?1"
+        ))?
+        .execute([window, id])
+        .map(|_| ())
+}
+
+/// FNV-1a, 64 bits: a stable hash (the store keeps it on disk, so it must not change between
+/// builds, as std's hasher may). Collisions are harmless: lookups compare the content.
+fn content_hash(bytes: &[u8]) -> i64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for &byte in bytes {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    hash as i64
+}
+
+/// A window's `(series, stack, value)` rows, sorted: series as deltas from the previous row's,
+/// stack as a delta from the previous row's within the same series (from 0 when the series
+/// changes), value as is; all varints.
+fn encode_rows(rows: &[(i64, i64, u64)]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(rows.len() * 4);
+    let (mut last_series, mut last_stack) = (0i64, 0i64);
+    for &(series, stack, value) in rows {
+        if series != last_series {
+            last_stack = 0;
+        }
+        put_varint(&mut out, (series - last_series) as u64);
+        put_varint(&mut out, (stack - last_stack) as u64);
+        put_varint(&mut out, value);
+        (last_series, last_stack) = (series, stack);
+    }
+    out
+}
+
+fn decode_rows(bytes: &[u8]) -> Option<Vec<(i64, i64, u64)>> {
+    let numbers = varints(bytes)?;
+    if numbers.len() % 3 != 0 {
+        return None;
+    }
+    let (mut series, mut stack) = (0i64, 0i64);
+    let mut rows = Vec::with_capacity(numbers.len() / 3);
+    for triple in numbers.chunks_exact(3) {
+        let next_series = series.checked_add(i64::try_from(triple[0]).ok()?)?;
+        if next_series != series {
+            stack = 0;
+        }
+        series = next_series;
+        stack = stack.checked_add(i64::try_from(triple[1]).ok()?)?;
+        rows.push((series, stack, triple[2]));
+    }
+    Some(rows)
 }
 
 /// Rebuilds profile parts from rows, each row read once per query.
@@ -1674,5 +1824,8 @@ mod tests {
         }
         assert_eq!(varints(&bytes).unwrap(), values);
         assert!(varints(&[0x80]).is_none());
+        let rows = vec![(1, 5, 3), (1, 9, 1), (4, 2, 7), (4, 2000, 1), (300, 1, 1)];
+        assert_eq!(decode_rows(&encode_rows(&rows)).unwrap(), rows);
+        assert!(decode_rows(&[1, 2]).is_none());
     }
 }

@@ -1,0 +1,341 @@
+//! The Pyroscope sink: `push.v1.PusherService/Push` as a connect unary call over HTTP (plain
+//! HTTP/1.1 works, no gRPC framing): a protobuf `PushRequest`, gzipped, one RawProfileSeries
+//! per series with one RawSample per window.
+//!
+//! Each RawSample's ID is a UUID derived from the window's start and the series' labels, so a
+//! window sent again, after a retry or a restart, carries the same IDs and the server drops the
+//! duplicate.
+
+use std::{io::Write as _, ops::Range, time::SystemTime};
+
+use flate2::{write::GzEncoder, Compression};
+use prost::Message as _;
+use reqwest::header::{HeaderMap, HeaderValue, AUTHORIZATION, CONTENT_ENCODING, CONTENT_TYPE};
+
+use super::{
+    classify_connect_code, classify_http_status, label_name, parse_retry_after,
+    proto::{
+        push::v1::{PushRequest, RawProfileSeries, RawSample},
+        types::v1::LabelPair,
+    },
+    ClientSettings, Credentials, EncodedWindow, SendError, SinkError,
+};
+use crate::profile::Labels;
+
+/// The metric name Pyroscope files scorch's profiles under (its own agents' name for
+/// CPU profiles of processes).
+pub const PROFILE_NAME: &str = "process_cpu";
+
+/// The service name when a series has neither a `service_name` label nor a comm.
+const UNSPECIFIED_SERVICE: &str = "unspecified";
+
+/// Namespace of the RawSample IDs (UUID v5): a fixed, random UUID that is scorch's own.
+const SAMPLE_ID_NAMESPACE: uuid::Uuid = uuid::Uuid::from_u128(0x6b1e_58a4_2f0c_4d7e_9a33_0c51_e7d2_94f1);
+
+/// How much of an error response is kept for the log.
+const MAX_ERROR_BODY: usize = 1024;
+
+/// A push ready to send: the gzipped PushRequest.
+pub struct Request {
+    body: bytes::Bytes,
+}
+
+pub struct Client {
+    http: reqwest::Client,
+    push_url: reqwest::Url,
+    /// Content type and encoding, the connect version, credentials (marked sensitive so
+    /// nothing prints them) and tenant.
+    headers: HeaderMap,
+}
+
+impl Client {
+    pub fn new(settings: &ClientSettings) -> Result<Client, SinkError> {
+        let client_error = |message: String| SinkError::Client {
+            protocol: "pyroscope",
+            message,
+        };
+        let push_url = reqwest::Url::parse(&format!(
+            "{}/push.v1.PusherService/Push",
+            settings.endpoint.base
+        ))
+        .map_err(|e| client_error(e.to_string()))?;
+        let mut builder = reqwest::Client::builder()
+            .use_rustls_tls()
+            .timeout(settings.timeout)
+            .connect_timeout(settings.timeout)
+            .user_agent(concat!("scorch/", env!("CARGO_PKG_VERSION")));
+        if let Some(pem) = &settings.ca_pem {
+            let roots = reqwest::Certificate::from_pem_bundle(pem)
+                .map_err(|e| client_error(format!("reading remote-ca-file: {e}")))?;
+            builder = builder.tls_built_in_root_certs(false);
+            for root in roots {
+                builder = builder.add_root_certificate(root);
+            }
+        }
+        let http = builder.build().map_err(|e| client_error(e.to_string()))?;
+
+        let mut headers = HeaderMap::new();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/proto"));
+        headers.insert(CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+        headers.insert("connect-protocol-version", HeaderValue::from_static("1"));
+        let authorization = match &settings.credentials {
+            Credentials::None => None,
+            Credentials::Bearer(token) => Some(format!("Bearer {}", token.expose())),
+            Credentials::Basic { user, password } => {
+                use base64::Engine as _;
+                let pair = format!("{user}:{}", password.expose());
+                Some(format!(
+                    "Basic {}",
+                    base64::engine::general_purpose::STANDARD.encode(pair)
+                ))
+            }
+        };
+        if let Some(value) = authorization {
+            let mut value = HeaderValue::from_str(&value).map_err(|_| {
+                client_error("the credentials hold characters a header cannot carry".into())
+            })?;
+            value.set_sensitive(true);
+            headers.insert(AUTHORIZATION, value);
+        }
+        if let Some(tenant) = &settings.tenant {
+            let value = HeaderValue::from_str(tenant)
+                .map_err(|_| client_error(format!("remote-tenant {tenant:?} is not a header value")))?;
+            headers.insert("x-scope-orgid", value);
+        }
+        Ok(Client {
+            http,
+            push_url,
+            headers,
+        })
+    }
+
+    /// The push of `window`'s series in `group`.
+    pub fn prepare(&self, window: &EncodedWindow, group: Range<usize>) -> Request {
+        Request {
+            body: gzip(&push_request(window, group).encode_to_vec()).into(),
+        }
+    }
+
+    /// Sends one push; the bytes of its body.
+    pub async fn send(&self, request: &Request) -> Result<u64, SendError> {
+        let response = self
+            .http
+            .post(self.push_url.clone())
+            .headers(self.headers.clone())
+            .body(request.body.clone())
+            .send()
+            .await
+            .map_err(|e| transport_error(&e))?;
+        let status = response.status().as_u16();
+        if response.status().is_success() {
+            return Ok(request.body.len() as u64);
+        }
+        let retry_after = response
+            .headers()
+            .get(reqwest::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| parse_retry_after(v, SystemTime::now()));
+        let body = response.bytes().await.unwrap_or_default();
+        let body = &body[..body.len().min(MAX_ERROR_BODY)];
+        Err(match connect_error(body) {
+            Some((code, message)) => {
+                classify_connect_code(&code, format!("{status} {code}: {message}"), retry_after)
+            }
+            None => {
+                let message = format!("HTTP {status}: {}", String::from_utf8_lossy(body).trim());
+                match classify_http_status(status, message.clone(), retry_after) {
+                    Err(error) => error,
+                    // Unreachable: success returned above.
+                    Ok(()) => SendError::retryable("server_error", message),
+                }
+            }
+        })
+    }
+}
+
+/// A transport failure: nothing reached the server, or its answer never came back.
+fn transport_error(error: &reqwest::Error) -> SendError {
+    let reason = if error.is_timeout() {
+        "timeout"
+    } else {
+        "connection"
+    };
+    // reqwest's Display leaves out the cause (connection refused, reset...), which is the part
+    // worth logging.
+    let mut message = error.to_string();
+    let mut source = std::error::Error::source(error);
+    while let Some(cause) = source {
+        message.push_str(": ");
+        message.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    SendError::retryable(reason, message)
+}
+
+/// A connect error body: `{"code": "invalid_argument", "message": "..."}`.
+fn connect_error(body: &[u8]) -> Option<(String, String)> {
+    #[derive(serde::Deserialize)]
+    struct ConnectError {
+        code: String,
+        #[serde(default)]
+        message: String,
+    }
+    let error: ConnectError = serde_json::from_slice(body).ok()?;
+    Some((error.code, error.message))
+}
+
+/// The PushRequest for `window`'s series in `group`. Pure, for tests.
+pub fn push_request(window: &EncodedWindow, group: Range<usize>) -> PushRequest {
+    let series = window.series.get(group).unwrap_or_default();
+    PushRequest {
+        series: series
+            .iter()
+            .map(|series| {
+                let labels = series_labels(&series.labels);
+                RawProfileSeries {
+                    samples: vec![RawSample {
+                        raw_profile: series.pprof.clone(),
+                        id: sample_id(window.start_ns, &labels).to_string(),
+                    }],
+                    labels,
+                }
+            })
+            .collect(),
+    }
+}
+
+/// A series' labels as Pyroscope wants them: `__name__`, a non-empty `service_name` (the
+/// series' own when it has one, else its comm), then the others with valid names, sorted and
+/// without duplicates.
+pub fn series_labels(labels: &Labels) -> Vec<LabelPair> {
+    let service = labels
+        .get("service_name")
+        .or_else(|| labels.get("comm"))
+        .filter(|s| !s.is_empty())
+        .map_or(UNSPECIFIED_SERVICE, String::as_str);
+    let mut pairs = std::collections::BTreeMap::new();
+    pairs.insert("__name__".to_owned(), PROFILE_NAME.to_owned());
+    pairs.insert("service_name".to_owned(), service.to_owned());
+    for (name, value) in labels {
+        if value.is_empty() {
+            continue;
+        }
+        pairs
+            .entry(label_name(name))
+            .or_insert_with(|| value.clone());
+    }
+    pairs
+        .into_iter()
+        .map(|(name, value)| LabelPair { name, value })
+        .collect()
+}
+
+/// The RawSample ID: the same window and series always give the same UUID.
+pub fn sample_id(start_ns: i64, labels: &[LabelPair]) -> uuid::Uuid {
+    let mut name = start_ns.to_string();
+    for pair in labels {
+        name.push('\n');
+        name.push_str(&pair.name);
+        name.push('=');
+        name.push_str(&pair.value);
+    }
+    uuid::Uuid::new_v5(&SAMPLE_ID_NAMESPACE, name.as_bytes())
+}
+
+fn gzip(bytes: &[u8]) -> Vec<u8> {
+    // The profiles inside are gzipped already: the fastest level saves the framing.
+    let mut gz = GzEncoder::new(Vec::with_capacity(bytes.len()), Compression::fast());
+    // Writing into a Vec cannot fail.
+    let _ = gz.write_all(bytes);
+    gz.finish().unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sink::EncodedSeries;
+
+    fn labels(pairs: &[(&str, &str)]) -> Labels {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn names(pairs: &[LabelPair]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|p| (p.name.clone(), p.value.clone()))
+            .collect()
+    }
+
+    #[test]
+    fn labels_carry_a_service_name_and_the_profile_name() {
+        let pairs = series_labels(&labels(&[("comm", "nginx"), ("pid", "12")]));
+        assert_eq!(
+            names(&pairs),
+            [
+                ("__name__".into(), "process_cpu".into()),
+                ("comm".into(), "nginx".into()),
+                ("pid".into(), "12".into()),
+                ("service_name".into(), "nginx".into()),
+            ]
+        );
+        let pairs = series_labels(&labels(&[
+            ("comm", "java"),
+            ("service_name", "checkout"),
+            ("k8s.pod", "p-1"),
+        ]));
+        let pairs = names(&pairs);
+        assert!(pairs.contains(&("service_name".into(), "checkout".into())));
+        assert!(pairs.contains(&("k8s_pod".into(), "p-1".into())));
+        let pairs = series_labels(&labels(&[("comm", "")]));
+        assert!(names(&pairs).contains(&("service_name".into(), "unspecified".into())));
+    }
+
+    #[test]
+    fn sample_ids_are_stable_per_window_and_series() {
+        let a = series_labels(&labels(&[("comm", "a"), ("pid", "1")]));
+        let b = series_labels(&labels(&[("comm", "a"), ("pid", "2")]));
+        assert_eq!(sample_id(10, &a), sample_id(10, &a));
+        assert_ne!(sample_id(10, &a), sample_id(10, &b));
+        assert_ne!(sample_id(10, &a), sample_id(20, &a));
+    }
+
+    #[test]
+    fn a_push_holds_one_sample_per_series() {
+        let window = EncodedWindow {
+            start_ns: 5,
+            series: ["a", "b", "c"]
+                .iter()
+                .map(|comm| EncodedSeries {
+                    labels: labels(&[("comm", comm)]),
+                    pprof: comm.as_bytes().to_vec(),
+                })
+                .collect(),
+        };
+        let push = push_request(&window, 1..3);
+        assert_eq!(push.series.len(), 2);
+        assert_eq!(push.series[0].samples.len(), 1);
+        assert_eq!(push.series[0].samples[0].raw_profile, b"b");
+        assert_eq!(
+            push.series[0].samples[0].id,
+            sample_id(5, &push.series[0].labels).to_string()
+        );
+        // Wire check against the upstream field numbers: series=1; labels=1, samples=2;
+        // raw_profile=1, ID=2.
+        let bytes = push.encode_to_vec();
+        assert_eq!(bytes[0], 0x0a);
+        let decoded = PushRequest::decode(&bytes[..]).unwrap();
+        assert_eq!(decoded, push);
+    }
+
+    #[test]
+    fn connect_errors_are_read() {
+        assert_eq!(
+            connect_error(br#"{"code":"invalid_argument","message":"no service_name"}"#),
+            Some(("invalid_argument".into(), "no service_name".into()))
+        );
+        assert_eq!(connect_error(b"<html>bad gateway</html>"), None);
+    }
+}
