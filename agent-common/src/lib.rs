@@ -21,8 +21,16 @@ pub const MAX_STACKS: u32 = 131_072;
 /// Distinct processes whose name is recorded per window.
 pub const MAX_COMMS: u32 = 32_768;
 
-/// Most PIDs `--pid` may name.
-pub const MAX_PID_FILTER: u32 = 4_096;
+/// Most PIDs the filter holds: `--pid` arguments, or processes relabelling dropped.
+pub const MAX_PID_FILTER: u32 = 16_384;
+
+/// `Control::filter_pids`: no PID filter.
+pub const FILTER_NONE: u32 = 0;
+/// `Control::filter_pids`: only the PIDs in `PID_FILTER` are sampled (`--pid`).
+pub const FILTER_ALLOW: u32 = 1;
+/// `Control::filter_pids`: the PIDs in `PID_FILTER` are not sampled (relabel rules dropped
+/// them).
+pub const FILTER_DENY: u32 = 2;
 
 /// `stack_id` stored in a [`StackKey`] when the sample has no stack of that kind: a kernel
 /// thread has no user stack, a sample taken in user mode has no kernel stack.
@@ -57,7 +65,8 @@ pub struct Control {
     /// Which map generation (0 or 1) the BPF program writes to. The agent flips it to drain the
     /// other generation while sampling goes on.
     pub generation: u32,
-    /// Non-zero when only the PIDs in `PID_FILTER` are sampled.
+    /// How `PID_FILTER` applies: [`FILTER_NONE`], [`FILTER_ALLOW`] (only the PIDs in it are
+    /// sampled) or [`FILTER_DENY`] (the PIDs in it are not).
     pub filter_pids: u32,
     /// Non-zero when samples of the idle task (pid 0) are kept.
     pub include_idle: u32,

@@ -11,8 +11,8 @@ use aya_ebpf::{
 };
 use aya_log_ebpf::warn;
 use scorch_common::{
-    Comm, Control, Loss, RunSeq, StackKey, LOSS_KINDS, MAX_COMMS, MAX_COUNT_KEYS, MAX_PID_FILTER,
-    STACK_ABSENT, STACK_LOST_COLLISION, STACK_LOST_OTHER,
+    Comm, Control, Loss, RunSeq, StackKey, FILTER_DENY, FILTER_NONE, LOSS_KINDS, MAX_COMMS,
+    MAX_COUNT_KEYS, MAX_PID_FILTER, STACK_ABSENT, STACK_LOST_COLLISION, STACK_LOST_OTHER,
 };
 
 const EEXIST: i32 = 17;
@@ -23,9 +23,14 @@ const E2BIG: i32 = 7;
 #[map]
 static CONTROL: Array<Control> = Array::with_max_entries(1, 0);
 
-/// PIDs (tgids) to sample when `Control::filter_pids` is set. Value unused.
+/// PIDs (tgids) that `Control::filter_pids` selects (allow list) or excludes (deny list).
+/// Value unused.
 #[map]
 static PID_FILTER: HashMap<u32, u8> = HashMap::with_max_entries(MAX_PID_FILTER, 0);
+
+/// Per-CPU count of samples the PID filter discarded before any stack was walked.
+#[map]
+static FILTERED: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 
 /// Per-CPU run bracket; see `RunSeq`.
 #[map]
@@ -88,8 +93,15 @@ fn try_sample(ctx: &PerfEventContext) -> Result<(), i64> {
         return Ok(());
     }
     // The filter runs before any stack is walked so unwanted processes cost one lookup.
-    if control.filter_pids != 0 && unsafe { PID_FILTER.get(tgid) }.is_none() {
-        return Ok(());
+    if control.filter_pids != FILTER_NONE {
+        let listed = unsafe { PID_FILTER.get(tgid) }.is_some();
+        if listed == (control.filter_pids == FILTER_DENY) {
+            if let Some(counter) = FILTERED.get_ptr_mut(0) {
+                // SAFETY: this CPU's slot; the program cannot run twice at once on one CPU.
+                unsafe { *counter += 1 };
+            }
+            return Ok(());
+        }
     }
     let generation = if control.generation == 0 {
         Generation {

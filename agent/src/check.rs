@@ -162,6 +162,7 @@ pub fn run_checks() -> Vec<Item> {
         pids: vec![],
         include_idle: false,
         window_secs: 10,
+        deny_list: false,
     };
     match Sampler::start(&config) {
         Ok((sampler, _, _)) => {

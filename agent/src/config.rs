@@ -1,9 +1,11 @@
 //! `scorch run`'s configuration: built-in defaults, overridden by a TOML file (`--config`),
 //! overridden by flags. Every key of the file is also a flag of the same name; the reference
 //! file `packaging/scorch.toml` documents each one with its default, and a test keeps the two
-//! in step.
+//! in step. The exceptions are tables: `[[relabel]]` rules live in the file only, and
+//! `[external-labels]` has `--external-label NAME=VALUE` beside it.
 
 use std::{
+    collections::BTreeMap,
     net::SocketAddr,
     path::{Path, PathBuf},
     time::Duration,
@@ -14,12 +16,20 @@ use serde::Deserialize;
 
 use crate::{
     cli::{parse_duration, parse_frequency},
+    labels::relabel::{self, RuleConfig},
+    profile::Labels,
+    sink::{RemoteConfig, RemoteProtocol},
     store::Retention,
     symbolize::user::SymbolizeMode,
 };
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
+    #[error("config file {path}: {source}")]
+    Relabel {
+        path: PathBuf,
+        source: relabel::RelabelError,
+    },
     #[error("reading the config file {path}: {source}")]
     Read {
         path: PathBuf,
@@ -70,6 +80,37 @@ pub struct RunArgs {
     /// Keep samples of idle CPUs [default: false].
     #[arg(long, num_args = 0..=1, default_missing_value = "true")]
     pub include_idle: Option<bool>,
+    /// A label added to every series, `NAME=VALUE` (repeatable; adds to `[external-labels]`).
+    #[arg(long = "external-label", value_parser = parse_external_label)]
+    pub external_label: Vec<(String, String)>,
+    /// Also send every window to this Pyroscope or Parca server; the local store is the spool
+    /// meanwhile. `https://host`, `http://host:4040`, or `host:7070` (TLS) [default: none].
+    #[arg(long)]
+    pub remote_url: Option<String>,
+    /// The remote's API: `pyroscope` or `parca` [default: pyroscope].
+    #[arg(long, value_enum)]
+    pub remote_protocol: Option<RemoteProtocol>,
+    /// Plaintext to the remote instead of TLS [default: false].
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    pub remote_insecure: Option<bool>,
+    /// File holding the remote's bearer token (a file, so it never shows in the process list).
+    #[arg(long)]
+    pub remote_bearer_token_file: Option<PathBuf>,
+    /// User for basic authentication to the remote (with --remote-basic-auth-password-file).
+    #[arg(long)]
+    pub remote_basic_auth_user: Option<String>,
+    /// File holding the basic authentication password.
+    #[arg(long)]
+    pub remote_basic_auth_password_file: Option<PathBuf>,
+    /// Tenant (`X-Scope-OrgID`) on a multi-tenant remote.
+    #[arg(long)]
+    pub remote_tenant: Option<String>,
+    /// PEM file of the CAs to trust for the remote, instead of the system's.
+    #[arg(long)]
+    pub remote_ca_file: Option<PathBuf>,
+    /// How long one request to the remote may take [default: 10s].
+    #[arg(long, value_parser = parse_duration)]
+    pub remote_timeout: Option<Duration>,
 }
 
 /// The config file: the same keys as the flags, kebab-case.
@@ -85,6 +126,19 @@ struct FileConfig {
     symbolize: Option<String>,
     symbol_cache_mb: Option<u64>,
     include_idle: Option<bool>,
+    /// `[[relabel]]` tables: Prometheus relabel_config rules, in order.
+    relabel: Option<Vec<RuleConfig>>,
+    /// `[external-labels]`: added to every series.
+    external_labels: Option<BTreeMap<String, String>>,
+    remote_url: Option<String>,
+    remote_protocol: Option<String>,
+    remote_insecure: Option<bool>,
+    remote_bearer_token_file: Option<PathBuf>,
+    remote_basic_auth_user: Option<String>,
+    remote_basic_auth_password_file: Option<PathBuf>,
+    remote_tenant: Option<String>,
+    remote_ca_file: Option<PathBuf>,
+    remote_timeout: Option<String>,
 }
 
 /// Everything `scorch run` needs, resolved.
@@ -98,6 +152,12 @@ pub struct RunConfig {
     pub symbolize: SymbolizeMode,
     pub symbol_cache_mb: u64,
     pub include_idle: bool,
+    /// Relabelling rules (config file only: `[[relabel]]`), checked by [`RunConfig::resolve`].
+    pub relabel: Vec<RuleConfig>,
+    /// Labels added to every series (`[external-labels]`, or `--external-label NAME=VALUE`).
+    pub external_labels: Labels,
+    /// The `remote-*` keys: where else windows go.
+    pub remote: RemoteConfig,
 }
 
 impl Default for RunConfig {
@@ -111,6 +171,9 @@ impl Default for RunConfig {
             symbolize: SymbolizeMode::Local,
             symbol_cache_mb: 256,
             include_idle: false,
+            relabel: Vec::new(),
+            external_labels: Labels::new(),
+            remote: RemoteConfig::default(),
         }
     }
 }
@@ -179,6 +242,59 @@ impl RunConfig {
         if let Some(idle) = file.include_idle {
             self.include_idle = idle;
         }
+        if let Some(rules) = file.relabel {
+            // Checked now, so a bad rule stops startup with its number and field.
+            relabel::compile(&rules).map_err(|e| ConfigError::Relabel {
+                path: path.to_owned(),
+                source: e,
+            })?;
+            self.relabel = rules;
+        }
+        if let Some(external) = file.external_labels {
+            for name in external.keys() {
+                if !relabel::valid_label_name(name) || name.starts_with("__") {
+                    return Err(value(
+                        "external-labels",
+                        format!("{name:?} is not a valid label name"),
+                    ));
+                }
+            }
+            self.external_labels.extend(external);
+        }
+        if let Some(url) = file.remote_url {
+            self.remote.url = Some(url).filter(|u| !u.is_empty());
+        }
+        if let Some(protocol) = file.remote_protocol {
+            self.remote.protocol = <RemoteProtocol as clap::ValueEnum>::from_str(&protocol, false)
+                .map_err(|_| {
+                    value(
+                        "remote-protocol",
+                        format!("{protocol:?}: expected pyroscope or parca"),
+                    )
+                })?;
+        }
+        if let Some(insecure) = file.remote_insecure {
+            self.remote.insecure = insecure;
+        }
+        if let Some(path) = file.remote_bearer_token_file {
+            self.remote.bearer_token_file = Some(path);
+        }
+        if let Some(user) = file.remote_basic_auth_user {
+            self.remote.basic_auth_user = Some(user);
+        }
+        if let Some(path) = file.remote_basic_auth_password_file {
+            self.remote.basic_auth_password_file = Some(path);
+        }
+        if let Some(tenant) = file.remote_tenant {
+            self.remote.tenant = Some(tenant);
+        }
+        if let Some(path) = file.remote_ca_file {
+            self.remote.ca_file = Some(path);
+        }
+        if let Some(timeout) = file.remote_timeout {
+            self.remote.timeout =
+                parse_duration(&timeout).map_err(|e| value("remote-timeout", e))?;
+        }
         Ok(())
     }
 
@@ -210,7 +326,47 @@ impl RunConfig {
         if let Some(idle) = args.include_idle {
             self.include_idle = idle;
         }
+        self.external_labels
+            .extend(args.external_label.iter().cloned());
+        if let Some(url) = &args.remote_url {
+            self.remote.url = Some(url.clone()).filter(|u| !u.is_empty());
+        }
+        if let Some(protocol) = args.remote_protocol {
+            self.remote.protocol = protocol;
+        }
+        if let Some(insecure) = args.remote_insecure {
+            self.remote.insecure = insecure;
+        }
+        if let Some(path) = &args.remote_bearer_token_file {
+            self.remote.bearer_token_file = Some(path.clone());
+        }
+        if let Some(user) = &args.remote_basic_auth_user {
+            self.remote.basic_auth_user = Some(user.clone());
+        }
+        if let Some(path) = &args.remote_basic_auth_password_file {
+            self.remote.basic_auth_password_file = Some(path.clone());
+        }
+        if let Some(tenant) = &args.remote_tenant {
+            self.remote.tenant = Some(tenant.clone());
+        }
+        if let Some(path) = &args.remote_ca_file {
+            self.remote.ca_file = Some(path.clone());
+        }
+        if let Some(timeout) = args.remote_timeout {
+            self.remote.timeout = timeout;
+        }
     }
+}
+
+/// `NAME=VALUE`, with a valid Prometheus label name.
+pub fn parse_external_label(text: &str) -> Result<(String, String), String> {
+    let (name, value) = text
+        .split_once('=')
+        .ok_or_else(|| format!("{text:?}: expected NAME=VALUE"))?;
+    if !relabel::valid_label_name(name) || name.starts_with("__") {
+        return Err(format!("{name:?} is not a valid label name"));
+    }
+    Ok((name.to_owned(), value.to_owned()))
 }
 
 /// A retention age: `7d`, `12h`, `90m`... (days allowed, unlike sampling durations).
@@ -292,12 +448,35 @@ mod tests {
             file.symbolize.is_some(),
             file.symbol_cache_mb.is_some(),
             file.include_idle.is_some(),
+            file.remote_url.is_some(),
+            file.remote_protocol.is_some(),
+            file.remote_insecure.is_some(),
+            file.remote_bearer_token_file.is_some(),
+            file.remote_basic_auth_user.is_some(),
+            file.remote_basic_auth_password_file.is_some(),
+            file.remote_tenant.is_some(),
+            file.remote_ca_file.is_some(),
+            file.remote_timeout.is_some(),
         ];
         assert!(keys.iter().all(|&k| k), "{file:?}");
         let mut config = RunConfig::default();
         config
             .apply_file(&uncommented, Path::new("scorch.toml"))
             .unwrap();
+        // Keys without a default are shown with an example value: set, and nothing else moved.
+        let remote = &config.remote;
+        assert!(remote.url.is_some() && remote.tenant.is_some() && remote.ca_file.is_some());
+        assert!(remote.bearer_token_file.is_some() && remote.basic_auth_user.is_some());
+        assert!(remote.basic_auth_password_file.is_some());
+        config.remote = RemoteConfig {
+            url: None,
+            bearer_token_file: None,
+            basic_auth_user: None,
+            basic_auth_password_file: None,
+            tenant: None,
+            ca_file: None,
+            ..config.remote
+        };
         assert_eq!(config, RunConfig::default());
     }
 

@@ -5,7 +5,7 @@
 //! ```text
 //! sampler (BPF load + attach) -> drain (read + reset maps) -> RawWindow
 //!   -> aggregate -> symbolize (kernel: kallsyms; user: ELF) -> Profile
-//!   -> encode (pprof, folded, SVG) -> file
+//!   -> encode (pprof, folded, SVG) -> file, or the store (`scorch run`) -> sink (Pyroscope, Parca)
 //! ```
 
 pub mod aggregate;
@@ -15,6 +15,7 @@ pub mod config;
 pub mod drain;
 pub mod encode;
 pub mod http;
+pub mod labels;
 pub mod metrics;
 pub mod privileges;
 pub mod profile;
@@ -23,6 +24,7 @@ pub mod record;
 pub mod run;
 pub mod sampler;
 pub mod selector;
+pub mod sink;
 pub mod store;
 pub mod symbolize;
 pub mod timespec;

@@ -52,13 +52,38 @@ pub struct Metrics {
     store_bytes: Gauge<u64, std::sync::atomic::AtomicU64>,
     windows_buffered: Gauge<u64, std::sync::atomic::AtomicU64>,
     windows_dropped: Counter,
+    /// Samples the BPF PID filter discarded (processes relabelling dropped).
+    samples_filtered: Counter,
+    /// Processes in the BPF deny list now.
+    processes_excluded: Gauge<u64, std::sync::atomic::AtomicU64>,
     symbol_cache_bytes: Gauge<u64, std::sync::atomic::AtomicU64>,
     symbol_cache_hits: Counter,
     symbol_cache_misses: Counter,
     /// The cache's own cumulative (hits, misses) at the last report: the counters advance by
     /// the difference, so the daemon can hand over the cache's totals as they are.
     symbol_cache_reported: Mutex<(u64, u64)>,
+    remote_windows_sent: Counter,
+    remote_sent_bytes: Counter,
+    remote_retries: Counter,
+    remote_failures: Family<Reason, Counter>,
+    remote_windows_rejected: Counter,
+    remote_windows_dropped: Counter,
+    remote_queue_windows: Gauge<u64, std::sync::atomic::AtomicU64>,
+    remote_queue_age: Gauge<f64, std::sync::atomic::AtomicU64>,
 }
+
+/// The `reason` labels of `scorch_remote_failures_total` (see `sink::SendError`), present from
+/// the start at 0.
+pub const REMOTE_FAILURE_REASONS: [&str; 8] = [
+    "connection",
+    "timeout",
+    "throttled",
+    "server_error",
+    "unavailable",
+    "aborted",
+    "unauthorized",
+    "rejected",
+];
 
 impl Default for Metrics {
     fn default() -> Self {
@@ -82,11 +107,24 @@ impl Metrics {
             store_bytes: Gauge::default(),
             windows_buffered: Gauge::default(),
             windows_dropped: Counter::default(),
+            samples_filtered: Counter::default(),
+            processes_excluded: Gauge::default(),
             symbol_cache_bytes: Gauge::default(),
             symbol_cache_hits: Counter::default(),
             symbol_cache_misses: Counter::default(),
             symbol_cache_reported: Mutex::new((0, 0)),
+            remote_windows_sent: Counter::default(),
+            remote_sent_bytes: Counter::default(),
+            remote_retries: Counter::default(),
+            remote_failures: Family::default(),
+            remote_windows_rejected: Counter::default(),
+            remote_windows_dropped: Counter::default(),
+            remote_queue_windows: Gauge::default(),
+            remote_queue_age: Gauge::default(),
         };
+        for reason in REMOTE_FAILURE_REASONS {
+            let _ = metrics.remote_failures.get_or_create(&[("reason", reason)]);
+        }
         // Every loss reason exists from the start at 0, so a rate() over it works before the
         // first loss, as Prometheus's instrumentation guidelines ask.
         for loss in Loss::ALL {
@@ -146,6 +184,16 @@ impl Metrics {
             "Windows discarded because the store could not be written for too long",
             metrics.windows_dropped.clone(),
         );
+        scorch.register(
+            "samples_filtered",
+            "Samples of processes relabelling dropped, discarded in the kernel before any stack walk",
+            metrics.samples_filtered.clone(),
+        );
+        scorch.register(
+            "processes_excluded",
+            "Processes relabelling dropped that the BPF program skips",
+            metrics.processes_excluded.clone(),
+        );
         scorch.register_with_unit(
             "symbol_cache",
             "Memory held by parsed binaries and debug info",
@@ -161,6 +209,49 @@ impl Metrics {
             "symbol_cache_misses",
             "Symbol cache lookups that had to parse the file",
             metrics.symbol_cache_misses.clone(),
+        );
+        scorch.register(
+            "remote_windows_sent",
+            "Windows the remote server (Pyroscope or Parca) accepted",
+            metrics.remote_windows_sent.clone(),
+        );
+        scorch.register_with_unit(
+            "remote_sent",
+            "Request bytes the remote server accepted (compressed, as sent)",
+            Unit::Bytes,
+            metrics.remote_sent_bytes.clone(),
+        );
+        scorch.register(
+            "remote_retries",
+            "Requests to the remote server sent again after a retryable failure",
+            metrics.remote_retries.clone(),
+        );
+        scorch.register(
+            "remote_failures",
+            "Failed requests to the remote server, by reason (`rejected`: refused as bad, not \
+             retried)",
+            metrics.remote_failures.clone(),
+        );
+        scorch.register(
+            "remote_windows_rejected",
+            "Windows skipped because the remote server refused them as bad requests",
+            metrics.remote_windows_rejected.clone(),
+        );
+        scorch.register(
+            "remote_windows_dropped",
+            "Windows the store's retention deleted before they could be sent",
+            metrics.remote_windows_dropped.clone(),
+        );
+        scorch.register(
+            "remote_queue_windows",
+            "Windows in the store waiting to be sent",
+            metrics.remote_queue_windows.clone(),
+        );
+        scorch.register_with_unit(
+            "remote_queue_age",
+            "Age of the oldest window waiting to be sent (0 when none waits)",
+            Unit::Seconds,
+            metrics.remote_queue_age.clone(),
         );
         // Unprefixed: `process_*` are the names every Prometheus client library uses.
         registry.register_collector(Box::new(ProcessCollector));
@@ -216,6 +307,12 @@ impl Metrics {
         self.windows_dropped.inc();
     }
 
+    /// More samples discarded by the BPF PID filter, and how many processes it excludes now.
+    pub fn filtered(&self, new_samples: u64, processes_excluded: u64) {
+        self.samples_filtered.inc_by(new_samples);
+        self.processes_excluded.set(processes_excluded);
+    }
+
     /// The symbol cache's size and its cumulative hit and miss counts.
     pub fn set_symbol_cache(&self, bytes: u64, hits: u64, misses: u64) {
         self.symbol_cache_bytes.set(bytes);
@@ -228,6 +325,42 @@ impl Metrics {
         self.symbol_cache_hits.inc_by(advance(hits, reported.0));
         self.symbol_cache_misses.inc_by(advance(misses, reported.1));
         *reported = (hits, misses);
+    }
+
+    /// The remote server accepted a whole window.
+    pub fn remote_window_sent(&self) {
+        self.remote_windows_sent.inc();
+    }
+
+    /// The remote server accepted a request of `bytes`.
+    pub fn remote_sent_bytes(&self, bytes: u64) {
+        self.remote_sent_bytes.inc_by(bytes);
+    }
+
+    /// A request to the remote server is about to be sent again.
+    pub fn remote_retried(&self) {
+        self.remote_retries.inc();
+    }
+
+    /// A request to the remote server failed; `reason` is one of [`REMOTE_FAILURE_REASONS`].
+    pub fn remote_failed(&self, reason: &'static str) {
+        self.remote_failures
+            .get_or_create(&[("reason", reason)])
+            .inc();
+    }
+
+    pub fn remote_window_rejected(&self) {
+        self.remote_windows_rejected.inc();
+    }
+
+    pub fn remote_windows_dropped(&self, windows: u64) {
+        self.remote_windows_dropped.inc_by(windows);
+    }
+
+    /// Windows waiting to be sent, and how old the oldest is.
+    pub fn set_remote_queue(&self, windows: u64, oldest_age_seconds: f64) {
+        self.remote_queue_windows.set(windows);
+        self.remote_queue_age.set(oldest_age_seconds);
     }
 
     /// The exposition, in the format [`CONTENT_TYPE`] names.
@@ -455,6 +588,37 @@ mod tests {
         assert_eq!(value(&text, "scorch_windows_dropped_total"), 1.0);
         assert!(text.contains("# TYPE scorch_drain_duration_seconds histogram"));
         assert!(text.ends_with("# EOF\n"));
+    }
+
+    #[test]
+    fn remote_deliveries_are_counted() {
+        let metrics = Metrics::new();
+        metrics.remote_window_sent();
+        metrics.remote_sent_bytes(1500);
+        metrics.remote_retried();
+        metrics.remote_failed("throttled");
+        metrics.remote_window_rejected();
+        metrics.remote_windows_dropped(3);
+        metrics.set_remote_queue(12, 120.5);
+        let text = metrics.encode();
+        assert_eq!(value(&text, "scorch_remote_windows_sent_total"), 1.0);
+        assert_eq!(value(&text, "scorch_remote_sent_bytes_total"), 1500.0);
+        assert_eq!(value(&text, "scorch_remote_retries_total"), 1.0);
+        assert_eq!(
+            value(&text, r#"scorch_remote_failures_total{reason="throttled"}"#),
+            1.0
+        );
+        assert_eq!(
+            value(
+                &text,
+                r#"scorch_remote_failures_total{reason="connection"}"#
+            ),
+            0.0
+        );
+        assert_eq!(value(&text, "scorch_remote_windows_rejected_total"), 1.0);
+        assert_eq!(value(&text, "scorch_remote_windows_dropped_total"), 3.0);
+        assert_eq!(value(&text, "scorch_remote_queue_windows"), 12.0);
+        assert_eq!(value(&text, "scorch_remote_queue_age_seconds"), 120.5);
     }
 
     #[test]

@@ -95,8 +95,9 @@ impl Line {
 pub struct Sample {
     pub pid: u32,
     pub comm: String,
-    /// The process's other labels (cgroup, systemd unit, container...), shared by all of its
-    /// samples; empty when nothing more is known.
+    /// The series' labels, shared by all samples of the process: when not empty, the whole
+    /// set (the daemon's discovered and relabelled labels, which may leave out `pid` or
+    /// `comm`); when empty, the series is `comm` and `pid` (what `record` knows).
     pub labels: Arc<Labels>,
     /// Leaf first: kernel frames, then user frames.
     pub locations: Vec<LocationIndex>,
@@ -104,12 +105,15 @@ pub struct Sample {
 }
 
 impl Sample {
-    /// The labels of the series this sample belongs to: `comm`, `pid` and the others.
+    /// The labels of the series this sample belongs to.
     pub fn series_labels(&self) -> Labels {
-        let mut labels = (*self.labels).clone();
-        labels.insert("comm".to_owned(), self.comm.clone());
-        labels.insert("pid".to_owned(), self.pid.to_string());
-        labels
+        if !self.labels.is_empty() {
+            return (*self.labels).clone();
+        }
+        Labels::from([
+            ("comm".to_owned(), self.comm.clone()),
+            ("pid".to_owned(), self.pid.to_string()),
+        ])
     }
 }
 

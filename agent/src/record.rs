@@ -107,6 +107,7 @@ pub async fn record(args: &RecordArgs) -> Result<RecordSummary, RecordError> {
         pids: args.pid.clone(),
         include_idle: args.include_idle,
         window_secs: args.window.as_secs().max(1),
+        deny_list: false,
     };
     let mut sigint = signal(SignalKind::interrupt()).map_err(RecordError::Signals)?;
     let mut sigterm = signal(SignalKind::terminate()).map_err(RecordError::Signals)?;
@@ -141,7 +142,9 @@ pub async fn record(args: &RecordArgs) -> Result<RecordSummary, RecordError> {
                 session.add(drainer.drain_window()?);
                 sampler.flush_logs();
             }
-            _ = discover.tick() => session.discover(drainer.active_pids()?),
+            _ = discover.tick() => {
+                session.discover(drainer.active_pids()?);
+            }
         }
     }
     session.add(drainer.drain_window()?);
@@ -237,13 +240,14 @@ impl Session {
             .retain(|pid, _| Path::new(&format!("/proc/{pid}")).exists());
     }
 
-    /// Reads the maps and name of processes first seen in this window.
-    pub(crate) fn discover(&mut self, pids: Vec<u32>) {
+    /// Reads the maps and name of processes first seen in this window; returns them.
+    pub(crate) fn discover(&mut self, pids: Vec<u32>) -> Vec<u32> {
         let new: Vec<u32> = pids
             .into_iter()
             .filter(|pid| self.seen_this_window.insert(*pid))
             .collect();
         self.capture(&new);
+        new
     }
 
     fn capture(&mut self, pids: &[u32]) {

@@ -6,6 +6,9 @@
 //!
 //! A store that cannot be written (a full disk) does not stop sampling: windows wait in memory
 //! (up to [`MAX_BUFFERED_WINDOWS`]) and are written when the store accepts writes again.
+//!
+//! With `remote-url`, the remote sink (`sink/`) runs beside it on its own thread, reading the
+//! windows back from the store and sending them to Pyroscope or Parca.
 
 use std::{
     collections::{HashSet, VecDeque},
@@ -23,11 +26,13 @@ use crate::{
     config::RunConfig,
     drain::{DrainError, Drainer},
     http::{self, HttpState},
+    labels::{self, relabel, relabel::Outcome, Labeler},
     metrics::{Health, Metrics},
     privileges::{missing_privileges_message, Capabilities},
     profile::Profile,
     record::{Session, DISCOVERY_INTERVAL},
     sampler::{Sampler, SamplerConfig, SamplerError},
+    sink::{self, SinkError},
     store::{Store, StoreError},
     symbolize::{self, elf::release_free_memory, kernel::KernelSymbolizer, user::UserSymbolizer},
 };
@@ -55,6 +60,10 @@ pub enum RunError {
     Drain(#[from] DrainError),
     #[error("waiting for signals: {0}")]
     Signals(io::Error),
+    #[error(transparent)]
+    Sink(#[from] SinkError),
+    #[error(transparent)]
+    Relabel(relabel::RelabelError),
 }
 
 /// Checks what can be checked before any BPF is loaded: privileges, and that the store opens.
@@ -90,11 +99,26 @@ pub async fn run(config: RunConfig, store: Store) -> Result<(), RunError> {
         let _ = stopped.wait_for(|&stop| stop).await;
     }));
 
+    // Rules were checked when the config was read; compiling them again cannot fail then.
+    let rules = relabel::compile(&config.relabel).map_err(RunError::Relabel)?;
+    let labeler = Labeler::new(labels::node_name(), rules, config.external_labels.clone());
     let sampler_config = SamplerConfig {
         frequency_hz: config.frequency,
         pids: Vec::new(),
         include_idle: config.include_idle,
         window_secs: config.window.as_secs().max(1),
+        deny_list: labeler.can_drop(),
+    };
+    // Before BPF is loaded: a bad remote configuration (URL, secret files, CA file) fails the
+    // start with its reason.
+    let remote = match config.remote.url {
+        Some(_) => Some(sink::spawn(
+            &config.remote,
+            &config.store,
+            config.retention,
+            metrics.clone(),
+        )?),
+        None => None,
     };
     let (mut sampler, maps, control) = Sampler::start(&sampler_config)?;
     // Loading parsed the kernel's BTF (tens of MB, freed by now): give those pages back, or a
@@ -122,6 +146,9 @@ pub async fn run(config: RunConfig, store: Store) -> Result<(), RunError> {
         health: health.clone(),
         warned_binaries: HashSet::new(),
         failing_since: None,
+        labeler,
+        excluded: HashSet::new(),
+        filtered_reported: 0,
     };
     let mut ticker =
         tokio::time::interval_at(tokio::time::Instant::now() + config.window, config.window);
@@ -134,13 +161,16 @@ pub async fn run(config: RunConfig, store: Store) -> Result<(), RunError> {
             _ = sigint.recv() => { tracing::info!("interrupted: flushing the current window"); break Ok(()) }
             _ = sigterm.recv() => { tracing::info!("terminated: flushing the current window"); break Ok(()) }
             _ = ticker.tick() => {
-                if let Err(err) = pipeline.window(&mut drainer) {
+                if let Err(err) = pipeline.window(&mut drainer, &mut sampler) {
                     break Err(err);
                 }
                 sampler.flush_logs();
             }
             _ = discover.tick() => match drainer.active_pids() {
-                Ok(pids) => pipeline.session.discover(pids),
+                Ok(pids) => {
+                    let new = pipeline.session.discover(pids);
+                    pipeline.target(&new, &mut sampler);
+                }
                 Err(err) => break Err(err.into()),
             },
         }
@@ -149,7 +179,7 @@ pub async fn run(config: RunConfig, store: Store) -> Result<(), RunError> {
     // bounded by what the window holds; the store write by its busy timeout.
     let flush_started = Instant::now();
     if result.is_ok() {
-        if let Err(err) = pipeline.window(&mut drainer) {
+        if let Err(err) = pipeline.window(&mut drainer, &mut sampler) {
             tracing::warn!("flushing the last window: {err}");
         }
         if !pipeline.buffered.is_empty() {
@@ -161,6 +191,14 @@ pub async fn run(config: RunConfig, store: Store) -> Result<(), RunError> {
         }
     }
     drop(sampler);
+    // The remote gets what it takes at once of the windows still queued, the last one
+    // included, within the budget; the rest waits in the store for the next start.
+    if let Some(remote) = remote {
+        let budget = SHUTDOWN_BUDGET.saturating_sub(flush_started.elapsed());
+        remote
+            .stop(budget.saturating_sub(Duration::from_millis(500)))
+            .await;
+    }
     let _ = stop_http.send(true);
     let remaining = SHUTDOWN_BUDGET.saturating_sub(flush_started.elapsed());
     match tokio::time::timeout(remaining, http_task).await {
@@ -185,10 +223,63 @@ struct Pipeline {
     warned_binaries: HashSet<String>,
     /// When the store started refusing writes, so the log says it once, not every window.
     failing_since: Option<SystemTime>,
+    /// Each process's labels, or that relabelling dropped it.
+    labeler: Labeler,
+    /// Dropped processes in the BPF deny list.
+    excluded: HashSet<u32>,
+    /// The BPF filter's discard count at the last report.
+    filtered_reported: u64,
 }
 
 impl Pipeline {
-    fn window(&mut self, drainer: &mut Drainer) -> Result<(), RunError> {
+    /// Puts processes relabelling drops into the BPF deny list as soon as they are seen, so
+    /// from then on their samples cost one map lookup and no stack walk.
+    fn target(&mut self, pids: &[u32], sampler: &mut Sampler) {
+        if !self.labeler.can_drop() {
+            return;
+        }
+        for &pid in pids {
+            if self.excluded.contains(&pid) {
+                continue;
+            }
+            if let Outcome::Dropped { .. } = *self.labeler.outcome(pid) {
+                match sampler.exclude_pid(pid) {
+                    Ok(()) => {
+                        self.excluded.insert(pid);
+                    }
+                    // A full filter: the process is still dropped, after its stacks are walked.
+                    Err(err) => tracing::debug!("excluding pid {pid} in BPF: {err}"),
+                }
+            }
+        }
+    }
+
+    /// Gives each sample its series' labels; removes the samples of dropped processes (taken
+    /// before the process was first seen and excluded).
+    fn label(&mut self, profile: &mut Profile) {
+        let mut outcomes = std::collections::HashMap::new();
+        let labeler = &mut self.labeler;
+        profile.samples.retain_mut(|sample| {
+            let outcome = outcomes
+                .entry(sample.pid)
+                .or_insert_with(|| labeler.outcome(sample.pid))
+                .clone();
+            match &*outcome {
+                Outcome::Keep(labels) => {
+                    let mut labels = labels.clone();
+                    // The name read while the process ran beats a late read of /proc.
+                    if labels.contains_key("comm") && !sample.comm.is_empty() {
+                        labels.insert("comm".to_owned(), sample.comm.clone());
+                    }
+                    sample.labels = std::sync::Arc::new(labels);
+                    true
+                }
+                Outcome::Dropped { .. } => false,
+            }
+        });
+    }
+
+    fn window(&mut self, drainer: &mut Drainer, sampler: &mut Sampler) -> Result<(), RunError> {
         let drain_started = Instant::now();
         let raw = drainer.drain_window()?;
         let (samples, losses) = (raw.total_samples(), raw.losses);
@@ -207,8 +298,12 @@ impl Pipeline {
             self.period_ns,
             |pid| comms.get(&pid).cloned(),
         ) {
-            Ok(profile) if profile.samples.is_empty() => {}
-            Ok(profile) => self.buffered.push_back(profile),
+            Ok(mut profile) => {
+                self.label(&mut profile);
+                if !profile.samples.is_empty() {
+                    self.buffered.push_back(profile);
+                }
+            }
             // No kernel symbols this window; the next one reloads /proc/kallsyms.
             Err(err) => tracing::warn!("symbolizing a window: {err}"),
         }
@@ -222,6 +317,17 @@ impl Pipeline {
 
         self.write_buffered();
         self.session.forget_exited();
+        for pid in self.labeler.forget_exited() {
+            if self.excluded.remove(&pid) {
+                sampler.forget_pid(pid);
+            }
+        }
+        let filtered = sampler.filtered_samples();
+        self.metrics.filtered(
+            filtered.saturating_sub(self.filtered_reported),
+            self.excluded.len() as u64,
+        );
+        self.filtered_reported = filtered;
         self.session.user.enforce_budget();
         // Symbolising and encoding a window allocate and free megabytes; glibc would keep the
         // freed pages in its arenas for the daemon's whole life.

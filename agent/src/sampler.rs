@@ -51,6 +51,9 @@ pub struct SamplerConfig {
     pub include_idle: bool,
     /// How often the maps are drained: sizes the stack maps.
     pub window_secs: u64,
+    /// Start with an empty deny list that [`Sampler::exclude_pid`] fills (the daemon, when
+    /// relabelling can drop processes). Ignored when `pids` is set.
+    pub deny_list: bool,
 }
 
 /// A loaded and attached sampler. Dropping it detaches the program.
@@ -82,7 +85,13 @@ impl Sampler {
         let mut maps = take_maps(&mut ebpf)?;
         let control = Control {
             generation: 0,
-            filter_pids: u32::from(!config.pids.is_empty()),
+            filter_pids: if !config.pids.is_empty() {
+                scorch_common::FILTER_ALLOW
+            } else if config.deny_list {
+                scorch_common::FILTER_DENY
+            } else {
+                scorch_common::FILTER_NONE
+            },
             include_idle: u32::from(config.include_idle),
             _reserved: 0,
         };
@@ -133,6 +142,49 @@ impl Sampler {
     /// CPUs the program is attached on.
     pub fn cpus(&self) -> &[u32] {
         &self.cpus
+    }
+
+    fn pid_filter(&mut self) -> Result<BpfHashMap<&mut MapData, u32, u8>, SamplerError> {
+        let map = self
+            .ebpf
+            .map_mut("PID_FILTER")
+            .ok_or(SamplerError::MissingMap("PID_FILTER"))?;
+        BpfHashMap::try_from(map).map_err(|source| SamplerError::Map {
+            name: "PID_FILTER",
+            source,
+        })
+    }
+
+    /// Stops sampling `pid` (with `deny_list`): the program then drops its samples before
+    /// walking any stack.
+    pub fn exclude_pid(&mut self, pid: u32) -> Result<(), SamplerError> {
+        self.pid_filter()?
+            .insert(pid, 1, 0)
+            .map_err(|source| SamplerError::Map {
+                name: "PID_FILTER",
+                source,
+            })
+    }
+
+    /// Forgets an excluded `pid` (the process exited; the number may be reused).
+    pub fn forget_pid(&mut self, pid: u32) {
+        if let Ok(mut filter) = self.pid_filter() {
+            let _ = filter.remove(&pid);
+        }
+    }
+
+    /// Samples the PID filter has discarded since the program was loaded, over all CPUs.
+    pub fn filtered_samples(&self) -> u64 {
+        let Some(map) = self.ebpf.map("FILTERED") else {
+            return 0;
+        };
+        let Ok(array) = aya::maps::PerCpuArray::<&MapData, u64>::try_from(map) else {
+            return 0;
+        };
+        array
+            .get(&0, 0)
+            .map(|values| values.iter().sum())
+            .unwrap_or(0)
     }
 
     /// Forwards log records the BPF program wrote since the last call.
@@ -239,6 +291,7 @@ mod tests {
             pids: vec![],
             include_idle: false,
             window_secs: 10,
+            deny_list: false,
         };
         assert_eq!(stack_map_entries(2, &config), 8192);
         assert_eq!(stack_map_entries(32, &config), 131_072);

@@ -1468,13 +1468,10 @@ impl<'a> Reader<'a> {
 
 /// A sample of the series with `labels`.
 fn sample_of(labels: &Labels, locations: Vec<usize>, value: i64) -> Sample {
-    let mut others = labels.clone();
-    others.remove("pid");
-    others.remove("comm");
     Sample {
         pid: labels.get("pid").and_then(|p| p.parse().ok()).unwrap_or(0),
         comm: labels.get("comm").cloned().unwrap_or_default(),
-        labels: Arc::new(others),
+        labels: Arc::new(labels.clone()),
         locations,
         count: value.max(0) as u64,
     }

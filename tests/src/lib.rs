@@ -983,3 +983,6 @@ fn dechunk(mut data: &[u8]) -> Result<Vec<u8>> {
         data = data.get(size + 2..).context("truncated chunk end")?;
     }
 }
+
+/// Fake Pyroscope and Parca servers for the remote sink's tests.
+pub mod fake_remote;

@@ -9,6 +9,9 @@
 //!   equivalent program (`profile:hz:19 { @[kstack, ustack, pid] = count(); }`) in the same
 //!   seconds as a peer, read from its program's fdinfo.
 //! - kallsyms load and lookup: the criterion bench `agent/benches/kallsyms.rs`.
+//! - Remote sink (`--only remote`): `agent/benches/remote.rs`, given the scorch binary: CPU to
+//!   encode and send a window of 100 series, RSS with the server down and an hour queued, and
+//!   how fast that backlog drains.
 
 use std::{
     fmt::Write as _,
@@ -49,13 +52,41 @@ pub fn bench(
         None => {
             record_bench(root, scorch, seconds, runs)?;
             symbolize_bench(root)?;
-            daemon_report(root, scorch, daemon_windows)
+            daemon_report(root, scorch, daemon_windows)?;
+            remote_report(root, scorch)
         }
         Some("record") => record_bench(root, scorch, seconds, runs),
         Some("symbolize") => symbolize_bench(root),
         Some("daemon") => daemon_report(root, scorch, daemon_windows),
-        Some(other) => bail!("--only {other:?}: expected record, symbolize or daemon"),
+        Some("remote") => remote_report(root, scorch),
+        Some(other) => bail!("--only {other:?}: expected record, symbolize, daemon or remote"),
     }
+}
+
+fn remote_report(root: &Path, scorch: &Path) -> Result<()> {
+    let dir = root.join("target/bench");
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let output = Command::new("cargo")
+        .current_dir(root)
+        .args(["bench", "--package", "scorch", "--bench", "remote", "--"])
+        .arg(scorch)
+        .arg(&dir)
+        .stderr(Stdio::inherit())
+        .output()
+        .context("running the remote bench")?;
+    if !output.status.success() {
+        bail!("the remote bench failed");
+    }
+    let report: String = String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter(|l| l.starts_with("remote:"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    print!("{report}");
+    let path = dir.join("remote-report.md");
+    std::fs::write(&path, &report)?;
+    eprintln!("bench: report written to {}", path.display());
+    Ok(())
 }
 
 fn daemon_report(root: &Path, scorch: &Path, windows: u64) -> Result<()> {

@@ -47,7 +47,8 @@ enum Task {
         #[arg(long, default_value_t = 3)]
         runs: usize,
         /// Run only one part: `record` (scorch record vs perf, BPF cost, kallsyms),
-        /// `symbolize`, or `daemon` (scorch run steady state, store size, query time).
+        /// `symbolize`, `daemon` (scorch run steady state, store size, query time), or
+        /// `remote` (encode+send CPU, RSS with the server down, backlog drain speed).
         #[arg(long)]
         only: Option<String>,
         /// Windows of 10 s the daemon bench measures.

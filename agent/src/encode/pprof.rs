@@ -113,24 +113,28 @@ pub fn to_message(profile: &Profile) -> pb::Profile {
         .samples
         .iter()
         .map(|s| {
-            let mut label = vec![
-                pb::Label {
-                    key: pid_key,
-                    num: i64::from(s.pid),
-                    ..Default::default()
-                },
-                pb::Label {
-                    key: comm_key,
-                    str: strings.intern(&s.comm),
-                    ..Default::default()
-                },
-            ];
-            // The process's other labels (cgroup, unit, container...), as string labels.
-            label.extend(s.labels.iter().map(|(key, value)| pb::Label {
-                key: strings.intern(key),
-                str: strings.intern(value),
-                ..Default::default()
-            }));
+            // The series' labels as string labels, but `pid` as a number, as Go writes it.
+            let label = s
+                .series_labels()
+                .iter()
+                .map(|(key, value)| match (key.as_str(), value.parse::<i64>()) {
+                    ("pid", Ok(pid)) => pb::Label {
+                        key: pid_key,
+                        num: pid,
+                        ..Default::default()
+                    },
+                    ("comm", _) => pb::Label {
+                        key: comm_key,
+                        str: strings.intern(value),
+                        ..Default::default()
+                    },
+                    _ => pb::Label {
+                        key: strings.intern(key),
+                        str: strings.intern(value),
+                        ..Default::default()
+                    },
+                })
+                .collect();
             pb::Sample {
                 location_id: s.locations.iter().map(|&l| l as u64 + 1).collect(),
                 value: vec![s.count as i64, s.count as i64 * period],

@@ -243,10 +243,12 @@ pub fn classify_connect_code(
         "internal" | "unknown" | "data_loss" => "server_error",
         "aborted" | "canceled" => "aborted",
         "unauthenticated" | "permission_denied" => "unauthorized",
-        _ => return SendError::Rejected {
-            reason: "rejected",
-            message,
-        },
+        _ => {
+            return SendError::Rejected {
+                reason: "rejected",
+                message,
+            }
+        }
     };
     SendError::Retryable {
         reason,
@@ -379,7 +381,9 @@ fn sub_profile(profile: &Profile, samples: &[&Sample]) -> Profile {
             };
             let new = *location_index.entry(old).or_insert_with(|| {
                 locations.push(Location {
-                    mapping: location.mapping.and_then(|m| mapping_index.get(m).copied()?),
+                    mapping: location
+                        .mapping
+                        .and_then(|m| mapping_index.get(m).copied()?),
                     ..location.clone()
                 });
                 locations.len() - 1
@@ -538,7 +542,9 @@ pub fn endpoint(url: &str, insecure: bool) -> Result<Endpoint, SinkError> {
     };
     let (tls, rest) = if let Some(rest) = url.strip_prefix("https://") {
         if insecure {
-            return Err(bad("https:// with remote-insecure: pick one (http:// is plaintext)"));
+            return Err(bad(
+                "https:// with remote-insecure: pick one (http:// is plaintext)",
+            ));
         }
         (true, rest)
     } else if let Some(rest) = url.strip_prefix("http://") {
@@ -597,8 +603,7 @@ impl ClientSettings {
             },
             (None, Some(_), None) | (None, None, Some(_)) => {
                 return Err(SinkError::Config(
-                    "remote-basic-auth-user and remote-basic-auth-password-file go together"
-                        .into(),
+                    "remote-basic-auth-user and remote-basic-auth-password-file go together".into(),
                 ))
             }
             (Some(_), _, _) => {
@@ -668,9 +673,7 @@ impl Client {
     /// Sends one request; the bytes that went on the wire.
     async fn send(&mut self, request: &Request) -> Result<u64, SendError> {
         match (self, request) {
-            (Client::Pyroscope(client), Request::Pyroscope(request)) => {
-                client.send(request).await
-            }
+            (Client::Pyroscope(client), Request::Pyroscope(request)) => client.send(request).await,
             (Client::Parca(client), Request::Parca(request)) => client.send(request).await,
             _ => Err(SendError::Rejected {
                 reason: "internal",
@@ -933,11 +936,7 @@ impl Sender {
                                 error.message()
                             );
                         } else {
-                            tracing::debug!(
-                                "remote sink: {}: {}",
-                                error.reason(),
-                                error.message()
-                            );
+                            tracing::debug!("remote sink: {}: {}", error.reason(), error.message());
                         }
                         // Stopping: no retries, the window waits in the store.
                         if *stop.borrow() {
@@ -959,10 +958,11 @@ impl Sender {
 
 /// Waits `delay`; false when a stop was asked meanwhile.
 async fn wait(delay: Duration, stop: &mut watch::Receiver<bool>) -> bool {
-    tokio::select! {
-        _ = tokio::time::sleep(delay) => !*stop.borrow(),
+    let slept = tokio::select! {
+        _ = tokio::time::sleep(delay) => true,
         _ = stop.wait_for(|&s| s) => false,
-    }
+    };
+    slept && !*stop.borrow()
 }
 
 /// Where delivery starts. A sink seen before goes on from its cursor, so a restart sends the
@@ -1072,7 +1072,7 @@ mod tests {
     fn backoff_grows_with_jitter_up_to_the_cap() {
         let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(1));
         assert_eq!(backoff.next_delay(0.0), Duration::from_millis(50));
-        assert_eq!(backoff.next_delay(0.999_999), Duration::from_micros(199_999));
+        assert_eq!(backoff.next_delay(0.5), Duration::from_millis(150));
         let delays: Vec<_> = (0..10).map(|_| backoff.next_delay(0.5)).collect();
         assert!(delays.iter().all(|&d| d <= Duration::from_secs(1)));
         assert_eq!(delays.last(), Some(&Duration::from_millis(750)));
@@ -1222,7 +1222,9 @@ mod tests {
         assert!(endpoint("https://x", true).is_err());
         assert!(endpoint("ftp://x", false).is_err());
         assert!(endpoint("http://", false).is_err());
-        let err = endpoint("https://user:pw@x", false).unwrap_err().to_string();
+        let err = endpoint("https://user:pw@x", false)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("credentials"), "{err}");
     }
 

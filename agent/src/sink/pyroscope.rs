@@ -30,7 +30,8 @@ pub const PROFILE_NAME: &str = "process_cpu";
 const UNSPECIFIED_SERVICE: &str = "unspecified";
 
 /// Namespace of the RawSample IDs (UUID v5): a fixed, random UUID that is scorch's own.
-const SAMPLE_ID_NAMESPACE: uuid::Uuid = uuid::Uuid::from_u128(0x6b1e_58a4_2f0c_4d7e_9a33_0c51_e7d2_94f1);
+const SAMPLE_ID_NAMESPACE: uuid::Uuid =
+    uuid::Uuid::from_u128(0x6b1e_58a4_2f0c_4d7e_9a33_0c51_e7d2_94f1);
 
 /// How much of an error response is kept for the log.
 const MAX_ERROR_BODY: usize = 1024;
@@ -78,6 +79,11 @@ impl Client {
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/proto"));
         headers.insert(CONTENT_ENCODING, HeaderValue::from_static("gzip"));
         headers.insert("connect-protocol-version", HeaderValue::from_static("1"));
+        // The call's deadline, so the server gives up when the client does.
+        headers.insert(
+            "connect-timeout-ms",
+            HeaderValue::from(settings.timeout.as_millis().min(u128::from(u32::MAX)) as u64),
+        );
         let authorization = match &settings.credentials {
             Credentials::None => None,
             Credentials::Bearer(token) => Some(format!("Bearer {}", token.expose())),
@@ -98,8 +104,9 @@ impl Client {
             headers.insert(AUTHORIZATION, value);
         }
         if let Some(tenant) = &settings.tenant {
-            let value = HeaderValue::from_str(tenant)
-                .map_err(|_| client_error(format!("remote-tenant {tenant:?} is not a header value")))?;
+            let value = HeaderValue::from_str(tenant).map_err(|_| {
+                client_error(format!("remote-tenant {tenant:?} is not a header value"))
+            })?;
             headers.insert("x-scope-orgid", value);
         }
         Ok(Client {

@@ -6,5 +6,7 @@ mod counting;
 mod daemon;
 mod kernel_frames;
 mod known_call_tree;
+mod labels;
+mod remote;
 mod symbols;
 mod ui;

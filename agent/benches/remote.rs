@@ -1,0 +1,413 @@
+//! The remote sink's costs: `cargo bench -p scorch --bench remote -- SCORCH_BIN WORK_DIR`
+//! (`cargo xtask bench --only remote` runs it as root and keeps its `remote:` lines).
+//!
+//! - Encode and send: one window of 100 series (synthetic: 100 processes, 40 stacks of 24
+//!   frames each over shared and per-process binaries), split, pprof-encoded and pushed to a
+//!   Pyroscope stand-in on loopback that answers 200, on a single-threaded runtime so all of
+//!   the client's work lands on the measured thread; thread CPU time, median of 30.
+//! - A server-down hour: a store already holding an hour of such windows (360 of 10 s) as the
+//!   sink's backlog; the real `scorch run` (its own sampling included) runs against a port
+//!   nobody listens on for DOWN_SECONDS, its RSS read every second. Then the stand-in starts
+//!   and the time until the queue is empty gives the drain speed against real time.
+//!
+//! Without arguments (plain `cargo bench`) only the first figure is measured.
+
+use std::{
+    path::Path,
+    process::{Command, Stdio},
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc,
+    },
+    time::{Duration, Instant, SystemTime},
+};
+
+use scorch::{
+    profile::{Labels, Line, Location, Mapping, Profile, Sample},
+    sink::{self, pyroscope, ClientSettings, EncodedWindow, RemoteConfig, RemoteProtocol},
+    store::{Retention, Store},
+};
+
+const SERIES: usize = 100;
+const STACKS_PER_SERIES: usize = 40;
+const DEPTH: usize = 24;
+/// An hour of 10 s windows.
+const BACKLOG_WINDOWS: usize = 360;
+const DOWN_SECONDS: u64 = 60;
+
+fn main() {
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with("--"))
+        .collect();
+    let server = StandIn::start();
+    encode_and_send(&server);
+    let [scorch, work] = args.as_slice() else {
+        println!(
+            "remote: server-down hour skipped, needs SCORCH_BIN WORK_DIR (cargo xtask bench --only remote)"
+        );
+        return;
+    };
+    server_down_hour(Path::new(scorch), Path::new(work), server);
+}
+
+/// A window of `SERIES` processes, deterministic for a given `seed`.
+fn synthetic_window(start: SystemTime, seed: u64) -> Profile {
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let mut mappings = vec![
+        Mapping {
+            start: 0xffff_ffff_8100_0000,
+            limit: u64::MAX,
+            file_offset: 0,
+            path: "[kernel.kallsyms]".into(),
+            build_id: None,
+            has_functions: true,
+            has_filenames: false,
+            has_line_numbers: false,
+            has_inline_frames: false,
+        },
+        Mapping {
+            start: 0x7f00_0000_0000,
+            limit: 0x7f00_0020_0000,
+            file_offset: 0,
+            path: "/usr/lib/x86_64-linux-gnu/libc.so.6".into(),
+            build_id: Some("89c3cb85f9e55046776471fed05ec441581d1969".into()),
+            has_functions: true,
+            has_filenames: false,
+            has_line_numbers: false,
+            has_inline_frames: false,
+        },
+    ];
+    let mut locations = Vec::new();
+    // 200 kernel and 300 libc functions shared by everyone.
+    for i in 0..200u64 {
+        locations.push(Location {
+            mapping: Some(0),
+            address: 0xffff_ffff_8100_0000 + i * 0x40,
+            lines: vec![Line::named(format!("kernel_function_{i}"))],
+            kernel: true,
+        });
+    }
+    for i in 0..300u64 {
+        locations.push(Location {
+            mapping: Some(1),
+            address: 0x7f00_0000_1000 + i * 0x40,
+            lines: vec![Line::named(format!("libc_function_{i}"))],
+            kernel: false,
+        });
+    }
+    let mut samples = Vec::new();
+    for process in 0..SERIES {
+        let mapping = mappings.len();
+        mappings.push(Mapping {
+            start: 0x5555_0000_0000,
+            limit: 0x5555_0100_0000,
+            file_offset: 0,
+            path: format!("/usr/bin/service-{process}"),
+            build_id: Some(format!("{process:040x}")),
+            has_functions: true,
+            has_filenames: true,
+            has_line_numbers: true,
+            has_inline_frames: true,
+        });
+        // 150 functions of its own, with file:line and an inlined level.
+        let first = locations.len();
+        for i in 0..150u64 {
+            locations.push(Location {
+                mapping: Some(mapping),
+                address: 0x5555_0000_1000 + i * 0x80,
+                lines: vec![
+                    Line {
+                        function: format!("service_{process}::module::inlined_helper_{i}"),
+                        system_name: format!("_ZN9service{process}6module15inlined_helper{i}E"),
+                        file: Some(format!("src/module_{}.rs", i % 12)),
+                        line: 10 + i as u32,
+                    },
+                    Line {
+                        function: format!("service_{process}::module::function_{i}"),
+                        system_name: format!("_ZN9service{process}6module8function{i}E"),
+                        file: Some(format!("src/module_{}.rs", i % 12)),
+                        line: 200 + i as u32,
+                    },
+                ],
+                kernel: false,
+            });
+        }
+        let labels = Arc::new(Labels::from([(
+            "service_name".to_owned(),
+            format!("service-{}", process % 20),
+        )]));
+        for _ in 0..STACKS_PER_SERIES {
+            let mut stack = Vec::with_capacity(DEPTH);
+            if rng.bool() {
+                for _ in 0..4 {
+                    stack.push(rng.usize(0..200));
+                }
+            }
+            for _ in 0..3 {
+                stack.push(200 + rng.usize(0..300));
+            }
+            while stack.len() < DEPTH {
+                stack.push(first + rng.usize(0..150));
+            }
+            samples.push(Sample {
+                pid: 1000 + process as u32,
+                comm: format!("service-{process}"),
+                labels: labels.clone(),
+                locations: stack,
+                count: 1 + rng.u64(0..20),
+            });
+        }
+    }
+    Profile {
+        start,
+        duration: Duration::from_secs(10),
+        period_ns: 52_631_578,
+        mappings,
+        locations,
+        samples,
+    }
+}
+
+/// A Pyroscope stand-in: answers every push 200 and counts bytes.
+struct StandIn {
+    port: u16,
+    runtime: tokio::runtime::Runtime,
+    bytes: Arc<AtomicU64>,
+    pushes: Arc<AtomicU64>,
+}
+
+impl StandIn {
+    fn start() -> StandIn {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        StandIn {
+            port,
+            runtime,
+            bytes: Arc::default(),
+            pushes: Arc::default(),
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    fn listen(&self) {
+        let listener = self
+            .runtime
+            .block_on(tokio::net::TcpListener::bind(("127.0.0.1", self.port)))
+            .expect("binding the stand-in");
+        let (bytes, pushes) = (self.bytes.clone(), self.pushes.clone());
+        let app = axum::Router::new().route(
+            "/push.v1.PusherService/Push",
+            axum::routing::post(move |body: axum::body::Bytes| {
+                bytes.fetch_add(body.len() as u64, Ordering::Relaxed);
+                pushes.fetch_add(1, Ordering::Relaxed);
+                async { "" }
+            }),
+        );
+        self.runtime.spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+    }
+}
+
+fn thread_cpu() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the timespec it is given.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+fn encode_and_send(server: &StandIn) {
+    server.listen();
+    let settings = ClientSettings::new(&RemoteConfig {
+        url: Some(server.url()),
+        ..RemoteConfig::default()
+    })
+    .expect("settings");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let client = pyroscope::Client::new(&settings).expect("a client");
+    let mut cpu = Vec::new();
+    let mut wire = 0;
+    for i in 0..31 {
+        let profile = synthetic_window(SystemTime::now(), i);
+        let started = thread_cpu();
+        let window = EncodedWindow::new(&profile);
+        assert_eq!(window.series.len(), SERIES);
+        for group in window.request_groups(sink::MAX_REQUEST_BYTES) {
+            let request = client.prepare(&window, group);
+            wire = runtime.block_on(client.send(&request)).expect("sending");
+        }
+        // The first one warms the connection and the allocator.
+        if i > 0 {
+            cpu.push(thread_cpu() - started);
+        }
+    }
+    cpu.sort();
+    let median = cpu[cpu.len() / 2];
+    println!(
+        "remote: encode and send one window of {SERIES} series ({} stacks of {DEPTH} frames, \
+         {:.0} KiB pushed): median {:.1} ms CPU of {} (min {:.1}, max {:.1}) ({}: at most 50 ms)",
+        SERIES * STACKS_PER_SERIES,
+        wire as f64 / 1024.0,
+        median.as_secs_f64() * 1e3,
+        cpu.len(),
+        cpu[0].as_secs_f64() * 1e3,
+        cpu[cpu.len() - 1].as_secs_f64() * 1e3,
+        verdict(median <= Duration::from_millis(50)),
+    );
+}
+
+fn verdict(ok: bool) -> &'static str {
+    if ok {
+        "meets target"
+    } else {
+        "MISSES target"
+    }
+}
+
+/// The daemon's HTTP address for the bench.
+const HTTP_ADDRESS: &str = "127.0.0.1:17072";
+
+fn server_down_hour(scorch: &Path, work: &Path, server: StandIn) {
+    let store_dir = work.join("remote-backlog-store");
+    let _ = std::fs::remove_dir_all(&store_dir);
+    // The port of a stand-in that is not listening yet: the server is down.
+    let down = StandIn::start();
+    let url = down.url();
+    {
+        let mut store = Store::open(&store_dir, Retention::default()).expect("a store");
+        let now = SystemTime::now();
+        for i in 0..BACKLOG_WINDOWS {
+            let start = now - Duration::from_secs(10 * (BACKLOG_WINDOWS - i) as u64);
+            store
+                .write_window(&synthetic_window(start, i as u64 % 8))
+                .expect("writing a window");
+        }
+        // A sink that has been running and delivered none of them.
+        let name = sink::cursor_name(
+            RemoteProtocol::Pyroscope,
+            &sink::endpoint(&url, false).expect("url"),
+        );
+        store.set_cursor(&name, 0).expect("cursor");
+        store
+            .set_cursor(&format!("{name}#started"), 1)
+            .expect("cursor");
+        store.checkpoint().expect("checkpoint");
+        println!(
+            "remote: backlog store of {BACKLOG_WINDOWS} windows x {SERIES} series: {:.1} MiB",
+            store.disk_bytes() as f64 / (1 << 20) as f64
+        );
+    }
+    drop(server);
+
+    let mut daemon = Command::new(scorch)
+        .args(["run", "--http-address", HTTP_ADDRESS, "--remote-url", &url])
+        .arg("--store")
+        .arg(&store_dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("starting scorch run");
+    let pid = daemon.id();
+    let guard = KillOnDrop(pid);
+    let started = Instant::now();
+    let mut rss = Vec::new();
+    while started.elapsed() < Duration::from_secs(DOWN_SECONDS) {
+        std::thread::sleep(Duration::from_secs(1));
+        rss.push(rss_kib(pid));
+    }
+    let queued = metric("scorch_remote_queue_windows");
+    let retries = metric("scorch_remote_retries_total");
+    rss.sort_unstable();
+    let max = rss[rss.len() - 1] as f64 / 1024.0;
+    println!(
+        "remote: server down {DOWN_SECONDS} s with an hour ({BACKLOG_WINDOWS} windows) queued: \
+         RSS median {:.1} MiB, max {max:.1} MiB ({}: under 40 MB); {queued:.0} windows queued, \
+         {retries:.0} retries",
+        rss[rss.len() / 2] as f64 / 1024.0,
+        verdict(max * 1.048_576 < 40.0),
+    );
+
+    // The server comes back.
+    down.listen();
+    let back = Instant::now();
+    let mut peak = 0u64;
+    loop {
+        std::thread::sleep(Duration::from_millis(100));
+        peak = peak.max(rss_kib(pid));
+        if metric("scorch_remote_queue_windows") == 0.0 || back.elapsed() > Duration::from_secs(600)
+        {
+            break;
+        }
+    }
+    let drain = back.elapsed().as_secs_f64();
+    let sent = metric("scorch_remote_windows_sent_total");
+    let covered = sent * 10.0;
+    println!(
+        "remote: backlog drained: {sent:.0} windows ({covered:.0} s of profiles, {:.1} MiB \
+         pushed) in {drain:.1} s = {:.0}x real time ({}: at least 10x); RSS max while draining \
+         {:.1} MiB",
+        down.bytes.load(Ordering::Relaxed) as f64 / (1 << 20) as f64,
+        covered / drain,
+        verdict(covered / drain >= 10.0),
+        peak as f64 / 1024.0,
+    );
+    drop(guard);
+    let _ = daemon.wait();
+}
+
+struct KillOnDrop(u32);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) on the daemon this bench started.
+        unsafe { libc::kill(self.0 as i32, libc::SIGTERM) };
+    }
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// A metric of the daemon (summed over labels); 0 when it cannot be read.
+fn metric(name: &str) -> f64 {
+    use std::io::{Read, Write};
+    let Ok(mut stream) = std::net::TcpStream::connect(HTTP_ADDRESS) else {
+        return 0.0;
+    };
+    let _ = write!(
+        stream,
+        "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    );
+    let mut text = String::new();
+    let _ = stream.read_to_string(&mut text);
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.rsplit_once(' '))
+        .filter(|(series, _)| series.split('{').next() == Some(name))
+        .filter_map(|(_, value)| value.parse::<f64>().ok())
+        .sum()
+}

@@ -1,0 +1,325 @@
+//! Labels: what each profile belongs to.
+//!
+//! discover (/proc, cgroup path, Kubernetes API) -> `__meta_*` labels + defaults
+//!   -> relabel (the config's rules) -> the series' labels, or "dropped"
+//!
+//! The outcome is computed once per process (a pid is checked against its start time, so a
+//! reused pid is a new process) and kept until the process exits. A dropped process is also
+//! pushed into the BPF program's filter by the daemon, so it stops costing stack walks.
+
+pub mod cgroup;
+pub mod relabel;
+
+use std::{collections::HashMap, sync::Arc};
+
+use crate::profile::Labels;
+use relabel::{InvalidLabel, Outcome, Rule};
+
+/// The host's name: `NODE_NAME` (set from the downward API in Kubernetes), else the kernel's.
+pub fn node_name() -> String {
+    std::env::var("NODE_NAME")
+        .ok()
+        .filter(|n| !n.is_empty())
+        .unwrap_or_else(crate::record::hostname)
+}
+
+/// What is known about a process, as `__meta_*` labels.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ProcessFacts {
+    pub pid: u32,
+    pub comm: String,
+    /// Path of the executable, as the process's mount namespace names it.
+    pub executable: Option<String>,
+    pub cgroup: Option<String>,
+    pub cgroup_facts: cgroup::CgroupFacts,
+}
+
+impl ProcessFacts {
+    /// Reads `/proc/PID/{comm,exe,cgroup}`. A process that has exited reads as mostly empty.
+    pub fn read(pid: u32) -> ProcessFacts {
+        let proc = format!("/proc/{pid}");
+        let comm = std::fs::read_to_string(format!("{proc}/comm"))
+            .map(|c| c.trim_end().to_owned())
+            .unwrap_or_default();
+        let executable = std::fs::read_link(format!("{proc}/exe"))
+            .ok()
+            .map(|p| p.to_string_lossy().into_owned());
+        let cgroup = std::fs::read_to_string(format!("{proc}/cgroup"))
+            .ok()
+            .and_then(|text| cgroup::process_cgroup(&text));
+        let cgroup_facts = cgroup.as_deref().map(cgroup::facts).unwrap_or_default();
+        ProcessFacts {
+            pid,
+            comm,
+            executable,
+            cgroup,
+            cgroup_facts,
+        }
+    }
+}
+
+/// Kubernetes names of a process's pod and container.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PodFacts {
+    pub namespace: String,
+    pub pod: String,
+    pub container: Option<String>,
+    pub labels: Labels,
+}
+
+/// The discovered labels: `__meta_*` for relabelling rules to read, and the defaults a series
+/// gets when no rule changes them (`node`, `comm`, `pid`, `executable`, `cgroup`,
+/// `container_id`, `systemd_unit`, `namespace`, `pod`, `container`, `service_name`).
+pub fn discovered_labels(node: &str, process: &ProcessFacts, pod: Option<&PodFacts>) -> Labels {
+    let mut labels = Labels::new();
+    let mut put = |meta: &str, default: Option<&str>, value: Option<&str>| {
+        if let Some(value) = value.filter(|v| !v.is_empty()) {
+            labels.insert(format!("__meta_{meta}"), value.to_owned());
+            if let Some(default) = default {
+                labels.insert(default.to_owned(), value.to_owned());
+            }
+        }
+    };
+    let pid = process.pid.to_string();
+    put("node", Some("node"), Some(node));
+    put("process_comm", Some("comm"), Some(&process.comm));
+    put("process_pid", Some("pid"), Some(&pid));
+    put(
+        "process_executable",
+        Some("executable"),
+        process.executable.as_deref(),
+    );
+    put("process_cgroup", Some("cgroup"), process.cgroup.as_deref());
+    let facts = &process.cgroup_facts;
+    put(
+        "container_id",
+        Some("container_id"),
+        facts.container_id.as_deref(),
+    );
+    put(
+        "systemd_unit",
+        Some("systemd_unit"),
+        facts.systemd_unit.as_deref(),
+    );
+    put("kubernetes_pod_uid", None, facts.pod_uid.as_deref());
+    if let Some(pod) = pod {
+        put(
+            "kubernetes_namespace",
+            Some("namespace"),
+            Some(&pod.namespace),
+        );
+        put("kubernetes_pod_name", Some("pod"), Some(&pod.pod));
+        put(
+            "kubernetes_pod_container_name",
+            Some("container"),
+            pod.container.as_deref(),
+        );
+        for (name, value) in &pod.labels {
+            put(
+                &format!("kubernetes_pod_label_{}", sanitize_label_name(name)),
+                None,
+                Some(value),
+            );
+        }
+    }
+    // Pyroscope's application name: the pod's app label, else the unit, else the command.
+    let service = pod
+        .and_then(|p| {
+            p.labels
+                .get("app.kubernetes.io/name")
+                .or_else(|| p.labels.get("app"))
+        })
+        .map(String::as_str)
+        .or(facts
+            .systemd_unit
+            .as_deref()
+            .filter(|u| u.ends_with(".service")))
+        .unwrap_or(&process.comm);
+    if !service.is_empty() {
+        labels.insert("service_name".to_owned(), service.to_owned());
+    }
+    labels
+}
+
+/// Kubernetes label names (`app.kubernetes.io/name`) as Prometheus label names
+/// (`app_kubernetes_io_name`), the way Prometheus's service discovery writes them.
+pub fn sanitize_label_name(name: &str) -> String {
+    name.chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect()
+}
+
+/// Labels per process: discovery, relabelling and external labels, cached per process.
+pub struct Labeler {
+    node: String,
+    rules: Vec<Rule>,
+    external: Labels,
+    /// pid -> (process start time, outcome). The start time tells a reused pid apart.
+    cache: HashMap<u32, (u64, Arc<Outcome>)>,
+    /// Resolves a pod UID and container id to names, when running in Kubernetes.
+    pods: Option<Box<dyn Fn(&str, Option<&str>) -> Option<PodFacts> + Send>>,
+    /// Invalid label names rules produced, reported once per rule.
+    reported: std::collections::HashSet<(usize, String)>,
+}
+
+impl Labeler {
+    pub fn new(node: String, rules: Vec<Rule>, external: Labels) -> Labeler {
+        Labeler {
+            node,
+            rules,
+            external,
+            cache: HashMap::new(),
+            pods: None,
+            reported: Default::default(),
+        }
+    }
+
+    /// Names pods: `lookup(pod_uid, container_id)`.
+    pub fn with_pods(
+        mut self,
+        lookup: impl Fn(&str, Option<&str>) -> Option<PodFacts> + Send + 'static,
+    ) -> Labeler {
+        self.pods = Some(Box::new(lookup));
+        self
+    }
+
+    /// Whether any rule can drop a process (then the BPF filter is worth maintaining).
+    pub fn can_drop(&self) -> bool {
+        self.rules
+            .iter()
+            .any(|r| matches!(r.action, relabel::Action::Keep | relabel::Action::Drop))
+    }
+
+    /// The outcome for `pid`: computed on first sight, then cached for the process's life.
+    pub fn outcome(&mut self, pid: u32) -> Arc<Outcome> {
+        let started = start_time(pid);
+        if let Some((cached_start, outcome)) = self.cache.get(&pid) {
+            // An exited process (start 0) keeps what was computed while it ran.
+            if started == 0 || *cached_start == started {
+                return outcome.clone();
+            }
+        }
+        let process = ProcessFacts::read(pid);
+        let pod = match (&self.pods, &process.cgroup_facts.pod_uid) {
+            (Some(lookup), Some(uid)) => lookup(uid, process.cgroup_facts.container_id.as_deref()),
+            _ => None,
+        };
+        let mut invalid = Vec::new();
+        let outcome = match relabel::relabel(
+            discovered_labels(&self.node, &process, pod.as_ref()),
+            &self.rules,
+            &mut invalid,
+        ) {
+            Outcome::Keep(mut labels) => {
+                for (name, value) in &self.external {
+                    labels.insert(name.clone(), value.clone());
+                }
+                Outcome::Keep(labels)
+            }
+            dropped => dropped,
+        };
+        for InvalidLabel { rule, name } in invalid {
+            if self.reported.insert((rule, name.clone())) {
+                tracing::warn!("{}", InvalidLabel { rule, name });
+            }
+        }
+        let outcome = Arc::new(outcome);
+        // A process seen without a start time has exited: do not cache a guess.
+        if started != 0 {
+            self.cache.insert(pid, (started, outcome.clone()));
+        }
+        outcome
+    }
+
+    /// Forgets processes that have exited; returns their pids.
+    pub fn forget_exited(&mut self) -> Vec<u32> {
+        let exited: Vec<u32> = self
+            .cache
+            .keys()
+            .copied()
+            .filter(|pid| start_time(*pid) == 0)
+            .collect();
+        for pid in &exited {
+            self.cache.remove(pid);
+        }
+        exited
+    }
+}
+
+/// A process's start time (field 22 of /proc/PID/stat, clock ticks since boot); 0 when gone.
+fn start_time(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            let rest = stat.rsplit_once(')')?.1;
+            rest.split_whitespace().nth(19)?.parse().ok()
+        })
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_and_meta_labels() {
+        let process = ProcessFacts {
+            pid: 7,
+            comm: "nginx".into(),
+            executable: Some("/usr/sbin/nginx".into()),
+            cgroup: Some("/system.slice/nginx.service".into()),
+            cgroup_facts: cgroup::facts("/system.slice/nginx.service"),
+        };
+        let labels = discovered_labels("node7", &process, None);
+        assert_eq!(labels["node"], "node7");
+        assert_eq!(labels["comm"], "nginx");
+        assert_eq!(labels["pid"], "7");
+        assert_eq!(labels["executable"], "/usr/sbin/nginx");
+        assert_eq!(labels["systemd_unit"], "nginx.service");
+        assert_eq!(labels["service_name"], "nginx.service");
+        assert_eq!(labels["__meta_systemd_unit"], "nginx.service");
+        assert!(!labels.contains_key("container_id"));
+
+        let pod = PodFacts {
+            namespace: "shop".into(),
+            pod: "checkout-7d9".into(),
+            container: Some("app".into()),
+            labels: Labels::from([("app.kubernetes.io/name".into(), "checkout".into())]),
+        };
+        let labels = discovered_labels("node7", &process, Some(&pod));
+        assert_eq!(labels["namespace"], "shop");
+        assert_eq!(labels["pod"], "checkout-7d9");
+        assert_eq!(labels["container"], "app");
+        assert_eq!(
+            labels["__meta_kubernetes_pod_label_app_kubernetes_io_name"],
+            "checkout"
+        );
+        assert_eq!(labels["service_name"], "checkout");
+    }
+
+    #[test]
+    fn labels_this_process_and_drops_by_rule() {
+        let me = std::process::id();
+        let mut labeler = Labeler::new(
+            "n".into(),
+            Vec::new(),
+            Labels::from([("env".into(), "test".into())]),
+        );
+        let Outcome::Keep(labels) = &*labeler.outcome(me) else {
+            panic!("dropped without rules")
+        };
+        assert_eq!(labels["pid"], me.to_string());
+        assert_eq!(labels["env"], "test");
+        assert!(labels.keys().all(|k| !k.starts_with("__")));
+        let rules = relabel::compile(&[relabel::RuleConfig {
+            source_labels: vec!["comm".into()],
+            regex: Some("no-such-command".into()),
+            action: Some("keep".into()),
+            ..Default::default()
+        }])
+        .unwrap();
+        let mut labeler = Labeler::new("n".into(), rules, Labels::new());
+        assert!(labeler.can_drop());
+        assert_eq!(*labeler.outcome(me), Outcome::Dropped { rule: 1 });
+    }
+}

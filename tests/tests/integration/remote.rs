@@ -1,0 +1,451 @@
+//! The remote sink against fake Pyroscope and Parca servers on loopback (see
+//! `scorch_tests::fake_remote`): every window the daemon stored reaches the server through
+//! faults (down at start, down in the middle, 5xx, 429 with Retry-After, answers slower than
+//! the timeout, connection resets, a refused request) and a restart with a backlog; duplicates
+//! only where the server can discard them (Pyroscope: the same RawSample ID).
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    path::{Path, PathBuf},
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
+
+use anyhow::{ensure, Context, Result};
+use scorch::{
+    sink::{self, RemoteProtocol},
+    store::Store,
+};
+use scorch_tests::{
+    build_workload,
+    fake_remote::{FakeRemote, Fault, Protocol, Received},
+    go_pprof, http_get, work_dir, Daemon, Workload,
+};
+
+/// A metric's value (summed over its label sets) in the daemon's /metrics.
+fn metric(address: &str, name: &str) -> Result<f64> {
+    let (status, body) = http_get(address, "/metrics")?;
+    ensure!(status == 200, "/metrics answered {status}");
+    let text = String::from_utf8(body)?;
+    let mut total = None;
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let Some((series, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        if series.split('{').next() == Some(name) {
+            *total.get_or_insert(0.0) += value.parse::<f64>()?;
+        }
+    }
+    total.with_context(|| format!("no {name} in /metrics"))
+}
+
+fn fresh_dir(name: &str) -> Result<PathBuf> {
+    let dir = work_dir().join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
+}
+
+/// Waits until `condition` holds, polling; fails after `limit` with `what`.
+fn wait_until(
+    limit: Duration,
+    what: &str,
+    mut condition: impl FnMut() -> Result<bool>,
+) -> Result<()> {
+    let deadline = Instant::now() + limit;
+    loop {
+        if condition()? {
+            return Ok(());
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "timed out after {limit:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Waits until the daemon has written `windows` more windows than `from`.
+fn wait_windows(daemon: &Daemon, from: f64, windows: f64) -> Result<f64> {
+    let mut now = 0.0;
+    wait_until(Duration::from_secs(30), "windows to be written", || {
+        now = metric(&daemon.address, "scorch_windows_written_total")?;
+        Ok(now >= from + windows)
+    })?;
+    Ok(now)
+}
+
+/// Waits until the sink has nothing queued and the server has taken everything written.
+fn wait_drained(daemon: &Daemon, limit: Duration) -> Result<()> {
+    wait_until(limit, "the remote queue to drain", || {
+        Ok(metric(&daemon.address, "scorch_remote_queue_windows")? == 0.0)
+    })
+}
+
+fn start_ns(time: SystemTime) -> i64 {
+    time.duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i64)
+        .unwrap_or(0)
+}
+
+/// Every window in the store up to the sink's cursor reached the server with every one of its
+/// series, except those in `refused`; duplicates only with the same ID (Pyroscope) or none
+/// (Parca). Returns the windows checked.
+fn check_delivery(store_dir: &Path, fake: &FakeRemote, refused: &BTreeSet<i64>) -> Result<usize> {
+    let store = Store::open_read_only(store_dir)?;
+    let protocol = match fake.protocol {
+        Protocol::Pyroscope => RemoteProtocol::Pyroscope,
+        Protocol::Parca => RemoteProtocol::Parca,
+    };
+    let name = sink::cursor_name(protocol, &sink::endpoint(&fake.url(), false)?);
+    let cursor = store.cursor(&name)?;
+    let windows = store.windows_after(0, 1 << 20)?;
+    let newest = windows.last().map_or(0, |w| w.0);
+    // The partial window flushed at exit may still wait, for the next start.
+    ensure!(
+        cursor >= newest - 1,
+        "the sink's cursor is at {cursor}, the store's newest window {newest}"
+    );
+
+    let received: Vec<Received> = fake.received().into_iter().filter(|r| r.accepted).collect();
+    let mut by_series: BTreeMap<(i64, BTreeMap<String, String>), Vec<&Received>> = BTreeMap::new();
+    for r in &received {
+        let mut key_labels = r.labels.clone();
+        // The labels scorch adds for the server, not the series' own.
+        key_labels.remove("__name__");
+        key_labels.remove("service_name");
+        by_series
+            .entry((r.start_ns, key_labels))
+            .or_default()
+            .push(r);
+    }
+    for (key, copies) in &by_series {
+        if copies.len() > 1 {
+            ensure!(
+                fake.protocol == Protocol::Pyroscope,
+                "{} copies of {key:?} reached Parca, which cannot discard duplicates",
+                copies.len()
+            );
+            ensure!(
+                copies.iter().all(|c| c.id == copies[0].id),
+                "copies of {key:?} carry different IDs: the server cannot discard them"
+            );
+        }
+    }
+
+    let mut checked = 0;
+    for &(id, range) in windows.iter().filter(|(id, _)| *id <= cursor) {
+        let start = start_ns(range.from);
+        if refused.contains(&start) {
+            continue;
+        }
+        let profile = store
+            .window_profile(id)?
+            .with_context(|| format!("window {id} gone from the store"))?;
+        for series in sink::split_by_series(&profile) {
+            let mut labels = series.labels.clone();
+            labels.remove("service_name");
+            ensure!(
+                by_series.contains_key(&(start, labels.clone())),
+                "window {id} (start {start}), series {labels:?} never reached the server; \
+                 it got {} profiles",
+                received.len()
+            );
+        }
+        checked += 1;
+    }
+    ensure!(
+        fake.protocol_errors().is_empty(),
+        "{:?}",
+        fake.protocol_errors()
+    );
+    Ok(checked)
+}
+
+/// Every profile received goes through `go tool pprof` (all at once: it reads each file).
+fn pprof_reads_everything(fake: &FakeRemote, dir: &Path) -> Result<()> {
+    let mut files = Vec::new();
+    for (i, r) in fake.received().iter().enumerate() {
+        let path = dir.join(format!("received-{i}.pb.gz"));
+        std::fs::write(&path, &r.pprof)?;
+        files.push(path.to_string_lossy().into_owned());
+    }
+    ensure!(!files.is_empty(), "nothing received");
+    let (last, rest) = files.split_last().context("no files")?;
+    let mut args = vec!["-top"];
+    args.extend(rest.iter().map(String::as_str));
+    let top = go_pprof(&args, Path::new(last))?;
+    ensure!(top.contains("calltree") || top.contains("flat"), "{top}");
+    Ok(())
+}
+
+/// The windows (starts) of the requests answered `answer`.
+fn refused_windows(fake: &FakeRemote, answer: &str) -> BTreeSet<i64> {
+    fake.received()
+        .iter()
+        .filter(|r| r.answer == answer)
+        .map(|r| r.start_ns)
+        .collect()
+}
+
+fn calltree() -> Result<Workload> {
+    let program = build_workload("calltree", &["-O2", "-fno-omit-frame-pointer", "-g"])?;
+    Workload::start(&program, &["1", "120"])
+}
+
+#[test]
+fn pyroscope_receives_every_window_through_faults() -> Result<()> {
+    let dir = fresh_dir("remote-pyroscope")?;
+    let password = dir.join("password");
+    std::fs::write(&password, "hunter2-secret\n")?;
+    let _workload = calltree()?;
+    // Down at start: nobody listens on the port the daemon is given.
+    let port = FakeRemote::free_port()?;
+    let mut fake = FakeRemote::down_on(Protocol::Pyroscope, port)?;
+    let url = fake.url();
+    let store = dir.join("store");
+    let daemon = Daemon::start(
+        &store,
+        &[
+            "--window",
+            "1s",
+            "--remote-url",
+            &url,
+            "--remote-protocol",
+            "pyroscope",
+            "--remote-timeout",
+            "1s",
+            "--remote-basic-auth-user",
+            "scorch-user",
+            "--remote-basic-auth-password-file",
+            password.to_str().context("path")?,
+            "--remote-tenant",
+            "team-a",
+        ],
+    )?;
+    let written = wait_windows(&daemon, 0.0, 3.0)?;
+    ensure!(metric(&daemon.address, "scorch_remote_windows_sent_total")? == 0.0);
+    ensure!(metric(&daemon.address, "scorch_remote_queue_windows")? >= 1.0);
+    fake.up()?;
+    wait_drained(&daemon, Duration::from_secs(40))?;
+
+    // Failing answers of every kind, in a row, then a refused request.
+    fake.inject([
+        Fault::Status(500),
+        Fault::Status(503),
+        Fault::RetryAfter(2),
+        Fault::Slow(Duration::from_millis(2500)),
+        Fault::Reset,
+        Fault::Status(400),
+    ]);
+    wait_until(Duration::from_secs(60), "the faults to be used", || {
+        Ok(fake.faults_left() == 0)
+    })?;
+    let written = wait_windows(&daemon, written, 2.0)?;
+    wait_drained(&daemon, Duration::from_secs(30))?;
+
+    // Down for a while in the middle, connections reset.
+    fake.down();
+    let written = wait_windows(&daemon, written, 6.0)?;
+    ensure!(metric(&daemon.address, "scorch_remote_queue_windows")? >= 3.0);
+    fake.up()?;
+    wait_windows(&daemon, written, 1.0)?;
+    wait_drained(&daemon, Duration::from_secs(40))?;
+
+    let metrics_text = String::from_utf8(http_get(&daemon.address, "/metrics")?.1)?;
+    ensure!(metric(&daemon.address, "scorch_remote_retries_total")? >= 5.0);
+    ensure!(metric(&daemon.address, "scorch_remote_windows_rejected_total")? == 1.0);
+    ensure!(metric(&daemon.address, "scorch_remote_sent_bytes_total")? > 0.0);
+    let cmdline = std::fs::read(format!("/proc/{}/cmdline", daemon.pid()))?;
+    let (status, _, stderr) = daemon.stop()?;
+    ensure!(
+        status.success(),
+        "scorch run exited with {status}:\n{stderr}"
+    );
+
+    // The secret shows nowhere: not in the log, /metrics or the process list.
+    for (place, text) in [
+        ("the log", stderr.as_bytes()),
+        ("/metrics", metrics_text.as_bytes()),
+        ("the command line", &cmdline[..]),
+    ] {
+        ensure!(
+            !String::from_utf8_lossy(text).contains("hunter2"),
+            "the password shows in {place}"
+        );
+    }
+    // The refusal was logged with the server's message.
+    ensure!(stderr.contains("this profile is refused"), "{stderr}");
+
+    let requests = fake.requests();
+    // Credentials and tenant on every request.
+    for request in &requests {
+        let auth = request
+            .headers
+            .get("authorization")
+            .and_then(|v| v.to_str().ok());
+        // base64("scorch-user:hunter2-secret")
+        ensure!(
+            auth == Some("Basic c2NvcmNoLXVzZXI6aHVudGVyMi1zZWNyZXQ="),
+            "authorization {auth:?}"
+        );
+        ensure!(request
+            .headers
+            .get("x-scope-orgid")
+            .is_some_and(|v| v == "team-a"));
+    }
+    // Retry-After: 2 was honoured.
+    let throttled = requests
+        .iter()
+        .position(|r| r.answer == "429")
+        .context("no 429 answered")?;
+    let waited = requests[throttled + 1].at - requests[throttled].at;
+    ensure!(
+        waited >= Duration::from_millis(1900),
+        "retried {waited:?} after a 429 asking 2 s"
+    );
+
+    let refused = refused_windows(&fake, "400");
+    ensure!(refused.len() == 1, "refused windows {refused:?}");
+    let checked = check_delivery(&store, &fake, &refused)?;
+    ensure!(checked >= 12, "only {checked} windows checked");
+    pprof_reads_everything(&fake, &dir)?;
+    Ok(())
+}
+
+#[test]
+fn parca_receives_every_window_through_faults() -> Result<()> {
+    let dir = fresh_dir("remote-parca")?;
+    let token = dir.join("token");
+    std::fs::write(&token, "parca-token-123\n")?;
+    let _workload = calltree()?;
+    let port = FakeRemote::free_port()?;
+    let mut fake = FakeRemote::down_on(Protocol::Parca, port)?;
+    let store = dir.join("store");
+    let address = fake.address.to_string();
+    let daemon = Daemon::start(
+        &store,
+        &[
+            "--window",
+            "1s",
+            // host:port with remote-insecure: plaintext gRPC, as Parca is often run.
+            "--remote-url",
+            &address,
+            "--remote-insecure",
+            "--remote-protocol",
+            "parca",
+            "--remote-timeout",
+            "1s",
+            "--remote-bearer-token-file",
+            token.to_str().context("path")?,
+        ],
+    )?;
+    let written = wait_windows(&daemon, 0.0, 3.0)?;
+    fake.up()?;
+    wait_drained(&daemon, Duration::from_secs(40))?;
+
+    fake.inject([
+        Fault::Status(14), // UNAVAILABLE
+        Fault::Status(13), // INTERNAL
+        Fault::RetryAfter(2),
+        Fault::Slow(Duration::from_millis(2500)),
+        Fault::Reset,
+        Fault::Status(3), // INVALID_ARGUMENT: not retried
+    ]);
+    wait_until(Duration::from_secs(60), "the faults to be used", || {
+        Ok(fake.faults_left() == 0)
+    })?;
+    let written = wait_windows(&daemon, written, 2.0)?;
+    wait_drained(&daemon, Duration::from_secs(30))?;
+
+    fake.down();
+    let written = wait_windows(&daemon, written, 6.0)?;
+    fake.up()?;
+    wait_windows(&daemon, written, 1.0)?;
+    wait_drained(&daemon, Duration::from_secs(40))?;
+    ensure!(metric(&daemon.address, "scorch_remote_windows_rejected_total")? == 1.0);
+    let (status, _, stderr) = daemon.stop()?;
+    ensure!(
+        status.success(),
+        "scorch run exited with {status}:\n{stderr}"
+    );
+    ensure!(
+        !stderr.contains("parca-token-123"),
+        "the token shows in the log"
+    );
+
+    let requests = fake.requests();
+    for request in &requests {
+        let auth = request
+            .headers
+            .get("authorization")
+            .and_then(|v| v.to_str().ok());
+        ensure!(
+            auth == Some("Bearer parca-token-123"),
+            "authorization {auth:?}"
+        );
+    }
+    let throttled = requests
+        .iter()
+        .position(|r| r.answer == "grpc 8")
+        .context("no RESOURCE_EXHAUSTED answered")?;
+    let waited = requests[throttled + 1].at - requests[throttled].at;
+    ensure!(
+        waited >= Duration::from_millis(1900),
+        "retried {waited:?} after asking 2 s"
+    );
+
+    let refused = refused_windows(&fake, "grpc 3");
+    ensure!(refused.len() == 1, "refused windows {refused:?}");
+    // The answer slower than the deadline was abandoned by the server, then sent again.
+    ensure!(requests.iter().any(|r| r.answer == "deadline exceeded"));
+    let checked = check_delivery(&store, &fake, &refused)?;
+    ensure!(checked >= 12, "only {checked} windows checked");
+    pprof_reads_everything(&fake, &dir)?;
+    Ok(())
+}
+
+#[test]
+fn a_restart_with_a_backlog_loses_nothing() -> Result<()> {
+    let dir = fresh_dir("remote-restart")?;
+    let _workload = calltree()?;
+    let port = FakeRemote::free_port()?;
+    let mut fake = FakeRemote::down_on(Protocol::Pyroscope, port)?;
+    let url = fake.url();
+    let store = dir.join("store");
+    let args = [
+        "--window",
+        "1s",
+        "--remote-url",
+        &url,
+        "--remote-timeout",
+        "1s",
+    ];
+    // The server is away for the whole first run: its windows are the backlog.
+    let daemon = Daemon::start(&store, &args)?;
+    wait_windows(&daemon, 0.0, 4.0)?;
+    let (status, _, stderr) = daemon.stop()?;
+    ensure!(
+        status.success(),
+        "scorch run exited with {status}:\n{stderr}"
+    );
+    let backlog = Store::open_read_only(&store)?
+        .windows_after(0, 1 << 20)?
+        .len();
+    ensure!(backlog >= 4, "{backlog} windows in the backlog");
+
+    fake.up()?;
+    let daemon = Daemon::start(&store, &args)?;
+    wait_until(Duration::from_secs(30), "the backlog to be sent", || {
+        Ok(metric(&daemon.address, "scorch_remote_windows_sent_total")? >= backlog as f64)
+    })?;
+    wait_windows(&daemon, 0.0, 2.0)?;
+    wait_drained(&daemon, Duration::from_secs(30))?;
+    let (status, _, stderr) = daemon.stop()?;
+    ensure!(
+        status.success(),
+        "scorch run exited with {status}:\n{stderr}"
+    );
+    let checked = check_delivery(&store, &fake, &BTreeSet::new())?;
+    ensure!(checked >= backlog + 2, "only {checked} windows checked");
+    Ok(())
+}
