@@ -8,6 +8,7 @@
 //! pushed into the BPF program's filter by the daemon, so it stops costing stack walks.
 
 pub mod cgroup;
+pub mod kubernetes;
 pub mod relabel;
 
 use std::{collections::HashMap, sync::Arc};
