@@ -502,6 +502,22 @@ pub fn release_free_memory() {
     }
 }
 
+/// Like [`release_free_memory`], but only when the allocator holds more than `threshold`
+/// bytes of free memory: trimming every time would hand pages back only to fault them in
+/// (and zero them) again on the next allocation.
+pub fn release_free_memory_above(threshold: usize) {
+    #[cfg(target_env = "gnu")]
+    {
+        // SAFETY: mallinfo2 only reads the allocator's statistics.
+        let free = unsafe { libc::mallinfo2() }.fordblks;
+        if free > threshold {
+            release_free_memory();
+        }
+    }
+    #[cfg(not(target_env = "gnu"))]
+    let _ = threshold;
+}
+
 /// Demangles Rust (legacy and v0) and C++ names; anything else comes back unchanged.
 pub fn demangle(name: &str) -> Cow<'_, str> {
     // Itanium C++ names start with _Z, Rust v0 with _R, legacy Rust is Itanium-shaped. Most
