@@ -133,10 +133,14 @@ fn synthetic_window(start: SystemTime, seed: u64) -> Profile {
                 kernel: false,
             });
         }
-        let labels = Arc::new(Labels::from([(
-            "service_name".to_owned(),
-            format!("service-{}", process % 20),
-        )]));
+        let labels = Arc::new(Labels::from([
+            (
+                "service_name".to_owned(),
+                format!("service-{}", process % 20),
+            ),
+            ("comm".to_owned(), format!("service-{process}")),
+            ("pid".to_owned(), (1000 + process).to_string()),
+        ]));
         for _ in 0..STACKS_PER_SERIES {
             let mut stack = Vec::with_capacity(DEPTH);
             if rng.bool() {
@@ -247,9 +251,9 @@ fn encode_and_send(server: &StandIn) {
     for i in 0..31 {
         let profile = synthetic_window(SystemTime::now(), i);
         let started = thread_cpu();
-        let window = EncodedWindow::new(&profile);
+        let window = EncodedWindow::new(&profile, pyroscope::PACKING);
         assert_eq!(window.series.len(), SERIES);
-        for group in window.request_groups(sink::MAX_REQUEST_BYTES) {
+        for group in window.request_groups(pyroscope::PACKING.max_bytes()) {
             let request = client.prepare(&window, group);
             wire = runtime.block_on(client.send(&request)).expect("sending");
         }

@@ -3,7 +3,10 @@
 use std::fmt;
 
 use crate::{
-    privileges::{Capabilities, CAP_SYSLOG},
+    privileges::{
+        Capabilities, CAP_CHECKPOINT_RESTORE, CAP_DAC_READ_SEARCH, CAP_SYSLOG, CAP_SYS_PTRACE,
+        SETCAP_HINT,
+    },
     sampler::{Sampler, SamplerConfig},
 };
 
@@ -108,9 +111,7 @@ pub fn run_checks() -> Vec<Item> {
                 "uid {euid}, missing {}",
                 caps.missing_for_profiling().join(" and ")
             ),
-            Some(
-                "run with sudo, or: sudo setcap cap_bpf,cap_perfmon,cap_syslog+ep $(which scorch)",
-            ),
+            Some(format!("run with sudo, or: {SETCAP_HINT}").as_str()),
         )
     });
 
@@ -148,13 +149,20 @@ pub fn run_checks() -> Vec<Item> {
                 "{}: /proc/kallsyms hides addresses, kernel frames will be unnamed",
                 k.map_or("unreadable".to_owned(), |k| k.to_string())
             ),
-            Some(if caps.has(CAP_SYSLOG) || euid == 0 {
-                "sudo sysctl kernel.kptr_restrict=0"
-            } else {
-                "grant CAP_SYSLOG, or: sudo sysctl kernel.kptr_restrict=0"
+            // With kptr_restrict=0 the kernel still hides addresses from processes without
+            // CAP_SYSLOG while perf_event_paranoid >= 2.
+            Some(match (caps.has(CAP_SYSLOG) || euid == 0, k) {
+                (true, _) => "sudo sysctl kernel.kptr_restrict=0",
+                (false, Some(0)) => {
+                    "grant CAP_SYSLOG, or: sudo sysctl kernel.perf_event_paranoid=1"
+                }
+                (false, _) => "grant CAP_SYSLOG, or: sudo sysctl kernel.kptr_restrict=0",
             }),
         ),
     });
+
+    items.push(other_processes(caps));
+    items.push(replaced_binaries(caps));
 
     // Decisive: load the real program and attach it on every CPU, then detach.
     let config = SamplerConfig {
@@ -202,6 +210,74 @@ pub fn run_checks() -> Vec<Item> {
         }
     }
     items
+}
+
+/// Whether the binaries of processes that are not this user's can be opened through
+/// /proc/PID/root: the only way to a binary that exists inside a container alone. PID 1 stands
+/// for them: it is root's, and holds every capability.
+fn other_processes(caps: Capabilities) -> Item {
+    let name = "other processes";
+    if caps.has(CAP_SYS_PTRACE) {
+        return item(
+            Status::Ok,
+            name,
+            "CAP_SYS_PTRACE: every process's binaries, containers' included",
+            None,
+        );
+    }
+    match std::fs::read_dir("/proc/1/root") {
+        Ok(_) => item(Status::Ok, name, "/proc/1/root readable", None),
+        Err(err) => item(
+            Status::Warn,
+            name,
+            format!(
+                "/proc/1/root: {err}; without CAP_SYS_PTRACE, binaries of other users' \
+                 processes that exist only inside a container will be unnamed"
+            ),
+            Some("grant CAP_SYS_PTRACE, or run as root"),
+        ),
+    }
+}
+
+/// Whether /proc/PID/map_files opens for other users' processes: the only way to a binary
+/// deleted or replaced (by a package upgrade) since its process started. Optional, because the
+/// capabilities it takes also let scorch read any file.
+fn replaced_binaries(caps: Capabilities) -> Item {
+    let name = "replaced binaries";
+    let mapped = std::fs::read_to_string("/proc/1/maps")
+        .ok()
+        .and_then(|maps| {
+            maps.lines()
+                .find(|line| line.contains(" /"))
+                .and_then(|line| line.split(' ').next().map(str::to_owned))
+        });
+    let opened = mapped
+        .as_ref()
+        .is_some_and(|range| std::fs::metadata(format!("/proc/1/map_files/{range}")).is_ok());
+    if opened {
+        return item(Status::Ok, name, "/proc/PID/map_files readable", None);
+    }
+    let mut missing = Vec::new();
+    if !caps.has(CAP_CHECKPOINT_RESTORE) {
+        missing.push("CAP_CHECKPOINT_RESTORE");
+    }
+    if !caps.has(CAP_DAC_READ_SEARCH) {
+        missing.push("CAP_DAC_READ_SEARCH");
+    }
+    item(
+        Status::Warn,
+        name,
+        format!(
+            "/proc/PID/map_files unreadable{}: binaries deleted or replaced since their process \
+             started will be unnamed",
+            if missing.is_empty() {
+                String::new()
+            } else {
+                format!(" without {}", missing.join(" and "))
+            }
+        ),
+        Some("optional: grant both, or run as root (they also let scorch read any file)"),
+    )
 }
 
 /// True when every check lets profiling work.

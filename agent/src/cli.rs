@@ -35,6 +35,14 @@ pub enum Command {
     Query(crate::query::QueryArgs),
     /// Check that this machine and this user can profile; one line per requirement.
     Check,
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell) to stdout.
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Write the man pages into DIR (used by `cargo xtask package`).
+    #[command(hide = true)]
+    Man { dir: PathBuf },
 }
 
 #[derive(Debug, Clone, Args)]

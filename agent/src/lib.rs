@@ -11,12 +11,14 @@
 pub mod aggregate;
 pub mod check;
 pub mod cli;
+pub mod cli_docs;
 pub mod config;
 pub mod drain;
 pub mod encode;
 pub mod http;
 pub mod labels;
 pub mod metrics;
+pub mod notify;
 pub mod privileges;
 pub mod profile;
 pub mod query;

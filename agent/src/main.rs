@@ -6,6 +6,7 @@ use clap::Parser;
 use scorch::{
     check,
     cli::{Cli, Command},
+    cli_docs,
     config::RunConfig,
     query, record, run,
 };
@@ -94,6 +95,17 @@ fn main() -> ExitCode {
                 eprintln!("{summary}");
                 ExitCode::SUCCESS
             }
+            Err(err) => {
+                eprintln!("scorch: {err}");
+                ExitCode::FAILURE
+            }
+        },
+        Command::Completions { shell } => {
+            cli_docs::write_completions(shell, &mut std::io::stdout());
+            ExitCode::SUCCESS
+        }
+        Command::Man { dir } => match cli_docs::write_man_pages(&dir) {
+            Ok(()) => ExitCode::SUCCESS,
             Err(err) => {
                 eprintln!("scorch: {err}");
                 ExitCode::FAILURE

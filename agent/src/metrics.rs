@@ -10,7 +10,7 @@
 
 use std::{
     fmt,
-    sync::{Mutex, PoisonError},
+    sync::{Arc, Mutex, OnceLock, PoisonError},
     time::{Duration, SystemTime},
 };
 
@@ -27,7 +27,7 @@ use prometheus_client::{
 };
 use scorch_common::Loss;
 
-use crate::drain::Losses;
+use crate::{drain::Losses, labels::kubernetes::Kubernetes};
 
 /// The content type of [`Metrics::encode`]'s output: prometheus-client writes OpenMetrics text
 /// (counters suffixed `_total`, a closing `# EOF`), and Prometheus picks its parser from this.
@@ -70,6 +70,10 @@ pub struct Metrics {
     remote_windows_dropped: Counter,
     remote_queue_windows: Gauge<u64, std::sync::atomic::AtomicU64>,
     remote_queue_age: Gauge<f64, std::sync::atomic::AtomicU64>,
+    /// Set by [`Metrics::watch_kubernetes`] when running in a cluster; the
+    /// `scorch_kubernetes_api_*` metrics exist only then, so outside Kubernetes no one sees an
+    /// API server that looks down.
+    kubernetes: Arc<OnceLock<Kubernetes>>,
 }
 
 /// The `reason` labels of `scorch_remote_failures_total` (see `sink::SendError`), present from
@@ -121,6 +125,7 @@ impl Metrics {
             remote_windows_dropped: Counter::default(),
             remote_queue_windows: Gauge::default(),
             remote_queue_age: Gauge::default(),
+            kubernetes: Arc::default(),
         };
         for reason in REMOTE_FAILURE_REASONS {
             let _ = metrics.remote_failures.get_or_create(&[("reason", reason)]);
@@ -253,6 +258,9 @@ impl Metrics {
             Unit::Seconds,
             metrics.remote_queue_age.clone(),
         );
+        scorch.register_collector(Box::new(KubernetesCollector(Arc::clone(
+            &metrics.kubernetes,
+        ))));
         // Unprefixed: `process_*` are the names every Prometheus client library uses.
         registry.register_collector(Box::new(ProcessCollector));
         Metrics {
@@ -363,6 +371,11 @@ impl Metrics {
         self.remote_queue_age.set(oldest_age_seconds);
     }
 
+    /// Reports the Kubernetes API server's state from now on (read at each scrape).
+    pub fn watch_kubernetes(&self, kubernetes: Kubernetes) {
+        let _ = self.kubernetes.set(kubernetes);
+    }
+
     /// The exposition, in the format [`CONTENT_TYPE`] names.
     pub fn encode(&self) -> String {
         let mut text = String::new();
@@ -371,6 +384,36 @@ impl Metrics {
             tracing::warn!("encoding metrics: {error}");
         }
         text
+    }
+}
+
+/// `scorch_kubernetes_api_up` and `scorch_kubernetes_api_errors_total`, read at scrape time
+/// from the pod metadata cache, and only when running in a cluster.
+#[derive(Debug)]
+struct KubernetesCollector(Arc<OnceLock<Kubernetes>>);
+
+impl Collector for KubernetesCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), fmt::Error> {
+        let Some(kubernetes) = self.0.get() else {
+            return Ok(());
+        };
+        let up = ConstGauge::new(i64::from(kubernetes.reachable()));
+        let metric = encoder.encode_descriptor(
+            "kubernetes_api_up",
+            "1 when the Kubernetes API server answered the last request for pod metadata; \
+             while 0, pods keep the names already known",
+            None,
+            up.metric_type(),
+        )?;
+        up.encode(metric)?;
+        let errors = ConstCounter::new(kubernetes.api_errors());
+        let metric = encoder.encode_descriptor(
+            "kubernetes_api_errors",
+            "Failed requests and broken watches to the Kubernetes API server",
+            None,
+            errors.metric_type(),
+        )?;
+        errors.encode(metric)
     }
 }
 
@@ -619,6 +662,16 @@ mod tests {
         assert_eq!(value(&text, "scorch_remote_windows_dropped_total"), 3.0);
         assert_eq!(value(&text, "scorch_remote_queue_windows"), 12.0);
         assert_eq!(value(&text, "scorch_remote_queue_age_seconds"), 120.5);
+    }
+
+    #[test]
+    fn kubernetes_metrics_only_in_a_cluster() {
+        let metrics = Metrics::new();
+        assert!(!metrics.encode().contains("kubernetes"));
+        metrics.watch_kubernetes(Kubernetes::unstarted_for_tests(false, 3));
+        let text = metrics.encode();
+        assert_eq!(value(&text, "scorch_kubernetes_api_up"), 0.0);
+        assert_eq!(value(&text, "scorch_kubernetes_api_errors_total"), 3.0);
     }
 
     #[test]

@@ -1,10 +1,20 @@
 //! What this process may do: the capabilities profiling needs, read from /proc/self/status.
 
 /// Capability bit numbers (linux/capability.h).
+pub const CAP_DAC_READ_SEARCH: u32 = 2;
+pub const CAP_SYS_PTRACE: u32 = 19;
 pub const CAP_SYS_ADMIN: u32 = 21;
 pub const CAP_SYSLOG: u32 = 34;
 pub const CAP_PERFMON: u32 = 38;
 pub const CAP_BPF: u32 = 39;
+pub const CAP_CHECKPOINT_RESTORE: u32 = 40;
+
+/// What a daemon profiling the whole machine is given (packaging/systemd/scorch.service, the
+/// Kubernetes DaemonSet): CAP_BPF and CAP_PERFMON to profile at all, CAP_SYSLOG for kernel
+/// symbol addresses, CAP_SYS_PTRACE to open other users' processes' files through
+/// /proc/PID/root (binaries inside containers).
+pub const SETCAP_HINT: &str =
+    "sudo setcap cap_bpf,cap_perfmon,cap_syslog,cap_sys_ptrace+ep $(which scorch)";
 
 /// The effective capability set of this process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,7 +66,7 @@ fn parse_cap_eff(status: &str) -> Option<u64> {
 pub fn missing_privileges_message(caps: Capabilities) -> String {
     format!(
         "scorch needs root, or CAP_BPF and CAP_PERFMON (missing: {}); run it with sudo, or \
-         grant them: sudo setcap cap_bpf,cap_perfmon,cap_syslog+ep $(which scorch)",
+         grant them: {SETCAP_HINT}",
         caps.missing_for_profiling().join(", ")
     )
 }

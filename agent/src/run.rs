@@ -26,19 +26,28 @@ use crate::{
     config::RunConfig,
     drain::{DrainError, Drainer},
     http::{self, HttpState},
-    labels::{self, relabel, relabel::Outcome, Labeler},
+    labels::{self, kubernetes::Kubernetes, relabel, relabel::Outcome, Labeler, PodFacts},
     metrics::{Health, Metrics},
+    notify::Systemd,
     privileges::{missing_privileges_message, Capabilities},
     profile::Profile,
     record::{Session, DISCOVERY_INTERVAL},
     sampler::{Sampler, SamplerConfig, SamplerError},
     sink::{self, SinkError},
     store::{Store, StoreError},
-    symbolize::{self, elf::release_free_memory, kernel::KernelSymbolizer, user::UserSymbolizer},
+    symbolize::{
+        self,
+        elf::{release_free_memory, release_free_memory_above},
+        kernel::KernelSymbolizer,
+        user::UserSymbolizer,
+    },
 };
 
 /// Windows kept in memory while the store refuses writes: 30 minutes at the default window.
 pub const MAX_BUFFERED_WINDOWS: usize = 180;
+
+/// Free heap the daemon keeps between windows rather than returning it to the OS.
+const FREE_MEMORY_KEPT: usize = 4 << 20;
 
 /// How long shutdown may take: the partial window is flushed within it, or given up.
 const SHUTDOWN_BUDGET: Duration = Duration::from_secs(4);
@@ -101,7 +110,28 @@ pub async fn run(config: RunConfig, store: Store) -> Result<(), RunError> {
 
     // Rules were checked when the config was read; compiling them again cannot fail then.
     let rules = relabel::compile(&config.relabel).map_err(RunError::Relabel)?;
-    let labeler = Labeler::new(labels::node_name(), rules, config.external_labels.clone());
+    let mut labeler = Labeler::new(labels::node_name(), rules, config.external_labels.clone());
+    // In a cluster, pods are named from the API server; elsewhere this is off, quietly.
+    match Kubernetes::from_environment() {
+        Ok(Some(kubernetes)) => {
+            kubernetes.start();
+            metrics.watch_kubernetes(kubernetes.clone());
+            tracing::info!("naming pods from the Kubernetes API server");
+            labeler = labeler.with_pods(move |uid, container_id| {
+                let pod = kubernetes.pod(uid)?;
+                Some(PodFacts {
+                    container: container_id.and_then(|id| pod.containers.get(id).cloned()),
+                    namespace: pod.namespace,
+                    pod: pod.name,
+                    labels: pod.labels,
+                })
+            });
+        }
+        Ok(None) => {}
+        Err(err) => tracing::warn!(
+            "Kubernetes pod names are unavailable ({err}); profiles carry the other labels"
+        ),
+    }
     let sampler_config = SamplerConfig {
         frequency_hz: config.frequency,
         pids: Vec::new(),
@@ -132,6 +162,15 @@ pub async fn run(config: RunConfig, store: Store) -> Result<(), RunError> {
         "profiling; UI and API on http://{}",
         config.http_address
     );
+    // Under systemd (Type=notify) the unit becomes active only now that BPF is attached: a
+    // start that failed above never says READY, so `systemctl start` fails with its reason.
+    let mut systemd = Systemd::from_env();
+    let sampling = format!(
+        "sampling {} CPUs at {} Hz",
+        sampler.cpus().len(),
+        config.frequency
+    );
+    systemd.ready(&sampling);
     let mut drainer = Drainer::new(maps, control);
     let mut pipeline = Pipeline {
         session: Session::new(UserSymbolizer::new(
@@ -160,11 +199,18 @@ pub async fn run(config: RunConfig, store: Store) -> Result<(), RunError> {
             biased;
             _ = sigint.recv() => { tracing::info!("interrupted: flushing the current window"); break Ok(()) }
             _ = sigterm.recv() => { tracing::info!("terminated: flushing the current window"); break Ok(()) }
+            // Pinged from this loop, not a task of its own: a window stuck in symbolising or
+            // the store then stops the pings, and systemd restarts the daemon.
+            _ = systemd.watchdog_due() => systemd.watchdog_ping(),
             _ = ticker.tick() => {
                 if let Err(err) = pipeline.window(&mut drainer, &mut sampler) {
                     break Err(err);
                 }
                 sampler.flush_logs();
+                systemd.status(&match health.check(SystemTime::now()) {
+                    Ok(()) => sampling.clone(),
+                    Err(reason) => format!("{sampling}; unhealthy: {reason}"),
+                });
             }
             _ = discover.tick() => match drainer.active_pids() {
                 Ok(pids) => {
@@ -178,6 +224,7 @@ pub async fn run(config: RunConfig, store: Store) -> Result<(), RunError> {
     // The partial window: drained and written within the shutdown budget. Symbolising is
     // bounded by what the window holds; the store write by its busy timeout.
     let flush_started = Instant::now();
+    systemd.stopping();
     if result.is_ok() {
         if let Err(err) = pipeline.window(&mut drainer, &mut sampler) {
             tracing::warn!("flushing the last window: {err}");
@@ -330,8 +377,9 @@ impl Pipeline {
         self.filtered_reported = filtered;
         self.session.user.enforce_budget();
         // Symbolising and encoding a window allocate and free megabytes; glibc would keep the
-        // freed pages in its arenas for the daemon's whole life.
-        release_free_memory();
+        // freed pages in its arenas for the daemon's whole life. Small amounts stay, or every
+        // window would fault in and zero the same pages again.
+        release_free_memory_above(FREE_MEMORY_KEPT);
         let cache = self.session.user.cache_stats();
         self.metrics
             .set_symbol_cache(cache.bytes, cache.hits, cache.misses);

@@ -57,7 +57,7 @@ pub struct Received {
     pub labels: BTreeMap<String, String>,
     /// Pyroscope's RawSample ID (empty for Parca).
     pub id: String,
-    /// The gzipped pprof as sent.
+    /// The pprof as sent (gzipped or not).
     pub pprof: Vec<u8>,
     /// The profile's `time_nanos`: the window's start.
     pub start_ns: i64,
@@ -667,14 +667,14 @@ fn gunzip(bytes: &[u8]) -> Result<Vec<u8>> {
     Ok(out)
 }
 
-/// `time_nanos` of a gzipped pprof.
-fn profile_start(gzipped: &[u8]) -> Result<i64> {
-    anyhow::ensure!(
-        gzipped.starts_with(&[0x1f, 0x8b]),
-        "raw_profile is not gzipped"
-    );
-    let profile =
-        scorch::pprof::Profile::decode(&gunzip(gzipped)?[..]).context("decoding pprof")?;
+/// `time_nanos` of a pprof, gzipped or not (both servers take either).
+fn profile_start(raw: &[u8]) -> Result<i64> {
+    let plain = if raw.starts_with(&[0x1f, 0x8b]) {
+        gunzip(raw)?
+    } else {
+        raw.to_vec()
+    };
+    let profile = scorch::pprof::Profile::decode(&plain[..]).context("decoding pprof")?;
     anyhow::ensure!(!profile.sample.is_empty(), "a profile without samples");
     Ok(profile.time_nanos)
 }

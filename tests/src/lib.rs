@@ -985,4 +985,37 @@ fn dechunk(mut data: &[u8]) -> Result<Vec<u8>> {
 }
 
 /// Fake Pyroscope and Parca servers for the remote sink's tests.
+pub mod fake_kubernetes;
 pub mod fake_remote;
+
+/// A cgroup the test made, removed (after its processes are gone) when dropped.
+pub struct Cgroup(PathBuf);
+
+impl Cgroup {
+    pub fn create(root: &Path, relative: &str) -> Result<Cgroup> {
+        let path = root.join(relative.trim_start_matches('/'));
+        std::fs::create_dir_all(&path).with_context(|| format!("creating {}", path.display()))?;
+        Ok(Cgroup(path))
+    }
+
+    pub fn add(&self, pid: u32) -> Result<()> {
+        std::fs::write(self.0.join("cgroup.procs"), pid.to_string())
+            .with_context(|| format!("moving {pid} into {}", self.0.display()))
+    }
+}
+
+impl Drop for Cgroup {
+    fn drop(&mut self) {
+        // Innermost first; a directory still holding a process stays (and says so).
+        let mut dir = Some(self.0.as_path());
+        while let Some(path) = dir {
+            if path.ends_with("unified") || path.ends_with("systemd") {
+                break;
+            }
+            if std::fs::remove_dir(path).is_err() {
+                break;
+            }
+            dir = path.parent();
+        }
+    }
+}

@@ -1,10 +1,11 @@
-//! Project automation: `cargo xtask setup | build | run | test | bench`.
+//! Project automation: `cargo xtask setup | build | run | test | bench | package`.
 //!
 //! Everything a fresh Debian/Ubuntu machine needs is installed by `setup`, which every other
 //! command that needs it runs first, so `cargo xtask test` works from a clean clone.
 
 mod bench;
 mod bench_daemon;
+mod package;
 mod setup;
 
 use std::{
@@ -33,7 +34,15 @@ enum Task {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
-    /// Setup, lints, unit tests, then the BPF integration tests one at a time.
+    /// Build the .deb (target/debian/): binary, systemd unit, config, man pages, completions.
+    Package {
+        /// Then run the packaging checks `test` runs: the unit, the manifests, and the .deb's
+        /// install, run and purge (as root).
+        #[arg(long)]
+        check: bool,
+    },
+    /// Setup, lints, unit tests, packaging checks, then the BPF integration tests one at a
+    /// time.
     Test {
         /// Only run integration tests whose name contains this.
         filter: Option<String>,
@@ -65,6 +74,15 @@ fn main() -> Result<()> {
         Task::Build => build(&root).map(|_| ()),
         Task::Run { args } => run(&root, &args),
         Task::Test { filter } => test(&root, filter.as_deref()),
+        Task::Package { check } => {
+            setup::setup()?;
+            let scorch = build(&root)?;
+            if check {
+                check_packaging(&root, &scorch)
+            } else {
+                package::package(&root, &scorch).map(|_| ())
+            }
+        }
         Task::Bench {
             seconds,
             runs,
@@ -146,6 +164,11 @@ fn test(root: &Path, filter: Option<&str>) -> Result<()> {
     // Unit tests: pure stages, parsers, encoders. No BPF.
     cargo(&["test", "--workspace", "--exclude", "scorch-tests"])?;
     let scorch = build(root)?;
+    // Packaging: the unit, the manifests, the .deb's install-run-purge cycle. Skipped when
+    // only some integration tests are asked for.
+    if filter.is_none() {
+        check_packaging(root, &scorch)?;
+    }
     // Integration tests load the real BPF program and profile workloads they build. They run
     // one at a time: each one samples the whole machine, so two at once would see each other.
     let mut command = Command::new("cargo");
@@ -158,6 +181,14 @@ fn test(root: &Path, filter: Option<&str>) -> Result<()> {
         command.arg(filter);
     }
     run_command(&mut command)
+}
+
+/// The unit, the manifests, then the .deb built from `scorch`, installed, run and purged.
+fn check_packaging(root: &Path, scorch: &Path) -> Result<()> {
+    package::check_unit(root, scorch)?;
+    package::validate_manifests(root)?;
+    let deb = package::package(root, scorch)?;
+    package::test_deb(&deb)
 }
 
 fn effective_uid() -> u32 {

@@ -16,8 +16,9 @@ const BPF_LINKER_VERSION: &str = "0.13.0";
 
 /// Debian packages: gcc builds the test workloads, golang-go provides `go tool pprof` (the
 /// reference pprof reader), linux-perf is the peer profiler, bpftrace the second peer, time
-/// gives `/usr/bin/time -v` for the benchmark's RSS figures, util-linux has setpriv, chromium
-/// runs headless for the UI test.
+/// gives `/usr/bin/time -v` for the benchmark's RSS figures, util-linux has setpriv and
+/// unshare, chromium runs headless for the UI test, systemd has `systemd-analyze` for the unit
+/// checks (it need not be running), python3-venv holds kubernetes-validate.
 const PACKAGES: &[&str] = &[
     "gcc",
     "g++",
@@ -27,11 +28,79 @@ const PACKAGES: &[&str] = &[
     "time",
     "util-linux",
     "chromium",
+    "systemd",
+    "python3",
+    "python3-venv",
 ];
+
+/// cargo-deb release for `cargo xtask package`; it builds with Rust 1.85 and later.
+const CARGO_DEB_VERSION: &str = "3.8.0";
+
+/// kubernetes-validate release for the manifest checks; it bundles the schemas of every
+/// Kubernetes release up to its own number, so it works offline.
+const KUBERNETES_VALIDATE_VERSION: &str = "1.37.0";
 
 pub fn setup() -> Result<()> {
     install_packages()?;
-    ensure_bpf_toolchain()
+    ensure_bpf_toolchain()?;
+    ensure_cargo_deb()?;
+    ensure_kubernetes_validate()
+}
+
+fn ensure_cargo_deb() -> Result<()> {
+    let installed = Command::new("cargo")
+        .args(["deb", "--version"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .is_some_and(|o| String::from_utf8_lossy(&o.stdout).contains(CARGO_DEB_VERSION));
+    if installed {
+        return Ok(());
+    }
+    run_command(Command::new("cargo").args([
+        "install",
+        "cargo-deb",
+        "--locked",
+        "--force",
+        "--version",
+        CARGO_DEB_VERSION,
+    ]))
+}
+
+/// A virtual environment of its own: Debian's python refuses `pip install` outside one.
+fn tools_venv() -> PathBuf {
+    cargo_home().join("scorch-venv")
+}
+
+/// The kubernetes-validate command `ensure_kubernetes_validate` installs.
+pub fn kubernetes_validate() -> PathBuf {
+    tools_venv().join("bin/kubernetes-validate")
+}
+
+fn ensure_kubernetes_validate() -> Result<()> {
+    let installed = Command::new(kubernetes_validate())
+        .arg("--version")
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .is_some_and(|o| {
+            String::from_utf8_lossy(&o.stdout).contains(KUBERNETES_VALIDATE_VERSION)
+                || String::from_utf8_lossy(&o.stderr).contains(KUBERNETES_VALIDATE_VERSION)
+        });
+    if installed {
+        return Ok(());
+    }
+    let venv = tools_venv();
+    if !venv.join("bin/pip").exists() {
+        run_command(Command::new("python3").args(["-m", "venv"]).arg(&venv))?;
+    }
+    run_command(
+        Command::new(venv.join("bin/pip"))
+            .args(["install", "--quiet"])
+            .arg(format!(
+                "kubernetes-validate=={KUBERNETES_VALIDATE_VERSION}"
+            )),
+    )
 }
 
 /// The pieces the BPF build needs: nightly with rust-src, and bpf-linker.

@@ -78,10 +78,6 @@ const BACKOFF_MAX: Duration = Duration::from_secs(30);
 /// server that closes every watch at once cannot make the agent spin.
 const SHORTEST_WATCH: Duration = Duration::from_secs(1);
 
-/// The annotation holding a static pod's own UID on its mirror pod: the kubelet names the
-/// static pod's cgroup after that UID, while the API server gives the mirror pod another.
-const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
-
 #[derive(Debug, thiserror::Error)]
 pub enum KubernetesError {
     #[error("reading {path}: {source}")]
@@ -256,7 +252,11 @@ impl Kubernetes {
             node = %api.node,
             "Kubernetes: in a cluster, pod metadata from the API server"
         );
-        Ok(Some(Kubernetes {
+        Ok(Some(Kubernetes::new(api, client)))
+    }
+
+    fn new(api: ApiServer, client: reqwest::Client) -> Kubernetes {
+        Kubernetes {
             inner: Arc::new(Inner {
                 shared: Arc::new(Shared {
                     api,
@@ -268,7 +268,33 @@ impl Kubernetes {
                 }),
                 task: Mutex::new(None),
             }),
-        }))
+        }
+    }
+
+    /// A handle that is never started, with the given state, for other modules' tests.
+    #[cfg(test)]
+    pub(crate) fn unstarted_for_tests(reachable: bool, errors: u64) -> Kubernetes {
+        let api = ApiServer {
+            pods_url: pods_url("127.0.0.1", 1).expect("a valid URL"),
+            token_path: PathBuf::from("/nonexistent"),
+            node: "test".to_string(),
+        };
+        let client = reqwest::Client::builder()
+            .tls_built_in_root_certs(false)
+            .build()
+            .expect("an HTTP client");
+        let kubernetes = Kubernetes::new(api, client);
+        kubernetes
+            .inner
+            .shared
+            .reachable
+            .store(reachable, Ordering::Relaxed);
+        kubernetes
+            .inner
+            .shared
+            .errors
+            .store(errors, Ordering::Relaxed);
+        kubernetes
     }
 
     /// Starts list+watch on the current tokio runtime; returns at once. Calling it again does
@@ -456,11 +482,12 @@ async fn list_and_watch(shared: Arc<Shared>) {
                 resource_version = None;
             }
             if let KubernetesError::Gone { .. } = error {
-                // The server answered; its history just no longer reaches our version.
+                // Not a failure: the server answered, its history just no longer reaches
+                // our version. List again at once after a watch; after a backoff when a list
+                // got it (its continue token expired), so a server that answers every list
+                // so cannot make the agent spin.
                 debug!("Kubernetes: {error}; listing pods again");
                 shared.answered();
-                // A list's continue token expired: list again at once, but a server that
-                // answers every list so must not make the agent spin.
                 if !listing {
                     continue;
                 }
@@ -689,6 +716,8 @@ mod api {
     /// `last-applied-configuration`) are skipped unparsed.
     #[derive(Debug, Default, Deserialize)]
     pub(super) struct Annotations {
+        /// On a mirror pod, the static pod's own UID: the kubelet names the static pod's
+        /// cgroup after it, while the API server gives the mirror pod another.
         #[serde(default, rename = "kubernetes.io/config.mirror")]
         pub mirror: Option<String>,
     }
@@ -770,8 +799,8 @@ struct PodListPage {
 
 fn parse_pod_list(body: &[u8]) -> Result<PodListPage, KubernetesError> {
     const WHAT: &str = "the pod list";
-    let list: api::PodList =
-        serde_json::from_slice(body).map_err(|source| KubernetesError::Parse { what: WHAT, source })?;
+    let list: api::PodList = serde_json::from_slice(body)
+        .map_err(|source| KubernetesError::Parse { what: WHAT, source })?;
     let resource_version = list
         .metadata
         .resource_version
@@ -789,20 +818,24 @@ fn parse_pod_list(body: &[u8]) -> Result<PodListPage, KubernetesError> {
     Ok(PodListPage {
         pods,
         resource_version,
-        continue_token: list.metadata.continue_token.filter(|token| !token.is_empty()),
+        continue_token: list
+            .metadata
+            .continue_token
+            .filter(|token| !token.is_empty()),
     })
 }
 
 fn parsed_pod(pod: api::Pod, what: &'static str) -> Result<ParsedPod, KubernetesError> {
     let metadata = pod.metadata;
     let name = metadata.name.unwrap_or_default();
-    let uid = metadata
-        .uid
-        .filter(|uid| !uid.is_empty())
-        .ok_or_else(|| KubernetesError::Invalid {
-            what,
-            message: format!("pod {name:?} has no metadata.uid"),
-        })?;
+    let uid =
+        metadata
+            .uid
+            .filter(|uid| !uid.is_empty())
+            .ok_or_else(|| KubernetesError::Invalid {
+                what,
+                message: format!("pod {name:?} has no metadata.uid"),
+            })?;
     let status = pod.status.unwrap_or_default();
     let containers = [
         status.container_statuses,
@@ -850,11 +883,16 @@ enum WatchEvent {
     Upsert(ParsedPod),
     Deleted(ParsedPod),
     /// Nothing changed, but the watch may resume from here.
-    Bookmark { resource_version: String },
+    Bookmark {
+        resource_version: String,
+    },
     /// `ERROR` with 410: the version we watch from is too old, relist.
     Gone,
     /// `ERROR` with another code.
-    Failed { code: u16, message: String },
+    Failed {
+        code: u16,
+        message: String,
+    },
     /// A type this module does not know; skipped.
     Unknown(String),
 }
@@ -864,12 +902,14 @@ fn parse_watch_event(line: &[u8]) -> Result<WatchEvent, KubernetesError> {
     let parse = |source| KubernetesError::Parse { what: WHAT, source };
     let event: api::WatchEvent = serde_json::from_slice(line).map_err(parse)?;
     Ok(match event.kind.as_str() {
-        "ADDED" | "MODIFIED" => {
-            WatchEvent::Upsert(parsed_pod(serde_json::from_value(event.object).map_err(parse)?, WHAT)?)
-        }
-        "DELETED" => {
-            WatchEvent::Deleted(parsed_pod(serde_json::from_value(event.object).map_err(parse)?, WHAT)?)
-        }
+        "ADDED" | "MODIFIED" => WatchEvent::Upsert(parsed_pod(
+            serde_json::from_value(event.object).map_err(parse)?,
+            WHAT,
+        )?),
+        "DELETED" => WatchEvent::Deleted(parsed_pod(
+            serde_json::from_value(event.object).map_err(parse)?,
+            WHAT,
+        )?),
         "BOOKMARK" => {
             let pod: api::Pod = serde_json::from_value(event.object).map_err(parse)?;
             WatchEvent::Bookmark {
@@ -1125,7 +1165,11 @@ mod tests {
         assert_eq!(pod.mirror_of, None);
         let metadata = &pod.metadata;
         assert_eq!(
-            (metadata.namespace.as_str(), metadata.name.as_str(), metadata.uid.as_str()),
+            (
+                metadata.namespace.as_str(),
+                metadata.name.as_str(),
+                metadata.uid.as_str()
+            ),
             ("shop", "checkout", "u-1")
         );
         assert_eq!(
@@ -1145,8 +1189,9 @@ mod tests {
     #[test]
     fn pod_list_edge_cases() {
         // Empty lists: `items` may be null, `continue` empty on the last page.
-        let page = parse_pod_list(br#"{"metadata":{"resourceVersion":"7","continue":""},"items":null}"#)
-            .expect("parses");
+        let page =
+            parse_pod_list(br#"{"metadata":{"resourceVersion":"7","continue":""},"items":null}"#)
+                .expect("parses");
         assert!(page.pods.is_empty());
         assert_eq!(page.continue_token, None);
         // Null labels, no status yet.
@@ -1163,7 +1208,9 @@ mod tests {
             Err(KubernetesError::Invalid { .. })
         ));
         assert!(matches!(
-            parse_pod_list(br#"{"metadata":{"resourceVersion":"1"},"items":[{"metadata":{"name":"p"}}]}"#),
+            parse_pod_list(
+                br#"{"metadata":{"resourceVersion":"1"},"items":[{"metadata":{"name":"p"}}]}"#
+            ),
             Err(KubernetesError::Invalid { .. })
         ));
         assert!(matches!(
@@ -1240,7 +1287,9 @@ mod tests {
             .expect("applies");
         assert_eq!(version, "11");
         assert_eq!(
-            cache.get("u-1").map(|pod| pod.labels.get("version").cloned()),
+            cache
+                .get("u-1")
+                .map(|pod| pod.labels.get("version").cloned()),
             Some(Some("v2".to_string()))
         );
 
@@ -1421,7 +1470,10 @@ mod tests {
         let delays: Vec<Duration> = (0..5).map(|_| backoff.next_delay()).collect();
         for (delay, ceiling) in delays.iter().zip([100, 200, 400, 400, 400]) {
             let ceiling = Duration::from_millis(ceiling);
-            assert!(*delay >= ceiling / 2 && *delay <= ceiling, "{delay:?} vs {ceiling:?}");
+            assert!(
+                *delay >= ceiling / 2 && *delay <= ceiling,
+                "{delay:?} vs {ceiling:?}"
+            );
         }
         backoff.reset();
         assert!(backoff.next_delay() <= Duration::from_millis(100));

@@ -150,6 +150,9 @@ pub fn sanitize_label_name(name: &str) -> String {
         .collect()
 }
 
+/// Names a pod from its UID and a container id (from the cgroup path).
+type PodLookup = Box<dyn Fn(&str, Option<&str>) -> Option<PodFacts> + Send>;
+
 /// Labels per process: discovery, relabelling and external labels, cached per process.
 pub struct Labeler {
     node: String,
@@ -158,7 +161,7 @@ pub struct Labeler {
     /// pid -> (process start time, outcome). The start time tells a reused pid apart.
     cache: HashMap<u32, (u64, Arc<Outcome>)>,
     /// Resolves a pod UID and container id to names, when running in Kubernetes.
-    pods: Option<Box<dyn Fn(&str, Option<&str>) -> Option<PodFacts> + Send>>,
+    pods: Option<PodLookup>,
     /// Invalid label names rules produced, reported once per rule.
     reported: std::collections::HashSet<(usize, String)>,
 }
@@ -225,8 +228,15 @@ impl Labeler {
             }
         }
         let outcome = Arc::new(outcome);
-        // A process seen without a start time has exited: do not cache a guess.
-        if started != 0 {
+        // A process seen without a start time has exited: do not cache a guess. Nor labels a
+        // pod's watch event has not completed yet (a container starts a moment before the
+        // API server reports its id): the next window asks again.
+        let pod_pending = self.pods.is_some()
+            && process.cgroup_facts.pod_uid.is_some()
+            && pod.as_ref().is_none_or(|p| {
+                p.container.is_none() && process.cgroup_facts.container_id.is_some()
+            });
+        if started != 0 && !pod_pending {
             self.cache.insert(pid, (started, outcome.clone()));
         }
         outcome

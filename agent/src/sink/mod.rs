@@ -30,6 +30,7 @@ use std::{
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
+use prost::Message as _;
 use tokio::sync::{oneshot, watch};
 
 use crate::{
@@ -78,9 +79,24 @@ const BACKOFF_CAP: Duration = Duration::from_secs(30);
 /// The longest `Retry-After` honoured: a server asking for more is waited on this long.
 const RETRY_AFTER_CAP: Duration = Duration::from_secs(300);
 
-/// A request holds series whose encoded profiles add up to at most this (a single larger
-/// series goes alone): well under the 4 MiB gRPC servers accept by default.
-pub const MAX_REQUEST_BYTES: usize = 2 << 20;
+/// How a protocol wants its profiles, and how much of them one request may hold (a single
+/// larger series goes alone).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Packing {
+    /// Each profile gzipped on its own, requests of at most this many of those bytes.
+    GzippedProfiles(usize),
+    /// Plain pprof protobuf, the request gzipped as a whole (one compression pass instead of
+    /// two), requests of at most this many uncompressed bytes.
+    PlainProfiles(usize),
+}
+
+impl Packing {
+    pub fn max_bytes(self) -> usize {
+        match self {
+            Packing::GzippedProfiles(max) | Packing::PlainProfiles(max) => max,
+        }
+    }
+}
 
 /// Which server speaks which API.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -412,7 +428,7 @@ fn sub_profile(profile: &Profile, samples: &[&Sample]) -> Profile {
 #[derive(Debug, Clone, PartialEq)]
 pub struct EncodedSeries {
     pub labels: Labels,
-    /// Gzipped pprof.
+    /// pprof, gzipped or not as the protocol's [`Packing`] wants.
     pub pprof: Vec<u8>,
 }
 
@@ -426,20 +442,26 @@ pub struct EncodedWindow {
 }
 
 impl EncodedWindow {
-    pub fn new(profile: &Profile) -> EncodedWindow {
+    pub fn new(profile: &Profile, packing: Packing) -> EncodedWindow {
         EncodedWindow {
             start_ns: unix_ns(profile.start),
             series: split_by_series(profile)
                 .into_iter()
-                .map(|s| EncodedSeries {
-                    pprof: encode::pprof::encode(&s.profile),
-                    labels: s.labels,
+                .map(|s| {
+                    let plain = encode::pprof::to_message(&s.profile).encode_to_vec();
+                    EncodedSeries {
+                        pprof: match packing {
+                            Packing::GzippedProfiles(_) => gzip_fast(&plain),
+                            Packing::PlainProfiles(_) => plain,
+                        },
+                        labels: s.labels,
+                    }
                 })
                 .collect(),
         }
     }
 
-    /// The series grouped into requests of at most [`MAX_REQUEST_BYTES`] of profiles each
+    /// The series grouped into requests of at most `max_bytes` of profiles each
     /// (a larger series alone), as index ranges into `series`.
     pub fn request_groups(&self, max_bytes: usize) -> Vec<std::ops::Range<usize>> {
         let mut groups = Vec::new();
@@ -456,6 +478,18 @@ impl EncodedWindow {
         }
         groups
     }
+}
+
+/// Gzip at the fastest level: a sender's CPU matters more than a few percent of bytes.
+pub fn gzip_fast(bytes: &[u8]) -> Vec<u8> {
+    use std::io::Write as _;
+    let mut gz = flate2::write::GzEncoder::new(
+        Vec::with_capacity(bytes.len() / 3),
+        flate2::Compression::fast(),
+    );
+    // Writing into a Vec cannot fail.
+    let _ = gz.write_all(bytes);
+    gz.finish().unwrap_or_default()
 }
 
 fn unix_ns(time: SystemTime) -> i64 {
@@ -656,8 +690,15 @@ impl Client {
         })
     }
 
+    fn packing(&self) -> Packing {
+        match self {
+            Client::Pyroscope(_) => pyroscope::PACKING,
+            Client::Parca(_) => parca::PACKING,
+        }
+    }
+
     fn prepare(&self, window: &EncodedWindow) -> Vec<Request> {
-        let groups = window.request_groups(MAX_REQUEST_BYTES);
+        let groups = window.request_groups(self.packing().max_bytes());
         match self {
             Client::Pyroscope(client) => groups
                 .into_iter()
@@ -835,7 +876,7 @@ impl Sender {
                 }
                 continue;
             }
-            for &(id, range) in pending.iter().take(BATCH) {
+            for (done, &(id, range)) in pending.iter().take(BATCH).enumerate() {
                 // Window ids only grow by one per window written: a gap is windows retention
                 // deleted before they could be sent.
                 let skipped = id.saturating_sub(self.cursor).saturating_sub(1);
@@ -848,6 +889,7 @@ impl Sender {
                 }
                 match self.deliver(id, range, &mut stop).await {
                     Outcome::Done => {
+                        self.report_queue(&pending[done + 1..]);
                         self.cursor = id;
                         if let Err(err) = self.store.set_cursor(&self.cursor_name, id) {
                             // The window is delivered; at worst it is sent again after a
@@ -892,7 +934,7 @@ impl Sender {
                 }
             }
         };
-        let window = EncodedWindow::new(&profile);
+        let window = EncodedWindow::new(&profile, self.client.packing());
         drop(profile);
         let requests = self.client.prepare(&window);
         drop(window);
@@ -1114,7 +1156,11 @@ mod tests {
         profile.samples.push(Sample {
             pid: 7,
             comm: "other".into(),
-            labels: Arc::new(Labels::from([("service_name".into(), "db".into())])),
+            labels: Arc::new(Labels::from([
+                ("service_name".into(), "db".into()),
+                ("comm".into(), "other".into()),
+                ("pid".into(), "7".into()),
+            ])),
             locations: vec![0, 4],
             count: 5,
         });

@@ -21,12 +21,16 @@ use super::{
         profile_store_service_client::ProfileStoreServiceClient, Label, LabelSet, RawProfileSeries,
         RawSample, WriteRawRequest,
     },
-    ClientSettings, Credentials, EncodedWindow, SendError, SinkError,
+    ClientSettings, Credentials, EncodedWindow, Packing, SendError, SinkError,
 };
 use crate::profile::Labels;
 
 /// The metric name Parca's own agent gives CPU profiles.
 pub const PROFILE_NAME: &str = "parca_agent_cpu";
+
+/// Each profile gzipped (the gRPC message itself is not compressed); well under the 4 MiB
+/// message a gRPC server accepts by default.
+pub const PACKING: Packing = Packing::GzippedProfiles(2 << 20);
 
 /// A WriteRaw ready to send.
 pub struct Request {

@@ -1,24 +1,23 @@
 //! The Pyroscope sink: `push.v1.PusherService/Push` as a connect unary call over HTTP (plain
-//! HTTP/1.1 works, no gRPC framing): a protobuf `PushRequest`, gzipped, one RawProfileSeries
-//! per series with one RawSample per window.
+//! HTTP/1.1 works, no gRPC framing): a protobuf `PushRequest`, gzipped as a whole, one
+//! RawProfileSeries per series with one RawSample (a plain pprof) per window.
 //!
 //! Each RawSample's ID is a UUID derived from the window's start and the series' labels, so a
 //! window sent again, after a retry or a restart, carries the same IDs and the server drops the
 //! duplicate.
 
-use std::{io::Write as _, ops::Range, time::SystemTime};
+use std::{ops::Range, time::SystemTime};
 
-use flate2::{write::GzEncoder, Compression};
 use prost::Message as _;
 use reqwest::header::{HeaderMap, HeaderValue, AUTHORIZATION, CONTENT_ENCODING, CONTENT_TYPE};
 
 use super::{
-    classify_connect_code, classify_http_status, label_name, parse_retry_after,
+    classify_connect_code, classify_http_status, gzip_fast, label_name, parse_retry_after,
     proto::{
         push::v1::{PushRequest, RawProfileSeries, RawSample},
         types::v1::LabelPair,
     },
-    ClientSettings, Credentials, EncodedWindow, SendError, SinkError,
+    ClientSettings, Credentials, EncodedWindow, Packing, SendError, SinkError,
 };
 use crate::profile::Labels;
 
@@ -32,6 +31,10 @@ const UNSPECIFIED_SERVICE: &str = "unspecified";
 /// Namespace of the RawSample IDs (UUID v5): a fixed, random UUID that is scorch's own.
 const SAMPLE_ID_NAMESPACE: uuid::Uuid =
     uuid::Uuid::from_u128(0x6b1e_58a4_2f0c_4d7e_9a33_0c51_e7d2_94f1);
+
+/// Plain pprofs in a request gzipped as a whole (the server takes raw profiles gzipped or
+/// not); 8 MiB of plain protobuf is about 2 MiB on the wire.
+pub const PACKING: Packing = Packing::PlainProfiles(8 << 20);
 
 /// How much of an error response is kept for the log.
 const MAX_ERROR_BODY: usize = 1024;
@@ -119,7 +122,7 @@ impl Client {
     /// The push of `window`'s series in `group`.
     pub fn prepare(&self, window: &EncodedWindow, group: Range<usize>) -> Request {
         Request {
-            body: gzip(&push_request(window, group).encode_to_vec()).into(),
+            body: gzip_fast(&push_request(window, group).encode_to_vec()).into(),
         }
     }
 
@@ -247,14 +250,6 @@ pub fn sample_id(start_ns: i64, labels: &[LabelPair]) -> uuid::Uuid {
         name.push_str(&pair.value);
     }
     uuid::Uuid::new_v5(&SAMPLE_ID_NAMESPACE, name.as_bytes())
-}
-
-fn gzip(bytes: &[u8]) -> Vec<u8> {
-    // The profiles inside are gzipped already: the fastest level saves the framing.
-    let mut gz = GzEncoder::new(Vec::with_capacity(bytes.len()), Compression::fast());
-    // Writing into a Vec cannot fail.
-    let _ = gz.write_all(bytes);
-    gz.finish().unwrap_or_default()
 }
 
 #[cfg(test)]

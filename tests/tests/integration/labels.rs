@@ -2,51 +2,16 @@
 //! layout has), relabelling from the config file, and targeting: a process a rule drops is
 //! excluded in the kernel.
 
-use std::{
-    path::{Path, PathBuf},
-    time::Duration,
-};
+use std::{path::Path, time::Duration};
 
 use anyhow::{ensure, Context, Result};
 use scorch::store::{Store, TimeRange};
-use scorch_tests::{build_workload, http_get, run_scorch, work_dir, Daemon, Workload};
+use scorch_tests::{build_workload, http_get, run_scorch, work_dir, Cgroup, Daemon, Workload};
 
 const CONTAINER: &str = "5f1a2b3c4d5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f708192a3b4c5d6e7f8";
 const POD_UID: &str = "0e1d2c3b-4a59-4867-9786-a5b4c3d2e1f0";
 
-/// A cgroup the test made, removed (after its processes are gone) when dropped.
-struct Cgroup(PathBuf);
-
-impl Cgroup {
-    fn create(root: &Path, relative: &str) -> Result<Cgroup> {
-        let path = root.join(relative.trim_start_matches('/'));
-        std::fs::create_dir_all(&path).with_context(|| format!("creating {}", path.display()))?;
-        Ok(Cgroup(path))
-    }
-
-    fn add(&self, pid: u32) -> Result<()> {
-        std::fs::write(self.0.join("cgroup.procs"), pid.to_string())
-            .with_context(|| format!("moving {pid} into {}", self.0.display()))
-    }
-}
-
-impl Drop for Cgroup {
-    fn drop(&mut self) {
-        // Innermost first; a directory still holding a process stays (and says so).
-        let mut dir = Some(self.0.as_path());
-        while let Some(path) = dir {
-            if path.ends_with("unified") || path.ends_with("systemd") {
-                break;
-            }
-            if std::fs::remove_dir(path).is_err() {
-                break;
-            }
-            dir = path.parent();
-        }
-    }
-}
-
-fn all_series(store: &Path) -> Result<Vec<scorch::profile::Labels>> {
+pub fn all_series(store: &Path) -> Result<Vec<scorch::profile::Labels>> {
     let range = TimeRange {
         from: std::time::UNIX_EPOCH,
         to: std::time::SystemTime::now() + Duration::from_secs(60),
