@@ -648,6 +648,9 @@ impl Store {
     /// when retention has deleted it.
     pub fn window_profile(&self, id: i64) -> Result<Option<Profile>, StoreError> {
         let err = |e| self.sqlite(e);
+        // One read transaction for the hundreds of row reads below: without it each one takes
+        // and releases the database's file locks. Dropping it ends it (nothing was written).
+        let _read = self.connection.unchecked_transaction().map_err(err)?;
         let window: Option<(i64, i64, i64)> = self
             .connection
             .query_row(
@@ -772,6 +775,8 @@ impl Store {
         matches: &dyn Fn(&Labels) -> bool,
     ) -> Result<Profile, StoreError> {
         let err = |e| self.sqlite(e);
+        // One read transaction for every row read (see `window_profile`).
+        let _read = self.connection.unchecked_transaction().map_err(err)?;
         let (from, to) = (unix_ns(range.from), unix_ns(range.to));
         let (windows, first, last_end, period): (i64, Option<i64>, Option<i64>, Option<i64>) = self
             .connection

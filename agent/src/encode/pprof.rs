@@ -114,8 +114,14 @@ pub fn to_message(profile: &Profile) -> pb::Profile {
         .iter()
         .map(|s| {
             // The series' labels as string labels, but `pid` as a number, as Go writes it.
-            let label = s
-                .series_labels()
+            let mut series = s.series_labels().into_iter().collect::<Vec<_>>();
+            // pid and comm first, as `record` has always written them; the rest by name.
+            series.sort_by_key(|(key, _)| match key.as_str() {
+                "pid" => 0,
+                "comm" => 1,
+                _ => 2,
+            });
+            let label = series
                 .iter()
                 .map(|(key, value)| match (key.as_str(), value.parse::<i64>()) {
                     ("pid", Ok(pid)) => pb::Label {

@@ -986,6 +986,11 @@ impl Sender {
                         }
                         let delay = backoff.delay_after(&error, fastrand::f64());
                         self.metrics.remote_retried();
+                        // The queue grows while the server is away: keep its gauges current.
+                        if let Ok(pending) = self.store.windows_after(self.cursor, usize::MAX >> 1)
+                        {
+                            self.report_queue(&pending);
+                        }
                         if !wait(delay, stop).await {
                             return Outcome::Stopped;
                         }
@@ -994,6 +999,10 @@ impl Sender {
             }
         }
         self.metrics.remote_window_sent();
+        // A window's profile, series and requests are megabytes freed at once; glibc would
+        // keep those pages in this thread's arena for the daemon's whole life.
+        drop(requests);
+        crate::symbolize::elf::release_free_memory();
         Outcome::Done
     }
 }
