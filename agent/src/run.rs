@@ -376,6 +376,7 @@ impl Pipeline {
         );
         self.filtered_reported = filtered;
         self.session.user.enforce_budget();
+        self.session.user.release_idle_parses();
         // Symbolising and encoding a window allocate and free megabytes; glibc would keep the
         // freed pages in its arenas for the daemon's whole life. Small amounts stay, or every
         // window would fault in and zero the same pages again.

@@ -215,7 +215,7 @@ impl SymbolTable {
 /// addr2line keeps every unit it ever parsed, and its parse costs about 0.8 bytes of heap per
 /// byte of those sections; without a bound, a long-lived agent symbolising a large binary
 /// would end up holding all of its DWARF in parsed form.
-const MAX_PARSED_DWARF: usize = 16 << 20;
+const MAX_PARSED_DWARF: usize = 8 << 20;
 
 /// DWARF of a file, ready for address lookups.
 struct Dwarf {
@@ -225,6 +225,8 @@ struct Dwarf {
     budget: usize,
     /// How many times the parse was dropped and started afresh.
     reparses: std::cell::Cell<u64>,
+    /// Lookups since [`ElfFile::release_idle_parse`] last looked.
+    recent_lookups: std::cell::Cell<u64>,
     /// Bytes of sections read through mappings (in place or inflated): an upper bound on what
     /// lookups can make resident.
     mapped_bytes: usize,
@@ -403,6 +405,22 @@ impl ElfFile {
         }
     }
 
+    /// Drops the DWARF parse when no lookup used it since the last call: a daemon calls this
+    /// every window, so only the files its current stacks need keep their (megabytes of)
+    /// parsed state. Returns whether a parse was dropped.
+    pub fn release_idle_parse(&self) -> bool {
+        let Some(dwarf) = &self.dwarf else {
+            return false;
+        };
+        let idle = dwarf.recent_lookups.replace(0) == 0;
+        let mut slot = dwarf.parsed.borrow_mut();
+        if idle && matches!(&*slot, Parse::Parsed(_)) {
+            *slot = Parse::NotYet;
+            return true;
+        }
+        false
+    }
+
     /// How many times the DWARF parse was dropped for covering more than its budget.
     pub fn dwarf_reparses(&self) -> u64 {
         self.dwarf.as_ref().map_or(0, |d| d.reparses.get())
@@ -456,6 +474,7 @@ impl ElfFile {
         address: u64,
         symbol: Option<&str>,
     ) -> Result<Vec<ResolvedFrame>, gimli::Error> {
+        dwarf.recent_lookups.set(dwarf.recent_lookups.get() + 1);
         let mut slot = dwarf.parsed.borrow_mut();
         if matches!(&*slot, Parse::Parsed(parsed) if parsed.covered > dwarf.budget) {
             // Dropping the parse frees its heap; the pages it read go too, and what the next
@@ -608,6 +627,7 @@ fn load_dwarf(
         parsed: RefCell::new(Parse::NotYet),
         budget: MAX_PARSED_DWARF,
         reparses: 0.into(),
+        recent_lookups: 0.into(),
         mapped_bytes,
         inflated,
     }))

@@ -476,6 +476,20 @@ impl UserSymbolizer {
         self.release_resident_pages();
     }
 
+    /// Drops the DWARF parse of cached files no lookup used since the last call (see
+    /// [`ElfFile::release_idle_parse`]); their mappings and symbol tables stay.
+    pub fn release_idle_parses(&self) {
+        let mut released = false;
+        for entry in self.cache.entries.values() {
+            if let Some(file) = &entry.file {
+                released |= file.release_idle_parse();
+            }
+        }
+        if released {
+            release_free_memory();
+        }
+    }
+
     /// Drops the mapped file pages that lookups made resident, in every cached file.
     pub fn release_resident_pages(&self) {
         for entry in self.cache.entries.values() {
