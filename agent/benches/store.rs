@@ -11,11 +11,8 @@ use std::{
     time::{Duration, Instant, SystemTime},
 };
 
-use std::collections::{BTreeMap, HashMap};
-
 use scorch::{
-    encode,
-    profile::{Labels, Profile, Sample},
+    encode, sink,
     store::{Retention, Store},
 };
 
@@ -52,9 +49,9 @@ fn main() {
         profile.start = now - Duration::from_secs(10 * (windows - i) as u64);
         profile.duration = Duration::from_secs(10);
         pprof_bytes += encode::pprof::encode(&profile).len();
-        series_pprof_bytes += per_series(&profile)
+        series_pprof_bytes += sink::split_by_series(&profile)
             .iter()
-            .map(|p| encode::pprof::encode(p).len())
+            .map(|series| encode::pprof::encode(&series.profile).len())
             .sum::<usize>();
         let started = Instant::now();
         store.write_window(&profile).expect("writing a window");
@@ -78,53 +75,4 @@ fn main() {
         pprof_bytes as f64 / store_bytes as f64,
         write_time.as_secs_f64() * 1e3 / windows as f64,
     );
-}
-
-/// The window split the way the daemon defines series: one profile per label set, each with
-/// only the mappings and locations its samples use.
-fn per_series(profile: &Profile) -> Vec<Profile> {
-    let mut groups: BTreeMap<Labels, Vec<&Sample>> = BTreeMap::new();
-    for sample in &profile.samples {
-        groups
-            .entry(sample.series_labels())
-            .or_default()
-            .push(sample);
-    }
-    groups
-        .into_values()
-        .map(|samples| {
-            let mut part = Profile {
-                start: profile.start,
-                duration: profile.duration,
-                period_ns: profile.period_ns,
-                mappings: Vec::new(),
-                locations: Vec::new(),
-                samples: Vec::new(),
-            };
-            let mut location_index = HashMap::new();
-            let mut mapping_index = HashMap::new();
-            for sample in samples {
-                let mut locations = Vec::new();
-                for &l in &sample.locations {
-                    let index = *location_index.entry(l).or_insert_with(|| {
-                        let mut location = profile.locations[l].clone();
-                        location.mapping = location.mapping.map(|m| {
-                            *mapping_index.entry(m).or_insert_with(|| {
-                                part.mappings.push(profile.mappings[m].clone());
-                                part.mappings.len() - 1
-                            })
-                        });
-                        part.locations.push(location);
-                        part.locations.len() - 1
-                    });
-                    locations.push(index);
-                }
-                part.samples.push(Sample {
-                    locations,
-                    ..sample.clone()
-                });
-            }
-            part
-        })
-        .collect()
 }

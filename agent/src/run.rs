@@ -30,7 +30,7 @@ use crate::{
     metrics::{Health, Metrics},
     notify::Systemd,
     privileges::{missing_privileges_message, Capabilities},
-    profile::Profile,
+    profile::{Labels, Profile},
     record::{Session, DISCOVERY_INTERVAL},
     sampler::{Sampler, SamplerConfig, SamplerError},
     sink::{self, SinkError},
@@ -304,24 +304,30 @@ impl Pipeline {
     /// Gives each sample its series' labels; removes the samples of dropped processes (taken
     /// before the process was first seen and excluded).
     fn label(&mut self, profile: &mut Profile) {
-        let mut outcomes = std::collections::HashMap::new();
+        // One label set per process, shared by all its samples (None: dropped).
+        let mut per_process: std::collections::HashMap<u32, Option<Arc<Labels>>> =
+            std::collections::HashMap::new();
         let labeler = &mut self.labeler;
         profile.samples.retain_mut(|sample| {
-            let outcome = outcomes
-                .entry(sample.pid)
-                .or_insert_with(|| labeler.outcome(sample.pid))
-                .clone();
-            match &*outcome {
-                Outcome::Keep(labels) => {
-                    let mut labels = labels.clone();
-                    // The name read while the process ran beats a late read of /proc.
-                    if labels.contains_key("comm") && !sample.comm.is_empty() {
-                        labels.insert("comm".to_owned(), sample.comm.clone());
+            let labels = per_process.entry(sample.pid).or_insert_with(|| {
+                match &*labeler.outcome(sample.pid) {
+                    Outcome::Keep(labels) => {
+                        let mut labels = labels.clone();
+                        // The name read while the process ran beats a late read of /proc.
+                        if labels.contains_key("comm") && !sample.comm.is_empty() {
+                            labels.insert("comm".to_owned(), sample.comm.clone());
+                        }
+                        Some(Arc::new(labels))
                     }
-                    sample.labels = std::sync::Arc::new(labels);
+                    Outcome::Dropped { .. } => None,
+                }
+            });
+            match labels {
+                Some(labels) => {
+                    sample.labels = labels.clone();
                     true
                 }
-                Outcome::Dropped { .. } => false,
+                None => false,
             }
         });
     }

@@ -410,8 +410,19 @@ impl Store {
             location_ids.push(writer.location(location, &mapping_ids).map_err(err)?);
         }
         let mut rows: HashMap<(i64, i64), u64> = HashMap::new();
+        // The daemon gives all samples of a process one shared label set: look its series up
+        // once, not once per sample.
+        let mut series_of: HashMap<*const Labels, i64> = HashMap::new();
         for sample in &profile.samples {
-            let series = writer.series(&sample.series_labels()).map_err(err)?;
+            let shared = Arc::as_ptr(&sample.labels);
+            let series = match series_of.get(&shared) {
+                Some(&series) if !sample.labels.is_empty() => series,
+                _ => {
+                    let series = writer.series(&sample.series_labels()).map_err(err)?;
+                    series_of.insert(shared, series);
+                    series
+                }
+            };
             let ids: Vec<i64> = sample.locations.iter().map(|&l| location_ids[l]).collect();
             let stack = writer.stack(&ids).map_err(err)?;
             *rows.entry((series, stack)).or_insert(0) += sample.count;
@@ -1623,7 +1634,7 @@ mod tests {
             .write_window(&window_at(now - 10))
             .unwrap();
         let read = Store::open_read_only(dir.path()).unwrap();
-        let strings: i64 = read
+        let stacks: i64 = read
             .connection
             .query_row("SELECT COUNT(*) FROM stacks", [], |r| r.get(0))
             .unwrap();
@@ -1632,7 +1643,7 @@ mod tests {
             .iter()
             .map(|s| s.locations.clone())
             .collect();
-        assert_eq!(strings as usize, distinct_stacks.len());
+        assert_eq!(stacks as usize, distinct_stacks.len());
         assert_eq!(read.verify().unwrap(), 2);
     }
 

@@ -117,7 +117,10 @@ pub fn discovered_labels(node: &str, process: &ProcessFacts, pod: Option<&PodFac
         );
         for (name, value) in &pod.labels {
             put(
-                &format!("kubernetes_pod_label_{}", sanitize_label_name(name)),
+                &format!(
+                    "kubernetes_pod_label_{}",
+                    relabel::sanitize_label_chars(name)
+                ),
                 None,
                 Some(value),
             );
@@ -140,14 +143,6 @@ pub fn discovered_labels(node: &str, process: &ProcessFacts, pod: Option<&PodFac
         labels.insert("service_name".to_owned(), service.to_owned());
     }
     labels
-}
-
-/// Kubernetes label names (`app.kubernetes.io/name`) as Prometheus label names
-/// (`app_kubernetes_io_name`), the way Prometheus's service discovery writes them.
-pub fn sanitize_label_name(name: &str) -> String {
-    name.chars()
-        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
-        .collect()
 }
 
 /// Names a pod from its UID and a container id (from the cgroup path).

@@ -290,6 +290,15 @@ pub fn relabel(mut labels: Labels, rules: &[Rule], invalid: &mut Vec<InvalidLabe
     Outcome::Keep(labels)
 }
 
+/// Every character a label name may not hold replaced by `_`, as Prometheus's service
+/// discovery writes Kubernetes label names (`app.kubernetes.io/name` ->
+/// `app_kubernetes_io_name`). A leading digit is left to the caller (a prefix fixes it).
+pub fn sanitize_label_chars(name: &str) -> String {
+    name.chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect()
+}
+
 /// Prometheus's label name rule, which Pyroscope and Parca share.
 pub fn valid_label_name(name: &str) -> bool {
     let mut chars = name.chars();

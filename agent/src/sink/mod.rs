@@ -501,16 +501,7 @@ fn unix_ns(time: SystemTime) -> i64 {
 /// A label name as Prometheus (and so both servers) accept it: `[a-zA-Z_][a-zA-Z0-9_]*`, other
 /// characters replaced by `_`.
 pub fn label_name(name: &str) -> String {
-    let mut out: String = name
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '_' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
+    let mut out = crate::labels::relabel::sanitize_label_chars(name);
     if out.is_empty() || out.starts_with(|c: char| c.is_ascii_digit()) {
         out.insert(0, '_');
     }
