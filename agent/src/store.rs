@@ -999,6 +999,8 @@ impl Writer<'_> {
     }
 
     fn string(&mut self, value: &str) -> rusqlite::Result<i64> {
+        // The common case, a fresh cache hit, answered by `&str` before `Self::id` needs an
+        // owned key: strings are looked up several times per location per window.
         if let Some(&(id, last)) = self.cache.strings.get(value) {
             if last + TOUCH_EVERY > self.window {
                 return Ok(id);
