@@ -111,6 +111,11 @@ pub struct RunArgs {
     /// How long one request to the remote may take [default: 10s].
     #[arg(long, value_parser = parse_duration)]
     pub remote_timeout: Option<Duration>,
+    /// With `--remote-protocol parca` and `--symbolize none`, upload the debug info (symbols
+    /// and DWARF only) of each binary profiled, once, for the server to name frames
+    /// [default: true].
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    pub remote_upload_debuginfo: Option<bool>,
 }
 
 /// The config file: the same keys as the flags, kebab-case.
@@ -139,6 +144,7 @@ struct FileConfig {
     remote_tenant: Option<String>,
     remote_ca_file: Option<PathBuf>,
     remote_timeout: Option<String>,
+    remote_upload_debuginfo: Option<bool>,
 }
 
 /// Everything `scorch run` needs, resolved.
@@ -295,6 +301,9 @@ impl RunConfig {
             self.remote.timeout =
                 parse_duration(&timeout).map_err(|e| value("remote-timeout", e))?;
         }
+        if let Some(upload) = file.remote_upload_debuginfo {
+            self.remote.upload_debuginfo = upload;
+        }
         Ok(())
     }
 
@@ -354,6 +363,9 @@ impl RunConfig {
         }
         if let Some(timeout) = args.remote_timeout {
             self.remote.timeout = timeout;
+        }
+        if let Some(upload) = args.remote_upload_debuginfo {
+            self.remote.upload_debuginfo = upload;
         }
     }
 }
@@ -457,6 +469,7 @@ mod tests {
             file.remote_tenant.is_some(),
             file.remote_ca_file.is_some(),
             file.remote_timeout.is_some(),
+            file.remote_upload_debuginfo.is_some(),
         ];
         assert!(keys.iter().all(|&k| k), "{file:?}");
         let mut config = RunConfig::default();

@@ -27,7 +27,7 @@ use prometheus_client::{
 };
 use scorch_common::Loss;
 
-use crate::{drain::Losses, labels::kubernetes::Kubernetes};
+use crate::{drain::Losses, labels::kubernetes::Kubernetes, sink::debuginfo::UploadResult};
 
 /// The content type of [`Metrics::encode`]'s output: prometheus-client writes OpenMetrics text
 /// (counters suffixed `_total`, a closing `# EOF`), and Prometheus picks its parser from this.
@@ -70,6 +70,8 @@ pub struct Metrics {
     remote_windows_dropped: Counter,
     remote_queue_windows: Gauge<u64, std::sync::atomic::AtomicU64>,
     remote_queue_age: Gauge<f64, std::sync::atomic::AtomicU64>,
+    debuginfo_uploads: Family<[(&'static str, &'static str); 1], Counter>,
+    debuginfo_uploaded_bytes: Counter,
     /// Set by [`Metrics::watch_kubernetes`] when running in a cluster; the
     /// `scorch_kubernetes_api_*` metrics exist only then, so outside Kubernetes no one sees an
     /// API server that looks down.
@@ -125,10 +127,17 @@ impl Metrics {
             remote_windows_dropped: Counter::default(),
             remote_queue_windows: Gauge::default(),
             remote_queue_age: Gauge::default(),
+            debuginfo_uploads: Family::default(),
+            debuginfo_uploaded_bytes: Counter::default(),
             kubernetes: Arc::default(),
         };
         for reason in REMOTE_FAILURE_REASONS {
             let _ = metrics.remote_failures.get_or_create(&[("reason", reason)]);
+        }
+        for result in UploadResult::ALL {
+            let _ = metrics
+                .debuginfo_uploads
+                .get_or_create(&[("result", result.name())]);
         }
         // Every loss reason exists from the start at 0, so a rate() over it works before the
         // first loss, as Prometheus's instrumentation guidelines ask.
@@ -258,6 +267,18 @@ impl Metrics {
             Unit::Seconds,
             metrics.remote_queue_age.clone(),
         );
+        scorch.register(
+            "debuginfo_uploads",
+            "Build ids whose debug info the remote Parca server was asked about, by result \
+             (`already_present`: the server had it; `failed`: given up until the next start)",
+            metrics.debuginfo_uploads.clone(),
+        );
+        scorch.register_with_unit(
+            "debuginfo_uploaded",
+            "Debug-info bytes uploaded to the remote Parca server (debug sections only)",
+            Unit::Bytes,
+            metrics.debuginfo_uploaded_bytes.clone(),
+        );
         scorch.register_collector(Box::new(KubernetesCollector(Arc::clone(
             &metrics.kubernetes,
         ))));
@@ -369,6 +390,17 @@ impl Metrics {
     pub fn set_remote_queue(&self, windows: u64, oldest_age_seconds: f64) {
         self.remote_queue_windows.set(windows);
         self.remote_queue_age.set(oldest_age_seconds);
+    }
+
+    /// One build id's debug-info upload ended; `result` is an [`UploadResult`] name.
+    pub fn debuginfo_upload(&self, result: &'static str) {
+        self.debuginfo_uploads
+            .get_or_create(&[("result", result)])
+            .inc();
+    }
+
+    pub fn debuginfo_uploaded_bytes(&self, bytes: u64) {
+        self.debuginfo_uploaded_bytes.inc_by(bytes);
     }
 
     /// Reports the Kubernetes API server's state from now on (read at each scrape).
@@ -662,6 +694,31 @@ mod tests {
         assert_eq!(value(&text, "scorch_remote_windows_dropped_total"), 3.0);
         assert_eq!(value(&text, "scorch_remote_queue_windows"), 12.0);
         assert_eq!(value(&text, "scorch_remote_queue_age_seconds"), 120.5);
+    }
+
+    #[test]
+    fn debuginfo_uploads_are_counted_by_result() {
+        let metrics = Metrics::new();
+        metrics.debuginfo_upload("uploaded");
+        metrics.debuginfo_upload("uploaded");
+        metrics.debuginfo_upload("already_present");
+        metrics.debuginfo_uploaded_bytes(4096);
+        let text = metrics.encode();
+        let uploads = |result: &str| {
+            value(
+                &text,
+                &format!(r#"scorch_debuginfo_uploads_total{{result="{result}"}}"#),
+            )
+        };
+        assert_eq!(uploads("uploaded"), 2.0);
+        assert_eq!(uploads("already_present"), 1.0);
+        // Results that did not happen are there at zero.
+        assert_eq!(uploads("failed"), 0.0);
+        assert_eq!(uploads("nothing_to_upload"), 0.0);
+        assert_eq!(
+            value(&text, "scorch_debuginfo_uploaded_bytes_total"),
+            4096.0
+        );
     }
 
     #[test]

@@ -33,13 +33,13 @@ use crate::{
     profile::{Labels, Profile},
     record::{Session, DISCOVERY_INTERVAL},
     sampler::{Sampler, SamplerConfig, SamplerError},
-    sink::{self, SinkError},
+    sink::{self, RemoteProtocol, SinkError},
     store::{Store, StoreError},
     symbolize::{
         self,
         elf::{release_free_memory, release_free_memory_above},
         kernel::KernelSymbolizer,
-        user::UserSymbolizer,
+        user::{SymbolizeMode, UserSymbolizer},
     },
 };
 
@@ -141,12 +141,23 @@ pub async fn run(config: RunConfig, store: Store) -> Result<(), RunError> {
     };
     // Before BPF is loaded: a bad remote configuration (URL, secret files, CA file) fails the
     // start with its reason.
+    // Only a server that symbolises needs the binaries' debug info.
+    let (debug_files, debug_files_rx) = match (&config.remote.url, config.remote.protocol) {
+        (Some(_), RemoteProtocol::Parca)
+            if config.remote.upload_debuginfo && config.symbolize == SymbolizeMode::None =>
+        {
+            let (files, receiver) = sink::debuginfo::hand_off();
+            (Some(files), Some(receiver))
+        }
+        _ => (None, None),
+    };
     let remote = match config.remote.url {
         Some(_) => Some(sink::spawn(
             &config.remote,
             &config.store,
             config.retention,
             metrics.clone(),
+            debug_files_rx,
         )?),
         None => None,
     };
@@ -172,11 +183,13 @@ pub async fn run(config: RunConfig, store: Store) -> Result<(), RunError> {
     );
     systemd.ready(&sampling);
     let mut drainer = Drainer::new(maps, control);
+    let mut user_symbolizer =
+        UserSymbolizer::new(config.symbolize, (config.symbol_cache_mb as usize) << 20);
+    if let Some(files) = debug_files {
+        user_symbolizer.set_debuginfo_sink(files);
+    }
     let mut pipeline = Pipeline {
-        session: Session::new(UserSymbolizer::new(
-            config.symbolize,
-            (config.symbol_cache_mb as usize) << 20,
-        )),
+        session: Session::new(user_symbolizer),
         kernel: KernelSymbolizer::default(),
         period_ns: 1_000_000_000 / config.frequency,
         store,

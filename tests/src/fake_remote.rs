@@ -9,6 +9,11 @@
 //! Faults are queued: each request takes the next one (an error status, a 429 with
 //! Retry-After, an answer slower than the client's timeout, a connection reset), and
 //! [`FakeRemote::down`] / [`FakeRemote::up`] stop and restart listening on the same port.
+//!
+//! The Parca fake also serves `parca.debuginfo.v1alpha1.DebuginfoService` (faults do not apply
+//! to it): it wants every build id it has not been sent, hands out gRPC upload instructions or,
+//! after [`FakeRemote::use_signed_urls`], a signed URL on a second, HTTP/1.1 port, keeps what
+//! is uploaded by build id and records every call.
 
 use std::{
     collections::{BTreeMap, VecDeque},
@@ -76,6 +81,28 @@ pub struct RequestLog {
     pub answer: String,
 }
 
+/// One debug-info upload the fake was asked for.
+#[derive(Debug, Clone, Default)]
+pub struct UploadedDebuginfo {
+    pub upload_id: String,
+    /// The size and hash InitiateUpload announced.
+    pub size: i64,
+    pub hash: String,
+    /// What arrived, through the Upload stream or the signed URL.
+    pub bytes: Vec<u8>,
+    /// "grpc" or "signed_url".
+    pub via: String,
+    /// MarkUploadFinished came, for this upload id, after all `size` bytes.
+    pub finished: bool,
+}
+
+/// One DebuginfoService call (or signed-URL PUT): the method and the build id it named.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DebuginfoCall {
+    pub method: String,
+    pub build_id: String,
+}
+
 #[derive(Default)]
 struct State {
     faults: VecDeque<Fault>,
@@ -83,6 +110,10 @@ struct State {
     requests: Vec<RequestLog>,
     /// Problems with requests that a real server would refuse (wrong path, headers, labels).
     protocol_errors: Vec<String>,
+    debuginfo: BTreeMap<String, UploadedDebuginfo>,
+    debuginfo_calls: Vec<DebuginfoCall>,
+    /// `http://127.0.0.1:PORT` of the signed-URL listener, when InitiateUpload hands them out.
+    signed_url_base: Option<String>,
 }
 
 /// A fake server on `127.0.0.1:PORT`, up or down.
@@ -236,6 +267,41 @@ impl FakeRemote {
         self.lock().protocol_errors.clone()
     }
 
+    /// Debug-info uploads by build id.
+    pub fn debuginfo(&self) -> BTreeMap<String, UploadedDebuginfo> {
+        self.lock().debuginfo.clone()
+    }
+
+    pub fn debuginfo_calls(&self) -> Vec<DebuginfoCall> {
+        self.lock().debuginfo_calls.clone()
+    }
+
+    /// From now on InitiateUpload answers with a signed URL to PUT to, served on another
+    /// loopback port over HTTP/1.1, as an object store would.
+    pub fn use_signed_urls(&self) -> Result<()> {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+        listener.set_nonblocking(true)?;
+        let base = format!("http://{}", listener.local_addr()?);
+        let state = self.state.clone();
+        let _guard = self.runtime.enter();
+        let listener = tokio::net::TcpListener::from_std(listener)?;
+        self.runtime.spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let state = state.clone();
+                tokio::spawn(async move {
+                    let service = hyper::service::service_fn(move |request| {
+                        handle_signed_put(state.clone(), request)
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        self.lock().signed_url_base = Some(base);
+        Ok(())
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state
             .lock()
@@ -257,6 +323,9 @@ async fn handle(
     kill: tokio::sync::mpsc::Sender<()>,
     request: Request<Incoming>,
 ) -> Result<Response<Body>, Infallible> {
+    if protocol == Protocol::Parca && request.uri().path().starts_with(DEBUGINFO_SERVICE) {
+        return Ok(handle_debuginfo(&state, request).await);
+    }
     let at = Instant::now();
     let (parts, body) = request.into_parts();
     let fault = lock(&state).faults.pop_front();
@@ -677,4 +746,353 @@ fn profile_start(raw: &[u8]) -> Result<i64> {
     let profile = scorch::pprof::Profile::decode(&plain[..]).context("decoding pprof")?;
     anyhow::ensure!(!profile.sample.is_empty(), "a profile without samples");
     Ok(profile.time_nanos)
+}
+
+// Parca's DebuginfoService, field numbers from parca-dev/parca
+// proto/parca/debuginfo/v1alpha1/debuginfo.proto.
+
+const DEBUGINFO_SERVICE: &str = "/parca.debuginfo.v1alpha1.DebuginfoService/";
+
+#[derive(Clone, PartialEq, Message)]
+struct ShouldInitiateUploadRequest {
+    #[prost(string, tag = "1")]
+    build_id: String,
+    #[prost(string, tag = "2")]
+    hash: String,
+    #[prost(bool, tag = "3")]
+    force: bool,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct ShouldInitiateUploadResponse {
+    #[prost(bool, tag = "1")]
+    should_initiate_upload: bool,
+    #[prost(string, tag = "2")]
+    reason: String,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct InitiateUploadRequest {
+    #[prost(string, tag = "1")]
+    build_id: String,
+    #[prost(int64, tag = "2")]
+    size: i64,
+    #[prost(string, tag = "3")]
+    hash: String,
+    #[prost(bool, tag = "4")]
+    force: bool,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct InitiateUploadResponse {
+    #[prost(message, optional, tag = "1")]
+    upload_instructions: Option<UploadInstructions>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct UploadInstructions {
+    #[prost(string, tag = "1")]
+    build_id: String,
+    #[prost(string, tag = "2")]
+    upload_id: String,
+    /// 1 GRPC, 2 SIGNED_URL.
+    #[prost(int32, tag = "3")]
+    upload_strategy: i32,
+    #[prost(string, tag = "4")]
+    signed_url: String,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct MarkUploadFinishedRequest {
+    #[prost(string, tag = "1")]
+    build_id: String,
+    #[prost(string, tag = "2")]
+    upload_id: String,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct MarkUploadFinishedResponse {}
+
+/// The `oneof data` as two optional fields: the same bytes on the wire.
+#[derive(Clone, PartialEq, Message)]
+struct UploadRequest {
+    #[prost(message, optional, tag = "1")]
+    info: Option<UploadInfo>,
+    #[prost(bytes = "vec", optional, tag = "2")]
+    chunk_data: Option<Vec<u8>>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct UploadInfo {
+    #[prost(string, tag = "1")]
+    build_id: String,
+    #[prost(string, tag = "2")]
+    upload_id: String,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct UploadResponse {
+    #[prost(string, tag = "1")]
+    build_id: String,
+    #[prost(uint64, tag = "2")]
+    size: u64,
+}
+
+/// The length-prefixed messages of a gRPC body.
+fn grpc_messages(body: &[u8]) -> Result<Vec<&[u8]>> {
+    let mut messages = Vec::new();
+    let mut rest = body;
+    while !rest.is_empty() {
+        anyhow::ensure!(rest.len() >= 5, "a truncated gRPC frame");
+        anyhow::ensure!(rest[0] == 0, "a compressed gRPC message");
+        let length = u32::from_be_bytes([rest[1], rest[2], rest[3], rest[4]]) as usize;
+        anyhow::ensure!(
+            rest.len() >= 5 + length,
+            "gRPC frame length {length} past the body"
+        );
+        messages.push(&rest[5..5 + length]);
+        rest = &rest[5 + length..];
+    }
+    Ok(messages)
+}
+
+/// A successful unary answer: one frame holding `message`, then grpc-status 0.
+fn grpc_ok(message: &impl Message) -> Response<Body> {
+    let encoded = message.encode_to_vec();
+    let mut frame = Vec::with_capacity(5 + encoded.len());
+    frame.push(0);
+    frame.extend_from_slice(&(encoded.len() as u32).to_be_bytes());
+    frame.extend_from_slice(&encoded);
+    let mut trailers = HeaderMap::new();
+    trailers.insert("grpc-status", hyper::header::HeaderValue::from_static("0"));
+    let mut response = Response::new(GrpcBody {
+        data: Some(Bytes::from(frame)),
+        trailers: Some(trailers),
+    });
+    response.headers_mut().insert(
+        "content-type",
+        hyper::header::HeaderValue::from_static("application/grpc"),
+    );
+    response
+}
+
+async fn handle_debuginfo(state: &Mutex<State>, request: Request<Incoming>) -> Response<Body> {
+    let (parts, body) = request.into_parts();
+    let method = parts
+        .uri
+        .path()
+        .trim_start_matches(DEBUGINFO_SERVICE)
+        .to_owned();
+    let body = match body.collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(_) => return empty(StatusCode::BAD_REQUEST),
+    };
+    match debuginfo_call(state, &method, &body) {
+        Ok(response) => response,
+        Err(err) => {
+            let message = format!("{method}: {err:#}");
+            lock(state).protocol_errors.push(message.clone());
+            // FAILED_PRECONDITION: not retried by a client.
+            grpc_status(9, &message, None)
+        }
+    }
+}
+
+fn debuginfo_call(state: &Mutex<State>, method: &str, body: &[u8]) -> Result<Response<Body>> {
+    let messages = grpc_messages(body)?;
+    let one = || -> Result<&[u8]> {
+        anyhow::ensure!(
+            messages.len() == 1,
+            "{} messages in a unary call",
+            messages.len()
+        );
+        Ok(messages[0])
+    };
+    let mut state = lock(state);
+    let record = |state: &mut State, build_id: &str| {
+        state.debuginfo_calls.push(DebuginfoCall {
+            method: method.to_owned(),
+            build_id: build_id.to_owned(),
+        });
+    };
+    match method {
+        "ShouldInitiateUpload" => {
+            let request = ShouldInitiateUploadRequest::decode(one()?)?;
+            record(&mut state, &request.build_id);
+            check_build_id(&request.build_id)?;
+            let finished = state
+                .debuginfo
+                .get(&request.build_id)
+                .is_some_and(|u| u.finished);
+            Ok(grpc_ok(&ShouldInitiateUploadResponse {
+                should_initiate_upload: !finished,
+                reason: if finished {
+                    "fake: already uploaded".into()
+                } else {
+                    "fake: first time seen".into()
+                },
+            }))
+        }
+        "InitiateUpload" => {
+            let request = InitiateUploadRequest::decode(one()?)?;
+            record(&mut state, &request.build_id);
+            check_build_id(&request.build_id)?;
+            anyhow::ensure!(request.size > 0, "size {}", request.size);
+            anyhow::ensure!(
+                !state
+                    .debuginfo
+                    .get(&request.build_id)
+                    .is_some_and(|u| u.finished),
+                "{} is uploaded already",
+                request.build_id
+            );
+            let upload_id = format!("upload-{}", state.debuginfo_calls.len());
+            let (strategy, signed_url) = match &state.signed_url_base {
+                Some(base) => (2, format!("{base}/put/{}/{upload_id}", request.build_id)),
+                None => (1, String::new()),
+            };
+            state.debuginfo.insert(
+                request.build_id.clone(),
+                UploadedDebuginfo {
+                    upload_id: upload_id.clone(),
+                    size: request.size,
+                    hash: request.hash,
+                    ..UploadedDebuginfo::default()
+                },
+            );
+            Ok(grpc_ok(&InitiateUploadResponse {
+                upload_instructions: Some(UploadInstructions {
+                    build_id: request.build_id,
+                    upload_id,
+                    upload_strategy: strategy,
+                    signed_url,
+                }),
+            }))
+        }
+        "Upload" => {
+            let (first, chunks) = messages
+                .split_first()
+                .context("an Upload stream without messages")?;
+            let info = UploadRequest::decode(*first)?
+                .info
+                .context("the first Upload message is not UploadInfo")?;
+            record(&mut state, &info.build_id);
+            let mut bytes = Vec::new();
+            for chunk in chunks {
+                let chunk = UploadRequest::decode(*chunk)?;
+                anyhow::ensure!(chunk.info.is_none(), "UploadInfo after the first message");
+                bytes.extend(chunk.chunk_data.context("an Upload message without data")?);
+            }
+            let upload = state
+                .debuginfo
+                .get_mut(&info.build_id)
+                .context("Upload without InitiateUpload")?;
+            anyhow::ensure!(
+                upload.upload_id == info.upload_id,
+                "upload id {:?}, initiated {:?}",
+                info.upload_id,
+                upload.upload_id
+            );
+            let size = bytes.len() as u64;
+            upload.bytes = bytes;
+            upload.via = "grpc".into();
+            Ok(grpc_ok(&UploadResponse {
+                build_id: info.build_id,
+                size,
+            }))
+        }
+        "MarkUploadFinished" => {
+            let request = MarkUploadFinishedRequest::decode(one()?)?;
+            record(&mut state, &request.build_id);
+            let upload = state
+                .debuginfo
+                .get_mut(&request.build_id)
+                .context("MarkUploadFinished without InitiateUpload")?;
+            anyhow::ensure!(
+                upload.upload_id == request.upload_id,
+                "upload id {:?}, initiated {:?}",
+                request.upload_id,
+                upload.upload_id
+            );
+            anyhow::ensure!(
+                upload.bytes.len() as i64 == upload.size,
+                "{} bytes arrived, {} announced",
+                upload.bytes.len(),
+                upload.size
+            );
+            upload.finished = true;
+            Ok(grpc_ok(&MarkUploadFinishedResponse {}))
+        }
+        other => anyhow::bail!("unknown method {other}"),
+    }
+}
+
+fn check_build_id(id: &str) -> Result<()> {
+    anyhow::ensure!(
+        id.len() >= 16
+            && id
+                .chars()
+                .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase()),
+        "build id {id:?} is not lowercase hex"
+    );
+    Ok(())
+}
+
+/// `PUT /put/BUILD_ID/UPLOAD_ID` with the file, as to an object store's signed URL.
+async fn handle_signed_put(
+    state: Arc<Mutex<State>>,
+    request: Request<Incoming>,
+) -> Result<Response<Body>, Infallible> {
+    let (parts, body) = request.into_parts();
+    let body = match body.collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(_) => return Ok(empty(StatusCode::BAD_REQUEST)),
+    };
+    let result = (|| -> Result<()> {
+        anyhow::ensure!(
+            parts.method == hyper::Method::PUT,
+            "{} not PUT",
+            parts.method
+        );
+        let length: usize = header(&parts, "content-length")
+            .parse()
+            .context("no Content-Length")?;
+        anyhow::ensure!(
+            length == body.len(),
+            "Content-Length {length}, body {}",
+            body.len()
+        );
+        anyhow::ensure!(
+            parts.headers.get("authorization").is_none(),
+            "the remote's credentials sent to the object store"
+        );
+        let mut path = parts.uri.path().split('/').skip(1);
+        let (Some("put"), Some(build_id), Some(upload_id), None) =
+            (path.next(), path.next(), path.next(), path.next())
+        else {
+            anyhow::bail!("PUT to {}", parts.uri.path());
+        };
+        let mut state = lock(&state);
+        state.debuginfo_calls.push(DebuginfoCall {
+            method: "PUT".into(),
+            build_id: build_id.to_owned(),
+        });
+        let upload = state
+            .debuginfo
+            .get_mut(build_id)
+            .context("PUT without InitiateUpload")?;
+        anyhow::ensure!(upload.upload_id == upload_id, "upload id {upload_id:?}");
+        upload.bytes = body.to_vec();
+        upload.via = "signed_url".into();
+        Ok(())
+    })();
+    Ok(match result {
+        Ok(()) => empty(StatusCode::OK),
+        Err(err) => {
+            lock(&state)
+                .protocol_errors
+                .push(format!("signed PUT: {err:#}"));
+            empty(StatusCode::BAD_REQUEST)
+        }
+    })
 }

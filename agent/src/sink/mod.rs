@@ -20,6 +20,7 @@
 //! The sender runs on its own thread with its own single-threaded runtime, so neither its
 //! SQLite reads nor its encoding ever hold up the sampling loop.
 
+pub mod debuginfo;
 pub mod parca;
 pub mod pyroscope;
 
@@ -36,7 +37,7 @@ use tokio::sync::{oneshot, watch};
 use crate::{
     encode,
     metrics::Metrics,
-    profile::{Labels, Location, Profile, Sample},
+    profile::{Labels, Profile, Sample},
     store::{Retention, Store, StoreError, TimeRange},
 };
 
@@ -134,6 +135,9 @@ pub struct RemoteConfig {
     pub ca_file: Option<PathBuf>,
     /// How long one request may take, connecting included.
     pub timeout: Duration,
+    /// Parca with `--symbolize none`: upload the debug info of the binaries profiled, for the
+    /// server to name their frames (see [`debuginfo`]).
+    pub upload_debuginfo: bool,
 }
 
 impl Default for RemoteConfig {
@@ -148,6 +152,7 @@ impl Default for RemoteConfig {
             tenant: None,
             ca_file: None,
             timeout: Duration::from_secs(10),
+            upload_debuginfo: true,
         }
     }
 }
@@ -325,103 +330,49 @@ impl Backoff {
     }
 }
 
-/// One series of a window: its labels and the profile of its samples alone.
+/// One series of a window: its labels and its samples, borrowed from the window's profile.
 #[derive(Debug, Clone, PartialEq)]
-pub struct SeriesProfile {
+pub struct Series<'a> {
     pub labels: Labels,
-    pub profile: Profile,
+    pub samples: Vec<&'a Sample>,
 }
 
-/// A window's profile split into one profile per label set, each holding only the locations
-/// and mappings its samples use. Series come out sorted by labels, so the same window always
-/// gives the same requests.
-pub fn split_by_series(profile: &Profile) -> Vec<SeriesProfile> {
-    let mut groups: BTreeMap<Labels, Vec<&Sample>> = BTreeMap::new();
-    for sample in &profile.samples {
-        groups
-            .entry(sample.series_labels())
-            .or_default()
-            .push(sample);
-    }
-    groups
-        .into_iter()
-        .map(|(labels, samples)| SeriesProfile {
-            labels,
-            profile: sub_profile(profile, &samples),
+/// A window's samples grouped by label set. Series come out sorted by labels, so the same
+/// window always gives the same requests. Samples of one process share one label set (an
+/// `Arc`), so the labels are compared once per process, not once per sample.
+pub fn split_by_series(profile: &Profile) -> Vec<Series<'_>> {
+    let mut by_labels: BTreeMap<Labels, usize> = BTreeMap::new();
+    let mut by_set: HashMap<*const Labels, usize> = HashMap::new();
+    let mut groups: Vec<Vec<&Sample>> = Vec::new();
+    let mut group_of = |labels: Labels, groups: &mut Vec<Vec<&Sample>>| {
+        *by_labels.entry(labels).or_insert_with(|| {
+            groups.push(Vec::new());
+            groups.len() - 1
         })
-        .collect()
-}
-
-fn sub_profile(profile: &Profile, samples: &[&Sample]) -> Profile {
-    // Mappings first: which are used, and in what order. pprof readers take mapping[0] as the
-    // main binary: for one process that is its lowest file mapping (where the kernel maps the
-    // executable), so it goes first and the rest keep their order.
-    let mut used_mapping = vec![false; profile.mappings.len()];
-    for sample in samples {
-        for &location in &sample.locations {
-            if let Some(m) = profile.locations.get(location).and_then(|l| l.mapping) {
-                if let Some(used) = used_mapping.get_mut(m) {
-                    *used = true;
+    };
+    for sample in &profile.samples {
+        let group = if sample.labels.is_empty() {
+            group_of(sample.series_labels(), &mut groups)
+        } else {
+            match by_set.get(&Arc::as_ptr(&sample.labels)) {
+                Some(&group) => group,
+                None => {
+                    let group = group_of((*sample.labels).clone(), &mut groups);
+                    by_set.insert(Arc::as_ptr(&sample.labels), group);
+                    group
                 }
             }
-        }
+        };
+        groups[group].push(sample);
     }
-    let mut mapping_order: Vec<usize> = (0..profile.mappings.len())
-        .filter(|&m| used_mapping[m])
-        .collect();
-    let main = mapping_order
-        .iter()
-        .copied()
-        .filter(|&m| {
-            let mapping = &profile.mappings[m];
-            !mapping.path.starts_with('[') && !mapping.path.is_empty()
+    let mut groups: Vec<Option<Vec<&Sample>>> = groups.into_iter().map(Some).collect();
+    by_labels
+        .into_iter()
+        .map(|(labels, group)| Series {
+            labels,
+            samples: groups[group].take().unwrap_or_default(),
         })
-        .min_by_key(|&m| profile.mappings[m].start);
-    if let Some(main) = main {
-        mapping_order.retain(|&m| m != main);
-        mapping_order.insert(0, main);
-    }
-    let mut mapping_index = vec![None; profile.mappings.len()];
-    for (new, &old) in mapping_order.iter().enumerate() {
-        mapping_index[old] = Some(new);
-    }
-
-    let mut location_index: HashMap<usize, usize> = HashMap::new();
-    let mut locations: Vec<Location> = Vec::new();
-    let mut new_samples = Vec::with_capacity(samples.len());
-    for sample in samples {
-        let mut stack = Vec::with_capacity(sample.locations.len());
-        for &old in &sample.locations {
-            let Some(location) = profile.locations.get(old) else {
-                continue;
-            };
-            let new = *location_index.entry(old).or_insert_with(|| {
-                locations.push(Location {
-                    mapping: location
-                        .mapping
-                        .and_then(|m| mapping_index.get(m).copied()?),
-                    ..location.clone()
-                });
-                locations.len() - 1
-            });
-            stack.push(new);
-        }
-        new_samples.push(Sample {
-            locations: stack,
-            ..(*sample).clone()
-        });
-    }
-    Profile {
-        start: profile.start,
-        duration: profile.duration,
-        period_ns: profile.period_ns,
-        mappings: mapping_order
-            .iter()
-            .map(|&m| profile.mappings[m].clone())
-            .collect(),
-        locations,
-        samples: new_samples,
-    }
+        .collect()
 }
 
 /// One series, encoded: what both protocols put in a request.
@@ -448,7 +399,7 @@ impl EncodedWindow {
             series: split_by_series(profile)
                 .into_iter()
                 .map(|s| {
-                    let plain = encode::pprof::to_message(&s.profile).encode_to_vec();
+                    let plain = encode::pprof::samples_message(profile, &s.samples).encode_to_vec();
                     EncodedSeries {
                         pprof: match packing {
                             Packing::GzippedProfiles(_) => gzip_fast(&plain),
@@ -746,12 +697,14 @@ pub fn cursor_name(protocol: RemoteProtocol, endpoint: &Endpoint) -> String {
 }
 
 /// Starts the sender on its own thread, once the store opened and the client was built (so a
-/// bad configuration fails `scorch run` at start, not later in a log).
+/// bad configuration fails `scorch run` at start, not later in a log). With `debug_files`
+/// (Parca only), the debug-info uploader runs beside it, on the same connection.
 pub fn spawn(
     config: &RemoteConfig,
     store_dir: &Path,
     retention: Retention,
     metrics: Arc<Metrics>,
+    debug_files: Option<debuginfo::DebugFileReceiver>,
 ) -> Result<SinkHandle, SinkError> {
     let settings = ClientSettings::new(config)?;
     let protocol = config.protocol;
@@ -773,15 +726,37 @@ pub fn spawn(
                 }
             };
             runtime.block_on(async move {
-                let sender = match Sender::new(protocol, &settings, store, metrics) {
+                let sender = match Sender::new(protocol, &settings, store, metrics.clone()) {
                     Ok(sender) => sender,
                     Err(err) => {
                         let _ = ready_tx.send(Err(err));
                         return;
                     }
                 };
+                let uploader = match (debug_files, &sender.client) {
+                    (Some(files), Client::Parca(client)) => match debuginfo::Uploader::new(
+                        client.connection(),
+                        &settings,
+                        files,
+                        metrics,
+                        stop_rx.clone(),
+                    ) {
+                        Ok(uploader) => Some(uploader),
+                        Err(err) => {
+                            let _ = ready_tx.send(Err(err));
+                            return;
+                        }
+                    },
+                    _ => None,
+                };
                 let _ = ready_tx.send(Ok(()));
-                sender.run(stop_rx).await;
+                // One task: the uploader's calls and the sender's share the thread, and an
+                // upload's extraction runs on the blocking pool.
+                tokio::join!(sender.run(stop_rx), async {
+                    if let Some(uploader) = uploader {
+                        uploader.run().await;
+                    }
+                });
             });
             let _ = done_tx.send(());
         })
@@ -1031,7 +1006,7 @@ fn start_cursor(store: &Store, name: &str) -> Result<i64, StoreError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::profile::{sample_profile, Line, Mapping};
+    use crate::profile::{sample_profile, Line, Location, Mapping};
 
     #[test]
     fn http_statuses_are_classified() {
@@ -1177,12 +1152,14 @@ mod tests {
             .find(|s| s.labels.get("comm").map(String::as_str) == Some("work"))
             .unwrap();
         assert_eq!(work.labels.get("pid").map(String::as_str), Some("42"));
-        assert_eq!(work.profile.samples.len(), 2);
-        assert_eq!(work.profile.total_samples(), 4);
+        assert_eq!(work.samples.len(), 2);
+        assert_eq!(work.samples.iter().map(|s| s.count).sum::<u64>(), 4);
+        let message = encode::pprof::samples_message(&profile, &work.samples);
+        let text = |i: i64| message.string_table[i as usize].as_str();
         // Its binary first (the main binary), then the kernel; not the other process's.
-        let paths: Vec<_> = work.profile.mappings.iter().map(|m| &m.path[..]).collect();
+        let paths: Vec<_> = message.mapping.iter().map(|m| text(m.filename)).collect();
         assert_eq!(paths, ["/usr/bin/work", "[kernel.kallsyms]"]);
-        assert_eq!(work.profile.locations.len(), 4);
+        assert_eq!(message.location.len(), 4);
 
         let other = series
             .iter()
@@ -1192,33 +1169,45 @@ mod tests {
             other.labels.get("service_name").map(String::as_str),
             Some("db")
         );
-        let paths: Vec<_> = other.profile.mappings.iter().map(|m| &m.path[..]).collect();
+        let message = encode::pprof::samples_message(&profile, &other.samples);
+        let text = |i: i64| message.string_table[i as usize].as_str();
+        let paths: Vec<_> = message.mapping.iter().map(|m| text(m.filename)).collect();
         assert_eq!(paths, ["/usr/bin/other", "[kernel.kallsyms]"]);
-        // Every sample's frames name the same functions as before the split.
-        let names = |p: &Profile, s: &Sample| -> Vec<String> {
-            s.locations
-                .iter()
-                .flat_map(|&l| p.location_names(l))
-                .collect()
-        };
-        assert_eq!(
-            names(&other.profile, &other.profile.samples[0]),
-            ["vfs_read", "other_main"]
-        );
-        let kernel = other.profile.samples[0].locations[0];
-        assert_eq!(
-            other.profile.locations[kernel]
-                .mapping
-                .map(|m| &other.profile.mappings[m].path[..]),
-            Some("[kernel.kallsyms]")
-        );
-        // Every series encodes to a pprof go tool pprof would accept (ids valid).
-        let message = encode::pprof::to_message(&other.profile);
-        assert_eq!(message.mapping[0].id, 1);
-        assert!(message
-            .location
+        // The sample's frames name the same functions as before the split, and each
+        // location sits in the right mapping.
+        assert_eq!(message.sample.len(), 1);
+        let frames: Vec<(&str, &str)> = message.sample[0]
+            .location_id
             .iter()
-            .all(|l| l.mapping_id >= 1 && l.mapping_id <= message.mapping.len() as u64));
+            .map(|&id| {
+                let location = &message.location[id as usize - 1];
+                assert_eq!(location.id, id);
+                let function = &message.function[location.line[0].function_id as usize - 1];
+                let mapping = &message.mapping[location.mapping_id as usize - 1];
+                (text(function.name), text(mapping.filename))
+            })
+            .collect();
+        assert_eq!(
+            frames,
+            [
+                ("vfs_read", "[kernel.kallsyms]"),
+                ("other_main", "/usr/bin/other")
+            ]
+        );
+        // The series' labels travel as pprof labels, pid as a number.
+        let labels: Vec<(&str, &str, i64)> = message.sample[0]
+            .label
+            .iter()
+            .map(|l| (text(l.key), text(l.str), l.num))
+            .collect();
+        assert_eq!(
+            labels,
+            [
+                ("pid", "", 7),
+                ("comm", "other", 0),
+                ("service_name", "db", 0)
+            ]
+        );
     }
 
     #[test]

@@ -39,6 +39,7 @@ pub struct Request {
 
 pub struct Client {
     inner: ProfileStoreServiceClient<InterceptedService<Channel, Credentialed>>,
+    connection: Connection,
     /// Sent as the call's deadline (`grpc-timeout`) too: a server abandons a write the client
     /// gave up on, so the retry does not store the window twice.
     timeout: std::time::Duration,
@@ -68,17 +69,26 @@ impl Interceptor for Credentialed {
     }
 }
 
-impl Client {
+/// The connection to a Parca server and the metadata every call carries: one HTTP/2
+/// connection for the profiles and the debug-info upload (`sink::debuginfo`).
+#[derive(Clone)]
+pub struct Connection {
+    pub channel: Channel,
+    pub credentials: Credentialed,
+}
+
+impl Connection {
     /// Connects lazily (the first call connects), so a server that is down at start is only
     /// a failed first send.
-    pub fn new(settings: &ClientSettings) -> Result<Client, SinkError> {
+    pub fn new(settings: &ClientSettings) -> Result<Connection, SinkError> {
         let client_error = |message: String| SinkError::Client {
             protocol: "parca",
             message,
         };
         let mut endpoint = Endpoint::from_shared(settings.endpoint.base.clone())
             .map_err(|e| client_error(e.to_string()))?
-            .timeout(settings.timeout)
+            // No channel-wide timeout: each call sets its own deadline (grpc-timeout, which
+            // the channel enforces too), as a debug-info upload needs longer than a WriteRaw.
             .connect_timeout(settings.timeout)
             .user_agent(concat!("scorch/", env!("CARGO_PKG_VERSION")))
             .map_err(|e| client_error(e.to_string()))?;
@@ -120,17 +130,32 @@ impl Client {
             })?),
             None => None,
         };
-        let inner = ProfileStoreServiceClient::with_interceptor(
+        Ok(Connection {
             channel,
-            Credentialed {
+            credentials: Credentialed {
                 authorization,
                 tenant,
             },
-        );
+        })
+    }
+}
+
+impl Client {
+    pub fn new(settings: &ClientSettings) -> Result<Client, SinkError> {
+        let connection = Connection::new(settings)?;
         Ok(Client {
-            inner,
+            inner: ProfileStoreServiceClient::with_interceptor(
+                connection.channel.clone(),
+                connection.credentials.clone(),
+            ),
+            connection,
             timeout: settings.timeout,
         })
+    }
+
+    /// The connection, for the debug-info uploader to share.
+    pub fn connection(&self) -> &Connection {
+        &self.connection
     }
 
     pub fn prepare(&self, window: &EncodedWindow, group: Range<usize>) -> Request {

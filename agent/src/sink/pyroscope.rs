@@ -164,7 +164,7 @@ impl Client {
 }
 
 /// A transport failure: nothing reached the server, or its answer never came back.
-fn transport_error(error: &reqwest::Error) -> SendError {
+pub(super) fn transport_error(error: &reqwest::Error) -> SendError {
     let reason = if error.is_timeout() {
         "timeout"
     } else {

@@ -21,6 +21,7 @@ use std::{
 };
 
 use super::elf::{release_free_memory, ElfFile, ElfMiss, FileData, ResolvedFrame};
+use crate::sink::debuginfo::{DebugFile, DebugFileSender};
 
 #[derive(Debug, thiserror::Error)]
 pub enum UserSymbolError {
@@ -370,6 +371,11 @@ pub struct UserSymbolizer {
     lookups: u64,
     /// Build ids by mapped file, for `--symbolize none`, which parses nothing else.
     build_ids: HashMap<(u64, u64), Option<String>>,
+    /// With `--symbolize none` and a Parca remote: where each file whose build id is read goes
+    /// for the debug-info upload.
+    debuginfo: Option<DebugFileSender>,
+    /// Files the upload's channel had no room for (it is never waited on).
+    debug_files_dropped: u64,
     /// Frames left unnamed, by reason.
     pub misses: BTreeMap<UserMiss, u64>,
     /// Names found by a fallback path, by reason.
@@ -403,6 +409,8 @@ impl UserSymbolizer {
             cache: ElfCache::new(cache_bytes),
             vdso: None,
             build_ids: HashMap::new(),
+            debuginfo: None,
+            debug_files_dropped: 0,
             held: HashMap::new(),
             lookups: 0,
             misses: BTreeMap::new(),
@@ -422,6 +430,12 @@ impl UserSymbolizer {
 
     pub fn mode(&self) -> SymbolizeMode {
         self.mode
+    }
+
+    /// Hands each file whose build id `--symbolize none` reads to the debug-info upload, its
+    /// separate debug file instead when there is one here.
+    pub fn set_debuginfo_sink(&mut self, files: DebugFileSender) {
+        self.debuginfo = Some(files);
     }
 
     /// Captures the maps of `pids` the first time each is seen, while it is alive, and again
@@ -602,23 +616,55 @@ impl UserSymbolizer {
     /// `.debug/` directory and under `/usr/lib/debug/`. Each place is tried inside the
     /// process's root first, then on the host.
     fn find_debug_file(&mut self, root: &Path, binary: &str, file: &ElfFile) -> Option<ElfFile> {
+        self.locate_debug_file(
+            root,
+            binary,
+            file.build_id.as_deref(),
+            file.debuglink.as_ref(),
+            |path, data| match ElfFile::parse(Arc::new(data), path) {
+                Ok(debug) => Some(debug),
+                Err(err) => {
+                    tracing::debug!("{err}");
+                    None
+                }
+            },
+        )
+    }
+
+    /// The search [`Self::find_debug_file`] describes, for any use of the file: each candidate
+    /// found, mapped and checked (the same build id, or the debug link's CRC) goes to `accept`,
+    /// until it takes one.
+    fn locate_debug_file<T>(
+        &mut self,
+        root: &Path,
+        binary: &str,
+        build_id: Option<&str>,
+        debuglink: Option<&(String, u32)>,
+        mut accept: impl FnMut(&Path, FileData) -> Option<T>,
+    ) -> Option<T> {
         let prefixes = [root, Path::new("/")];
-        if let Some(id) = file.build_id.as_deref().filter(|id| id.len() > 2) {
+        if let Some(id) = build_id.filter(|id| id.len() > 2) {
             let relative = format!("usr/lib/debug/.build-id/{}/{}.debug", &id[..2], &id[2..]);
             for prefix in prefixes {
                 let path = prefix.join(&relative);
                 if !path.exists() {
                     continue;
                 }
-                match ElfFile::open(&path) {
-                    Ok(debug) if debug.build_id.as_deref() == Some(id) => return Some(debug),
-                    Ok(_) | Err(_) => {
-                        *self.fallbacks.entry(Fallback::BadDebugFile).or_insert(0) += 1;
-                    }
+                let checked = FileData::map(&path).ok().filter(|data| {
+                    object::File::parse(data.bytes())
+                        .ok()
+                        .and_then(|debug| object::Object::build_id(&debug).ok().flatten())
+                        .is_some_and(|found| {
+                            found.iter().map(|b| format!("{b:02x}")).collect::<String>() == id
+                        })
+                });
+                if let Some(found) = checked.and_then(|data| accept(&path, data)) {
+                    return Some(found);
                 }
+                *self.fallbacks.entry(Fallback::BadDebugFile).or_insert(0) += 1;
             }
         }
-        let (name, crc) = file.debuglink.clone()?;
+        let (name, crc) = debuglink?.clone();
         let dir = Path::new(binary).parent()?.strip_prefix("/").ok()?;
         for prefix in prefixes {
             for candidate in [
@@ -636,12 +682,9 @@ impl UserSymbolizer {
                         .or_insert(0) += 1;
                     continue;
                 }
-                match ElfFile::parse(Arc::new(data), &candidate) {
-                    Ok(debug) => return Some(debug),
-                    Err(err) => {
-                        tracing::debug!("{err}");
-                        *self.fallbacks.entry(Fallback::BadDebugFile).or_insert(0) += 1;
-                    }
+                match accept(&candidate, data) {
+                    Some(found) => return Some(found),
+                    None => *self.fallbacks.entry(Fallback::BadDebugFile).or_insert(0) += 1,
                 }
             }
         }
@@ -771,16 +814,60 @@ impl UserSymbolizer {
         if !entry.is_file() {
             return None;
         }
-        self.build_ids
-            .entry((entry.dev, entry.inode))
-            .or_insert_with(|| {
-                let (path, _) = mapped_file_path(pid, entry).ok()?;
-                let data = FileData::map(&path).ok()?;
-                let file = object::File::parse(data.bytes()).ok()?;
-                let id = object::Object::build_id(&file).ok()??;
-                Some(id.iter().map(|b| format!("{b:02x}")).collect())
-            })
-            .clone()
+        if let Some(known) = self.build_ids.get(&(entry.dev, entry.inode)) {
+            return known.clone();
+        }
+        let id = self.read_build_id(pid, entry);
+        self.build_ids.insert((entry.dev, entry.inode), id.clone());
+        id
+    }
+
+    /// The build id note of the file behind `entry`, and the file handed to the debug-info
+    /// upload while it is open.
+    fn read_build_id(&mut self, pid: u32, entry: &MapEntry) -> Option<String> {
+        let (path, _) = mapped_file_path(pid, entry).ok()?;
+        let data = FileData::map(&path).ok()?;
+        let file = object::File::parse(data.bytes()).ok()?;
+        let id: String = object::Object::build_id(&file)
+            .ok()??
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        let Some(sink) = self.debuginfo.clone() else {
+            return Some(id);
+        };
+        let debuglink = object::Object::gnu_debuglink(&file)
+            .ok()
+            .flatten()
+            .map(|(name, crc)| (String::from_utf8_lossy(name).into_owned(), crc));
+        drop(file);
+        let root = PathBuf::from(format!("/proc/{pid}/root"));
+        let located = self.locate_debug_file(
+            &root,
+            entry.file_path(),
+            Some(&id),
+            debuglink.as_ref(),
+            |path, data| Some((path.to_owned(), data)),
+        );
+        let (path, data) = located.unwrap_or((path, data));
+        let handed = DebugFile {
+            build_id: id.clone(),
+            path,
+            data,
+        };
+        if let Err(err) = sink.try_send(handed) {
+            self.debug_files_dropped += 1;
+            let reason = match err {
+                tokio::sync::mpsc::error::TrySendError::Full(_) => "the upload queue is full",
+                tokio::sync::mpsc::error::TrySendError::Closed(_) => "the uploader stopped",
+            };
+            tracing::debug!(
+                "not uploading the debug info of {} ({id}): {reason} ({} files so far)",
+                entry.file_path(),
+                self.debug_files_dropped
+            );
+        }
+        Some(id)
     }
 }
 

@@ -2,7 +2,9 @@
 //! `scorch_tests::fake_remote`): every window the daemon stored reaches the server through
 //! faults (down at start, down in the middle, 5xx, 429 with Retry-After, answers slower than
 //! the timeout, connection resets, a refused request) and a restart with a backlog; duplicates
-//! only where the server can discard them (Pyroscope: the same RawSample ID).
+//! only where the server can discard them (Pyroscope: the same RawSample ID). With
+//! `--symbolize none`, the debug info of the profiled binary reaches the Parca fake once, and
+//! names the frames the profiles left as addresses.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -18,7 +20,7 @@ use scorch::{
 use scorch_tests::{
     build_workload,
     fake_remote::{FakeRemote, Fault, Protocol, Received},
-    go_pprof, http_get, work_dir, Daemon, Workload,
+    gnu_build_id, go_pprof, http_get, run_tool, section_names, work_dir, Daemon, Workload,
 };
 
 /// A metric's value (summed over its label sets) in the daemon's /metrics.
@@ -464,4 +466,262 @@ fn a_restart_with_a_backlog_loses_nothing() -> Result<()> {
         "only {checked} windows checked, backlog {backlog}:\n{stderr}"
     );
     Ok(())
+}
+
+/// The value of one exact series (`name{label="value"}`) in the daemon's /metrics.
+fn metric_series(address: &str, series: &str) -> Result<f64> {
+    let (status, body) = http_get(address, "/metrics")?;
+    ensure!(status == 200, "/metrics answered {status}");
+    let text = String::from_utf8(body)?;
+    let line = text
+        .lines()
+        .find(|l| l.rsplit_once(' ').is_some_and(|(s, _)| s == series))
+        .with_context(|| format!("no {series} in /metrics"))?;
+    Ok(line.rsplit_once(' ').context("no value")?.1.parse()?)
+}
+
+/// The `PT_LOAD` segments of an ELF file (`readelf -l`): (offset, virtual address, file size).
+fn load_segments(file: &Path) -> Result<Vec<(u64, u64, u64)>> {
+    let output = run_tool(
+        std::process::Command::new("readelf")
+            .args(["-lW"])
+            .arg(file),
+    )?;
+    let hex = |field: &str| u64::from_str_radix(field.trim_start_matches("0x"), 16);
+    let mut segments = Vec::new();
+    for line in String::from_utf8_lossy(&output.stdout).lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        if fields.first() == Some(&"LOAD") && fields.len() >= 5 {
+            segments.push((hex(fields[1])?, hex(fields[2])?, hex(fields[4])?));
+        }
+    }
+    ensure!(!segments.is_empty(), "{} has no PT_LOAD", file.display());
+    Ok(segments)
+}
+
+/// The ELF virtual addresses of the frames the received profiles left unnamed in the mapping
+/// of `build_id`: sampled address -> file offset (the mapping's start and offset) -> address
+/// (the segment holding that offset), as a symbolising server does. Return addresses are
+/// moved back into their call instruction.
+fn unnamed_addresses(
+    fake: &FakeRemote,
+    build_id: &str,
+    segments: &[(u64, u64, u64)],
+) -> Result<BTreeSet<u64>> {
+    use prost::Message as _;
+    let mut addresses = BTreeSet::new();
+    for received in fake.received().iter().filter(|r| r.accepted) {
+        let mut raw = Vec::new();
+        std::io::Read::read_to_end(
+            &mut flate2::read::GzDecoder::new(&received.pprof[..]),
+            &mut raw,
+        )?;
+        let profile = scorch::pprof::Profile::decode(&raw[..])?;
+        let string = |i: i64| {
+            profile
+                .string_table
+                .get(i as usize)
+                .cloned()
+                .unwrap_or_default()
+        };
+        let Some(mapping) = profile
+            .mapping
+            .iter()
+            .find(|m| string(m.build_id) == build_id)
+        else {
+            continue;
+        };
+        for sample in &profile.sample {
+            for (depth, id) in sample.location_id.iter().enumerate() {
+                let location = profile
+                    .location
+                    .iter()
+                    .find(|l| l.id == *id)
+                    .context("a sample's location is missing")?;
+                if location.mapping_id != mapping.id {
+                    continue;
+                }
+                ensure!(
+                    location.line.is_empty(),
+                    "--symbolize none named a frame of the workload: {location:?}"
+                );
+                let address = location.address - u64::from(depth > 0);
+                let offset = address - mapping.memory_start + mapping.file_offset;
+                let &(start, vaddr, _) = segments
+                    .iter()
+                    .find(|(start, _, size)| (*start..start + size).contains(&offset))
+                    .with_context(|| format!("file offset {offset:#x} is in no PT_LOAD"))?;
+                addresses.insert(offset - start + vaddr);
+            }
+        }
+    }
+    Ok(addresses)
+}
+
+/// `scorch run --symbolize none` against the Parca fake: the workload's debug info is uploaded
+/// once however many windows name it, holds the debug sections and not the code, and names,
+/// with binutils, the frames the profiles carry as addresses.
+fn debug_info_reaches_parca(name: &str, signed_urls: bool) -> Result<()> {
+    let dir = fresh_dir(name)?;
+    let program = build_workload("calltree", &["-O2", "-fno-omit-frame-pointer", "-g"])?;
+    let build_id = gnu_build_id(&program)?;
+    let _workload = Workload::start(&program, &["1", "120"])?;
+    let fake = FakeRemote::start(Protocol::Parca)?;
+    if signed_urls {
+        fake.use_signed_urls()?;
+    }
+    let address = fake.address.to_string();
+    let store = dir.join("store");
+    let daemon = Daemon::start(
+        &store,
+        &[
+            "--window",
+            "1s",
+            "--symbolize",
+            "none",
+            "--remote-url",
+            &address,
+            "--remote-insecure",
+            "--remote-protocol",
+            "parca",
+            "--remote-timeout",
+            "5s",
+        ],
+    )?;
+    wait_until(
+        Duration::from_secs(60),
+        "the workload's debug info to be uploaded",
+        || Ok(fake.debuginfo().get(&build_id).is_some_and(|u| u.finished)),
+    )?;
+    // Windows after the upload name the binary again; it must not be sent again.
+    let written = metric(&daemon.address, "scorch_windows_written_total")?;
+    wait_windows(&daemon, written, 3.0)?;
+    wait_drained(&daemon, &fake, Duration::from_secs(30))?;
+    let uploaded = metric_series(
+        &daemon.address,
+        r#"scorch_debuginfo_uploads_total{result="uploaded"}"#,
+    )?;
+    let bytes = metric(&daemon.address, "scorch_debuginfo_uploaded_bytes_total")?;
+    let (status, _, stderr) = daemon.stop()?;
+    ensure!(
+        status.success(),
+        "scorch run exited with {status}:\n{stderr}"
+    );
+    ensure!(
+        fake.protocol_errors().is_empty(),
+        "{:?}",
+        fake.protocol_errors()
+    );
+
+    // Each build id once: asked about once, and uploaded at most once.
+    let calls = fake.debuginfo_calls();
+    let count = |method: &str, id: &str| {
+        calls
+            .iter()
+            .filter(|c| c.method == method && c.build_id == id)
+            .count()
+    };
+    let transfer = if signed_urls { "PUT" } else { "Upload" };
+    for method in [
+        "ShouldInitiateUpload",
+        "InitiateUpload",
+        transfer,
+        "MarkUploadFinished",
+    ] {
+        ensure!(
+            count(method, &build_id) == 1,
+            "{method} for the workload {} times: {calls:?}",
+            count(method, &build_id)
+        );
+    }
+    let ids: BTreeSet<&str> = calls.iter().map(|c| c.build_id.as_str()).collect();
+    for id in &ids {
+        ensure!(
+            count("ShouldInitiateUpload", id) == 1,
+            "{id} asked about {} times",
+            count("ShouldInitiateUpload", id)
+        );
+    }
+    let uploads = fake.debuginfo();
+    let finished = uploads.values().filter(|u| u.finished).count();
+    ensure!(
+        uploaded >= 1.0 && uploaded == finished as f64,
+        "scorch counts {uploaded} uploads, the server finished {finished}"
+    );
+    let sizes: i64 = uploads
+        .values()
+        .filter(|u| u.finished)
+        .map(|u| u.size)
+        .sum();
+    ensure!(
+        bytes == sizes as f64,
+        "{bytes} bytes counted, {sizes} uploaded"
+    );
+
+    // The file: the binary's build id, its symbols and DWARF, its code as headers only.
+    let upload = &uploads[&build_id];
+    ensure!(
+        upload.via == if signed_urls { "signed_url" } else { "grpc" },
+        "uploaded via {}",
+        upload.via
+    );
+    ensure!(!upload.hash.is_empty(), "InitiateUpload without a hash");
+    let file = dir.join("uploaded.debug");
+    std::fs::write(&file, &upload.bytes)?;
+    ensure!(
+        gnu_build_id(&file)? == build_id,
+        "another build id uploaded"
+    );
+    let sections = section_names(&file)?;
+    for wanted in [".debug_info", ".debug_line", ".symtab", ".strtab"] {
+        ensure!(
+            sections.iter().any(|s| s == wanted),
+            "no {wanted} in {sections:?}"
+        );
+    }
+    let headers = run_tool(std::process::Command::new("readelf").arg("-SW").arg(&file))?;
+    let headers = String::from_utf8_lossy(&headers.stdout);
+    let text = headers
+        .lines()
+        .find(|l| l.split_whitespace().any(|w| w == ".text"))
+        .context("no .text header")?;
+    ensure!(text.contains("NOBITS"), "{text}");
+    let binary_size = std::fs::metadata(&program)?.len();
+    ensure!(
+        (upload.bytes.len() as u64) < binary_size,
+        "{} bytes uploaded for a binary of {binary_size}",
+        upload.bytes.len()
+    );
+
+    // What the server does with it: the profiles' addresses name the workload's functions.
+    let addresses = unnamed_addresses(&fake, &build_id, &load_segments(&file)?)?;
+    ensure!(!addresses.is_empty(), "no frames in the workload's mapping");
+    let mut command = std::process::Command::new("addr2line");
+    command.args(["-f", "-e"]).arg(&file);
+    command.args(addresses.iter().map(|a| format!("{a:#x}")));
+    let output = run_tool(&mut command)?;
+    let output = String::from_utf8_lossy(&output.stdout);
+    let functions: BTreeSet<&str> = output.lines().step_by(2).collect();
+    let lines: Vec<&str> = output.lines().skip(1).step_by(2).collect();
+    for function in ["leaf_a", "leaf_b", "run_a", "dispatch"] {
+        ensure!(
+            functions.contains(function),
+            "{function} not among {functions:?}"
+        );
+    }
+    ensure!(
+        lines.iter().any(|l| l.contains("calltree.c:")),
+        "no file:line from the uploaded DWARF: {lines:?}"
+    );
+    Ok(())
+}
+
+#[test]
+fn parca_gets_debug_info_once_and_names_frames_from_it() -> Result<()> {
+    debug_info_reaches_parca("remote-parca-debuginfo", false)
+}
+
+#[test]
+fn parca_debug_info_through_a_signed_url() -> Result<()> {
+    debug_info_reaches_parca("remote-parca-debuginfo-signed", true)
 }

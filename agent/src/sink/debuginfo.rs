@@ -1,0 +1,995 @@
+//! Debug-info upload to Parca: with `--symbolize none` the server names the frames, so it
+//! needs the symbols and DWARF of every binary the profiles point into.
+//!
+//! ```text
+//! symbolize/user.rs (build id read) -> DebugFile -> extract_debug -> DebuginfoService
+//!   ShouldInitiateUpload -> InitiateUpload -> Upload stream | signed-URL PUT -> MarkUploadFinished
+//! ```
+//!
+//! The symboliser hands over each mapped file (or its separate debug file) once, as it reads
+//! its build id, through a bounded channel it never waits on; the uploader takes each build id
+//! once per run, at most [`MAX_IN_FLIGHT`] at a time, on the sink's thread, sharing the Parca
+//! sink's gRPC connection and credentials. What is sent is [`extract_debug`]'s output: the
+//! file with only what a symboliser reads, like `objcopy --only-keep-debug`.
+//!
+//! Failures follow the sink's policy: transient ones are retried with backoff a few times,
+//! refusals are not; either way a build id that failed is logged once and not tried again in
+//! this run (the next start asks the server again).
+
+use std::{
+    collections::HashSet,
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::Duration,
+};
+
+use bytes::Bytes;
+use md5::{Digest as _, Md5};
+use object::{
+    elf,
+    read::elf::{ProgramHeader as _, SectionHeader as _},
+    write::elf::{FileHeader, ProgramHeader, SectionHeader, Writer},
+    Endianness, FileKind,
+};
+use tokio::{
+    sync::{mpsc, watch},
+    task::JoinSet,
+};
+use tonic::{service::interceptor::InterceptedService, transport::Channel};
+
+use super::{
+    parca::{self, Credentialed},
+    proto::parca::debuginfo::v1alpha1::{
+        debuginfo_service_client::DebuginfoServiceClient, upload_instructions::UploadStrategy,
+        upload_request, InitiateUploadRequest, MarkUploadFinishedRequest,
+        ShouldInitiateUploadRequest, UploadInfo, UploadRequest,
+    },
+    wait, Backoff, ClientSettings, SendError, SinkError, BACKOFF_BASE, BACKOFF_CAP,
+};
+use crate::{metrics::Metrics, symbolize::elf::FileData};
+
+/// Uploads at once: each holds an extracted file in memory, and the sender shares the thread.
+pub const MAX_IN_FLIGHT: usize = 2;
+
+/// Files the symboliser may hand over before the uploader takes them; more are dropped (and
+/// offered again at the next start).
+pub const CHANNEL_CAPACITY: usize = 64;
+
+/// Attempts per step of one upload before it is given up for this run.
+const MAX_ATTEMPTS: u32 = 4;
+
+/// The size of each `chunk_data` message: well under the 4 MiB a gRPC server takes by default.
+const CHUNK_BYTES: usize = 512 << 10;
+
+/// The slowest link an upload is given time for, on top of the request timeout: a 100 MiB
+/// debug file gets 100 s more.
+const MIN_UPLOAD_BYTES_PER_SEC: u64 = 1 << 20;
+
+#[derive(Debug, thiserror::Error)]
+pub enum DebuginfoError {
+    #[error("{path}: not an ELF file")]
+    NotElf { path: PathBuf },
+    #[error("{path}: malformed ELF: {source}")]
+    Malformed {
+        path: PathBuf,
+        source: object::read::Error,
+    },
+    #[error("{path}: nothing to upload: no .debug_info, .symtab or .dynsym")]
+    NothingToUpload { path: PathBuf },
+    #[error("{path}: writing its debug sections: {source}")]
+    Write {
+        path: PathBuf,
+        source: object::write::Error,
+    },
+    #[error("uploading the debug info of {path} ({build_id}): {step}: {message}")]
+    Refused {
+        path: PathBuf,
+        build_id: String,
+        step: &'static str,
+        message: String,
+    },
+    #[error(
+        "uploading the debug info of {path} ({build_id}): {step} failed {attempts} times, \
+         giving up until the next start: {message}"
+    )]
+    GaveUp {
+        path: PathBuf,
+        build_id: String,
+        step: &'static str,
+        attempts: u32,
+        message: String,
+    },
+}
+
+/// A file whose debug info the server may need, as the symboliser found it.
+pub struct DebugFile {
+    /// GNU build id, lowercase hex: the server's key.
+    pub build_id: String,
+    /// Where it was opened, for logs only: the mapping may be gone or replaced by now.
+    pub path: PathBuf,
+    /// The file mapped: the mapping keeps the inode the process ran, even if the file was
+    /// since replaced or deleted, or the process exited.
+    pub data: FileData,
+}
+
+/// The symboliser's end of the hand-off.
+pub type DebugFileSender = mpsc::Sender<DebugFile>;
+/// The uploader's end.
+pub type DebugFileReceiver = mpsc::Receiver<DebugFile>;
+
+/// The channel between the symboliser and the uploader.
+pub fn hand_off() -> (DebugFileSender, DebugFileReceiver) {
+    mpsc::channel(CHANNEL_CAPACITY)
+}
+
+fn is_debug_name(name: &[u8]) -> bool {
+    name.starts_with(b".debug_") || name.starts_with(b".zdebug_")
+}
+
+/// `elf` reduced to what a symboliser reads, as `objcopy --only-keep-debug` does: the same
+/// header and program headers (the program headers as they are, offsets included: with the
+/// mapping's offset they turn a sampled address into an ELF address), every section header in
+/// its place (so the section indices in symbols and links stay right), but contents only for
+/// DWARF, symbol and string tables, notes (the build id), `.gnu_debuglink` and
+/// `.gnu_debugdata`; every other section is kept as `SHT_NOBITS` with its address and size.
+/// `path` only names the file in errors.
+pub fn extract_debug(elf: &[u8], path: &Path) -> Result<Vec<u8>, DebuginfoError> {
+    match FileKind::parse(elf) {
+        Ok(FileKind::Elf32) => extract::<elf::FileHeader32<Endianness>>(elf, path),
+        Ok(FileKind::Elf64) => extract::<elf::FileHeader64<Endianness>>(elf, path),
+        _ => Err(DebuginfoError::NotElf {
+            path: path.to_owned(),
+        }),
+    }
+}
+
+fn extract<Elf>(data: &[u8], path: &Path) -> Result<Vec<u8>, DebuginfoError>
+where
+    Elf: object::read::elf::FileHeader<Endian = Endianness>,
+{
+    let malformed = |source| DebuginfoError::Malformed {
+        path: path.to_owned(),
+        source,
+    };
+    let header = Elf::parse(data).map_err(malformed)?;
+    let endian = header.endian().map_err(malformed)?;
+    let segments = header.program_headers(endian, data).map_err(malformed)?;
+    let sections = header.sections(endian, data).map_err(malformed)?;
+    let shstrndx = header.shstrndx(endian, data).map_err(malformed)? as usize;
+
+    // String tables are kept when a kept symbol table names its strings there.
+    let mut linked_strings = HashSet::new();
+    let mut has_symbols = false;
+    for section in sections.iter() {
+        let kind = section.sh_type(endian);
+        if matches!(kind, elf::SHT_SYMTAB | elf::SHT_DYNSYM) {
+            linked_strings.insert(section.sh_link(endian) as usize);
+        }
+        let name = sections.section_name(endian, section).unwrap_or_default();
+        let has_contents = kind != elf::SHT_NOBITS && section.sh_size(endian).into() > 0;
+        if has_contents
+            && (matches!(kind, elf::SHT_SYMTAB | elf::SHT_DYNSYM)
+                || name == b".debug_info"
+                || name == b".zdebug_info")
+        {
+            has_symbols = true;
+        }
+    }
+    if !has_symbols {
+        return Err(DebuginfoError::NothingToUpload {
+            path: path.to_owned(),
+        });
+    }
+
+    /// One input section and where its contents go, if they are kept.
+    struct Planned<'a> {
+        header: SectionHeader,
+        contents: Option<&'a [u8]>,
+    }
+
+    let mut out = Vec::new();
+    let mut writer = Writer::new(endian, header.is_type_64(), &mut out);
+    writer.reserve_file_header();
+    writer.reserve_program_headers(segments.len() as u32);
+    // Pass 1: the same section indices, in order, and a place for every kept section's bytes.
+    let mut planned: Vec<Option<Planned>> = Vec::with_capacity(sections.len());
+    for (index, section) in sections.iter().enumerate().skip(1) {
+        if index == shstrndx {
+            writer.reserve_shstrtab_section_index();
+            planned.push(None);
+            continue;
+        }
+        let name = sections.section_name(endian, section).map_err(malformed)?;
+        let kind = section.sh_type(endian);
+        let keep = kind != elf::SHT_NOBITS
+            && (is_debug_name(name)
+                || matches!(
+                    kind,
+                    elf::SHT_SYMTAB | elf::SHT_DYNSYM | elf::SHT_SYMTAB_SHNDX | elf::SHT_NOTE
+                )
+                || (kind == elf::SHT_STRTAB && linked_strings.contains(&index))
+                || name == b".gnu_debuglink"
+                || name == b".gnu_debugdata");
+        let contents = if keep {
+            Some(section.data(endian, data).map_err(malformed)?)
+        } else {
+            None
+        };
+        let name = writer.add_section_name(name);
+        writer.reserve_section_index();
+        let align = section.sh_addralign(endian).into();
+        let offset = match contents {
+            Some(bytes) => {
+                let align = if align.is_power_of_two() { align } else { 1 };
+                writer.reserve(bytes.len(), align as usize)
+            }
+            None => writer.reserved_len(),
+        };
+        planned.push(Some(Planned {
+            header: SectionHeader {
+                name: Some(name),
+                sh_type: if keep { kind } else { elf::SHT_NOBITS },
+                sh_flags: section.sh_flags(endian).into(),
+                sh_addr: section.sh_addr(endian).into(),
+                sh_offset: offset as u64,
+                sh_size: section.sh_size(endian).into(),
+                sh_link: section.sh_link(endian),
+                sh_info: section.sh_info(endian),
+                sh_addralign: align,
+                sh_entsize: section.sh_entsize(endian).into(),
+            },
+            contents,
+        }));
+    }
+    writer.reserve_shstrtab();
+    writer.reserve_section_headers();
+
+    // Pass 2: the bytes, in the order reserved.
+    let ident = header.e_ident();
+    writer
+        .write_file_header(&FileHeader {
+            os_abi: ident.os_abi,
+            abi_version: ident.abi_version,
+            e_type: header.e_type(endian),
+            e_machine: header.e_machine(endian),
+            e_entry: header.e_entry(endian).into(),
+            e_flags: header.e_flags(endian),
+        })
+        .map_err(|source| DebuginfoError::Write {
+            path: path.to_owned(),
+            source,
+        })?;
+    writer.write_align_program_headers();
+    for segment in segments {
+        writer.write_program_header(&ProgramHeader {
+            p_type: segment.p_type(endian),
+            p_flags: segment.p_flags(endian),
+            p_offset: segment.p_offset(endian).into(),
+            p_vaddr: segment.p_vaddr(endian).into(),
+            p_paddr: segment.p_paddr(endian).into(),
+            p_filesz: segment.p_filesz(endian).into(),
+            p_memsz: segment.p_memsz(endian).into(),
+            p_align: segment.p_align(endian).into(),
+        });
+    }
+    for section in planned.iter().flatten() {
+        if let Some(bytes) = section.contents {
+            writer.pad_until(section.header.sh_offset as usize);
+            writer.write(bytes);
+        }
+    }
+    writer.write_shstrtab();
+    writer.write_null_section_header();
+    for section in &planned {
+        match section {
+            Some(section) => writer.write_section_header(&section.header),
+            None => writer.write_shstrtab_section_header(),
+        }
+    }
+    Ok(out)
+}
+
+/// How one build id's upload ended, for the metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UploadResult {
+    Uploaded,
+    /// The server has it (or does not want it): `should_initiate_upload` was false.
+    AlreadyPresent,
+    /// The file has no symbols or DWARF.
+    NothingToUpload,
+    Failed,
+}
+
+impl UploadResult {
+    pub const ALL: [UploadResult; 4] = [
+        UploadResult::Uploaded,
+        UploadResult::AlreadyPresent,
+        UploadResult::NothingToUpload,
+        UploadResult::Failed,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            UploadResult::Uploaded => "uploaded",
+            UploadResult::AlreadyPresent => "already_present",
+            UploadResult::NothingToUpload => "nothing_to_upload",
+            UploadResult::Failed => "failed",
+        }
+    }
+}
+
+type Client = DebuginfoServiceClient<InterceptedService<Channel, Credentialed>>;
+
+/// What every upload shares; cheap to clone into each upload's task.
+#[derive(Clone)]
+struct Shared {
+    client: Client,
+    /// For signed-URL uploads, with the remote's TLS settings.
+    http: reqwest::Client,
+    timeout: Duration,
+    metrics: Arc<Metrics>,
+    stop: watch::Receiver<bool>,
+}
+
+/// Takes files from the symboliser and uploads each build id once.
+pub struct Uploader {
+    shared: Shared,
+    files: DebugFileReceiver,
+    /// Build ids taken this run, whatever came of them.
+    seen: HashSet<String>,
+}
+
+impl Uploader {
+    /// Shares the Parca sink's connection; must run inside a tokio runtime.
+    pub fn new(
+        connection: &parca::Connection,
+        settings: &ClientSettings,
+        files: DebugFileReceiver,
+        metrics: Arc<Metrics>,
+        stop: watch::Receiver<bool>,
+    ) -> Result<Uploader, SinkError> {
+        let client_error = |message: String| SinkError::Client {
+            protocol: "parca debuginfo",
+            message,
+        };
+        // No overall timeout: each request gets one scaled to what it carries.
+        let mut builder = reqwest::Client::builder()
+            .use_rustls_tls()
+            .connect_timeout(settings.timeout)
+            .user_agent(concat!("scorch/", env!("CARGO_PKG_VERSION")));
+        if let Some(pem) = &settings.ca_pem {
+            let roots = reqwest::Certificate::from_pem_bundle(pem)
+                .map_err(|e| client_error(format!("reading remote-ca-file: {e}")))?;
+            builder = builder.tls_built_in_root_certs(false);
+            for root in roots {
+                builder = builder.add_root_certificate(root);
+            }
+        }
+        let http = builder.build().map_err(|e| client_error(e.to_string()))?;
+        let client = DebuginfoServiceClient::with_interceptor(
+            connection.channel.clone(),
+            connection.credentials.clone(),
+        );
+        Ok(Uploader {
+            shared: Shared {
+                client,
+                http,
+                timeout: settings.timeout,
+                metrics,
+                stop,
+            },
+            files,
+            seen: HashSet::new(),
+        })
+    }
+
+    /// Uploads until the sink stops; uploads still running then are abandoned (the server
+    /// lets a stale upload be started again).
+    pub async fn run(mut self) {
+        let mut stop = self.shared.stop.clone();
+        let mut in_flight = JoinSet::new();
+        let mut open = true;
+        loop {
+            tokio::select! {
+                _ = stop.wait_for(|&s| s) => break,
+                Some(_) = in_flight.join_next(), if !in_flight.is_empty() => {}
+                file = self.files.recv(), if open && in_flight.len() < MAX_IN_FLIGHT => {
+                    let Some(file) = file else {
+                        open = false;
+                        continue;
+                    };
+                    if self.seen.insert(file.build_id.clone()) {
+                        in_flight.spawn(upload(self.shared.clone(), file));
+                    }
+                }
+            }
+        }
+        in_flight.abort_all();
+    }
+}
+
+/// One build id, start to end, counted and logged.
+async fn upload(shared: Shared, file: DebugFile) {
+    let metrics = shared.metrics.clone();
+    let DebugFile {
+        build_id,
+        path,
+        data,
+    } = file;
+    let result = match upload_file(&shared, &build_id, &path, data).await {
+        Ok(result) => {
+            if result == UploadResult::Uploaded {
+                tracing::debug!("uploaded the debug info of {} ({build_id})", path.display());
+            }
+            result
+        }
+        Err(err @ DebuginfoError::NothingToUpload { .. }) => {
+            tracing::debug!("{err}");
+            UploadResult::NothingToUpload
+        }
+        Err(err) => {
+            tracing::warn!("{err}");
+            UploadResult::Failed
+        }
+    };
+    metrics.debuginfo_upload(result.name());
+}
+
+async fn upload_file(
+    shared: &Shared,
+    build_id: &str,
+    path: &Path,
+    data: FileData,
+) -> Result<UploadResult, DebuginfoError> {
+    let mut steps = Steps {
+        shared,
+        build_id,
+        path,
+    };
+    // The hash lets a server tell a new upload from one it already judged invalid; it is only
+    // known after extracting, which the server usually makes unnecessary, so the first
+    // question goes without one.
+    let should = steps
+        .call("ShouldInitiateUpload", shared.timeout, |mut client| {
+            let request = with_deadline(
+                ShouldInitiateUploadRequest {
+                    build_id: build_id.to_owned(),
+                    ..Default::default()
+                },
+                shared.timeout,
+            );
+            async move { client.should_initiate_upload(request).await }
+        })
+        .await?;
+    if !should.should_initiate_upload {
+        tracing::debug!(
+            "the server has the debug info of {} ({build_id}): {}",
+            path.display(),
+            should.reason
+        );
+        return Ok(UploadResult::AlreadyPresent);
+    }
+    // Extracting copies every debug section (hundreds of MB for some binaries): off the
+    // thread the window sender shares.
+    let owned_path = path.to_owned();
+    let debug = tokio::task::spawn_blocking(move || extract_debug(data.bytes(), &owned_path))
+        .await
+        .map_err(|e| steps.refused("extracting", e.to_string()))??;
+    let debug = Bytes::from(debug);
+    let size = debug.len() as u64;
+    let hash = format!("{:x}", Md5::digest(&debug));
+    let initiated = steps
+        .call("InitiateUpload", shared.timeout, |mut client| {
+            let request = with_deadline(
+                InitiateUploadRequest {
+                    build_id: build_id.to_owned(),
+                    size: size as i64,
+                    hash: hash.clone(),
+                    ..Default::default()
+                },
+                shared.timeout,
+            );
+            async move { client.initiate_upload(request).await }
+        })
+        .await?;
+    let Some(instructions) = initiated.upload_instructions else {
+        return Err(steps.refused("InitiateUpload", "no upload instructions".into()));
+    };
+    let transfer_timeout = shared.timeout + Duration::from_secs(size / MIN_UPLOAD_BYTES_PER_SEC);
+    match UploadStrategy::try_from(instructions.upload_strategy) {
+        Ok(UploadStrategy::Grpc) => {
+            let upload_id = instructions.upload_id.clone();
+            steps
+                .call("Upload", transfer_timeout, |mut client| {
+                    let messages = upload_messages(build_id, &upload_id, &debug);
+                    let request = with_deadline(tokio_stream::iter(messages), transfer_timeout);
+                    async move { client.upload(request).await }
+                })
+                .await?;
+        }
+        Ok(UploadStrategy::SignedUrl) => {
+            steps
+                .retry("PUT to the signed URL", || {
+                    put(shared, &instructions.signed_url, &debug, transfer_timeout)
+                })
+                .await?;
+        }
+        _ => {
+            return Err(steps.refused(
+                "InitiateUpload",
+                format!("unknown upload strategy {}", instructions.upload_strategy),
+            ))
+        }
+    }
+    steps
+        .call("MarkUploadFinished", shared.timeout, |mut client| {
+            let request = with_deadline(
+                MarkUploadFinishedRequest {
+                    build_id: build_id.to_owned(),
+                    upload_id: instructions.upload_id.clone(),
+                },
+                shared.timeout,
+            );
+            async move { client.mark_upload_finished(request).await }
+        })
+        .await?;
+    shared.metrics.debuginfo_uploaded_bytes(size);
+    Ok(UploadResult::Uploaded)
+}
+
+/// A call whose deadline travels as `grpc-timeout`: the server gives up on what this side
+/// gave up on, and the channel (which has no timeout of its own) enforces it here too.
+fn with_deadline<T>(message: T, timeout: Duration) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    request.set_timeout(timeout);
+    request
+}
+
+/// The Upload stream: who is uploading, then the file in chunks (slices of one buffer).
+fn upload_messages(build_id: &str, upload_id: &str, debug: &Bytes) -> Vec<UploadRequest> {
+    let mut messages = vec![UploadRequest {
+        data: Some(upload_request::Data::Info(UploadInfo {
+            build_id: build_id.to_owned(),
+            upload_id: upload_id.to_owned(),
+        })),
+    }];
+    let mut start = 0;
+    while start < debug.len() {
+        let end = (start + CHUNK_BYTES).min(debug.len());
+        messages.push(UploadRequest {
+            data: Some(upload_request::Data::ChunkData(
+                debug.slice(start..end).to_vec(),
+            )),
+        });
+        start = end;
+    }
+    messages
+}
+
+/// A signed-URL upload: the object store wants the length up front, and no credentials of
+/// ours (the URL carries its own).
+async fn put(
+    shared: &Shared,
+    url: &str,
+    debug: &Bytes,
+    timeout: Duration,
+) -> Result<(), SendError> {
+    let response = shared
+        .http
+        .put(url)
+        .timeout(timeout)
+        .header(reqwest::header::CONTENT_LENGTH, debug.len())
+        .body(debug.clone())
+        .send()
+        .await
+        .map_err(|e| super::pyroscope::transport_error(&e))?;
+    let status = response.status().as_u16();
+    if response.status().is_success() {
+        return Ok(());
+    }
+    let body = response.bytes().await.unwrap_or_default();
+    let message = format!(
+        "HTTP {status}: {}",
+        String::from_utf8_lossy(&body[..body.len().min(512)]).trim()
+    );
+    super::classify_http_status(status, message, None)
+}
+
+/// Runs the steps of one upload with the sink's retry policy.
+struct Steps<'a> {
+    shared: &'a Shared,
+    build_id: &'a str,
+    path: &'a Path,
+}
+
+impl Steps<'_> {
+    fn refused(&self, step: &'static str, message: String) -> DebuginfoError {
+        DebuginfoError::Refused {
+            path: self.path.to_owned(),
+            build_id: self.build_id.to_owned(),
+            step,
+            message,
+        }
+    }
+
+    /// A gRPC call with a deadline, retried as [`Self::retry`] says.
+    async fn call<T, F, Fut>(
+        &mut self,
+        step: &'static str,
+        timeout: Duration,
+        mut call: F,
+    ) -> Result<T, DebuginfoError>
+    where
+        F: FnMut(Client) -> Fut,
+        Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        let client = self.shared.client.clone();
+        self.retry(step, || {
+            let attempt = call(client.clone());
+            async move {
+                // The call's deadline starts only once the channel hands it to a connection;
+                // this bounds the wait for one as well.
+                match tokio::time::timeout(timeout, attempt).await {
+                    Ok(Ok(response)) => Ok(response.into_inner()),
+                    Ok(Err(status)) => Err(parca::classify_status(&status)),
+                    Err(_) => Err(SendError::Retryable {
+                        reason: "timeout",
+                        message: format!("no answer within {timeout:?}"),
+                        retry_after: None,
+                    }),
+                }
+            }
+        })
+        .await
+    }
+
+    /// Transient failures are tried again, [`MAX_ATTEMPTS`] in all; a refusal at once ends
+    /// the upload.
+    async fn retry<T, F, Fut>(
+        &mut self,
+        step: &'static str,
+        mut attempt: F,
+    ) -> Result<T, DebuginfoError>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T, SendError>>,
+    {
+        let mut backoff = Backoff::new(BACKOFF_BASE, BACKOFF_CAP);
+        let mut stop = self.shared.stop.clone();
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            let error = match attempt().await {
+                Ok(value) => return Ok(value),
+                Err(error) => error,
+            };
+            match error {
+                SendError::Rejected { message, .. } => return Err(self.refused(step, message)),
+                SendError::Retryable { .. } if attempts >= MAX_ATTEMPTS || *stop.borrow() => {
+                    return Err(DebuginfoError::GaveUp {
+                        path: self.path.to_owned(),
+                        build_id: self.build_id.to_owned(),
+                        step,
+                        attempts,
+                        message: error.message().to_owned(),
+                    });
+                }
+                SendError::Retryable { .. } => {
+                    tracing::debug!(
+                        "uploading the debug info of {}: {step}: {}; retrying",
+                        self.path.display(),
+                        error.message()
+                    );
+                    let delay = backoff.delay_after(&error, fastrand::f64());
+                    if !wait(delay, &mut stop).await {
+                        return Err(DebuginfoError::GaveUp {
+                            path: self.path.to_owned(),
+                            build_id: self.build_id.to_owned(),
+                            step,
+                            attempts,
+                            message: "stopping".into(),
+                        });
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use object::{Object as _, ObjectSection as _, ObjectSymbol as _, SectionKind};
+    use std::process::Command;
+
+    /// A C program with DWARF and a `.text` inflated by a megabyte of padding in one function,
+    /// built with gcc into `dir`.
+    fn build_program(dir: &Path) -> PathBuf {
+        let source = dir.join("prog.c");
+        std::fs::write(
+            &source,
+            "#include <stdio.h>\n\
+             __attribute__((noinline)) int known_function(int x) {\n\
+             \x20   return x * 3 + 1;\n\
+             }\n\
+             __attribute__((noinline)) void padding(void) {\n\
+             \x20   __asm__ volatile(\".fill 1048576, 1, 0x90\");\n\
+             }\n\
+             int main(int argc, char **argv) {\n\
+             \x20   (void)argv;\n\
+             \x20   padding();\n\
+             \x20   printf(\"%d\\n\", known_function(argc));\n\
+             \x20   return 0;\n\
+             }\n",
+        )
+        .unwrap();
+        let binary = dir.join("prog");
+        let status = Command::new("gcc")
+            .args(["-g", "-O1", "-Wl,--build-id", "-o"])
+            .arg(&binary)
+            .arg(&source)
+            .status()
+            .expect("gcc is installed");
+        assert!(status.success());
+        binary
+    }
+
+    fn addr2line(file: &Path, address: u64) -> String {
+        let output = Command::new("addr2line")
+            .args(["-f", "-e"])
+            .arg(file)
+            .arg(format!("{address:#x}"))
+            .output()
+            .expect("addr2line (binutils) is installed");
+        assert!(output.status.success());
+        String::from_utf8(output.stdout).unwrap()
+    }
+
+    #[test]
+    fn keeps_only_what_a_symboliser_reads() {
+        let dir = tempfile::tempdir().unwrap();
+        let binary = build_program(dir.path());
+        let original = std::fs::read(&binary).unwrap();
+        let extracted = extract_debug(&original, &binary).unwrap();
+        let before = object::File::parse(&original[..]).unwrap();
+        let after = object::File::parse(&extracted[..]).unwrap();
+
+        assert_eq!(after.build_id().unwrap(), before.build_id().unwrap());
+        assert!(before.build_id().unwrap().is_some());
+        assert_eq!(after.architecture(), before.architecture());
+        assert_eq!(after.entry(), before.entry());
+        let section = |file: &object::File<'_>, name: &str| {
+            file.section_by_name(name)
+                .unwrap_or_else(|| panic!("no {name}"))
+                .data()
+                .unwrap()
+                .to_vec()
+        };
+        for name in [
+            ".debug_info",
+            ".debug_line",
+            ".debug_abbrev",
+            ".symtab",
+            ".strtab",
+        ] {
+            assert_eq!(section(&after, name), section(&before, name), "{name}");
+        }
+        // Every section header in its place, the code ones without their bytes.
+        let headers = |file: &object::File<'_>| -> Vec<(String, u64, u64)> {
+            file.sections()
+                .map(|s| (s.name().unwrap().to_owned(), s.address(), s.size()))
+                .collect()
+        };
+        assert_eq!(headers(&after), headers(&before));
+        let text = after.section_by_name(".text").unwrap();
+        assert_eq!(text.kind(), SectionKind::UninitializedData);
+        assert_eq!(
+            text.address(),
+            before.section_by_name(".text").unwrap().address()
+        );
+        assert!(
+            text.size() > 1 << 20,
+            ".text of {} bytes is not the padded one",
+            text.size()
+        );
+        // The symbols, with their sections, as they were.
+        let symbols = |file: &object::File<'_>| -> Vec<(String, u64, u64, object::SymbolSection)> {
+            file.symbols()
+                .map(|s| {
+                    (
+                        s.name().unwrap().to_owned(),
+                        s.address(),
+                        s.size(),
+                        s.section(),
+                    )
+                })
+                .collect()
+        };
+        assert!(symbols(&before).len() > 10);
+        assert_eq!(symbols(&after), symbols(&before));
+        // Program headers unchanged, offsets included.
+        let segments = |file: &object::File<'_>| -> Vec<(u64, u64, (u64, u64))> {
+            use object::ObjectSegment as _;
+            file.segments()
+                .map(|s| (s.address(), s.size(), s.file_range()))
+                .collect()
+        };
+        assert_eq!(segments(&after), segments(&before));
+        assert!(
+            extracted.len() * 4 < original.len(),
+            "{} bytes extracted from {}",
+            extracted.len(),
+            original.len()
+        );
+
+        // binutils names a function and its line the same from either file.
+        std::fs::write(dir.path().join("prog.debug"), &extracted).unwrap();
+        let known = before
+            .symbols()
+            .find(|s| s.name() == Ok("known_function"))
+            .unwrap()
+            .address();
+        let from_binary = addr2line(&binary, known);
+        assert!(from_binary.starts_with("known_function\n"), "{from_binary}");
+        assert!(from_binary.contains("prog.c:"), "{from_binary}");
+        assert_eq!(
+            addr2line(&dir.path().join("prog.debug"), known),
+            from_binary
+        );
+    }
+
+    #[test]
+    fn a_file_without_symbols_has_nothing_to_upload() {
+        let dir = tempfile::tempdir().unwrap();
+        let binary = build_program(dir.path());
+        let status = Command::new("strip")
+            .args(["--strip-all", "--remove-section=.dynsym"])
+            .arg(&binary)
+            .status()
+            .unwrap();
+        // strip refuses to drop .dynsym of a dynamic binary: then strip a copy of the object
+        // file instead, which has no .dynsym to begin with.
+        let stripped = if status.success() {
+            binary
+        } else {
+            let object = dir.path().join("prog.o");
+            assert!(Command::new("gcc")
+                .args(["-c", "-o"])
+                .arg(&object)
+                .arg(dir.path().join("prog.c"))
+                .status()
+                .unwrap()
+                .success());
+            assert!(Command::new("strip")
+                .arg("--strip-all")
+                .arg(&object)
+                .status()
+                .unwrap()
+                .success());
+            object
+        };
+        let data = std::fs::read(&stripped).unwrap();
+        let err = extract_debug(&data, &stripped).unwrap_err().to_string();
+        assert!(err.contains("nothing to upload"), "{err}");
+        assert!(err.contains(&stripped.display().to_string()), "{err}");
+        let err = extract_debug(b"#!/bin/sh\n", Path::new("/bin/script"))
+            .unwrap_err()
+            .to_string();
+        assert_eq!(err, "/bin/script: not an ELF file");
+    }
+
+    /// What the steps of an upload share, with a client that is never called.
+    fn shared(stop: watch::Receiver<bool>) -> Shared {
+        let settings = ClientSettings::new(&crate::sink::RemoteConfig {
+            url: Some("http://127.0.0.1:9".into()),
+            ..Default::default()
+        })
+        .unwrap();
+        let connection = parca::Connection::new(&settings).unwrap();
+        Shared {
+            client: DebuginfoServiceClient::with_interceptor(
+                connection.channel,
+                connection.credentials,
+            ),
+            http: reqwest::Client::new(),
+            timeout: Duration::from_secs(1),
+            metrics: Arc::new(Metrics::new()),
+            stop,
+        }
+    }
+
+    #[test]
+    fn transient_failures_are_retried_a_few_times_refusals_not() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let (_stop, stopped) = watch::channel(false);
+            let shared = shared(stopped);
+            let path = Path::new("/usr/lib/libx.so");
+            let mut steps = Steps {
+                shared: &shared,
+                build_id: "ab12",
+                path,
+            };
+            let unavailable = || SendError::Retryable {
+                reason: "unavailable",
+                message: "down".into(),
+                retry_after: None,
+            };
+            // Down twice, then up.
+            let mut calls = 0;
+            let result = steps
+                .retry("InitiateUpload", || {
+                    calls += 1;
+                    let answer = if calls < 3 { Err(unavailable()) } else { Ok(7) };
+                    async move { answer }
+                })
+                .await;
+            assert_eq!(result.unwrap(), 7);
+            assert_eq!(calls, 3);
+
+            let mut calls = 0;
+            let err = steps
+                .retry("Upload", || {
+                    calls += 1;
+                    async { Err::<(), _>(unavailable()) }
+                })
+                .await
+                .unwrap_err()
+                .to_string();
+            assert_eq!(calls, MAX_ATTEMPTS);
+            assert!(
+                err.contains("/usr/lib/libx.so (ab12): Upload failed 4 times"),
+                "{err}"
+            );
+
+            let mut calls = 0;
+            let err = steps
+                .retry("InitiateUpload", || {
+                    calls += 1;
+                    async {
+                        Err::<(), _>(parca::classify_status(&tonic::Status::invalid_argument(
+                            "size too large",
+                        )))
+                    }
+                })
+                .await
+                .unwrap_err()
+                .to_string();
+            assert_eq!(calls, 1);
+            assert!(err.contains("InitiateUpload"), "{err}");
+            assert!(err.contains("size too large"), "{err}");
+        });
+    }
+
+    #[test]
+    fn uploads_start_with_who_then_the_bytes_in_order() {
+        let debug = Bytes::from(
+            (0..(CHUNK_BYTES * 2 + 10))
+                .map(|i| i as u8)
+                .collect::<Vec<_>>(),
+        );
+        let messages = upload_messages("abcd", "u1", &debug);
+        assert_eq!(messages.len(), 4);
+        assert_eq!(
+            messages[0].data,
+            Some(upload_request::Data::Info(UploadInfo {
+                build_id: "abcd".into(),
+                upload_id: "u1".into(),
+            }))
+        );
+        let mut joined = Vec::new();
+        for message in &messages[1..] {
+            match &message.data {
+                Some(upload_request::Data::ChunkData(chunk)) => {
+                    assert!(chunk.len() <= CHUNK_BYTES);
+                    joined.extend_from_slice(chunk);
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(joined, debug);
+    }
+}
