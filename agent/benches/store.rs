@@ -51,7 +51,7 @@ fn main() {
         pprof_bytes += encode::pprof::encode(&profile).len();
         series_pprof_bytes += sink::split_by_series(&profile)
             .iter()
-            .map(|series| encode::pprof::encode(&series.profile).len())
+            .map(|series| encode::pprof::encode_samples(&profile, &series.samples).len())
             .sum::<usize>();
         let started = Instant::now();
         store.write_window(&profile).expect("writing a window");

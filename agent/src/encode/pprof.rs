@@ -2,147 +2,202 @@
 //!
 //! Layout of Go's CPU profiles, which every reader understands: sample types
 //! `[samples/count, cpu/nanoseconds]`, period type `cpu/nanoseconds`, values `[n, n * period]`.
-//! Strings, functions, locations and mappings are each written once; ids start at 1.
+//! Strings, functions, locations and mappings are each written once, and only when a sample
+//! uses them; ids start at 1.
+//!
+//! The remote sinks encode every series of every window, so the builder borrows from the
+//! profile rather than copying it: strings are interned as `&str` and copied once, into the
+//! string table, and a series is encoded straight from the window's samples instead of from a
+//! sub-profile cut out of it.
 
 use std::{collections::HashMap, io::Write};
 
 use flate2::{write::GzEncoder, Compression};
 use prost::Message;
 
-use crate::{pprof as pb, profile::Profile};
+use crate::{
+    pprof as pb,
+    profile::{Labels, Profile, Sample},
+};
+
+/// A hash map with a fast, non-cryptographic hasher: its keys come from our own profile.
+type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
 /// Interns strings into the pprof string table (index 0 is always "").
-#[derive(Default)]
-struct StringTable {
-    strings: Vec<String>,
-    index: HashMap<String, i64>,
+struct StringTable<'a> {
+    strings: Vec<&'a str>,
+    index: FastMap<&'a str, i64>,
 }
 
-impl StringTable {
+impl<'a> StringTable<'a> {
     fn new() -> Self {
-        let mut table = StringTable::default();
+        let mut table = StringTable {
+            strings: Vec::new(),
+            index: FastMap::default(),
+        };
         table.intern("");
         table
     }
 
-    fn intern(&mut self, s: &str) -> i64 {
-        if let Some(&i) = self.index.get(s) {
-            return i;
+    fn intern(&mut self, s: &'a str) -> i64 {
+        let next = self.strings.len() as i64;
+        let i = *self.index.entry(s).or_insert(next);
+        if i == next {
+            self.strings.push(s);
         }
-        let i = self.strings.len() as i64;
-        self.strings.push(s.to_owned());
-        self.index.insert(s.to_owned(), i);
         i
     }
 }
 
-/// Builds the protobuf message.
+/// The whole profile.
 pub fn to_message(profile: &Profile) -> pb::Profile {
+    let samples: Vec<&Sample> = profile.samples.iter().collect();
+    samples_message(profile, &samples)
+}
+
+/// The profile of `samples`, which belong to `profile`: only the mappings, locations and
+/// functions they use. The main binary goes first among the mappings, as pprof readers
+/// expect: the lowest-addressed file mapping, which is where the kernel maps the executable.
+pub fn samples_message(profile: &Profile, samples: &[&Sample]) -> pb::Profile {
     let mut strings = StringTable::new();
-    let value_type = |strings: &mut StringTable, ty: &str, unit: &str| pb::ValueType {
+    let mut value_type = |ty: &'static str, unit: &'static str| pb::ValueType {
         r#type: strings.intern(ty),
         unit: strings.intern(unit),
     };
     let sample_type = vec![
-        value_type(&mut strings, "samples", "count"),
-        value_type(&mut strings, "cpu", "nanoseconds"),
+        value_type("samples", "count"),
+        value_type("cpu", "nanoseconds"),
     ];
-    let period_type = Some(value_type(&mut strings, "cpu", "nanoseconds"));
+    let period_type = Some(value_type("cpu", "nanoseconds"));
 
-    let mapping = profile
-        .mappings
+    // Mappings first, since locations refer to them.
+    let mut mapping_used = vec![false; profile.mappings.len()];
+    for sample in samples {
+        for &location in &sample.locations {
+            if let Some(m) = profile.locations.get(location).and_then(|l| l.mapping) {
+                if let Some(used) = mapping_used.get_mut(m) {
+                    *used = true;
+                }
+            }
+        }
+    }
+    let mut mapping_order: Vec<usize> = (0..profile.mappings.len())
+        .filter(|&m| mapping_used[m])
+        .collect();
+    let main = mapping_order
+        .iter()
+        .copied()
+        .filter(|&m| {
+            let path = &profile.mappings[m].path;
+            !path.is_empty() && !path.starts_with('[')
+        })
+        .min_by_key(|&m| profile.mappings[m].start);
+    if let Some(main) = main {
+        mapping_order.retain(|&m| m != main);
+        mapping_order.insert(0, main);
+    }
+    // The pprof id of each mapping index (0: not used).
+    let mut mapping_id = vec![0u64; profile.mappings.len()];
+    let mapping = mapping_order
         .iter()
         .enumerate()
-        .map(|(i, m)| pb::Mapping {
-            id: i as u64 + 1,
-            memory_start: m.start,
-            memory_limit: m.limit,
-            file_offset: m.file_offset,
-            filename: strings.intern(&m.path),
-            build_id: m.build_id.as_deref().map_or(0, |id| strings.intern(id)),
-            has_functions: m.has_functions,
-            has_filenames: m.has_filenames,
-            has_line_numbers: m.has_line_numbers,
-            has_inline_frames: m.has_inline_frames,
+        .map(|(i, &index)| {
+            mapping_id[index] = i as u64 + 1;
+            let m = &profile.mappings[index];
+            pb::Mapping {
+                id: i as u64 + 1,
+                memory_start: m.start,
+                memory_limit: m.limit,
+                file_offset: m.file_offset,
+                filename: strings.intern(&m.path),
+                build_id: m.build_id.as_deref().map_or(0, |id| strings.intern(id)),
+                has_functions: m.has_functions,
+                has_filenames: m.has_filenames,
+                has_line_numbers: m.has_line_numbers,
+                has_inline_frames: m.has_inline_frames,
+            }
         })
         .collect();
 
-    let mut functions: Vec<pb::Function> = Vec::new();
-    // A function is its name, mangled name and file: the same name in two files (static
-    // functions) stays two functions.
-    let mut function_ids: HashMap<(&str, &str, &str), u64> = HashMap::new();
-    let location = profile
-        .locations
-        .iter()
-        .enumerate()
-        .map(|(i, l)| pb::Location {
-            id: i as u64 + 1,
-            mapping_id: l.mapping.map_or(0, |m| m as u64 + 1),
-            address: l.address,
-            line: l
-                .lines
-                .iter()
-                .map(|line| {
-                    let file = line.file.as_deref().unwrap_or("");
-                    let key = (line.function.as_str(), line.system_name.as_str(), file);
-                    let id = *function_ids.entry(key).or_insert_with(|| {
-                        functions.push(pb::Function {
-                            id: functions.len() as u64 + 1,
-                            name: strings.intern(&line.function),
-                            system_name: strings.intern(&line.system_name),
-                            filename: strings.intern(file),
-                            start_line: 0,
-                        });
-                        functions.len() as u64
-                    });
-                    pb::Line {
-                        function_id: id,
-                        line: i64::from(line.line),
-                        column: 0,
-                    }
-                })
-                .collect(),
-            is_folded: false,
-        })
-        .collect();
-
+    // Locations in the order samples first use them; a function is its name, mangled name and
+    // file: the same name in two files (static functions) stays two functions.
+    let mut location_id = vec![0u64; profile.locations.len()];
+    let mut location: Vec<pb::Location> = Vec::new();
+    let mut function: Vec<pb::Function> = Vec::new();
+    let mut function_ids: FastMap<(&str, &str, &str), u64> = FastMap::default();
+    // Samples of one process share their label set: its pprof labels are built once.
+    let mut label_sets: FastMap<*const Labels, Vec<pb::Label>> = FastMap::default();
     let pid_key = strings.intern("pid");
     let comm_key = strings.intern("comm");
     let period = profile.period_ns as i64;
-    let sample = profile
-        .samples
+    let sample = samples
         .iter()
         .map(|s| {
-            // The series' labels as string labels, but `pid` as a number, as Go writes it.
-            let mut series = s.series_labels().into_iter().collect::<Vec<_>>();
-            // pid and comm first, as `record` has always written them; the rest by name.
-            series.sort_by_key(|(key, _)| match key.as_str() {
-                "pid" => 0,
-                "comm" => 1,
-                _ => 2,
-            });
-            let label = series
+            let location_ids = s
+                .locations
                 .iter()
-                .map(|(key, value)| match (key.as_str(), value.parse::<i64>()) {
-                    ("pid", Ok(pid)) => pb::Label {
-                        key: pid_key,
-                        num: pid,
-                        ..Default::default()
-                    },
-                    ("comm", _) => pb::Label {
-                        key: comm_key,
-                        str: strings.intern(value),
-                        ..Default::default()
-                    },
-                    _ => pb::Label {
-                        key: strings.intern(key),
-                        str: strings.intern(value),
-                        ..Default::default()
-                    },
+                .filter(|&&index| index < profile.locations.len())
+                .map(|&index| {
+                    if location_id[index] == 0 {
+                        let l = &profile.locations[index];
+                        let line = l
+                            .lines
+                            .iter()
+                            .map(|line| {
+                                let file = line.file.as_deref().unwrap_or("");
+                                let key = (line.function.as_str(), line.system_name.as_str(), file);
+                                let next = function.len() as u64 + 1;
+                                let id = *function_ids.entry(key).or_insert(next);
+                                if id == next {
+                                    function.push(pb::Function {
+                                        id,
+                                        name: strings.intern(&line.function),
+                                        system_name: strings.intern(&line.system_name),
+                                        filename: strings.intern(file),
+                                        start_line: 0,
+                                    });
+                                }
+                                pb::Line {
+                                    function_id: id,
+                                    line: i64::from(line.line),
+                                    column: 0,
+                                }
+                            })
+                            .collect();
+                        location.push(pb::Location {
+                            id: location.len() as u64 + 1,
+                            mapping_id: l.mapping.map_or(0, |m| mapping_id[m]),
+                            address: l.address,
+                            line,
+                            is_folded: false,
+                        });
+                        location_id[index] = location.len() as u64;
+                    }
+                    location_id[index]
                 })
                 .collect();
+            let label = if s.labels.is_empty() {
+                // What `record` knows: the process.
+                vec![
+                    pb::Label {
+                        key: pid_key,
+                        num: i64::from(s.pid),
+                        ..Default::default()
+                    },
+                    pb::Label {
+                        key: comm_key,
+                        str: strings.intern(&s.comm),
+                        ..Default::default()
+                    },
+                ]
+            } else {
+                label_sets
+                    .entry(std::sync::Arc::as_ptr(&s.labels))
+                    .or_insert_with(|| series_labels(&s.labels, &mut strings, pid_key, comm_key))
+                    .clone()
+            };
             pb::Sample {
-                location_id: s.locations.iter().map(|&l| l as u64 + 1).collect(),
+                location_id: location_ids,
                 value: vec![s.count as i64, s.count as i64 * period],
                 label,
             }
@@ -158,8 +213,8 @@ pub fn to_message(profile: &Profile) -> pb::Profile {
         sample,
         mapping,
         location,
-        function: functions,
-        string_table: strings.strings,
+        function,
+        string_table: strings.strings.into_iter().map(str::to_owned).collect(),
         time_nanos,
         duration_nanos: profile.duration.as_nanos() as i64,
         period_type,
@@ -168,12 +223,62 @@ pub fn to_message(profile: &Profile) -> pb::Profile {
     }
 }
 
+/// A series' labels as pprof string labels, but `pid` as a number, as Go writes it; `pid` and
+/// `comm` first, as `record` has always written them, the rest by name.
+fn series_labels<'a>(
+    labels: &'a Labels,
+    strings: &mut StringTable<'a>,
+    pid_key: i64,
+    comm_key: i64,
+) -> Vec<pb::Label> {
+    let mut out = Vec::with_capacity(labels.len());
+    if let Some(pid) = labels.get("pid") {
+        out.push(match pid.parse::<i64>() {
+            Ok(num) => pb::Label {
+                key: pid_key,
+                num,
+                ..Default::default()
+            },
+            Err(_) => pb::Label {
+                key: pid_key,
+                str: strings.intern(pid),
+                ..Default::default()
+            },
+        });
+    }
+    if let Some(comm) = labels.get("comm") {
+        out.push(pb::Label {
+            key: comm_key,
+            str: strings.intern(comm),
+            ..Default::default()
+        });
+    }
+    for (key, value) in labels {
+        if key != "pid" && key != "comm" {
+            out.push(pb::Label {
+                key: strings.intern(key),
+                str: strings.intern(value),
+                ..Default::default()
+            });
+        }
+    }
+    out
+}
+
 /// Encodes and gzips the profile.
 pub fn encode(profile: &Profile) -> Vec<u8> {
-    let bytes = to_message(profile).encode_to_vec();
+    gzip(&to_message(profile).encode_to_vec())
+}
+
+/// Encodes and gzips the profile of `samples` (see [`samples_message`]).
+pub fn encode_samples(profile: &Profile, samples: &[&Sample]) -> Vec<u8> {
+    gzip(&samples_message(profile, samples).encode_to_vec())
+}
+
+fn gzip(bytes: &[u8]) -> Vec<u8> {
     let mut gz = GzEncoder::new(Vec::with_capacity(bytes.len() / 4), Compression::default());
     // Writing into a Vec cannot fail.
-    let _ = gz.write_all(&bytes);
+    let _ = gz.write_all(bytes);
     gz.finish().unwrap_or_default()
 }
 
@@ -219,9 +324,11 @@ mod tests {
 
         // Ids are 1-based and every reference resolves.
         assert_eq!(p.mapping.iter().map(|m| m.id).collect::<Vec<_>>(), [1, 2]);
-        assert_eq!(s(p.mapping[0].filename), "[kernel.kallsyms]");
-        assert_eq!(s(p.mapping[1].build_id), "abcdef");
-        assert_eq!(p.mapping[0].build_id, 0);
+        // The main binary first, as pprof readers expect.
+        assert_eq!(s(p.mapping[0].filename), "/usr/bin/work");
+        assert_eq!(s(p.mapping[0].build_id), "abcdef");
+        assert_eq!(s(p.mapping[1].filename), "[kernel.kallsyms]");
+        assert_eq!(p.mapping[1].build_id, 0);
         assert_eq!(p.function.len(), 3, "main is shared, not repeated");
         let name_of = |loc_id: u64| {
             let loc = p.location.iter().find(|l| l.id == loc_id).unwrap();
@@ -250,6 +357,6 @@ mod tests {
         // The unnamed location keeps its address and mapping and has no line.
         let unnamed = p.location.iter().find(|l| l.address == 0x5300).unwrap();
         assert!(unnamed.line.is_empty());
-        assert_eq!(unnamed.mapping_id, 2);
+        assert_eq!(unnamed.mapping_id, 1);
     }
 }

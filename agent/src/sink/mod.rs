@@ -36,7 +36,7 @@ use tokio::sync::{oneshot, watch};
 use crate::{
     encode,
     metrics::Metrics,
-    profile::{Labels, Location, Profile, Sample},
+    profile::{Labels, Profile, Sample},
     store::{Retention, Store, StoreError, TimeRange},
 };
 
@@ -70,6 +70,9 @@ pub mod proto {
 /// Windows read from the store per query; also how far ahead the queue metrics look.
 const BATCH: usize = 64;
 
+/// Freed heap above which the sender hands memory back to the OS after encoding a window.
+const RELEASE_ABOVE: usize = 1 << 20;
+
 /// How often an idle sender looks for new windows in the store.
 const POLL_INTERVAL: Duration = Duration::from_millis(500);
 
@@ -78,25 +81,6 @@ const BACKOFF_BASE: Duration = Duration::from_millis(500);
 const BACKOFF_CAP: Duration = Duration::from_secs(30);
 /// The longest `Retry-After` honoured: a server asking for more is waited on this long.
 const RETRY_AFTER_CAP: Duration = Duration::from_secs(300);
-
-/// How a protocol wants its profiles, and how much of them one request may hold (a single
-/// larger series goes alone).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Packing {
-    /// Each profile gzipped on its own, requests of at most this many of those bytes.
-    GzippedProfiles(usize),
-    /// Plain pprof protobuf, the request gzipped as a whole (one compression pass instead of
-    /// two), requests of at most this many uncompressed bytes.
-    PlainProfiles(usize),
-}
-
-impl Packing {
-    pub fn max_bytes(self) -> usize {
-        match self {
-            Packing::GzippedProfiles(max) | Packing::PlainProfiles(max) => max,
-        }
-    }
-}
 
 /// Which server speaks which API.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -325,159 +309,91 @@ impl Backoff {
     }
 }
 
-/// One series of a window: its labels and the profile of its samples alone.
+/// One series of a window: its labels and its samples, borrowed from the window's profile.
 #[derive(Debug, Clone, PartialEq)]
-pub struct SeriesProfile {
+pub struct Series<'a> {
     pub labels: Labels,
-    pub profile: Profile,
+    pub samples: Vec<&'a Sample>,
 }
 
-/// A window's profile split into one profile per label set, each holding only the locations
-/// and mappings its samples use. Series come out sorted by labels, so the same window always
-/// gives the same requests.
-pub fn split_by_series(profile: &Profile) -> Vec<SeriesProfile> {
-    let mut groups: BTreeMap<Labels, Vec<&Sample>> = BTreeMap::new();
+/// A window's samples grouped by label set. Series come out sorted by labels, so the same
+/// window always gives the same requests. Samples of one process share one label set (an
+/// `Arc`), so the labels are compared once per process, not once per sample.
+pub fn split_by_series(profile: &Profile) -> Vec<Series<'_>> {
+    let mut by_labels: BTreeMap<Labels, usize> = BTreeMap::new();
+    let mut by_set: HashMap<*const Labels, usize> = HashMap::new();
+    let mut groups: Vec<Vec<&Sample>> = Vec::new();
+    let mut group_of = |labels: Labels, groups: &mut Vec<Vec<&Sample>>| {
+        *by_labels.entry(labels).or_insert_with(|| {
+            groups.push(Vec::new());
+            groups.len() - 1
+        })
+    };
     for sample in &profile.samples {
-        groups
-            .entry(sample.series_labels())
-            .or_default()
-            .push(sample);
+        let group = if sample.labels.is_empty() {
+            group_of(sample.series_labels(), &mut groups)
+        } else {
+            match by_set.get(&Arc::as_ptr(&sample.labels)) {
+                Some(&group) => group,
+                None => {
+                    let group = group_of((*sample.labels).clone(), &mut groups);
+                    by_set.insert(Arc::as_ptr(&sample.labels), group);
+                    group
+                }
+            }
+        };
+        groups[group].push(sample);
     }
-    groups
+    let mut groups: Vec<Option<Vec<&Sample>>> = groups.into_iter().map(Some).collect();
+    by_labels
         .into_iter()
-        .map(|(labels, samples)| SeriesProfile {
+        .map(|(labels, group)| Series {
             labels,
-            profile: sub_profile(profile, &samples),
+            samples: groups[group].take().unwrap_or_default(),
         })
         .collect()
 }
 
-fn sub_profile(profile: &Profile, samples: &[&Sample]) -> Profile {
-    // Mappings first: which are used, and in what order. pprof readers take mapping[0] as the
-    // main binary: for one process that is its lowest file mapping (where the kernel maps the
-    // executable), so it goes first and the rest keep their order.
-    let mut used_mapping = vec![false; profile.mappings.len()];
-    for sample in samples {
-        for &location in &sample.locations {
-            if let Some(m) = profile.locations.get(location).and_then(|l| l.mapping) {
-                if let Some(used) = used_mapping.get_mut(m) {
-                    *used = true;
-                }
+/// How a protocol packs series into requests; [`encode_window`] feeds it one series at a time.
+pub trait RequestBuilder {
+    type Request;
+    /// At most this many bytes of packed profiles in one request (a larger series goes alone).
+    const MAX_BYTES: usize;
+    /// One series' pprof as the request carries it, from its plain encoding (the protocol
+    /// gzips each profile, or the request as a whole).
+    fn pack(plain: Vec<u8>) -> Vec<u8>;
+    fn add(&mut self, labels: &Labels, pprof: Vec<u8>);
+    fn finish(self) -> Self::Request;
+}
+
+/// A window's requests: its series encoded one at a time and packed into requests of at most
+/// `B::MAX_BYTES`, in label order, so the same window always gives the same requests. Only one
+/// series' pprof exists unpacked at any time: a window of hundreds of series costs the sender
+/// little more memory than its requests.
+pub fn encode_window<B: RequestBuilder>(
+    profile: &Profile,
+    mut builder: impl FnMut() -> B,
+) -> Vec<B::Request> {
+    let mut requests = Vec::new();
+    let mut current: Option<(B, usize)> = None;
+    for series in split_by_series(profile) {
+        let plain = encode::pprof::samples_message(profile, &series.samples).encode_to_vec();
+        let packed = B::pack(plain);
+        if let Some((request, bytes)) = current.take() {
+            if bytes + packed.len() > B::MAX_BYTES {
+                requests.push(request.finish());
+            } else {
+                current = Some((request, bytes));
             }
         }
+        let (request, bytes) = current.get_or_insert_with(|| (builder(), 0));
+        *bytes += packed.len();
+        request.add(&series.labels, packed);
     }
-    let mut mapping_order: Vec<usize> = (0..profile.mappings.len())
-        .filter(|&m| used_mapping[m])
-        .collect();
-    let main = mapping_order
-        .iter()
-        .copied()
-        .filter(|&m| {
-            let mapping = &profile.mappings[m];
-            !mapping.path.starts_with('[') && !mapping.path.is_empty()
-        })
-        .min_by_key(|&m| profile.mappings[m].start);
-    if let Some(main) = main {
-        mapping_order.retain(|&m| m != main);
-        mapping_order.insert(0, main);
+    if let Some((request, _)) = current {
+        requests.push(request.finish());
     }
-    let mut mapping_index = vec![None; profile.mappings.len()];
-    for (new, &old) in mapping_order.iter().enumerate() {
-        mapping_index[old] = Some(new);
-    }
-
-    let mut location_index: HashMap<usize, usize> = HashMap::new();
-    let mut locations: Vec<Location> = Vec::new();
-    let mut new_samples = Vec::with_capacity(samples.len());
-    for sample in samples {
-        let mut stack = Vec::with_capacity(sample.locations.len());
-        for &old in &sample.locations {
-            let Some(location) = profile.locations.get(old) else {
-                continue;
-            };
-            let new = *location_index.entry(old).or_insert_with(|| {
-                locations.push(Location {
-                    mapping: location
-                        .mapping
-                        .and_then(|m| mapping_index.get(m).copied()?),
-                    ..location.clone()
-                });
-                locations.len() - 1
-            });
-            stack.push(new);
-        }
-        new_samples.push(Sample {
-            locations: stack,
-            ..(*sample).clone()
-        });
-    }
-    Profile {
-        start: profile.start,
-        duration: profile.duration,
-        period_ns: profile.period_ns,
-        mappings: mapping_order
-            .iter()
-            .map(|&m| profile.mappings[m].clone())
-            .collect(),
-        locations,
-        samples: new_samples,
-    }
-}
-
-/// One series, encoded: what both protocols put in a request.
-#[derive(Debug, Clone, PartialEq)]
-pub struct EncodedSeries {
-    pub labels: Labels,
-    /// pprof, gzipped or not as the protocol's [`Packing`] wants.
-    pub pprof: Vec<u8>,
-}
-
-/// A window ready to send: its series, encoded.
-#[derive(Debug, Clone, PartialEq)]
-pub struct EncodedWindow {
-    /// The window's start, Unix nanoseconds: with the labels, what names a series' profile
-    /// across retries and restarts.
-    pub start_ns: i64,
-    pub series: Vec<EncodedSeries>,
-}
-
-impl EncodedWindow {
-    pub fn new(profile: &Profile, packing: Packing) -> EncodedWindow {
-        EncodedWindow {
-            start_ns: unix_ns(profile.start),
-            series: split_by_series(profile)
-                .into_iter()
-                .map(|s| {
-                    let plain = encode::pprof::to_message(&s.profile).encode_to_vec();
-                    EncodedSeries {
-                        pprof: match packing {
-                            Packing::GzippedProfiles(_) => gzip_fast(&plain),
-                            Packing::PlainProfiles(_) => plain,
-                        },
-                        labels: s.labels,
-                    }
-                })
-                .collect(),
-        }
-    }
-
-    /// The series grouped into requests of at most `max_bytes` of profiles each
-    /// (a larger series alone), as index ranges into `series`.
-    pub fn request_groups(&self, max_bytes: usize) -> Vec<std::ops::Range<usize>> {
-        let mut groups = Vec::new();
-        let (mut start, mut bytes) = (0, 0);
-        for (i, series) in self.series.iter().enumerate() {
-            if i > start && bytes + series.pprof.len() > max_bytes {
-                groups.push(start..i);
-                (start, bytes) = (i, 0);
-            }
-            bytes += series.pprof.len();
-        }
-        if start < self.series.len() {
-            groups.push(start..self.series.len());
-        }
-        groups
-    }
+    requests
 }
 
 /// Gzip at the fastest level: a sender's CPU matters more than a few percent of bytes.
@@ -681,23 +597,19 @@ impl Client {
         })
     }
 
-    fn packing(&self) -> Packing {
+    /// The requests that carry the window `profile`.
+    fn prepare(&self, profile: &Profile) -> Vec<Request> {
+        let start_ns = unix_ns(profile.start);
         match self {
-            Client::Pyroscope(_) => pyroscope::PACKING,
-            Client::Parca(_) => parca::PACKING,
-        }
-    }
-
-    fn prepare(&self, window: &EncodedWindow) -> Vec<Request> {
-        let groups = window.request_groups(self.packing().max_bytes());
-        match self {
-            Client::Pyroscope(client) => groups
+            Client::Pyroscope(_) => {
+                encode_window(profile, || pyroscope::PushBuilder::new(start_ns))
+                    .into_iter()
+                    .map(Request::Pyroscope)
+                    .collect()
+            }
+            Client::Parca(_) => encode_window(profile, parca::WriteRawBuilder::default)
                 .into_iter()
-                .map(|g| Request::Pyroscope(client.prepare(window, g)))
-                .collect(),
-            Client::Parca(client) => groups
-                .into_iter()
-                .map(|g| Request::Parca(client.prepare(window, g)))
+                .map(Request::Parca)
                 .collect(),
         }
     }
@@ -925,10 +837,12 @@ impl Sender {
                 }
             }
         };
-        let window = EncodedWindow::new(&profile, self.client.packing());
+        let requests = self.client.prepare(&profile);
         drop(profile);
-        let requests = self.client.prepare(&window);
-        drop(window);
+        // Encoding a window's hundreds of series leaves the sender's arena holding several
+        // times the requests' size in freed memory; a sender waiting out a server that is away
+        // should not keep it.
+        crate::symbolize::elf::release_free_memory_above(RELEASE_ABOVE);
         for (index, request) in requests.iter().enumerate() {
             loop {
                 match self.client.send(request).await {
@@ -1031,7 +945,7 @@ fn start_cursor(store: &Store, name: &str) -> Result<i64, StoreError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::profile::{sample_profile, Line, Mapping};
+    use crate::profile::{sample_profile, Line, Location, Mapping};
 
     #[test]
     fn http_statuses_are_classified() {
@@ -1177,12 +1091,14 @@ mod tests {
             .find(|s| s.labels.get("comm").map(String::as_str) == Some("work"))
             .unwrap();
         assert_eq!(work.labels.get("pid").map(String::as_str), Some("42"));
-        assert_eq!(work.profile.samples.len(), 2);
-        assert_eq!(work.profile.total_samples(), 4);
+        assert_eq!(work.samples.len(), 2);
+        assert_eq!(work.samples.iter().map(|s| s.count).sum::<u64>(), 4);
+        let message = encode::pprof::samples_message(&profile, &work.samples);
+        let text = |i: i64| message.string_table[i as usize].as_str();
         // Its binary first (the main binary), then the kernel; not the other process's.
-        let paths: Vec<_> = work.profile.mappings.iter().map(|m| &m.path[..]).collect();
+        let paths: Vec<_> = message.mapping.iter().map(|m| text(m.filename)).collect();
         assert_eq!(paths, ["/usr/bin/work", "[kernel.kallsyms]"]);
-        assert_eq!(work.profile.locations.len(), 4);
+        assert_eq!(message.location.len(), 4);
 
         let other = series
             .iter()
@@ -1192,54 +1108,84 @@ mod tests {
             other.labels.get("service_name").map(String::as_str),
             Some("db")
         );
-        let paths: Vec<_> = other.profile.mappings.iter().map(|m| &m.path[..]).collect();
+        let message = encode::pprof::samples_message(&profile, &other.samples);
+        let text = |i: i64| message.string_table[i as usize].as_str();
+        let paths: Vec<_> = message.mapping.iter().map(|m| text(m.filename)).collect();
         assert_eq!(paths, ["/usr/bin/other", "[kernel.kallsyms]"]);
-        // Every sample's frames name the same functions as before the split.
-        let names = |p: &Profile, s: &Sample| -> Vec<String> {
-            s.locations
-                .iter()
-                .flat_map(|&l| p.location_names(l))
-                .collect()
-        };
-        assert_eq!(
-            names(&other.profile, &other.profile.samples[0]),
-            ["vfs_read", "other_main"]
-        );
-        let kernel = other.profile.samples[0].locations[0];
-        assert_eq!(
-            other.profile.locations[kernel]
-                .mapping
-                .map(|m| &other.profile.mappings[m].path[..]),
-            Some("[kernel.kallsyms]")
-        );
-        // Every series encodes to a pprof go tool pprof would accept (ids valid).
-        let message = encode::pprof::to_message(&other.profile);
-        assert_eq!(message.mapping[0].id, 1);
-        assert!(message
-            .location
+        // The sample's frames name the same functions as before the split, and each
+        // location sits in the right mapping.
+        assert_eq!(message.sample.len(), 1);
+        let frames: Vec<(&str, &str)> = message.sample[0]
+            .location_id
             .iter()
-            .all(|l| l.mapping_id >= 1 && l.mapping_id <= message.mapping.len() as u64));
+            .map(|&id| {
+                let location = &message.location[id as usize - 1];
+                assert_eq!(location.id, id);
+                let function = &message.function[location.line[0].function_id as usize - 1];
+                let mapping = &message.mapping[location.mapping_id as usize - 1];
+                (text(function.name), text(mapping.filename))
+            })
+            .collect();
+        assert_eq!(
+            frames,
+            [
+                ("vfs_read", "[kernel.kallsyms]"),
+                ("other_main", "/usr/bin/other")
+            ]
+        );
+        // The series' labels travel as pprof labels, pid as a number.
+        let labels: Vec<(&str, &str, i64)> = message.sample[0]
+            .label
+            .iter()
+            .map(|l| (text(l.key), text(l.str), l.num))
+            .collect();
+        assert_eq!(
+            labels,
+            [
+                ("pid", "", 7),
+                ("comm", "other", 0),
+                ("service_name", "db", 0)
+            ]
+        );
+    }
+
+    /// Records what [`encode_window`] gives it; packed size = plain size.
+    struct Recorder(Vec<String>);
+
+    impl RequestBuilder for Recorder {
+        type Request = Vec<String>;
+        const MAX_BYTES: usize = 700;
+        fn pack(plain: Vec<u8>) -> Vec<u8> {
+            plain
+        }
+        fn add(&mut self, labels: &Labels, pprof: Vec<u8>) {
+            let message = crate::pprof::Profile::decode(&pprof[..]).unwrap();
+            assert_eq!(message.sample.len(), 1);
+            self.0.push(labels["comm"].clone());
+        }
+        fn finish(self) -> Vec<String> {
+            self.0
+        }
     }
 
     #[test]
     fn requests_are_split_by_size() {
-        let window = EncodedWindow {
-            start_ns: 1,
-            series: [10, 10, 30, 5, 5]
-                .iter()
-                .map(|&n| EncodedSeries {
-                    labels: Labels::new(),
-                    pprof: vec![0; n],
-                })
-                .collect(),
-        };
-        assert_eq!(window.request_groups(25), vec![0..2, 2..3, 3..5]);
-        assert_eq!(window.request_groups(1000), vec![0..5]);
-        let empty = EncodedWindow {
-            start_ns: 1,
-            series: Vec::new(),
-        };
-        assert!(empty.request_groups(10).is_empty());
+        let mut profile = two_process_profile();
+        profile.samples.truncate(1);
+        let one = encode::pprof::to_message(&profile).encode_to_vec().len();
+        assert!((234..=350).contains(&one), "{one}");
+        // Five processes of one sample each, about the same size: two fit in 700 bytes, three do not.
+        for comm in ["b", "c", "d", "e"] {
+            let mut sample = profile.samples[0].clone();
+            sample.comm = comm.into();
+            sample.labels = Arc::new(Labels::from([("comm".into(), comm.into())]));
+            profile.samples.push(sample);
+        }
+        profile.samples[0].labels = Arc::new(Labels::from([("comm".into(), "a".into())]));
+        let requests = encode_window(&profile, || Recorder(Vec::new()));
+        assert_eq!(requests, [vec!["a", "b"], vec!["c", "d"], vec!["e"]]);
+        profile.samples.clear();
+        assert!(encode_window(&profile, || Recorder(Vec::new())).is_empty());
     }
 
     #[test]
