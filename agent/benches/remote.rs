@@ -24,7 +24,7 @@ use std::{
 
 use scorch::{
     profile::{Labels, Line, Location, Mapping, Profile, Sample},
-    sink::{self, pyroscope, ClientSettings, EncodedWindow, RemoteConfig, RemoteProtocol},
+    sink::{self, pyroscope, ClientSettings, RemoteConfig, RemoteProtocol},
     store::{Retention, Store},
 };
 
@@ -255,12 +255,16 @@ fn encode_and_send(server: &StandIn, stacks_per_series: usize) {
     let mut wire = 0;
     for i in 0..31 {
         let profile = synthetic_window(SystemTime::now(), i, stacks_per_series);
+        assert_eq!(sink::split_by_series(&profile).len(), SERIES);
         let started = thread_cpu();
-        let window = EncodedWindow::new(&profile, pyroscope::PACKING);
-        assert_eq!(window.series.len(), SERIES);
-        for group in window.request_groups(pyroscope::PACKING.max_bytes()) {
-            let request = client.prepare(&window, group);
-            wire = runtime.block_on(client.send(&request)).expect("sending");
+        let start_ns = profile
+            .start
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("after 1970")
+            .as_nanos() as i64;
+        let requests = sink::encode_window(&profile, || pyroscope::PushBuilder::new(start_ns));
+        for request in &requests {
+            wire = runtime.block_on(client.send(request)).expect("sending");
         }
         // The first one warms the connection and the allocator.
         if i > 0 {
@@ -325,6 +329,24 @@ fn server_down_hour(scorch: &Path, work: &Path, server: StandIn) {
     }
     drop(server);
 
+    // The baseline: the same daemon on the same machine, with no remote, for as long.
+    let baseline = {
+        let mut daemon = Command::new(scorch)
+            .args(["run", "--http-address", HTTP_ADDRESS])
+            .arg("--store")
+            .arg(work.join("remote-baseline-store"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("starting scorch run");
+        let guard = KillOnDrop(daemon.id());
+        let rss = watch_rss(daemon.id(), DOWN_SECONDS);
+        drop(guard);
+        let _ = daemon.wait();
+        let _ = std::fs::remove_dir_all(work.join("remote-baseline-store"));
+        rss
+    };
+
     let mut daemon = Command::new(scorch)
         .args(["run", "--http-address", HTTP_ADDRESS, "--remote-url", &url])
         .arg("--store")
@@ -335,22 +357,19 @@ fn server_down_hour(scorch: &Path, work: &Path, server: StandIn) {
         .expect("starting scorch run");
     let pid = daemon.id();
     let guard = KillOnDrop(pid);
-    let started = Instant::now();
-    let mut rss = Vec::new();
-    while started.elapsed() < Duration::from_secs(DOWN_SECONDS) {
-        std::thread::sleep(Duration::from_secs(1));
-        rss.push(rss_kib(pid));
-    }
+    let rss = watch_rss(pid, DOWN_SECONDS);
     let queued = metric("scorch_remote_queue_windows");
     let retries = metric("scorch_remote_retries_total");
-    rss.sort_unstable();
-    let max = rss[rss.len() - 1] as f64 / 1024.0;
+    let max = rss.max.rss;
     println!(
         "remote: server down {DOWN_SECONDS} s with an hour ({BACKLOG_WINDOWS} windows) queued: \
-         RSS median {:.1} MiB, max {max:.1} MiB ({}: under 40 MB); {queued:.0} windows queued, \
-         {retries:.0} retries",
-        rss[rss.len() / 2] as f64 / 1024.0,
-        verdict(max * 1.048_576 < 40.0),
+         RSS median {}, max {} ({}: under 40 MB); {queued:.0} windows queued, {retries:.0} \
+         retries; the same daemon without a remote just before: RSS median {}, max {}",
+        rss.median,
+        rss.max,
+        verdict(max as f64 * 1024.0 < 40e6),
+        baseline.median,
+        baseline.max,
     );
 
     // The server comes back.
@@ -390,12 +409,57 @@ impl Drop for KillOnDrop {
     }
 }
 
+/// Resident memory in KiB: all of it, and the heap (anonymous) part.
+#[derive(Debug, Clone, Copy, Default)]
+struct Rss {
+    rss: u64,
+    anon: u64,
+}
+
+impl std::fmt::Display for Rss {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{:.1} MiB ({:.1} MiB heap)",
+            self.rss as f64 / 1024.0,
+            self.anon as f64 / 1024.0
+        )
+    }
+}
+
+struct RssSummary {
+    median: Rss,
+    max: Rss,
+}
+
+/// `pid`'s RSS read every second for `seconds`: the median and the maximum (by total RSS).
+fn watch_rss(pid: u32, seconds: u64) -> RssSummary {
+    let started = Instant::now();
+    let mut samples = Vec::new();
+    while started.elapsed() < Duration::from_secs(seconds) {
+        std::thread::sleep(Duration::from_secs(1));
+        samples.push(Rss {
+            rss: status_kib(pid, "VmRSS:"),
+            anon: status_kib(pid, "RssAnon:"),
+        });
+    }
+    samples.sort_by_key(|s| s.rss);
+    RssSummary {
+        median: samples[samples.len() / 2],
+        max: samples[samples.len() - 1],
+    }
+}
+
 fn rss_kib(pid: u32) -> u64 {
+    status_kib(pid, "VmRSS:")
+}
+
+fn status_kib(pid: u32, field: &str) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
         .and_then(|s| {
             s.lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .find_map(|l| l.strip_prefix(field))
                 .and_then(|v| v.split_whitespace().next()?.parse().ok())
         })
         .unwrap_or(0)

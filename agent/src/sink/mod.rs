@@ -71,6 +71,9 @@ pub mod proto {
 /// Windows read from the store per query; also how far ahead the queue metrics look.
 const BATCH: usize = 64;
 
+/// Freed heap above which the sender hands memory back to the OS after encoding a window.
+const RELEASE_ABOVE: usize = 1 << 20;
+
 /// How often an idle sender looks for new windows in the store.
 const POLL_INTERVAL: Duration = Duration::from_millis(500);
 
@@ -79,25 +82,6 @@ const BACKOFF_BASE: Duration = Duration::from_millis(500);
 const BACKOFF_CAP: Duration = Duration::from_secs(30);
 /// The longest `Retry-After` honoured: a server asking for more is waited on this long.
 const RETRY_AFTER_CAP: Duration = Duration::from_secs(300);
-
-/// How a protocol wants its profiles, and how much of them one request may hold (a single
-/// larger series goes alone).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Packing {
-    /// Each profile gzipped on its own, requests of at most this many of those bytes.
-    GzippedProfiles(usize),
-    /// Plain pprof protobuf, the request gzipped as a whole (one compression pass instead of
-    /// two), requests of at most this many uncompressed bytes.
-    PlainProfiles(usize),
-}
-
-impl Packing {
-    pub fn max_bytes(self) -> usize {
-        match self {
-            Packing::GzippedProfiles(max) | Packing::PlainProfiles(max) => max,
-        }
-    }
-}
 
 /// Which server speaks which API.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -375,60 +359,46 @@ pub fn split_by_series(profile: &Profile) -> Vec<Series<'_>> {
         .collect()
 }
 
-/// One series, encoded: what both protocols put in a request.
-#[derive(Debug, Clone, PartialEq)]
-pub struct EncodedSeries {
-    pub labels: Labels,
-    /// pprof, gzipped or not as the protocol's [`Packing`] wants.
-    pub pprof: Vec<u8>,
+/// How a protocol packs series into requests; [`encode_window`] feeds it one series at a time.
+pub trait RequestBuilder {
+    type Request;
+    /// At most this many bytes of packed profiles in one request (a larger series goes alone).
+    const MAX_BYTES: usize;
+    /// One series' pprof as the request carries it, from its plain encoding (the protocol
+    /// gzips each profile, or the request as a whole).
+    fn pack(plain: Vec<u8>) -> Vec<u8>;
+    fn add(&mut self, labels: &Labels, pprof: Vec<u8>);
+    fn finish(self) -> Self::Request;
 }
 
-/// A window ready to send: its series, encoded.
-#[derive(Debug, Clone, PartialEq)]
-pub struct EncodedWindow {
-    /// The window's start, Unix nanoseconds: with the labels, what names a series' profile
-    /// across retries and restarts.
-    pub start_ns: i64,
-    pub series: Vec<EncodedSeries>,
-}
-
-impl EncodedWindow {
-    pub fn new(profile: &Profile, packing: Packing) -> EncodedWindow {
-        EncodedWindow {
-            start_ns: unix_ns(profile.start),
-            series: split_by_series(profile)
-                .into_iter()
-                .map(|s| {
-                    let plain = encode::pprof::samples_message(profile, &s.samples).encode_to_vec();
-                    EncodedSeries {
-                        pprof: match packing {
-                            Packing::GzippedProfiles(_) => gzip_fast(&plain),
-                            Packing::PlainProfiles(_) => plain,
-                        },
-                        labels: s.labels,
-                    }
-                })
-                .collect(),
-        }
-    }
-
-    /// The series grouped into requests of at most `max_bytes` of profiles each
-    /// (a larger series alone), as index ranges into `series`.
-    pub fn request_groups(&self, max_bytes: usize) -> Vec<std::ops::Range<usize>> {
-        let mut groups = Vec::new();
-        let (mut start, mut bytes) = (0, 0);
-        for (i, series) in self.series.iter().enumerate() {
-            if i > start && bytes + series.pprof.len() > max_bytes {
-                groups.push(start..i);
-                (start, bytes) = (i, 0);
+/// A window's requests: its series encoded one at a time and packed into requests of at most
+/// `B::MAX_BYTES`, in label order, so the same window always gives the same requests. Only one
+/// series' pprof exists unpacked at any time: a window of hundreds of series costs the sender
+/// little more memory than its requests.
+pub fn encode_window<B: RequestBuilder>(
+    profile: &Profile,
+    mut builder: impl FnMut() -> B,
+) -> Vec<B::Request> {
+    let mut requests = Vec::new();
+    let mut current: Option<(B, usize)> = None;
+    for series in split_by_series(profile) {
+        let plain = encode::pprof::samples_message(profile, &series.samples).encode_to_vec();
+        let packed = B::pack(plain);
+        if let Some((request, bytes)) = current.take() {
+            if bytes + packed.len() > B::MAX_BYTES {
+                requests.push(request.finish());
+            } else {
+                current = Some((request, bytes));
             }
-            bytes += series.pprof.len();
         }
-        if start < self.series.len() {
-            groups.push(start..self.series.len());
-        }
-        groups
+        let (request, bytes) = current.get_or_insert_with(|| (builder(), 0));
+        *bytes += packed.len();
+        request.add(&series.labels, packed);
     }
+    if let Some((request, _)) = current {
+        requests.push(request.finish());
+    }
+    requests
 }
 
 /// Gzip at the fastest level: a sender's CPU matters more than a few percent of bytes.
@@ -632,23 +602,19 @@ impl Client {
         })
     }
 
-    fn packing(&self) -> Packing {
+    /// The requests that carry the window `profile`.
+    fn prepare(&self, profile: &Profile) -> Vec<Request> {
+        let start_ns = unix_ns(profile.start);
         match self {
-            Client::Pyroscope(_) => pyroscope::PACKING,
-            Client::Parca(_) => parca::PACKING,
-        }
-    }
-
-    fn prepare(&self, window: &EncodedWindow) -> Vec<Request> {
-        let groups = window.request_groups(self.packing().max_bytes());
-        match self {
-            Client::Pyroscope(client) => groups
+            Client::Pyroscope(_) => {
+                encode_window(profile, || pyroscope::PushBuilder::new(start_ns))
+                    .into_iter()
+                    .map(Request::Pyroscope)
+                    .collect()
+            }
+            Client::Parca(_) => encode_window(profile, parca::WriteRawBuilder::default)
                 .into_iter()
-                .map(|g| Request::Pyroscope(client.prepare(window, g)))
-                .collect(),
-            Client::Parca(client) => groups
-                .into_iter()
-                .map(|g| Request::Parca(client.prepare(window, g)))
+                .map(Request::Parca)
                 .collect(),
         }
     }
@@ -900,10 +866,12 @@ impl Sender {
                 }
             }
         };
-        let window = EncodedWindow::new(&profile, self.client.packing());
+        let requests = self.client.prepare(&profile);
         drop(profile);
-        let requests = self.client.prepare(&window);
-        drop(window);
+        // Encoding a window's hundreds of series leaves the sender's arena holding several
+        // times the requests' size in freed memory; a sender waiting out a server that is away
+        // should not keep it.
+        crate::symbolize::elf::release_free_memory_above(RELEASE_ABOVE);
         for (index, request) in requests.iter().enumerate() {
             loop {
                 match self.client.send(request).await {
@@ -1210,25 +1178,43 @@ mod tests {
         );
     }
 
+    /// Records what [`encode_window`] gives it; packed size = plain size.
+    struct Recorder(Vec<String>);
+
+    impl RequestBuilder for Recorder {
+        type Request = Vec<String>;
+        const MAX_BYTES: usize = 700;
+        fn pack(plain: Vec<u8>) -> Vec<u8> {
+            plain
+        }
+        fn add(&mut self, labels: &Labels, pprof: Vec<u8>) {
+            let message = crate::pprof::Profile::decode(&pprof[..]).unwrap();
+            assert_eq!(message.sample.len(), 1);
+            self.0.push(labels["comm"].clone());
+        }
+        fn finish(self) -> Vec<String> {
+            self.0
+        }
+    }
+
     #[test]
     fn requests_are_split_by_size() {
-        let window = EncodedWindow {
-            start_ns: 1,
-            series: [10, 10, 30, 5, 5]
-                .iter()
-                .map(|&n| EncodedSeries {
-                    labels: Labels::new(),
-                    pprof: vec![0; n],
-                })
-                .collect(),
-        };
-        assert_eq!(window.request_groups(25), vec![0..2, 2..3, 3..5]);
-        assert_eq!(window.request_groups(1000), vec![0..5]);
-        let empty = EncodedWindow {
-            start_ns: 1,
-            series: Vec::new(),
-        };
-        assert!(empty.request_groups(10).is_empty());
+        let mut profile = two_process_profile();
+        profile.samples.truncate(1);
+        let one = encode::pprof::to_message(&profile).encode_to_vec().len();
+        assert!((234..=350).contains(&one), "{one}");
+        // Five processes of one sample each, about the same size: two fit in 700 bytes, three do not.
+        for comm in ["b", "c", "d", "e"] {
+            let mut sample = profile.samples[0].clone();
+            sample.comm = comm.into();
+            sample.labels = Arc::new(Labels::from([("comm".into(), comm.into())]));
+            profile.samples.push(sample);
+        }
+        profile.samples[0].labels = Arc::new(Labels::from([("comm".into(), "a".into())]));
+        let requests = encode_window(&profile, || Recorder(Vec::new()));
+        assert_eq!(requests, [vec!["a", "b"], vec!["c", "d"], vec!["e"]]);
+        profile.samples.clear();
+        assert!(encode_window(&profile, || Recorder(Vec::new())).is_empty());
     }
 
     #[test]

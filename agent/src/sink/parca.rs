@@ -6,7 +6,7 @@
 //! delivery is stored twice. Retries within one run happen only after a failure the server
 //! reported or a connection that broke, so they resend what it did not take.
 
-use std::{ops::Range, time::SystemTime};
+use std::time::SystemTime;
 
 use tonic::{
     metadata::{Ascii, MetadataValue},
@@ -16,21 +16,17 @@ use tonic::{
 };
 
 use super::{
-    classify_connect_code, label_name, parse_retry_after,
+    classify_connect_code, gzip_fast, label_name, parse_retry_after,
     proto::parca::profilestore::v1alpha1::{
         profile_store_service_client::ProfileStoreServiceClient, Label, LabelSet, RawProfileSeries,
         RawSample, WriteRawRequest,
     },
-    ClientSettings, Credentials, EncodedWindow, Packing, SendError, SinkError,
+    ClientSettings, Credentials, RequestBuilder, SendError, SinkError,
 };
 use crate::profile::Labels;
 
 /// The metric name Parca's own agent gives CPU profiles.
 pub const PROFILE_NAME: &str = "parca_agent_cpu";
-
-/// Each profile gzipped (the gRPC message itself is not compressed); well under the 4 MiB
-/// message a gRPC server accepts by default.
-pub const PACKING: Packing = Packing::GzippedProfiles(2 << 20);
 
 /// A WriteRaw ready to send.
 pub struct Request {
@@ -158,12 +154,6 @@ impl Client {
         &self.connection
     }
 
-    pub fn prepare(&self, window: &EncodedWindow, group: Range<usize>) -> Request {
-        Request {
-            message: write_raw_request(window, group),
-        }
-    }
-
     /// Sends one WriteRaw; the bytes of its message.
     pub async fn send(&mut self, request: &Request) -> Result<u64, SendError> {
         let bytes = prost::Message::encoded_len(&request.message) as u64;
@@ -213,24 +203,40 @@ pub fn classify_status(status: &Status) -> SendError {
     classify_connect_code(code, message, retry_after)
 }
 
-/// The WriteRaw of `window`'s series in `group`. Pure, for tests.
-pub fn write_raw_request(window: &EncodedWindow, group: Range<usize>) -> WriteRawRequest {
-    let series = window.series.get(group).unwrap_or_default();
-    WriteRawRequest {
-        series: series
-            .iter()
-            .map(|series| RawProfileSeries {
-                labels: Some(LabelSet {
-                    labels: series_labels(&series.labels),
-                }),
-                samples: vec![RawSample {
-                    raw_profile: series.pprof.clone(),
-                }],
-            })
-            .collect(),
-        // Addresses are as sampled; Parca normalizes them with the mappings.
-        normalized: false,
-        ..Default::default()
+/// Builds a WriteRaw, one series at a time.
+#[derive(Default)]
+pub struct WriteRawBuilder {
+    series: Vec<RawProfileSeries>,
+}
+
+impl RequestBuilder for WriteRawBuilder {
+    type Request = Request;
+    /// Well under the 4 MiB message a gRPC server accepts by default.
+    const MAX_BYTES: usize = 2 << 20;
+
+    /// Each profile gzipped: the gRPC message itself is not compressed.
+    fn pack(plain: Vec<u8>) -> Vec<u8> {
+        gzip_fast(&plain)
+    }
+
+    fn add(&mut self, labels: &Labels, pprof: Vec<u8>) {
+        self.series.push(RawProfileSeries {
+            labels: Some(LabelSet {
+                labels: series_labels(labels),
+            }),
+            samples: vec![RawSample { raw_profile: pprof }],
+        });
+    }
+
+    fn finish(self) -> Request {
+        Request {
+            message: WriteRawRequest {
+                series: self.series,
+                // Addresses are as sampled; Parca normalizes them with the mappings.
+                normalized: false,
+                ..Default::default()
+            },
+        }
     }
 }
 
@@ -254,23 +260,19 @@ pub fn series_labels(labels: &Labels) -> Vec<Label> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sink::EncodedSeries;
     use prost::Message as _;
 
     #[test]
     fn write_raw_carries_labels_and_profiles() {
-        let window = EncodedWindow {
-            start_ns: 5,
-            series: vec![EncodedSeries {
-                labels: [("comm", "nginx"), ("pid", "3")]
-                    .iter()
-                    .map(|(k, v)| (k.to_string(), v.to_string()))
-                    .collect(),
-                pprof: vec![1, 2, 3],
-            }],
-        };
-        let request = write_raw_request(&window, 0..1);
+        let mut builder = WriteRawBuilder::default();
+        let labels: Labels = [("comm", "nginx"), ("pid", "3")]
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        builder.add(&labels, vec![1, 2, 3]);
+        let request = builder.finish().message;
         assert!(!request.normalized);
+        assert_eq!(request.series[0].samples[0].raw_profile, [1, 2, 3]);
         let labels: Vec<_> = request.series[0]
             .labels
             .as_ref()

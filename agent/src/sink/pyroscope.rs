@@ -6,18 +6,17 @@
 //! window sent again, after a retry or a restart, carries the same IDs and the server drops the
 //! duplicate.
 
-use std::{ops::Range, time::SystemTime};
+use std::{io::Write as _, time::SystemTime};
 
-use prost::Message as _;
 use reqwest::header::{HeaderMap, HeaderValue, AUTHORIZATION, CONTENT_ENCODING, CONTENT_TYPE};
 
 use super::{
-    classify_connect_code, classify_http_status, gzip_fast, label_name, parse_retry_after,
+    classify_connect_code, classify_http_status, label_name, parse_retry_after,
     proto::{
-        push::v1::{PushRequest, RawProfileSeries, RawSample},
+        push::v1::{RawProfileSeries, RawSample},
         types::v1::LabelPair,
     },
-    ClientSettings, Credentials, EncodedWindow, Packing, SendError, SinkError,
+    ClientSettings, Credentials, RequestBuilder, SendError, SinkError,
 };
 use crate::profile::Labels;
 
@@ -31,10 +30,6 @@ const UNSPECIFIED_SERVICE: &str = "unspecified";
 /// Namespace of the RawSample IDs (UUID v5): a fixed, random UUID that is scorch's own.
 const SAMPLE_ID_NAMESPACE: uuid::Uuid =
     uuid::Uuid::from_u128(0x6b1e_58a4_2f0c_4d7e_9a33_0c51_e7d2_94f1);
-
-/// Plain pprofs in a request gzipped as a whole (the server takes raw profiles gzipped or
-/// not); 8 MiB of plain protobuf is about 2 MiB on the wire.
-pub const PACKING: Packing = Packing::PlainProfiles(8 << 20);
 
 /// How much of an error response is kept for the log.
 const MAX_ERROR_BODY: usize = 1024;
@@ -119,13 +114,6 @@ impl Client {
         })
     }
 
-    /// The push of `window`'s series in `group`.
-    pub fn prepare(&self, window: &EncodedWindow, group: Range<usize>) -> Request {
-        Request {
-            body: gzip_fast(&push_request(window, group).encode_to_vec()).into(),
-        }
-    }
-
     /// Sends one push; the bytes of its body.
     pub async fn send(&self, request: &Request) -> Result<u64, SendError> {
         let response = self
@@ -194,23 +182,58 @@ fn connect_error(body: &[u8]) -> Option<(String, String)> {
     Some((error.code, error.message))
 }
 
-/// The PushRequest for `window`'s series in `group`. Pure, for tests.
-pub fn push_request(window: &EncodedWindow, group: Range<usize>) -> PushRequest {
-    let series = window.series.get(group).unwrap_or_default();
-    PushRequest {
-        series: series
-            .iter()
-            .map(|series| {
-                let labels = series_labels(&series.labels);
-                RawProfileSeries {
-                    samples: vec![RawSample {
-                        raw_profile: series.pprof.clone(),
-                        id: sample_id(window.start_ns, &labels).to_string(),
-                    }],
-                    labels,
-                }
-            })
-            .collect(),
+/// Builds a push: each series is written into the gzipped body as it comes, so the plain
+/// PushRequest never exists whole. Plain pprofs, gzipped with the request (one compression
+/// pass instead of two; the server takes raw profiles gzipped or not).
+pub struct PushBuilder {
+    start_ns: i64,
+    body: flate2::write::GzEncoder<Vec<u8>>,
+    /// One series' encoding, reused.
+    scratch: Vec<u8>,
+}
+
+impl PushBuilder {
+    /// A push of the window that started at `start_ns` (Unix nanoseconds): with the labels,
+    /// what names a series' profile across retries and restarts.
+    pub fn new(start_ns: i64) -> PushBuilder {
+        PushBuilder {
+            start_ns,
+            body: flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast()),
+            scratch: Vec::new(),
+        }
+    }
+}
+
+impl RequestBuilder for PushBuilder {
+    type Request = Request;
+    /// 8 MiB of plain protobuf is about 2 MiB on the wire.
+    const MAX_BYTES: usize = 8 << 20;
+
+    fn pack(plain: Vec<u8>) -> Vec<u8> {
+        plain
+    }
+
+    fn add(&mut self, labels: &Labels, pprof: Vec<u8>) {
+        let labels = series_labels(labels);
+        let series = RawProfileSeries {
+            samples: vec![RawSample {
+                id: sample_id(self.start_ns, &labels).to_string(),
+                raw_profile: pprof,
+            }],
+            labels,
+        };
+        // PushRequest.series is field 1: a PushRequest is its series, each key-and-length
+        // prefixed, one after the other.
+        self.scratch.clear();
+        prost::encoding::message::encode(1, &series, &mut self.scratch);
+        // Writing into a Vec cannot fail.
+        let _ = self.body.write_all(&self.scratch);
+    }
+
+    fn finish(self) -> Request {
+        Request {
+            body: self.body.finish().unwrap_or_default().into(),
+        }
     }
 }
 
@@ -254,8 +277,10 @@ pub fn sample_id(start_ns: i64, labels: &[LabelPair]) -> uuid::Uuid {
 
 #[cfg(test)]
 mod tests {
+    use prost::Message as _;
+
     use super::*;
-    use crate::sink::EncodedSeries;
+    use crate::sink::proto::push::v1::PushRequest;
 
     fn labels(pairs: &[(&str, &str)]) -> Labels {
         pairs
@@ -306,30 +331,27 @@ mod tests {
 
     #[test]
     fn a_push_holds_one_sample_per_series() {
-        let window = EncodedWindow {
-            start_ns: 5,
-            series: ["a", "b", "c"]
-                .iter()
-                .map(|comm| EncodedSeries {
-                    labels: labels(&[("comm", comm)]),
-                    pprof: comm.as_bytes().to_vec(),
-                })
-                .collect(),
-        };
-        let push = push_request(&window, 1..3);
+        let mut builder = PushBuilder::new(5);
+        for comm in ["b", "c"] {
+            builder.add(&labels(&[("comm", comm)]), comm.as_bytes().to_vec());
+        }
+        let body = builder.finish().body;
+        let mut plain = Vec::new();
+        std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&body[..]), &mut plain)
+            .unwrap();
+        // Wire check against the upstream field numbers: series=1; labels=1, samples=2;
+        // raw_profile=1, ID=2.
+        assert_eq!(plain[0], 0x0a);
+        let push = PushRequest::decode(&plain[..]).unwrap();
         assert_eq!(push.series.len(), 2);
         assert_eq!(push.series[0].samples.len(), 1);
         assert_eq!(push.series[0].samples[0].raw_profile, b"b");
+        assert_eq!(push.series[1].samples[0].raw_profile, b"c");
         assert_eq!(
             push.series[0].samples[0].id,
             sample_id(5, &push.series[0].labels).to_string()
         );
-        // Wire check against the upstream field numbers: series=1; labels=1, samples=2;
-        // raw_profile=1, ID=2.
-        let bytes = push.encode_to_vec();
-        assert_eq!(bytes[0], 0x0a);
-        let decoded = PushRequest::decode(&bytes[..]).unwrap();
-        assert_eq!(decoded, push);
+        assert!(names(&push.series[1].labels).contains(&("comm".into(), "c".into())));
     }
 
     #[test]
