@@ -13,6 +13,7 @@ use scorch::{
 use tracing_subscriber::EnvFilter;
 
 fn main() -> ExitCode {
+    scorch::symbolize::elf::tune_allocator();
     let cli = Cli::parse();
     let filter = EnvFilter::try_from_default_env()
         .or_else(|_| EnvFilter::try_new(&cli.log_level))
