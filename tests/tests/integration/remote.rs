@@ -725,3 +725,92 @@ fn parca_gets_debug_info_once_and_names_frames_from_it() -> Result<()> {
 fn parca_debug_info_through_a_signed_url() -> Result<()> {
     debug_info_reaches_parca("remote-parca-debuginfo-signed", true)
 }
+
+/// The TOML block of the README's "Sending to Pyroscope or Parca" section that sets
+/// `remote-protocol = "PROTOCOL"`, its `remote-url` pointed at `url` (in the block's own form).
+fn readme_config(protocol: &str, url: &str) -> Result<String> {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"))?;
+    let block = readme
+        .split("```toml\n")
+        .skip(1)
+        .filter_map(|rest| rest.split_once("\n```").map(|(block, _)| block))
+        .find(|block| block.contains(&format!("remote-protocol = \"{protocol}\"")))
+        .with_context(|| format!("README.md has no toml block for {protocol}"))?;
+    let mut replaced = false;
+    let config = block
+        .lines()
+        .map(|line| {
+            if line.starts_with("remote-url = ") {
+                replaced = true;
+                format!("remote-url = \"{url}\"")
+            } else {
+                line.to_owned()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    ensure!(
+        replaced,
+        "the {protocol} block sets no remote-url:\n{block}"
+    );
+    Ok(config)
+}
+
+/// The README's configurations, as printed (only the server's address changed), deliver.
+#[test]
+fn the_readme_configs_deliver() -> Result<()> {
+    let dir = fresh_dir("remote-readme")?;
+    let program = build_workload("calltree", &["-O2", "-fno-omit-frame-pointer", "-g"])?;
+    let build_id = gnu_build_id(&program)?;
+    let _workload = Workload::start(&program, &["1", "120"])?;
+    for (protocol, fake_protocol) in [
+        ("pyroscope", Protocol::Pyroscope),
+        ("parca", Protocol::Parca),
+    ] {
+        let fake = FakeRemote::start(fake_protocol)?;
+        // Pyroscope's block has a scheme; Parca's is `host:port` with remote-insecure.
+        let url = match fake_protocol {
+            Protocol::Pyroscope => fake.url(),
+            Protocol::Parca => fake.address.to_string(),
+        };
+        let config = dir.join(format!("{protocol}.toml"));
+        std::fs::write(&config, readme_config(protocol, &url)?)?;
+        let daemon = Daemon::start(
+            &dir.join(format!("store-{protocol}")),
+            &[
+                "--config",
+                config.to_str().context("path")?,
+                "--window",
+                "1s",
+            ],
+        )?;
+        wait_until(
+            Duration::from_secs(30),
+            "the calltree workload's profiles to arrive",
+            || {
+                Ok(fake.received().iter().any(|r| {
+                    r.accepted && r.labels.get("comm").map(String::as_str) == Some("calltree")
+                }))
+            },
+        )?;
+        if protocol == "parca" {
+            // The block sets `symbolize = "none"`: the workload's debug info goes up too.
+            wait_until(
+                Duration::from_secs(60),
+                "the workload's debug info to be uploaded",
+                || Ok(fake.debuginfo().get(&build_id).is_some_and(|u| u.finished)),
+            )?;
+        }
+        let (status, _, stderr) = daemon.stop()?;
+        ensure!(
+            status.success(),
+            "scorch run with the README's {protocol} config exited with {status}:\n{stderr}"
+        );
+        ensure!(
+            fake.protocol_errors().is_empty(),
+            "{protocol}: {:?}",
+            fake.protocol_errors()
+        );
+    }
+    Ok(())
+}
