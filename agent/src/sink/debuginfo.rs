@@ -10,7 +10,9 @@
 //! its build id, through a bounded channel it never waits on; the uploader takes each build id
 //! once per run, at most [`MAX_IN_FLIGHT`] at a time, on the sink's thread, sharing the Parca
 //! sink's gRPC connection and credentials. What is sent is [`extract_debug`]'s output: the
-//! file with only what a symboliser reads, like `objcopy --only-keep-debug`.
+//! file with only what a symboliser reads, like `objcopy --only-keep-debug`. That can be
+//! hundreds of MB, more than the daemon's whole memory target, so it goes to an anonymous
+//! temporary file and is sent from there a chunk at a time.
 //!
 //! Failures follow the sink's policy: transient ones are retried with backoff a few times,
 //! refusals are not; either way a build id that failed is logged once and not tried again in
@@ -18,23 +20,32 @@
 
 use std::{
     collections::HashSet,
+    fs::File,
+    future::Future,
+    io::{self, BufWriter, Write},
+    os::unix::fs::FileExt as _,
     path::{Path, PathBuf},
+    pin::Pin,
     sync::Arc,
+    task::{ready, Context, Poll},
     time::Duration,
 };
 
-use bytes::Bytes;
 use md5::{Digest as _, Md5};
 use object::{
     elf,
     read::elf::{ProgramHeader as _, SectionHeader as _},
-    write::elf::{FileHeader, ProgramHeader, SectionHeader, Writer},
+    write::{
+        elf::{FileHeader, ProgramHeader, SectionHeader, Writer},
+        StreamingBuffer,
+    },
     Endianness, FileKind,
 };
 use tokio::{
-    sync::{mpsc, watch},
-    task::JoinSet,
+    sync::{mpsc, oneshot, watch},
+    task::{JoinHandle, JoinSet},
 };
+use tokio_stream::{Stream, StreamExt as _};
 use tonic::{service::interceptor::InterceptedService, transport::Channel};
 
 use super::{
@@ -48,7 +59,8 @@ use super::{
 };
 use crate::{metrics::Metrics, symbolize::elf::FileData};
 
-/// Uploads at once: each holds an extracted file in memory, and the sender shares the thread.
+/// Uploads at once: each has an extracted file on disk and a chunk or two of it in memory, and
+/// the sender shares the thread.
 pub const MAX_IN_FLIGHT: usize = 2;
 
 /// Files the symboliser may hand over before the uploader takes them; more are dropped (and
@@ -58,8 +70,14 @@ pub const CHANNEL_CAPACITY: usize = 64;
 /// Attempts per step of one upload before it is given up for this run.
 const MAX_ATTEMPTS: u32 = 4;
 
-/// The size of each `chunk_data` message: well under the 4 MiB a gRPC server takes by default.
+/// The size of each `chunk_data` message (and of each read of the extracted file, for either
+/// strategy): well under the 4 MiB a gRPC server takes by default.
 const CHUNK_BYTES: usize = 512 << 10;
+
+/// The extracted file is written through this much buffer: the ELF writer's small writes
+/// (headers, padding in 1 KiB pieces) become few system calls; section contents, larger,
+/// go straight through.
+const WRITE_BUFFER_BYTES: usize = 64 << 10;
 
 /// The slowest link an upload is given time for, on top of the request timeout: a 100 MiB
 /// debug file gets 100 s more.
@@ -80,6 +98,19 @@ pub enum DebuginfoError {
     Write {
         path: PathBuf,
         source: object::write::Error,
+    },
+    /// The extracted file's own I/O (a full disk, most likely): nothing the server did.
+    #[error("{path}: {doing} its extracted debug info (a temporary file in the store directory): {source}")]
+    TempFile {
+        path: PathBuf,
+        doing: &'static str,
+        source: io::Error,
+    },
+    #[error("{path}: creating a temporary file in {dir} for its extracted debug info: {source}", dir = .dir.display())]
+    TempDir {
+        path: PathBuf,
+        dir: PathBuf,
+        source: io::Error,
     },
     #[error("uploading the debug info of {path} ({build_id}): {step}: {message}")]
     Refused {
@@ -133,19 +164,100 @@ fn is_debug_name(name: &[u8]) -> bool {
 /// DWARF, symbol and string tables, notes (the build id), `.gnu_debuglink` and
 /// `.gnu_debugdata`; every other section is kept as `SHT_NOBITS` with its address and size.
 /// `path` only names the file in errors.
-pub fn extract_debug(elf: &[u8], path: &Path) -> Result<Vec<u8>, DebuginfoError> {
+///
+/// The result is written to an anonymous temporary file in `dir`, hashed on the way; the heap
+/// holds only the section plan and a write buffer. The daemon passes the store's directory: it
+/// is on disk, where the store's own space is planned, while `/tmp` is often RAM (tmpfs, or a
+/// Kubernetes emptyDir with a small limit) and these files can be hundreds of MB.
+pub fn extract_debug(
+    elf: &[u8],
+    path: &Path,
+    dir: &Path,
+) -> Result<ExtractedDebug, DebuginfoError> {
+    let file = tempfile::tempfile_in(dir).map_err(|source| DebuginfoError::TempDir {
+        path: path.to_owned(),
+        dir: dir.to_owned(),
+        source,
+    })?;
+    let out = BufWriter::with_capacity(WRITE_BUFFER_BYTES, HashingWriter::new(file));
+    let out = write_debug(elf, path, out)?;
+    let hashed = out
+        .into_inner()
+        .map_err(|e| temp_file_error(path, "writing", e.into_error()))?;
+    Ok(ExtractedDebug {
+        file: Arc::new(hashed.inner),
+        size: hashed.len,
+        md5: format!("{:x}", hashed.md5.finalize()),
+    })
+}
+
+/// [`extract_debug`] into any writer, without the temporary file. An I/O error of `out` is
+/// reported as the temporary file's.
+pub fn write_debug<W: Write>(elf: &[u8], path: &Path, out: W) -> Result<W, DebuginfoError> {
     match FileKind::parse(elf) {
-        Ok(FileKind::Elf32) => extract::<elf::FileHeader32<Endianness>>(elf, path),
-        Ok(FileKind::Elf64) => extract::<elf::FileHeader64<Endianness>>(elf, path),
+        Ok(FileKind::Elf32) => extract::<elf::FileHeader32<Endianness>, W>(elf, path, out),
+        Ok(FileKind::Elf64) => extract::<elf::FileHeader64<Endianness>, W>(elf, path, out),
         _ => Err(DebuginfoError::NotElf {
             path: path.to_owned(),
         }),
     }
 }
 
-fn extract<Elf>(data: &[u8], path: &Path) -> Result<Vec<u8>, DebuginfoError>
+fn temp_file_error(path: &Path, doing: &'static str, source: io::Error) -> DebuginfoError {
+    DebuginfoError::TempFile {
+        path: path.to_owned(),
+        doing,
+        source,
+    }
+}
+
+/// [`extract_debug`]'s output.
+#[derive(Debug)]
+pub struct ExtractedDebug {
+    /// Unnamed, so it is gone with the last handle, however scorch ends. Shared by the
+    /// attempts of the upload, each reading it from the start with `pread`.
+    file: Arc<File>,
+    size: u64,
+    /// Lowercase hex, as InitiateUpload wants it.
+    md5: String,
+}
+
+/// A writer that hashes what it passes on, so the file is not read back only for its MD5.
+struct HashingWriter<W> {
+    inner: W,
+    md5: Md5,
+    /// Bytes written: the file's size once the buffer above is flushed.
+    len: u64,
+}
+
+impl<W> HashingWriter<W> {
+    fn new(inner: W) -> Self {
+        HashingWriter {
+            inner,
+            md5: Md5::new(),
+            len: 0,
+        }
+    }
+}
+
+impl<W: Write> Write for HashingWriter<W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let written = self.inner.write(buf)?;
+        // Only what the file took: a short write is retried with the rest.
+        self.md5.update(&buf[..written]);
+        self.len += written as u64;
+        Ok(written)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+fn extract<Elf, W>(data: &[u8], path: &Path, out: W) -> Result<W, DebuginfoError>
 where
     Elf: object::read::elf::FileHeader<Endian = Endianness>,
+    W: Write,
 {
     let malformed = |source| DebuginfoError::Malformed {
         path: path.to_owned(),
@@ -187,7 +299,7 @@ where
         contents: Option<&'a [u8]>,
     }
 
-    let mut out = Vec::new();
+    let mut out = StreamingBuffer::new(out);
     let mut writer = Writer::new(endian, header.is_type_64(), &mut out);
     writer.reserve_file_header();
     writer.reserve_program_headers(segments.len() as u32);
@@ -286,7 +398,11 @@ where
             None => writer.write_shstrtab_section_header(),
         }
     }
-    Ok(out)
+    // The writer cannot report a failed write (a full disk) as it goes; the buffer keeps the
+    // first one, and writes nothing after it.
+    out.result()
+        .map_err(|source| temp_file_error(path, "writing", source))?;
+    Ok(out.into_inner())
 }
 
 /// How one build id's upload ended, for the metrics.
@@ -329,6 +445,8 @@ struct Shared {
     timeout: Duration,
     metrics: Arc<Metrics>,
     stop: watch::Receiver<bool>,
+    /// Where extracted files are written (see [`extract_debug`]).
+    temp_dir: PathBuf,
 }
 
 /// Takes files from the symboliser and uploads each build id once.
@@ -347,6 +465,7 @@ impl Uploader {
         files: DebugFileReceiver,
         metrics: Arc<Metrics>,
         stop: watch::Receiver<bool>,
+        temp_dir: PathBuf,
     ) -> Result<Uploader, SinkError> {
         let client_error = |message: String| SinkError::Client {
             protocol: "parca debuginfo",
@@ -377,6 +496,7 @@ impl Uploader {
                 timeout: settings.timeout,
                 metrics,
                 stop,
+                temp_dir,
             },
             files,
             seen: HashSet::new(),
@@ -472,12 +592,18 @@ async fn upload_file(
     // Extracting copies every debug section (hundreds of MB for some binaries): off the
     // thread the window sender shares.
     let owned_path = path.to_owned();
-    let debug = tokio::task::spawn_blocking(move || extract_debug(data.bytes(), &owned_path))
-        .await
-        .map_err(|e| steps.refused("extracting", e.to_string()))??;
-    let debug = Bytes::from(debug);
-    let size = debug.len() as u64;
-    let hash = format!("{:x}", Md5::digest(&debug));
+    let temp_dir = shared.temp_dir.clone();
+    let debug = tokio::task::spawn_blocking(move || {
+        let extracted = extract_debug(data.bytes(), &owned_path, &temp_dir);
+        // Not kept for the transfer, which can take minutes: a mapping's pages are the
+        // kernel's to drop, but `FileData::Owned` is heap.
+        drop(data);
+        extracted
+    })
+    .await
+    .map_err(|e| steps.refused("extracting", e.to_string()))??;
+    let size = debug.size;
+    let hash = debug.md5.clone();
     let initiated = steps
         .call("InitiateUpload", shared.timeout, |mut client| {
             let request = with_deadline(
@@ -500,19 +626,36 @@ async fn upload_file(
         Ok(UploadStrategy::Grpc) => {
             let upload_id = instructions.upload_id.clone();
             steps
-                .call("Upload", transfer_timeout, |mut client| {
-                    let messages = upload_messages(build_id, &upload_id, &debug);
-                    let request = with_deadline(tokio_stream::iter(messages), transfer_timeout);
-                    async move { client.upload(request).await }
+                .retry("Upload", || {
+                    let mut client = shared.client.clone();
+                    let (chunks, read_failed) = read_chunks(&debug);
+                    let messages = upload_messages(build_id, &upload_id, chunks);
+                    let request = with_deadline(messages, transfer_timeout);
+                    unless_read_fails(
+                        async move { grpc_attempt(transfer_timeout, client.upload(request)).await },
+                        read_failed,
+                    )
                 })
-                .await?;
+                .await?
+                .map_err(|source| temp_file_error(path, "reading", source))?;
         }
         Ok(UploadStrategy::SignedUrl) => {
             steps
                 .retry("PUT to the signed URL", || {
-                    put(shared, &instructions.signed_url, &debug, transfer_timeout)
+                    let (chunks, read_failed) = read_chunks(&debug);
+                    unless_read_fails(
+                        put(
+                            shared,
+                            &instructions.signed_url,
+                            chunks,
+                            size,
+                            transfer_timeout,
+                        ),
+                        read_failed,
+                    )
                 })
-                .await?;
+                .await?
+                .map_err(|source| temp_file_error(path, "reading", source))?;
         }
         _ => {
             return Err(steps.refused(
@@ -545,25 +688,121 @@ fn with_deadline<T>(message: T, timeout: Duration) -> tonic::Request<T> {
     request
 }
 
-/// The Upload stream: who is uploading, then the file in chunks (slices of one buffer).
-fn upload_messages(build_id: &str, upload_id: &str, debug: &Bytes) -> Vec<UploadRequest> {
-    let mut messages = vec![UploadRequest {
+/// One gRPC attempt with a deadline, its failure classified for [`Steps::retry`].
+async fn grpc_attempt<T>(
+    timeout: Duration,
+    attempt: impl Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+) -> Result<T, SendError> {
+    // The call's deadline starts only once the channel hands it to a connection; this bounds
+    // the wait for one as well.
+    match tokio::time::timeout(timeout, attempt).await {
+        Ok(Ok(response)) => Ok(response.into_inner()),
+        Ok(Err(status)) => Err(parca::classify_status(&status)),
+        Err(_) => Err(SendError::Retryable {
+            reason: "timeout",
+            message: format!("no answer within {timeout:?}"),
+            retry_after: None,
+        }),
+    }
+}
+
+/// A transfer attempt, ended early if reading the extracted file for it fails: that failure
+/// is ours, not the server's, so it ends the upload (`Ok(Err)`, which is not retried) and the
+/// dropped attempt leaves the server with an unfinished upload rather than a short file.
+async fn unless_read_fails<T>(
+    attempt: impl Future<Output = Result<T, SendError>>,
+    read_failed: oneshot::Receiver<io::Error>,
+) -> Result<Result<T, io::Error>, SendError> {
+    tokio::select! {
+        result = attempt => result.map(Ok),
+        // A closed channel (the whole file was read) disables this branch.
+        Ok(error) = read_failed => Ok(Err(error)),
+    }
+}
+
+/// The extracted file in chunks of at most [`CHUNK_BYTES`], each read as the consumer asks
+/// for it, so a transfer holds one or two chunks whatever the file's size. A read that fails
+/// is sent to the receiver and the stream then stalls: ending it would send a short file as
+/// if it were whole.
+fn read_chunks(debug: &ExtractedDebug) -> (FileChunks, oneshot::Receiver<io::Error>) {
+    let (failed, read_failed) = oneshot::channel();
+    let chunks = FileChunks {
+        file: debug.file.clone(),
+        offset: 0,
+        end: debug.size,
+        reading: None,
+        failed: Some(failed),
+    };
+    (chunks, read_failed)
+}
+
+/// See [`read_chunks`].
+struct FileChunks {
+    file: Arc<File>,
+    /// Where the next chunk starts: each attempt has its own (`pread`, no shared cursor).
+    offset: u64,
+    end: u64,
+    /// The read in progress, on the blocking pool: the file may have left the page cache,
+    /// and the window sender shares this thread.
+    reading: Option<JoinHandle<io::Result<Vec<u8>>>>,
+    /// Taken by the first failed read; `None` afterwards means stalled.
+    failed: Option<oneshot::Sender<io::Error>>,
+}
+
+impl Stream for FileChunks {
+    type Item = Vec<u8>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Vec<u8>>> {
+        let this = self.get_mut();
+        if this.failed.is_none() {
+            // Woken by nothing: whoever waits on the receiver drops this stream.
+            return Poll::Pending;
+        }
+        if this.offset >= this.end {
+            return Poll::Ready(None);
+        }
+        let reading = this.reading.get_or_insert_with(|| {
+            let file = this.file.clone();
+            let offset = this.offset;
+            let len = (this.end - offset).min(CHUNK_BYTES as u64) as usize;
+            tokio::task::spawn_blocking(move || {
+                let mut chunk = vec![0; len];
+                file.read_exact_at(&mut chunk, offset).map(|()| chunk)
+            })
+        });
+        let read = ready!(Pin::new(reading).poll(cx));
+        this.reading = None;
+        match read.unwrap_or_else(|joining| Err(io::Error::other(joining))) {
+            Ok(chunk) => {
+                this.offset += chunk.len() as u64;
+                Poll::Ready(Some(chunk))
+            }
+            Err(error) => {
+                if let Some(failed) = this.failed.take() {
+                    // The receiver is gone only if the attempt already ended.
+                    let _ = failed.send(error);
+                }
+                Poll::Pending
+            }
+        }
+    }
+}
+
+/// The Upload stream: who is uploading, then the file in chunks.
+fn upload_messages(
+    build_id: &str,
+    upload_id: &str,
+    chunks: FileChunks,
+) -> impl Stream<Item = UploadRequest> + Send + 'static {
+    let info = UploadRequest {
         data: Some(upload_request::Data::Info(UploadInfo {
             build_id: build_id.to_owned(),
             upload_id: upload_id.to_owned(),
         })),
-    }];
-    let mut start = 0;
-    while start < debug.len() {
-        let end = (start + CHUNK_BYTES).min(debug.len());
-        messages.push(UploadRequest {
-            data: Some(upload_request::Data::ChunkData(
-                debug.slice(start..end).to_vec(),
-            )),
-        });
-        start = end;
-    }
-    messages
+    };
+    tokio_stream::once(info).chain(chunks.map(|chunk| UploadRequest {
+        data: Some(upload_request::Data::ChunkData(chunk)),
+    }))
 }
 
 /// A signed-URL upload: the object store wants the length up front, and no credentials of
@@ -571,15 +810,17 @@ fn upload_messages(build_id: &str, upload_id: &str, debug: &Bytes) -> Vec<Upload
 async fn put(
     shared: &Shared,
     url: &str,
-    debug: &Bytes,
+    chunks: FileChunks,
+    size: u64,
     timeout: Duration,
 ) -> Result<(), SendError> {
+    let body = reqwest::Body::wrap_stream(chunks.map(Ok::<_, std::convert::Infallible>));
     let response = shared
         .http
         .put(url)
         .timeout(timeout)
-        .header(reqwest::header::CONTENT_LENGTH, debug.len())
-        .body(debug.clone())
+        .header(reqwest::header::CONTENT_LENGTH, size)
+        .body(body)
         .send()
         .await
         .map_err(|e| super::pyroscope::transport_error(&e))?;
@@ -624,23 +865,8 @@ impl Steps<'_> {
         Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
         let client = self.shared.client.clone();
-        self.retry(step, || {
-            let attempt = call(client.clone());
-            async move {
-                // The call's deadline starts only once the channel hands it to a connection;
-                // this bounds the wait for one as well.
-                match tokio::time::timeout(timeout, attempt).await {
-                    Ok(Ok(response)) => Ok(response.into_inner()),
-                    Ok(Err(status)) => Err(parca::classify_status(&status)),
-                    Err(_) => Err(SendError::Retryable {
-                        reason: "timeout",
-                        message: format!("no answer within {timeout:?}"),
-                        retry_after: None,
-                    }),
-                }
-            }
-        })
-        .await
+        self.retry(step, || grpc_attempt(timeout, call(client.clone())))
+            .await
     }
 
     /// Transient failures are tried again, [`MAX_ATTEMPTS`] in all; a refusal at once ends
@@ -750,7 +976,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let binary = build_program(dir.path());
         let original = std::fs::read(&binary).unwrap();
-        let extracted = extract_debug(&original, &binary).unwrap();
+        let extracted = write_debug(&original, &binary, Vec::new()).unwrap();
         let before = object::File::parse(&original[..]).unwrap();
         let after = object::File::parse(&extracted[..]).unwrap();
 
@@ -869,12 +1095,18 @@ mod tests {
             object
         };
         let data = std::fs::read(&stripped).unwrap();
-        let err = extract_debug(&data, &stripped).unwrap_err().to_string();
-        assert!(err.contains("nothing to upload"), "{err}");
-        assert!(err.contains(&stripped.display().to_string()), "{err}");
-        let err = extract_debug(b"#!/bin/sh\n", Path::new("/bin/script"))
+        let err = write_debug(&data, &stripped, Vec::new())
             .unwrap_err()
             .to_string();
+        assert!(err.contains("nothing to upload"), "{err}");
+        assert!(err.contains(&stripped.display().to_string()), "{err}");
+        let err = extract_debug(
+            b"#!/bin/sh\n",
+            Path::new("/bin/script"),
+            &std::env::temp_dir(),
+        )
+        .unwrap_err()
+        .to_string();
         assert_eq!(err, "/bin/script: not an ELF file");
     }
 
@@ -895,6 +1127,7 @@ mod tests {
             timeout: Duration::from_secs(1),
             metrics: Arc::new(Metrics::new()),
             stop,
+            temp_dir: std::env::temp_dir(),
         }
     }
 
@@ -965,13 +1198,90 @@ mod tests {
     }
 
     #[test]
-    fn uploads_start_with_who_then_the_bytes_in_order() {
-        let debug = Bytes::from(
-            (0..(CHUNK_BYTES * 2 + 10))
-                .map(|i| i as u8)
-                .collect::<Vec<_>>(),
+    fn the_extracted_file_is_on_disk_with_its_size_and_md5() {
+        let dir = tempfile::tempdir().unwrap();
+        let binary = build_program(dir.path());
+        let original = std::fs::read(&binary).unwrap();
+        let in_memory = write_debug(&original, &binary, Vec::new()).unwrap();
+        let extracted = extract_debug(&original, &binary, dir.path()).unwrap();
+        assert_eq!(extracted.size, in_memory.len() as u64);
+        assert_eq!(extracted.file.metadata().unwrap().len(), extracted.size);
+        let mut on_disk = vec![0; in_memory.len()];
+        extracted.file.read_exact_at(&mut on_disk, 0).unwrap();
+        assert!(
+            on_disk == in_memory,
+            "the file differs from write_debug's bytes"
         );
-        let messages = upload_messages("abcd", "u1", &debug);
+        assert_eq!(extracted.md5, format!("{:x}", Md5::digest(&in_memory)));
+    }
+
+    /// A writer that takes `room` bytes, then fails as a full disk does.
+    #[derive(Debug)]
+    struct FullDisk {
+        room: usize,
+    }
+
+    impl Write for FullDisk {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            if self.room == 0 {
+                return Err(io::Error::from_raw_os_error(libc::ENOSPC));
+            }
+            let taken = buf.len().min(self.room);
+            self.room -= taken;
+            Ok(taken)
+        }
+
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_full_disk_is_an_error_naming_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let binary = build_program(dir.path());
+        let original = std::fs::read(&binary).unwrap();
+        let whole = write_debug(&original, &binary, Vec::new()).unwrap().len();
+        // Full in the headers, in a section's bytes, and one byte before the end.
+        for room in [0, 100, whole / 2, whole - 1] {
+            let err = write_debug(&original, &binary, FullDisk { room })
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.starts_with(&format!("{}: writing", binary.display())),
+                "{err}"
+            );
+            assert!(err.contains("No space left on device"), "{err}");
+        }
+        assert!(write_debug(&original, &binary, FullDisk { room: whole }).is_ok());
+    }
+
+    /// `bytes` as if [`extract_debug`] had written them.
+    fn spooled(bytes: &[u8]) -> ExtractedDebug {
+        let mut file = tempfile::tempfile().unwrap();
+        file.write_all(bytes).unwrap();
+        ExtractedDebug {
+            file: Arc::new(file),
+            size: bytes.len() as u64,
+            md5: format!("{:x}", Md5::digest(bytes)),
+        }
+    }
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    #[test]
+    fn uploads_start_with_who_then_the_file_in_chunks() {
+        let bytes: Vec<u8> = (0..(CHUNK_BYTES * 2 + 10)).map(|i| i as u8).collect();
+        let debug = spooled(&bytes);
+        let messages: Vec<UploadRequest> = runtime().block_on(async {
+            let (chunks, _read_failed) = read_chunks(&debug);
+            upload_messages("abcd", "u1", chunks).collect().await
+        });
         assert_eq!(messages.len(), 4);
         assert_eq!(
             messages[0].data,
@@ -990,6 +1300,92 @@ mod tests {
                 other => panic!("{other:?}"),
             }
         }
-        assert_eq!(joined, debug);
+        assert!(joined == bytes, "the chunks are not the file");
+        // Every attempt reads the file from its start.
+        let again: Vec<Vec<u8>> = runtime().block_on(read_chunks(&debug).0.collect());
+        assert!(again.concat() == bytes, "a second read is not the file");
+    }
+
+    #[test]
+    fn a_file_that_cannot_be_read_whole_stalls_the_upload_instead_of_ending_it() {
+        let bytes = vec![7; CHUNK_BYTES + 10];
+        let mut debug = spooled(&bytes);
+        // Longer than the file: the second chunk comes up short.
+        debug.size += 100;
+        runtime().block_on(async {
+            let (chunks, mut read_failed) = read_chunks(&debug);
+            let mut messages = Box::pin(upload_messages("abcd", "u1", chunks));
+            let mut received = 0;
+            let error = loop {
+                tokio::select! {
+                    biased;
+                    Ok(error) = &mut read_failed => break error,
+                    message = messages.next() => {
+                        message.expect("the stream ended after a failed read");
+                        received += 1;
+                    }
+                }
+            };
+            assert_eq!(error.kind(), io::ErrorKind::UnexpectedEof);
+            // The info and the first chunk.
+            assert_eq!(received, 2);
+            let mut cx = Context::from_waker(std::task::Waker::noop());
+            assert!(messages.as_mut().poll_next(&mut cx).is_pending());
+        });
+    }
+
+    /// Bytes malloc has handed out and not taken back, mmapped blocks included (glibc serves
+    /// large allocations with mmap, which `uordblks` leaves out).
+    fn heap_bytes() -> usize {
+        // SAFETY: mallinfo2 only reads the allocator's statistics.
+        let info = unsafe { libc::mallinfo2() };
+        info.uordblks + info.hblkhd
+    }
+
+    #[test]
+    fn a_large_extraction_stays_off_the_heap() {
+        use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+        const DEBUG_INFO_BYTES: usize = 64 << 20;
+        let elf = {
+            let mut object = object::write::Object::new(
+                object::BinaryFormat::Elf,
+                object::Architecture::X86_64,
+                object::Endianness::Little,
+            );
+            let section =
+                object.add_section(Vec::new(), b".debug_info".to_vec(), SectionKind::Debug);
+            object.set_section_data(section, vec![0x5a; DEBUG_INFO_BYTES], 1);
+            object.write().unwrap()
+        };
+        let path = Path::new("/usr/lib/big.so");
+        let before = heap_bytes();
+        let peak = AtomicUsize::new(before);
+        let done = AtomicBool::new(false);
+        let extracted = std::thread::scope(|scope| {
+            // Sampled while the file is written: a buffer the size of a section lives at
+            // least as long as writing it out takes, many samples.
+            scope.spawn(|| {
+                while !done.load(Ordering::Relaxed) {
+                    peak.fetch_max(heap_bytes(), Ordering::Relaxed);
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            });
+            let extracted = extract_debug(&elf, path, &std::env::temp_dir());
+            done.store(true, Ordering::Relaxed);
+            extracted.unwrap()
+        });
+        peak.fetch_max(heap_bytes(), Ordering::Relaxed);
+        assert!(extracted.size > DEBUG_INFO_BYTES as u64);
+        assert_eq!(extracted.file.metadata().unwrap().len(), extracted.size);
+        // Held in memory, the output alone would be 64 MiB; the margin is for the tests
+        // running beside this one in the same process.
+        let grown = peak.into_inner().saturating_sub(before);
+        assert!(
+            grown < 16 << 20,
+            "the heap grew by {} KiB extracting {} MiB",
+            grown >> 10,
+            DEBUG_INFO_BYTES >> 20
+        );
     }
 }

@@ -675,6 +675,7 @@ pub fn spawn(
     let settings = ClientSettings::new(config)?;
     let protocol = config.protocol;
     let store = Store::open(store_dir, retention)?;
+    let temp_dir = store_dir.to_owned();
     let (stop_tx, stop_rx) = watch::channel(false);
     let (done_tx, done_rx) = oneshot::channel();
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
@@ -706,6 +707,7 @@ pub fn spawn(
                         files,
                         metrics,
                         stop_rx.clone(),
+                        temp_dir,
                     ) {
                         Ok(uploader) => Some(uploader),
                         Err(err) => {
