@@ -230,6 +230,13 @@ impl StandIn {
     }
 }
 
+/// Bytes allocated on the heap, mmapped blocks included.
+fn heap_bytes() -> i64 {
+    // SAFETY: mallinfo2 only reads the allocator's statistics.
+    let info = unsafe { libc::mallinfo2() };
+    (info.uordblks + info.hblkhd) as i64
+}
+
 fn thread_cpu() -> Duration {
     let mut ts = libc::timespec {
         tv_sec: 0,
@@ -325,6 +332,25 @@ fn server_down_hour(scorch: &Path, work: &Path, server: StandIn) {
         println!(
             "remote: backlog store of {BACKLOG_WINDOWS} windows x {SERIES} series: {:.1} MiB",
             store.disk_bytes() as f64 / (1 << 20) as f64
+        );
+        // What the sender's heap holds for one window, at its two stages.
+        let before = heap_bytes();
+        let profile = store
+            .window_profile(BACKLOG_WINDOWS as i64)
+            .expect("reading a window")
+            .expect("the last window");
+        let read = heap_bytes();
+        let requests = sink::encode_window(&profile, || pyroscope::PushBuilder::new(0));
+        let encoded = heap_bytes();
+        drop(profile);
+        let kept = heap_bytes();
+        println!(
+            "remote: heap for one window: {:.1} MiB read from the store, {:.1} MiB more at the \
+             end of encoding ({} requests), {:.1} MiB once the window is dropped",
+            (read - before) as f64 / (1 << 20) as f64,
+            (encoded - read) as f64 / (1 << 20) as f64,
+            requests.len(),
+            (kept - before) as f64 / (1 << 20) as f64,
         );
     }
     drop(server);

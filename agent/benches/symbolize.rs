@@ -7,6 +7,10 @@
 //!   bench`) mapped into this process: how much 2,000 lookups add to peak RSS, and where RSS
 //!   lands once its cache entry is evicted. RSS and peak come from /proc/self/status.
 //!
+//! - c-dwarf: the heap that lookups in a C library's DWARF hold (libc's separate debug file
+//!   when libc6-dbg is installed), with a parse per unit, as scorch does, and through one
+//!   addr2line context for the whole file; each in a fresh process.
+//!
 //! Run with `cargo bench -p scorch --bench symbolize` (`cargo xtask bench` runs it with a big
 //! binary).
 
@@ -27,7 +31,19 @@ fn main() {
         cold(Path::new(&path));
         return;
     }
+    if let Some(mode) = std::env::var_os("SCORCH_BENCH_C_DWARF_ONLY") {
+        c_dwarf(mode == "whole-file");
+        return;
+    }
     warm();
+    for mode in ["by-unit", "whole-file"] {
+        let exe = std::env::current_exe().expect("finding this benchmark's executable");
+        let status = std::process::Command::new(exe)
+            .env("SCORCH_BENCH_C_DWARF_ONLY", mode)
+            .status()
+            .expect("running the c-dwarf case");
+        assert!(status.success(), "c-dwarf case failed: {status}");
+    }
     match std::env::var_os("SCORCH_BIG_DWARF_BINARY") {
         Some(path) => {
             let exe = std::env::current_exe().expect("finding this benchmark's executable");
@@ -264,6 +280,77 @@ fn cold(path: &Path) {
         file as f64 / 1024.0,
         anon_evicted as f64 / 1024.0,
         file_evicted as f64 / 1024.0,
+    );
+}
+
+/// Bytes allocated on the heap, mmapped blocks included.
+fn heap_bytes() -> u64 {
+    // SAFETY: mallinfo2 only reads the allocator's statistics.
+    let info = unsafe { libc::mallinfo2() };
+    (info.uordblks + info.hblkhd) as u64
+}
+
+/// 500 lookups spread over libc's separate debug file, and the heap they leave held.
+fn c_dwarf(whole_file: bool) {
+    let libc = Path::new("/lib/x86_64-linux-gnu/libc.so.6");
+    let build_id = std::fs::read(libc)
+        .ok()
+        .and_then(|data| {
+            let file = object::File::parse(&*data).ok()?;
+            Some(file.build_id().ok()??.to_vec())
+        })
+        .map(|id| id.iter().map(|b| format!("{b:02x}")).collect::<String>());
+    let Some(id) = build_id else {
+        println!("c-dwarf: skipped, libc has no build id");
+        return;
+    };
+    let debug = format!("/usr/lib/debug/.build-id/{}/{}.debug", &id[..2], &id[2..]);
+    let debug = Path::new(&debug);
+    if !debug.exists() {
+        println!(
+            "c-dwarf: skipped, no {} (install libc6-dbg)",
+            debug.display()
+        );
+        return;
+    }
+    let mut addresses = Vec::new();
+    if let Ok(data) = std::fs::read(debug) {
+        if let Ok(file) = object::File::parse(&*data) {
+            addresses = file
+                .symbols()
+                .filter(|s| s.kind() == SymbolKind::Text && s.size() > 1)
+                .map(|s| s.address() + 1)
+                .collect();
+        }
+    }
+    addresses.sort_unstable();
+    addresses.dedup();
+    let step = (addresses.len() / 500).max(1);
+    let elf = scorch::symbolize::elf::ElfFile::open(debug).expect("opening libc's debug file");
+    if whole_file {
+        elf.use_whole_file_dwarf();
+    }
+    let before = heap_bytes();
+    let mut with_lines = 0;
+    let mut lookups = 0;
+    for &address in addresses.iter().step_by(step).take(500) {
+        lookups += 1;
+        if let Ok(frames) = elf.resolve(scorch::symbolize::user::ElfAddress(address)) {
+            with_lines += usize::from(frames.iter().any(|f| f.line > 0));
+        }
+    }
+    let held = heap_bytes().saturating_sub(before);
+    println!(
+        "c-dwarf: {} ({:.1} MiB of DWARF), {lookups} lookups ({with_lines} with file:line) \
+         through {}: heap held {:.1} MiB",
+        debug.display(),
+        dwarf_bytes(debug) as f64 / (1 << 20) as f64,
+        if whole_file {
+            "one addr2line context for the whole file"
+        } else {
+            "a parse per unit (scorch)"
+        },
+        held as f64 / (1 << 20) as f64,
     );
 }
 

@@ -220,6 +220,9 @@ const MAX_PARSED_DWARF: usize = 8 << 20;
 /// DWARF of a file, ready for address lookups.
 struct Dwarf {
     sections: Arc<gimli::Dwarf<Reader>>,
+    /// Which unit holds which addresses, built on the first lookup and kept: it is small, and
+    /// it lets a lookup parse only the unit it needs.
+    index: RefCell<UnitIndex>,
     /// Parsed lazily on the first lookup and dropped when it covers more than `budget`.
     parsed: RefCell<Parse>,
     budget: usize,
@@ -234,6 +237,33 @@ struct Dwarf {
     inflated: Vec<Arc<FileData>>,
 }
 
+/// Which compilation unit covers which addresses.
+///
+/// addr2line's `Context` indexes every unit of a file up front and keeps each one's
+/// abbreviations and line-program header for as long as it lives: tens of MB of heap for a
+/// large binary, to answer lookups that usually land in a handful of units. With this index a
+/// lookup builds a `Context` over the one unit holding the address instead.
+enum UnitIndex {
+    NotYet,
+    /// Sorted by `begin`; adjacent ranges of one unit merged.
+    Units(Vec<UnitSpan>),
+    /// A unit refers to entries of other units (`DW_FORM_ref_addr`: LTO, partial units, DWZ)
+    /// or the index could not be built: lookups go through one `Context` for the whole file.
+    WholeFile,
+}
+
+/// An address range of one unit, and where the unit is in `.debug_info`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct UnitSpan {
+    begin: u64,
+    end: u64,
+    offset: usize,
+    len: usize,
+}
+
+/// The key of the whole-file `Context` in [`ParsedDwarf::contexts`].
+const WHOLE_FILE: usize = usize::MAX;
+
 /// Where a file's DWARF parse stands.
 enum Parse {
     NotYet,
@@ -243,8 +273,11 @@ enum Parse {
 }
 
 /// addr2line's lookup state, and which units it has parsed so far.
+#[derive(Default)]
 struct ParsedDwarf {
-    context: addr2line::Context<Reader>,
+    /// One `Context` per unit lookups landed in, by the unit's `.debug_info` offset; or one
+    /// for the whole file, under [`WHOLE_FILE`].
+    contexts: std::collections::HashMap<usize, addr2line::Context<Reader>>,
     /// `.debug_info` offsets of the units lookups landed in.
     units: HashSet<usize>,
     /// Sum of those units' `.debug_info` and line-program bytes.
@@ -252,22 +285,161 @@ struct ParsedDwarf {
 }
 
 impl ParsedDwarf {
-    /// Counts the unit holding `address` as parsed (addr2line has just parsed it, or had
-    /// before).
-    fn account(&mut self, address: u64) {
-        let Some(unit) = self.context.find_dwarf_and_unit(address).skip_all_loads() else {
+    /// Counts the unit of `context` holding `address` as parsed (addr2line has just parsed
+    /// it, or had before); `key` names the unit when `context` holds only one, whose offset in
+    /// its own view of `.debug_info` is 0.
+    fn account(&mut self, key: usize, address: u64) {
+        let Some(context) = self.contexts.get(&key) else {
             return;
         };
-        let gimli::UnitSectionOffset::DebugInfoOffset(offset) = unit.header.offset() else {
+        let Some(unit) = context.find_dwarf_and_unit(address).skip_all_loads() else {
             return;
         };
-        if self.units.insert(offset.0) {
+        let offset = match unit.header.offset() {
+            _ if key != WHOLE_FILE => key,
+            gimli::UnitSectionOffset::DebugInfoOffset(offset) => offset.0,
+            _ => return,
+        };
+        if self.units.insert(offset) {
             let lines = unit
                 .line_program
                 .as_ref()
                 .map_or(0, |p| p.header().raw_program_buf().len());
             self.covered += unit.header.length_including_self() + lines;
         }
+    }
+}
+
+/// The unit index of `sections`: each compilation unit's ranges (read from its root entry the
+/// way addr2line does, one unit at a time, nothing kept but the ranges), or
+/// [`UnitIndex::WholeFile`] when a unit refers outside itself.
+fn build_unit_index(sections: &gimli::Dwarf<Reader>) -> gimli::Result<UnitIndex> {
+    let mut spans = Vec::new();
+    let mut headers = sections.units();
+    while let Some(header) = headers.next()? {
+        let Some(offset) = header.offset().as_debug_info_offset() else {
+            continue;
+        };
+        if refers_outside_its_unit(sections, &header)? {
+            return Ok(UnitIndex::WholeFile);
+        }
+        if !matches!(
+            header.type_(),
+            gimli::UnitType::Compilation | gimli::UnitType::Skeleton(_)
+        ) {
+            continue;
+        }
+        let len = header.length_including_self();
+        let Ok(unit) = sections.unit(header) else {
+            continue;
+        };
+        let mut ranges = sections.unit_ranges(&unit)?;
+        while let Some(range) = ranges.next()? {
+            if range.begin < range.end {
+                spans.push(UnitSpan {
+                    begin: range.begin,
+                    end: range.end,
+                    offset: offset.0,
+                    len,
+                });
+            }
+        }
+    }
+    spans.sort_unstable_by_key(|s| (s.begin, s.end));
+    let mut merged: Vec<UnitSpan> = Vec::with_capacity(spans.len());
+    for span in spans {
+        match merged.last_mut() {
+            Some(last) if last.offset == span.offset && span.begin <= last.end => {
+                last.end = last.end.max(span.end);
+            }
+            _ => merged.push(span),
+        }
+    }
+    merged.shrink_to_fit();
+    Ok(UnitIndex::Units(merged))
+}
+
+/// The unit holding `address`. Units should not overlap, but a few spans before the last one
+/// starting at or below `address` are tried, in case they do.
+fn find_unit(spans: &[UnitSpan], address: u64) -> Option<UnitSpan> {
+    let end = spans.partition_point(|s| s.begin <= address);
+    spans[..end]
+        .iter()
+        .rev()
+        .take(8)
+        .find(|s| address < s.end)
+        .copied()
+}
+
+/// Whether `header`'s abbreviations allow attributes that refer to entries outside the unit
+/// (`DW_FORM_ref_addr`, references into a supplementary file) or whose form is only known per
+/// entry (`DW_FORM_indirect`): a view of `.debug_info` holding only this unit would resolve
+/// those wrongly.
+fn refers_outside_its_unit(
+    sections: &gimli::Dwarf<Reader>,
+    header: &gimli::UnitHeader<Reader>,
+) -> gimli::Result<bool> {
+    use gimli::{constants as dw, Reader as _};
+    let mut table = gimli::Section::reader(&sections.debug_abbrev).clone();
+    table.skip(header.debug_abbrev_offset().0)?;
+    loop {
+        if table.read_uleb128()? == 0 {
+            return Ok(false);
+        }
+        let _tag = table.read_uleb128()?;
+        let _children = table.read_u8()?;
+        loop {
+            let name = table.read_uleb128()?;
+            let form = table.read_uleb128()?;
+            if name == 0 && form == 0 {
+                break;
+            }
+            let form = u16::try_from(form)
+                .map(dw::DwForm)
+                .unwrap_or(dw::DW_FORM_indirect);
+            if form == dw::DW_FORM_implicit_const {
+                table.read_sleb128()?;
+            }
+            if matches!(
+                form,
+                dw::DW_FORM_ref_addr
+                    | dw::DW_FORM_indirect
+                    | dw::DW_FORM_GNU_ref_alt
+                    | dw::DW_FORM_ref_sup4
+                    | dw::DW_FORM_ref_sup8
+            ) {
+                return Ok(true);
+            }
+        }
+    }
+}
+
+/// `sections` with `.debug_info` cut down to the one unit at `span`, for a `Context` that
+/// parses only that unit. Every other section is shared as is: the unit's references into
+/// them are offsets in those sections.
+fn unit_dwarf(sections: &gimli::Dwarf<Reader>, span: &UnitSpan) -> gimli::Dwarf<Reader> {
+    let info = gimli::Section::reader(&sections.debug_info);
+    let unit = info.range(span.offset..span.offset.saturating_add(span.len).min(info.len()));
+    let no_aranges = info.range(0..0);
+    gimli::Dwarf {
+        debug_abbrev: sections.debug_abbrev.clone(),
+        debug_addr: sections.debug_addr.clone(),
+        // addr2line would take this unit's ranges from here, by its offset in the full
+        // section; the unit's own DW_AT_ranges or low/high pc say the same.
+        debug_aranges: no_aranges.into(),
+        debug_info: unit.into(),
+        debug_line: sections.debug_line.clone(),
+        debug_line_str: sections.debug_line_str.clone(),
+        debug_macinfo: sections.debug_macinfo.clone(),
+        debug_macro: sections.debug_macro.clone(),
+        debug_str: sections.debug_str.clone(),
+        debug_str_offsets: sections.debug_str_offsets.clone(),
+        debug_types: sections.debug_types.clone(),
+        locations: sections.locations.clone(),
+        ranges: sections.ranges.clone(),
+        file_type: sections.file_type,
+        sup: sections.sup.clone(),
+        abbreviations_cache: gimli::AbbreviationsCache::new(),
     }
 }
 
@@ -421,6 +593,15 @@ impl ElfFile {
         false
     }
 
+    /// Looks DWARF up through one addr2line `Context` for the whole file, as files with
+    /// cross-unit references do, instead of one per unit: for benchmarks comparing the two.
+    pub fn use_whole_file_dwarf(&self) {
+        if let Some(dwarf) = &self.dwarf {
+            *dwarf.index.borrow_mut() = UnitIndex::WholeFile;
+            *dwarf.parsed.borrow_mut() = Parse::NotYet;
+        }
+    }
+
     /// How many times the DWARF parse was dropped for covering more than its budget.
     pub fn dwarf_reparses(&self) -> u64 {
         self.dwarf.as_ref().map_or(0, |d| d.reparses.get())
@@ -475,38 +656,69 @@ impl ElfFile {
         symbol: Option<&str>,
     ) -> Result<Vec<ResolvedFrame>, gimli::Error> {
         dwarf.recent_lookups.set(dwarf.recent_lookups.get() + 1);
+        let span = {
+            let mut index = dwarf.index.borrow_mut();
+            if matches!(&*index, UnitIndex::NotYet) {
+                *index = build_unit_index(&dwarf.sections).unwrap_or(UnitIndex::WholeFile);
+                // Indexing read a little of every unit (header, root entry, abbreviations);
+                // the lookups that follow need few of those pages again.
+                self.release_resident_pages();
+            }
+            match &*index {
+                UnitIndex::Units(spans) => match find_unit(spans, address) {
+                    Some(span) => Some(span),
+                    // No unit covers it: nothing DWARF could say.
+                    None => return Ok(Vec::new()),
+                },
+                _ => None,
+            }
+        };
         let mut slot = dwarf.parsed.borrow_mut();
         if matches!(&*slot, Parse::Parsed(parsed) if parsed.covered > dwarf.budget) {
             // Dropping the parse frees its heap; the pages it read go too, and what the next
-            // lookups need is parsed again (a unit's parse costs well under a millisecond,
-            // the unit index ~25 ms for a binary with 100 MB of DWARF).
+            // lookups need is parsed again (a unit's parse costs well under a millisecond).
             *slot = Parse::NotYet;
             self.release_resident_pages();
             release_free_memory();
             dwarf.reparses.set(dwarf.reparses.get() + 1);
         }
         if matches!(&*slot, Parse::NotYet) {
-            let built = addr2line::Context::from_arc_dwarf(dwarf.sections.clone());
-            // Indexing the units read a little of every unit (header, root entry, line
-            // program header); the lookups that follow need few of those pages again.
-            self.release_resident_pages();
-            *slot = match built {
-                Ok(context) => Parse::Parsed(ParsedDwarf {
-                    context,
-                    units: HashSet::new(),
-                    covered: 0,
-                }),
-                Err(err) => {
-                    *slot = Parse::Unreadable;
-                    return Err(err);
-                }
-            };
+            *slot = Parse::Parsed(ParsedDwarf::default());
         }
         let Parse::Parsed(parsed) = &mut *slot else {
             return Ok(Vec::new());
         };
-        let frames = dwarf_frames(&parsed.context, address, symbol);
-        parsed.account(address);
+        let key = span.map_or(WHOLE_FILE, |s| s.offset);
+        // Not the entry API: a failed whole-file build replaces the slot the entry borrows.
+        #[allow(clippy::map_entry)]
+        if !parsed.contexts.contains_key(&key) {
+            let built = match &span {
+                Some(span) => {
+                    addr2line::Context::from_arc_dwarf(Arc::new(unit_dwarf(&dwarf.sections, span)))
+                }
+                None => {
+                    let built = addr2line::Context::from_arc_dwarf(dwarf.sections.clone());
+                    // The whole-file index read a little of every unit.
+                    self.release_resident_pages();
+                    built
+                }
+            };
+            match built {
+                Ok(context) => {
+                    parsed.contexts.insert(key, context);
+                }
+                Err(err) if span.is_none() => {
+                    *slot = Parse::Unreadable;
+                    return Err(err);
+                }
+                Err(err) => return Err(err),
+            }
+        }
+        let frames = match parsed.contexts.get(&key) {
+            Some(context) => dwarf_frames(context, address, symbol),
+            None => Ok(Vec::new()),
+        };
+        parsed.account(key, address);
         frames
     }
 }
@@ -641,6 +853,7 @@ fn load_dwarf(
     dwarf.populate_abbreviations_cache(gimli::AbbreviationsCacheStrategy::Duplicates);
     Ok(Some(Dwarf {
         sections: Arc::new(dwarf),
+        index: RefCell::new(UnitIndex::NotYet),
         parsed: RefCell::new(Parse::NotYet),
         budget: MAX_PARSED_DWARF,
         reparses: 0.into(),
@@ -805,6 +1018,67 @@ mod tests {
         // Every lookup that found a unit put it over budget for the next one.
         assert!(bounded.dwarf_reparses() >= with_lines as u64 - 1);
         assert_eq!(unbounded.dwarf_reparses(), 0);
+    }
+
+    /// Builds a C program of three units, with inlined static helpers, at -O2 with DWARF.
+    fn three_unit_program(dir: &Path) -> PathBuf {
+        for (unit, seed) in [("a", 3), ("b", 5), ("c", 7)] {
+            let source = format!(
+                "static inline int helper_{unit}(int x) {{ return x * {seed} + (x >> 2); }}\n\
+                 int work_{unit}(int n) {{ int s = 0; for (int i = 0; i < n; i++) \
+                 s += helper_{unit}(i ^ s); return s; }}\n\
+                 int more_{unit}(int n) {{ return work_{unit}(n) + helper_{unit}(n); }}\n"
+            );
+            std::fs::write(dir.join(format!("{unit}.c")), source).unwrap();
+        }
+        std::fs::write(
+            dir.join("main.c"),
+            "int more_a(int); int more_b(int); int more_c(int);\n\
+             int main(int argc, char **argv) { return more_a(argc) + more_b(argc) + more_c(argc); }\n",
+        )
+        .unwrap();
+        let binary = dir.join("three-units");
+        let status = std::process::Command::new("gcc")
+            .args(["-O2", "-g", "-o"])
+            .arg(&binary)
+            .args(["main.c", "a.c", "b.c", "c.c"].map(|f| dir.join(f)))
+            .status()
+            .unwrap();
+        assert!(status.success());
+        binary
+    }
+
+    #[test]
+    fn unit_lookups_resolve_what_the_whole_file_does() {
+        let dir = tempfile::tempdir().unwrap();
+        let binary = three_unit_program(dir.path());
+        let by_unit = ElfFile::open(&binary).unwrap();
+        let whole = ElfFile::open(&binary).unwrap();
+        whole.use_whole_file_dwarf();
+        // Every byte of every function: starts, inlined bodies, ends, and the gaps between.
+        let mut addresses = Vec::new();
+        for symbol in &by_unit.symbols.symbols {
+            for offset in 0..symbol.size.max(1) + 4 {
+                addresses.push(ElfAddress(symbol.start + offset));
+            }
+        }
+        let mut inlined = 0;
+        for &address in &addresses {
+            let expected = whole.resolve(address);
+            inlined += usize::from(expected.as_ref().is_ok_and(|f| f.len() > 1));
+            assert_eq!(by_unit.resolve(address), expected, "at {address:?}");
+        }
+        assert!(inlined > 10, "only {inlined} addresses in inlined code");
+        // The per-unit path is the one that ran: one context per unit looked up.
+        let dwarf = by_unit.dwarf.as_ref().unwrap();
+        let UnitIndex::Units(spans) = &*dwarf.index.borrow() else {
+            panic!("a C program without cross-unit references fell back to the whole file");
+        };
+        assert!(spans.len() >= 4, "{spans:?}");
+        let Parse::Parsed(parsed) = &*dwarf.parsed.borrow() else {
+            panic!("nothing parsed");
+        };
+        assert!(parsed.contexts.len() >= 4 && !parsed.contexts.contains_key(&WHOLE_FILE));
     }
 
     #[test]
