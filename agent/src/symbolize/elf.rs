@@ -230,6 +230,9 @@ struct Dwarf {
     reparses: std::cell::Cell<u64>,
     /// Lookups since [`ElfFile::release_idle_parse`] last looked.
     recent_lookups: std::cell::Cell<u64>,
+    /// Lookups a unit's own view could not answer (a cross-unit reference): answered by the
+    /// whole-file `Context`.
+    unit_fallbacks: std::cell::Cell<u64>,
     /// Bytes of sections read through mappings (in place or inflated): an upper bound on what
     /// lookups can make resident.
     mapped_bytes: usize,
@@ -245,10 +248,20 @@ struct Dwarf {
 /// lookup builds a `Context` over the one unit holding the address instead.
 enum UnitIndex {
     NotYet,
-    /// Sorted by `begin`; adjacent ranges of one unit merged.
-    Units(Vec<UnitSpan>),
-    /// A unit refers to entries of other units (`DW_FORM_ref_addr`: LTO, partial units, DWZ)
-    /// or the index could not be built: lookups go through one `Context` for the whole file.
+    Units {
+        /// Sorted by `begin`; adjacent ranges of one unit merged.
+        spans: Vec<UnitSpan>,
+        /// Some unit refers to entries of other units (`DW_FORM_ref_addr`, as Rust's and
+        /// LTO's inlined functions do): a unit's view then holds the units it refers to as
+        /// well, each at its real offset; a lookup it still cannot answer goes to the
+        /// whole-file `Context`.
+        cross_refs: bool,
+        /// Every unit's `.debug_info` offset and length, sorted: where a reference lands.
+        units: Vec<(usize, usize)>,
+    },
+    /// The index could not be built, or units use forms a one-unit view cannot serve
+    /// (`DW_FORM_indirect`, references into a supplementary file): lookups go through one
+    /// `Context` for the whole file.
     WholeFile,
 }
 
@@ -315,13 +328,18 @@ impl ParsedDwarf {
 /// [`UnitIndex::WholeFile`] when a unit refers outside itself.
 fn build_unit_index(sections: &gimli::Dwarf<Reader>) -> gimli::Result<UnitIndex> {
     let mut spans = Vec::new();
+    let mut cross_refs = false;
+    let mut units = Vec::new();
     let mut headers = sections.units();
     while let Some(header) = headers.next()? {
         let Some(offset) = header.offset().as_debug_info_offset() else {
             continue;
         };
-        if refers_outside_its_unit(sections, &header)? {
-            return Ok(UnitIndex::WholeFile);
+        units.push((offset.0, header.length_including_self()));
+        match outside_references(sections, &header)? {
+            OutsideReferences::None => {}
+            OutsideReferences::SameFile => cross_refs = true,
+            OutsideReferences::Unsupported => return Ok(UnitIndex::WholeFile),
         }
         if !matches!(
             header.type_(),
@@ -356,7 +374,12 @@ fn build_unit_index(sections: &gimli::Dwarf<Reader>) -> gimli::Result<UnitIndex>
         }
     }
     merged.shrink_to_fit();
-    Ok(UnitIndex::Units(merged))
+    units.shrink_to_fit();
+    Ok(UnitIndex::Units {
+        spans: merged,
+        cross_refs,
+        units,
+    })
 }
 
 /// The unit holding `address`. Units should not overlap, but a few spans before the last one
@@ -371,20 +394,29 @@ fn find_unit(spans: &[UnitSpan], address: u64) -> Option<UnitSpan> {
         .copied()
 }
 
-/// Whether `header`'s abbreviations allow attributes that refer to entries outside the unit
-/// (`DW_FORM_ref_addr`, references into a supplementary file) or whose form is only known per
-/// entry (`DW_FORM_indirect`): a view of `.debug_info` holding only this unit would resolve
-/// those wrongly.
-fn refers_outside_its_unit(
+/// What a unit's attributes may refer to outside the unit.
+enum OutsideReferences {
+    None,
+    /// Entries of other units of the file (`DW_FORM_ref_addr`).
+    SameFile,
+    /// A supplementary file's entries, or forms only known per entry (`DW_FORM_indirect`).
+    Unsupported,
+}
+
+/// What `header`'s abbreviations allow its attributes to refer to outside the unit: a view of
+/// `.debug_info` holding only this unit must then keep it at its real offset, or cannot serve
+/// it at all.
+fn outside_references(
     sections: &gimli::Dwarf<Reader>,
     header: &gimli::UnitHeader<Reader>,
-) -> gimli::Result<bool> {
+) -> gimli::Result<OutsideReferences> {
     use gimli::{constants as dw, Reader as _};
     let mut table = gimli::Section::reader(&sections.debug_abbrev).clone();
     table.skip(header.debug_abbrev_offset().0)?;
+    let mut found = OutsideReferences::None;
     loop {
         if table.read_uleb128()? == 0 {
-            return Ok(false);
+            return Ok(found);
         }
         let _tag = table.read_uleb128()?;
         let _children = table.read_u8()?;
@@ -400,15 +432,16 @@ fn refers_outside_its_unit(
             if form == dw::DW_FORM_implicit_const {
                 table.read_sleb128()?;
             }
-            if matches!(
+            if form == dw::DW_FORM_ref_addr {
+                found = OutsideReferences::SameFile;
+            } else if matches!(
                 form,
-                dw::DW_FORM_ref_addr
-                    | dw::DW_FORM_indirect
+                dw::DW_FORM_indirect
                     | dw::DW_FORM_GNU_ref_alt
                     | dw::DW_FORM_ref_sup4
                     | dw::DW_FORM_ref_sup8
             ) {
-                return Ok(true);
+                return Ok(OutsideReferences::Unsupported);
             }
         }
     }
@@ -417,11 +450,37 @@ fn refers_outside_its_unit(
 /// `sections` with `.debug_info` cut down to the one unit at `span`, for a `Context` that
 /// parses only that unit. Every other section is shared as is: the unit's references into
 /// them are offsets in those sections.
-fn unit_dwarf(sections: &gimli::Dwarf<Reader>, span: &UnitSpan) -> gimli::Dwarf<Reader> {
+fn unit_dwarf(
+    sections: &gimli::Dwarf<Reader>,
+    span: &UnitSpan,
+    cross_refs: Option<&[(usize, usize)]>,
+) -> Option<gimli::Dwarf<Reader>> {
+    use gimli::Reader as _;
     let info = gimli::Section::reader(&sections.debug_info);
-    let unit = info.range(span.offset..span.offset.saturating_add(span.len).min(info.len()));
+    let end = span.offset.checked_add(span.len)?;
+    if end > info.len() {
+        return None;
+    }
+    let unit = if let Some(all_units) = cross_refs {
+        let mut wanted = referenced_units(sections, span, all_units).unwrap_or_default();
+        wanted.push((span.offset, span.len));
+        wanted.sort_unstable();
+        wanted.dedup();
+        let padded = padded_units(info, &wanted, info.endian())?;
+        let len = padded.bytes().len();
+        Reader::new(
+            SectionBytes {
+                data: Arc::new(padded),
+                start: 0,
+                len,
+            },
+            info.endian(),
+        )
+    } else {
+        info.range(span.offset..end)
+    };
     let no_aranges = info.range(0..0);
-    gimli::Dwarf {
+    Some(gimli::Dwarf {
         debug_abbrev: sections.debug_abbrev.clone(),
         debug_addr: sections.debug_addr.clone(),
         // addr2line would take this unit's ranges from here, by its offset in the full
@@ -440,7 +499,104 @@ fn unit_dwarf(sections: &gimli::Dwarf<Reader>, span: &UnitSpan) -> gimli::Dwarf<
         file_type: sections.file_type,
         sup: sections.sup.clone(),
         abbreviations_cache: gimli::AbbreviationsCache::new(),
+    })
+}
+
+/// The units (offset, length) that `span`'s unit refers to by section offset, one level deep
+/// (what a name lookup follows: an inlined function's abstract origin), read from its entries.
+fn referenced_units(
+    sections: &gimli::Dwarf<Reader>,
+    span: &UnitSpan,
+    all_units: &[(usize, usize)],
+) -> gimli::Result<Vec<(usize, usize)>> {
+    let header = sections
+        .debug_info
+        .header_from_offset(gimli::DebugInfoOffset(span.offset))?;
+    let abbreviations = sections.abbreviations(&header)?;
+    let mut entries = header.entries(&abbreviations);
+    let mut found = Vec::new();
+    while let Some((_, entry)) = entries.next_dfs()? {
+        let mut attrs = entry.attrs();
+        while let Some(attr) = attrs.next()? {
+            if let gimli::AttributeValue::DebugInfoRef(target) = attr.value() {
+                let index = all_units.partition_point(|&(offset, _)| offset <= target.0);
+                if let Some(&(offset, len)) = index.checked_sub(1).map(|i| &all_units[i]) {
+                    if target.0 < offset + len && offset != span.offset {
+                        found.push((offset, len));
+                    }
+                }
+            }
+        }
+        found.sort_unstable();
+        found.dedup();
     }
+    Ok(found)
+}
+
+/// `.debug_info` holding only `units` (sorted offset and length), each at its real offset, so
+/// references between them keep their meaning and a reference to any other unit fails instead
+/// of landing in the wrong one. A gap between them becomes one type unit, which addr2line
+/// skips without reading past its header: anonymous memory nothing touches, address space but
+/// not RSS. A gap too small for that header keeps its real units. Only the units' bytes are
+/// copied.
+fn padded_units(
+    info: &[u8],
+    units: &[(usize, usize)],
+    endian: gimli::RunTimeEndian,
+) -> Option<FileData> {
+    let end = units.last().map(|&(offset, len)| offset + len)?;
+    if end > info.len() {
+        return None;
+    }
+    let mut map = memmap2::MmapMut::map_anon(end).ok()?;
+    let mut at = 0;
+    for &(offset, len) in units {
+        if offset < at {
+            return None;
+        }
+        let gap = offset - at;
+        match padding_unit(gap, endian) {
+            Some(header) => map[at..at + header.len()].copy_from_slice(&header),
+            None => map[at..offset].copy_from_slice(&info[at..offset]),
+        }
+        map[offset..offset + len].copy_from_slice(&info[offset..offset + len]);
+        at = offset + len;
+    }
+    Some(FileData::Mapped(map.make_read_only().ok()?))
+}
+
+/// The header of a DWARF 5 type unit spanning `gap` bytes (unit_length, version, unit_type,
+/// address_size, debug_abbrev_offset, type_signature, type_offset; the 64-bit format when the
+/// gap needs it), or `None` when the gap is too small to hold one.
+fn padding_unit(gap: usize, endian: gimli::RunTimeEndian) -> Option<Vec<u8>> {
+    let big = matches!(endian, gimli::RunTimeEndian::Big);
+    let put = |out: &mut Vec<u8>, value: u64, size: usize| {
+        if big {
+            out.extend_from_slice(&value.to_be_bytes()[8 - size..]);
+        } else {
+            out.extend_from_slice(&value.to_le_bytes()[..size]);
+        }
+    };
+    let wide = gap >= 0xffff_fff0;
+    let (length_size, offset_size) = if wide { (12, 8) } else { (4, 4) };
+    let header_len = length_size + 2 + 1 + 1 + offset_size + 8 + offset_size;
+    if gap <= header_len {
+        return None;
+    }
+    let mut header = Vec::with_capacity(header_len);
+    if wide {
+        put(&mut header, 0xffff_ffff, 4);
+        put(&mut header, (gap - length_size) as u64, 8);
+    } else {
+        put(&mut header, (gap - length_size) as u64, 4);
+    }
+    put(&mut header, 5, 2);
+    put(&mut header, u64::from(gimli::constants::DW_UT_type.0), 1);
+    put(&mut header, 8, 1);
+    put(&mut header, 0, offset_size);
+    put(&mut header, 0, 8);
+    put(&mut header, header_len as u64, offset_size);
+    Some(header)
 }
 
 /// Why an ELF lookup found nothing.
@@ -656,7 +812,7 @@ impl ElfFile {
         symbol: Option<&str>,
     ) -> Result<Vec<ResolvedFrame>, gimli::Error> {
         dwarf.recent_lookups.set(dwarf.recent_lookups.get() + 1);
-        let span = {
+        let (span, cross_refs) = {
             let mut index = dwarf.index.borrow_mut();
             if matches!(&*index, UnitIndex::NotYet) {
                 *index = build_unit_index(&dwarf.sections).unwrap_or(UnitIndex::WholeFile);
@@ -665,12 +821,14 @@ impl ElfFile {
                 self.release_resident_pages();
             }
             match &*index {
-                UnitIndex::Units(spans) => match find_unit(spans, address) {
-                    Some(span) => Some(span),
+                UnitIndex::Units {
+                    spans, cross_refs, ..
+                } => match find_unit(spans, address) {
+                    Some(span) => (Some(span), *cross_refs),
                     // No unit covers it: nothing DWARF could say.
                     None => return Ok(Vec::new()),
                 },
-                _ => None,
+                _ => (None, false),
             }
         };
         let mut slot = dwarf.parsed.borrow_mut();
@@ -688,37 +846,59 @@ impl ElfFile {
         let Parse::Parsed(parsed) = &mut *slot else {
             return Ok(Vec::new());
         };
-        let key = span.map_or(WHOLE_FILE, |s| s.offset);
-        // Not the entry API: a failed whole-file build replaces the slot the entry borrows.
+        if let Some(span) = span {
+            let key = span.offset;
+            if let std::collections::hash_map::Entry::Vacant(entry) = parsed.contexts.entry(key) {
+                let index = dwarf.index.borrow();
+                let all_units = match &*index {
+                    UnitIndex::Units {
+                        cross_refs: true,
+                        units,
+                        ..
+                    } => Some(units.as_slice()),
+                    _ => None,
+                };
+                let unit = unit_dwarf(&dwarf.sections, &span, all_units);
+                if let Some(context) =
+                    unit.and_then(|unit| addr2line::Context::from_arc_dwarf(Arc::new(unit)).ok())
+                {
+                    entry.insert(context);
+                }
+            }
+            if let Some(context) = parsed.contexts.get(&key) {
+                match dwarf_frames(context, address, symbol) {
+                    Ok(frames) => {
+                        parsed.account(key, address);
+                        return Ok(frames);
+                    }
+                    // Without cross-unit references the unit's view is all there is.
+                    Err(err) if !cross_refs => return Err(err),
+                    // The frame refers to another unit: the whole file can answer.
+                    Err(_) => dwarf.unit_fallbacks.set(dwarf.unit_fallbacks.get() + 1),
+                }
+            }
+        }
+        // Not the entry API: a failed build replaces the slot the entry would borrow.
         #[allow(clippy::map_entry)]
-        if !parsed.contexts.contains_key(&key) {
-            let built = match &span {
-                Some(span) => {
-                    addr2line::Context::from_arc_dwarf(Arc::new(unit_dwarf(&dwarf.sections, span)))
-                }
-                None => {
-                    let built = addr2line::Context::from_arc_dwarf(dwarf.sections.clone());
-                    // The whole-file index read a little of every unit.
-                    self.release_resident_pages();
-                    built
-                }
-            };
+        if !parsed.contexts.contains_key(&WHOLE_FILE) {
+            let built = addr2line::Context::from_arc_dwarf(dwarf.sections.clone());
+            // The whole-file index read a little of every unit.
+            self.release_resident_pages();
             match built {
                 Ok(context) => {
-                    parsed.contexts.insert(key, context);
+                    parsed.contexts.insert(WHOLE_FILE, context);
                 }
-                Err(err) if span.is_none() => {
+                Err(err) => {
                     *slot = Parse::Unreadable;
                     return Err(err);
                 }
-                Err(err) => return Err(err),
             }
         }
-        let frames = match parsed.contexts.get(&key) {
+        let frames = match parsed.contexts.get(&WHOLE_FILE) {
             Some(context) => dwarf_frames(context, address, symbol),
             None => Ok(Vec::new()),
         };
-        parsed.account(key, address);
+        parsed.account(WHOLE_FILE, address);
         frames
     }
 }
@@ -858,6 +1038,7 @@ fn load_dwarf(
         budget: MAX_PARSED_DWARF,
         reparses: 0.into(),
         recent_lookups: 0.into(),
+        unit_fallbacks: 0.into(),
         mapped_bytes,
         inflated,
     }))
@@ -1071,7 +1252,7 @@ mod tests {
         assert!(inlined > 10, "only {inlined} addresses in inlined code");
         // The per-unit path is the one that ran: one context per unit looked up.
         let dwarf = by_unit.dwarf.as_ref().unwrap();
-        let UnitIndex::Units(spans) = &*dwarf.index.borrow() else {
+        let UnitIndex::Units { spans, .. } = &*dwarf.index.borrow() else {
             panic!("a C program without cross-unit references fell back to the whole file");
         };
         assert!(spans.len() >= 4, "{spans:?}");
@@ -1079,6 +1260,46 @@ mod tests {
             panic!("nothing parsed");
         };
         assert!(parsed.contexts.len() >= 4 && !parsed.contexts.contains_key(&WHOLE_FILE));
+    }
+
+    #[test]
+    fn unit_lookups_with_cross_unit_references_resolve_what_the_whole_file_does() {
+        // This test binary is Rust: its units refer to each other's entries.
+        let exe = std::fs::read_link("/proc/self/exe").unwrap();
+        let by_unit = ElfFile::open(&exe).unwrap();
+        let whole = ElfFile::open(&exe).unwrap();
+        whole.use_whole_file_dwarf();
+        let addresses: Vec<ElfAddress> = by_unit
+            .symbols
+            .symbols
+            .iter()
+            .step_by(23)
+            .take(400)
+            .flat_map(|s| [s.start, s.start + s.size / 2])
+            .map(ElfAddress)
+            .collect();
+        let mut inlined = 0;
+        for &address in &addresses {
+            let expected = whole.resolve(address);
+            inlined += usize::from(expected.as_ref().is_ok_and(|f| f.len() > 1));
+            assert_eq!(by_unit.resolve(address), expected, "at {address:?}");
+        }
+        assert!(inlined > 20, "only {inlined} addresses in inlined code");
+        let dwarf = by_unit.dwarf.as_ref().unwrap();
+        assert!(matches!(
+            &*dwarf.index.borrow(),
+            UnitIndex::Units {
+                cross_refs: true,
+                ..
+            }
+        ));
+        // Most lookups were answered by their unit alone.
+        let fallbacks = dwarf.unit_fallbacks.get();
+        assert!(
+            fallbacks < addresses.len() as u64 / 20,
+            "{fallbacks} of {} lookups needed the whole file",
+            addresses.len()
+        );
     }
 
     #[test]
