@@ -880,10 +880,11 @@ impl Store {
         let mut reader = Reader::new(&self.connection, &self.path);
         let mut series = Vec::new();
         for id in ids {
-            series.push(reader.series(id)?.ok_or_else(|| StoreError::Damaged {
+            let labels = reader.series(id)?.ok_or_else(|| StoreError::Damaged {
                 path: self.path.clone(),
                 reason: format!("series {id}: labels are not a JSON object of strings"),
-            })?);
+            })?;
+            series.push(Arc::unwrap_or_clone(labels));
         }
         series.sort();
         Ok(series)
@@ -1289,7 +1290,8 @@ fn decode_rows(bytes: &[u8]) -> Option<Vec<(i64, i64, u64)>> {
 struct Reader<'a> {
     connection: &'a Connection,
     path: &'a Path,
-    series: HashMap<i64, Option<Labels>>,
+    /// Shared by every sample of the series: encoders and sinks group samples by the `Arc`.
+    series: HashMap<i64, Option<Arc<Labels>>>,
     strings: HashMap<i64, String>,
     functions: HashMap<i64, (String, String, Option<String>)>,
     /// Database mapping id -> index in the profile's mappings.
@@ -1325,7 +1327,7 @@ impl<'a> Reader<'a> {
         }
     }
 
-    fn series(&mut self, id: i64) -> Result<Option<Labels>, StoreError> {
+    fn series(&mut self, id: i64) -> Result<Option<Arc<Labels>>, StoreError> {
         if let Some(labels) = self.series.get(&id) {
             return Ok(labels.clone());
         }
@@ -1335,7 +1337,7 @@ impl<'a> Reader<'a> {
             .and_then(|mut s| s.query_row([id], |row| row.get(0)).optional())
             .map_err(|e| self.sqlite(e))?;
         let text = text.ok_or_else(|| self.damaged(format!("series {id} is missing")))?;
-        let labels = parse_labels(&text);
+        let labels = parse_labels(&text).map(Arc::new);
         self.series.insert(id, labels.clone());
         Ok(labels)
     }
@@ -1485,11 +1487,11 @@ impl<'a> Reader<'a> {
 }
 
 /// A sample of the series with `labels`.
-fn sample_of(labels: &Labels, locations: Vec<usize>, value: i64) -> Sample {
+fn sample_of(labels: &Arc<Labels>, locations: Vec<usize>, value: i64) -> Sample {
     Sample {
         pid: labels.get("pid").and_then(|p| p.parse().ok()).unwrap_or(0),
         comm: labels.get("comm").cloned().unwrap_or_default(),
-        labels: Arc::new(labels.clone()),
+        labels: labels.clone(),
         locations,
         count: value.max(0) as u64,
     }
