@@ -467,24 +467,8 @@ impl Uploader {
         stop: watch::Receiver<bool>,
         temp_dir: PathBuf,
     ) -> Result<Uploader, SinkError> {
-        let client_error = |message: String| SinkError::Client {
-            protocol: "parca debuginfo",
-            message,
-        };
         // No overall timeout: each request gets one scaled to what it carries.
-        let mut builder = reqwest::Client::builder()
-            .use_rustls_tls()
-            .connect_timeout(settings.timeout)
-            .user_agent(concat!("scorch/", env!("CARGO_PKG_VERSION")));
-        if let Some(pem) = &settings.ca_pem {
-            let roots = reqwest::Certificate::from_pem_bundle(pem)
-                .map_err(|e| client_error(format!("reading remote-ca-file: {e}")))?;
-            builder = builder.tls_built_in_root_certs(false);
-            for root in roots {
-                builder = builder.add_root_certificate(root);
-            }
-        }
-        let http = builder.build().map_err(|e| client_error(e.to_string()))?;
+        let http = settings.http_client("parca debuginfo", None)?;
         let client = DebuginfoServiceClient::with_interceptor(
             connection.channel.clone(),
             connection.credentials.clone(),

@@ -470,6 +470,23 @@ pub enum Credentials {
     Basic { user: String, password: Secret },
 }
 
+impl Credentials {
+    /// The `Authorization` value (HTTP header or gRPC metadata), if any: a secret, which
+    /// the callers mark sensitive.
+    pub fn authorization(&self) -> Option<String> {
+        use base64::Engine as _;
+        match self {
+            Credentials::None => None,
+            Credentials::Bearer(token) => Some(format!("Bearer {}", token.expose())),
+            Credentials::Basic { user, password } => Some(format!(
+                "Basic {}",
+                base64::engine::general_purpose::STANDARD
+                    .encode(format!("{user}:{}", password.expose()))
+            )),
+        }
+    }
+}
+
 /// The parts of the URL the clients need, checked.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Endpoint {
@@ -528,6 +545,33 @@ pub struct ClientSettings {
 }
 
 impl ClientSettings {
+    /// An HTTP client with these TLS roots (the system's, or `remote-ca-file`'s alone) and
+    /// connect timeout; `timeout` bounds whole requests when given. `protocol` names the
+    /// client in errors.
+    pub fn http_client(
+        &self,
+        protocol: &'static str,
+        timeout: Option<Duration>,
+    ) -> Result<reqwest::Client, SinkError> {
+        let client_error = |message: String| SinkError::Client { protocol, message };
+        let mut builder = reqwest::Client::builder()
+            .use_rustls_tls()
+            .connect_timeout(self.timeout)
+            .user_agent(concat!("scorch/", env!("CARGO_PKG_VERSION")));
+        if let Some(timeout) = timeout {
+            builder = builder.timeout(timeout);
+        }
+        if let Some(pem) = &self.ca_pem {
+            let roots = reqwest::Certificate::from_pem_bundle(pem)
+                .map_err(|e| client_error(format!("reading remote-ca-file: {e}")))?;
+            builder = builder.tls_built_in_root_certs(false);
+            for root in roots {
+                builder = builder.add_root_certificate(root);
+            }
+        }
+        builder.build().map_err(|e| client_error(e.to_string()))
+    }
+
     pub fn new(config: &RemoteConfig) -> Result<ClientSettings, SinkError> {
         let url = config
             .url

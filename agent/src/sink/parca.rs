@@ -21,7 +21,7 @@ use super::{
         profile_store_service_client::ProfileStoreServiceClient, Label, LabelSet, RawProfileSeries,
         RawSample, WriteRawRequest,
     },
-    ClientSettings, Credentials, RequestBuilder, SendError, SinkError,
+    ClientSettings, RequestBuilder, SendError, SinkError,
 };
 use crate::profile::Labels;
 
@@ -98,19 +98,7 @@ impl Connection {
                 .map_err(|e| client_error(format!("TLS: {e}")))?;
         }
         let channel = endpoint.connect_lazy();
-        let authorization = match &settings.credentials {
-            Credentials::None => None,
-            Credentials::Bearer(token) => Some(format!("Bearer {}", token.expose())),
-            Credentials::Basic { user, password } => {
-                use base64::Engine as _;
-                Some(format!(
-                    "Basic {}",
-                    base64::engine::general_purpose::STANDARD
-                        .encode(format!("{user}:{}", password.expose()))
-                ))
-            }
-        };
-        let authorization = match authorization {
+        let authorization = match settings.credentials.authorization() {
             Some(value) => {
                 let mut value: MetadataValue<Ascii> = value.parse().map_err(|_| {
                     client_error("the credentials hold characters metadata cannot carry".into())

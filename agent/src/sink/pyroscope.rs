@@ -16,7 +16,7 @@ use super::{
         push::v1::{RawProfileSeries, RawSample},
         types::v1::LabelPair,
     },
-    ClientSettings, Credentials, RequestBuilder, SendError, SinkError,
+    ClientSettings, RequestBuilder, SendError, SinkError,
 };
 use crate::profile::Labels;
 
@@ -58,20 +58,7 @@ impl Client {
             settings.endpoint.base
         ))
         .map_err(|e| client_error(e.to_string()))?;
-        let mut builder = reqwest::Client::builder()
-            .use_rustls_tls()
-            .timeout(settings.timeout)
-            .connect_timeout(settings.timeout)
-            .user_agent(concat!("scorch/", env!("CARGO_PKG_VERSION")));
-        if let Some(pem) = &settings.ca_pem {
-            let roots = reqwest::Certificate::from_pem_bundle(pem)
-                .map_err(|e| client_error(format!("reading remote-ca-file: {e}")))?;
-            builder = builder.tls_built_in_root_certs(false);
-            for root in roots {
-                builder = builder.add_root_certificate(root);
-            }
-        }
-        let http = builder.build().map_err(|e| client_error(e.to_string()))?;
+        let http = settings.http_client("pyroscope", Some(settings.timeout))?;
 
         let mut headers = HeaderMap::new();
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/proto"));
@@ -82,19 +69,7 @@ impl Client {
             "connect-timeout-ms",
             HeaderValue::from(settings.timeout.as_millis().min(u128::from(u32::MAX)) as u64),
         );
-        let authorization = match &settings.credentials {
-            Credentials::None => None,
-            Credentials::Bearer(token) => Some(format!("Bearer {}", token.expose())),
-            Credentials::Basic { user, password } => {
-                use base64::Engine as _;
-                let pair = format!("{user}:{}", password.expose());
-                Some(format!(
-                    "Basic {}",
-                    base64::engine::general_purpose::STANDARD.encode(pair)
-                ))
-            }
-        };
-        if let Some(value) = authorization {
+        if let Some(value) = settings.credentials.authorization() {
             let mut value = HeaderValue::from_str(&value).map_err(|_| {
                 client_error("the credentials hold characters a header cannot carry".into())
             })?;

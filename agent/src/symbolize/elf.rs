@@ -527,9 +527,9 @@ fn referenced_units(
                 }
             }
         }
-        found.sort_unstable();
-        found.dedup();
     }
+    found.sort_unstable();
+    found.dedup();
     Ok(found)
 }
 
