@@ -23,8 +23,8 @@ use std::{
 };
 
 use scorch::{
+    export::{self, pyroscope, ClientSettings, RemoteConfig, RemoteProtocol},
     profile::{Labels, Line, Location, Mapping, Profile, Sample},
-    sink::{self, pyroscope, ClientSettings, RemoteConfig, RemoteProtocol},
     store::{Retention, Store},
 };
 
@@ -262,14 +262,14 @@ fn encode_and_send(server: &StandIn, stacks_per_series: usize) {
     let mut wire = 0;
     for i in 0..31 {
         let profile = synthetic_window(SystemTime::now(), i, stacks_per_series);
-        assert_eq!(sink::split_by_series(&profile).len(), SERIES);
+        assert_eq!(export::split_by_series(&profile).len(), SERIES);
         let started = thread_cpu();
         let start_ns = profile
             .start
             .duration_since(std::time::UNIX_EPOCH)
             .expect("after 1970")
             .as_nanos() as i64;
-        let requests = sink::encode_window(&profile, || pyroscope::PushBuilder::new(start_ns));
+        let requests = export::encode_window(&profile, || pyroscope::PushBuilder::new(start_ns));
         for request in &requests {
             wire = runtime.block_on(client.send(request)).expect("sending");
         }
@@ -320,9 +320,9 @@ fn server_down_hour(scorch: &Path, work: &Path, server: StandIn) {
                 .expect("writing a window");
         }
         // A sink that has been running and delivered none of them.
-        let name = sink::cursor_name(
+        let name = export::cursor_name(
             RemoteProtocol::Pyroscope,
-            &sink::endpoint(&url, false).expect("url"),
+            &export::endpoint(&url, false).expect("url"),
         );
         store.set_cursor(&name, 0).expect("cursor");
         store
@@ -340,7 +340,7 @@ fn server_down_hour(scorch: &Path, work: &Path, server: StandIn) {
             .expect("reading a window")
             .expect("the last window");
         let read = heap_bytes();
-        let requests = sink::encode_window(&profile, || pyroscope::PushBuilder::new(0));
+        let requests = export::encode_window(&profile, || pyroscope::PushBuilder::new(0));
         let encoded = heap_bytes();
         drop(profile);
         let kept = heap_bytes();

@@ -12,7 +12,8 @@ use std::{
 };
 
 use scorch::{
-    encode, sink,
+    export,
+    profile::encode,
     store::{Retention, Store},
 };
 
@@ -49,7 +50,7 @@ fn main() {
         profile.start = now - Duration::from_secs(10 * (windows - i) as u64);
         profile.duration = Duration::from_secs(10);
         pprof_bytes += encode::pprof::encode(&profile).len();
-        series_pprof_bytes += sink::split_by_series(&profile)
+        series_pprof_bytes += export::split_by_series(&profile)
             .iter()
             .map(|series| encode::pprof::encode_samples(&profile, &series.samples).len())
             .sum::<usize>();

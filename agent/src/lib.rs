@@ -3,33 +3,31 @@
 //! The pipeline, one module per stage (see ARCHITECTURE.md):
 //!
 //! ```text
-//! sampler (BPF load + attach) -> drain (read + reset maps) -> RawWindow
-//!   -> aggregate -> symbolize (kernel: kallsyms; user: ELF) -> Profile
-//!   -> encode (pprof, folded, SVG) -> file, or the store (`scorch run`) -> sink (Pyroscope, Parca)
+//! pipeline: sampler (BPF load + attach) -> drain (read + reset maps) -> RawWindow -> aggregate
+//!   -> symbolize (kernel: kallsyms; user: ELF/DWARF) -> Profile
+//!   -> profile::encode (pprof, folded, SVG, top) -> file, or the store (`scorch run`)
+//!   -> export (Pyroscope, Parca)
 //! ```
+//!
+//! Modules are layered: each imports only those declared before it below (`cargo xtask lint`
+//! checks it), so the list reads bottom-up as the pipeline does.
 
-pub mod aggregate;
-pub mod check;
-pub mod cli;
-pub mod cli_docs;
-pub mod config;
-pub mod drain;
-pub mod encode;
-pub mod http;
-pub mod labels;
+// Leaves: the operating system, self-measurement, and pure parsers.
 pub mod metrics;
-pub mod notify;
-pub mod privileges;
+pub mod parse;
+pub mod sys;
+// The data model and its encoders.
 pub mod profile;
-pub mod query;
-pub mod record;
-pub mod run;
-pub mod sampler;
-pub mod selector;
-pub mod sink;
+// The stages, in the order data passes them.
+pub mod export;
+pub mod labels;
+pub mod pipeline;
+pub mod serve;
 pub mod store;
 pub mod symbolize;
-pub mod timespec;
+// Commands that drive the stages, and the command line that picks them.
+pub mod cli;
+pub mod cmd;
 
 /// Protobuf types generated from `proto/profile.proto`.
 #[allow(clippy::all, missing_docs)]

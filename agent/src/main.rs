@@ -4,16 +4,13 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use scorch::{
-    check,
-    cli::{Cli, Command},
-    cli_docs,
-    config::RunConfig,
-    query, record, run,
+    cli::{self, docs, Cli, Command},
+    cmd::{check, query, record, run},
 };
 use tracing_subscriber::EnvFilter;
 
 fn main() -> ExitCode {
-    scorch::symbolize::elf::tune_allocator();
+    scorch::sys::allocator::tune_allocator();
     let cli = Cli::parse();
     let filter = EnvFilter::try_from_default_env()
         .or_else(|_| EnvFilter::try_new(&cli.log_level))
@@ -27,6 +24,7 @@ fn main() -> ExitCode {
 
     match cli.command {
         Command::Record(args) => {
+            let args = args.resolve();
             // Bad arguments and missing privileges are reported before a runtime or any BPF
             // exists.
             if let Err(err) = record::preflight(&args) {
@@ -55,7 +53,7 @@ fn main() -> ExitCode {
             }
         }
         Command::Run(args) => {
-            let config = match RunConfig::resolve(&args) {
+            let config = match cli::config::resolve(&args) {
                 Ok(config) => config,
                 Err(err) => {
                     eprintln!("scorch: {err}");
@@ -70,7 +68,8 @@ fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
             };
-            // Two workers: the window pipeline on one, HTTP requests never waiting behind it.
+            // Two workers, so HTTP requests are answered while the window loop's task runs on
+            // the other; symbolising and store reads go to the blocking pool, not to either.
             let runtime = match tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
                 .max_blocking_threads(4)
@@ -91,7 +90,7 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Command::Query(args) => match query::query(&args) {
+        Command::Query(args) => match args.resolve().and_then(|config| query::query(&config)) {
             Ok(summary) => {
                 eprintln!("{summary}");
                 ExitCode::SUCCESS
@@ -102,10 +101,10 @@ fn main() -> ExitCode {
             }
         },
         Command::Completions { shell } => {
-            cli_docs::write_completions(shell, &mut std::io::stdout());
+            docs::write_completions(shell, &mut std::io::stdout());
             ExitCode::SUCCESS
         }
-        Command::Man { dir } => match cli_docs::write_man_pages(&dir) {
+        Command::Man { dir } => match docs::write_man_pages(&dir) {
             Ok(()) => ExitCode::SUCCESS,
             Err(err) => {
                 eprintln!("scorch: {err}");

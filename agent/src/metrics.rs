@@ -27,7 +27,14 @@ use prometheus_client::{
 };
 use scorch_common::Loss;
 
-use crate::{drain::Losses, labels::kubernetes::Kubernetes, sink::debuginfo::UploadResult};
+/// What `scorch_kubernetes_api_*` report, read at each scrape. The pod metadata cache
+/// implements it; this module names no subsystem, so that every one of them can report here.
+pub trait ApiServerState: fmt::Debug + Send + Sync {
+    /// The API server answered the last request.
+    fn reachable(&self) -> bool;
+    /// Failed requests and broken watches so far.
+    fn api_errors(&self) -> u64;
+}
 
 /// The content type of [`Metrics::encode`]'s output: prometheus-client writes OpenMetrics text
 /// (counters suffixed `_total`, a closing `# EOF`), and Prometheus picks its parser from this.
@@ -75,7 +82,7 @@ pub struct Metrics {
     /// Set by [`Metrics::watch_kubernetes`] when running in a cluster; the
     /// `scorch_kubernetes_api_*` metrics exist only then, so outside Kubernetes no one sees an
     /// API server that looks down.
-    kubernetes: Arc<OnceLock<Kubernetes>>,
+    kubernetes: Arc<OnceLock<Box<dyn ApiServerState>>>,
 }
 
 /// The `reason` labels of `scorch_remote_failures_total` (see `sink::SendError`), present from
@@ -133,11 +140,6 @@ impl Metrics {
         };
         for reason in REMOTE_FAILURE_REASONS {
             let _ = metrics.remote_failures.get_or_create(&[("reason", reason)]);
-        }
-        for result in UploadResult::ALL {
-            let _ = metrics
-                .debuginfo_uploads
-                .get_or_create(&[("result", result.name())]);
         }
         // Every loss reason exists from the start at 0, so a rate() over it works before the
         // first loss, as Prometheus's instrumentation guidelines ask.
@@ -291,17 +293,20 @@ impl Metrics {
     }
 
     /// A window was drained: its samples, its losses, and how long the drain took.
-    pub fn window_drained(&self, samples: u64, losses: &Losses, drain: Duration) {
+    ///
+    /// `losses` are counts by reason: the [`Loss`] names and [`TRUNCATED_STACKS`].
+    pub fn window_drained(
+        &self,
+        samples: u64,
+        losses: impl IntoIterator<Item = (&'static str, u64)>,
+        drain: Duration,
+    ) {
         self.samples.inc_by(samples);
-        for loss in Loss::ALL {
-            let count = losses.by_kind.get(loss as usize).copied().unwrap_or(0);
+        for (reason, count) in losses {
             self.losses
-                .get_or_create(&[("reason", loss.name())])
+                .get_or_create(&[("reason", reason)])
                 .inc_by(count);
         }
-        self.losses
-            .get_or_create(&[("reason", TRUNCATED_STACKS)])
-            .inc_by(losses.truncated_stacks);
         self.drain_seconds.observe(drain.as_secs_f64());
     }
 
@@ -392,7 +397,14 @@ impl Metrics {
         self.remote_queue_age.set(oldest_age_seconds);
     }
 
-    /// One build id's debug-info upload ended; `result` is an [`UploadResult`] name.
+    /// Makes each debug-info upload `result` exist at 0 before the first upload ends.
+    pub fn declare_debuginfo_results(&self, results: impl IntoIterator<Item = &'static str>) {
+        for result in results {
+            let _ = self.debuginfo_uploads.get_or_create(&[("result", result)]);
+        }
+    }
+
+    /// One build id's debug-info upload ended.
     pub fn debuginfo_upload(&self, result: &'static str) {
         self.debuginfo_uploads
             .get_or_create(&[("result", result)])
@@ -404,7 +416,7 @@ impl Metrics {
     }
 
     /// Reports the Kubernetes API server's state from now on (read at each scrape).
-    pub fn watch_kubernetes(&self, kubernetes: Kubernetes) {
+    pub fn watch_kubernetes(&self, kubernetes: Box<dyn ApiServerState>) {
         let _ = self.kubernetes.set(kubernetes);
     }
 
@@ -422,7 +434,7 @@ impl Metrics {
 /// `scorch_kubernetes_api_up` and `scorch_kubernetes_api_errors_total`, read at scrape time
 /// from the pod metadata cache, and only when running in a cluster.
 #[derive(Debug)]
-struct KubernetesCollector(Arc<OnceLock<Kubernetes>>);
+struct KubernetesCollector(Arc<OnceLock<Box<dyn ApiServerState>>>);
 
 impl Collector for KubernetesCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), fmt::Error> {
@@ -594,6 +606,7 @@ impl Health {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{labels::kubernetes::Kubernetes, pipeline::drain::Losses};
 
     /// The value of the sample line `name` (with labels, as written) in an exposition.
     fn value(text: &str, name: &str) -> f64 {
@@ -611,8 +624,8 @@ mod tests {
         losses.by_kind[Loss::UserStackCollision as usize] = 2;
         losses.by_kind[Loss::CountsMapFull as usize] = 1;
         losses.truncated_stacks = 5;
-        metrics.window_drained(100, &losses, Duration::from_millis(3));
-        metrics.window_drained(50, &Losses::default(), Duration::from_millis(1));
+        metrics.window_drained(100, losses.by_reason(), Duration::from_millis(3));
+        metrics.window_drained(50, Losses::default().by_reason(), Duration::from_millis(1));
         metrics.window_symbolized(Duration::from_millis(20));
         metrics.window_written();
         metrics.store_write_failed("disk_full");
@@ -699,6 +712,9 @@ mod tests {
     #[test]
     fn debuginfo_uploads_are_counted_by_result() {
         let metrics = Metrics::new();
+        metrics.declare_debuginfo_results(
+            crate::export::debuginfo::UploadResult::ALL.map(|r| r.name()),
+        );
         metrics.debuginfo_upload("uploaded");
         metrics.debuginfo_upload("uploaded");
         metrics.debuginfo_upload("already_present");
@@ -725,7 +741,7 @@ mod tests {
     fn kubernetes_metrics_only_in_a_cluster() {
         let metrics = Metrics::new();
         assert!(!metrics.encode().contains("kubernetes"));
-        metrics.watch_kubernetes(Kubernetes::unstarted_for_tests(false, 3));
+        metrics.watch_kubernetes(Box::new(Kubernetes::unstarted_for_tests(false, 3)));
         let text = metrics.encode();
         assert_eq!(value(&text, "scorch_kubernetes_api_up"), 0.0);
         assert_eq!(value(&text, "scorch_kubernetes_api_errors_total"), 3.0);

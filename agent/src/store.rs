@@ -26,6 +26,7 @@ use std::{
 use rusqlite::{params, Connection, ErrorCode, OpenFlags, OptionalExtension};
 
 use crate::profile::{Line, Location, Mapping, Profile, Sample};
+use crate::sys::time::{from_unix_ns, unix_ns};
 
 pub use crate::profile::Labels;
 
@@ -86,12 +87,7 @@ impl StoreError {
     }
 }
 
-/// A half-open time range `[from, to)`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TimeRange {
-    pub from: SystemTime,
-    pub to: SystemTime,
-}
+pub use crate::parse::timespec::TimeRange;
 
 /// How long and how much the store keeps; whichever limit is reached first applies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -1503,17 +1499,6 @@ fn labels_json(labels: &Labels) -> String {
 
 fn parse_labels(text: &str) -> Option<Labels> {
     serde_json::from_str(text).ok()
-}
-
-fn unix_ns(time: SystemTime) -> i64 {
-    match time.duration_since(UNIX_EPOCH) {
-        Ok(d) => i64::try_from(d.as_nanos()).unwrap_or(i64::MAX),
-        Err(_) => 0,
-    }
-}
-
-fn from_unix_ns(ns: i64) -> SystemTime {
-    UNIX_EPOCH + Duration::from_nanos(ns.max(0) as u64)
 }
 
 /// LEB128, as protobuf writes it: ids are small, most take one or two bytes.

@@ -40,6 +40,8 @@ use std::{
 };
 
 use reqwest::{StatusCode, Url};
+
+use crate::sys::backoff::Backoff;
 use serde::Deserialize;
 use tracing::{debug, info, warn};
 
@@ -1071,32 +1073,13 @@ impl LineSplitter {
     }
 }
 
-/// Jittered exponential backoff: each delay is drawn from the upper half of a doubling
-/// ceiling, so agents on many nodes spread their retries after an API server outage.
-#[derive(Debug)]
-struct Backoff {
-    initial: Duration,
-    max: Duration,
-    ceiling: Duration,
-}
-
-impl Backoff {
-    fn new(initial: Duration, max: Duration) -> Backoff {
-        Backoff {
-            initial,
-            max,
-            ceiling: initial,
-        }
+impl crate::metrics::ApiServerState for Kubernetes {
+    fn reachable(&self) -> bool {
+        Kubernetes::reachable(self)
     }
 
-    fn next_delay(&mut self) -> Duration {
-        let ceiling = self.ceiling;
-        self.ceiling = (self.ceiling * 2).min(self.max);
-        ceiling.mul_f64(0.5 + fastrand::f64() * 0.5)
-    }
-
-    fn reset(&mut self) {
-        self.ceiling = self.initial;
+    fn api_errors(&self) -> u64 {
+        Kubernetes::api_errors(self)
     }
 }
 
@@ -1462,20 +1445,5 @@ mod tests {
         );
         assert_eq!(status_message(b" plain text \n"), "plain text");
         assert_eq!(status_message(&[b'x'; 500]).len(), 203);
-    }
-
-    #[test]
-    fn backoff_doubles_up_to_its_maximum() {
-        let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_millis(400));
-        let delays: Vec<Duration> = (0..5).map(|_| backoff.next_delay()).collect();
-        for (delay, ceiling) in delays.iter().zip([100, 200, 400, 400, 400]) {
-            let ceiling = Duration::from_millis(ceiling);
-            assert!(
-                *delay >= ceiling / 2 && *delay <= ceiling,
-                "{delay:?} vs {ceiling:?}"
-            );
-        }
-        backoff.reset();
-        assert!(backoff.next_delay() <= Duration::from_millis(100));
     }
 }

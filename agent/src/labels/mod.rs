@@ -21,7 +21,7 @@ pub fn node_name() -> String {
     std::env::var("NODE_NAME")
         .ok()
         .filter(|n| !n.is_empty())
-        .unwrap_or_else(crate::record::hostname)
+        .unwrap_or_else(crate::sys::fs::hostname)
 }
 
 /// What is known about a process, as `__meta_*` labels.

@@ -11,8 +11,8 @@ pub mod user;
 use std::{collections::HashMap, time::Duration};
 
 use crate::{
-    aggregate::Aggregated,
-    drain::Stack,
+    pipeline::aggregate::Aggregated,
+    pipeline::drain::Stack,
     profile::{Line, Location, LocationIndex, Mapping, MappingIndex, Profile, Sample},
 };
 use kernel::{KernelFrame, KernelSymbolizer};
@@ -386,7 +386,7 @@ fn parse_build_id_note(mut notes: &[u8]) -> Option<String> {
         let desc_start = 12 + align4(name_size);
         let desc = notes.get(desc_start..desc_start + desc_size)?;
         if kind == NT_GNU_BUILD_ID && name == b"GNU\0" {
-            return Some(desc.iter().map(|b| format!("{b:02x}")).collect());
+            return Some(crate::sys::hex::to_hex(desc));
         }
         notes = notes.get(desc_start + align4(desc_size)..)?;
     }

@@ -20,8 +20,9 @@ use std::{
     sync::Arc,
 };
 
-use super::elf::{release_free_memory, ElfFile, ElfMiss, FileData, ResolvedFrame};
-use crate::sink::debuginfo::{DebugFile, DebugFileSender};
+use super::elf::{ElfFile, ElfMiss, FileData, ResolvedFrame};
+use crate::sys::allocator::release_free_memory;
+use crate::sys::hex::to_hex;
 
 #[derive(Debug, thiserror::Error)]
 pub enum UserSymbolError {
@@ -371,11 +372,12 @@ pub struct UserSymbolizer {
     lookups: u64,
     /// Build ids by mapped file, for `--symbolize none`, which parses nothing else.
     build_ids: HashMap<(u64, u64), Option<String>>,
-    /// With `--symbolize none` and a Parca remote: where each file whose build id is read goes
-    /// for the debug-info upload.
-    debuginfo: Option<DebugFileSender>,
-    /// Files the upload's channel had no room for (it is never waited on).
-    debug_files_dropped: u64,
+    /// With `--symbolize none` and a Parca remote: files whose build id was read since the last
+    /// [`UserSymbolizer::take_new_binaries`], at most this many (`None`: not collected).
+    collect_binaries: Option<usize>,
+    new_binaries: Vec<NewBinary>,
+    /// Files left out because `new_binaries` was full (the taker is never waited on).
+    new_binaries_dropped: u64,
     /// Frames left unnamed, by reason.
     pub misses: BTreeMap<UserMiss, u64>,
     /// Names found by a fallback path, by reason.
@@ -383,6 +385,17 @@ pub struct UserSymbolizer {
     /// File lookups the cache answered, and those that had to open and parse the file.
     cache_hits: u64,
     cache_misses: u64,
+}
+
+/// A binary seen for the first time, with the file a server needs to symbolise it.
+pub struct NewBinary {
+    /// GNU build id, lowercase hex: the server's key.
+    pub build_id: String,
+    /// Where it was opened, for logs only: the mapping may be gone or replaced by now.
+    pub path: PathBuf,
+    /// The file mapped: the mapping keeps the inode the process ran, even if the file was
+    /// since replaced or deleted, or the process exited.
+    pub data: FileData,
 }
 
 /// The ELF cache's footprint and effectiveness, for metrics.
@@ -409,8 +422,9 @@ impl UserSymbolizer {
             cache: ElfCache::new(cache_bytes),
             vdso: None,
             build_ids: HashMap::new(),
-            debuginfo: None,
-            debug_files_dropped: 0,
+            collect_binaries: None,
+            new_binaries: Vec::new(),
+            new_binaries_dropped: 0,
             held: HashMap::new(),
             lookups: 0,
             misses: BTreeMap::new(),
@@ -432,10 +446,16 @@ impl UserSymbolizer {
         self.mode
     }
 
-    /// Hands each file whose build id `--symbolize none` reads to the debug-info upload, its
-    /// separate debug file instead when there is one here.
-    pub fn set_debuginfo_sink(&mut self, files: DebugFileSender) {
-        self.debuginfo = Some(files);
+    /// Keeps each file whose build id `--symbolize none` reads (its separate debug file
+    /// instead, when there is one here) for [`UserSymbolizer::take_new_binaries`], at most
+    /// `limit` of them between two takes: each holds a mapping open.
+    pub fn collect_new_binaries(&mut self, limit: usize) {
+        self.collect_binaries = Some(limit);
+    }
+
+    /// The files collected since the last call (see [`UserSymbolizer::collect_new_binaries`]).
+    pub fn take_new_binaries(&mut self) -> Vec<NewBinary> {
+        std::mem::take(&mut self.new_binaries)
     }
 
     /// Captures the maps of `pids` the first time each is seen, while it is alive, and again
@@ -654,9 +674,7 @@ impl UserSymbolizer {
                     object::File::parse(data.bytes())
                         .ok()
                         .and_then(|debug| object::Object::build_id(&debug).ok().flatten())
-                        .is_some_and(|found| {
-                            found.iter().map(|b| format!("{b:02x}")).collect::<String>() == id
-                        })
+                        .is_some_and(|found| to_hex(found) == id)
                 });
                 if let Some(found) = checked.and_then(|data| accept(&path, data)) {
                     return Some(found);
@@ -828,14 +846,20 @@ impl UserSymbolizer {
         let (path, _) = mapped_file_path(pid, entry).ok()?;
         let data = FileData::map(&path).ok()?;
         let file = object::File::parse(data.bytes()).ok()?;
-        let id: String = object::Object::build_id(&file)
-            .ok()??
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
-        let Some(sink) = self.debuginfo.clone() else {
+        let id = to_hex(object::Object::build_id(&file).ok()??);
+        let Some(limit) = self.collect_binaries else {
             return Some(id);
         };
+        if self.new_binaries.len() >= limit {
+            self.new_binaries_dropped += 1;
+            tracing::debug!(
+                "not keeping the debug info of {} ({id}) for upload: {limit} files already wait \
+                 ({} left out so far)",
+                entry.file_path(),
+                self.new_binaries_dropped
+            );
+            return Some(id);
+        }
         let debuglink = object::Object::gnu_debuglink(&file)
             .ok()
             .flatten()
@@ -850,23 +874,11 @@ impl UserSymbolizer {
             |path, data| Some((path.to_owned(), data)),
         );
         let (path, data) = located.unwrap_or((path, data));
-        let handed = DebugFile {
+        self.new_binaries.push(NewBinary {
             build_id: id.clone(),
             path,
             data,
-        };
-        if let Err(err) = sink.try_send(handed) {
-            self.debug_files_dropped += 1;
-            let reason = match err {
-                tokio::sync::mpsc::error::TrySendError::Full(_) => "the upload queue is full",
-                tokio::sync::mpsc::error::TrySendError::Closed(_) => "the uploader stopped",
-            };
-            tracing::debug!(
-                "not uploading the debug info of {} ({id}): {reason} ({} files so far)",
-                entry.file_path(),
-                self.debug_files_dropped
-            );
-        }
+        });
         Some(id)
     }
 }

@@ -42,7 +42,7 @@ fn without(cap: &str) -> Vec<&'static str> {
 /// CAP_BPF and CAP_PERFMON exist from Linux 5.8; before, only root can profile.
 fn kernel_has_split_capabilities() -> bool {
     let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-    match scorch::check::parse_kernel_version(release.trim()) {
+    match scorch::cmd::check::parse_kernel_version(release.trim()) {
         Some(version) if version >= (5, 8) => true,
         _ => {
             println!("skipped: kernel {release:?} has no CAP_BPF/CAP_PERFMON (Linux 5.8+)");

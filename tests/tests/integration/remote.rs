@@ -14,7 +14,7 @@ use std::{
 
 use anyhow::{ensure, Context, Result};
 use scorch::{
-    sink::{self, RemoteProtocol},
+    export::{self, RemoteProtocol},
     store::Store,
 };
 use scorch_tests::{
@@ -94,9 +94,9 @@ fn cursor_of(fake: &FakeRemote) -> Result<String> {
         Protocol::Pyroscope => RemoteProtocol::Pyroscope,
         Protocol::Parca => RemoteProtocol::Parca,
     };
-    Ok(sink::cursor_name(
+    Ok(export::cursor_name(
         protocol,
-        &sink::endpoint(&fake.url(), false)?,
+        &export::endpoint(&fake.url(), false)?,
     ))
 }
 
@@ -155,7 +155,7 @@ fn check_delivery(store_dir: &Path, fake: &FakeRemote, refused: &BTreeSet<i64>) 
         let profile = store
             .window_profile(id)?
             .with_context(|| format!("window {id} gone from the store"))?;
-        for series in sink::split_by_series(&profile) {
+        for series in export::split_by_series(&profile) {
             let mut labels = series.labels.clone();
             labels.remove("service_name");
             ensure!(

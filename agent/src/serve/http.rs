@@ -10,8 +10,8 @@
 //! | `GET /metrics` | Prometheus (OpenMetrics text) |
 //! | `GET /healthz` | `200 ok`, or `503` and the reason |
 //!
-//! `from`/`to` take RFC 3339, Unix seconds or `now-15m` ([`crate::timespec`]); without them
-//! the last 15 minutes. `match` is a Prometheus selector ([`crate::selector`]). A bad parameter
+//! `from`/`to` take RFC 3339, Unix seconds or `now-15m` ([`crate::parse::timespec`]); without them
+//! the last 15 minutes. `match` is a Prometheus selector ([`crate::parse::selector`]). A bad parameter
 //! is a 400 naming it; a store that cannot be read is a 503 (500 if it is not a scorch store).
 //! Queries run on the blocking pool, since SQLite and symbol merging are synchronous.
 
@@ -33,12 +33,12 @@ use axum::{
 use serde::Deserialize;
 
 use crate::{
-    encode::{self, Format},
     metrics::{Health, Metrics},
+    parse::selector::{Selector, SelectorError},
+    parse::timespec::{self, TimeError},
+    profile::encode::{self, EncodeOptions, Format},
     profile::Profile,
-    selector::{Selector, SelectorError},
     store::{Labels, Store, StoreError, TimeRange},
-    timespec::{self, TimeError},
 };
 
 /// What the handlers share.
@@ -235,35 +235,20 @@ async fn profile(
     let profile = query_store(&state, query.range, query.selector).await?;
     // Encoding a large merge is CPU work too; keep it off the async threads.
     let response = tokio::task::spawn_blocking(move || -> Result<Response, ApiError> {
-        Ok(match format {
-            Format::Pprof => (
-                [
-                    (header::CONTENT_TYPE, "application/octet-stream"),
-                    (
-                        header::CONTENT_DISPOSITION,
-                        "attachment; filename=\"scorch.pb.gz\"",
-                    ),
-                ],
-                encode::pprof::encode(&profile),
-            )
-                .into_response(),
-            Format::Svg => (
-                [(header::CONTENT_TYPE, "image/svg+xml")],
-                encode::svg::encode(&profile, &title)
-                    .map_err(|e| ApiError::Encode(e.to_string()))?,
-            )
-                .into_response(),
-            Format::Folded => (
-                [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
-                encode::folded::encode(&profile),
-            )
-                .into_response(),
-            Format::Top => (
-                [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
-                encode::top::render(&encode::top::top(&profile), limit),
-            )
-                .into_response(),
-        })
+        let options = EncodeOptions {
+            title: &title,
+            top_limit: limit,
+        };
+        let bytes = encode::encode(format, &profile, options)
+            .map_err(|e| ApiError::Encode(e.to_string()))?;
+        let mut response = ([(header::CONTENT_TYPE, format.content_type())], bytes).into_response();
+        if format == Format::Pprof {
+            response.headers_mut().insert(
+                header::CONTENT_DISPOSITION,
+                header::HeaderValue::from_static("attachment; filename=\"scorch.pb.gz\""),
+            );
+        }
+        Ok(response)
     })
     .await??;
     Ok(response)

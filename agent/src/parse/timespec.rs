@@ -8,7 +8,12 @@
 
 use std::time::{Duration, SystemTime};
 
-use crate::store::TimeRange;
+/// A half-open time range `[from, to)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TimeRange {
+    pub from: SystemTime,
+    pub to: SystemTime,
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum TimeError {

@@ -13,34 +13,40 @@
 use std::{
     collections::{HashSet, VecDeque},
     io,
+    net::SocketAddr,
+    path::PathBuf,
     sync::Arc,
     time::{Duration, Instant, SystemTime},
 };
 
 use tokio::{
     signal::unix::{signal, SignalKind},
-    sync::watch,
+    sync::{mpsc::error::TrySendError, watch},
 };
 
 use crate::{
-    config::RunConfig,
-    drain::{DrainError, Drainer},
-    http::{self, HttpState},
-    labels::{self, kubernetes::Kubernetes, relabel, relabel::Outcome, Labeler, PodFacts},
+    cmd::session::{Session, DISCOVERY_INTERVAL},
+    export::{self, debuginfo::DebugFileSender, RemoteConfig, RemoteProtocol, SinkError},
+    labels::{
+        self,
+        kubernetes::Kubernetes,
+        relabel::{self, Outcome, RuleConfig},
+        Labeler, PodFacts,
+    },
     metrics::{Health, Metrics},
-    notify::Systemd,
-    privileges::{missing_privileges_message, Capabilities},
+    pipeline::drain::{DrainError, Drainer},
+    pipeline::sampler::{Sampler, SamplerConfig, SamplerError},
     profile::{Labels, Profile},
-    record::{Session, DISCOVERY_INTERVAL},
-    sampler::{Sampler, SamplerConfig, SamplerError},
-    sink::{self, RemoteProtocol, SinkError},
-    store::{Store, StoreError},
+    serve::http::{self, HttpState},
+    store::{Retention, Store, StoreError},
     symbolize::{
         self,
-        elf::{release_free_memory, release_free_memory_above},
         kernel::KernelSymbolizer,
         user::{SymbolizeMode, UserSymbolizer},
     },
+    sys::allocator::{release_free_memory, release_free_memory_above},
+    sys::notify::Systemd,
+    sys::privileges::{missing_privileges_message, Capabilities},
 };
 
 /// Windows kept in memory while the store refuses writes: 30 minutes at the default window.
@@ -51,6 +57,43 @@ const FREE_MEMORY_KEPT: usize = 4 << 20;
 
 /// How long shutdown may take: the partial window is flushed within it, or given up.
 const SHUTDOWN_BUDGET: Duration = Duration::from_secs(4);
+
+/// Everything `scorch run` needs, resolved.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunConfig {
+    pub store: PathBuf,
+    pub http_address: SocketAddr,
+    pub window: Duration,
+    pub frequency: u64,
+    pub retention: Retention,
+    pub symbolize: SymbolizeMode,
+    pub symbol_cache_mb: u64,
+    pub include_idle: bool,
+    /// Relabelling rules (config file only: `[[relabel]]`), checked by [`RunConfig::resolve`].
+    pub relabel: Vec<RuleConfig>,
+    /// Labels added to every series (`[external-labels]`, or `--external-label NAME=VALUE`).
+    pub external_labels: Labels,
+    /// The `remote-*` keys: where else windows go.
+    pub remote: RemoteConfig,
+}
+
+impl Default for RunConfig {
+    fn default() -> Self {
+        RunConfig {
+            store: PathBuf::from("/var/lib/scorch"),
+            http_address: SocketAddr::from(([127, 0, 0, 1], 7071)),
+            window: Duration::from_secs(10),
+            frequency: 19,
+            retention: Retention::default(),
+            symbolize: SymbolizeMode::Local,
+            symbol_cache_mb: 256,
+            include_idle: false,
+            relabel: Vec::new(),
+            external_labels: Labels::new(),
+            remote: RemoteConfig::default(),
+        }
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
@@ -95,6 +138,7 @@ pub async fn run(config: RunConfig, store: Store) -> Result<(), RunError> {
             source,
         })?;
     let metrics = Arc::new(Metrics::new());
+    metrics.declare_debuginfo_results(export::debuginfo::UploadResult::ALL.map(|r| r.name()));
     let health = Arc::new(Health::new(config.window, SystemTime::now()));
     let (stop_http, http_stopped) = watch::channel(false);
     let http_state = Arc::new(HttpState {
@@ -115,7 +159,7 @@ pub async fn run(config: RunConfig, store: Store) -> Result<(), RunError> {
     match Kubernetes::from_environment() {
         Ok(Some(kubernetes)) => {
             kubernetes.start();
-            metrics.watch_kubernetes(kubernetes.clone());
+            metrics.watch_kubernetes(Box::new(kubernetes.clone()));
             tracing::info!("naming pods from the Kubernetes API server");
             labeler = labeler.with_pods(move |uid, container_id| {
                 let pod = kubernetes.pod(uid)?;
@@ -146,13 +190,13 @@ pub async fn run(config: RunConfig, store: Store) -> Result<(), RunError> {
         (Some(_), RemoteProtocol::Parca)
             if config.remote.upload_debuginfo && config.symbolize == SymbolizeMode::None =>
         {
-            let (files, receiver) = sink::debuginfo::hand_off();
+            let (files, receiver) = export::debuginfo::hand_off();
             (Some(files), Some(receiver))
         }
         _ => (None, None),
     };
     let remote = match config.remote.url {
-        Some(_) => Some(sink::spawn(
+        Some(_) => Some(export::spawn(
             &config.remote,
             &config.store,
             config.retention,
@@ -185,8 +229,8 @@ pub async fn run(config: RunConfig, store: Store) -> Result<(), RunError> {
     let mut drainer = Drainer::new(maps, control);
     let mut user_symbolizer =
         UserSymbolizer::new(config.symbolize, (config.symbol_cache_mb as usize) << 20);
-    if let Some(files) = debug_files {
-        user_symbolizer.set_debuginfo_sink(files);
+    if debug_files.is_some() {
+        user_symbolizer.collect_new_binaries(export::debuginfo::CHANNEL_CAPACITY);
     }
     let mut pipeline = Pipeline {
         session: Session::new(user_symbolizer),
@@ -201,6 +245,8 @@ pub async fn run(config: RunConfig, store: Store) -> Result<(), RunError> {
         labeler,
         excluded: HashSet::new(),
         filtered_reported: 0,
+        debug_files,
+        debug_files_dropped: 0,
     };
     let mut ticker =
         tokio::time::interval_at(tokio::time::Instant::now() + config.window, config.window);
@@ -289,9 +335,36 @@ struct Pipeline {
     excluded: HashSet<u32>,
     /// The BPF filter's discard count at the last report.
     filtered_reported: u64,
+    /// The debug-info upload's queue (Parca, `--symbolize none`): binaries the symboliser met
+    /// for the first time go there after each window. It is never waited on.
+    debug_files: Option<DebugFileSender>,
+    /// Binaries the queue had no room for.
+    debug_files_dropped: u64,
 }
 
 impl Pipeline {
+    /// Passes the binaries this window met first to the debug-info upload.
+    fn hand_over_new_binaries(&mut self) {
+        let Some(queue) = &self.debug_files else {
+            return;
+        };
+        for file in self.session.user.take_new_binaries() {
+            let (path, id) = (file.path.clone(), file.build_id.clone());
+            if let Err(err) = queue.try_send(file) {
+                self.debug_files_dropped += 1;
+                let reason = match err {
+                    TrySendError::Full(_) => "the upload queue is full",
+                    TrySendError::Closed(_) => "the uploader stopped",
+                };
+                tracing::debug!(
+                    "not uploading the debug info of {} ({id}): {reason} ({} files so far)",
+                    path.display(),
+                    self.debug_files_dropped
+                );
+            }
+        }
+    }
+
     /// Puts processes relabelling drops into the BPF deny list as soon as they are seen, so
     /// from then on their samples cost one map lookup and no stack walk.
     fn target(&mut self, pids: &[u32], sampler: &mut Sampler) {
@@ -351,7 +424,7 @@ impl Pipeline {
         let (samples, losses) = (raw.total_samples(), raw.losses);
         self.session.add(raw);
         self.metrics
-            .window_drained(samples, &losses, drain_started.elapsed());
+            .window_drained(samples, losses.by_reason(), drain_started.elapsed());
         self.health.sampling_ok_at(SystemTime::now());
 
         let aggregated = std::mem::take(&mut self.session.aggregated);
@@ -374,6 +447,7 @@ impl Pipeline {
             Err(err) => tracing::warn!("symbolizing a window: {err}"),
         }
         self.metrics.window_symbolized(symbolize_started.elapsed());
+        self.hand_over_new_binaries();
         for hint in symbolize::frame_pointer_hints(&aggregated, &self.session.user) {
             if self.warned_binaries.insert(hint.clone()) {
                 tracing::warn!("{hint}");

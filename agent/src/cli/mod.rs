@@ -1,11 +1,25 @@
 //! Command-line interface: argument definitions and the parsers that reject bad input before
 //! anything touches the kernel.
 
-use std::{path::PathBuf, time::Duration};
+use std::{
+    path::PathBuf,
+    time::{Duration, SystemTime},
+};
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::{encode::Format, symbolize::user::SymbolizeMode};
+use crate::{
+    cmd::{
+        query::{QueryConfig, QueryError, DEFAULT_SPAN},
+        record::RecordConfig,
+    },
+    parse::{selector::Selector, timespec::parse_range},
+    profile::encode::Format,
+    symbolize::user::SymbolizeMode,
+};
+
+pub mod config;
+pub mod docs;
 
 /// Highest sampling frequency accepted. Beyond this the profiler's own cost stops being
 /// negligible and `perf` users expect `perf`.
@@ -30,9 +44,9 @@ pub enum Command {
     /// Sample every CPU for a while and write one profile (like `perf record -a -g`).
     Record(RecordArgs),
     /// Profile continuously: store a profile every window, serve the UI, API and metrics.
-    Run(crate::config::RunArgs),
+    Run(crate::cli::config::RunArgs),
     /// Merge stored windows into one profile (pprof, folded, SVG, or a top table).
-    Query(crate::query::QueryArgs),
+    Query(QueryArgs),
     /// Check that this machine and this user can profile; one line per requirement.
     Check,
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell) to stdout.
@@ -92,6 +106,78 @@ impl RecordArgs {
     pub fn output_format(&self) -> Format {
         self.format
             .unwrap_or_else(|| Format::from_path(&self.output))
+    }
+
+    /// The recording these arguments ask for.
+    pub fn resolve(&self) -> RecordConfig {
+        RecordConfig {
+            duration: self.duration,
+            frequency: self.frequency,
+            pids: self.pid.clone(),
+            include_idle: self.include_idle,
+            output: self.output.clone(),
+            format: self.output_format(),
+            window: self.window,
+            symbolize: self.symbolize,
+            symbol_cache_bytes: (self.symbol_cache_mb as usize) << 20,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct QueryArgs {
+    /// Directory of the profile store.
+    #[arg(long, default_value = "/var/lib/scorch")]
+    pub store: PathBuf,
+    /// The last span of time, e.g. `15m`, `1h`, `2d` [default: 1h].
+    #[arg(long, conflicts_with = "from")]
+    pub since: Option<String>,
+    /// Start: RFC 3339, Unix seconds, or `now-2h`.
+    #[arg(long)]
+    pub from: Option<String>,
+    /// End: RFC 3339, Unix seconds, or `now-1h` [default: now].
+    #[arg(long)]
+    pub to: Option<String>,
+    /// Series selector in Prometheus syntax, e.g. `{comm="nginx", pid!="1"}`.
+    #[arg(long = "match", default_value = "{}")]
+    pub selector: String,
+    /// Where to write the result; without it, standard output.
+    #[arg(long, short = 'o')]
+    pub output: Option<PathBuf>,
+    /// Output format; by default from the output's extension, or `top` on standard output.
+    #[arg(long, value_enum)]
+    pub format: Option<Format>,
+}
+
+impl QueryArgs {
+    /// The query these arguments ask for, its range read against `now`.
+    pub fn resolve_at(&self, now: SystemTime) -> Result<QueryConfig, QueryError> {
+        let selector = Selector::parse(&self.selector)?;
+        let range = parse_range(
+            self.from.as_deref(),
+            self.to.as_deref(),
+            self.since.as_deref(),
+            now,
+            DEFAULT_SPAN,
+        )?;
+        let format = match (&self.format, &self.output) {
+            (Some(format), _) => *format,
+            (None, Some(path)) => Format::from_path(path),
+            (None, None) => Format::Top,
+        };
+        Ok(QueryConfig {
+            store: self.store.clone(),
+            range,
+            selector,
+            selector_text: self.selector.clone(),
+            output: self.output.clone(),
+            format,
+        })
+    }
+
+    /// [`QueryArgs::resolve_at`] now.
+    pub fn resolve(&self) -> Result<QueryConfig, QueryError> {
+        self.resolve_at(SystemTime::now())
     }
 }
 

@@ -3,11 +3,11 @@
 use std::fmt;
 
 use crate::{
-    privileges::{
+    pipeline::sampler::{Sampler, SamplerConfig},
+    sys::privileges::{
         Capabilities, CAP_CHECKPOINT_RESTORE, CAP_DAC_READ_SEARCH, CAP_SYSLOG, CAP_SYS_PTRACE,
         SETCAP_HINT,
     },
-    sampler::{Sampler, SamplerConfig},
 };
 
 /// The outcome of one check.
@@ -188,7 +188,7 @@ pub fn run_checks() -> Vec<Item> {
             ));
         }
         Err(err) => {
-            let attach = matches!(err, crate::sampler::SamplerError::Attach { .. });
+            let attach = matches!(err, crate::pipeline::sampler::SamplerError::Attach { .. });
             if attach {
                 items.push(item(
                     Status::Ok,

@@ -28,17 +28,18 @@ use std::{
     collections::{BTreeMap, HashMap},
     path::{Path, PathBuf},
     sync::Arc,
-    time::{Duration, SystemTime, UNIX_EPOCH},
+    time::{Duration, SystemTime},
 };
 
 use prost::Message as _;
 use tokio::sync::{oneshot, watch};
 
 use crate::{
-    encode,
     metrics::Metrics,
+    profile::encode,
     profile::{Labels, Profile, Sample},
     store::{Retention, Store, StoreError, TimeRange},
+    sys::{backoff::Backoff, time::unix_ns},
 };
 
 /// Types generated from the remote APIs' protos (see `proto/` for their upstreams).
@@ -272,45 +273,16 @@ pub fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
     Some(at.duration_since(now).unwrap_or_default())
 }
 
-/// Exponential backoff with jitter: the n-th delay is drawn from [d/2, d] with
-/// d = base * 2^n, capped, so senders that failed together do not come back together.
-#[derive(Debug, Clone)]
-pub struct Backoff {
-    attempt: u32,
-    base: Duration,
-    cap: Duration,
-}
-
-impl Backoff {
-    pub fn new(base: Duration, cap: Duration) -> Backoff {
-        Backoff {
-            attempt: 0,
-            base,
-            cap,
-        }
-    }
-
-    /// The next delay; `unit` is a random number in [0, 1).
-    pub fn next_delay(&mut self, unit: f64) -> Duration {
-        let ceiling = self
-            .base
-            .saturating_mul(1u32 << self.attempt.min(20))
-            .min(self.cap);
-        self.attempt = self.attempt.saturating_add(1);
-        ceiling.mul_f64(0.5 + 0.5 * unit.clamp(0.0, 1.0))
-    }
-
-    /// How long to wait after `error`: what the server asked for when it said, else the
-    /// next backoff step.
-    pub fn delay_after(&mut self, error: &SendError, unit: f64) -> Duration {
-        let backoff = self.next_delay(unit);
-        match error {
-            SendError::Retryable {
-                retry_after: Some(asked),
-                ..
-            } => (*asked).min(RETRY_AFTER_CAP),
-            _ => backoff,
-        }
+/// How long to wait after `error`: what the server asked for when it said (capped), else
+/// the next backoff step.
+pub fn delay_after(backoff: &mut Backoff, error: &SendError, unit: f64) -> Duration {
+    let next = backoff.next_delay_with(unit);
+    match error {
+        SendError::Retryable {
+            retry_after: Some(asked),
+            ..
+        } => (*asked).min(RETRY_AFTER_CAP),
+        _ => next,
     }
 }
 
@@ -399,24 +371,6 @@ pub fn encode_window<B: RequestBuilder>(
         requests.push(request.finish());
     }
     requests
-}
-
-/// Gzip at the fastest level: a sender's CPU matters more than a few percent of bytes.
-pub fn gzip_fast(bytes: &[u8]) -> Vec<u8> {
-    use std::io::Write as _;
-    let mut gz = flate2::write::GzEncoder::new(
-        Vec::with_capacity(bytes.len() / 3),
-        flate2::Compression::fast(),
-    );
-    // Writing into a Vec cannot fail.
-    let _ = gz.write_all(bytes);
-    gz.finish().unwrap_or_default()
-}
-
-fn unix_ns(time: SystemTime) -> i64 {
-    time.duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos() as i64)
-        .unwrap_or(0)
 }
 
 /// A label name as Prometheus (and so both servers) accept it: `[a-zA-Z_][a-zA-Z0-9_]*`, other
@@ -906,7 +860,7 @@ impl Sender {
                 }
                 Err(err) => {
                     tracing::warn!("remote sink: reading window {id}: {err}");
-                    if *stop.borrow() || !wait(backoff.next_delay(fastrand::f64()), stop).await {
+                    if *stop.borrow() || !wait(backoff.next_delay(), stop).await {
                         return Outcome::Stopped;
                     }
                 }
@@ -917,7 +871,7 @@ impl Sender {
         // Encoding a window's hundreds of series leaves the sender's arena holding several
         // times the requests' size in freed memory; a sender waiting out a server that is away
         // should not keep it.
-        crate::symbolize::elf::release_free_memory_above(RELEASE_ABOVE);
+        crate::sys::allocator::release_free_memory_above(RELEASE_ABOVE);
         for (index, request) in requests.iter().enumerate() {
             loop {
                 match self.client.send(request).await {
@@ -964,7 +918,7 @@ impl Sender {
                         if *stop.borrow() {
                             return Outcome::Stopped;
                         }
-                        let delay = backoff.delay_after(&error, fastrand::f64());
+                        let delay = delay_after(&mut backoff, &error, fastrand::f64());
                         self.metrics.remote_retried();
                         // The queue grows while the server is away: keep its gauges current.
                         if let Ok(pending) = self.store.windows_after(self.cursor, usize::MAX >> 1)
@@ -982,7 +936,7 @@ impl Sender {
         // A window's profile, series and requests are megabytes freed at once; glibc would
         // keep those pages in this thread's arena for the daemon's whole life.
         drop(requests);
-        crate::symbolize::elf::release_free_memory();
+        crate::sys::allocator::release_free_memory();
         Outcome::Done
     }
 }
@@ -1085,7 +1039,7 @@ mod tests {
 
     #[test]
     fn retry_after_takes_seconds_and_dates() {
-        let now = UNIX_EPOCH + Duration::from_secs(784_111_777);
+        let now = std::time::UNIX_EPOCH + Duration::from_secs(784_111_777);
         assert_eq!(parse_retry_after("7", now), Some(Duration::from_secs(7)));
         // RFC 9110's example date is 784111777.
         assert_eq!(
@@ -1100,26 +1054,24 @@ mod tests {
     }
 
     #[test]
-    fn backoff_grows_with_jitter_up_to_the_cap() {
+    fn retry_after_wins_capped() {
         let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(1));
-        assert_eq!(backoff.next_delay(0.0), Duration::from_millis(50));
-        assert_eq!(backoff.next_delay(0.5), Duration::from_millis(150));
-        let delays: Vec<_> = (0..10).map(|_| backoff.next_delay(0.5)).collect();
-        assert!(delays.iter().all(|&d| d <= Duration::from_secs(1)));
-        assert_eq!(delays.last(), Some(&Duration::from_millis(750)));
         // A server's Retry-After wins, capped.
         let asked = SendError::Retryable {
             reason: "throttled",
             message: String::new(),
             retry_after: Some(Duration::from_secs(4)),
         };
-        assert_eq!(backoff.delay_after(&asked, 0.0), Duration::from_secs(4));
+        assert_eq!(
+            delay_after(&mut backoff, &asked, 0.0),
+            Duration::from_secs(4)
+        );
         let greedy = SendError::Retryable {
             reason: "throttled",
             message: String::new(),
             retry_after: Some(Duration::from_secs(86400)),
         };
-        assert_eq!(backoff.delay_after(&greedy, 0.0), RETRY_AFTER_CAP);
+        assert_eq!(delay_after(&mut backoff, &greedy, 0.0), RETRY_AFTER_CAP);
     }
 
     /// Two processes sharing the kernel mapping, each with its own binary.

@@ -78,6 +78,19 @@ impl Losses {
         self.truncated_stacks += other.truncated_stacks;
     }
 
+    /// Counts by reason, as `/metrics` labels them: every [`Loss`], then truncated stacks.
+    pub fn by_reason(&self) -> impl Iterator<Item = (&'static str, u64)> + '_ {
+        Loss::ALL
+            .into_iter()
+            .map(|loss| {
+                (
+                    loss.name(),
+                    self.by_kind.get(loss as usize).copied().unwrap_or(0),
+                )
+            })
+            .chain([(crate::metrics::TRUNCATED_STACKS, self.truncated_stacks)])
+    }
+
     /// Samples dropped outright (not merely degraded).
     pub fn dropped_samples(&self) -> u64 {
         self.by_kind[Loss::CountsMapFull as usize]

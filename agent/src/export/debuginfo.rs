@@ -132,16 +132,8 @@ pub enum DebuginfoError {
     },
 }
 
-/// A file whose debug info the server may need, as the symboliser found it.
-pub struct DebugFile {
-    /// GNU build id, lowercase hex: the server's key.
-    pub build_id: String,
-    /// Where it was opened, for logs only: the mapping may be gone or replaced by now.
-    pub path: PathBuf,
-    /// The file mapped: the mapping keeps the inode the process ran, even if the file was
-    /// since replaced or deleted, or the process exited.
-    pub data: FileData,
-}
+/// A file to upload: what the symboliser found (see `UserSymbolizer::take_new_binaries`).
+pub use crate::symbolize::user::NewBinary as DebugFile;
 
 /// The symboliser's end of the hand-off.
 pub type DebugFileSender = mpsc::Sender<DebugFile>;
@@ -890,7 +882,7 @@ impl Steps<'_> {
                         self.path.display(),
                         error.message()
                     );
-                    let delay = backoff.delay_after(&error, fastrand::f64());
+                    let delay = super::delay_after(&mut backoff, &error, fastrand::f64());
                     if !wait(delay, &mut stop).await {
                         return Err(DebuginfoError::GaveUp {
                             path: self.path.to_owned(),
@@ -1096,7 +1088,7 @@ mod tests {
 
     /// What the steps of an upload share, with a client that is never called.
     fn shared(stop: watch::Receiver<bool>) -> Shared {
-        let settings = ClientSettings::new(&crate::sink::RemoteConfig {
+        let settings = ClientSettings::new(&crate::export::RemoteConfig {
             url: Some("http://127.0.0.1:9".into()),
             ..Default::default()
         })

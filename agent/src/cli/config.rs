@@ -16,10 +16,9 @@ use serde::Deserialize;
 
 use crate::{
     cli::{parse_duration, parse_frequency},
+    cmd::run::RunConfig,
+    export::RemoteProtocol,
     labels::relabel::{self, RuleConfig},
-    profile::Labels,
-    sink::{RemoteConfig, RemoteProtocol},
-    store::Retention,
     symbolize::user::SymbolizeMode,
 };
 
@@ -147,226 +146,186 @@ struct FileConfig {
     remote_upload_debuginfo: Option<bool>,
 }
 
-/// Everything `scorch run` needs, resolved.
-#[derive(Debug, Clone, PartialEq)]
-pub struct RunConfig {
-    pub store: PathBuf,
-    pub http_address: SocketAddr,
-    pub window: Duration,
-    pub frequency: u64,
-    pub retention: Retention,
-    pub symbolize: SymbolizeMode,
-    pub symbol_cache_mb: u64,
-    pub include_idle: bool,
-    /// Relabelling rules (config file only: `[[relabel]]`), checked by [`RunConfig::resolve`].
-    pub relabel: Vec<RuleConfig>,
-    /// Labels added to every series (`[external-labels]`, or `--external-label NAME=VALUE`).
-    pub external_labels: Labels,
-    /// The `remote-*` keys: where else windows go.
-    pub remote: RemoteConfig,
-}
-
-impl Default for RunConfig {
-    fn default() -> Self {
-        RunConfig {
-            store: PathBuf::from("/var/lib/scorch"),
-            http_address: SocketAddr::from(([127, 0, 0, 1], 7071)),
-            window: Duration::from_secs(10),
-            frequency: 19,
-            retention: Retention::default(),
-            symbolize: SymbolizeMode::Local,
-            symbol_cache_mb: 256,
-            include_idle: false,
-            relabel: Vec::new(),
-            external_labels: Labels::new(),
-            remote: RemoteConfig::default(),
-        }
-    }
-}
-
-impl RunConfig {
-    /// Defaults, then the file `args.config` names, then the flags.
-    pub fn resolve(args: &RunArgs) -> Result<RunConfig, ConfigError> {
-        let mut config = RunConfig::default();
-        if let Some(path) = &args.config {
-            let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-                path: path.clone(),
-                source,
-            })?;
-            config.apply_file(&text, path)?;
-        }
-        config.apply_flags(args);
-        Ok(config)
-    }
-
-    fn apply_file(&mut self, text: &str, path: &Path) -> Result<(), ConfigError> {
-        let file: FileConfig = toml::from_str(text).map_err(|e| ConfigError::Parse {
-            path: path.to_owned(),
-            message: e.to_string(),
+/// Defaults, then the file `args.config` names, then the flags.
+pub fn resolve(args: &RunArgs) -> Result<RunConfig, ConfigError> {
+    let mut config = RunConfig::default();
+    if let Some(path) = &args.config {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.clone(),
+            source,
         })?;
-        let value = |key: &'static str, message: String| ConfigError::Value {
+        apply_file(&mut config, &text, path)?;
+    }
+    apply_flags(&mut config, args);
+    Ok(config)
+}
+
+fn apply_file(config: &mut RunConfig, text: &str, path: &Path) -> Result<(), ConfigError> {
+    let file: FileConfig = toml::from_str(text).map_err(|e| ConfigError::Parse {
+        path: path.to_owned(),
+        message: e.to_string(),
+    })?;
+    let value = |key: &'static str, message: String| ConfigError::Value {
+        path: path.to_owned(),
+        key,
+        message,
+    };
+    if let Some(store) = file.store {
+        config.store = store;
+    }
+    if let Some(address) = file.http_address {
+        config.http_address = address
+            .parse()
+            .map_err(|e| value("http-address", format!("{address:?}: {e}")))?;
+    }
+    if let Some(window) = file.window {
+        config.window = parse_duration(&window).map_err(|e| value("window", e))?;
+    }
+    if let Some(frequency) = file.frequency {
+        config.frequency =
+            parse_frequency(&frequency.to_string()).map_err(|e| value("frequency", e))?;
+    }
+    if let Some(age) = file.retention_age {
+        config.retention.max_age =
+            parse_retention_age(&age).map_err(|e| value("retention-age", e))?;
+    }
+    if let Some(size) = file.retention_size {
+        config.retention.max_bytes = parse_bytes(&size).map_err(|e| value("retention-size", e))?;
+    }
+    if let Some(mode) = file.symbolize {
+        config.symbolize = <SymbolizeMode as clap::ValueEnum>::from_str(&mode, false)
+            .map_err(|_| value("symbolize", format!("{mode:?}: expected local or none")))?;
+    }
+    if let Some(mb) = file.symbol_cache_mb {
+        if !(1..=65536).contains(&mb) {
+            return Err(value(
+                "symbol-cache-mb",
+                format!("{mb}: expected 1 to 65536"),
+            ));
+        }
+        config.symbol_cache_mb = mb;
+    }
+    if let Some(idle) = file.include_idle {
+        config.include_idle = idle;
+    }
+    if let Some(rules) = file.relabel {
+        // Checked now, so a bad rule stops startup with its number and field.
+        relabel::compile(&rules).map_err(|e| ConfigError::Relabel {
             path: path.to_owned(),
-            key,
-            message,
-        };
-        if let Some(store) = file.store {
-            self.store = store;
-        }
-        if let Some(address) = file.http_address {
-            self.http_address = address
-                .parse()
-                .map_err(|e| value("http-address", format!("{address:?}: {e}")))?;
-        }
-        if let Some(window) = file.window {
-            self.window = parse_duration(&window).map_err(|e| value("window", e))?;
-        }
-        if let Some(frequency) = file.frequency {
-            self.frequency =
-                parse_frequency(&frequency.to_string()).map_err(|e| value("frequency", e))?;
-        }
-        if let Some(age) = file.retention_age {
-            self.retention.max_age =
-                parse_retention_age(&age).map_err(|e| value("retention-age", e))?;
-        }
-        if let Some(size) = file.retention_size {
-            self.retention.max_bytes =
-                parse_bytes(&size).map_err(|e| value("retention-size", e))?;
-        }
-        if let Some(mode) = file.symbolize {
-            self.symbolize = <SymbolizeMode as clap::ValueEnum>::from_str(&mode, false)
-                .map_err(|_| value("symbolize", format!("{mode:?}: expected local or none")))?;
-        }
-        if let Some(mb) = file.symbol_cache_mb {
-            if !(1..=65536).contains(&mb) {
+            source: e,
+        })?;
+        config.relabel = rules;
+    }
+    if let Some(external) = file.external_labels {
+        for name in external.keys() {
+            if !relabel::valid_label_name(name) || name.starts_with("__") {
                 return Err(value(
-                    "symbol-cache-mb",
-                    format!("{mb}: expected 1 to 65536"),
+                    "external-labels",
+                    format!("{name:?} is not a valid label name"),
                 ));
             }
-            self.symbol_cache_mb = mb;
         }
-        if let Some(idle) = file.include_idle {
-            self.include_idle = idle;
-        }
-        if let Some(rules) = file.relabel {
-            // Checked now, so a bad rule stops startup with its number and field.
-            relabel::compile(&rules).map_err(|e| ConfigError::Relabel {
-                path: path.to_owned(),
-                source: e,
-            })?;
-            self.relabel = rules;
-        }
-        if let Some(external) = file.external_labels {
-            for name in external.keys() {
-                if !relabel::valid_label_name(name) || name.starts_with("__") {
-                    return Err(value(
-                        "external-labels",
-                        format!("{name:?} is not a valid label name"),
-                    ));
-                }
-            }
-            self.external_labels.extend(external);
-        }
-        if let Some(url) = file.remote_url {
-            self.remote.url = Some(url).filter(|u| !u.is_empty());
-        }
-        if let Some(protocol) = file.remote_protocol {
-            self.remote.protocol = <RemoteProtocol as clap::ValueEnum>::from_str(&protocol, false)
-                .map_err(|_| {
-                    value(
-                        "remote-protocol",
-                        format!("{protocol:?}: expected pyroscope or parca"),
-                    )
-                })?;
-        }
-        if let Some(insecure) = file.remote_insecure {
-            self.remote.insecure = insecure;
-        }
-        if let Some(path) = file.remote_bearer_token_file {
-            self.remote.bearer_token_file = Some(path);
-        }
-        if let Some(user) = file.remote_basic_auth_user {
-            self.remote.basic_auth_user = Some(user);
-        }
-        if let Some(path) = file.remote_basic_auth_password_file {
-            self.remote.basic_auth_password_file = Some(path);
-        }
-        if let Some(tenant) = file.remote_tenant {
-            self.remote.tenant = Some(tenant);
-        }
-        if let Some(path) = file.remote_ca_file {
-            self.remote.ca_file = Some(path);
-        }
-        if let Some(timeout) = file.remote_timeout {
-            self.remote.timeout =
-                parse_duration(&timeout).map_err(|e| value("remote-timeout", e))?;
-        }
-        if let Some(upload) = file.remote_upload_debuginfo {
-            self.remote.upload_debuginfo = upload;
-        }
-        Ok(())
+        config.external_labels.extend(external);
     }
+    if let Some(url) = file.remote_url {
+        config.remote.url = Some(url).filter(|u| !u.is_empty());
+    }
+    if let Some(protocol) = file.remote_protocol {
+        config.remote.protocol = <RemoteProtocol as clap::ValueEnum>::from_str(&protocol, false)
+            .map_err(|_| {
+                value(
+                    "remote-protocol",
+                    format!("{protocol:?}: expected pyroscope or parca"),
+                )
+            })?;
+    }
+    if let Some(insecure) = file.remote_insecure {
+        config.remote.insecure = insecure;
+    }
+    if let Some(path) = file.remote_bearer_token_file {
+        config.remote.bearer_token_file = Some(path);
+    }
+    if let Some(user) = file.remote_basic_auth_user {
+        config.remote.basic_auth_user = Some(user);
+    }
+    if let Some(path) = file.remote_basic_auth_password_file {
+        config.remote.basic_auth_password_file = Some(path);
+    }
+    if let Some(tenant) = file.remote_tenant {
+        config.remote.tenant = Some(tenant);
+    }
+    if let Some(path) = file.remote_ca_file {
+        config.remote.ca_file = Some(path);
+    }
+    if let Some(timeout) = file.remote_timeout {
+        config.remote.timeout = parse_duration(&timeout).map_err(|e| value("remote-timeout", e))?;
+    }
+    if let Some(upload) = file.remote_upload_debuginfo {
+        config.remote.upload_debuginfo = upload;
+    }
+    Ok(())
+}
 
-    fn apply_flags(&mut self, args: &RunArgs) {
-        if let Some(store) = &args.store {
-            self.store = store.clone();
-        }
-        if let Some(address) = args.http_address {
-            self.http_address = address;
-        }
-        if let Some(window) = args.window {
-            self.window = window;
-        }
-        if let Some(frequency) = args.frequency {
-            self.frequency = frequency;
-        }
-        if let Some(age) = args.retention_age {
-            self.retention.max_age = age;
-        }
-        if let Some(size) = args.retention_size {
-            self.retention.max_bytes = size;
-        }
-        if let Some(mode) = args.symbolize {
-            self.symbolize = mode;
-        }
-        if let Some(mb) = args.symbol_cache_mb {
-            self.symbol_cache_mb = mb;
-        }
-        if let Some(idle) = args.include_idle {
-            self.include_idle = idle;
-        }
-        self.external_labels
-            .extend(args.external_label.iter().cloned());
-        if let Some(url) = &args.remote_url {
-            self.remote.url = Some(url.clone()).filter(|u| !u.is_empty());
-        }
-        if let Some(protocol) = args.remote_protocol {
-            self.remote.protocol = protocol;
-        }
-        if let Some(insecure) = args.remote_insecure {
-            self.remote.insecure = insecure;
-        }
-        if let Some(path) = &args.remote_bearer_token_file {
-            self.remote.bearer_token_file = Some(path.clone());
-        }
-        if let Some(user) = &args.remote_basic_auth_user {
-            self.remote.basic_auth_user = Some(user.clone());
-        }
-        if let Some(path) = &args.remote_basic_auth_password_file {
-            self.remote.basic_auth_password_file = Some(path.clone());
-        }
-        if let Some(tenant) = &args.remote_tenant {
-            self.remote.tenant = Some(tenant.clone());
-        }
-        if let Some(path) = &args.remote_ca_file {
-            self.remote.ca_file = Some(path.clone());
-        }
-        if let Some(timeout) = args.remote_timeout {
-            self.remote.timeout = timeout;
-        }
-        if let Some(upload) = args.remote_upload_debuginfo {
-            self.remote.upload_debuginfo = upload;
-        }
+fn apply_flags(config: &mut RunConfig, args: &RunArgs) {
+    if let Some(store) = &args.store {
+        config.store = store.clone();
+    }
+    if let Some(address) = args.http_address {
+        config.http_address = address;
+    }
+    if let Some(window) = args.window {
+        config.window = window;
+    }
+    if let Some(frequency) = args.frequency {
+        config.frequency = frequency;
+    }
+    if let Some(age) = args.retention_age {
+        config.retention.max_age = age;
+    }
+    if let Some(size) = args.retention_size {
+        config.retention.max_bytes = size;
+    }
+    if let Some(mode) = args.symbolize {
+        config.symbolize = mode;
+    }
+    if let Some(mb) = args.symbol_cache_mb {
+        config.symbol_cache_mb = mb;
+    }
+    if let Some(idle) = args.include_idle {
+        config.include_idle = idle;
+    }
+    config
+        .external_labels
+        .extend(args.external_label.iter().cloned());
+    if let Some(url) = &args.remote_url {
+        config.remote.url = Some(url.clone()).filter(|u| !u.is_empty());
+    }
+    if let Some(protocol) = args.remote_protocol {
+        config.remote.protocol = protocol;
+    }
+    if let Some(insecure) = args.remote_insecure {
+        config.remote.insecure = insecure;
+    }
+    if let Some(path) = &args.remote_bearer_token_file {
+        config.remote.bearer_token_file = Some(path.clone());
+    }
+    if let Some(user) = &args.remote_basic_auth_user {
+        config.remote.basic_auth_user = Some(user.clone());
+    }
+    if let Some(path) = &args.remote_basic_auth_password_file {
+        config.remote.basic_auth_password_file = Some(path.clone());
+    }
+    if let Some(tenant) = &args.remote_tenant {
+        config.remote.tenant = Some(tenant.clone());
+    }
+    if let Some(path) = &args.remote_ca_file {
+        config.remote.ca_file = Some(path.clone());
+    }
+    if let Some(timeout) = args.remote_timeout {
+        config.remote.timeout = timeout;
+    }
+    if let Some(upload) = args.remote_upload_debuginfo {
+        config.remote.upload_debuginfo = upload;
     }
 }
 
@@ -434,6 +393,7 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::export::RemoteConfig;
 
     #[test]
     fn reference_file_documents_the_defaults() {
@@ -473,9 +433,7 @@ mod tests {
         ];
         assert!(keys.iter().all(|&k| k), "{file:?}");
         let mut config = RunConfig::default();
-        config
-            .apply_file(&uncommented, Path::new("scorch.toml"))
-            .unwrap();
+        apply_file(&mut config, &uncommented, Path::new("scorch.toml")).unwrap();
         // Keys without a default are shown with an example value: set, and nothing else moved.
         let remote = &config.remote;
         assert!(remote.url.is_some() && remote.tenant.is_some() && remote.ca_file.is_some());
@@ -496,16 +454,19 @@ mod tests {
     #[test]
     fn flags_override_the_file_which_overrides_defaults() {
         let mut config = RunConfig::default();
-        config
-            .apply_file(
-                "store = \"/srv/scorch\"\nwindow = \"5s\"\nretention-size = \"64MiB\"\n",
-                Path::new("x.toml"),
-            )
-            .unwrap();
-        config.apply_flags(&RunArgs {
-            window: Some(Duration::from_secs(2)),
-            ..RunArgs::default()
-        });
+        apply_file(
+            &mut config,
+            "store = \"/srv/scorch\"\nwindow = \"5s\"\nretention-size = \"64MiB\"\n",
+            Path::new("x.toml"),
+        )
+        .unwrap();
+        apply_flags(
+            &mut config,
+            &RunArgs {
+                window: Some(Duration::from_secs(2)),
+                ..RunArgs::default()
+            },
+        );
         assert_eq!(config.store, PathBuf::from("/srv/scorch"));
         assert_eq!(config.window, Duration::from_secs(2));
         assert_eq!(config.retention.max_bytes, 64 << 20);
@@ -515,23 +476,32 @@ mod tests {
     #[test]
     fn bad_files_name_the_file_and_key() {
         let mut config = RunConfig::default();
-        let err = config
-            .apply_file("window = \"soon\"\n", Path::new("/etc/scorch.toml"))
-            .unwrap_err()
-            .to_string();
+        let err = apply_file(
+            &mut config,
+            "window = \"soon\"\n",
+            Path::new("/etc/scorch.toml"),
+        )
+        .unwrap_err()
+        .to_string();
         assert!(
             err.starts_with("config file /etc/scorch.toml: key `window`"),
             "{err}"
         );
-        let err = config
-            .apply_file("colour = \"red\"\n", Path::new("/etc/scorch.toml"))
-            .unwrap_err()
-            .to_string();
+        let err = apply_file(
+            &mut config,
+            "colour = \"red\"\n",
+            Path::new("/etc/scorch.toml"),
+        )
+        .unwrap_err()
+        .to_string();
         assert!(err.contains("unknown field `colour`"), "{err}");
-        let err = config
-            .apply_file("http-address = \"localhost\"\n", Path::new("a.toml"))
-            .unwrap_err()
-            .to_string();
+        let err = apply_file(
+            &mut config,
+            "http-address = \"localhost\"\n",
+            Path::new("a.toml"),
+        )
+        .unwrap_err()
+        .to_string();
         assert!(err.contains("http-address"), "{err}");
     }
 

@@ -255,7 +255,7 @@ mod tests {
     use prost::Message as _;
 
     use super::*;
-    use crate::sink::proto::push::v1::PushRequest;
+    use crate::export::proto::push::v1::PushRequest;
 
     fn labels(pairs: &[(&str, &str)]) -> Labels {
         pairs

@@ -9,7 +9,9 @@ use std::{fmt, str::FromStr};
 
 use regex::Regex;
 
-use crate::store::Labels;
+/// Labels as a selector sees them: names to values, sorted by name (the profile model's
+/// `Labels`, named here so this parser depends on nothing of the crate).
+pub type Labels = std::collections::BTreeMap<String, String>;
 
 /// A malformed selector: the input, where it went wrong and what was expected there.
 #[derive(Debug, thiserror::Error)]

@@ -16,7 +16,7 @@ use tonic::{
 };
 
 use super::{
-    classify_connect_code, gzip_fast, label_name, parse_retry_after,
+    classify_connect_code, label_name, parse_retry_after,
     proto::parca::profilestore::v1alpha1::{
         profile_store_service_client::ProfileStoreServiceClient, Label, LabelSet, RawProfileSeries,
         RawSample, WriteRawRequest,
@@ -204,7 +204,7 @@ impl RequestBuilder for WriteRawBuilder {
 
     /// Each profile gzipped: the gRPC message itself is not compressed.
     fn pack(plain: Vec<u8>) -> Vec<u8> {
-        gzip_fast(&plain)
+        crate::profile::encode::pprof::gzip_fast(&plain)
     }
 
     fn add(&mut self, labels: &Labels, pprof: Vec<u8>) {

@@ -5,7 +5,7 @@
 
 use std::{collections::HashMap, time::SystemTime};
 
-use crate::drain::{Losses, RawWindow, Stack};
+use crate::pipeline::drain::{Losses, RawWindow, Stack};
 
 /// The identity of a sampled stack: which process, which user frames, which kernel frames.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -83,7 +83,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::drain::RawSample;
+    use crate::pipeline::drain::RawSample;
 
     fn window(at: u64, samples: Vec<RawSample>) -> RawWindow {
         let start = SystemTime::UNIX_EPOCH + Duration::from_secs(at);

@@ -1,0 +1,234 @@
+//! `scorch record`: sample for a while, then write one profile.
+//!
+//! sampler -> (every window) drain -> aggregate, capturing process maps while processes live
+//! -> (at the end) symbolize -> encode -> file.
+
+use std::{
+    io,
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+use tokio::signal::unix::{signal, SignalKind};
+
+use crate::{
+    cmd::session::{Session, DISCOVERY_INTERVAL},
+    pipeline::drain::{DrainError, Drainer, Losses},
+    pipeline::sampler::{Sampler, SamplerConfig, SamplerError},
+    profile::encode::{self, EncodeOptions, Format},
+    symbolize::{
+        self,
+        kernel::KernelSymbolizer,
+        user::{SymbolizeMode, UserSymbolizer},
+    },
+    sys::fs,
+    sys::privileges::{missing_privileges_message, Capabilities},
+};
+
+/// What to record and where to write it, resolved from the command line.
+#[derive(Debug, Clone)]
+pub struct RecordConfig {
+    /// How long to sample; a signal ends the recording earlier.
+    pub duration: Duration,
+    /// Samples per second on each CPU.
+    pub frequency: u64,
+    /// Only these processes, when not empty (filtered in the kernel).
+    pub pids: Vec<u32>,
+    /// Keep samples of idle CPUs.
+    pub include_idle: bool,
+    /// Where the profile goes.
+    pub output: PathBuf,
+    /// In which format.
+    pub format: Format,
+    /// How often the kernel maps are drained.
+    pub window: Duration,
+    /// Name user frames here, or leave that to a server.
+    pub symbolize: SymbolizeMode,
+    /// Memory budget for parsed binaries and debug info.
+    pub symbol_cache_bytes: usize,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    #[error("{0}")]
+    Privileges(String),
+    #[error("cannot write the output {path}: {reason}")]
+    Output { path: PathBuf, reason: String },
+    #[error(transparent)]
+    Sampler(#[from] SamplerError),
+    #[error("draining the sampler's maps: {0}")]
+    Drain(#[from] DrainError),
+    #[error("symbolizing kernel frames: {0}")]
+    Kallsyms(#[from] symbolize::kernel::KallsymsError),
+    #[error(transparent)]
+    Svg(#[from] encode::svg::SvgError),
+    #[error("waiting for signals: {0}")]
+    Signals(io::Error),
+}
+
+/// What a recording produced, for the one-line summary.
+#[derive(Debug, Clone)]
+pub struct RecordSummary {
+    pub samples: u64,
+    pub processes: usize,
+    pub windows: Vec<u64>,
+    pub losses: Losses,
+    pub output: PathBuf,
+    pub format: Format,
+    pub duration: Duration,
+    /// Mean BPF run time per sample, when kernel.bpf_stats_enabled was on.
+    pub bpf_ns_per_run: Option<f64>,
+    /// User frames left unnamed, by reason, and names found by a fallback, by reason.
+    pub unnamed_frames: Vec<(&'static str, u64)>,
+}
+
+impl std::fmt::Display for RecordSummary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "scorch: {} samples from {} processes in {:.2}s ({} windows); lost: {}; wrote {} ({})",
+            self.samples,
+            self.processes,
+            self.duration.as_secs_f64(),
+            self.windows.len(),
+            self.losses.describe(),
+            self.output.display(),
+            self.format.name()
+        )?;
+        if !self.unnamed_frames.is_empty() {
+            let parts: Vec<String> = self
+                .unnamed_frames
+                .iter()
+                .map(|(reason, n)| format!("{reason}: {n}"))
+                .collect();
+            write!(f, "; unnamed user frames: {}", parts.join(", "))?;
+        }
+        if let Some(ns) = self.bpf_ns_per_run {
+            write!(f, "; BPF {ns:.0} ns/sample")?;
+        }
+        Ok(())
+    }
+}
+
+/// Checks everything that can be checked before loading BPF.
+pub fn preflight(args: &RecordConfig) -> Result<(), RecordError> {
+    check_output_writable(&args.output)?;
+    let caps = Capabilities::effective();
+    if !caps.can_profile() {
+        return Err(RecordError::Privileges(missing_privileges_message(caps)));
+    }
+    Ok(())
+}
+
+/// Runs a recording to completion (duration elapsed or SIGINT/SIGTERM).
+pub async fn record(args: &RecordConfig) -> Result<RecordSummary, RecordError> {
+    preflight(args)?;
+    let config = SamplerConfig {
+        frequency_hz: args.frequency,
+        pids: args.pids.clone(),
+        include_idle: args.include_idle,
+        window_secs: args.window.as_secs().max(1),
+        deny_list: false,
+    };
+    let mut sigint = signal(SignalKind::interrupt()).map_err(RecordError::Signals)?;
+    let mut sigterm = signal(SignalKind::terminate()).map_err(RecordError::Signals)?;
+
+    let (mut sampler, maps, control) = Sampler::start(&config)?;
+    tracing::info!(
+        cpus = sampler.cpus().len(),
+        frequency_hz = args.frequency,
+        "sampling for {:?}",
+        args.duration
+    );
+    let started = Instant::now();
+    let deadline = tokio::time::Instant::now() + args.duration;
+    let mut drainer = Drainer::new(maps, control);
+    let mut session = Session::new(UserSymbolizer::new(args.symbolize, args.symbol_cache_bytes));
+    let mut ticker =
+        tokio::time::interval_at(tokio::time::Instant::now() + args.window, args.window);
+    let mut discover = tokio::time::interval(DISCOVERY_INTERVAL);
+    discover.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            // Checked in order: at the deadline the final drain below takes the last window,
+            // rather than a tick draining it and leaving an empty one behind.
+            biased;
+            _ = tokio::time::sleep_until(deadline) => break,
+            _ = sigint.recv() => { tracing::info!("interrupted: writing what was sampled"); break }
+            _ = sigterm.recv() => { tracing::info!("terminated: writing what was sampled"); break }
+            _ = ticker.tick() => {
+                session.add(drainer.drain_window()?);
+                sampler.flush_logs();
+            }
+            _ = discover.tick() => {
+                session.discover(drainer.active_pids()?);
+            }
+        }
+    }
+    session.add(drainer.drain_window()?);
+    sampler.flush_logs();
+    let bpf_ns_per_run = sampler
+        .run_stats()
+        .filter(|(_, runs)| *runs > 0)
+        .map(|(time, runs)| time.as_nanos() as f64 / runs as f64);
+    drop(sampler);
+    let duration = started.elapsed();
+
+    let profile = symbolize::symbolize(
+        &session.aggregated,
+        &mut KernelSymbolizer::default(),
+        &mut session.user,
+        1_000_000_000 / args.frequency,
+        |pid| session.proc_comms.get(&pid).cloned(),
+    )?;
+    for hint in symbolize::frame_pointer_hints(&session.aggregated, &session.user) {
+        tracing::warn!("{hint}");
+    }
+    let unnamed_frames = session
+        .user
+        .misses
+        .iter()
+        .map(|(miss, n)| (miss.name(), *n))
+        .chain(session.user.fallbacks.iter().map(|(f, n)| (f.name(), *n)))
+        .collect();
+    let format = args.format;
+    let title = format!(
+        "scorch on {}: {:.0}s, {} samples",
+        fs::hostname(),
+        duration.as_secs_f64(),
+        profile.total_samples()
+    );
+    let options = EncodeOptions {
+        title: &title,
+        top_limit: None,
+    };
+    let bytes = encode::encode(format, &profile, options)?;
+    write_output(&args.output, &bytes)?;
+    let aggregated = &session.aggregated;
+    Ok(RecordSummary {
+        samples: aggregated.total_samples(),
+        processes: aggregated.processes(),
+        windows: aggregated.windows.iter().map(|w| w.samples).collect(),
+        losses: aggregated.losses,
+        output: args.output.clone(),
+        format,
+        duration,
+        bpf_ns_per_run,
+        unnamed_frames,
+    })
+}
+
+/// Fails early, before any BPF is loaded, when the output cannot be written.
+pub fn check_output_writable(path: &Path) -> Result<(), RecordError> {
+    fs::check_output_writable(path).map_err(|reason| RecordError::Output {
+        path: path.to_owned(),
+        reason,
+    })
+}
+
+fn write_output(path: &Path, bytes: &[u8]) -> Result<(), RecordError> {
+    fs::write_atomically(path, bytes).map_err(|e| RecordError::Output {
+        path: path.to_owned(),
+        reason: e.to_string(),
+    })
+}

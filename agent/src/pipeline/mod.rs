@@ -1,0 +1,7 @@
+//! Sampling, in the order samples flow: [`sampler`] loads and attaches the BPF program,
+//! [`drain`] reads and resets its maps into a [`drain::RawWindow`] without losing a sample,
+//! and [`aggregate`] merges windows.
+
+pub mod aggregate;
+pub mod drain;
+pub mod sampler;

@@ -1,0 +1,3 @@
+//! `scorch run`'s HTTP server: the UI, the query API, `/metrics` and `/healthz`.
+
+pub mod http;

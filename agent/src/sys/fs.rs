@@ -1,0 +1,118 @@
+//! Files the commands write, and facts about this host read from `/proc`.
+
+use std::{
+    io::{self, Write},
+    os::unix::fs::OpenOptionsExt,
+    path::Path,
+};
+
+/// This host's name, as the kernel knows it.
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_else(|_| "unknown host".to_owned())
+}
+
+/// Fails early, before any BPF is loaded, when `path` cannot be written; the error says why.
+pub fn check_output_writable(path: &Path) -> Result<(), String> {
+    if path.is_dir() {
+        return Err("it is a directory; name a file".into());
+    }
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    if !parent.is_dir() {
+        return Err(format!("directory {} does not exist", parent.display()));
+    }
+    // Creating a probe file proves the directory is writable for real (read-only mounts,
+    // ACLs and permissions all show up), which access(2) would not for root. It is created
+    // exclusively and without following links: the name is predictable, so another user may
+    // have planted a symlink there.
+    let probe = parent.join(format!(".scorch-probe-{}", std::process::id()));
+    match create_new(&probe) {
+        Ok(_) => {
+            let _ = std::fs::remove_file(&probe);
+        }
+        Err(e) => {
+            return Err(format!(
+                "directory {} is not writable: {e}",
+                parent.display()
+            ))
+        }
+    }
+    if path.exists() {
+        std::fs::OpenOptions::new()
+            .append(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(path)
+            .map_err(|e| format!("{e}"))?;
+    }
+    Ok(())
+}
+
+/// Writes through a temporary file and a rename, so a reader never sees half a file and an
+/// interrupted write leaves any earlier file intact.
+///
+/// The temporary file is created with `O_EXCL | O_NOFOLLOW`: its name is predictable, and in a
+/// shared directory such as `/tmp` another user could otherwise plant a symlink there and have
+/// this (privileged) process write through it.
+pub fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    let file_name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let temporary = path.with_file_name(format!(".{file_name}.tmp-{}", std::process::id()));
+    let mut file = create_new(&temporary)?;
+    let result = (|| {
+        file.write_all(bytes)?;
+        file.sync_all()?;
+        std::fs::rename(&temporary, path)
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&temporary);
+    }
+    result
+}
+
+/// Creates `path`, failing if anything (a file, a symlink) is already there.
+fn create_new(path: &Path) -> io::Result<std::fs::File> {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .mode(0o644)
+        .open(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn output_checks_name_the_problem() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(check_output_writable(&dir.path().join("x.pb.gz")).is_ok());
+        let e = check_output_writable(dir.path()).unwrap_err();
+        assert!(e.contains("directory"), "{e}");
+        let e = check_output_writable(&dir.path().join("missing/x.svg")).unwrap_err();
+        assert!(e.contains("does not exist"), "{e}");
+    }
+
+    #[test]
+    fn writes_atomically_and_refuses_a_planted_link() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("y.txt");
+        write_atomically(&out, b"abc").unwrap();
+        assert_eq!(std::fs::read(&out).unwrap(), b"abc");
+        // A symlink planted on the temporary name must not be written through.
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, b"keep").unwrap();
+        let planted = dir
+            .path()
+            .join(format!(".z.txt.tmp-{}", std::process::id()));
+        std::os::unix::fs::symlink(&victim, &planted).unwrap();
+        assert!(write_atomically(&dir.path().join("z.txt"), b"evil").is_err());
+        assert_eq!(std::fs::read(&victim).unwrap(), b"keep");
+    }
+}

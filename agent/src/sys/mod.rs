@@ -1,0 +1,10 @@
+//! The operating system beneath every stage: capabilities, systemd notification, the
+//! allocator, files, clocks and retry pacing. Imports nothing else of the crate.
+
+pub mod allocator;
+pub mod backoff;
+pub mod fs;
+pub mod hex;
+pub mod notify;
+pub mod privileges;
+pub mod time;
