@@ -94,6 +94,8 @@ fn try_sample(ctx: &PerfEventContext) -> Result<(), i64> {
     }
     // The filter runs before any stack is walked so unwanted processes cost one lookup.
     if control.filter_pids != FILTER_NONE {
+        // SAFETY: the value is only tested for presence, never read, so a concurrent update
+        // from userspace cannot hand this program a torn value.
         let listed = unsafe { PID_FILTER.get(tgid) }.is_some();
         if listed == (control.filter_pids == FILTER_DENY) {
             if let Some(counter) = FILTERED.get_ptr_mut(0) {

@@ -12,25 +12,25 @@
 //! Modules are layered: each imports only those declared before it below (`cargo xtask lint`
 //! checks it), so the list reads bottom-up as the pipeline does.
 
-// Leaves: the operating system, self-measurement, and pure parsers.
-pub mod metrics;
-pub mod parse;
-pub mod sys;
-// The data model and its encoders.
-pub mod profile;
-// The stages, in the order data passes them.
-pub mod export;
-pub mod labels;
-pub mod pipeline;
-pub mod serve;
-pub mod store;
-pub mod symbolize;
-// Commands that drive the stages, and the command line that picks them.
-pub mod cli;
-pub mod cmd;
-
 /// Protobuf types generated from `proto/profile.proto`.
 #[allow(clippy::all, missing_docs)]
 pub mod pprof {
     include!(concat!(env!("OUT_DIR"), "/perftools.profiles.rs"));
 }
+
+// Leaves: the operating system, self-measurement, and pure parsers.
+pub mod sys;
+pub mod metrics;
+pub mod parse;
+// The data model and its encoders.
+pub mod profile;
+// The stages, in the order data passes them.
+pub mod pipeline;
+pub mod symbolize;
+pub mod labels;
+pub mod store;
+pub mod export;
+pub mod serve;
+// Commands that drive the stages, and the command line that picks them.
+pub mod cmd;
+pub mod cli;

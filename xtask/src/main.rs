@@ -5,6 +5,7 @@
 
 mod bench;
 mod bench_daemon;
+mod lint;
 mod package;
 mod setup;
 
@@ -41,6 +42,9 @@ enum Task {
         #[arg(long)]
         check: bool,
     },
+    /// Check that the agent's modules import only downward (the order lib.rs declares) and
+    /// that no file has more than 1,000 lines of non-test code.
+    Lint,
     /// Setup, lints, unit tests, packaging checks, then the BPF integration tests one at a
     /// time.
     Test {
@@ -71,6 +75,7 @@ fn main() -> Result<()> {
     let root = workspace_root();
     match cli.command {
         Task::Setup => setup::setup(),
+        Task::Lint => lint::lint(&root),
         Task::Build => build(&root).map(|_| ()),
         Task::Run { args } => run(&root, &args),
         Task::Test { filter } => test(&root, filter.as_deref()),
@@ -153,6 +158,7 @@ fn test(root: &Path, filter: Option<&str>) -> Result<()> {
     setup::setup()?;
     let cargo = |args: &[&str]| run_command(Command::new("cargo").current_dir(root).args(args));
     cargo(&["fmt", "--all", "--check"])?;
+    lint::lint(root)?;
     cargo(&[
         "clippy",
         "--workspace",

@@ -91,6 +91,7 @@ pub fn run_checks() -> Vec<Item> {
     );
 
     let caps = Capabilities::effective();
+    // SAFETY: geteuid has no preconditions and cannot fail.
     let euid = unsafe { libc::geteuid() };
     items.push(if caps.can_profile() {
         item(
