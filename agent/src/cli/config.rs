@@ -340,18 +340,15 @@ pub fn parse_external_label(text: &str) -> Result<(String, String), String> {
     Ok((name.to_owned(), value.to_owned()))
 }
 
-/// A retention age: `7d`, `12h`, `90m`... (days allowed, unlike sampling durations).
+/// A retention age: `7d`, `12h`, `90m`, in the one duration grammar, longer than zero.
 pub fn parse_retention_age(text: &str) -> Result<Duration, String> {
-    let trimmed = text.trim();
-    if let Some(days) = trimmed.strip_suffix('d') {
-        return match days.parse::<u64>() {
-            Ok(0) | Err(_) => Err(format!(
-                "{text:?}: expected a positive whole number of days, like 7d"
-            )),
-            Ok(days) => Ok(Duration::from_secs(days * 24 * 3600)),
-        };
+    let age = crate::parse::duration::parse_duration(text)?;
+    if age.is_zero() {
+        return Err(format!(
+            "{text:?}: a retention age must be longer than zero, like 7d"
+        ));
     }
-    parse_duration(trimmed)
+    Ok(age)
 }
 
 /// A size: `1GiB`, `512MiB`, `100MB`, `4096` (bytes). Binary and decimal units both accepted.

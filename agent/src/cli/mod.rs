@@ -13,7 +13,7 @@ use crate::{
         query::{QueryConfig, QueryError, DEFAULT_SPAN},
         record::RecordConfig,
     },
-    parse::{selector::Selector, timespec::parse_range},
+    parse::{duration, selector::Selector, timespec::parse_range},
     profile::encode::Format,
     symbolize::user::SymbolizeMode,
 };
@@ -181,38 +181,21 @@ impl QueryArgs {
     }
 }
 
-/// Parses `10s`, `1m`, `1h`, `500ms`, or a bare number of seconds. Zero is refused: a profile
-/// of nothing is always a mistake.
+/// A window or a recording's length: the one duration grammar
+/// ([`parse::duration`](crate::parse::duration)), longer than zero and at most a year. Zero is
+/// refused: a profile of nothing is always a mistake.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let text = text.trim();
-    let split = text
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    if text.starts_with('-') {
-        return Err("a duration cannot be negative; use e.g. `10s`".into());
+    let duration = duration::parse_duration(text)?;
+    if duration.is_zero() {
+        return Err(format!(
+            "duration must be greater than zero, got `{}`",
+            text.trim()
+        ));
     }
-    let value: f64 = number
-        .parse()
-        .map_err(|_| format!("`{text}` is not a duration; use e.g. `10s`, `2m` or `500ms`"))?;
-    let seconds = match unit {
-        "" | "s" => value,
-        "ms" => value / 1000.0,
-        "m" | "min" => value * 60.0,
-        "h" => value * 3600.0,
-        other => {
-            return Err(format!(
-                "unknown unit `{other}` in `{text}`; use ms, s, m or h"
-            ))
-        }
-    };
-    if !seconds.is_finite() || seconds <= 0.0 {
-        return Err(format!("duration must be greater than zero, got `{text}`"));
+    if duration > Duration::from_secs(365 * 24 * 3600) {
+        return Err(format!("duration `{}` is longer than a year", text.trim()));
     }
-    if seconds > 365.0 * 24.0 * 3600.0 {
-        return Err(format!("duration `{text}` is longer than a year"));
-    }
-    Ok(Duration::from_secs_f64(seconds))
+    Ok(duration)
 }
 
 /// Parses a sampling frequency in Hz, 1 to [`MAX_FREQUENCY_HZ`].

@@ -2,7 +2,7 @@
 //! the HTTP API's `from=`/`to=`.
 //!
 //! A time is RFC 3339 (`2024-05-01T12:00:00Z`, `...+02:00`), Unix seconds (`1714564800`,
-//! `1714564800.25`, what Prometheus's API takes), `now`, or `now-15m` (any humantime duration:
+//! `1714564800.25`, what Prometheus's API takes), `now`, or `now-15m` (any duration:
 //! `30s`, `1h30m`, `7d`). Everything is resolved against a `now` the caller passes, so a query's
 //! `from` and `to` agree on it and tests need no clock.
 
@@ -113,18 +113,9 @@ pub fn parse_range(
     Ok(TimeRange { from, to })
 }
 
-/// A duration: bare seconds (`90`, `1.5`) or humantime (`15m`, `1h 30m`).
+/// A duration in the one grammar ([`super::duration`]); zero allowed (`now-0s` is now).
 fn parse_offset(text: &str) -> Result<Duration, String> {
-    if text.is_empty() {
-        return Err("missing duration".to_owned());
-    }
-    if text.bytes().all(|b| b.is_ascii_digit() || b == b'.') {
-        let seconds = parse_unix_seconds(text)?;
-        return Ok(seconds
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .unwrap_or_default());
-    }
-    humantime::parse_duration(text).map_err(|e| e.to_string())
+    super::duration::parse_duration(text)
 }
 
 /// `1714564800` or `1714564800.123`, exactly (no float rounding of the fraction).
