@@ -19,10 +19,11 @@ use std::{
     time::{Duration, Instant, SystemTime},
 };
 
-use aya::maps::{Array, HashMap as BpfHashMap, MapData, MapError, PerCpuArray, StackTraceMap};
+use aya::maps::{MapData, MapError, StackTraceMap};
+
+use super::maps::SamplerMaps;
 use scorch_common::{
-    Comm, Control, Loss, RunSeq, StackKey, LOSS_KINDS, MAX_STACK_DEPTH, STACK_ABSENT,
-    STACK_LOST_COLLISION,
+    Comm, Control, Loss, StackKey, LOSS_KINDS, MAX_STACK_DEPTH, STACK_ABSENT, STACK_LOST_COLLISION,
 };
 
 /// Longest a single BPF run may take before the drain gives up waiting on it. Runs take
@@ -146,21 +147,6 @@ impl RawWindow {
     pub fn total_samples(&self) -> u64 {
         self.samples.iter().map(|s| s.count).sum()
     }
-}
-
-/// The maps of one generation, taken out of the loaded program.
-pub struct GenerationMaps {
-    pub counts: BpfHashMap<MapData, StackKey, u64>,
-    pub stacks: StackTraceMap<MapData>,
-    pub comms: BpfHashMap<MapData, u32, Comm>,
-}
-
-/// All maps the drain needs.
-pub struct SamplerMaps {
-    pub control: Array<MapData, Control>,
-    pub run_seq: PerCpuArray<MapData, RunSeq>,
-    pub losses: PerCpuArray<MapData, u64>,
-    pub generations: [GenerationMaps; 2],
 }
 
 /// Reads windows out of the sampler's maps.

@@ -4,4 +4,5 @@
 
 pub mod aggregate;
 pub mod drain;
+pub mod maps;
 pub mod sampler;

@@ -12,7 +12,7 @@ use aya::{
 };
 use scorch_common::{Control, MAX_STACK_DEPTH};
 
-use crate::pipeline::drain::{GenerationMaps, SamplerMaps};
+use super::maps::{GenerationMaps, SamplerMaps};
 
 /// The BPF object, built by build.rs with aya-build.
 static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/scorch-ebpf"));
