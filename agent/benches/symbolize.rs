@@ -1,4 +1,4 @@
-//! User symbolisation, measured the way the issue states its targets:
+//! User symbolisation, measured against the targets the README publishes:
 //!
 //! - warm: 10,000 distinct addresses across 20 shared libraries loaded into this process,
 //!   resolved through the full path (maps -> file offset -> ELF address -> DWARF/symbols) with

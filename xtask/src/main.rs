@@ -53,7 +53,7 @@ enum Task {
     },
     /// Measure BPF cost per sample, CPU time and RSS beside `perf record`, and kallsyms speed.
     Bench {
-        /// Seconds per recording (the figure is 60).
+        /// Seconds per recording (the README's published figures use 60).
         #[arg(long, default_value_t = 60)]
         seconds: u64,
         /// Recordings, each with scorch and perf side by side.
