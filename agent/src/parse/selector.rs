@@ -7,7 +7,19 @@
 
 use std::{fmt, str::FromStr};
 
-use regex::Regex;
+use regex::{Regex, RegexBuilder};
+
+/// Selectors come from anyone who can reach the HTTP API, and each regex is compiled and run
+/// against every series: these bounds keep one request from costing seconds and hundreds of
+/// MiB (60 matchers of `\w{150}` once did). Real selectors are a few matchers of a few dozen
+/// bytes.
+pub const MAX_SELECTOR_BYTES: usize = 4096;
+/// Matchers in one selector.
+pub const MAX_MATCHERS: usize = 32;
+/// Compiled size of one regex (the `regex` crate's own measure; its default is 10 MiB).
+pub const MAX_REGEX_BYTES: usize = 256 << 10;
+/// The lazy DFA's cache per regex.
+const MAX_REGEX_DFA_BYTES: usize = 512 << 10;
 
 /// Labels as a selector sees them: names to values, sorted by name (the profile model's
 /// `Labels`, named here so this parser depends on nothing of the crate).
@@ -23,6 +35,10 @@ pub enum SelectorError {
         position: usize,
         problem: String,
     },
+    #[error("label selector of {length} bytes: longer than the {MAX_SELECTOR_BYTES} allowed")]
+    TooLong { length: usize },
+    #[error("label selector {input:?}: more than {MAX_MATCHERS} matchers")]
+    TooManyMatchers { input: String },
     #[error("label selector {input:?}: label {label}: invalid regex {pattern:?}: {source}")]
     Regex {
         input: String,
@@ -73,7 +89,12 @@ impl Matcher {
         let regex = match op {
             MatchOp::Regex | MatchOp::NotRegex => {
                 // Prometheus anchors at both ends and lets `.` match newlines.
-                Some(Regex::new(&format!("^(?s:{value})$"))?)
+                Some(
+                    RegexBuilder::new(&format!("^(?s:{value})$"))
+                        .size_limit(MAX_REGEX_BYTES)
+                        .dfa_size_limit(MAX_REGEX_DFA_BYTES)
+                        .build()?,
+                )
             }
             MatchOp::Equal | MatchOp::NotEqual => None,
         };
@@ -129,7 +150,15 @@ impl Selector {
     /// Parses `{a="x", b!~"y|z"}`; the braces are optional, a trailing comma is allowed, and
     /// blank input or `{}` matches everything. Values take double quotes, single quotes (both
     /// with backslash escapes) or backticks (raw), as in PromQL.
+    ///
+    /// Input longer than [`MAX_SELECTOR_BYTES`], more than [`MAX_MATCHERS`] matchers, or a
+    /// regex that compiles beyond [`MAX_REGEX_BYTES`] is refused before any matching.
     pub fn parse(input: &str) -> Result<Selector, SelectorError> {
+        if input.len() > MAX_SELECTOR_BYTES {
+            return Err(SelectorError::TooLong {
+                length: input.len(),
+            });
+        }
         Parser { input, position: 0 }.selector()
     }
 
@@ -191,6 +220,11 @@ impl Parser<'_> {
                     break;
                 }
                 Some(_) => {}
+            }
+            if matchers.len() == MAX_MATCHERS {
+                return Err(SelectorError::TooManyMatchers {
+                    input: self.input.to_owned(),
+                });
             }
             matchers.push(self.matcher()?);
             self.skip_space();
@@ -486,5 +520,34 @@ mod tests {
             message.contains("unit") && message.contains("ssh("),
             "{message}"
         );
+    }
+
+    #[test]
+    fn a_selector_bomb_is_refused_quickly() {
+        // The attack: 60 matchers of a large Unicode class repeated 150 times.
+        let bomb: Vec<String> = (0..60).map(|i| format!("a{i}=~\"\\\\w{{150}}\"")).collect();
+        let bomb = format!("{{{}}}", bomb.join(","));
+        assert!(Selector::parse(&bomb).is_err());
+        let many: Vec<String> = (0..=MAX_MATCHERS).map(|i| format!("l{i}=\"x\"")).collect();
+        let error = Selector::parse(&format!("{{{}}}", many.join(",")))
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("more than 32 matchers"), "{error}");
+        // One such regex alone is over the compiled-size cap.
+        let error = Selector::parse(r#"{a=~`\w{150}`}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("invalid regex"), "{error}");
+        let long = format!("{{a=\"{}\"}}", "x".repeat(MAX_SELECTOR_BYTES));
+        assert!(matches!(
+            Selector::parse(&long),
+            Err(SelectorError::TooLong { .. })
+        ));
+        // Ordinary regexes and up to the cap of matchers still work.
+        let many: Vec<String> = (0..MAX_MATCHERS)
+            .map(|i| format!("l{i}=~\"a.*|b\""))
+            .collect();
+        assert!(Selector::parse(&format!("{{{}}}", many.join(","))).is_ok());
+        assert!(Selector::parse(r#"{comm=~`\w+`}"#).is_ok());
     }
 }
