@@ -184,8 +184,13 @@ fn watchdog_interval(usec: Option<&str>, pid: Option<&str>, own_pid: u32) -> Opt
         }
     }
     let usec: u64 = usec?.trim().parse().ok()?;
-    (usec > 0).then(|| Duration::from_micros(usec / 2))
+    // A timeout too short to honour (`WATCHDOG_USEC=1`) still gets pings, at most every
+    // millisecond: a zero period would make the timer panic.
+    (usec > 0).then(|| Duration::from_micros(usec / 2).max(MIN_WATCHDOG_PERIOD))
 }
+
+/// The shortest ping period.
+const MIN_WATCHDOG_PERIOD: Duration = Duration::from_millis(1);
 
 /// Status text is one line of the protocol: a newline would start a new assignment.
 fn one_line(text: &str) -> String {
@@ -253,6 +258,10 @@ mod tests {
         );
         assert_eq!(watchdog_interval(Some("30000000"), Some("8"), 7), None);
         assert_eq!(watchdog_interval(None, None, 7), None);
+        assert_eq!(
+            watchdog_interval(Some("1"), None, 7),
+            Some(MIN_WATCHDOG_PERIOD)
+        );
         assert_eq!(watchdog_interval(Some("0"), None, 7), None);
         assert_eq!(watchdog_interval(Some("soon"), None, 7), None);
     }
