@@ -8,3 +8,4 @@ pub mod hex;
 pub mod notify;
 pub mod privileges;
 pub mod time;
+pub mod untrusted;
