@@ -127,9 +127,13 @@ pub fn symbolize(
             builder.user_mapping(user, pid, &entry);
         }
     }
+    // Kernel locations hold offsets from `_text`, never absolute addresses: profiles are
+    // served to anyone who reaches the API and sent to servers, and an absolute address would
+    // hand them the kernel's randomised base (KASLR), read with the CAP_SYSLOG we hold.
+    let text_start = kernel.text_start();
     if !kernel_addresses.is_empty() {
         builder.mappings.push(Mapping {
-            start: kernel.text_start(),
+            start: 0,
             limit: u64::MAX,
             file_offset: 0,
             path: "[kernel.kallsyms]".to_owned(),
@@ -155,7 +159,7 @@ pub fn symbolize(
                     let mapping = builder.kernel_mapping;
                     locations.push(builder.location(LocationKey::Kernel(address), || Location {
                         mapping,
-                        address,
+                        address: kernel_offset(address, text_start),
                         lines: name.map(Line::named).into_iter().collect(),
                         kernel: true,
                     }));
@@ -365,6 +369,15 @@ impl ProfileBuilder {
     }
 }
 
+/// `address` as an offset from the kernel's text start; 0 when that start is unknown or the
+/// address lies below it, so no absolute kernel address ever leaves this function.
+pub fn kernel_offset(address: u64, text_start: u64) -> u64 {
+    if text_start == 0 {
+        return 0;
+    }
+    address.checked_sub(text_start).unwrap_or(0)
+}
+
 /// The running kernel's GNU build id, from the ELF notes it exports in /sys/kernel/notes.
 fn kernel_build_id() -> Option<String> {
     let notes = std::fs::read("/sys/kernel/notes").ok()?;
@@ -396,6 +409,15 @@ fn parse_build_id_note(mut notes: &[u8]) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kernel_addresses_become_offsets_from_text() {
+        let text = 0xffff_ffff_8100_0000;
+        assert_eq!(kernel_offset(0xffff_ffff_815f_a742, text), 0x5f_a742);
+        // Unknown start, or below it: nothing absolute gets out.
+        assert_eq!(kernel_offset(0xffff_ffff_815f_a742, 0), 0);
+        assert_eq!(kernel_offset(0xffff_ffff_8000_0000, text), 0);
+    }
 
     #[test]
     fn finds_build_id_after_other_notes() {
