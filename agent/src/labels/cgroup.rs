@@ -6,7 +6,7 @@
 pub struct CgroupFacts {
     /// The container id (64 hex digits) of docker, containerd, cri-o or podman.
     pub container_id: Option<String>,
-    /// The innermost systemd service (`foo.service`), else the innermost scope that is not a
+    /// The outermost systemd service (`foo.service`), else the outermost scope that is not a
     /// container's.
     pub systemd_unit: Option<String>,
     /// The Kubernetes pod UID, with dashes as the API writes it.
@@ -47,19 +47,36 @@ pub fn process_cgroup(text: &str) -> Option<String> {
 }
 
 /// Reads what the path's components name.
+///
+/// Only the outermost unit, container and pod count. A unit or a container may have its
+/// subtree delegated to the processes inside it (`user@1000.service`, a container allowed to
+/// write its cgroup), and those processes can create cgroups named like any other unit,
+/// container or pod: taking the innermost name would let them wear another workload's labels
+/// and slip past the keep/drop rules written for it. A pod counts only inside the kubelet's
+/// `kubepods` hierarchy and above any delegation point.
 pub fn facts(path: &str) -> CgroupFacts {
     let mut facts = CgroupFacts::default();
     let mut scope = None;
+    // A unit or container was met: what lies below may be named by its tenant.
+    let mut delegated = false;
+    let mut in_kubepods = false;
     for component in path.split('/').filter(|c| !c.is_empty()) {
-        if let Some(id) = container_id(component) {
-            facts.container_id = Some(id.to_owned());
-        } else if component.ends_with(".service") {
-            facts.systemd_unit = Some(component.to_owned());
-        } else if component.ends_with(".scope") {
-            scope = Some(component);
+        in_kubepods |= !delegated && component.contains("kubepods");
+        if in_kubepods && !delegated && facts.pod_uid.is_none() {
+            if let Some(uid) = pod_uid(component) {
+                facts.pod_uid = Some(uid);
+                continue;
+            }
         }
-        if let Some(uid) = pod_uid(component) {
-            facts.pod_uid = Some(uid);
+        if let Some(id) = container_id(component) {
+            facts.container_id.get_or_insert_with(|| id.to_owned());
+            delegated = true;
+        } else if component.ends_with(".service") {
+            facts.systemd_unit.get_or_insert_with(|| component.to_owned());
+            delegated = true;
+        } else if component.ends_with(".scope") {
+            scope.get_or_insert(component);
+            delegated = true;
         }
     }
     if facts.systemd_unit.is_none() {
@@ -148,6 +165,38 @@ mod tests {
         // Look-alikes are not ids.
         assert_eq!(facts("/docker/abc").container_id, None);
         assert_eq!(facts("/kubepods-podnotauid.slice").pod_uid, None);
+    }
+
+    #[test]
+    fn nested_cgroups_cannot_take_another_identity() {
+        let other = "fedcba9876543210fedcba9876543210fedcba9876543210fedcba9876543210";
+        let victim_pod = UID.replace('-', "_");
+        // Inside a real container, a nested cgroup named like another pod and container.
+        let nested = facts(&format!(
+            "/kubepods.slice/kubepods-pod{victim_pod}.slice/cri-containerd-{ID}.scope/\
+             kubepods-pod0a1e2d3c_4b5a_4978_8695_a4b3c2d1e0f9.slice/cri-containerd-{other}.scope"
+        ));
+        assert_eq!(nested.pod_uid.as_deref(), Some(UID));
+        assert_eq!(nested.container_id.as_deref(), Some(ID));
+        // A user's delegated subtree, named like a pod: no pod at all.
+        let user = facts(&format!(
+            "/user.slice/user-1000.slice/user@1000.service/kubepods-pod{victim_pod}.slice/\
+             cri-containerd-{ID}.scope"
+        ));
+        assert_eq!(user.pod_uid, None);
+        assert_eq!(user.systemd_unit.as_deref(), Some("user@1000.service"));
+        // A unit named like a system service inside a user's manager stays the user's.
+        let unit = facts("/user.slice/user-1000.slice/user@1000.service/app.slice/sshd.service");
+        assert_eq!(unit.systemd_unit.as_deref(), Some("user@1000.service"));
+        // A container nested in another container keeps the outer id.
+        let docker = facts(&format!("/system.slice/docker-{ID}.scope/docker-{other}.scope"));
+        assert_eq!(docker.container_id.as_deref(), Some(ID));
+        // kind-style kubelet roots still name pods.
+        let kind = facts(&format!(
+            "/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-besteffort.slice/\
+             kubelet-kubepods-besteffort-pod{victim_pod}.slice/cri-containerd-{ID}.scope"
+        ));
+        assert_eq!(kind.pod_uid.as_deref(), Some(UID));
     }
 
     #[test]
