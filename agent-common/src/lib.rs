@@ -133,10 +133,14 @@ impl Loss {
 
 #[cfg(feature = "user")]
 mod pod {
-    // SAFETY (all impls): plain `#[repr(C)]` integers with no padding and no invalid bit
-    // patterns, so any bytes the kernel hands back are a valid value.
+    // Each type is plain `#[repr(C)]` integers with no padding and no invalid bit patterns, so
+    // any bytes the kernel hands back are a valid value.
+    // SAFETY: see above.
     unsafe impl aya::Pod for super::StackKey {}
+    // SAFETY: see above.
     unsafe impl aya::Pod for super::Comm {}
+    // SAFETY: see above.
     unsafe impl aya::Pod for super::Control {}
+    // SAFETY: see above.
     unsafe impl aya::Pod for super::RunSeq {}
 }

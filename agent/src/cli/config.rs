@@ -58,6 +58,10 @@ pub struct RunArgs {
     /// Only what is named here is listened on: `0.0.0.0:7071` exposes it to every interface.
     #[arg(long)]
     pub http_address: Option<SocketAddr>,
+    /// Host names (besides localhost, IP addresses and the bound address) requests may name
+    /// in their Host header, comma-separated; others get 403 [default: none].
+    #[arg(long, value_delimiter = ',')]
+    pub http_allowed_hosts: Option<Vec<String>>,
     /// How often the maps are drained and a profile per series is stored [default: 10s].
     #[arg(long, value_parser = parse_duration)]
     pub window: Option<Duration>,
@@ -123,6 +127,7 @@ pub struct RunArgs {
 struct FileConfig {
     store: Option<PathBuf>,
     http_address: Option<String>,
+    http_allowed_hosts: Option<Vec<String>>,
     window: Option<String>,
     frequency: Option<u64>,
     retention_age: Option<String>,
@@ -172,6 +177,9 @@ fn apply_file(config: &mut RunConfig, text: &str, path: &Path) -> Result<(), Con
     };
     if let Some(store) = file.store {
         config.store = store;
+    }
+    if let Some(hosts) = file.http_allowed_hosts {
+        config.http_allowed_hosts = hosts;
     }
     if let Some(address) = file.http_address {
         config.http_address = address
@@ -269,6 +277,9 @@ fn apply_file(config: &mut RunConfig, text: &str, path: &Path) -> Result<(), Con
 fn apply_flags(config: &mut RunConfig, args: &RunArgs) {
     if let Some(store) = &args.store {
         config.store = store.clone();
+    }
+    if let Some(hosts) = &args.http_allowed_hosts {
+        config.http_allowed_hosts = hosts.clone();
     }
     if let Some(address) = args.http_address {
         config.http_address = address;
@@ -410,6 +421,7 @@ mod tests {
         let keys = [
             file.store.is_some(),
             file.http_address.is_some(),
+            file.http_allowed_hosts.is_some(),
             file.window.is_some(),
             file.frequency.is_some(),
             file.retention_age.is_some(),

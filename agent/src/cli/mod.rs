@@ -44,7 +44,7 @@ pub enum Command {
     /// Sample every CPU for a while and write one profile (like `perf record -a -g`).
     Record(RecordArgs),
     /// Profile continuously: store a profile every window, serve the UI, API and metrics.
-    Run(crate::cli::config::RunArgs),
+    Run(Box<crate::cli::config::RunArgs>),
     /// Merge stored windows into one profile (pprof, folded, SVG, or a top table).
     Query(QueryArgs),
     /// Check that this machine and this user can profile; one line per requirement.

@@ -37,7 +37,10 @@ use crate::{
     pipeline::drain::{DrainError, Drainer},
     pipeline::sampler::{Sampler, SamplerConfig, SamplerError},
     profile::{Labels, Profile},
-    serve::http::{self, HttpState},
+    serve::{
+        guard::AllowedHosts,
+        http::{self, HttpState},
+    },
     store::{Retention, Store, StoreError},
     symbolize::{
         self,
@@ -63,6 +66,8 @@ const SHUTDOWN_BUDGET: Duration = Duration::from_secs(4);
 pub struct RunConfig {
     pub store: PathBuf,
     pub http_address: SocketAddr,
+    /// Extra names the HTTP server answers to (see `serve::guard`).
+    pub http_allowed_hosts: Vec<String>,
     pub window: Duration,
     pub frequency: u64,
     pub retention: Retention,
@@ -82,6 +87,7 @@ impl Default for RunConfig {
         RunConfig {
             store: PathBuf::from("/var/lib/scorch"),
             http_address: SocketAddr::from(([127, 0, 0, 1], 7071)),
+            http_allowed_hosts: Vec::new(),
             window: Duration::from_secs(10),
             frequency: 19,
             retention: Retention::default(),
@@ -141,12 +147,13 @@ pub async fn run(config: RunConfig, store: Store) -> Result<(), RunError> {
     metrics.declare_debuginfo_results(export::debuginfo::UploadResult::ALL.map(|r| r.name()));
     let health = Arc::new(Health::new(config.window, SystemTime::now()));
     let (stop_http, http_stopped) = watch::channel(false);
-    let http_state = Arc::new(HttpState {
-        store_dir: config.store.clone(),
-        metrics: metrics.clone(),
-        health: health.clone(),
-        window: config.window,
-    });
+    let http_state = Arc::new(HttpState::new(
+        config.store.clone(),
+        metrics.clone(),
+        health.clone(),
+        config.window,
+        AllowedHosts::new(config.http_address, &config.http_allowed_hosts),
+    ));
     let http_task = tokio::spawn(http::serve(listener, http_state, async move {
         let mut stopped = http_stopped;
         let _ = stopped.wait_for(|&stop| stop).await;

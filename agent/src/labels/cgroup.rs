@@ -72,7 +72,9 @@ pub fn facts(path: &str) -> CgroupFacts {
             facts.container_id.get_or_insert_with(|| id.to_owned());
             delegated = true;
         } else if component.ends_with(".service") {
-            facts.systemd_unit.get_or_insert_with(|| component.to_owned());
+            facts
+                .systemd_unit
+                .get_or_insert_with(|| component.to_owned());
             delegated = true;
         } else if component.ends_with(".scope") {
             scope.get_or_insert(component);
@@ -189,7 +191,9 @@ mod tests {
         let unit = facts("/user.slice/user-1000.slice/user@1000.service/app.slice/sshd.service");
         assert_eq!(unit.systemd_unit.as_deref(), Some("user@1000.service"));
         // A container nested in another container keeps the outer id.
-        let docker = facts(&format!("/system.slice/docker-{ID}.scope/docker-{other}.scope"));
+        let docker = facts(&format!(
+            "/system.slice/docker-{ID}.scope/docker-{other}.scope"
+        ));
         assert_eq!(docker.container_id.as_deref(), Some(ID));
         // kind-style kubelet roots still name pods.
         let kind = facts(&format!(

@@ -13,24 +13,41 @@
 //! `from`/`to` take RFC 3339, Unix seconds or `now-15m` ([`crate::parse::timespec`]); without them
 //! the last 15 minutes. `match` is a Prometheus selector ([`crate::parse::selector`]). A bad parameter
 //! is a 400 naming it; a store that cannot be read is a 503 (500 if it is not a scorch store).
-//! Queries run on the blocking pool, since SQLite and symbol merging are synchronous.
+//!
+//! Anyone who can reach the port can send anything, so the server bounds what a request may
+//! cost: requests not meant for this server are refused ([`super::guard`]); at most
+//! [`MAX_CONNECTIONS`] connections (and [`MAX_CONNECTIONS_PER_PEER`] from one address), each
+//! given [`HEADER_READ_TIMEOUT`] to send its headers and [`CONNECTION_LIFETIME`] in all;
+//! queries parse and run on the blocking pool, at most [`MAX_CONCURRENT_QUERIES`] at a time,
+//! and one that waits more than [`QUERY_QUEUE_WAIT`] for its turn gets a 503 with
+//! `Retry-After`. `/metrics` and `/healthz` never wait behind a query.
 
 use std::{
+    collections::HashMap,
     future::Future,
     io,
+    net::IpAddr,
     path::PathBuf,
-    sync::Arc,
+    sync::{Arc, Mutex, PoisonError},
     time::{Duration, SystemTime},
 };
 
 use axum::{
-    extract::{Query, State},
+    extract::{Query, Request, State},
     http::{header, HeaderValue, StatusCode},
+    middleware::{self, Next},
     response::{Html, IntoResponse, Response},
     routing::get,
     Router,
 };
+use hyper_util::{
+    rt::{TokioIo, TokioTimer},
+    service::TowerToHyperService,
+};
 use serde::Deserialize;
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
+
+use super::guard::AllowedHosts;
 
 use crate::{
     metrics::{Health, Metrics},
@@ -40,6 +57,20 @@ use crate::{
     profile::Profile,
     store::{Labels, Store, StoreError, TimeRange},
 };
+
+/// Connections served at once; beyond it, new ones wait in the listen backlog.
+pub const MAX_CONNECTIONS: usize = 256;
+/// Connections from one peer address at once, so one client cannot take every slot.
+pub const MAX_CONNECTIONS_PER_PEER: usize = 32;
+/// Time a client has to send a request's headers (and, between requests, to start the next),
+/// so idle or trickling connections (slowloris) give their slot back.
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// The longest a connection lives, whatever it does.
+pub const CONNECTION_LIFETIME: Duration = Duration::from_secs(300);
+/// Store queries running at once: each holds a blocking thread and a merge's memory.
+pub const MAX_CONCURRENT_QUERIES: usize = 2;
+/// How long a query waits for its turn before it is told to come back.
+pub const QUERY_QUEUE_WAIT: Duration = Duration::from_secs(2);
 
 /// What the handlers share.
 #[derive(Debug)]
@@ -52,6 +83,37 @@ pub struct HttpState {
     pub health: Arc<Health>,
     /// The daemon's window length, which the UI shows so a user knows how fresh the data is.
     pub window: Duration,
+    /// The names requests may address this server by.
+    pub allowed_hosts: AllowedHosts,
+    /// Turns for store queries ([`MAX_CONCURRENT_QUERIES`]).
+    pub queries: Arc<Semaphore>,
+}
+
+impl HttpState {
+    pub fn new(
+        store_dir: PathBuf,
+        metrics: Arc<Metrics>,
+        health: Arc<Health>,
+        window: Duration,
+        allowed_hosts: AllowedHosts,
+    ) -> HttpState {
+        HttpState {
+            store_dir,
+            metrics,
+            health,
+            window,
+            allowed_hosts,
+            queries: Arc::new(Semaphore::new(MAX_CONCURRENT_QUERIES)),
+        }
+    }
+
+    /// A turn to query the store, or [`ApiError::Busy`] after [`QUERY_QUEUE_WAIT`].
+    async fn query_turn(&self) -> Result<OwnedSemaphorePermit, ApiError> {
+        match tokio::time::timeout(QUERY_QUEUE_WAIT, self.queries.clone().acquire_owned()).await {
+            Ok(Ok(permit)) => Ok(permit),
+            _ => Err(ApiError::Busy),
+        }
+    }
 }
 
 /// Why a request failed, and so its status.
@@ -68,6 +130,8 @@ pub enum ApiError {
     Encode(String),
     #[error("query task failed: {0}")]
     Task(#[from] tokio::task::JoinError),
+    #[error("busy: {MAX_CONCURRENT_QUERIES} queries are running; retry shortly")]
+    Busy,
 }
 
 impl ApiError {
@@ -86,6 +150,7 @@ impl ApiError {
             // Missing (nothing written yet), locked, or unreadable: may well pass.
             ApiError::Store(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Encode(_) | ApiError::Task(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            ApiError::Busy => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 }
@@ -96,7 +161,14 @@ impl IntoResponse for ApiError {
         if status.is_server_error() {
             tracing::warn!("HTTP API: {self}");
         }
-        (status, format!("{self}\n")).into_response()
+        let busy = matches!(self, ApiError::Busy);
+        let mut response = (status, format!("{self}\n")).into_response();
+        if busy {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        response
     }
 }
 
@@ -177,15 +249,101 @@ impl QueryParams {
     }
 }
 
-/// Serves until `shutdown` resolves, then lets requests in flight finish.
+/// Serves until `shutdown` resolves, then lets requests in flight finish (connections are
+/// asked to close after their current request).
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: Arc<HttpState>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> io::Result<()> {
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(shutdown)
-        .await
+    let service = TowerToHyperService::new(router(state));
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let per_peer: Arc<Mutex<HashMap<IpAddr, usize>>> = Arc::default();
+    let (stop, stopped) = watch::channel(false);
+    let mut connections = tokio::task::JoinSet::new();
+    tokio::pin!(shutdown);
+    loop {
+        let slot = tokio::select! {
+            _ = &mut shutdown => break,
+            slot = slots.clone().acquire_owned() => slot,
+        };
+        let Ok(slot) = slot else { break };
+        let (stream, peer) = tokio::select! {
+            _ = &mut shutdown => break,
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(error) => {
+                    // Out of descriptors (EMFILE) or a connection reset before accept: wait a
+                    // moment rather than spin, and keep serving.
+                    tracing::debug!("HTTP: accepting a connection: {error}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let Some(peer_slot) = PeerSlot::take(&per_peer, peer.ip()) else {
+            tracing::debug!("HTTP: {peer} has {MAX_CONNECTIONS_PER_PEER} connections open already");
+            continue; // Dropping the stream closes it.
+        };
+        while connections.try_join_next().is_some() {}
+        let service = service.clone();
+        let mut stopped = stopped.clone();
+        connections.spawn(async move {
+            let _slots = (slot, peer_slot);
+            let mut builder = hyper::server::conn::http1::Builder::new();
+            builder
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_READ_TIMEOUT)
+                .max_buf_size(64 << 10);
+            let connection = builder.serve_connection(TokioIo::new(stream), service);
+            tokio::pin!(connection);
+            let lifetime = tokio::time::sleep(CONNECTION_LIFETIME);
+            tokio::pin!(lifetime);
+            tokio::select! {
+                _ = connection.as_mut() => return,
+                _ = stopped.wait_for(|&s| s) => {}
+                _ = &mut lifetime => {}
+            }
+            connection.as_mut().graceful_shutdown();
+            let _ = tokio::time::timeout(Duration::from_secs(5), connection).await;
+        });
+    }
+    let _ = stop.send(true);
+    while connections.join_next().await.is_some() {}
+    Ok(())
+}
+
+/// One of a peer's [`MAX_CONNECTIONS_PER_PEER`], given back when dropped.
+struct PeerSlot {
+    counts: Arc<Mutex<HashMap<IpAddr, usize>>>,
+    peer: IpAddr,
+}
+
+impl PeerSlot {
+    fn take(counts: &Arc<Mutex<HashMap<IpAddr, usize>>>, peer: IpAddr) -> Option<PeerSlot> {
+        let mut map = counts.lock().unwrap_or_else(PoisonError::into_inner);
+        let open = map.entry(peer).or_insert(0);
+        if *open >= MAX_CONNECTIONS_PER_PEER {
+            return None;
+        }
+        *open += 1;
+        Some(PeerSlot {
+            counts: Arc::clone(counts),
+            peer,
+        })
+    }
+}
+
+impl Drop for PeerSlot {
+    fn drop(&mut self) {
+        let mut map = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(open) = map.get_mut(&self.peer) {
+            *open -= 1;
+            if *open == 0 {
+                map.remove(&self.peer);
+            }
+        }
+    }
 }
 
 /// The routes, apart from the listener so tests can drive them directly.
@@ -197,7 +355,19 @@ pub fn router(state: Arc<HttpState>) -> Router {
         .route("/api/v1/series", get(series))
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
+        .layer(middleware::from_fn_with_state(state.clone(), guard))
         .with_state(state)
+}
+
+/// Refuses requests not meant for this server, before any handler runs.
+async fn guard(State(state): State<Arc<HttpState>>, request: Request, next: Next) -> Response {
+    match state.allowed_hosts.check(request.headers()) {
+        Ok(()) => next.run(request).await,
+        Err(refusal) => {
+            tracing::debug!("HTTP: refused {}: {refusal}", request.uri().path());
+            (StatusCode::FORBIDDEN, format!("{refusal}\n")).into_response()
+        }
+    }
 }
 
 const UI_PAGE: &str = include_str!("ui/index.html");
@@ -210,29 +380,33 @@ async fn ui(State(state): State<Arc<HttpState>>) -> Html<String> {
     ))
 }
 
-/// Merges the matching windows on the blocking pool.
+/// Parses the parameters and merges the matching windows, on the blocking pool and in the
+/// query's turn: a selector's regexes are compiled there too, never on the async workers that
+/// answer `/healthz` and `/metrics`.
 async fn query_store(
     state: &HttpState,
-    range: TimeRange,
-    selector: Selector,
-) -> Result<Profile, ApiError> {
+    params: QueryParams,
+) -> Result<(ParsedQuery, Profile), ApiError> {
+    let _turn = state.query_turn().await?;
     let dir = state.store_dir.clone();
-    let profile = tokio::task::spawn_blocking(move || {
-        Store::open_read_only(&dir)?.query(range, &|labels: &Labels| selector.matches(labels))
+    tokio::task::spawn_blocking(move || {
+        let query = params.parse(SystemTime::now())?;
+        let profile = Store::open_read_only(&dir)?.query(query.range, &|labels: &Labels| {
+            query.selector.matches(labels)
+        })?;
+        Ok((query, profile))
     })
-    .await??;
-    Ok(profile)
+    .await?
 }
 
 async fn profile(
     State(state): State<Arc<HttpState>>,
     Query(params): Query<QueryParams>,
 ) -> Result<Response, ApiError> {
-    let query = params.parse(SystemTime::now())?;
+    let (query, profile) = query_store(&state, params).await?;
     let title = flame_graph_title(&query);
     let format = query.format;
     let limit = query.limit;
-    let profile = query_store(&state, query.range, query.selector).await?;
     // Encoding a large merge is CPU work too; keep it off the async threads.
     let response = tokio::task::spawn_blocking(move || -> Result<Response, ApiError> {
         let options = EncodeOptions {
@@ -270,9 +444,8 @@ async fn top(
     State(state): State<Arc<HttpState>>,
     Query(params): Query<QueryParams>,
 ) -> Result<Response, ApiError> {
-    let query = params.parse(SystemTime::now())?;
+    let (query, profile) = query_store(&state, params).await?;
     let limit = query.limit;
-    let profile = query_store(&state, query.range, query.selector).await?;
     let mut table = encode::top::top(&profile);
     if let Some(limit) = limit {
         table.rows.truncate(limit);
@@ -284,15 +457,17 @@ async fn series(
     State(state): State<Arc<HttpState>>,
     Query(params): Query<QueryParams>,
 ) -> Result<Response, ApiError> {
-    let query = params.parse(SystemTime::now())?;
+    let _turn = state.query_turn().await?;
     let dir = state.store_dir.clone();
-    let range = query.range;
-    let all =
-        tokio::task::spawn_blocking(move || Store::open_read_only(&dir)?.series(range)).await??;
-    let matching: Vec<Labels> = all
-        .into_iter()
-        .filter(|labels| query.selector.matches(labels))
-        .collect();
+    let matching = tokio::task::spawn_blocking(move || -> Result<Vec<Labels>, ApiError> {
+        let query = params.parse(SystemTime::now())?;
+        let all = Store::open_read_only(&dir)?.series(query.range)?;
+        Ok(all
+            .into_iter()
+            .filter(|labels| query.selector.matches(labels))
+            .collect())
+    })
+    .await??;
     json(&matching)
 }
 
@@ -467,13 +642,23 @@ mod tests {
 
     /// A GET over a real socket (blocking, so it runs on the blocking pool): status and body.
     async fn get(address: std::net::SocketAddr, path: &str) -> (u16, String, String) {
+        get_with(address, path, "Host: localhost").await
+    }
+
+    /// [`get`] with the given header lines (`Host` among them) instead of `Host: localhost`.
+    async fn get_with(
+        address: std::net::SocketAddr,
+        path: &str,
+        headers: &str,
+    ) -> (u16, String, String) {
         let path = path.to_owned();
+        let headers = headers.to_owned();
         tokio::task::spawn_blocking(move || {
             use std::io::{Read, Write};
             let mut stream = std::net::TcpStream::connect(address).unwrap();
             write!(
                 stream,
-                "GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n"
+                "GET {path} HTTP/1.1\r\n{headers}\r\nConnection: close\r\n\r\n"
             )
             .unwrap();
             let mut response = String::new();
@@ -489,14 +674,15 @@ mod tests {
     /// The routes that need no store, through `serve` on a loopback socket, then shutdown.
     #[tokio::test]
     async fn metrics_health_ui_and_bad_requests() {
-        let state = Arc::new(HttpState {
-            store_dir: PathBuf::from("/nonexistent/scorch-store"),
-            metrics: Arc::new(Metrics::new()),
-            health: Arc::new(Health::new(Duration::from_secs(10), SystemTime::now())),
-            window: Duration::from_secs(10),
-        });
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = listener.local_addr().unwrap();
+        let state = Arc::new(HttpState::new(
+            PathBuf::from("/nonexistent/scorch-store"),
+            Arc::new(Metrics::new()),
+            Arc::new(Health::new(Duration::from_secs(10), SystemTime::now())),
+            Duration::from_secs(10),
+            AllowedHosts::new(address, &[]),
+        ));
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let server = tokio::spawn(serve(listener, state.clone(), async {
             let _ = stopped.await;
@@ -526,6 +712,27 @@ mod tests {
         assert!(body.contains("<html") && !body.contains("{{WINDOW_SECONDS}}"));
 
         assert_eq!(get(address, "/nope").await.0, 404);
+
+        // DNS rebinding and cross-site reads are refused before any handler runs.
+        let (status, _, body) = get_with(address, "/api/v1/profile", "Host: evil.example").await;
+        assert_eq!(status, 403, "{body}");
+        assert!(body.contains("evil.example"), "{body}");
+        let (status, _, _) = get_with(
+            address,
+            "/metrics",
+            "Host: localhost\r\nSec-Fetch-Site: cross-site",
+        )
+        .await;
+        assert_eq!(status, 403);
+        let (status, _, _) = get_with(
+            address,
+            "/api/v1/series",
+            "Host: localhost\r\nOrigin: https://evil.example",
+        )
+        .await;
+        assert_eq!(status, 403);
+        let with_ip = format!("Host: {address}");
+        assert_eq!(get_with(address, "/healthz", &with_ip).await.0, 503);
 
         stop.send(()).unwrap();
         server.await.unwrap().unwrap();

@@ -1,3 +1,4 @@
 //! `scorch run`'s HTTP server: the UI, the query API, `/metrics` and `/healthz`.
 
+pub mod guard;
 pub mod http;

@@ -375,7 +375,7 @@ pub fn kernel_offset(address: u64, text_start: u64) -> u64 {
     if text_start == 0 {
         return 0;
     }
-    address.checked_sub(text_start).unwrap_or(0)
+    address.saturating_sub(text_start)
 }
 
 /// The running kernel's GNU build id, from the ELF notes it exports in /sys/kernel/notes.
