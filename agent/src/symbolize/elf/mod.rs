@@ -1121,7 +1121,10 @@ mod tests {
             "{frames:?}"
         );
         assert!(
-            outer.file.as_deref().is_some_and(|f| f.ends_with("elf.rs")),
+            outer
+                .file
+                .as_deref()
+                .is_some_and(|f| f.ends_with("elf/mod.rs")),
             "{frames:?}"
         );
         assert!(outer.line > 0);
