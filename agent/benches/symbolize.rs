@@ -335,7 +335,7 @@ fn c_dwarf(whole_file: bool) {
     let mut lookups = 0;
     for &address in addresses.iter().step_by(step).take(500) {
         lookups += 1;
-        if let Ok(frames) = elf.resolve(scorch::symbolize::user::ElfAddress(address)) {
+        if let Ok(frames) = elf.resolve(scorch::symbolize::address::ElfAddress(address)) {
             with_lines += usize::from(frames.iter().any(|f| f.line > 0));
         }
     }

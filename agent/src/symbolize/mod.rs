@@ -4,6 +4,7 @@
 //! process mapped ([`user`]). A frame that cannot be named keeps its address and mapping; that
 //! is data for the reader (and for servers that symbolise later), never an error.
 
+pub mod address;
 pub mod elf;
 pub mod kernel;
 pub mod user;

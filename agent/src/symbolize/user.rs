@@ -2,8 +2,9 @@
 //! virtual address -> function levels from DWARF or the symbol tables ([`super::elf`]).
 //!
 //! Each step changes the address space, so each has its own type ([`FileOffset`],
-//! [`ElfAddress`]): mixing an absolute address with an ELF address is the classic profiler bug
-//! (wrong names for every PIE binary and shared library), and here it does not compile.
+//! [`ElfAddress`](super::address::ElfAddress)): mixing an absolute address with an ELF address
+//! is the classic profiler bug (wrong names for every PIE binary and shared library), and here
+//! it does not compile.
 //!
 //! Binaries are opened through `/proc/PID/map_files` (the mapped inode itself, even deleted) or
 //! `/proc/PID/root` (the process's own view of the file system), so a binary that exists only in
@@ -20,6 +21,7 @@ use std::{
     sync::Arc,
 };
 
+use super::address::FileOffset;
 use super::elf::{ElfFile, ElfMiss, FileData, ResolvedFrame};
 use crate::sys::allocator::release_free_memory;
 use crate::sys::hex::to_hex;
@@ -35,14 +37,6 @@ pub enum UserSymbolError {
         reason: &'static str,
     },
 }
-
-/// An offset into a file on disk.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct FileOffset(pub u64);
-
-/// A virtual address as the ELF file's own headers and symbols use it (before relocation).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct ElfAddress(pub u64);
 
 /// One line of `/proc/PID/maps`.
 #[derive(Debug, Clone, PartialEq, Eq)]

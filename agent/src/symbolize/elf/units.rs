@@ -1,0 +1,310 @@
+//! Which compilation unit holds an address, and a view of a file's DWARF holding only that
+//! unit (and the units it refers to), so an addr2line `Context` parses one unit, not all.
+
+use std::sync::Arc;
+
+use super::sections::{Reader, SectionBytes};
+use super::FileData;
+
+/// Which compilation unit covers which addresses.
+///
+/// addr2line's `Context` indexes every unit of a file up front and keeps each one's
+/// abbreviations and line-program header for as long as it lives: tens of MB of heap for a
+/// large binary, to answer lookups that usually land in a handful of units. With this index a
+/// lookup builds a `Context` over the one unit holding the address instead.
+pub(super) enum UnitIndex {
+    NotYet,
+    Units {
+        /// Sorted by `begin`; adjacent ranges of one unit merged.
+        spans: Vec<UnitSpan>,
+        /// Some unit refers to entries of other units (`DW_FORM_ref_addr`, as Rust's and
+        /// LTO's inlined functions do): a unit's view then holds the units it refers to as
+        /// well, each at its real offset; a lookup it still cannot answer goes to the
+        /// whole-file `Context`.
+        cross_refs: bool,
+        /// Every unit's `.debug_info` offset and length, sorted: where a reference lands.
+        units: Vec<(usize, usize)>,
+    },
+    /// The index could not be built, or units use forms a one-unit view cannot serve
+    /// (`DW_FORM_indirect`, references into a supplementary file): lookups go through one
+    /// `Context` for the whole file.
+    WholeFile,
+}
+
+/// An address range of one unit, and where the unit is in `.debug_info`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct UnitSpan {
+    begin: u64,
+    end: u64,
+    /// Where the unit starts in `.debug_info`: it names the unit.
+    pub(super) offset: usize,
+    len: usize,
+}
+
+/// The unit index of `sections`: each compilation unit's ranges (read from its root entry the
+/// way addr2line does, one unit at a time, nothing kept but the ranges), or
+/// [`UnitIndex::WholeFile`] when a unit refers outside itself.
+pub(super) fn build_unit_index(sections: &gimli::Dwarf<Reader>) -> gimli::Result<UnitIndex> {
+    let mut spans = Vec::new();
+    let mut cross_refs = false;
+    let mut units = Vec::new();
+    let mut headers = sections.units();
+    while let Some(header) = headers.next()? {
+        let Some(offset) = header.offset().as_debug_info_offset() else {
+            continue;
+        };
+        units.push((offset.0, header.length_including_self()));
+        match outside_references(sections, &header)? {
+            OutsideReferences::None => {}
+            OutsideReferences::SameFile => cross_refs = true,
+            OutsideReferences::Unsupported => return Ok(UnitIndex::WholeFile),
+        }
+        if !matches!(
+            header.type_(),
+            gimli::UnitType::Compilation | gimli::UnitType::Skeleton(_)
+        ) {
+            continue;
+        }
+        let len = header.length_including_self();
+        let Ok(unit) = sections.unit(header) else {
+            continue;
+        };
+        let mut ranges = sections.unit_ranges(&unit)?;
+        while let Some(range) = ranges.next()? {
+            if range.begin < range.end {
+                spans.push(UnitSpan {
+                    begin: range.begin,
+                    end: range.end,
+                    offset: offset.0,
+                    len,
+                });
+            }
+        }
+    }
+    spans.sort_unstable_by_key(|s| (s.begin, s.end));
+    let mut merged: Vec<UnitSpan> = Vec::with_capacity(spans.len());
+    for span in spans {
+        match merged.last_mut() {
+            Some(last) if last.offset == span.offset && span.begin <= last.end => {
+                last.end = last.end.max(span.end);
+            }
+            _ => merged.push(span),
+        }
+    }
+    merged.shrink_to_fit();
+    units.shrink_to_fit();
+    Ok(UnitIndex::Units {
+        spans: merged,
+        cross_refs,
+        units,
+    })
+}
+
+/// The unit holding `address`. Units should not overlap, but a few spans before the last one
+/// starting at or below `address` are tried, in case they do.
+pub(super) fn find_unit(spans: &[UnitSpan], address: u64) -> Option<UnitSpan> {
+    let end = spans.partition_point(|s| s.begin <= address);
+    spans[..end]
+        .iter()
+        .rev()
+        .take(8)
+        .find(|s| address < s.end)
+        .copied()
+}
+
+/// What a unit's attributes may refer to outside the unit.
+enum OutsideReferences {
+    None,
+    /// Entries of other units of the file (`DW_FORM_ref_addr`).
+    SameFile,
+    /// A supplementary file's entries, or forms only known per entry (`DW_FORM_indirect`).
+    Unsupported,
+}
+
+/// What `header`'s abbreviations allow its attributes to refer to outside the unit: a view of
+/// `.debug_info` holding only this unit must then keep it at its real offset, or cannot serve
+/// it at all.
+fn outside_references(
+    sections: &gimli::Dwarf<Reader>,
+    header: &gimli::UnitHeader<Reader>,
+) -> gimli::Result<OutsideReferences> {
+    use gimli::{constants as dw, Reader as _};
+    let mut table = gimli::Section::reader(&sections.debug_abbrev).clone();
+    table.skip(header.debug_abbrev_offset().0)?;
+    let mut found = OutsideReferences::None;
+    loop {
+        if table.read_uleb128()? == 0 {
+            return Ok(found);
+        }
+        let _tag = table.read_uleb128()?;
+        let _children = table.read_u8()?;
+        loop {
+            let name = table.read_uleb128()?;
+            let form = table.read_uleb128()?;
+            if name == 0 && form == 0 {
+                break;
+            }
+            let form = u16::try_from(form)
+                .map(dw::DwForm)
+                .unwrap_or(dw::DW_FORM_indirect);
+            if form == dw::DW_FORM_implicit_const {
+                table.read_sleb128()?;
+            }
+            if form == dw::DW_FORM_ref_addr {
+                found = OutsideReferences::SameFile;
+            } else if matches!(
+                form,
+                dw::DW_FORM_indirect
+                    | dw::DW_FORM_GNU_ref_alt
+                    | dw::DW_FORM_ref_sup4
+                    | dw::DW_FORM_ref_sup8
+            ) {
+                return Ok(OutsideReferences::Unsupported);
+            }
+        }
+    }
+}
+
+/// `sections` with `.debug_info` cut down to the one unit at `span`, for a `Context` that
+/// parses only that unit. Every other section is shared as is: the unit's references into
+/// them are offsets in those sections.
+pub(super) fn unit_dwarf(
+    sections: &gimli::Dwarf<Reader>,
+    span: &UnitSpan,
+    cross_refs: Option<&[(usize, usize)]>,
+) -> Option<gimli::Dwarf<Reader>> {
+    use gimli::Reader as _;
+    let info = gimli::Section::reader(&sections.debug_info);
+    let end = span.offset.checked_add(span.len)?;
+    if end > info.len() {
+        return None;
+    }
+    let unit = if let Some(all_units) = cross_refs {
+        let mut wanted = referenced_units(sections, span, all_units).unwrap_or_default();
+        wanted.push((span.offset, span.len));
+        wanted.sort_unstable();
+        wanted.dedup();
+        let padded = padded_units(info, &wanted, info.endian())?;
+        Reader::new(SectionBytes::whole(Arc::new(padded)), info.endian())
+    } else {
+        info.range(span.offset..end)
+    };
+    let no_aranges = info.range(0..0);
+    Some(gimli::Dwarf {
+        debug_abbrev: sections.debug_abbrev.clone(),
+        debug_addr: sections.debug_addr.clone(),
+        // addr2line would take this unit's ranges from here, by its offset in the full
+        // section; the unit's own DW_AT_ranges or low/high pc say the same.
+        debug_aranges: no_aranges.into(),
+        debug_info: unit.into(),
+        debug_line: sections.debug_line.clone(),
+        debug_line_str: sections.debug_line_str.clone(),
+        debug_macinfo: sections.debug_macinfo.clone(),
+        debug_macro: sections.debug_macro.clone(),
+        debug_str: sections.debug_str.clone(),
+        debug_str_offsets: sections.debug_str_offsets.clone(),
+        debug_types: sections.debug_types.clone(),
+        locations: sections.locations.clone(),
+        ranges: sections.ranges.clone(),
+        file_type: sections.file_type,
+        sup: sections.sup.clone(),
+        abbreviations_cache: gimli::AbbreviationsCache::new(),
+    })
+}
+
+/// The units (offset, length) that `span`'s unit refers to by section offset, one level deep
+/// (what a name lookup follows: an inlined function's abstract origin), read from its entries.
+fn referenced_units(
+    sections: &gimli::Dwarf<Reader>,
+    span: &UnitSpan,
+    all_units: &[(usize, usize)],
+) -> gimli::Result<Vec<(usize, usize)>> {
+    let header = sections
+        .debug_info
+        .header_from_offset(gimli::DebugInfoOffset(span.offset))?;
+    let abbreviations = sections.abbreviations(&header)?;
+    let mut entries = header.entries(&abbreviations);
+    let mut found = Vec::new();
+    while let Some((_, entry)) = entries.next_dfs()? {
+        let mut attrs = entry.attrs();
+        while let Some(attr) = attrs.next()? {
+            if let gimli::AttributeValue::DebugInfoRef(target) = attr.value() {
+                let index = all_units.partition_point(|&(offset, _)| offset <= target.0);
+                if let Some(&(offset, len)) = index.checked_sub(1).map(|i| &all_units[i]) {
+                    if target.0 < offset + len && offset != span.offset {
+                        found.push((offset, len));
+                    }
+                }
+            }
+        }
+    }
+    found.sort_unstable();
+    found.dedup();
+    Ok(found)
+}
+
+/// `.debug_info` holding only `units` (sorted offset and length), each at its real offset, so
+/// references between them keep their meaning and a reference to any other unit fails instead
+/// of landing in the wrong one. A gap between them becomes one type unit, which addr2line
+/// skips without reading past its header: anonymous memory nothing touches, address space but
+/// not RSS. A gap too small for that header keeps its real units. Only the units' bytes are
+/// copied.
+fn padded_units(
+    info: &[u8],
+    units: &[(usize, usize)],
+    endian: gimli::RunTimeEndian,
+) -> Option<FileData> {
+    let end = units.last().map(|&(offset, len)| offset + len)?;
+    if end > info.len() {
+        return None;
+    }
+    let mut map = memmap2::MmapMut::map_anon(end).ok()?;
+    let mut at = 0;
+    for &(offset, len) in units {
+        if offset < at {
+            return None;
+        }
+        let gap = offset - at;
+        match padding_unit(gap, endian) {
+            Some(header) => map[at..at + header.len()].copy_from_slice(&header),
+            None => map[at..offset].copy_from_slice(&info[at..offset]),
+        }
+        map[offset..offset + len].copy_from_slice(&info[offset..offset + len]);
+        at = offset + len;
+    }
+    Some(FileData::Mapped(map.make_read_only().ok()?))
+}
+
+/// The header of a DWARF 5 type unit spanning `gap` bytes (unit_length, version, unit_type,
+/// address_size, debug_abbrev_offset, type_signature, type_offset; the 64-bit format when the
+/// gap needs it), or `None` when the gap is too small to hold one.
+fn padding_unit(gap: usize, endian: gimli::RunTimeEndian) -> Option<Vec<u8>> {
+    let big = matches!(endian, gimli::RunTimeEndian::Big);
+    let put = |out: &mut Vec<u8>, value: u64, size: usize| {
+        if big {
+            out.extend_from_slice(&value.to_be_bytes()[8 - size..]);
+        } else {
+            out.extend_from_slice(&value.to_le_bytes()[..size]);
+        }
+    };
+    let wide = gap >= 0xffff_fff0;
+    let (length_size, offset_size) = if wide { (12, 8) } else { (4, 4) };
+    let header_len = length_size + 2 + 1 + 1 + offset_size + 8 + offset_size;
+    if gap <= header_len {
+        return None;
+    }
+    let mut header = Vec::with_capacity(header_len);
+    if wide {
+        put(&mut header, 0xffff_ffff, 4);
+        put(&mut header, (gap - length_size) as u64, 8);
+    } else {
+        put(&mut header, (gap - length_size) as u64, 4);
+    }
+    put(&mut header, 5, 2);
+    put(&mut header, u64::from(gimli::constants::DW_UT_type.0), 1);
+    put(&mut header, 8, 1);
+    put(&mut header, 0, offset_size);
+    put(&mut header, 0, 8);
+    put(&mut header, header_len as u64, offset_size);
+    Some(header)
+}
