@@ -7,5 +7,6 @@ pub mod fs;
 pub mod hex;
 pub mod notify;
 pub mod privileges;
+pub mod sigbus;
 pub mod time;
 pub mod untrusted;
