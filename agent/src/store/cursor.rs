@@ -1,0 +1,167 @@
+//! What the remote sinks read: the store is their spool. Each sink keeps a cursor, the newest
+//! window it has delivered, in the store itself so a restart resumes where it stopped; window
+//! ids only grow, so what is left to send is every window after it.
+
+use std::time::Duration;
+
+use rusqlite::{params, OptionalExtension};
+
+use super::reader::{sample_of, Reader};
+use super::{Store, StoreError, TimeRange};
+use crate::profile::Profile;
+use crate::sys::time::from_unix_ns;
+
+impl Store {
+    /// The newest window the sink `name` has delivered (0 for none).
+    pub fn cursor(&self, name: &str) -> Result<i64, StoreError> {
+        let value: rusqlite::Result<Option<i64>> = self
+            .connection
+            .query_row(
+                "SELECT window FROM cursors WHERE name = ?1",
+                [name],
+                |row| row.get(0),
+            )
+            .optional();
+        match value {
+            Ok(value) => Ok(value.unwrap_or(0)),
+            // A store written before cursors existed, opened read-only.
+            Err(rusqlite::Error::SqliteFailure(_, Some(message)))
+                if message.contains("no such table") =>
+            {
+                Ok(0)
+            }
+            Err(e) => Err(self.sqlite(e)),
+        }
+    }
+
+    /// Records that the sink `name` has delivered every window up to `window`. Needs a store
+    /// opened with [`Store::open`].
+    pub fn set_cursor(&self, name: &str, window: i64) -> Result<(), StoreError> {
+        self.connection
+            .execute(
+                "INSERT INTO cursors (name, window) VALUES (?1, ?2)
+                 ON CONFLICT (name) DO UPDATE SET window = excluded.window",
+                params![name, window],
+            )
+            .map(|_| ())
+            .map_err(|e| self.sqlite(e))
+    }
+
+    /// Up to `limit` windows after window id `after`, oldest first: `(id, range)`. Window ids
+    /// only grow, so a sink that remembers the last id it delivered finds what is left here.
+    pub fn windows_after(
+        &self,
+        after: i64,
+        limit: usize,
+    ) -> Result<Vec<(i64, TimeRange)>, StoreError> {
+        let err = |e| self.sqlite(e);
+        let mut statement = self
+            .connection
+            .prepare_cached(
+                "SELECT id, start_ns, duration_ns FROM windows WHERE id > ?1 ORDER BY id LIMIT ?2",
+            )
+            .map_err(err)?;
+        let rows = statement
+            .query_map(params![after, limit as i64], |row| {
+                Ok((
+                    row.get::<_, i64>(0)?,
+                    row.get::<_, i64>(1)?,
+                    row.get::<_, i64>(2)?,
+                ))
+            })
+            .map_err(err)?;
+        let mut windows = Vec::new();
+        for row in rows {
+            let (id, start, duration) = row.map_err(err)?;
+            windows.push((
+                id,
+                TimeRange {
+                    from: from_unix_ns(start),
+                    to: from_unix_ns(start.saturating_add(duration.max(1))),
+                },
+            ));
+        }
+        Ok(windows)
+    }
+
+    /// The profile of one window (all its series; each sample's labels say which), or `None`
+    /// when retention has deleted it.
+    pub fn window_profile(&self, id: i64) -> Result<Option<Profile>, StoreError> {
+        let err = |e| self.sqlite(e);
+        // One read transaction for the hundreds of row reads below: without it each one takes
+        // and releases the database's file locks. Dropping it ends it (nothing was written).
+        let _read = self.connection.unchecked_transaction().map_err(err)?;
+        let window: Option<(i64, i64, i64)> = self
+            .connection
+            .query_row(
+                "SELECT start_ns, duration_ns, period_ns FROM windows WHERE id = ?1",
+                [id],
+                |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)),
+            )
+            .optional()
+            .map_err(err)?;
+        let Some((start, duration, period)) = window else {
+            return Ok(None);
+        };
+        let mut profile = Profile {
+            start: from_unix_ns(start),
+            duration: Duration::from_nanos(duration.max(0) as u64),
+            period_ns: period.max(0) as u64,
+            mappings: Vec::new(),
+            locations: Vec::new(),
+            samples: Vec::new(),
+        };
+        let mut rows = Vec::new();
+        self.for_each_window_rows("window = ?1", &[id], |series, stack, value| {
+            rows.push((series, stack, value))
+        })?;
+        let mut reader = Reader::new(&self.connection, &self.path);
+        for (series, stack, value) in rows {
+            let labels = reader.series(series)?.unwrap_or_default();
+            let locations = reader.stack(stack, &mut profile)?;
+            profile
+                .samples
+                .push(sample_of(&labels, locations, value as i64));
+        }
+        Ok(Some(profile))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+    use super::*;
+    use crate::profile::sample_profile;
+    use crate::store::{
+        fixtures::{named, window_at},
+        Retention,
+    };
+
+    #[test]
+    fn sinks_find_undelivered_windows_after_their_cursor() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = Store::open(dir.path(), Retention::default()).unwrap();
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        for i in 0..3 {
+            store.write_window(&window_at(now - 30 + i * 10)).unwrap();
+        }
+        assert_eq!(store.cursor("parca").unwrap(), 0);
+        let pending = store.windows_after(0, 10).unwrap();
+        assert_eq!(pending.len(), 3);
+        let first = store.window_profile(pending[0].0).unwrap().unwrap();
+        assert_eq!(named(&first), named(&sample_profile()));
+        assert_eq!(first.start, UNIX_EPOCH + Duration::from_secs(now - 30));
+        store.set_cursor("parca", pending[1].0).unwrap();
+        // A restart finds the cursor where it was left.
+        drop(store);
+        let store = Store::open(dir.path(), Retention::default()).unwrap();
+        let after = store.cursor("parca").unwrap();
+        assert_eq!(after, pending[1].0);
+        assert_eq!(store.windows_after(after, 10).unwrap(), vec![pending[2]]);
+        assert!(store.window_profile(12345).unwrap().is_none());
+    }
+}

@@ -1,0 +1,433 @@
+//! Reading windows back: the merge of a time range into one `Profile`, the series a range
+//! holds, and the list of windows. [`Reader`] rebuilds profile parts from rows, caching each
+//! row it reads so a stack shared by many samples costs one lookup.
+
+use std::{
+    collections::{HashMap, HashSet},
+    path::Path,
+    sync::Arc,
+    time::{Duration, SystemTime},
+};
+
+use rusqlite::{Connection, OptionalExtension};
+
+use super::codec::{decode_rows, parse_labels, varints};
+use super::{Labels, Store, StoreError, TimeRange};
+use crate::profile::{Line, Location, Mapping, Profile, Sample};
+use crate::sys::time::{from_unix_ns, unix_ns};
+
+impl Store {
+    /// Merges the windows that start in `range` and the series whose labels `matches` accepts
+    /// into one profile (samples carry `pid` and `comm`).
+    pub fn query(
+        &self,
+        range: TimeRange,
+        matches: &dyn Fn(&Labels) -> bool,
+    ) -> Result<Profile, StoreError> {
+        let err = |e| self.sqlite(e);
+        // One read transaction for every row read (see `window_profile`).
+        let _read = self.connection.unchecked_transaction().map_err(err)?;
+        let (from, to) = (unix_ns(range.from), unix_ns(range.to));
+        let (windows, first, last_end, period): (i64, Option<i64>, Option<i64>, Option<i64>) = self
+            .connection
+            .query_row(
+                "SELECT COUNT(*), MIN(start_ns), MAX(start_ns + duration_ns), MAX(period_ns)
+                     FROM windows WHERE start_ns >= ?1 AND start_ns < ?2",
+                [from, to],
+                |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?)),
+            )
+            .map_err(err)?;
+        let start = first.unwrap_or(from);
+        let mut profile = Profile {
+            start: from_unix_ns(start),
+            duration: Duration::from_nanos(last_end.unwrap_or(start).saturating_sub(start) as u64),
+            period_ns: period.unwrap_or(0) as u64,
+            mappings: Vec::new(),
+            locations: Vec::new(),
+            samples: Vec::new(),
+        };
+        if windows == 0 {
+            return Ok(profile);
+        }
+        let mut merged: HashMap<(i64, i64), u64> = HashMap::new();
+        self.for_each_window_rows(
+            "window IN (SELECT id FROM windows WHERE start_ns >= ?1 AND start_ns < ?2)",
+            &[from, to],
+            |series, stack, value| *merged.entry((series, stack)).or_insert(0) += value,
+        )?;
+        let mut merged: Vec<_> = merged.into_iter().collect();
+        // Stable output: the same store and range give the same profile.
+        merged.sort_unstable();
+        let mut reader = Reader::new(&self.connection, &self.path);
+        for ((series, stack), value) in merged {
+            let Some(labels) = reader.series(series)? else {
+                continue;
+            };
+            if !matches(&labels) {
+                continue;
+            }
+            let locations = reader.stack(stack, &mut profile)?;
+            profile
+                .samples
+                .push(sample_of(&labels, locations, value as i64));
+        }
+        Ok(profile)
+    }
+
+    /// Calls `each(series, stack, value)` for every row of the windows `condition` (SQL over
+    /// `window_samples.window`, with `params`) selects.
+    pub(super) fn for_each_window_rows(
+        &self,
+        condition: &str,
+        params: &[i64],
+        mut each: impl FnMut(i64, i64, u64),
+    ) -> Result<(), StoreError> {
+        let err = |e| self.sqlite(e);
+        let mut statement = self
+            .connection
+            .prepare_cached(&format!(
+                "SELECT window, rows FROM window_samples WHERE {condition}"
+            ))
+            .map_err(err)?;
+        let mut rows = statement
+            .query(rusqlite::params_from_iter(params))
+            .map_err(err)?;
+        while let Some(row) = rows.next().map_err(err)? {
+            let window: i64 = row.get(0).map_err(err)?;
+            let blob: Vec<u8> = row.get(1).map_err(err)?;
+            let decoded = decode_rows(&blob).ok_or_else(|| StoreError::Damaged {
+                path: self.path.clone(),
+                reason: format!("window {window}: its sample rows do not decode"),
+            })?;
+            for (series, stack, value) in decoded {
+                each(series, stack, value);
+            }
+        }
+        Ok(())
+    }
+
+    /// The label sets of series with samples in windows starting in `range`.
+    pub fn series(&self, range: TimeRange) -> Result<Vec<Labels>, StoreError> {
+        let mut ids = HashSet::new();
+        self.for_each_window_rows(
+            "window IN (SELECT id FROM windows WHERE start_ns >= ?1 AND start_ns < ?2)",
+            &[unix_ns(range.from), unix_ns(range.to)],
+            |series, _, _| {
+                ids.insert(series);
+            },
+        )?;
+        let mut reader = Reader::new(&self.connection, &self.path);
+        let mut series = Vec::new();
+        for id in ids {
+            let labels = reader.series(id)?.ok_or_else(|| StoreError::Damaged {
+                path: self.path.clone(),
+                reason: format!("series {id}: labels are not a JSON object of strings"),
+            })?;
+            series.push(Arc::unwrap_or_clone(labels));
+        }
+        series.sort();
+        Ok(series)
+    }
+
+    /// Windows stored: `(count, oldest start, newest start)`.
+    pub fn windows(&self) -> Result<(u64, Option<SystemTime>, Option<SystemTime>), StoreError> {
+        self.connection
+            .query_row(
+                "SELECT COUNT(*), MIN(start_ns), MAX(start_ns) FROM windows",
+                [],
+                |row| {
+                    Ok((
+                        row.get::<_, i64>(0)? as u64,
+                        row.get::<_, Option<i64>>(1)?.map(from_unix_ns),
+                        row.get::<_, Option<i64>>(2)?.map(from_unix_ns),
+                    ))
+                },
+            )
+            .map_err(|e| self.sqlite(e))
+    }
+
+    /// The time range of every stored window, oldest first.
+    pub fn window_ranges(&self) -> Result<Vec<TimeRange>, StoreError> {
+        let err = |e| self.sqlite(e);
+        let mut statement = self
+            .connection
+            .prepare("SELECT start_ns, duration_ns FROM windows ORDER BY id")
+            .map_err(err)?;
+        let rows = statement
+            .query_map([], |row| Ok((row.get::<_, i64>(0)?, row.get::<_, i64>(1)?)))
+            .map_err(err)?;
+        let mut ranges = Vec::new();
+        for row in rows {
+            let (start, duration) = row.map_err(err)?;
+            ranges.push(TimeRange {
+                from: from_unix_ns(start),
+                to: from_unix_ns(start.saturating_add(duration.max(1))),
+            });
+        }
+        Ok(ranges)
+    }
+}
+
+/// Rebuilds profile parts from rows, each row read once per query.
+pub(super) struct Reader<'a> {
+    connection: &'a Connection,
+    path: &'a Path,
+    /// Shared by every sample of the series: encoders and sinks group samples by the `Arc`.
+    series: HashMap<i64, Option<Arc<Labels>>>,
+    strings: HashMap<i64, String>,
+    functions: HashMap<i64, (String, String, Option<String>)>,
+    /// Database mapping id -> index in the profile's mappings.
+    mappings: HashMap<i64, usize>,
+    /// Database location id -> index in the profile's locations.
+    locations: HashMap<i64, usize>,
+}
+
+impl<'a> Reader<'a> {
+    pub(super) fn new(connection: &'a Connection, path: &'a Path) -> Self {
+        Reader {
+            connection,
+            path,
+            series: HashMap::new(),
+            strings: HashMap::new(),
+            functions: HashMap::new(),
+            mappings: HashMap::new(),
+            locations: HashMap::new(),
+        }
+    }
+
+    fn sqlite(&self, source: rusqlite::Error) -> StoreError {
+        StoreError::Sqlite {
+            path: self.path.to_owned(),
+            source,
+        }
+    }
+
+    fn damaged(&self, reason: String) -> StoreError {
+        StoreError::Damaged {
+            path: self.path.to_owned(),
+            reason,
+        }
+    }
+
+    pub(super) fn series(&mut self, id: i64) -> Result<Option<Arc<Labels>>, StoreError> {
+        if let Some(labels) = self.series.get(&id) {
+            return Ok(labels.clone());
+        }
+        let text: Option<String> = self
+            .connection
+            .prepare_cached("SELECT labels FROM series WHERE id = ?1")
+            .and_then(|mut s| s.query_row([id], |row| row.get(0)).optional())
+            .map_err(|e| self.sqlite(e))?;
+        let text = text.ok_or_else(|| self.damaged(format!("series {id} is missing")))?;
+        let labels = parse_labels(&text).map(Arc::new);
+        self.series.insert(id, labels.clone());
+        Ok(labels)
+    }
+
+    fn string(&mut self, id: i64) -> Result<String, StoreError> {
+        if let Some(s) = self.strings.get(&id) {
+            return Ok(s.clone());
+        }
+        let value: Option<String> = self
+            .connection
+            .prepare_cached("SELECT value FROM strings WHERE id = ?1")
+            .and_then(|mut s| s.query_row([id], |row| row.get(0)).optional())
+            .map_err(|e| self.sqlite(e))?;
+        let value = value.ok_or_else(|| self.damaged(format!("string {id} is missing")))?;
+        self.strings.insert(id, value.clone());
+        Ok(value)
+    }
+
+    fn optional_string(&mut self, id: i64) -> Result<Option<String>, StoreError> {
+        if id == 0 {
+            return Ok(None);
+        }
+        self.string(id).map(Some)
+    }
+
+    fn function(&mut self, id: i64) -> Result<(String, String, Option<String>), StoreError> {
+        if let Some(f) = self.functions.get(&id) {
+            return Ok(f.clone());
+        }
+        let row: Option<(i64, i64, i64)> = self
+            .connection
+            .prepare_cached("SELECT name, system_name, file FROM functions WHERE id = ?1")
+            .and_then(|mut s| {
+                s.query_row([id], |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)))
+                    .optional()
+            })
+            .map_err(|e| self.sqlite(e))?;
+        let (name, system_name, file) =
+            row.ok_or_else(|| self.damaged(format!("function {id} is missing")))?;
+        let function = (
+            self.string(name)?,
+            self.string(system_name)?,
+            self.optional_string(file)?,
+        );
+        self.functions.insert(id, function.clone());
+        Ok(function)
+    }
+
+    fn mapping(&mut self, id: i64, profile: &mut Profile) -> Result<Option<usize>, StoreError> {
+        if id == 0 {
+            return Ok(None);
+        }
+        if let Some(&index) = self.mappings.get(&id) {
+            return Ok(Some(index));
+        }
+        type Row = (i64, i64, i64, i64, i64, i64);
+        let row: Option<Row> = self
+            .connection
+            .prepare_cached(
+                "SELECT start, limit_, file_offset, path, build_id, flags FROM mappings WHERE id = ?1",
+            )
+            .and_then(|mut s| {
+                s.query_row([id], |row| {
+                    Ok((
+                        row.get(0)?,
+                        row.get(1)?,
+                        row.get(2)?,
+                        row.get(3)?,
+                        row.get(4)?,
+                        row.get(5)?,
+                    ))
+                })
+                .optional()
+            })
+            .map_err(|e| self.sqlite(e))?;
+        let (start, limit, file_offset, path, build_id, flags) =
+            row.ok_or_else(|| self.damaged(format!("mapping {id} is missing")))?;
+        let mapping = Mapping {
+            start: start as u64,
+            limit: limit as u64,
+            file_offset: file_offset as u64,
+            path: self.string(path)?,
+            build_id: self.optional_string(build_id)?,
+            has_functions: flags & 1 != 0,
+            has_filenames: flags & 2 != 0,
+            has_line_numbers: flags & 4 != 0,
+            has_inline_frames: flags & 8 != 0,
+        };
+        profile.mappings.push(mapping);
+        let index = profile.mappings.len() - 1;
+        self.mappings.insert(id, index);
+        Ok(Some(index))
+    }
+
+    fn location(&mut self, id: i64, profile: &mut Profile) -> Result<usize, StoreError> {
+        if let Some(&index) = self.locations.get(&id) {
+            return Ok(index);
+        }
+        let row: Option<(i64, i64, bool, Vec<u8>)> = self
+            .connection
+            .prepare_cached("SELECT mapping, address, kernel, lines FROM locations WHERE id = ?1")
+            .and_then(|mut s| {
+                s.query_row([id], |row| {
+                    Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?))
+                })
+                .optional()
+            })
+            .map_err(|e| self.sqlite(e))?;
+        let (mapping, address, kernel, blob) =
+            row.ok_or_else(|| self.damaged(format!("location {id} is missing")))?;
+        let numbers =
+            varints(&blob).ok_or_else(|| self.damaged(format!("location {id}: bad lines")))?;
+        let mut lines = Vec::with_capacity(numbers.len() / 2);
+        for pair in numbers.chunks_exact(2) {
+            let (function, system_name, file) = self.function(pair[0] as i64)?;
+            lines.push(Line {
+                function,
+                system_name,
+                file,
+                line: pair[1] as u32,
+            });
+        }
+        let mapping = self.mapping(mapping, profile)?;
+        profile.locations.push(Location {
+            mapping,
+            address: address as u64,
+            lines,
+            kernel,
+        });
+        let index = profile.locations.len() - 1;
+        self.locations.insert(id, index);
+        Ok(index)
+    }
+
+    pub(super) fn stack(
+        &mut self,
+        id: i64,
+        profile: &mut Profile,
+    ) -> Result<Vec<usize>, StoreError> {
+        let blob: Option<Vec<u8>> = self
+            .connection
+            .prepare_cached("SELECT locations FROM stacks WHERE id = ?1")
+            .and_then(|mut s| s.query_row([id], |row| row.get(0)).optional())
+            .map_err(|e| self.sqlite(e))?;
+        let blob = blob.ok_or_else(|| self.damaged(format!("stack {id} is missing")))?;
+        let ids = varints(&blob).ok_or_else(|| self.damaged(format!("stack {id}: bad list")))?;
+        ids.into_iter()
+            .map(|location| self.location(location as i64, profile))
+            .collect()
+    }
+}
+
+/// A sample of the series with `labels`.
+pub(super) fn sample_of(labels: &Arc<Labels>, locations: Vec<usize>, value: i64) -> Sample {
+    Sample {
+        pid: labels.get("pid").and_then(|p| p.parse().ok()).unwrap_or(0),
+        comm: labels.get("comm").cloned().unwrap_or_default(),
+        labels: labels.clone(),
+        locations,
+        count: value.max(0) as u64,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::UNIX_EPOCH;
+
+    use super::*;
+    use crate::profile::sample_profile;
+    use crate::store::{
+        fixtures::{everything, named, window_at},
+        Retention,
+    };
+
+    #[test]
+    fn round_trip_merges_windows() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = Store::open(dir.path(), Retention::default()).unwrap();
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        for i in 0..3 {
+            store.write_window(&window_at(now - 100 + i * 10)).unwrap();
+        }
+        let read = Store::open_read_only(dir.path()).unwrap();
+        let merged = read.query(everything(), &|_| true).unwrap();
+        let one = named(&sample_profile());
+        let expected: Vec<_> = one
+            .into_iter()
+            .map(|(p, c, f, n)| (p, c, f, n * 3))
+            .collect();
+        assert_eq!(named(&merged), expected);
+        assert_eq!(merged.mappings.len(), sample_profile().mappings.len());
+        // A range holding only the second window, and a selector.
+        let second = TimeRange {
+            from: UNIX_EPOCH + Duration::from_secs(now - 90),
+            to: UNIX_EPOCH + Duration::from_secs(now - 85),
+        };
+        let single = read.query(second, &|_| true).unwrap();
+        assert_eq!(single.total_samples(), sample_profile().total_samples());
+        let comm = &sample_profile().samples[0].comm;
+        let filtered = read
+            .query(everything(), &|l| l.get("comm") != Some(comm))
+            .unwrap();
+        assert!(filtered.samples.iter().all(|s| &s.comm != comm));
+        let series = read.series(everything()).unwrap();
+        assert!(series.iter().any(|l| l.get("comm") == Some(comm)));
+        assert_eq!(read.verify().unwrap(), 3);
+    }
+}

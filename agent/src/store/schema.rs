@@ -1,0 +1,106 @@
+//! The database's layout: its tables, and the header fields that tell a scorch store from any
+//! other SQLite file. A change to the tables bumps [`SCHEMA_VERSION`], so that a scorch that
+//! does not know them refuses the store rather than misreads it.
+
+use rusqlite::Connection;
+
+/// `PRAGMA application_id` of a scorch store ("SCOR"): how a SQLite file says what it is.
+pub(super) const APPLICATION_ID: i32 = 0x5343_4f52;
+/// `PRAGMA user_version`: the schema below.
+pub(super) const SCHEMA_VERSION: i32 = 2;
+
+const SCHEMA: &str = "
+CREATE TABLE strings (
+    id INTEGER PRIMARY KEY,
+    hash INTEGER NOT NULL, -- content_hash(value): looked up by it, compared on value
+    value TEXT NOT NULL,
+    last_window INTEGER NOT NULL
+);
+CREATE INDEX strings_by_hash ON strings (hash);
+CREATE TABLE mappings (
+    id INTEGER PRIMARY KEY,
+    start INTEGER NOT NULL,
+    limit_ INTEGER NOT NULL,
+    file_offset INTEGER NOT NULL,
+    path INTEGER NOT NULL,     -- strings.id
+    build_id INTEGER NOT NULL, -- strings.id, 0 for none
+    flags INTEGER NOT NULL,    -- has_functions | has_filenames << 1 | has_line_numbers << 2 | has_inline_frames << 3
+    last_window INTEGER NOT NULL,
+    UNIQUE (start, limit_, file_offset, path, build_id, flags)
+);
+CREATE TABLE functions (
+    id INTEGER PRIMARY KEY,
+    name INTEGER NOT NULL,        -- strings.id
+    system_name INTEGER NOT NULL, -- strings.id
+    file INTEGER NOT NULL,        -- strings.id, 0 for none
+    last_window INTEGER NOT NULL,
+    UNIQUE (name, system_name, file)
+);
+CREATE TABLE locations (
+    id INTEGER PRIMARY KEY,
+    hash INTEGER NOT NULL,    -- content_hash of the other columns
+    mapping INTEGER NOT NULL, -- mappings.id, 0 for none
+    address INTEGER NOT NULL,
+    kernel INTEGER NOT NULL,
+    lines BLOB NOT NULL,      -- varint (functions.id, line) pairs, innermost first
+    last_window INTEGER NOT NULL
+);
+CREATE INDEX locations_by_hash ON locations (hash);
+CREATE TABLE stacks (
+    id INTEGER PRIMARY KEY,
+    hash INTEGER NOT NULL,    -- content_hash(locations)
+    locations BLOB NOT NULL,  -- varint locations.id list, leaf first
+    last_window INTEGER NOT NULL
+);
+CREATE INDEX stacks_by_hash ON stacks (hash);
+CREATE TABLE series (
+    id INTEGER PRIMARY KEY,
+    labels TEXT NOT NULL UNIQUE, -- JSON object, keys sorted
+    last_window INTEGER NOT NULL
+);
+CREATE TABLE windows (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    start_ns INTEGER NOT NULL,
+    duration_ns INTEGER NOT NULL,
+    period_ns INTEGER NOT NULL
+);
+CREATE INDEX windows_by_start ON windows (start_ns);
+-- One row per window: its (series, stack, value) rows, sorted and delta-encoded as varints
+-- (see encode_rows). A few bytes per row, where a table row would cost ~15.
+CREATE TABLE window_samples (
+    window INTEGER PRIMARY KEY, -- windows.id
+    rows BLOB NOT NULL
+);
+";
+
+/// Creates a new store's tables in an empty database.
+pub(super) fn create(connection: &Connection) -> rusqlite::Result<()> {
+    // auto_vacuum must be chosen before the first table exists. The schema and the header
+    // fields that identify the file are committed before the switch to WAL, so they are in the
+    // main file (where `identify` reads them), not only in the WAL.
+    connection.execute_batch(&format!(
+        "PRAGMA auto_vacuum = INCREMENTAL;
+         BEGIN;
+         {SCHEMA}
+         PRAGMA application_id = {APPLICATION_ID};
+         PRAGMA user_version = {SCHEMA_VERSION};
+         COMMIT;"
+    ))
+}
+
+/// Sets up every connection that writes. The cursors table is created here rather than in
+/// [`SCHEMA`] so that stores made before it existed gain it on their next open.
+pub(super) fn configure(connection: &Connection) -> rusqlite::Result<()> {
+    connection.execute_batch(
+        // NORMAL in WAL mode: a committed window survives a crash of this process; only a
+        // power loss can take the newest transactions back.
+        "PRAGMA journal_mode = WAL;
+         PRAGMA synchronous = NORMAL;
+         PRAGMA journal_size_limit = 8388608;
+         PRAGMA foreign_keys = OFF;
+         CREATE TABLE IF NOT EXISTS cursors (
+             name TEXT PRIMARY KEY,    -- a remote sink
+             window INTEGER NOT NULL   -- the newest window it has delivered
+         );",
+    )
+}
