@@ -15,7 +15,7 @@
 use std::{
     collections::{BTreeMap, HashMap},
     io,
-    os::unix::fs::MetadataExt,
+    os::unix::fs::{MetadataExt, OpenOptionsExt},
     path::{Path, PathBuf},
     rc::Rc,
     sync::Arc,
@@ -25,6 +25,7 @@ use super::address::FileOffset;
 use super::elf::{ElfFile, ElfMiss, FileData, ResolvedFrame};
 use crate::sys::allocator::release_free_memory;
 use crate::sys::hex::to_hex;
+use crate::sys::untrusted;
 
 #[derive(Debug, thiserror::Error)]
 pub enum UserSymbolError {
@@ -243,11 +244,14 @@ pub struct UserFrame {
 // Parsed files are shared with `Rc`: addr2line parses lazily through cells, so a file is not
 // `Sync`; the symboliser lives on one thread.
 
-/// Identity of a cached file: its build id when it has one (the same binary in two containers
-/// is one entry), else where it lives on disk.
+/// Identity of a cached file: where it lives on disk, with its build id when it has one.
+///
+/// Never the build id alone: a build id is only bytes in a note, and any container can write
+/// another binary's into a file of its own. Were the first parse of a build id shared by every
+/// process, that container would name other processes' frames.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 enum CacheKey {
-    BuildId(String),
+    BuildId { id: String, dev: u64, inode: u64 },
     Inode { dev: u64, inode: u64, mtime: i64 },
 }
 
@@ -295,7 +299,7 @@ impl ElfCache {
         file: Option<Rc<ElfFile>>,
     ) -> Option<Rc<ElfFile>> {
         self.clock += 1;
-        // Same build id seen through another path or container: keep the first parse.
+        // The same file seen again (another process mapping it): keep the first parse.
         if let Some(existing) = self.entries.get_mut(&key) {
             existing.last_used = self.clock;
             self.by_inode.insert((dev, inode), key);
@@ -536,10 +540,8 @@ impl UserSymbolizer {
         {
             return;
         }
-        if let Ok((path, metadata)) = mapped_file_path(pid, entry) {
-            if let Ok(file) = std::fs::File::open(&path) {
-                self.held.insert(id, (file, path, metadata.mtime()));
-            }
+        if let Ok((file, path, mtime)) = open_mapped(pid, entry) {
+            self.held.insert(id, (file, path, mtime));
         }
     }
 
@@ -590,13 +592,11 @@ impl UserSymbolizer {
         pid: u32,
         entry: &MapEntry,
     ) -> Result<(ElfFile, CacheKey), UserMiss> {
-        let (data, path, mtime) = match self.held.remove(&(entry.dev, entry.inode)) {
-            Some((handle, path, mtime)) => (FileData::map_file(&handle, &path), path, mtime),
-            None => {
-                let (path, metadata) = mapped_file_path(pid, entry)?;
-                (FileData::map(&path), path, metadata.mtime())
-            }
+        let (handle, path, mtime) = match self.held.remove(&(entry.dev, entry.inode)) {
+            Some(held) => held,
+            None => open_mapped(pid, entry)?,
         };
+        let data = FileData::map_file(&handle, &path);
         let root = PathBuf::from(format!("/proc/{pid}/root"));
         let mut file = data
             .and_then(|data| ElfFile::parse(Arc::new(data), &path))
@@ -615,7 +615,11 @@ impl UserSymbolizer {
         // Indexing the DWARF read every unit header; those pages are not needed again soon.
         file.release_resident_pages();
         let key = match &file.build_id {
-            Some(id) => CacheKey::BuildId(id.clone()),
+            Some(id) => CacheKey::BuildId {
+                id: id.clone(),
+                dev: entry.dev,
+                inode: entry.inode,
+            },
             None => CacheKey::Inode {
                 dev: entry.dev,
                 inode: entry.inode,
@@ -657,14 +661,21 @@ impl UserSymbolizer {
         mut accept: impl FnMut(&Path, FileData) -> Option<T>,
     ) -> Option<T> {
         let prefixes = [root, Path::new("/")];
-        if let Some(id) = build_id.filter(|id| id.len() > 2) {
+        // Every candidate is opened as untrusted, inside its root (see `open_mapped`).
+        let map_in = |prefix: &Path, relative: &Path| -> Option<(PathBuf, FileData)> {
+            let opened = untrusted::open_in_root(prefix, relative).ok()?;
+            let data = FileData::map_file(&opened.file, &opened.path).ok()?;
+            Some((opened.path, data))
+        };
+        if let Some(id) =
+            build_id.filter(|id| id.len() > 2 && id.bytes().all(|b| b.is_ascii_hexdigit()))
+        {
             let relative = format!("usr/lib/debug/.build-id/{}/{}.debug", &id[..2], &id[2..]);
             for prefix in prefixes {
-                let path = prefix.join(&relative);
-                if !path.exists() {
+                let Some((path, data)) = map_in(prefix, Path::new(&relative)) else {
                     continue;
-                }
-                let checked = FileData::map(&path).ok().filter(|data| {
+                };
+                let checked = Some(data).filter(|data| {
                     object::File::parse(data.bytes())
                         .ok()
                         .and_then(|debug| object::Object::build_id(&debug).ok().flatten())
@@ -677,14 +688,18 @@ impl UserSymbolizer {
             }
         }
         let (name, crc) = debuglink?.clone();
+        if !is_plain_file_name(&name) {
+            *self.fallbacks.entry(Fallback::BadDebugFile).or_insert(0) += 1;
+            return None;
+        }
         let dir = Path::new(binary).parent()?.strip_prefix("/").ok()?;
         for prefix in prefixes {
-            for candidate in [
-                prefix.join(dir).join(&name),
-                prefix.join(dir).join(".debug").join(&name),
-                prefix.join("usr/lib/debug").join(dir).join(&name),
+            for relative in [
+                dir.join(&name),
+                dir.join(".debug").join(&name),
+                Path::new("usr/lib/debug").join(dir).join(&name),
             ] {
-                let Ok(data) = FileData::map(&candidate) else {
+                let Some((candidate, data)) = map_in(prefix, &relative) else {
                     continue;
                 };
                 if crc32fast::hash(data.bytes()) != crc {
@@ -837,8 +852,8 @@ impl UserSymbolizer {
     /// The build id note of the file behind `entry`, and the file handed to the debug-info
     /// upload while it is open.
     fn read_build_id(&mut self, pid: u32, entry: &MapEntry) -> Option<String> {
-        let (path, _) = mapped_file_path(pid, entry).ok()?;
-        let data = FileData::map(&path).ok()?;
+        let (handle, path, _) = open_mapped(pid, entry).ok()?;
+        let data = FileData::map_file(&handle, &path).ok()?;
         let file = object::File::parse(data.bytes()).ok()?;
         let id = to_hex(object::Object::build_id(&file).ok()??);
         let Some(limit) = self.collect_binaries else {
@@ -877,30 +892,45 @@ impl UserSymbolizer {
     }
 }
 
-/// Where the file a mapping holds can be opened: `/proc/PID/map_files` (the mapped inode
-/// itself, even deleted or replaced), else the process's root or, once the process is gone, the
-/// host path, each only when the inode still matches.
-fn mapped_file_path(pid: u32, entry: &MapEntry) -> Result<(PathBuf, std::fs::Metadata), UserMiss> {
+/// Opens the file a mapping holds: `/proc/PID/map_files` (the mapped inode itself, even
+/// deleted or replaced), else the path inside the process's root or, once the process is gone,
+/// on the host, each only when the inode (and on the host the device) matches.
+///
+/// The path comes from the process, so it is opened as untrusted ([`untrusted::open_in_root`]:
+/// inside that root, no FIFO, device or final symlink), and the identity is checked on the
+/// descriptor that will be read, never on a path opened again later.
+fn open_mapped(pid: u32, entry: &MapEntry) -> Result<(std::fs::File, PathBuf, i64), UserMiss> {
     let map_files = PathBuf::from(format!(
         "/proc/{pid}/map_files/{:x}-{:x}",
         entry.start, entry.end
     ));
-    if let Ok(m) = std::fs::metadata(&map_files) {
-        return Ok((map_files, m));
+    // The kernel's own link to the mapped file: not a path the process chose.
+    if let Ok(file) = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(&map_files)
+    {
+        if let Ok(m) = file.metadata() {
+            if m.is_file() {
+                return Ok((file, map_files, m.mtime()));
+            }
+        }
     }
-    let by_root =
-        PathBuf::from(format!("/proc/{pid}/root")).join(entry.file_path().trim_start_matches('/'));
-    let on_host = PathBuf::from(entry.file_path());
+    let root = PathBuf::from(format!("/proc/{pid}/root"));
+    let path = Path::new(entry.file_path());
     let mut replaced = false;
     // Through the root only the inode is compared: on overlayfs the device in /proc/PID/maps
-    // is the underlying one, not what stat reports.
-    for (candidate, check_dev) in [(by_root, false), (on_host, true)] {
-        match std::fs::metadata(&candidate) {
-            Ok(m) if m.ino() == entry.inode && (!check_dev || m.dev() == entry.dev_t()) => {
-                return Ok((candidate, m));
+    // is the underlying one, not what fstat reports.
+    for (root, check_dev) in [(root.as_path(), false), (Path::new("/"), true)] {
+        match untrusted::open_in_root(root, path) {
+            Ok(opened)
+                if opened.inode == entry.inode && (!check_dev || opened.dev == entry.dev_t()) =>
+            {
+                let mtime = opened.file.metadata().map(|m| m.mtime()).unwrap_or(0);
+                return Ok((opened.file, opened.path, mtime));
             }
             Ok(_) => replaced = true,
-            Err(_) => {}
+            Err(err) => tracing::trace!("{err}"),
         }
     }
     Err(if replaced {
@@ -909,6 +939,20 @@ fn mapped_file_path(pid: u32, entry: &MapEntry) -> Result<(PathBuf, std::fs::Met
         UserMiss::UnreadableFile
     })
 }
+
+/// A `.gnu_debuglink` name is a file name the binary's author wrote; it must not climb out of
+/// the directories it is looked up in (`../../etc/shadow`).
+fn is_plain_file_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 255
+        && name != "."
+        && name != ".."
+        && !name.contains(['/', '\0'])
+}
+
+/// Largest perf map read: JITs of big applications write tens of MiB; anything beyond this is
+/// not a symbol map but an attempt to exhaust the daemon.
+pub const MAX_PERF_MAP_BYTES: u64 = 64 << 20;
 
 /// A JIT's symbol map, `/tmp/perf-PID.map`: one `START SIZE name` line (hex) per function.
 #[derive(Debug, Default)]
@@ -919,11 +963,38 @@ pub struct PerfMap {
 
 impl PerfMap {
     /// Reads the map of `pid` inside its own root, under the PID its own namespace gives it.
+    ///
+    /// The file is the process's to write, so it is opened as untrusted: a FIFO, a device or a
+    /// symlink there is refused without blocking, and a map above [`MAX_PERF_MAP_BYTES`] is not
+    /// read. As perf does, a map owned by neither the process's user nor root is ignored: in a
+    /// shared `/tmp` another user could otherwise name this process's JIT frames.
     pub fn read(pid: u32) -> Option<PerfMap> {
         let ns_pid = namespace_pid(pid).unwrap_or(pid);
-        let path = format!("/proc/{pid}/root/tmp/perf-{ns_pid}.map");
-        let text = std::fs::read_to_string(path).ok()?;
-        Some(PerfMap::parse(&text))
+        let root = PathBuf::from(format!("/proc/{pid}/root"));
+        let relative = format!("tmp/perf-{ns_pid}.map");
+        let mut opened = match untrusted::open_in_root(&root, Path::new(&relative)) {
+            Ok(opened) => opened,
+            Err(err) => {
+                tracing::debug!("perf map of process {pid}: {err}");
+                return None;
+            }
+        };
+        let owner = opened.file.metadata().ok()?.uid();
+        if owner != 0 && Some(owner) != process_uid(pid) {
+            tracing::debug!(
+                "perf map {}: owned by uid {owner}, not by process {pid}'s user; ignored",
+                opened.path.display()
+            );
+            return None;
+        }
+        let bytes = match untrusted::read_bounded(&mut opened, MAX_PERF_MAP_BYTES) {
+            Ok(bytes) => bytes,
+            Err(err) => {
+                tracing::debug!("perf map of process {pid}: {err}");
+                return None;
+            }
+        };
+        Some(PerfMap::parse(&String::from_utf8_lossy(&bytes)))
     }
 
     /// Parses perf map text; malformed lines are skipped (JITs write these files live).
@@ -955,6 +1026,18 @@ impl PerfMap {
     }
 }
 
+/// The effective user of `pid` (second `Uid` field of its status).
+fn process_uid(pid: u32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
 /// The PID of `pid` inside its own PID namespace (last `NSpid` field), used in perf map names.
 fn namespace_pid(pid: u32) -> Option<u32> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
@@ -970,6 +1053,15 @@ fn namespace_pid(pid: u32) -> Option<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn debug_links_are_plain_file_names() {
+        assert!(is_plain_file_name("libc.so.6.debug"));
+        for bad in ["", ".", "..", "../../etc/shadow", "a/b", "x\0y"] {
+            assert!(!is_plain_file_name(bad), "{bad:?}");
+        }
+        assert!(!is_plain_file_name(&"x".repeat(256)));
+    }
 
     #[test]
     fn perf_maps_name_jit_code() {
@@ -1007,13 +1099,21 @@ mod tests {
         // Inode 2 was the least recently used: 1 was read after the inserts.
         assert!(cache.get(1, 2).is_none());
         assert!(cache.get(1, 1).is_some() && cache.get(1, 3).is_some());
-        // The same build id through another inode is one entry.
+        // The same build id in two files is two entries: a file claiming another's build id
+        // must not lend its symbols to the other's processes.
         let mut cache = ElfCache::new(usize::MAX);
-        let id = CacheKey::BuildId("ab".into());
-        cache.insert(1, 10, id.clone(), Some(file.clone()));
-        cache.insert(2, 20, id, Some(file.clone()));
-        assert_eq!(cache.entries.len(), 1);
-        assert_eq!(cache.used, cost);
+        let key = |dev, inode| CacheKey::BuildId {
+            id: "ab".into(),
+            dev,
+            inode,
+        };
+        cache.insert(1, 10, key(1, 10), Some(file.clone()));
+        cache.insert(2, 20, key(2, 20), Some(file.clone()));
+        assert_eq!(cache.entries.len(), 2);
+        assert_eq!(cache.used, 2 * cost);
+        // The same file through another mapping is one entry.
+        cache.insert(1, 10, key(1, 10), Some(file.clone()));
+        assert_eq!(cache.entries.len(), 2);
     }
 
     const MAPS: &str = "\

@@ -35,6 +35,7 @@ use std::{
 use object::{Object, ObjectSegment};
 
 use super::address::{ElfAddress, FileOffset};
+use crate::sys;
 use dwarf::Dwarf;
 pub use symtab::demangle;
 use symtab::SymbolTable;
@@ -54,9 +55,14 @@ pub enum ElfError {
 
 /// The bytes of a file: mapped from disk, or owned (a copy of the vdso, fuzz input).
 pub enum FileData {
-    Mapped(memmap2::Mmap),
+    /// Mapped read-only. A file mapping carries its SIGBUS guard (see [`sys::sigbus`]):
+    /// whoever can write the file can shrink it under us. Anonymous memory needs none.
+    Mapped(memmap2::Mmap, Option<sys::sigbus::Guarded>),
     Owned(Vec<u8>),
 }
+
+/// Files larger than this are not copied into memory when no SIGBUS guard is left for them.
+const MAX_COPIED_FILE: u64 = 64 << 20;
 
 impl FileData {
     /// Maps `path` read-only.
@@ -74,16 +80,34 @@ impl FileData {
             path: path.to_owned(),
             source,
         };
-        // SAFETY: a private read-only map. A file truncated underneath it would fault on
-        // access; binaries are replaced by rename, not rewritten in place, and a binary that is
-        // mapped for execution cannot be opened for writing (ETXTBSY).
+        // SAFETY: a private read-only map. A file truncated underneath it faults on access;
+        // the guard below turns that fault into pages of zeros instead of a dead daemon.
         let map = unsafe { memmap2::Mmap::map(file) }.map_err(read_err)?;
-        Ok(FileData::Mapped(map))
+        match sys::sigbus::guard(map.as_ptr(), map.len()) {
+            Some(guard) => Ok(FileData::Mapped(map, Some(guard))),
+            None => {
+                // Every guard is taken: read the file instead, if it is of a sane size.
+                drop(map);
+                let size = file.metadata().map_err(read_err)?.len();
+                if size > MAX_COPIED_FILE {
+                    return Err(read_err(std::io::Error::other(
+                        "too many files mapped to map another one, and too large to copy",
+                    )));
+                }
+                let mut bytes = Vec::with_capacity(size as usize);
+                std::io::Read::read_to_end(
+                    &mut std::io::Read::take(file, MAX_COPIED_FILE),
+                    &mut bytes,
+                )
+                .map_err(read_err)?;
+                Ok(FileData::Owned(bytes))
+            }
+        }
     }
 
     pub fn bytes(&self) -> &[u8] {
         match self {
-            FileData::Mapped(map) => map,
+            FileData::Mapped(map, _) => map,
             FileData::Owned(bytes) => bytes,
         }
     }
@@ -92,7 +116,7 @@ impl FileData {
     /// cache (shared, not this process's RSS) and fault back in on the next read; without
     /// this, every DWARF page a lookup ever touched would count as scorch's memory.
     fn release_resident_pages(&self) {
-        if let FileData::Mapped(map) = self {
+        if let FileData::Mapped(map, _) = self {
             // SAFETY: the mapping is private and read-only and never written, so discarding
             // its pages loses nothing: the next access reads the file again.
             let _ = unsafe { map.unchecked_advise(memmap2::UncheckedAdvice::DontNeed) };

@@ -272,7 +272,8 @@ fn padded_units(
         map[offset..offset + len].copy_from_slice(&info[offset..offset + len]);
         at = offset + len;
     }
-    Some(FileData::Mapped(map.make_read_only().ok()?))
+    // Anonymous memory cannot shrink: no SIGBUS guard.
+    Some(FileData::Mapped(map.make_read_only().ok()?, None))
 }
 
 /// The header of a DWARF 5 type unit spanning `gap` bytes (unit_length, version, unit_type,
