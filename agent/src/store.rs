@@ -74,16 +74,60 @@ pub enum StoreError {
 }
 
 impl StoreError {
-    /// A short reason for metrics: `disk_full`, `busy`, or `other`.
-    pub fn reason(&self) -> &'static str {
+    pub fn reason(&self) -> ErrorReason {
         match self {
             StoreError::Sqlite { source, .. } => match source.sqlite_error_code() {
-                Some(ErrorCode::DiskFull) => "disk_full",
-                Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => "busy",
-                _ => "other",
+                Some(ErrorCode::DiskFull) => ErrorReason::DiskFull,
+                Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => ErrorReason::Busy,
+                _ => ErrorReason::Other,
             },
-            _ => "other",
+            _ => ErrorReason::Other,
         }
+    }
+}
+
+/// What a [`StoreError`] comes down to, for metrics: a few fixed values, since each becomes a
+/// series.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorReason {
+    DiskFull,
+    /// Another connection held the database past the busy timeout.
+    Busy,
+    Other,
+}
+
+impl ErrorReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorReason::DiskFull => "disk_full",
+            ErrorReason::Busy => "busy",
+            ErrorReason::Other => "other",
+        }
+    }
+}
+
+/// A window's id in the store. Ids only grow, by one per window written, so a sink's cursor
+/// (the last window it delivered) says what is left to send, and a gap says what retention
+/// deleted first.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct WindowId(i64);
+
+impl WindowId {
+    /// Before the first window: the cursor of a sink that delivered nothing.
+    pub const NONE: WindowId = WindowId(0);
+
+    pub const fn new(id: i64) -> WindowId {
+        WindowId(id)
+    }
+
+    pub const fn get(self) -> i64 {
+        self.0
+    }
+}
+
+impl std::fmt::Display for WindowId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
     }
 }
 
@@ -618,9 +662,9 @@ impl Store {
     /// only grow, so a sink that remembers the last id it delivered finds what is left here.
     pub fn windows_after(
         &self,
-        after: i64,
+        after: WindowId,
         limit: usize,
-    ) -> Result<Vec<(i64, TimeRange)>, StoreError> {
+    ) -> Result<Vec<(WindowId, TimeRange)>, StoreError> {
         let err = |e| self.sqlite(e);
         let mut statement = self
             .connection
@@ -629,7 +673,7 @@ impl Store {
             )
             .map_err(err)?;
         let rows = statement
-            .query_map(params![after, limit as i64], |row| {
+            .query_map(params![after.0, limit as i64], |row| {
                 Ok((
                     row.get::<_, i64>(0)?,
                     row.get::<_, i64>(1)?,
@@ -641,7 +685,7 @@ impl Store {
         for row in rows {
             let (id, start, duration) = row.map_err(err)?;
             windows.push((
-                id,
+                WindowId(id),
                 TimeRange {
                     from: from_unix_ns(start),
                     to: from_unix_ns(start.saturating_add(duration.max(1))),
@@ -653,7 +697,8 @@ impl Store {
 
     /// The profile of one window (all its series; each sample's labels say which), or `None`
     /// when retention has deleted it.
-    pub fn window_profile(&self, id: i64) -> Result<Option<Profile>, StoreError> {
+    pub fn window_profile(&self, id: WindowId) -> Result<Option<Profile>, StoreError> {
+        let id = id.0;
         let err = |e| self.sqlite(e);
         // One read transaction for the hundreds of row reads below: without it each one takes
         // and releases the database's file locks. Dropping it ends it (nothing was written).
@@ -693,8 +738,8 @@ impl Store {
         Ok(Some(profile))
     }
 
-    /// The newest window the sink `name` has delivered (0 for none).
-    pub fn cursor(&self, name: &str) -> Result<i64, StoreError> {
+    /// The newest window the sink `name` has delivered ([`WindowId::NONE`] for none).
+    pub fn cursor(&self, name: &str) -> Result<WindowId, StoreError> {
         let value: rusqlite::Result<Option<i64>> = self
             .connection
             .query_row(
@@ -704,12 +749,12 @@ impl Store {
             )
             .optional();
         match value {
-            Ok(value) => Ok(value.unwrap_or(0)),
+            Ok(value) => Ok(value.map_or(WindowId::NONE, WindowId)),
             // A store written before cursors existed, opened read-only.
             Err(rusqlite::Error::SqliteFailure(_, Some(message)))
                 if message.contains("no such table") =>
             {
-                Ok(0)
+                Ok(WindowId::NONE)
             }
             Err(e) => Err(self.sqlite(e)),
         }
@@ -717,12 +762,12 @@ impl Store {
 
     /// Records that the sink `name` has delivered every window up to `window`. Needs a store
     /// opened with [`Store::open`].
-    pub fn set_cursor(&self, name: &str, window: i64) -> Result<(), StoreError> {
+    pub fn set_cursor(&self, name: &str, window: WindowId) -> Result<(), StoreError> {
         self.connection
             .execute(
                 "INSERT INTO cursors (name, window) VALUES (?1, ?2)
                  ON CONFLICT (name) DO UPDATE SET window = excluded.window",
-                params![name, window],
+                params![name, window.0],
             )
             .map(|_| ())
             .map_err(|e| self.sqlite(e))
@@ -1801,8 +1846,8 @@ mod tests {
         for i in 0..3 {
             store.write_window(&window_at(now - 30 + i * 10)).unwrap();
         }
-        assert_eq!(store.cursor("parca").unwrap(), 0);
-        let pending = store.windows_after(0, 10).unwrap();
+        assert_eq!(store.cursor("parca").unwrap(), WindowId::NONE);
+        let pending = store.windows_after(WindowId::NONE, 10).unwrap();
         assert_eq!(pending.len(), 3);
         let first = store.window_profile(pending[0].0).unwrap().unwrap();
         assert_eq!(named(&first), named(&sample_profile()));
@@ -1814,7 +1859,10 @@ mod tests {
         let after = store.cursor("parca").unwrap();
         assert_eq!(after, pending[1].0);
         assert_eq!(store.windows_after(after, 10).unwrap(), vec![pending[2]]);
-        assert!(store.window_profile(12345).unwrap().is_none());
+        assert!(store
+            .window_profile(WindowId::new(12345))
+            .unwrap()
+            .is_none());
     }
 
     #[test]

@@ -33,7 +33,7 @@ use axum::{
 use serde::Deserialize;
 
 use crate::{
-    metrics::{Health, Metrics},
+    metrics::{Health, Registry},
     parse::selector::{Selector, SelectorError},
     parse::timespec::{self, TimeError},
     profile::encode::{self, EncodeOptions, Format},
@@ -46,8 +46,8 @@ use crate::{
 pub struct HttpState {
     /// The store the daemon writes; each query opens it read-only.
     pub store_dir: PathBuf,
-    /// Encoded on each `GET /metrics`.
-    pub metrics: Arc<Metrics>,
+    /// Every subsystem's metrics, encoded on each `GET /metrics`.
+    pub metrics: Arc<Registry>,
     /// Asked on each `GET /healthz`.
     pub health: Arc<Health>,
     /// The daemon's window length, which the UI shows so a user knows how fresh the data is.
@@ -489,9 +489,15 @@ mod tests {
     /// The routes that need no store, through `serve` on a loopback socket, then shutdown.
     #[tokio::test]
     async fn metrics_health_ui_and_bad_requests() {
+        let mut registry = Registry::new();
+        registry.register(
+            "samples",
+            "Samples drained from the kernel",
+            prometheus_client::metrics::counter::Counter::<u64>::default(),
+        );
         let state = Arc::new(HttpState {
             store_dir: PathBuf::from("/nonexistent/scorch-store"),
-            metrics: Arc::new(Metrics::new()),
+            metrics: Arc::new(registry),
             health: Arc::new(Health::new(Duration::from_secs(10), SystemTime::now())),
             window: Duration::from_secs(10),
         });
