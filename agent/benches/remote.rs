@@ -25,7 +25,7 @@ use std::{
 use scorch::{
     export::{self, pyroscope, ClientSettings, RemoteConfig, RemoteProtocol},
     profile::{Labels, Line, Location, Mapping, Profile, Sample},
-    store::{Retention, Store},
+    store::{Retention, Store, WindowId},
 };
 
 const SERIES: usize = 100;
@@ -324,9 +324,9 @@ fn server_down_hour(scorch: &Path, work: &Path, server: StandIn) {
             RemoteProtocol::Pyroscope,
             &export::endpoint(&url, false).expect("url"),
         );
-        store.set_cursor(&name, 0).expect("cursor");
+        store.set_cursor(&name, WindowId::NONE).expect("cursor");
         store
-            .set_cursor(&format!("{name}#started"), 1)
+            .set_cursor(&format!("{name}#started"), WindowId::new(1))
             .expect("cursor");
         store.checkpoint().expect("checkpoint");
         println!(
@@ -336,7 +336,7 @@ fn server_down_hour(scorch: &Path, work: &Path, server: StandIn) {
         // What the sender's heap holds for one window, at its two stages.
         let before = heap_bytes();
         let profile = store
-            .window_profile(BACKLOG_WINDOWS as i64)
+            .window_profile(WindowId::new(BACKLOG_WINDOWS as i64))
             .expect("reading a window")
             .expect("the last window");
         let read = heap_bytes();

@@ -188,8 +188,8 @@ pub async fn record(args: &RecordConfig) -> Result<RecordSummary, RecordError> {
         .user
         .misses
         .iter()
-        .map(|(miss, n)| (miss.name(), *n))
-        .chain(session.user.fallbacks.iter().map(|(f, n)| (f.name(), *n)))
+        .map(|(miss, n)| (miss.as_str(), *n))
+        .chain(session.user.fallbacks.iter().map(|(f, n)| (f.as_str(), *n)))
         .collect();
     let format = args.format;
     let title = format!(

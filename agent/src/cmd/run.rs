@@ -7,8 +7,14 @@
 //! A store that cannot be written (a full disk) does not stop sampling: windows wait in memory
 //! (up to [`MAX_BUFFERED_WINDOWS`]) and are written when the store accepts writes again.
 //!
-//! With `remote-url`, the remote sink (`sink/`) runs beside it on its own thread, reading the
-//! windows back from the store and sending them to Pyroscope or Parca.
+//! With `remote-url`, the remote sink (`export/`) runs beside it on its own thread, reading
+//! the windows back from the store and sending them to Pyroscope or Parca.
+//!
+//! Each part registers its own metrics in one [`Registry`] before the HTTP server starts, so
+//! the first scrape has every family: the loop's ([`metrics::WindowMetrics`]) and the remote
+//! sink's (with or without a remote, so dashboards see zeros rather than no data).
+
+mod metrics;
 
 use std::{
     collections::{HashSet, VecDeque},
@@ -24,16 +30,19 @@ use tokio::{
     sync::{mpsc::error::TrySendError, watch},
 };
 
+use self::metrics::WindowMetrics;
 use crate::{
     cmd::session::{Session, DISCOVERY_INTERVAL},
-    export::{self, debuginfo::DebugFileSender, RemoteConfig, RemoteProtocol, SinkError},
+    export::{
+        self, debuginfo::DebugFileSender, RemoteConfig, RemoteMetrics, RemoteProtocol, SinkError,
+    },
     labels::{
         self,
         kubernetes::Kubernetes,
         relabel::{self, Outcome, RuleConfig},
         Labeler, PodFacts,
     },
-    metrics::{Health, Metrics},
+    metrics::{Health, Registry},
     pipeline::drain::{DrainError, Drainer},
     pipeline::sampler::{Sampler, SamplerConfig, SamplerError},
     profile::{Labels, Profile},
@@ -143,13 +152,15 @@ pub async fn run(config: RunConfig, store: Store) -> Result<(), RunError> {
             address: config.http_address,
             source,
         })?;
-    let metrics = Arc::new(Metrics::new());
-    metrics.declare_debuginfo_results(export::debuginfo::UploadResult::ALL.map(|r| r.name()));
+    let mut registry = Registry::new();
+    let window_metrics = WindowMetrics::register(&mut registry);
+    let remote_metrics = Arc::new(RemoteMetrics::register(&mut registry));
+    let registry = Arc::new(registry);
     let health = Arc::new(Health::new(config.window, SystemTime::now()));
     let (stop_http, http_stopped) = watch::channel(false);
     let http_state = Arc::new(HttpState::new(
         config.store.clone(),
-        metrics.clone(),
+        registry.clone(),
         health.clone(),
         config.window,
         AllowedHosts::new(config.http_address, &config.http_allowed_hosts),
@@ -166,7 +177,7 @@ pub async fn run(config: RunConfig, store: Store) -> Result<(), RunError> {
     match Kubernetes::from_environment() {
         Ok(Some(kubernetes)) => {
             kubernetes.start();
-            metrics.watch_kubernetes(Box::new(kubernetes.clone()));
+            registry.watch_kubernetes(Box::new(kubernetes.clone()));
             tracing::info!("naming pods from the Kubernetes API server");
             labeler = labeler.with_pods(move |uid, container_id| {
                 let pod = kubernetes.pod(uid)?;
@@ -207,7 +218,7 @@ pub async fn run(config: RunConfig, store: Store) -> Result<(), RunError> {
             &config.remote,
             &config.store,
             config.retention,
-            metrics.clone(),
+            remote_metrics,
             debug_files_rx,
         )?),
         None => None,
@@ -245,7 +256,7 @@ pub async fn run(config: RunConfig, store: Store) -> Result<(), RunError> {
         period_ns: 1_000_000_000 / config.frequency,
         store,
         buffered: VecDeque::new(),
-        metrics: metrics.clone(),
+        metrics: window_metrics,
         health: health.clone(),
         warned_binaries: HashSet::new(),
         failing_since: None,
@@ -330,7 +341,7 @@ struct Pipeline {
     store: Store,
     /// Symbolised windows the store has not accepted yet, oldest first.
     buffered: VecDeque<Profile>,
-    metrics: Arc<Metrics>,
+    metrics: WindowMetrics,
     health: Arc<Health>,
     /// Executables already reported as built without frame pointers.
     warned_binaries: HashSet<String>,
@@ -431,7 +442,7 @@ impl Pipeline {
         let (samples, losses) = (raw.total_samples(), raw.losses);
         self.session.add(raw);
         self.metrics
-            .window_drained(samples, losses.by_reason(), drain_started.elapsed());
+            .window_drained(samples, &losses, drain_started.elapsed());
         self.health.sampling_ok_at(SystemTime::now());
 
         let aggregated = std::mem::take(&mut self.session.aggregated);

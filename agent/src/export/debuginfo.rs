@@ -47,14 +47,12 @@ use super::{
         upload_request, InitiateUploadRequest, MarkUploadFinishedRequest,
         ShouldInitiateUploadRequest, UploadInfo, UploadRequest,
     },
-    wait, Backoff, ClientSettings, SendError, SinkError, BACKOFF_BASE, BACKOFF_CAP,
+    wait, Backoff, ClientSettings, FailureReason, RemoteMetrics, SendError, SinkError,
+    BACKOFF_BASE, BACKOFF_CAP,
 };
-use crate::{
-    metrics::Metrics,
-    symbolize::elf::{
-        extract::{write_debug, ExtractError},
-        FileData,
-    },
+use crate::symbolize::elf::{
+    extract::{write_debug, ExtractError},
+    FileData,
 };
 
 /// Uploads at once: each has an extracted file on disk and a chunk or two of it in memory, and
@@ -243,7 +241,7 @@ impl UploadResult {
         UploadResult::Failed,
     ];
 
-    pub fn name(self) -> &'static str {
+    pub fn as_str(self) -> &'static str {
         match self {
             UploadResult::Uploaded => "uploaded",
             UploadResult::AlreadyPresent => "already_present",
@@ -262,7 +260,7 @@ struct Shared {
     /// For signed-URL uploads, with the remote's TLS settings.
     http: reqwest::Client,
     timeout: Duration,
-    metrics: Arc<Metrics>,
+    metrics: Arc<RemoteMetrics>,
     stop: watch::Receiver<bool>,
     /// Where extracted files are written (see [`extract_debug`]).
     temp_dir: PathBuf,
@@ -282,7 +280,7 @@ impl Uploader {
         connection: &parca::Connection,
         settings: &ClientSettings,
         files: DebugFileReceiver,
-        metrics: Arc<Metrics>,
+        metrics: Arc<RemoteMetrics>,
         stop: watch::Receiver<bool>,
         temp_dir: PathBuf,
     ) -> Result<Uploader, SinkError> {
@@ -355,7 +353,7 @@ async fn upload(shared: Shared, file: DebugFile) {
             UploadResult::Failed
         }
     };
-    metrics.debuginfo_upload(result.name());
+    metrics.debuginfo_upload(result);
 }
 
 async fn upload_file(
@@ -502,7 +500,7 @@ async fn grpc_attempt<T>(
         Ok(Ok(response)) => Ok(response.into_inner()),
         Ok(Err(status)) => Err(parca::classify_status(&status)),
         Err(_) => Err(SendError::Retryable {
-            reason: "timeout",
+            reason: FailureReason::Timeout,
             message: format!("no answer within {timeout:?}"),
             retry_after: None,
         }),
@@ -746,7 +744,7 @@ mod tests {
             ),
             http: reqwest::Client::new(),
             timeout: Duration::from_secs(1),
-            metrics: Arc::new(Metrics::new()),
+            metrics: Arc::new(RemoteMetrics::register(&mut crate::metrics::Registry::new())),
             stop,
             temp_dir: std::env::temp_dir(),
         }
@@ -768,7 +766,7 @@ mod tests {
                 path,
             };
             let unavailable = || SendError::Retryable {
-                reason: "unavailable",
+                reason: FailureReason::Unavailable,
                 message: "down".into(),
                 retry_after: None,
             };

@@ -16,12 +16,12 @@ use tonic::{
 };
 
 use super::{
-    classify_connect_code, label_name, parse_retry_after,
+    label_name, parse_retry_after,
     proto::parca::profilestore::v1alpha1::{
         profile_store_service_client::ProfileStoreServiceClient, Label, LabelSet, RawProfileSeries,
         RawSample, WriteRawRequest,
     },
-    ClientSettings, RequestBuilder, SendError, SinkError,
+    ClientSettings, FailureReason, RequestBuilder, SendError, SinkError,
 };
 use crate::profile::Labels;
 
@@ -154,33 +154,14 @@ impl Client {
     }
 }
 
-/// A gRPC status as a delivery failure: gRPC's codes are connect's (same names and meaning).
+/// A gRPC status as a delivery failure.
 pub fn classify_status(status: &Status) -> SendError {
-    let code = match status.code() {
-        Code::Ok => "ok",
-        Code::Cancelled => "canceled",
-        Code::Unknown => "unknown",
-        Code::InvalidArgument => "invalid_argument",
-        Code::DeadlineExceeded => "deadline_exceeded",
-        Code::NotFound => "not_found",
-        Code::AlreadyExists => "already_exists",
-        Code::PermissionDenied => "permission_denied",
-        Code::ResourceExhausted => "resource_exhausted",
-        Code::FailedPrecondition => "failed_precondition",
-        Code::Aborted => "aborted",
-        Code::OutOfRange => "out_of_range",
-        Code::Unimplemented => "unimplemented",
-        Code::Internal => "internal",
-        Code::Unavailable => "unavailable",
-        Code::DataLoss => "data_loss",
-        Code::Unauthenticated => "unauthenticated",
-    };
     let retry_after = status
         .metadata()
         .get("retry-after")
         .and_then(|v| v.to_str().ok())
         .and_then(|v| parse_retry_after(v, SystemTime::now()));
-    let mut message = format!("gRPC {code}: {}", status.message());
+    let mut message = format!("gRPC {:?}: {}", status.code(), status.message());
     // Transport failures put the cause (connection refused, reset...) in the source.
     let mut source = std::error::Error::source(status);
     while let Some(cause) = source {
@@ -188,7 +169,27 @@ pub fn classify_status(status: &Status) -> SendError {
         message.push_str(&cause.to_string());
         source = cause.source();
     }
-    classify_connect_code(code, message, retry_after)
+    SendError::new(code_reason(status.code()), message, retry_after)
+}
+
+/// Retryable codes as the gRPC spec lists them, plus the authentication codes (see
+/// [`super::classify_http_status`]); any other means the request is bad.
+fn code_reason(code: Code) -> FailureReason {
+    match code {
+        Code::Unavailable => FailureReason::Unavailable,
+        Code::ResourceExhausted => FailureReason::Throttled,
+        Code::DeadlineExceeded => FailureReason::Timeout,
+        Code::Internal | Code::Unknown | Code::DataLoss => FailureReason::ServerError,
+        Code::Aborted | Code::Cancelled => FailureReason::Aborted,
+        Code::Unauthenticated | Code::PermissionDenied => FailureReason::Unauthorized,
+        Code::Ok
+        | Code::InvalidArgument
+        | Code::NotFound
+        | Code::AlreadyExists
+        | Code::FailedPrecondition
+        | Code::OutOfRange
+        | Code::Unimplemented => FailureReason::Rejected,
+    }
 }
 
 /// Builds a WriteRaw, one series at a time.
@@ -284,12 +285,12 @@ mod tests {
         assert!(matches!(
             classify_status(&Status::resource_exhausted("slow down")),
             SendError::Retryable {
-                reason: "throttled",
+                reason: FailureReason::Throttled,
                 ..
             }
         ));
         let refused = classify_status(&Status::invalid_argument("bad pprof"));
-        assert_eq!(refused.reason(), "rejected");
+        assert_eq!(refused.reason(), FailureReason::Rejected);
         assert!(refused.message().contains("bad pprof"));
     }
 }

@@ -11,12 +11,12 @@ use std::{io::Write as _, time::SystemTime};
 use reqwest::header::{HeaderMap, HeaderValue, AUTHORIZATION, CONTENT_ENCODING, CONTENT_TYPE};
 
 use super::{
-    classify_connect_code, classify_http_status, label_name, parse_retry_after,
+    classify_http_status, label_name, parse_retry_after,
     proto::{
         push::v1::{RawProfileSeries, RawSample},
         types::v1::LabelPair,
     },
-    ClientSettings, RequestBuilder, SendError, SinkError,
+    ClientSettings, FailureReason, RequestBuilder, SendError, SinkError,
 };
 use crate::profile::Labels;
 
@@ -111,15 +111,17 @@ impl Client {
         let body = response.bytes().await.unwrap_or_default();
         let body = &body[..body.len().min(MAX_ERROR_BODY)];
         Err(match connect_error(body) {
-            Some((code, message)) => {
-                classify_connect_code(&code, format!("{status} {code}: {message}"), retry_after)
-            }
+            Some((code, message)) => SendError::new(
+                connect_code_reason(&code),
+                format!("{status} {code}: {message}"),
+                retry_after,
+            ),
             None => {
                 let message = format!("HTTP {status}: {}", String::from_utf8_lossy(body).trim());
                 match classify_http_status(status, message.clone(), retry_after) {
                     Err(error) => error,
                     // Unreachable: success returned above.
-                    Ok(()) => SendError::retryable("server_error", message),
+                    Ok(()) => SendError::new(FailureReason::ServerError, message, None),
                 }
             }
         })
@@ -129,9 +131,9 @@ impl Client {
 /// A transport failure: nothing reached the server, or its answer never came back.
 pub(super) fn transport_error(error: &reqwest::Error) -> SendError {
     let reason = if error.is_timeout() {
-        "timeout"
+        FailureReason::Timeout
     } else {
-        "connection"
+        FailureReason::Connection
     };
     // reqwest's Display leaves out the cause (connection refused, reset...), which is the part
     // worth logging.
@@ -142,7 +144,7 @@ pub(super) fn transport_error(error: &reqwest::Error) -> SendError {
         message.push_str(&cause.to_string());
         source = cause.source();
     }
-    SendError::retryable(reason, message)
+    SendError::new(reason, message, None)
 }
 
 /// A connect error body: `{"code": "invalid_argument", "message": "..."}`.
@@ -155,6 +157,20 @@ fn connect_error(body: &[u8]) -> Option<(String, String)> {
     }
     let error: ConnectError = serde_json::from_slice(body).ok()?;
     Some((error.code, error.message))
+}
+
+/// A connect error code, which arrives as a string: retryable ones as the connect spec lists
+/// them, plus the authentication codes (see [`classify_http_status`]).
+fn connect_code_reason(code: &str) -> FailureReason {
+    match code {
+        "unavailable" => FailureReason::Unavailable,
+        "resource_exhausted" => FailureReason::Throttled,
+        "deadline_exceeded" => FailureReason::Timeout,
+        "internal" | "unknown" | "data_loss" => FailureReason::ServerError,
+        "aborted" | "canceled" => FailureReason::Aborted,
+        "unauthenticated" | "permission_denied" => FailureReason::Unauthorized,
+        _ => FailureReason::Rejected,
+    }
 }
 
 /// Builds a push: each series is written into the gzipped body as it comes, so the plain
@@ -327,6 +343,37 @@ mod tests {
             sample_id(5, &push.series[0].labels).to_string()
         );
         assert!(names(&push.series[1].labels).contains(&("comm".into(), "c".into())));
+    }
+
+    #[test]
+    fn connect_codes_are_classified() {
+        for code in [
+            "unavailable",
+            "resource_exhausted",
+            "deadline_exceeded",
+            "internal",
+            "aborted",
+            "unknown",
+        ] {
+            assert!(
+                matches!(
+                    SendError::new(connect_code_reason(code), String::new(), None),
+                    SendError::Retryable { .. }
+                ),
+                "{code}"
+            );
+        }
+        let refused = SendError::new(
+            connect_code_reason("invalid_argument"),
+            "no service_name",
+            None,
+        );
+        assert_eq!(
+            refused,
+            SendError::Rejected {
+                message: "no service_name".into()
+            }
+        );
     }
 
     #[test]

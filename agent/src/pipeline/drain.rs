@@ -63,6 +63,9 @@ pub struct RawSample {
     pub count: u64,
 }
 
+/// The loss reason of stacks cut at the depth limit, beside the [`Loss`] names.
+pub const TRUNCATED_STACKS: &str = "truncated stacks";
+
 /// Loss counts by [`Loss`] kind, plus stacks cut at the depth limit.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Losses {
@@ -79,6 +82,14 @@ impl Losses {
         self.truncated_stacks += other.truncated_stacks;
     }
 
+    /// Every reason [`Losses::by_reason`] gives, in its order.
+    pub fn reasons() -> impl Iterator<Item = &'static str> {
+        Loss::ALL
+            .into_iter()
+            .map(Loss::name)
+            .chain([TRUNCATED_STACKS])
+    }
+
     /// Counts by reason, as `/metrics` labels them: every [`Loss`], then truncated stacks.
     pub fn by_reason(&self) -> impl Iterator<Item = (&'static str, u64)> + '_ {
         Loss::ALL
@@ -89,7 +100,7 @@ impl Losses {
                     self.by_kind.get(loss as usize).copied().unwrap_or(0),
                 )
             })
-            .chain([(crate::metrics::TRUNCATED_STACKS, self.truncated_stacks)])
+            .chain([(TRUNCATED_STACKS, self.truncated_stacks)])
     }
 
     /// Samples dropped outright (not merely degraded).
@@ -122,7 +133,7 @@ impl Losses {
             .map(|&l| format!("{}: {}", l.name(), self.by_kind[l as usize]))
             .collect();
         if self.truncated_stacks > 0 {
-            parts.push(format!("truncated stacks: {}", self.truncated_stacks));
+            parts.push(format!("{TRUNCATED_STACKS}: {}", self.truncated_stacks));
         }
         if parts.is_empty() {
             "none".to_owned()

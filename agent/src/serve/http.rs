@@ -50,7 +50,7 @@ use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use super::guard::AllowedHosts;
 
 use crate::{
-    metrics::{Health, Metrics},
+    metrics::{Health, Registry},
     parse::selector::{Selector, SelectorError},
     parse::timespec::{self, TimeError},
     profile::encode::{self, EncodeOptions, Format},
@@ -77,8 +77,8 @@ pub const QUERY_QUEUE_WAIT: Duration = Duration::from_secs(2);
 pub struct HttpState {
     /// The store the daemon writes; each query opens it read-only.
     pub store_dir: PathBuf,
-    /// Encoded on each `GET /metrics`.
-    pub metrics: Arc<Metrics>,
+    /// Every subsystem's metrics, encoded on each `GET /metrics`.
+    pub metrics: Arc<Registry>,
     /// Asked on each `GET /healthz`.
     pub health: Arc<Health>,
     /// The daemon's window length, which the UI shows so a user knows how fresh the data is.
@@ -92,7 +92,7 @@ pub struct HttpState {
 impl HttpState {
     pub fn new(
         store_dir: PathBuf,
-        metrics: Arc<Metrics>,
+        metrics: Arc<Registry>,
         health: Arc<Health>,
         window: Duration,
         allowed_hosts: AllowedHosts,
@@ -674,11 +674,17 @@ mod tests {
     /// The routes that need no store, through `serve` on a loopback socket, then shutdown.
     #[tokio::test]
     async fn metrics_health_ui_and_bad_requests() {
+        let mut registry = Registry::new();
+        registry.register(
+            "samples",
+            "Samples drained from the kernel",
+            prometheus_client::metrics::counter::Counter::<u64>::default(),
+        );
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = listener.local_addr().unwrap();
         let state = Arc::new(HttpState::new(
             PathBuf::from("/nonexistent/scorch-store"),
-            Arc::new(Metrics::new()),
+            Arc::new(registry),
             Arc::new(Health::new(Duration::from_secs(10), SystemTime::now())),
             Duration::from_secs(10),
             AllowedHosts::new(address, &[]),

@@ -7,13 +7,13 @@ use std::time::Duration;
 use rusqlite::{params, OptionalExtension};
 
 use super::reader::{sample_of, Reader};
-use super::{Store, StoreError, TimeRange};
+use super::{Store, StoreError, TimeRange, WindowId};
 use crate::profile::Profile;
 use crate::sys::time::from_unix_ns;
 
 impl Store {
     /// The newest window the sink `name` has delivered (0 for none).
-    pub fn cursor(&self, name: &str) -> Result<i64, StoreError> {
+    pub fn cursor(&self, name: &str) -> Result<WindowId, StoreError> {
         let value: rusqlite::Result<Option<i64>> = self
             .connection
             .query_row(
@@ -23,12 +23,12 @@ impl Store {
             )
             .optional();
         match value {
-            Ok(value) => Ok(value.unwrap_or(0)),
+            Ok(value) => Ok(value.map_or(WindowId::NONE, WindowId::new)),
             // A store written before cursors existed, opened read-only.
             Err(rusqlite::Error::SqliteFailure(_, Some(message)))
                 if message.contains("no such table") =>
             {
-                Ok(0)
+                Ok(WindowId::NONE)
             }
             Err(e) => Err(self.sqlite(e)),
         }
@@ -36,12 +36,12 @@ impl Store {
 
     /// Records that the sink `name` has delivered every window up to `window`. Needs a store
     /// opened with [`Store::open`].
-    pub fn set_cursor(&self, name: &str, window: i64) -> Result<(), StoreError> {
+    pub fn set_cursor(&self, name: &str, window: WindowId) -> Result<(), StoreError> {
         self.connection
             .execute(
                 "INSERT INTO cursors (name, window) VALUES (?1, ?2)
                  ON CONFLICT (name) DO UPDATE SET window = excluded.window",
-                params![name, window],
+                params![name, window.get()],
             )
             .map(|_| ())
             .map_err(|e| self.sqlite(e))
@@ -51,9 +51,9 @@ impl Store {
     /// only grow, so a sink that remembers the last id it delivered finds what is left here.
     pub fn windows_after(
         &self,
-        after: i64,
+        after: WindowId,
         limit: usize,
-    ) -> Result<Vec<(i64, TimeRange)>, StoreError> {
+    ) -> Result<Vec<(WindowId, TimeRange)>, StoreError> {
         let err = |e| self.sqlite(e);
         let mut statement = self
             .connection
@@ -62,7 +62,7 @@ impl Store {
             )
             .map_err(err)?;
         let rows = statement
-            .query_map(params![after, limit as i64], |row| {
+            .query_map(params![after.get(), limit as i64], |row| {
                 Ok((
                     row.get::<_, i64>(0)?,
                     row.get::<_, i64>(1)?,
@@ -74,7 +74,7 @@ impl Store {
         for row in rows {
             let (id, start, duration) = row.map_err(err)?;
             windows.push((
-                id,
+                WindowId::new(id),
                 TimeRange {
                     from: from_unix_ns(start),
                     to: from_unix_ns(start.saturating_add(duration.max(1))),
@@ -86,7 +86,8 @@ impl Store {
 
     /// The profile of one window (all its series; each sample's labels say which), or `None`
     /// when retention has deleted it.
-    pub fn window_profile(&self, id: i64) -> Result<Option<Profile>, StoreError> {
+    pub fn window_profile(&self, id: WindowId) -> Result<Option<Profile>, StoreError> {
+        let id = id.get();
         let err = |e| self.sqlite(e);
         // One read transaction for the hundreds of row reads below: without it each one takes
         // and releases the database's file locks. Dropping it ends it (nothing was written).
@@ -149,8 +150,8 @@ mod tests {
         for i in 0..3 {
             store.write_window(&window_at(now - 30 + i * 10)).unwrap();
         }
-        assert_eq!(store.cursor("parca").unwrap(), 0);
-        let pending = store.windows_after(0, 10).unwrap();
+        assert_eq!(store.cursor("parca").unwrap(), WindowId::NONE);
+        let pending = store.windows_after(WindowId::NONE, 10).unwrap();
         assert_eq!(pending.len(), 3);
         let first = store.window_profile(pending[0].0).unwrap().unwrap();
         assert_eq!(named(&first), named(&sample_profile()));
@@ -162,6 +163,9 @@ mod tests {
         let after = store.cursor("parca").unwrap();
         assert_eq!(after, pending[1].0);
         assert_eq!(store.windows_after(after, 10).unwrap(), vec![pending[2]]);
-        assert!(store.window_profile(12345).unwrap().is_none());
+        assert!(store
+            .window_profile(WindowId::new(12345))
+            .unwrap()
+            .is_none());
     }
 }

@@ -84,15 +84,60 @@ pub enum StoreError {
 
 impl StoreError {
     /// A short reason for metrics: `disk_full`, `busy`, or `other`.
-    pub fn reason(&self) -> &'static str {
+    pub fn reason(&self) -> ErrorReason {
         match self {
             StoreError::Sqlite { source, .. } => match source.sqlite_error_code() {
-                Some(ErrorCode::DiskFull) => "disk_full",
-                Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => "busy",
-                _ => "other",
+                Some(ErrorCode::DiskFull) => ErrorReason::DiskFull,
+                Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => ErrorReason::Busy,
+                _ => ErrorReason::Other,
             },
-            _ => "other",
+            _ => ErrorReason::Other,
         }
+    }
+}
+
+/// What a [`StoreError`] comes down to, for metrics: a few fixed values, since each becomes a
+/// series.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorReason {
+    DiskFull,
+    /// Another connection held the database past the busy timeout.
+    Busy,
+    Other,
+}
+
+impl ErrorReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorReason::DiskFull => "disk_full",
+            ErrorReason::Busy => "busy",
+            ErrorReason::Other => "other",
+        }
+    }
+}
+
+/// A window's id in the store. Ids only grow, by one per window written, so a sink's cursor
+/// (the last window it delivered) says what is left to send, and a gap says what retention
+/// deleted first.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct WindowId(i64);
+
+impl WindowId {
+    /// Before the first window: the cursor of a sink that delivered nothing.
+    pub const NONE: WindowId = WindowId(0);
+
+    pub const fn new(id: i64) -> WindowId {
+        WindowId(id)
+    }
+
+    pub const fn get(self) -> i64 {
+        self.0
+    }
+}
+
+impl std::fmt::Display for WindowId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
     }
 }
 

@@ -186,7 +186,7 @@ pub enum UserMiss {
 }
 
 impl UserMiss {
-    pub fn name(self) -> &'static str {
+    pub fn as_str(self) -> &'static str {
         match self {
             UserMiss::NoMaps => "process gone before its maps were read",
             UserMiss::Unmapped => "address not mapped",
@@ -212,7 +212,7 @@ pub enum Fallback {
 }
 
 impl Fallback {
-    pub fn name(self) -> &'static str {
+    pub fn as_str(self) -> &'static str {
         match self {
             Fallback::DebugLinkCrcMismatch => "debug link CRC mismatch",
             Fallback::BadDebugFile => "unreadable debug file",

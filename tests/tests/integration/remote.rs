@@ -15,7 +15,7 @@ use std::{
 use anyhow::{ensure, Context, Result};
 use scorch::{
     export::{self, RemoteProtocol},
-    store::Store,
+    store::{Store, WindowId},
 };
 use scorch_tests::{
     build_workload,
@@ -83,8 +83,11 @@ fn wait_drained(daemon: &Daemon, fake: &FakeRemote, limit: Duration) -> Result<(
     let name = cursor_of(fake)?;
     wait_until(limit, "the remote queue to drain", || {
         let store = Store::open_read_only(&daemon.store)?;
-        let newest = store.windows_after(0, 1 << 20)?.last().map_or(0, |w| w.0);
-        Ok(newest > 0 && store.cursor(&name)? >= newest)
+        let newest = store
+            .windows_after(WindowId::NONE, 1 << 20)?
+            .last()
+            .map_or(WindowId::NONE, |w| w.0);
+        Ok(newest > WindowId::NONE && store.cursor(&name)? >= newest)
     })
 }
 
@@ -112,11 +115,11 @@ fn start_ns(time: SystemTime) -> i64 {
 fn check_delivery(store_dir: &Path, fake: &FakeRemote, refused: &BTreeSet<i64>) -> Result<usize> {
     let store = Store::open_read_only(store_dir)?;
     let cursor = store.cursor(&cursor_of(fake)?)?;
-    let windows = store.windows_after(0, 1 << 20)?;
-    let newest = windows.last().map_or(0, |w| w.0);
+    let windows = store.windows_after(WindowId::NONE, 1 << 20)?;
+    let newest = windows.last().map_or(WindowId::NONE, |w| w.0);
     // The partial window flushed at exit may still wait, for the next start.
     ensure!(
-        cursor >= newest - 1,
+        cursor.get() >= newest.get() - 1,
         "the sink's cursor is at {cursor}, the store's newest window {newest}"
     );
 
@@ -444,7 +447,7 @@ fn a_restart_with_a_backlog_loses_nothing() -> Result<()> {
         "scorch run exited with {status}:\n{stderr}"
     );
     let backlog = Store::open_read_only(&store)?
-        .windows_after(0, 1 << 20)?
+        .windows_after(WindowId::NONE, 1 << 20)?
         .len();
     ensure!(backlog >= 4, "{backlog} windows in the backlog");
 

@@ -1,0 +1,297 @@
+//! The window loop's own metrics: what each window sampled and lost, how long draining and
+//! symbolising took, what became of it in the store, the BPF filter, and the symbol cache.
+
+use std::{sync::atomic::AtomicU64, time::Duration};
+
+use prometheus_client::{
+    metrics::{
+        counter::Counter,
+        gauge::Gauge,
+        histogram::{exponential_buckets, Histogram},
+    },
+    registry::Unit,
+};
+
+use crate::{
+    metrics::{LabeledCounter, Registry},
+    pipeline::drain::Losses,
+    store::ErrorReason,
+};
+
+#[derive(Debug)]
+pub struct WindowMetrics {
+    samples: Counter,
+    losses: LabeledCounter,
+    drain_seconds: Histogram,
+    symbolize_seconds: Histogram,
+    windows_written: Counter,
+    store_write_errors: LabeledCounter,
+    store_bytes: Gauge<u64, AtomicU64>,
+    windows_buffered: Gauge<u64, AtomicU64>,
+    windows_dropped: Counter,
+    /// Samples the BPF PID filter discarded (processes relabelling dropped).
+    samples_filtered: Counter,
+    /// Processes in the BPF deny list now.
+    processes_excluded: Gauge<u64, AtomicU64>,
+    symbol_cache_bytes: Gauge<u64, AtomicU64>,
+    symbol_cache_hits: Counter,
+    symbol_cache_misses: Counter,
+    /// The cache's own cumulative (hits, misses) at the last report: the counters advance by
+    /// the difference, so the loop can hand over the cache's totals as they are.
+    symbol_cache_reported: (u64, u64),
+}
+
+impl WindowMetrics {
+    pub fn register(registry: &mut Registry) -> WindowMetrics {
+        let metrics = WindowMetrics {
+            samples: Counter::default(),
+            losses: LabeledCounter::new("reason", Losses::reasons()),
+            // 0.5 ms .. 4 s: a drain reads and clears maps, normally a few milliseconds.
+            drain_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 14)),
+            // 1 ms .. 16 s: the first window of a new binary parses its DWARF.
+            symbolize_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 15)),
+            windows_written: Counter::default(),
+            // No series before the first failure: a store that never failed shows none (and
+            // the disk-full integration test waits for `disk_full` to appear).
+            store_write_errors: LabeledCounter::new("reason", []),
+            store_bytes: Gauge::default(),
+            windows_buffered: Gauge::default(),
+            windows_dropped: Counter::default(),
+            samples_filtered: Counter::default(),
+            processes_excluded: Gauge::default(),
+            symbol_cache_bytes: Gauge::default(),
+            symbol_cache_hits: Counter::default(),
+            symbol_cache_misses: Counter::default(),
+            symbol_cache_reported: (0, 0),
+        };
+        registry.register(
+            "samples",
+            "Samples drained from the kernel",
+            metrics.samples.clone(),
+        );
+        registry.register(
+            "losses",
+            "Samples lost or damaged in the kernel, by reason (stack map collisions and \
+             errors lose a stack, a full counts map the whole sample)",
+            metrics.losses.clone(),
+        );
+        registry.register_with_unit(
+            "drain_duration",
+            "Time to flip generations and read one window's maps",
+            Unit::Seconds,
+            metrics.drain_seconds.clone(),
+        );
+        registry.register_with_unit(
+            "symbolize_duration",
+            "Time to symbolise one window",
+            Unit::Seconds,
+            metrics.symbolize_seconds.clone(),
+        );
+        registry.register(
+            "windows_written",
+            "Windows written to the store",
+            metrics.windows_written.clone(),
+        );
+        registry.register(
+            "store_write_errors",
+            "Failed store writes, by reason",
+            metrics.store_write_errors.clone(),
+        );
+        registry.register_with_unit(
+            "store_size",
+            "Size of the store on disk",
+            Unit::Bytes,
+            metrics.store_bytes.clone(),
+        );
+        registry.register(
+            "windows_buffered",
+            "Windows held in memory because the store cannot be written",
+            metrics.windows_buffered.clone(),
+        );
+        registry.register(
+            "windows_dropped",
+            "Windows discarded because the store could not be written for too long",
+            metrics.windows_dropped.clone(),
+        );
+        registry.register(
+            "samples_filtered",
+            "Samples of processes relabelling dropped, discarded in the kernel before any stack walk",
+            metrics.samples_filtered.clone(),
+        );
+        registry.register(
+            "processes_excluded",
+            "Processes relabelling dropped that the BPF program skips",
+            metrics.processes_excluded.clone(),
+        );
+        registry.register_with_unit(
+            "symbol_cache",
+            "Memory held by parsed binaries and debug info",
+            Unit::Bytes,
+            metrics.symbol_cache_bytes.clone(),
+        );
+        registry.register(
+            "symbol_cache_hits",
+            "Symbol cache lookups that found the file already parsed",
+            metrics.symbol_cache_hits.clone(),
+        );
+        registry.register(
+            "symbol_cache_misses",
+            "Symbol cache lookups that had to parse the file",
+            metrics.symbol_cache_misses.clone(),
+        );
+        metrics
+    }
+
+    /// A window was drained: its samples, its losses, and how long the drain took.
+    pub fn window_drained(&self, samples: u64, losses: &Losses, drain: Duration) {
+        self.samples.inc_by(samples);
+        for (reason, count) in losses.by_reason() {
+            self.losses.inc_by(reason, count);
+        }
+        self.drain_seconds.observe(drain.as_secs_f64());
+    }
+
+    /// A window was symbolised in `duration`.
+    pub fn window_symbolized(&self, duration: Duration) {
+        self.symbolize_seconds.observe(duration.as_secs_f64());
+    }
+
+    pub fn window_written(&self) {
+        self.windows_written.inc();
+    }
+
+    pub fn store_write_failed(&self, reason: ErrorReason) {
+        self.store_write_errors.inc(reason.as_str());
+    }
+
+    pub fn set_store_bytes(&self, bytes: u64) {
+        self.store_bytes.set(bytes);
+    }
+
+    /// Windows waiting in memory for the store to accept writes again.
+    pub fn set_windows_buffered(&self, windows: u64) {
+        self.windows_buffered.set(windows);
+    }
+
+    /// A buffered window was given up on.
+    pub fn window_dropped(&self) {
+        self.windows_dropped.inc();
+    }
+
+    /// More samples discarded by the BPF PID filter, and how many processes it excludes now.
+    pub fn filtered(&self, new_samples: u64, processes_excluded: u64) {
+        self.samples_filtered.inc_by(new_samples);
+        self.processes_excluded.set(processes_excluded);
+    }
+
+    /// The symbol cache's size and its cumulative hit and miss counts.
+    pub fn set_symbol_cache(&mut self, bytes: u64, hits: u64, misses: u64) {
+        self.symbol_cache_bytes.set(bytes);
+        let reported = self.symbol_cache_reported;
+        // A cache rebuilt from zero counts from zero again: its new totals are all new events.
+        let advance = |now: u64, before: u64| if now >= before { now - before } else { now };
+        self.symbol_cache_hits.inc_by(advance(hits, reported.0));
+        self.symbol_cache_misses.inc_by(advance(misses, reported.1));
+        self.symbol_cache_reported = (hits, misses);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use scorch_common::Loss;
+
+    use super::*;
+    use crate::metrics::value_in as value;
+
+    #[test]
+    fn windows_are_counted() {
+        let mut registry = Registry::new();
+        let metrics = WindowMetrics::register(&mut registry);
+        let mut losses = Losses::default();
+        losses.by_kind[Loss::UserStackCollision as usize] = 2;
+        losses.by_kind[Loss::CountsMapFull as usize] = 1;
+        losses.truncated_stacks = 5;
+        metrics.window_drained(100, &losses, Duration::from_millis(3));
+        metrics.window_drained(50, &Losses::default(), Duration::from_millis(1));
+        metrics.window_symbolized(Duration::from_millis(20));
+        metrics.window_written();
+        metrics.store_write_failed(ErrorReason::DiskFull);
+        metrics.store_write_failed(ErrorReason::DiskFull);
+        metrics.set_store_bytes(4096);
+        metrics.set_windows_buffered(2);
+        metrics.window_dropped();
+
+        let text = registry.encode();
+        assert_eq!(value(&text, "scorch_samples_total"), 150.0);
+        assert_eq!(
+            value(
+                &text,
+                r#"scorch_losses_total{reason="user stack collision"}"#
+            ),
+            2.0
+        );
+        assert_eq!(
+            value(&text, r#"scorch_losses_total{reason="counts map full"}"#),
+            1.0
+        );
+        assert_eq!(
+            value(&text, r#"scorch_losses_total{reason="truncated stacks"}"#),
+            5.0
+        );
+        // Reasons that never happened are there at zero.
+        assert_eq!(
+            value(&text, r#"scorch_losses_total{reason="comm map full"}"#),
+            0.0
+        );
+        assert_eq!(value(&text, "scorch_drain_duration_seconds_count"), 2.0);
+        assert!((value(&text, "scorch_drain_duration_seconds_sum") - 0.004).abs() < 1e-9);
+        assert_eq!(
+            value(&text, r#"scorch_drain_duration_seconds_bucket{le="0.002"}"#),
+            1.0
+        );
+        assert_eq!(value(&text, "scorch_symbolize_duration_seconds_count"), 1.0);
+        assert_eq!(value(&text, "scorch_windows_written_total"), 1.0);
+        assert_eq!(
+            value(
+                &text,
+                r#"scorch_store_write_errors_total{reason="disk_full"}"#
+            ),
+            2.0
+        );
+        assert_eq!(value(&text, "scorch_store_size_bytes"), 4096.0);
+        assert_eq!(value(&text, "scorch_windows_buffered"), 2.0);
+        assert_eq!(value(&text, "scorch_windows_dropped_total"), 1.0);
+        assert!(text.contains("# TYPE scorch_drain_duration_seconds histogram"));
+        assert!(text.ends_with("# EOF\n"));
+    }
+
+    #[test]
+    fn store_errors_appear_with_the_first() {
+        let mut registry = Registry::new();
+        let metrics = WindowMetrics::register(&mut registry);
+        assert!(!registry.encode().contains("store_write_errors"));
+        metrics.store_write_failed(ErrorReason::Busy);
+        let text = registry.encode();
+        assert_eq!(
+            value(&text, r#"scorch_store_write_errors_total{reason="busy"}"#),
+            1.0
+        );
+    }
+
+    #[test]
+    fn symbol_cache_totals_become_counters() {
+        let mut registry = Registry::new();
+        let mut metrics = WindowMetrics::register(&mut registry);
+        metrics.set_symbol_cache(1000, 10, 2);
+        metrics.set_symbol_cache(3000, 25, 3);
+        let text = registry.encode();
+        assert_eq!(value(&text, "scorch_symbol_cache_bytes"), 3000.0);
+        assert_eq!(value(&text, "scorch_symbol_cache_hits_total"), 25.0);
+        assert_eq!(value(&text, "scorch_symbol_cache_misses_total"), 3.0);
+        // A cache that starts over does not make the counters go back.
+        metrics.set_symbol_cache(0, 4, 1);
+        let text = registry.encode();
+        assert_eq!(value(&text, "scorch_symbol_cache_hits_total"), 29.0);
+        assert_eq!(value(&text, "scorch_symbol_cache_misses_total"), 4.0);
+    }
+}
