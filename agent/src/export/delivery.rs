@@ -22,7 +22,8 @@ use crate::{
     sys::{backoff::Backoff, time::unix_ns},
 };
 
-/// Windows read from the store per query; also how far ahead the queue metrics look.
+/// Windows read from the store per query, so a long backlog is never read whole; the queue
+/// gauges count the backlog in SQL instead.
 const BATCH: usize = 64;
 
 /// Freed heap above which the sender hands memory back to the OS after encoding a window.
@@ -276,7 +277,9 @@ impl Sender {
     async fn run(mut self, mut stop: watch::Receiver<bool>) {
         loop {
             let stopping = *stop.borrow();
-            let pending = match self.store.windows_after(self.cursor, usize::MAX >> 1) {
+            // A bounded read: a backlog of days (a server away for long) is read a batch at a
+            // time, never whole.
+            let pending = match self.store.windows_after(self.cursor, BATCH) {
                 Ok(pending) => pending,
                 Err(err) => {
                     tracing::warn!("remote sink: reading the store: {err}");
@@ -286,14 +289,14 @@ impl Sender {
                     continue;
                 }
             };
-            self.report_queue(&pending);
+            self.report_queue();
             if pending.is_empty() {
                 if stopping || !wait(POLL_INTERVAL, &mut stop).await {
                     return;
                 }
                 continue;
             }
-            for (done, &(id, range)) in pending.iter().take(BATCH).enumerate() {
+            for &(id, range) in &pending {
                 // Window ids only grow by one per window written: a gap is windows retention
                 // deleted before they could be sent.
                 let skipped = id.get().saturating_sub(self.cursor.get()).saturating_sub(1);
@@ -306,8 +309,8 @@ impl Sender {
                 }
                 match self.deliver(id, range, &mut stop).await {
                     Outcome::Done => {
-                        self.report_queue(&pending[done + 1..]);
                         self.cursor = id;
+                        self.report_queue();
                         if let Err(err) = self.store.set_cursor(&self.cursor_name, id) {
                             // The window is delivered; at worst it is sent again after a
                             // restart.
@@ -320,13 +323,15 @@ impl Sender {
         }
     }
 
-    fn report_queue(&self, pending: &[(WindowId, TimeRange)]) {
-        let age = pending
-            .first()
-            .and_then(|(_, range)| SystemTime::now().duration_since(range.to).ok())
+    /// Sets the queue gauges: windows after the cursor, and how old the oldest is.
+    fn report_queue(&self) {
+        let Ok((windows, oldest)) = self.store.backlog_after(self.cursor) else {
+            return; // Left as they were; the next report corrects them.
+        };
+        let age = oldest
+            .and_then(|range| SystemTime::now().duration_since(range.to).ok())
             .unwrap_or_default();
-        self.metrics
-            .set_queue(pending.len() as u64, age.as_secs_f64());
+        self.metrics.set_queue(windows, age.as_secs_f64());
     }
 
     async fn deliver(
@@ -410,10 +415,7 @@ impl Sender {
                         let delay = delay_after(&mut backoff, &error, fastrand::f64());
                         self.metrics.retried();
                         // The queue grows while the server is away: keep its gauges current.
-                        if let Ok(pending) = self.store.windows_after(self.cursor, usize::MAX >> 1)
-                        {
-                            self.report_queue(&pending);
-                        }
+                        self.report_queue();
                         if !wait(delay, stop).await {
                             return Outcome::Stopped;
                         }

@@ -84,6 +84,22 @@ impl Store {
         Ok(windows)
     }
 
+    /// How many windows come after `after`, and the oldest one's range: a sink's queue, counted
+    /// without reading the windows themselves.
+    pub fn backlog_after(&self, after: WindowId) -> Result<(u64, Option<TimeRange>), StoreError> {
+        let err = |e| self.sqlite(e);
+        let count: i64 = self
+            .connection
+            .prepare_cached("SELECT COUNT(*) FROM windows WHERE id > ?1")
+            .and_then(|mut s| s.query_row(params![after.get()], |row| row.get(0)))
+            .map_err(err)?;
+        let oldest = self
+            .windows_after(after, 1)?
+            .first()
+            .map(|&(_, range)| range);
+        Ok((u64::try_from(count).unwrap_or(0), oldest))
+    }
+
     /// The profile of one window (all its series; each sample's labels say which), or `None`
     /// when retention has deleted it.
     pub fn window_profile(&self, id: WindowId) -> Result<Option<Profile>, StoreError> {
