@@ -1,4 +1,4 @@
-//! The local sink: an embedded profile store that `scorch run` writes one window at a time and
+//! The store: an embedded profile database that `scorch run` writes one window at a time and
 //! `scorch query` and the HTTP API read.
 //!
 //! One SQLite database (`scorch.db` in the store directory, WAL journal). What repeats from
