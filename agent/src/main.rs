@@ -31,15 +31,8 @@ fn main() -> ExitCode {
                 eprintln!("scorch: {err}");
                 return ExitCode::from(2);
             }
-            let runtime = match tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            {
-                Ok(rt) => rt,
-                Err(err) => {
-                    eprintln!("scorch: starting the runtime: {err}");
-                    return ExitCode::FAILURE;
-                }
+            let Some(runtime) = runtime(&mut tokio::runtime::Builder::new_current_thread()) else {
+                return ExitCode::FAILURE;
             };
             match runtime.block_on(record::record(&args)) {
                 Ok(summary) => {
@@ -70,17 +63,10 @@ fn main() -> ExitCode {
             };
             // Two workers, so HTTP requests are answered while the window loop's task runs on
             // the other; symbolising and store reads go to the blocking pool, not to either.
-            let runtime = match tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .max_blocking_threads(4)
-                .enable_all()
-                .build()
-            {
-                Ok(rt) => rt,
-                Err(err) => {
-                    eprintln!("scorch: starting the runtime: {err}");
-                    return ExitCode::FAILURE;
-                }
+            let mut builder = tokio::runtime::Builder::new_multi_thread();
+            builder.worker_threads(2).max_blocking_threads(4);
+            let Some(runtime) = runtime(&mut builder) else {
+                return ExitCode::FAILURE;
             };
             match runtime.block_on(run::run(config, store)) {
                 Ok(()) => ExitCode::SUCCESS,
@@ -121,6 +107,17 @@ fn main() -> ExitCode {
             } else {
                 ExitCode::FAILURE
             }
+        }
+    }
+}
+
+/// Builds the runtime `builder` describes, saying why when it cannot.
+fn runtime(builder: &mut tokio::runtime::Builder) -> Option<tokio::runtime::Runtime> {
+    match builder.enable_all().build() {
+        Ok(runtime) => Some(runtime),
+        Err(err) => {
+            eprintln!("scorch: starting the runtime: {err}");
+            None
         }
     }
 }

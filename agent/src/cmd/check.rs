@@ -166,14 +166,7 @@ pub fn run_checks() -> Vec<Item> {
     items.push(replaced_binaries(caps));
 
     // Decisive: load the real program and attach it on every CPU, then detach.
-    let config = SamplerConfig {
-        frequency_hz: 19,
-        pids: vec![],
-        include_idle: false,
-        window_secs: 10,
-        deny_list: false,
-    };
-    match Sampler::start(&config) {
+    match Sampler::start(&SamplerConfig::default()) {
         Ok((sampler, _, _)) => {
             items.push(item(
                 Status::Ok,

@@ -56,6 +56,19 @@ pub struct SamplerConfig {
     pub deny_list: bool,
 }
 
+impl Default for SamplerConfig {
+    /// scorch's defaults: 19 Hz (a prime), every process, 10 s windows.
+    fn default() -> Self {
+        SamplerConfig {
+            frequency_hz: 19,
+            pids: Vec::new(),
+            include_idle: false,
+            window_secs: 10,
+            deny_list: false,
+        }
+    }
+}
+
 /// A loaded and attached sampler. Dropping it detaches the program.
 pub struct Sampler {
     ebpf: Ebpf,
@@ -286,13 +299,7 @@ mod tests {
 
     #[test]
     fn sizes_stack_maps_with_headroom() {
-        let config = SamplerConfig {
-            frequency_hz: 19,
-            pids: vec![],
-            include_idle: false,
-            window_secs: 10,
-            deny_list: false,
-        };
+        let config = SamplerConfig::default();
         assert_eq!(stack_map_entries(2, &config), 8192);
         assert_eq!(stack_map_entries(32, &config), 131_072);
         assert_eq!(stack_map_entries(4096, &config), 262_144);

@@ -146,7 +146,7 @@ impl Store {
 
 #[cfg(test)]
 mod tests {
-    use std::time::{Duration, SystemTime, UNIX_EPOCH};
+    use std::time::{Duration, UNIX_EPOCH};
 
     use super::*;
     use crate::profile::sample_profile;
@@ -159,10 +159,7 @@ mod tests {
     fn sinks_find_undelivered_windows_after_their_cursor() {
         let dir = tempfile::tempdir().unwrap();
         let mut store = Store::open(dir.path(), Retention::default()).unwrap();
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap()
-            .as_secs();
+        let now = crate::store::fixtures::now_secs();
         for i in 0..3 {
             store.write_window(&window_at(now - 30 + i * 10)).unwrap();
         }

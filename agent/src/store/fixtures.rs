@@ -9,6 +9,14 @@ use super::TimeRange;
 use crate::profile::{sample_profile, Profile};
 use crate::sys::time::from_unix_ns;
 
+/// Now, in whole seconds since the epoch, for windows written "a minute ago".
+pub(super) fn now_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
 /// A range that holds every window.
 pub(super) fn everything() -> TimeRange {
     TimeRange {

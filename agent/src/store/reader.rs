@@ -398,10 +398,7 @@ mod tests {
     fn round_trip_merges_windows() {
         let dir = tempfile::tempdir().unwrap();
         let mut store = Store::open(dir.path(), Retention::default()).unwrap();
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap()
-            .as_secs();
+        let now = crate::store::fixtures::now_secs();
         for i in 0..3 {
             store.write_window(&window_at(now - 100 + i * 10)).unwrap();
         }

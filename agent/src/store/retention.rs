@@ -222,10 +222,7 @@ mod tests {
             ..Retention::default()
         };
         let mut store = Store::open(dir.path(), retention).unwrap();
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap()
-            .as_secs();
+        let now = crate::store::fixtures::now_secs();
         let mut old = window_at(now - 7200);
         old.samples[0].comm = "only-in-old-window".into();
         // Written with a longer retention, then aged out by the next write.
@@ -253,10 +250,7 @@ mod tests {
             ..Retention::default()
         };
         let mut store = Store::open(dir.path(), retention).unwrap();
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap()
-            .as_secs();
+        let now = crate::store::fixtures::now_secs();
         let mut old = window_at(now - 7200);
         old.samples[0].comm = "only-in-old-window".into();
         store.write_window(&old).unwrap();
@@ -306,10 +300,7 @@ mod tests {
             max_bytes: 256 << 10,
         };
         let mut store = Store::open(dir.path(), retention).unwrap();
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap()
-            .as_secs();
+        let now = crate::store::fixtures::now_secs();
         // Windows with many distinct stacks, so the store outgrows 256 KiB.
         for w in 0..60u64 {
             let mut profile = window_at(now - 1000 + w);

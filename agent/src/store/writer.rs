@@ -420,10 +420,7 @@ fn touch(connection: &Connection, table: &str, id: i64, window: i64) -> rusqlite
 
 #[cfg(test)]
 mod tests {
-    use std::{
-        collections::HashSet,
-        time::{SystemTime, UNIX_EPOCH},
-    };
+    use std::collections::HashSet;
 
     use super::*;
     use crate::profile::sample_profile;
@@ -432,10 +429,7 @@ mod tests {
     #[test]
     fn reopening_keeps_ids_consistent() {
         let dir = tempfile::tempdir().unwrap();
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap()
-            .as_secs();
+        let now = crate::store::fixtures::now_secs();
         Store::open(dir.path(), Retention::default())
             .unwrap()
             .write_window(&window_at(now - 20))
