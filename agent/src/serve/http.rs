@@ -55,7 +55,7 @@ use crate::{
     parse::timespec::{self, TimeError},
     profile::encode::{self, EncodeOptions, Format},
     profile::Profile,
-    store::{Labels, Store, StoreError, TimeRange},
+    store::{Labels, QueryLimits, Store, StoreError, TimeRange},
 };
 
 /// Connections served at once; beyond it, new ones wait in the listen backlog.
@@ -71,6 +71,11 @@ pub const CONNECTION_LIFETIME: Duration = Duration::from_secs(300);
 pub const MAX_CONCURRENT_QUERIES: usize = 2;
 /// How long a query waits for its turn before it is told to come back.
 pub const QUERY_QUEUE_WAIT: Duration = Duration::from_secs(2);
+/// Distinct (series, stack) pairs one query may merge: about 100 bytes each in the merge and
+/// the profile, so two queries at once stay within tens of MiB.
+pub const MAX_QUERY_STACKS: usize = 200_000;
+/// How long one query may run before it is stopped with a 503.
+pub const QUERY_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// What the handlers share.
 #[derive(Debug)]
@@ -147,6 +152,8 @@ impl ApiError {
             ApiError::BadParameter { .. } => StatusCode::BAD_REQUEST,
             // A file that is not a store will not become one by retrying.
             ApiError::Store(StoreError::Foreign { .. }) => StatusCode::INTERNAL_SERVER_ERROR,
+            // The request asks for too much: a smaller one will work.
+            ApiError::Store(StoreError::TooLarge { .. }) => StatusCode::UNPROCESSABLE_ENTITY,
             // Missing (nothing written yet), locked, or unreadable: may well pass.
             ApiError::Store(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Encode(_) | ApiError::Task(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -391,9 +398,12 @@ async fn query_store(
     let dir = state.store_dir.clone();
     tokio::task::spawn_blocking(move || {
         let query = params.parse(SystemTime::now())?;
-        let profile = Store::open_read_only(&dir)?.query(query.range, &|labels: &Labels| {
-            query.selector.matches(labels)
-        })?;
+        let limits = QueryLimits::new(MAX_QUERY_STACKS, QUERY_TIMEOUT);
+        let profile = Store::open_read_only(&dir)?.query_within(
+            query.range,
+            &|labels: &Labels| query.selector.matches(labels),
+            limits,
+        )?;
         Ok((query, profile))
     })
     .await?

@@ -129,9 +129,15 @@ impl Store {
             samples: Vec::new(),
         };
         let mut rows = Vec::new();
-        self.for_each_window_rows("window = ?1", &[id], |series, stack, value| {
-            rows.push((series, stack, value))
-        })?;
+        self.for_each_window_rows(
+            "window = ?1",
+            &[id],
+            |series, stack, value| {
+                rows.push((series, stack, value));
+                Ok(())
+            },
+            super::QueryLimits::NONE,
+        )?;
         let mut reader = Reader::new(&self.connection, &self.path);
         for (series, stack, value) in rows {
             let labels = reader.series(series)?.unwrap_or_default();

@@ -44,6 +44,7 @@ use writer::IdCache;
 
 pub use crate::parse::timespec::TimeRange;
 pub use crate::profile::Labels;
+pub use reader::QueryLimits;
 pub use retention::Retention;
 pub use writer::WriteStats;
 
@@ -80,6 +81,12 @@ pub enum StoreError {
     },
     #[error("store {path} is damaged: {reason}")]
     Damaged { path: PathBuf, reason: String },
+    #[error(
+        "the query covers more than {limit} distinct stacks; narrow the range or the selector"
+    )]
+    TooLarge { limit: usize },
+    #[error("the query ran longer than {seconds} s; narrow the range or the selector")]
+    TimedOut { seconds: u64 },
 }
 
 impl StoreError {

@@ -6,7 +6,7 @@ use std::{
     collections::{HashMap, HashSet},
     path::Path,
     sync::Arc,
-    time::{Duration, SystemTime},
+    time::{Duration, Instant, SystemTime},
 };
 
 use rusqlite::{Connection, OptionalExtension};
@@ -23,6 +23,17 @@ impl Store {
         &self,
         range: TimeRange,
         matches: &dyn Fn(&Labels) -> bool,
+    ) -> Result<Profile, StoreError> {
+        self.query_within(range, matches, QueryLimits::NONE)
+    }
+
+    /// [`Store::query`] within `limits`: a query from the network must not hold a blocking
+    /// thread, or memory, without bound (`from=0` over a week of windows).
+    pub fn query_within(
+        &self,
+        range: TimeRange,
+        matches: &dyn Fn(&Labels) -> bool,
+        limits: QueryLimits,
     ) -> Result<Profile, StoreError> {
         let err = |e| self.sqlite(e);
         // One read transaction for every row read (see `window_profile`).
@@ -53,13 +64,20 @@ impl Store {
         self.for_each_window_rows(
             "window IN (SELECT id FROM windows WHERE start_ns >= ?1 AND start_ns < ?2)",
             &[from, to],
-            |series, stack, value| *merged.entry((series, stack)).or_insert(0) += value,
+            |series, stack, value| {
+                *merged.entry((series, stack)).or_insert(0) += value;
+                limits.check_stacks(merged.len())
+            },
+            limits,
         )?;
         let mut merged: Vec<_> = merged.into_iter().collect();
         // Stable output: the same store and range give the same profile.
         merged.sort_unstable();
         let mut reader = Reader::new(&self.connection, &self.path);
-        for ((series, stack), value) in merged {
+        for (done, ((series, stack), value)) in merged.into_iter().enumerate() {
+            if done % 1024 == 0 {
+                limits.check_time()?;
+            }
             let Some(labels) = reader.series(series)? else {
                 continue;
             };
@@ -80,7 +98,8 @@ impl Store {
         &self,
         condition: &str,
         params: &[i64],
-        mut each: impl FnMut(i64, i64, u64),
+        mut each: impl FnMut(i64, i64, u64) -> Result<(), StoreError>,
+        limits: QueryLimits,
     ) -> Result<(), StoreError> {
         let err = |e| self.sqlite(e);
         let mut statement = self
@@ -93,6 +112,7 @@ impl Store {
             .query(rusqlite::params_from_iter(params))
             .map_err(err)?;
         while let Some(row) = rows.next().map_err(err)? {
+            limits.check_time()?;
             let window: i64 = row.get(0).map_err(err)?;
             let blob: Vec<u8> = row.get(1).map_err(err)?;
             let decoded = decode_rows(&blob).ok_or_else(|| StoreError::Damaged {
@@ -100,7 +120,7 @@ impl Store {
                 reason: format!("window {window}: its sample rows do not decode"),
             })?;
             for (series, stack, value) in decoded {
-                each(series, stack, value);
+                each(series, stack, value)?;
             }
         }
         Ok(())
@@ -114,7 +134,9 @@ impl Store {
             &[unix_ns(range.from), unix_ns(range.to)],
             |series, _, _| {
                 ids.insert(series);
+                Ok(())
             },
+            QueryLimits::NONE,
         )?;
         let mut reader = Reader::new(&self.connection, &self.path);
         let mut series = Vec::new();
@@ -373,6 +395,49 @@ impl<'a> Reader<'a> {
 }
 
 /// A sample of the series with `labels`.
+/// Bounds on one query's work.
+#[derive(Debug, Clone, Copy)]
+pub struct QueryLimits {
+    /// Distinct (series, stack) pairs merged, at most: what the merge holds in memory.
+    pub max_stacks: usize,
+    /// When to give up.
+    pub deadline: Option<(Instant, Duration)>,
+}
+
+impl QueryLimits {
+    /// No bound: the command line's own queries.
+    pub const NONE: QueryLimits = QueryLimits {
+        max_stacks: usize::MAX,
+        deadline: None,
+    };
+
+    /// At most `max_stacks` pairs, and `timeout` from now.
+    pub fn new(max_stacks: usize, timeout: Duration) -> QueryLimits {
+        QueryLimits {
+            max_stacks,
+            deadline: Some((Instant::now() + timeout, timeout)),
+        }
+    }
+
+    fn check_stacks(&self, stacks: usize) -> Result<(), StoreError> {
+        if stacks > self.max_stacks {
+            return Err(StoreError::TooLarge {
+                limit: self.max_stacks,
+            });
+        }
+        Ok(())
+    }
+
+    fn check_time(&self) -> Result<(), StoreError> {
+        match self.deadline {
+            Some((at, timeout)) if Instant::now() > at => Err(StoreError::TimedOut {
+                seconds: timeout.as_secs(),
+            }),
+            _ => Ok(()),
+        }
+    }
+}
+
 pub(super) fn sample_of(labels: &Arc<Labels>, locations: Vec<usize>, value: i64) -> Sample {
     Sample {
         pid: labels.get("pid").and_then(|p| p.parse().ok()).unwrap_or(0),
@@ -393,6 +458,45 @@ mod tests {
         fixtures::{everything, named, window_at},
         Retention,
     };
+
+    #[test]
+    fn network_queries_stop_at_their_limits() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = Store::open(dir.path(), Retention::default()).unwrap();
+        let now = crate::store::fixtures::now_secs();
+        for i in 0..3 {
+            store.write_window(&window_at(now - 100 + i * 10)).unwrap();
+        }
+        let all = |_: &Labels| true;
+        let too_many = store
+            .query_within(
+                everything(),
+                &all,
+                QueryLimits::new(0, Duration::from_secs(60)),
+            )
+            .unwrap_err();
+        assert!(
+            matches!(too_many, StoreError::TooLarge { limit: 0 }),
+            "{too_many}"
+        );
+        let late = store
+            .query_within(
+                everything(),
+                &all,
+                QueryLimits::new(usize::MAX, Duration::ZERO),
+            )
+            .unwrap_err();
+        assert!(matches!(late, StoreError::TimedOut { .. }), "{late}");
+        // Within limits, the same answer as without.
+        let bounded = store
+            .query_within(
+                everything(),
+                &all,
+                QueryLimits::new(1000, Duration::from_secs(60)),
+            )
+            .unwrap();
+        assert_eq!(bounded, store.query(everything(), &all).unwrap());
+    }
 
     #[test]
     fn round_trip_merges_windows() {
