@@ -247,6 +247,7 @@ pub async fn run(config: RunConfig, store: Store) -> Result<(), RunError> {
     let mut drainer = Drainer::new(maps, control);
     let mut user_symbolizer =
         UserSymbolizer::new(config.symbolize, (config.symbol_cache_mb as usize) << 20);
+    user_symbolizer.set_scratch_dir(&config.store);
     if debug_files.is_some() {
         user_symbolizer.collect_new_binaries(export::debuginfo::CHANNEL_CAPACITY);
     }

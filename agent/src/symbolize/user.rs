@@ -10,10 +10,12 @@
 //! `/proc/PID/root` (the process's own view of the file system), so a binary that exists only in
 //! a container's mount namespace is found. Mappings are captured at every drain while the
 //! process is alive, so a process that exits before the profile is written is still named.
-//! Parsed files are cached by build id within a byte budget.
+//! Parsed files are cached by build id within a byte budget. A file whose DWARF went over its
+//! limits is remembered, so that opening it again after an eviction reads its symbol tables
+//! only.
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::{BTreeMap, HashMap, VecDeque},
     io,
     os::unix::fs::{MetadataExt, OpenOptionsExt},
     path::{Path, PathBuf},
@@ -22,7 +24,9 @@ use std::{
 };
 
 use super::address::FileOffset;
-use super::elf::{ElfFile, ElfMiss, FileData, ResolvedFrame};
+use super::elf::{
+    DwarfLimits, DwarfOptions, ElfFile, ElfMiss, FileData, OverBudget, ResolvedFrame,
+};
 use crate::sys::allocator::release_free_memory;
 use crate::sys::hex::to_hex;
 use crate::sys::untrusted;
@@ -209,6 +213,9 @@ pub enum Fallback {
     BadDebugFile,
     /// DWARF in a file could not be read; the symbol table named its frames.
     BadDwarf,
+    /// DWARF in a file would have cost more than a file may (inflated sections, units, ranges):
+    /// refused, once per file, and the symbol table named its frames.
+    DwarfOverBudget,
 }
 
 impl Fallback {
@@ -217,6 +224,7 @@ impl Fallback {
             Fallback::DebugLinkCrcMismatch => "debug link CRC mismatch",
             Fallback::BadDebugFile => "unreadable debug file",
             Fallback::BadDwarf => "corrupt DWARF",
+            Fallback::DwarfOverBudget => "DWARF over its size limits",
         }
     }
 }
@@ -260,6 +268,8 @@ struct CacheEntry {
     file: Option<Rc<ElfFile>>,
     cost: usize,
     last_used: u64,
+    /// The file's modification time when it was opened.
+    mtime: i64,
 }
 
 /// Parsed ELF files, bounded by an estimated byte budget, least recently used evicted first.
@@ -295,6 +305,7 @@ impl ElfCache {
         &mut self,
         dev: u64,
         inode: u64,
+        mtime: i64,
         key: CacheKey,
         file: Option<Rc<ElfFile>>,
     ) -> Option<Rc<ElfFile>> {
@@ -313,10 +324,36 @@ impl ElfCache {
                 file: file.clone(),
                 cost,
                 last_used: self.clock,
+                mtime,
             },
         );
         self.by_inode.insert((dev, inode), key);
         file
+    }
+
+    /// The modification time the file behind (device, inode) had when it was opened.
+    fn mtime(&self, dev: u64, inode: u64) -> Option<i64> {
+        let key = self.by_inode.get(&(dev, inode))?;
+        Some(self.entries.get(key)?.mtime)
+    }
+
+    /// Drops the DWARF (and inflated sections) of the cached file behind (device, inode), when
+    /// nothing else holds the file, and charges its entry what is left.
+    fn forget_dwarf(&mut self, dev: u64, inode: u64) {
+        let Some(entry) = self
+            .by_inode
+            .get(&(dev, inode))
+            .and_then(|key| self.entries.get_mut(key))
+        else {
+            return;
+        };
+        let Some(file) = entry.file.as_mut().and_then(Rc::get_mut) else {
+            return;
+        };
+        file.forget_dwarf();
+        let cost = file.cost();
+        self.used = self.used - entry.cost + cost;
+        entry.cost = cost;
     }
 
     /// Evicts least recently used entries until the estimate fits the budget. Returns the
@@ -354,6 +391,39 @@ const RELEASE_PAGES_EVERY: u64 = 256;
 /// Default budget for parsed binaries and their debug info.
 pub const DEFAULT_CACHE_BYTES: usize = 256 << 20;
 
+/// Most files remembered as over their DWARF limits. More than the binaries and libraries a
+/// busy host maps, at about 50 bytes each; past it the oldest is forgotten, and costs its
+/// refusal (bounded by the limits) once more if it is opened again.
+const MAX_OVER_BUDGET_FILES: usize = 4096;
+
+/// Files whose DWARF went over its limits, by (device, inode) and modification time, so that
+/// opening one again after an eviction reads no DWARF: neither the inflation nor the index is
+/// paid twice. A file rewritten in place has a new modification time, and gets another try.
+#[derive(Default)]
+struct OverBudgetFiles {
+    mtimes: HashMap<(u64, u64), i64>,
+    /// Oldest first.
+    order: VecDeque<(u64, u64)>,
+}
+
+impl OverBudgetFiles {
+    fn contains(&self, id: (u64, u64), mtime: i64) -> bool {
+        self.mtimes.get(&id) == Some(&mtime)
+    }
+
+    fn insert(&mut self, id: (u64, u64), mtime: i64) {
+        if self.mtimes.insert(id, mtime).is_some() {
+            return;
+        }
+        self.order.push_back(id);
+        if self.order.len() > MAX_OVER_BUDGET_FILES {
+            if let Some(oldest) = self.order.pop_front() {
+                self.mtimes.remove(&oldest);
+            }
+        }
+    }
+}
+
 /// Process maps, perf maps and ELF files, kept across windows within a byte budget.
 pub struct UserSymbolizer {
     mode: SymbolizeMode,
@@ -383,6 +453,11 @@ pub struct UserSymbolizer {
     /// File lookups the cache answered, and those that had to open and parse the file.
     cache_hits: u64,
     cache_misses: u64,
+    /// How files' DWARF is read: its limits, where compressed sections are inflated.
+    dwarf: DwarfOptions,
+    over_budget: OverBudgetFiles,
+    /// Files opened without their DWARF because it had gone over its limits before.
+    dwarf_skips: u64,
 }
 
 /// A binary seen for the first time, with the file a server needs to symbolise it.
@@ -429,7 +504,46 @@ impl UserSymbolizer {
             fallbacks: BTreeMap::new(),
             cache_hits: 0,
             cache_misses: 0,
+            dwarf: DwarfOptions::default(),
+            over_budget: OverBudgetFiles::default(),
+            dwarf_skips: 0,
         }
+    }
+
+    /// Inflates compressed debug sections into `dir` instead of `$TMPDIR`, which may be memory
+    /// (tmpfs): a directory the daemon owns, on disk, where their size is accounted to it.
+    pub fn set_scratch_dir(&mut self, dir: impl Into<PathBuf>) {
+        self.dwarf.scratch_dir = Some(dir.into());
+    }
+
+    /// Changes what one file's DWARF may cost before it is refused.
+    pub fn set_dwarf_limits(&mut self, limits: DwarfLimits) {
+        self.dwarf.limits = limits;
+    }
+
+    /// Files opened without reading their DWARF, because it had gone over its limits before.
+    pub fn dwarf_skips(&self) -> u64 {
+        self.dwarf_skips
+    }
+
+    /// How to read a file's DWARF. Inflated sections count against the cache: a file whose
+    /// sections alone would fill it is evicted at the next window and inflated again at the
+    /// next lookup, so that is the most a file may inflate.
+    fn dwarf_options(&self, skip: bool) -> DwarfOptions {
+        let mut options = self.dwarf.clone();
+        options.skip = skip;
+        options.limits.inflated_bytes = options
+            .limits
+            .inflated_bytes
+            .min(u64::try_from(self.cache.budget).unwrap_or(u64::MAX));
+        options
+    }
+
+    /// Counts, logs and remembers a file whose DWARF was refused, so it is not read again.
+    fn remember_over_budget(&mut self, id: (u64, u64), mtime: i64, over: OverBudget, path: &str) {
+        self.over_budget.insert(id, mtime);
+        *self.fallbacks.entry(Fallback::DwarfOverBudget).or_insert(0) += 1;
+        tracing::debug!("{path}: DWARF not used, {over}; its symbol table names its frames");
     }
 
     pub fn cache_stats(&self) -> CacheStats {
@@ -563,7 +677,7 @@ impl UserSymbolizer {
             return cached.ok_or(UserMiss::UnreadableFile);
         }
         self.cache_misses += 1;
-        let (file, key) = match self.open_mapped_file(pid, entry) {
+        let (file, key, mtime) = match self.open_mapped_file(pid, entry) {
             Ok(opened) => opened,
             Err(miss) => {
                 if miss == UserMiss::BinaryReplaced {
@@ -575,31 +689,36 @@ impl UserSymbolizer {
                     inode: entry.inode,
                     mtime: 0,
                 };
-                self.cache.insert(entry.dev, entry.inode, key, None);
+                self.cache.insert(entry.dev, entry.inode, 0, key, None);
                 return Err(miss);
             }
         };
         self.cache
-            .insert(entry.dev, entry.inode, key, Some(Rc::new(file)))
+            .insert(entry.dev, entry.inode, mtime, key, Some(Rc::new(file)))
             .ok_or(UserMiss::UnreadableFile)
     }
 
     /// Opens the exact file a mapping holds: through `/proc/PID/map_files` (the mapped inode
     /// itself, even if deleted or replaced), else through the process's root with an inode
-    /// check. Then looks for separate debug info.
+    /// check. Then looks for separate debug info, unless the file's DWARF went over its limits
+    /// (now or before). Returns the file's modification time too.
     fn open_mapped_file(
         &mut self,
         pid: u32,
         entry: &MapEntry,
-    ) -> Result<(ElfFile, CacheKey), UserMiss> {
-        let (handle, path, mtime) = match self.held.remove(&(entry.dev, entry.inode)) {
+    ) -> Result<(ElfFile, CacheKey, i64), UserMiss> {
+        let id = (entry.dev, entry.inode);
+        let (handle, path, mtime) = match self.held.remove(&id) {
             Some(held) => held,
             None => open_mapped(pid, entry)?,
         };
+        let skip_dwarf = self.over_budget.contains(id, mtime);
+        self.dwarf_skips += u64::from(skip_dwarf);
+        let options = self.dwarf_options(skip_dwarf);
         let data = FileData::map_file(&handle, &path);
         let root = PathBuf::from(format!("/proc/{pid}/root"));
         let mut file = data
-            .and_then(|data| ElfFile::parse(Arc::new(data), &path))
+            .and_then(|data| ElfFile::parse_with(Arc::new(data), &path, &options))
             .map_err(|err| {
                 tracing::debug!("{err}");
                 UserMiss::UnreadableFile
@@ -607,10 +726,13 @@ impl UserSymbolizer {
         if file.dwarf_errors() > 0 {
             *self.fallbacks.entry(Fallback::BadDwarf).or_insert(0) += 1;
         }
-        if !file.has_dwarf() {
+        if !skip_dwarf && !file.has_dwarf() && file.dwarf_refused().is_none() {
             if let Some(debug) = self.find_debug_file(&root, entry.file_path(), &file) {
                 file.attach_debug(debug);
             }
+        }
+        if let Some(over) = file.dwarf_refused() {
+            self.remember_over_budget(id, mtime, over, entry.file_path());
         }
         // Indexing the DWARF read every unit header; those pages are not needed again soon.
         file.release_resident_pages();
@@ -626,7 +748,7 @@ impl UserSymbolizer {
                 mtime,
             },
         };
-        Ok((file, key))
+        Ok((file, key, mtime))
     }
 
     /// Separate debug info, looked up the way gdb does: by build id under
@@ -634,12 +756,13 @@ impl UserSymbolizer {
     /// `.debug/` directory and under `/usr/lib/debug/`. Each place is tried inside the
     /// process's root first, then on the host.
     fn find_debug_file(&mut self, root: &Path, binary: &str, file: &ElfFile) -> Option<ElfFile> {
+        let options = self.dwarf_options(false);
         self.locate_debug_file(
             root,
             binary,
             file.build_id.as_deref(),
             file.debuglink.as_ref(),
-            |path, data| match ElfFile::parse(Arc::new(data), path) {
+            |path, data| match ElfFile::parse_with(Arc::new(data), path, &options) {
                 Ok(debug) => Some(debug),
                 Err(err) => {
                     tracing::debug!("{err}");
@@ -804,6 +927,8 @@ impl UserSymbolizer {
                 self.elf(pid, &entry)
             }
         };
+        // The unit index, built by a file's first lookup, may refuse its DWARF too.
+        let mut refused = None;
         let frames = elf.and_then(|elf| {
             let before = elf.dwarf_errors();
             let elf_address = elf.elf_address(file_offset).ok_or(UserMiss::NotLoaded)?;
@@ -814,9 +939,31 @@ impl UserSymbolizer {
             if elf.dwarf_errors() > before {
                 *self.fallbacks.entry(Fallback::BadDwarf).or_insert(0) += 1;
             }
+            if elf.has_dwarf() {
+                refused = elf.dwarf_refused();
+            }
             result
         });
+        if let (Some(over), false) = (refused, vdso) {
+            self.refused_by_index(pid, address, over);
+        }
         UserFrame { mapping, frames }
+    }
+
+    /// Remembers a file whose unit index refused its DWARF at a lookup of `address` in `pid`,
+    /// and drops that DWARF from its cache entry: the inflated sections go now, not at the
+    /// file's eviction.
+    fn refused_by_index(&mut self, pid: u32, address: u64, over: OverBudget) {
+        let Some((_, entry)) = self.maps.get(&pid).and_then(|maps| maps.find(address)) else {
+            return;
+        };
+        let (id, path) = ((entry.dev, entry.inode), entry.file_path().to_owned());
+        let mtime = self.cache.mtime(id.0, id.1).unwrap_or(0);
+        // Once per file: a file something else still held keeps its DWARF, refused, until then.
+        if !self.over_budget.contains(id, mtime) {
+            self.remember_over_budget(id, mtime, over, &path);
+        }
+        self.cache.forget_dwarf(id.0, id.1);
     }
 
     fn jit_frame(&mut self, pid: u32, address: u64) -> Option<Vec<ResolvedFrame>> {
@@ -1092,7 +1239,7 @@ mod tests {
             mtime: 0,
         };
         for inode in 1..=3 {
-            cache.insert(1, inode, key(inode), Some(file.clone()));
+            cache.insert(1, inode, 0, key(inode), Some(file.clone()));
         }
         assert!(cache.get(1, 1).is_some());
         assert_eq!(cache.enforce_budget(), cost);
@@ -1107,13 +1254,70 @@ mod tests {
             dev,
             inode,
         };
-        cache.insert(1, 10, key(1, 10), Some(file.clone()));
-        cache.insert(2, 20, key(2, 20), Some(file.clone()));
+        cache.insert(1, 10, 0, key(1, 10), Some(file.clone()));
+        cache.insert(2, 20, 0, key(2, 20), Some(file.clone()));
         assert_eq!(cache.entries.len(), 2);
         assert_eq!(cache.used, 2 * cost);
         // The same file through another mapping is one entry.
-        cache.insert(1, 10, key(1, 10), Some(file.clone()));
+        cache.insert(1, 10, 0, key(1, 10), Some(file.clone()));
         assert_eq!(cache.entries.len(), 2);
+    }
+
+    #[test]
+    fn files_over_their_dwarf_limits_are_remembered_and_opened_again_without_it() {
+        let pid = std::process::id();
+        let mut symbolizer = UserSymbolizer::default();
+        // This test binary has hundreds of units: its unit index goes over a cap of 8.
+        symbolizer.set_dwarf_limits(DwarfLimits {
+            units: 8,
+            ..DwarfLimits::default()
+        });
+        symbolizer.capture([pid]);
+        let address = files_over_their_dwarf_limits_are_remembered_and_opened_again_without_it
+            as *const () as u64;
+        let name = |symbolizer: &mut UserSymbolizer| {
+            let frames = symbolizer.symbolize(pid, address, false).frames.unwrap();
+            assert!(frames.len() == 1 && frames[0].line == 0, "{frames:?}");
+            frames[0].function.clone()
+        };
+        let refused = |symbolizer: &UserSymbolizer| {
+            symbolizer
+                .fallbacks
+                .get(&Fallback::DwarfOverBudget)
+                .copied()
+        };
+        assert!(name(&mut symbolizer).contains("opened_again_without_it"));
+        assert_eq!(refused(&symbolizer), Some(1));
+        assert_eq!(symbolizer.dwarf_skips(), 0);
+        // The refused DWARF left the cache at once, not at the file's eviction.
+        assert!(symbolizer.cache_stats().bytes < 32 << 20);
+
+        symbolizer.set_cache_budget(0);
+        symbolizer.enforce_budget();
+        assert_eq!(symbolizer.cache_stats().bytes, 0);
+        symbolizer.set_cache_budget(DEFAULT_CACHE_BYTES);
+        // Opened again, the file is read without DWARF: nothing to refuse, nothing counted.
+        assert!(name(&mut symbolizer).contains("opened_again_without_it"));
+        assert_eq!(symbolizer.dwarf_skips(), 1);
+        assert_eq!(refused(&symbolizer), Some(1));
+    }
+
+    #[test]
+    fn over_budget_memory_is_bounded_and_knows_rewritten_files() {
+        let mut memory = OverBudgetFiles::default();
+        for inode in 0..=MAX_OVER_BUDGET_FILES as u64 {
+            memory.insert((1, inode), 7);
+        }
+        assert_eq!(memory.mtimes.len(), MAX_OVER_BUDGET_FILES);
+        assert!(!memory.contains((1, 0), 7), "the oldest is forgotten");
+        assert!(memory.contains((1, 1), 7));
+        assert!(
+            !memory.contains((1, 1), 8),
+            "a file rewritten in place gets another try"
+        );
+        memory.insert((1, 1), 8);
+        assert!(memory.contains((1, 1), 8));
+        assert_eq!(memory.order.len(), MAX_OVER_BUDGET_FILES);
     }
 
     const MAPS: &str = "\

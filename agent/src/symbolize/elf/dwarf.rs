@@ -12,7 +12,7 @@ use std::{
 use super::sections::{load_sections, Reader};
 use super::symtab::demangle;
 use super::units::{build_unit_index, find_unit, unit_dwarf, UnitIndex};
-use super::{FileData, ResolvedFrame};
+use super::{DwarfLimits, DwarfLoad, DwarfOptions, FileData, OverBudget, ResolvedFrame};
 use crate::sys::allocator::release_free_memory;
 
 /// How much DWARF (bytes of `.debug_info` plus `.debug_line` of the units lookups have
@@ -28,6 +28,8 @@ pub(super) struct Dwarf {
     /// Which unit holds which addresses, built on the first lookup and kept: it is small, and
     /// it lets a lookup parse only the unit it needs.
     index: RefCell<UnitIndex>,
+    /// What the index may hold before the file's DWARF is refused.
+    limits: DwarfLimits,
     /// Parsed lazily on the first lookup and dropped when it covers more than `budget`.
     parsed: RefCell<Parse>,
     budget: usize,
@@ -95,17 +97,21 @@ impl ParsedDwarf {
 }
 
 impl Dwarf {
-    /// The DWARF of `file`, whose bytes are `data`; `None` when it has none.
+    /// The DWARF of `file`, whose bytes are `data`, read as `options` say.
     pub(super) fn load(
         file: &object::File<'_>,
         data: &Arc<FileData>,
-    ) -> Result<Option<Dwarf>, gimli::Error> {
-        let Some(loaded) = load_sections(file, data)? else {
-            return Ok(None);
+        options: &DwarfOptions,
+    ) -> Result<DwarfLoad<Dwarf>, gimli::Error> {
+        let loaded = match load_sections(file, data, options)? {
+            DwarfLoad::Loaded(loaded) => loaded,
+            DwarfLoad::Absent => return Ok(DwarfLoad::Absent),
+            DwarfLoad::OverBudget(over) => return Ok(DwarfLoad::OverBudget(over)),
         };
-        Ok(Some(Dwarf {
+        Ok(DwarfLoad::Loaded(Dwarf {
             sections: Arc::new(loaded.dwarf),
             index: RefCell::new(UnitIndex::NotYet),
+            limits: options.limits,
             parsed: RefCell::new(Parse::NotYet),
             budget: MAX_PARSED_DWARF,
             reparses: 0.into(),
@@ -131,6 +137,14 @@ impl Dwarf {
 
     pub(super) fn reparses(&self) -> u64 {
         self.reparses.get()
+    }
+
+    /// Why the unit index refused the file's DWARF, once a lookup has built it.
+    pub(super) fn refused(&self) -> Option<OverBudget> {
+        match &*self.index.borrow() {
+            UnitIndex::OverBudget(over) => Some(*over),
+            _ => None,
+        }
     }
 
     /// See [`super::ElfFile::release_idle_parse`].
@@ -163,7 +177,8 @@ impl Dwarf {
         let (span, cross_refs) = {
             let mut index = self.index.borrow_mut();
             if matches!(&*index, UnitIndex::NotYet) {
-                *index = build_unit_index(&self.sections).unwrap_or(UnitIndex::WholeFile);
+                *index =
+                    build_unit_index(&self.sections, &self.limits).unwrap_or(UnitIndex::WholeFile);
                 // Indexing read a little of every unit (header, root entry, abbreviations);
                 // the lookups that follow need few of those pages again.
                 release_pages();
@@ -176,7 +191,9 @@ impl Dwarf {
                     // No unit covers it: nothing DWARF could say.
                     None => return Ok(Vec::new()),
                 },
-                _ => (None, false),
+                // Refused: the symbol table names every frame.
+                UnitIndex::OverBudget(_) => return Ok(Vec::new()),
+                UnitIndex::NotYet | UnitIndex::WholeFile => (None, false),
             }
         };
         let mut slot = self.parsed.borrow_mut();

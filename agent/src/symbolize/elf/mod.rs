@@ -9,14 +9,17 @@
 //!
 //! Every input here comes from outside the process and may be truncated or corrupt: parsing
 //! errors become [`ElfError`], lookup failures become a fallback (DWARF, then symbol table,
-//! then nothing), never a panic. `fuzz/` drives [`fuzz_one`] with arbitrary bytes.
+//! then nothing), never a panic. `fuzz/` drives [`fuzz_one`] with arbitrary bytes. Any local
+//! user or container can also hand over a file that is valid but built to cost: DWARF that
+//! would inflate or index beyond [`DwarfLimits`] is refused before it is paid for
+//! ([`OverBudget`]), and the file is named from its symbol tables.
 //!
 //! This file is the surface the rest of the symboliser sees. Its parts import from it only the
-//! plain types (`FileData`, `ResolvedFrame`), and from each other only the parts listed before
-//! them: `symtab` (symbol tables, demangling), `sections` (DWARF sections in place or
-//! inflated), `units` (the unit index and one-unit views), `dwarf` (addr2line lookups within a
-//! parse budget). [`extract`], apart, rewrites a file into its debug-only form for servers that
-//! symbolise.
+//! plain types (`FileData`, `ResolvedFrame`, the DWARF limits and what they refused), and from
+//! each other only the parts listed before them: `symtab` (symbol tables, demangling),
+//! `sections` (DWARF sections in place or inflated), `units` (the unit index and one-unit
+//! views), `dwarf` (addr2line lookups within a parse budget). [`extract`], apart, rewrites a
+//! file into its debug-only form for servers that symbolise.
 
 mod dwarf;
 pub mod extract;
@@ -124,6 +127,75 @@ impl FileData {
     }
 }
 
+/// What one file's DWARF may cost before it is refused and the file is named from its symbol
+/// tables instead. The defaults, and why they are what they are, are with each bound:
+/// `sections::MAX_INFLATED_PER_FILE`, `units::MAX_UNITS`, `units::MAX_RANGE_ENTRIES`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DwarfLimits {
+    /// Bytes all compressed DWARF sections of the file claim to inflate to, together.
+    pub inflated_bytes: u64,
+    /// Units in the unit index.
+    pub units: usize,
+    /// Range-list entries read to build the unit index (which bounds its spans).
+    pub range_entries: usize,
+}
+
+impl Default for DwarfLimits {
+    fn default() -> Self {
+        DwarfLimits {
+            inflated_bytes: sections::MAX_INFLATED_PER_FILE,
+            units: units::MAX_UNITS,
+            range_entries: units::MAX_RANGE_ENTRIES,
+        }
+    }
+}
+
+/// How [`ElfFile::parse_with`] reads a file's DWARF.
+#[derive(Debug, Clone, Default)]
+pub struct DwarfOptions {
+    /// Read no DWARF at all, symbol tables only: for a file already known to go over its limits,
+    /// so that opening it again costs nothing it was refused for.
+    pub skip: bool,
+    pub limits: DwarfLimits,
+    /// Where compressed sections are inflated to; `None` for `$TMPDIR`, which may be memory.
+    pub scratch_dir: Option<PathBuf>,
+}
+
+/// Which of [`DwarfLimits`] a file's DWARF went over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OverBudget {
+    /// Its compressed sections claim to inflate to `claimed` bytes in all.
+    Inflated { claimed: u64 },
+    /// It has more units than the unit index may hold.
+    Units,
+    /// Its units' range lists have more entries than the unit index may read.
+    RangeEntries,
+}
+
+impl fmt::Display for OverBudget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            OverBudget::Inflated { claimed } => {
+                write!(
+                    f,
+                    "compressed DWARF sections claim {claimed} bytes inflated"
+                )
+            }
+            OverBudget::Units => f.write_str("too many DWARF units"),
+            OverBudget::RangeEntries => f.write_str("too many DWARF range-list entries"),
+        }
+    }
+}
+
+/// What loading a file's DWARF came to, before or after it is wrapped for lookups.
+enum DwarfLoad<T> {
+    /// The file has no `.debug_info`.
+    Absent,
+    /// Refused before it cost what the limits forbid.
+    OverBudget(OverBudget),
+    Loaded(T),
+}
+
 /// One function level at an address.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ResolvedFrame {
@@ -163,8 +235,13 @@ pub struct ElfFile {
     segments: Vec<LoadSegment>,
     symbols: SymbolTable,
     dwarf: Option<Dwarf>,
+    /// Why the DWARF of the file (or of its debug file) was refused when it was loaded.
+    dwarf_refused: Option<OverBudget>,
     /// The mapped files this entry reads from (the binary, and its debug file when attached).
     data: Vec<Arc<FileData>>,
+    /// The inflated copies of `dwarf`'s compressed sections: kept apart from `data` because
+    /// they go with the DWARF when it is given up ([`ElfFile::forget_dwarf`]).
+    inflated: Vec<Arc<FileData>>,
     /// DWARF problems met while resolving, reported as fallbacks; the frame still gets the
     /// symbol-table name.
     dwarf_errors: std::sync::atomic::AtomicU64,
@@ -188,6 +265,15 @@ impl ElfFile {
 
     /// Parses an ELF image. `path` only names the input in errors.
     pub fn parse(data: Arc<FileData>, path: &Path) -> Result<Self, ElfError> {
+        Self::parse_with(data, path, &DwarfOptions::default())
+    }
+
+    /// Parses an ELF image, reading its DWARF as `options` say.
+    pub fn parse_with(
+        data: Arc<FileData>,
+        path: &Path,
+        options: &DwarfOptions,
+    ) -> Result<Self, ElfError> {
         let parse_err = |source| ElfError::Parse {
             path: path.to_owned(),
             source,
@@ -214,29 +300,36 @@ impl ElfFile {
             })
             .collect();
         let symbols = SymbolTable::read(&file);
-        // Corrupt DWARF costs the file its line tables, not its symbol names.
-        let (mut dwarf, dwarf_unreadable) = match Dwarf::load(&file, &data) {
-            Ok(dwarf) => (dwarf, false),
+        // Corrupt or oversized DWARF costs the file its line tables, not its symbol names.
+        let loaded = if options.skip {
+            Ok(DwarfLoad::Absent)
+        } else {
+            Dwarf::load(&file, &data, options)
+        };
+        let (mut dwarf, dwarf_refused, dwarf_unreadable) = match loaded {
+            Ok(DwarfLoad::Loaded(dwarf)) => (Some(dwarf), None, false),
+            Ok(DwarfLoad::Absent) => (None, None, false),
+            // The caller reports it: it knows whether it had been refused before.
+            Ok(DwarfLoad::OverBudget(over)) => (None, Some(over), false),
             Err(source) => {
                 let err = ElfError::Dwarf {
                     path: path.to_owned(),
                     source,
                 };
                 tracing::debug!("{err}");
-                (None, true)
+                (None, None, true)
             }
         };
-        let inflated = dwarf.as_mut().map(Dwarf::take_inflated);
-        let mapped = std::iter::once(data)
-            .chain(inflated.unwrap_or_default())
-            .collect();
+        let inflated = dwarf.as_mut().map(Dwarf::take_inflated).unwrap_or_default();
         Ok(ElfFile {
             build_id,
             debuglink,
             segments,
             symbols,
             dwarf,
-            data: mapped,
+            dwarf_refused,
+            data: vec![data],
+            inflated,
             dwarf_errors: u64::from(dwarf_unreadable).into(),
         })
     }
@@ -246,10 +339,28 @@ impl ElfFile {
         self.dwarf.is_some()
     }
 
+    /// Why the file's DWARF was refused, if it was: when it was loaded, or since, when a
+    /// lookup found its units beyond the limits. The file is then named from its symbol tables.
+    pub fn dwarf_refused(&self) -> Option<OverBudget> {
+        self.dwarf_refused
+            .or_else(|| self.dwarf.as_ref().and_then(Dwarf::refused))
+    }
+
+    /// Gives up the file's DWARF and its inflated sections, keeping the symbol tables: for a
+    /// file whose DWARF was refused after it was loaded.
+    pub fn forget_dwarf(&mut self) {
+        self.dwarf_refused = self.dwarf_refused();
+        self.dwarf = None;
+        self.inflated.clear();
+    }
+
     /// Takes DWARF (and, when it has more, the symbol table) from a separate debug file.
     pub fn attach_debug(&mut self, debug: ElfFile) {
         if self.dwarf.is_none() {
             self.dwarf = debug.dwarf;
+            self.inflated.extend(debug.inflated);
+            // The file's own DWARF is absent, so a refusal can only be the debug file's.
+            self.dwarf_refused = self.dwarf_refused.or(debug.dwarf_refused);
         }
         if debug.symbols.functions().len() > self.symbols.functions().len() {
             self.symbols = debug.symbols;
@@ -260,7 +371,7 @@ impl ElfFile {
     /// Lets the kernel reclaim the file pages lookups made resident (see
     /// [`FileData::release_resident_pages`]).
     pub fn release_resident_pages(&self) {
-        for data in &self.data {
+        for data in self.data.iter().chain(&self.inflated) {
             data.release_resident_pages();
         }
     }
@@ -270,6 +381,11 @@ impl ElfFile {
     pub fn cost(&self) -> usize {
         let dwarf = self.dwarf.as_ref().map_or(0, Dwarf::mapped_bytes);
         self.symbols.bytes() + dwarf + 4096
+    }
+
+    /// Bytes of compressed sections inflated for the file's DWARF.
+    pub fn inflated_bytes(&self) -> usize {
+        self.inflated.iter().map(|data| data.bytes().len()).sum()
     }
 
     /// Caps how much DWARF the file's parsed state may cover (default
@@ -418,6 +534,195 @@ mod tests {
             "{frames:?}"
         );
         assert!(outer.line > 0);
+    }
+
+    /// An ELF object with `crafted_function` at 0x10 (a symbol table to fall back to) and the
+    /// given DWARF sections, each zlib-compressed (`SHF_COMPRESSED`): (name, the inflated size
+    /// its header claims, the compressed stream that follows the header).
+    fn elf_with_compressed_sections(sections: &[(&str, u64, Vec<u8>)]) -> Vec<u8> {
+        use object::write::{Object as Writer, StandardSection, Symbol, SymbolSection};
+        use object::{SectionFlags, SectionKind, SymbolFlags, SymbolKind, SymbolScope};
+        let mut writer = Writer::new(
+            object::BinaryFormat::Elf,
+            object::Architecture::X86_64,
+            object::Endianness::Little,
+        );
+        let text = writer.section_id(StandardSection::Text);
+        writer.append_section_data(text, &[0x90; 0x40], 16);
+        writer.add_symbol(Symbol {
+            name: b"crafted_function".to_vec(),
+            value: 0x10,
+            size: 0x10,
+            kind: SymbolKind::Text,
+            scope: SymbolScope::Compilation,
+            weak: false,
+            section: SymbolSection::Section(text),
+            flags: SymbolFlags::None,
+        });
+        for (name, claimed, stream) in sections {
+            let id = writer.add_section(Vec::new(), name.as_bytes().to_vec(), SectionKind::Debug);
+            // Elf64_Chdr: type, reserved, size, alignment.
+            let mut data = Vec::new();
+            data.extend(object::elf::ELFCOMPRESS_ZLIB.to_le_bytes());
+            data.extend(0u32.to_le_bytes());
+            data.extend(claimed.to_le_bytes());
+            data.extend(1u64.to_le_bytes());
+            data.extend(stream);
+            let section = writer.section_mut(id);
+            section.set_data(data, 1);
+            section.flags = SectionFlags::Elf {
+                sh_flags: u64::from(object::elf::SHF_COMPRESSED),
+            };
+        }
+        writer.write().unwrap()
+    }
+
+    fn zlib(bytes: &[u8]) -> Vec<u8> {
+        use std::io::Write;
+        let mut encoder = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::fast());
+        encoder.write_all(bytes).unwrap();
+        encoder.finish().unwrap()
+    }
+
+    fn parse_crafted(bytes: &[u8], options: &DwarfOptions) -> ElfFile {
+        let data = Arc::new(FileData::Owned(bytes.to_vec()));
+        ElfFile::parse_with(data, Path::new("crafted"), options).unwrap()
+    }
+
+    fn outermost_name(file: &ElfFile, address: u64) -> Option<String> {
+        let frames = file.resolve(ElfAddress(address)).ok()?;
+        Some(frames.last()?.function.clone())
+    }
+
+    #[test]
+    fn compressed_sections_over_the_file_budget_are_refused_before_any_is_inflated() {
+        // Three sections of 64 KiB each: every one within a budget of 128 KiB, together not.
+        let section = 64u64 << 10;
+        let stream = zlib(&vec![0; section as usize]);
+        let bytes = elf_with_compressed_sections(
+            &[".debug_abbrev", ".debug_info", ".debug_str"]
+                .map(|name| (name, section, stream.clone())),
+        );
+        let scratch = tempfile::tempdir().unwrap();
+        // Inflating there fails: a parse that never needs it inflated nothing.
+        let missing = scratch.path().join("missing");
+        let options = |inflated_bytes, dir: &Path| DwarfOptions {
+            limits: DwarfLimits {
+                inflated_bytes,
+                ..DwarfLimits::default()
+            },
+            scratch_dir: Some(dir.to_owned()),
+            ..DwarfOptions::default()
+        };
+
+        let refused = parse_crafted(&bytes, &options(2 * section, &missing));
+        assert_eq!(
+            refused.dwarf_refused(),
+            Some(OverBudget::Inflated {
+                claimed: 3 * section
+            })
+        );
+        assert!(!refused.has_dwarf());
+        assert_eq!(refused.dwarf_errors(), 0, "a section was inflated");
+        assert_eq!(refused.inflated_bytes(), 0);
+        assert_eq!(
+            outermost_name(&refused, 0x18).as_deref(),
+            Some("crafted_function")
+        );
+
+        // Within the budget the same sections are inflated, into the scratch directory: where
+        // it is missing, they fail.
+        let loaded = parse_crafted(&bytes, &options(3 * section, scratch.path()));
+        assert!(loaded.has_dwarf() && loaded.dwarf_refused().is_none());
+        assert_eq!(loaded.inflated_bytes() as u64, 3 * section);
+        let failed = parse_crafted(&bytes, &options(3 * section, &missing));
+        assert_eq!((failed.dwarf_errors(), failed.dwarf_refused()), (1, None));
+    }
+
+    #[test]
+    fn fifteen_sections_of_40_mib_are_refused_by_the_default_budget() {
+        // Each section claims what its compressed bytes could plausibly hold (~1000:1), far
+        // below the old per-section cap of 1 GiB: only their sum gives them away. The streams
+        // are not even valid, since nothing may be inflated.
+        let claimed = 40u64 << 20;
+        let stream = vec![0x78; 40 << 10];
+        let names = [
+            ".debug_abbrev",
+            ".debug_addr",
+            ".debug_aranges",
+            ".debug_info",
+            ".debug_line",
+            ".debug_line_str",
+            ".debug_macinfo",
+            ".debug_macro",
+            ".debug_str",
+            ".debug_str_offsets",
+            ".debug_types",
+            ".debug_loc",
+            ".debug_loclists",
+            ".debug_ranges",
+            ".debug_rnglists",
+        ];
+        let bytes =
+            elf_with_compressed_sections(&names.map(|name| (name, claimed, stream.clone())));
+        let file = parse_crafted(&bytes, &DwarfOptions::default());
+        assert_eq!(
+            file.dwarf_refused(),
+            Some(OverBudget::Inflated {
+                claimed: 15 * claimed
+            })
+        );
+        assert_eq!(file.dwarf_errors(), 0, "a section was inflated");
+        assert_eq!(
+            outermost_name(&file, 0x18).as_deref(),
+            Some("crafted_function")
+        );
+    }
+
+    #[test]
+    fn unit_index_over_its_caps_refuses_the_dwarf() {
+        // This test binary has hundreds of units and over a hundred thousand range entries.
+        let exe = std::fs::read_link("/proc/self/exe").unwrap();
+        let data = Arc::new(FileData::map(&exe).unwrap());
+        let parse = |limits| {
+            let options = DwarfOptions {
+                limits,
+                ..DwarfOptions::default()
+            };
+            ElfFile::parse_with(data.clone(), &exe, &options).unwrap()
+        };
+        let within = parse(DwarfLimits::default());
+        let code = unit_index_over_its_caps_refuses_the_dwarf as *const () as u64;
+        let address = within.elf_address(own_file_offset(code)).unwrap();
+        assert!(within.resolve(address).unwrap().iter().any(|f| f.line > 0));
+        assert_eq!(within.dwarf_refused(), None);
+        for (limits, over) in [
+            (
+                DwarfLimits {
+                    units: 8,
+                    ..DwarfLimits::default()
+                },
+                OverBudget::Units,
+            ),
+            (
+                DwarfLimits {
+                    range_entries: 1000,
+                    ..DwarfLimits::default()
+                },
+                OverBudget::RangeEntries,
+            ),
+        ] {
+            let file = parse(limits);
+            // The index is built by the first lookup, which the symbol table answers.
+            assert_eq!(file.dwarf_refused(), None);
+            let frames = file.resolve(address).unwrap();
+            assert_eq!(file.dwarf_refused(), Some(over));
+            assert!(
+                frames.len() == 1 && frames[0].file.is_none() && frames[0].line == 0,
+                "{frames:?}"
+            );
+            assert_eq!(file.dwarf_errors(), 0);
+        }
     }
 
     #[test]

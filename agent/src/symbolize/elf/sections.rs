@@ -1,13 +1,14 @@
 //! Loading an ELF file's DWARF sections for gimli without copying them onto the heap: plain
 //! sections are windows into the file's mapping, compressed ones (zlib, zstd) are inflated
 //! into unlinked temporary files and mapped, so either way their pages are page cache the
-//! kernel can reclaim.
+//! kernel can reclaim. What the compressed sections claim to inflate to is added up and held
+//! to the file's budget before the first one is inflated.
 
 use std::{fmt, ops::Deref, path::Path, sync::Arc};
 
 use object::{CompressionFormat, Object, ObjectSection};
 
-use super::FileData;
+use super::{DwarfLoad, DwarfOptions, FileData, OverBudget};
 
 /// A DWARF section's bytes: a window into a mapped file (the binary, or the inflated copy of a
 /// compressed section). Cheap to clone, and its address never moves, which is what gimli's
@@ -52,8 +53,16 @@ unsafe impl stable_deref_trait::CloneStableDeref for SectionBytes {}
 
 pub(super) type Reader = gimli::EndianReader<gimli::RunTimeEndian, SectionBytes>;
 
-/// Largest compressed debug section inflated onto the heap. Real ones are tens of MB.
-const MAX_INFLATED_SECTION: u64 = 1 << 30;
+/// How many bytes one file's compressed DWARF sections may inflate to, all together (and so any
+/// one of them: there is no separate bound per section). Inflated copies are written out (to
+/// `$TMPDIR`, which may be memory, unless a scratch directory is set) and stay for as long as
+/// the file is cached, and the files come from any local user or container: a bound per section
+/// alone let one file cost about fifteen times that bound. Real debug info compresses 3-5x, so
+/// this admits files with 100-170 MiB of compressed DWARF, more than all but the largest
+/// programs' debug files carry; those are named from their symbol tables. The user symboliser
+/// lowers it to its cache budget, which counts inflated bytes: a file that fills the cache
+/// alone is evicted at the next window and would be inflated again at the next lookup.
+pub(super) const MAX_INFLATED_PER_FILE: u64 = 512 << 20;
 
 /// A file's DWARF sections, as [`load_sections`] found them.
 pub(super) struct LoadedSections {
@@ -64,14 +73,22 @@ pub(super) struct LoadedSections {
     pub(super) inflated: Vec<Arc<FileData>>,
 }
 
-/// The DWARF sections of `file`, whose bytes are `data`; `None` when it has no `.debug_info`.
+/// The DWARF sections of `file`, whose bytes are `data`, inflated as `options` say: nothing
+/// when it has no `.debug_info`, and nothing inflated when its compressed sections claim more
+/// than its budget.
 pub(super) fn load_sections(
     file: &object::File<'_>,
     data: &Arc<FileData>,
-) -> Result<Option<LoadedSections>, gimli::Error> {
+    options: &DwarfOptions,
+) -> Result<DwarfLoad<LoadedSections>, gimli::Error> {
     if file.section_by_name(".debug_info").is_none() {
-        return Ok(None);
+        return Ok(DwarfLoad::Absent);
     }
+    let claimed = claimed_inflated_bytes(file)?;
+    if claimed > options.limits.inflated_bytes {
+        return Ok(DwarfLoad::OverBudget(OverBudget::Inflated { claimed }));
+    }
+    let scratch_dir = options.scratch_dir.as_deref();
     let endian = if file.is_little_endian() {
         gimli::RunTimeEndian::Little
     } else {
@@ -107,15 +124,8 @@ pub(super) fn load_sections(
                 len,
             }
         } else {
-            // The header's size is input like any other: a corrupt one must not make us
-            // allocate terabytes. Neither zlib nor zstd inflates beyond ~1032:1.
-            let limit = range
-                .compressed_size
-                .saturating_mul(1032)
-                .saturating_add(1 << 20);
-            if range.uncompressed_size > limit.min(MAX_INFLATED_SECTION) {
-                return Err(gimli::Error::Io);
-            }
+            // Already checked, with the others' claims, before the first was inflated.
+            plausible_claim(&range)?;
             let start = usize::try_from(range.offset).map_err(|_| gimli::Error::Io)?;
             let len = usize::try_from(range.compressed_size).map_err(|_| gimli::Error::Io)?;
             let compressed = data
@@ -123,8 +133,13 @@ pub(super) fn load_sections(
                 .get(start..start.checked_add(len).ok_or(gimli::Error::Io)?)
                 .ok_or(gimli::Error::Io)?;
             let copy = Arc::new(
-                inflate(range.format, compressed, range.uncompressed_size)
-                    .ok_or(gimli::Error::Io)?,
+                inflate(
+                    range.format,
+                    compressed,
+                    range.uncompressed_size,
+                    scratch_dir,
+                )
+                .ok_or(gimli::Error::Io)?,
             );
             let len = copy.bytes().len();
             mapped_bytes += len;
@@ -140,18 +155,57 @@ pub(super) fn load_sections(
     let mut dwarf = dwarf;
     // Units that share an abbreviation table (common in large binaries) then share its parse.
     dwarf.populate_abbreviations_cache(gimli::AbbreviationsCacheStrategy::Duplicates);
-    Ok(Some(LoadedSections {
+    Ok(DwarfLoad::Loaded(LoadedSections {
         dwarf,
         mapped_bytes,
         inflated,
     }))
 }
 
+/// What the compressed sections among those gimli loads claim to inflate to, together.
+/// gimli's own loader walks the sections, so the sum covers exactly the ones
+/// [`load_sections`] would inflate.
+fn claimed_inflated_bytes(file: &object::File<'_>) -> Result<u64, gimli::Error> {
+    let mut claimed = 0u64;
+    gimli::DwarfSections::<()>::load(|id| -> Result<(), gimli::Error> {
+        let Some(section) = file.section_by_name(id.name()) else {
+            return Ok(());
+        };
+        let range = section
+            .compressed_file_range()
+            .map_err(|_| gimli::Error::Io)?;
+        if range.format != CompressionFormat::None {
+            claimed = claimed.saturating_add(plausible_claim(&range)?);
+        }
+        Ok(())
+    })?;
+    Ok(claimed)
+}
+
+/// The size a compressed section's header claims, unless its compressed bytes cannot hold it:
+/// the claim is input like any other, and neither zlib nor zstd inflates beyond ~1032:1.
+fn plausible_claim(range: &object::CompressedFileRange) -> Result<u64, gimli::Error> {
+    let limit = range
+        .compressed_size
+        .saturating_mul(1032)
+        .saturating_add(1 << 20);
+    if range.uncompressed_size > limit {
+        return Err(gimli::Error::Io);
+    }
+    Ok(range.uncompressed_size)
+}
+
 /// Inflates a compressed section into an unlinked temporary file and maps it, producing
 /// exactly the size its header claims or nothing: the decoder is cut off one byte past the
 /// claim, so a section that claims little and expands to gigabytes (a decompression bomb) costs
-/// no more than its claim. An empty section maps nothing and stays on the heap.
-fn inflate(format: CompressionFormat, compressed: &[u8], claimed: u64) -> Option<FileData> {
+/// no more than its claim. An empty section maps nothing and stays on the heap. The file is
+/// made in `scratch_dir`, or `$TMPDIR` without one.
+fn inflate(
+    format: CompressionFormat,
+    compressed: &[u8],
+    claimed: u64,
+    scratch_dir: Option<&Path>,
+) -> Option<FileData> {
     use std::io::Read;
     let limit = claimed.checked_add(1)?;
     let mut decoder: Box<dyn Read + '_> = match format {
@@ -164,7 +218,11 @@ fn inflate(format: CompressionFormat, compressed: &[u8], claimed: u64) -> Option
     if claimed == 0 {
         return Some(FileData::Owned(Vec::new()));
     }
-    let mut file = tempfile::tempfile().ok()?;
+    let mut file = match scratch_dir {
+        Some(dir) => tempfile::tempfile_in(dir),
+        None => tempfile::tempfile(),
+    }
+    .ok()?;
     let written = std::io::copy(&mut (&mut decoder).take(limit), &mut file).ok()?;
     if written != claimed {
         return None;

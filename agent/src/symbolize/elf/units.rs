@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use super::sections::{Reader, SectionBytes};
-use super::FileData;
+use super::{DwarfLimits, FileData, OverBudget};
 
 /// Which compilation unit covers which addresses.
 ///
@@ -29,6 +29,8 @@ pub(super) enum UnitIndex {
     /// (`DW_FORM_indirect`, references into a supplementary file): lookups go through one
     /// `Context` for the whole file.
     WholeFile,
+    /// The file has more units or ranges than an index may hold: its DWARF is not used.
+    OverBudget(OverBudget),
 }
 
 /// An address range of one unit, and where the unit is in `.debug_info`.
@@ -41,23 +43,49 @@ pub(super) struct UnitSpan {
     len: usize,
 }
 
+/// Most units one file's unit index holds: 16 bytes each in `units`, 2 MiB at most. The
+/// largest real programs have tens of thousands of compilation units; more is a file built to
+/// cost, and addr2line's whole-file `Context`, which lookups may fall back to, would keep a
+/// parsed header (line program included) for every one of them.
+pub(super) const MAX_UNITS: usize = 1 << 17;
+
+/// Most range-list entries read for one file's unit index, counted as read, before they become
+/// ranges: a range list of only base-address entries yields nothing and still costs time, and
+/// every unit may name the same list. Each entry becomes at most one 32-byte span, so the spans
+/// take 32 MiB at most (before adjacent ones merge). Real files have about a thousand entries
+/// per MiB of DWARF (this crate's debug test binary: 144 MiB, 932 units, 142 000 entries), so
+/// this admits about a GiB of it; beyond, symbol tables name the frames.
+pub(super) const MAX_RANGE_ENTRIES: usize = 1 << 20;
+
 /// The unit index of `sections`: each compilation unit's ranges (read from its root entry the
 /// way addr2line does, one unit at a time, nothing kept but the ranges), or
-/// [`UnitIndex::WholeFile`] when a unit refers outside itself.
-pub(super) fn build_unit_index(sections: &gimli::Dwarf<Reader>) -> gimli::Result<UnitIndex> {
+/// [`UnitIndex::WholeFile`] when a unit refers outside itself or cannot be read, or
+/// [`UnitIndex::OverBudget`] when the file has more units or range-list entries than `limits`
+/// allow. Every unit is walked even when the index falls back to the whole file: that
+/// `Context` reads the same units and ranges, and must be held to the same limits.
+pub(super) fn build_unit_index(
+    sections: &gimli::Dwarf<Reader>,
+    limits: &DwarfLimits,
+) -> gimli::Result<UnitIndex> {
     let mut spans = Vec::new();
     let mut cross_refs = false;
+    let mut whole_file = false;
     let mut units = Vec::new();
+    let mut range_entries = 0usize;
+    // An error here is one addr2line meets at the same header, before any unit past it.
     let mut headers = sections.units();
     while let Some(header) = headers.next()? {
         let Some(offset) = header.offset().as_debug_info_offset() else {
             continue;
         };
+        if units.len() >= limits.units {
+            return Ok(UnitIndex::OverBudget(OverBudget::Units));
+        }
         units.push((offset.0, header.length_including_self()));
-        match outside_references(sections, &header)? {
-            OutsideReferences::None => {}
-            OutsideReferences::SameFile => cross_refs = true,
-            OutsideReferences::Unsupported => return Ok(UnitIndex::WholeFile),
+        match outside_references(sections, &header) {
+            Ok(OutsideReferences::None) => {}
+            Ok(OutsideReferences::SameFile) => cross_refs = true,
+            Ok(OutsideReferences::Unsupported) | Err(_) => whole_file = true,
         }
         if !matches!(
             header.type_(),
@@ -69,35 +97,80 @@ pub(super) fn build_unit_index(sections: &gimli::Dwarf<Reader>) -> gimli::Result
         let Ok(unit) = sections.unit(header) else {
             continue;
         };
-        let mut ranges = sections.unit_ranges(&unit)?;
-        while let Some(range) = ranges.next()? {
-            if range.begin < range.end {
-                spans.push(UnitSpan {
-                    begin: range.begin,
-                    end: range.end,
-                    offset: offset.0,
-                    len,
-                });
-            }
+        let left = limits.range_entries.saturating_sub(range_entries);
+        match count_range_entries(sections, &unit, left) {
+            Ok(count) => range_entries = range_entries.saturating_add(count),
+            Err(_) => whole_file = true,
         }
+        if range_entries > limits.range_entries {
+            return Ok(UnitIndex::OverBudget(OverBudget::RangeEntries));
+        }
+        if whole_file {
+            continue;
+        }
+        let mut push_ranges = || -> gimli::Result<()> {
+            let mut ranges = sections.unit_ranges(&unit)?;
+            while let Some(range) = ranges.next()? {
+                if range.begin < range.end {
+                    spans.push(UnitSpan {
+                        begin: range.begin,
+                        end: range.end,
+                        offset: offset.0,
+                        len,
+                    });
+                }
+            }
+            Ok(())
+        };
+        whole_file = push_ranges().is_err();
+    }
+    if whole_file {
+        return Ok(UnitIndex::WholeFile);
     }
     spans.sort_unstable_by_key(|s| (s.begin, s.end));
-    let mut merged: Vec<UnitSpan> = Vec::with_capacity(spans.len());
-    for span in spans {
-        match merged.last_mut() {
-            Some(last) if last.offset == span.offset && span.begin <= last.end => {
-                last.end = last.end.max(span.end);
-            }
-            _ => merged.push(span),
+    // Merged in place: a second vector would double the index's peak.
+    spans.dedup_by(|next, last| {
+        let adjacent = last.offset == next.offset && next.begin <= last.end;
+        if adjacent {
+            last.end = last.end.max(next.end);
         }
-    }
-    merged.shrink_to_fit();
+        adjacent
+    });
+    spans.shrink_to_fit();
     units.shrink_to_fit();
     Ok(UnitIndex::Units {
-        spans: merged,
+        spans,
         cross_refs,
         units,
     })
+}
+
+/// How many entries `unit`'s range list has, read raw (base-address and end entries too), or 1
+/// for a unit with a single range or none. Reading stops once the count passes `left` (the
+/// caller then refuses the file, whatever the rest holds) or at an entry that cannot be read,
+/// where addr2line stops too.
+fn count_range_entries(
+    sections: &gimli::Dwarf<Reader>,
+    unit: &gimli::Unit<Reader>,
+    left: usize,
+) -> gimli::Result<usize> {
+    let mut entries = unit.entries();
+    let root = entries.next_dfs()?.ok_or(gimli::Error::MissingUnitDie)?.1;
+    let Some(value) = root.attr_value(gimli::DW_AT_ranges)? else {
+        return Ok(1);
+    };
+    let Some(offset) = sections.attr_ranges_offset(unit, value)? else {
+        return Ok(1);
+    };
+    let mut raw = sections.raw_ranges(unit, offset)?;
+    let mut count = 0;
+    while let Ok(Some(_)) = raw.next() {
+        count += 1;
+        if count > left {
+            break;
+        }
+    }
+    Ok(count)
 }
 
 /// The unit holding `address`. Units should not overlap, but a few spans before the last one
