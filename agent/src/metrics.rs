@@ -14,7 +14,7 @@
 use std::{
     fmt,
     sync::{Arc, Mutex, OnceLock, PoisonError},
-    time::{Duration, SystemTime},
+    time::{Duration, Instant},
 };
 
 use prometheus_client::{
@@ -260,8 +260,10 @@ pub struct Health {
 
 #[derive(Debug)]
 struct HealthState {
-    /// The last drain, or the start: a daemon gets three windows to drain its first.
-    last_drain: SystemTime,
+    /// The last drain, or the start: a daemon gets three windows to drain its first. On the
+    /// monotonic clock: a wall clock set forward must not make a healthy daemon look stuck,
+    /// nor one set back hide a stuck one.
+    last_drain: Instant,
     /// Why the last store write failed; `None` once one succeeds.
     store_failure: Option<String>,
 }
@@ -272,7 +274,7 @@ const MISSED_WINDOWS: u32 = 3;
 
 impl Health {
     /// Health of a daemon that drains every `window`, started at `started`.
-    pub fn new(window: Duration, started: SystemTime) -> Health {
+    pub fn new(window: Duration, started: Instant) -> Health {
         Health {
             window,
             state: Mutex::new(HealthState {
@@ -288,7 +290,7 @@ impl Health {
     }
 
     /// A window was drained at `at`.
-    pub fn sampling_ok_at(&self, at: SystemTime) {
+    pub fn sampling_ok_at(&self, at: Instant) {
         let mut state = self.state();
         state.last_drain = state.last_drain.max(at);
     }
@@ -305,16 +307,15 @@ impl Health {
 
     /// `Ok` when sampling drained a window recently and the store's last write worked; else
     /// every reason why not.
-    pub fn check(&self, now: SystemTime) -> Result<(), String> {
+    pub fn check(&self, now: Instant) -> Result<(), String> {
         let state = self.state();
         let mut problems = Vec::new();
-        let since_drain = now.duration_since(state.last_drain).unwrap_or_default();
+        let since_drain = now.saturating_duration_since(state.last_drain);
         if since_drain > self.window * MISSED_WINDOWS {
             problems.push(format!(
-                "sampling: no window drained for {} (window {}, last drain {})",
+                "sampling: no window drained for {} (window {})",
                 humantime::format_duration(Duration::from_secs(since_drain.as_secs())),
                 humantime::format_duration(self.window),
-                humantime::format_rfc3339_seconds(state.last_drain)
             ));
         }
         if let Some(reason) = &state.store_failure {
@@ -405,8 +406,10 @@ mod tests {
         assert_eq!(rss_bytes_from_status("VmRSS:\tlots\n"), None);
     }
 
-    fn at(seconds: u64) -> SystemTime {
-        SystemTime::UNIX_EPOCH + Duration::from_secs(seconds)
+    fn at(seconds: u64) -> Instant {
+        use std::sync::OnceLock;
+        static ORIGIN: OnceLock<Instant> = OnceLock::new();
+        *ORIGIN.get_or_init(Instant::now) + Duration::from_secs(seconds)
     }
 
     #[test]

@@ -156,7 +156,7 @@ pub async fn run(config: RunConfig, store: Store) -> Result<(), RunError> {
     let window_metrics = WindowMetrics::register(&mut registry);
     let remote_metrics = Arc::new(RemoteMetrics::register(&mut registry));
     let registry = Arc::new(registry);
-    let health = Arc::new(Health::new(config.window, SystemTime::now()));
+    let health = Arc::new(Health::new(config.window, Instant::now()));
     let (stop_http, http_stopped) = watch::channel(false);
     let http_state = Arc::new(HttpState::new(
         config.store.clone(),
@@ -285,7 +285,7 @@ pub async fn run(config: RunConfig, store: Store) -> Result<(), RunError> {
                     break Err(err);
                 }
                 sampler.flush_logs();
-                systemd.status(&match health.check(SystemTime::now()) {
+                systemd.status(&match health.check(Instant::now()) {
                     Ok(()) => sampling.clone(),
                     Err(reason) => format!("{sampling}; unhealthy: {reason}"),
                 });
@@ -311,7 +311,7 @@ pub async fn run(config: RunConfig, store: Store) -> Result<(), RunError> {
             tracing::warn!(
                 "{} windows could not be written before exit: {}",
                 pipeline.buffered.len(),
-                health.check(SystemTime::now()).err().unwrap_or_default()
+                health.check(Instant::now()).err().unwrap_or_default()
             );
         }
     }
@@ -444,7 +444,7 @@ impl Pipeline {
         self.session.add(raw);
         self.metrics
             .window_drained(samples, &losses, drain_started.elapsed());
-        self.health.sampling_ok_at(SystemTime::now());
+        self.health.sampling_ok_at(Instant::now());
 
         let aggregated = std::mem::take(&mut self.session.aggregated);
         let symbolize_started = Instant::now();

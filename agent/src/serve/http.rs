@@ -29,7 +29,7 @@ use std::{
     net::IpAddr,
     path::PathBuf,
     sync::{Arc, Mutex, PoisonError},
-    time::{Duration, SystemTime},
+    time::{Duration, Instant, SystemTime},
 };
 
 use axum::{
@@ -496,7 +496,7 @@ async fn metrics(State(state): State<Arc<HttpState>>) -> Response {
 }
 
 async fn healthz(State(state): State<Arc<HttpState>>) -> Response {
-    match state.health.check(SystemTime::now()) {
+    match state.health.check(Instant::now()) {
         Ok(()) => (StatusCode::OK, "ok\n").into_response(),
         Err(reason) => (StatusCode::SERVICE_UNAVAILABLE, format!("{reason}\n")).into_response(),
     }
@@ -695,7 +695,7 @@ mod tests {
         let state = Arc::new(HttpState::new(
             PathBuf::from("/nonexistent/scorch-store"),
             Arc::new(registry),
-            Arc::new(Health::new(Duration::from_secs(10), SystemTime::now())),
+            Arc::new(Health::new(Duration::from_secs(10), Instant::now())),
             Duration::from_secs(10),
             AllowedHosts::new(address, &[]),
         ));

@@ -13,6 +13,11 @@ use super::writer::IdCache;
 use super::{Store, StoreError, TOUCH_EVERY};
 use crate::sys::time::unix_ns;
 
+/// A retention pass deletes by age at most 1/this of the stored windows...
+const AGE_SHARE_PER_PASS: i64 = 50;
+/// ...or this many, whichever is more (a daemon back from a short stop catches up at once).
+const MIN_AGE_DELETIONS_PER_PASS: i64 = 16;
+
 /// How long and how much the store keeps; whichever limit is reached first applies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Retention {
@@ -37,8 +42,31 @@ impl Store {
             now.checked_sub(self.retention.max_age)
                 .unwrap_or(UNIX_EPOCH),
         );
+        // In steady state one window ages out per window written. Many at once means the
+        // daemon was away longer than the retention age, or the wall clock jumped forward;
+        // on a jump, deleting by age would wipe the history in one pass. So a pass deletes at
+        // most a small share of the store, and a real backlog of old windows still goes, a
+        // pass at a time.
+        let (stored, expirable): (i64, i64) = self
+            .connection
+            .query_row(
+                "SELECT COUNT(*), COUNT(*) FILTER (WHERE start_ns < ?1) FROM windows",
+                [oldest_kept_ns],
+                |row| Ok((row.get(0)?, row.get(1)?)),
+            )
+            .map_err(|e| self.sqlite(e))?;
+        let allowed = (stored / AGE_SHARE_PER_PASS).max(MIN_AGE_DELETIONS_PER_PASS);
+        if expirable > allowed {
+            tracing::warn!(
+                "store: {expirable} of {stored} windows are older than the retention age; \
+                 deleting {allowed} now (has the clock jumped forward?)"
+            );
+        }
         let mut expired = self
-            .delete_windows("start_ns < ?1", oldest_kept_ns)
+            .delete_windows(
+                "id IN (SELECT id FROM windows WHERE start_ns < ?1 ORDER BY id LIMIT ?2)",
+                &[oldest_kept_ns, allowed],
+            )
             .map_err(|e| self.sqlite(e))?;
         if expired > 0 {
             self.collect_garbage()?;
@@ -59,22 +87,25 @@ impl Store {
             };
             let batch = (count / 10).max(1);
             expired += self
-                .delete_windows("id < ?1", oldest + batch)
+                .delete_windows("id < ?1", &[oldest + batch])
                 .map_err(|e| self.sqlite(e))?;
             self.sweep()?;
         }
         Ok(expired)
     }
 
-    fn delete_windows(&self, condition: &str, value: i64) -> rusqlite::Result<usize> {
+    fn delete_windows(&self, condition: &str, values: &[i64]) -> rusqlite::Result<usize> {
         let tx = self.connection.unchecked_transaction()?;
         tx.execute(
             &format!(
                 "DELETE FROM window_samples WHERE window IN (SELECT id FROM windows WHERE {condition})"
             ),
-            [value],
+            rusqlite::params_from_iter(values),
         )?;
-        let deleted = tx.execute(&format!("DELETE FROM windows WHERE {condition}"), [value])?;
+        let deleted = tx.execute(
+            &format!("DELETE FROM windows WHERE {condition}"),
+            rusqlite::params_from_iter(values),
+        )?;
         tx.commit()?;
         Ok(deleted)
     }
@@ -243,6 +274,27 @@ mod tests {
     }
 
     #[test]
+    fn a_clock_jumped_forward_deletes_only_a_share_per_pass() {
+        let dir = tempfile::tempdir().unwrap();
+        let retention = Retention {
+            max_age: Duration::from_secs(3600),
+            ..Retention::default()
+        };
+        let mut store = Store::open(dir.path(), retention).unwrap();
+        let now = crate::store::fixtures::now_secs();
+        for i in 0..100 {
+            store.write_window(&window_at(now - 1000 + i)).unwrap();
+        }
+        // A year later by the wall clock: every window is past the age limit.
+        let jumped = UNIX_EPOCH + Duration::from_secs(now + 365 * 24 * 3600);
+        let deleted = store.enforce_retention(jumped).unwrap();
+        assert_eq!(deleted, MIN_AGE_DELETIONS_PER_PASS as usize);
+        assert_eq!(store.windows().unwrap().0, 100 - deleted as u64);
+        // Size retention is unaffected: it is not a matter of the clock.
+        assert_eq!(store.verify().unwrap(), 100 - deleted as u64);
+    }
+
+    #[test]
     fn garbage_is_collected_once_unused() {
         let dir = tempfile::tempdir().unwrap();
         let retention = Retention {
@@ -263,9 +315,13 @@ mod tests {
         // the last two windows whatever the clock's fraction of a second.
         store.retention.max_age =
             Duration::from_millis((100 - TOUCH_EVERY as u64 - 1) * 1000 + 500);
-        store
+        // A pass deletes a bounded share by age (see `a_clock_jumped_forward_...`): as the
+        // daemon would, pass after pass until nothing more is old.
+        while store
             .enforce_retention(UNIX_EPOCH + Duration::from_secs(now))
-            .unwrap();
+            .unwrap()
+            > 0
+        {}
         assert_eq!(store.windows().unwrap().0, 1);
         let series: Vec<String> = store
             .connection
