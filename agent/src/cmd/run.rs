@@ -5,7 +5,7 @@
 //! sampler -> (every window) drain -> aggregate -> symbolize -> Profile -> store
 //!
 //! A store that cannot be written (a full disk) does not stop sampling: windows wait in memory
-//! (up to [`MAX_BUFFERED_WINDOWS`]) and are written when the store accepts writes again.
+//! (up to [`MAX_BUFFERED_WINDOWS`] and [`MAX_BUFFERED_BYTES`]) and are written when the store accepts writes again.
 //!
 //! With `remote-url`, the remote sink (`export/`) runs beside it on its own thread, reading
 //! the windows back from the store and sending them to Pyroscope or Parca.
@@ -63,6 +63,9 @@ use crate::{
 
 /// Windows kept in memory while the store refuses writes: 30 minutes at the default window.
 pub const MAX_BUFFERED_WINDOWS: usize = 180;
+/// ...and at most this much memory ([`Profile::heap_bytes`]): on a busy host 180 windows of
+/// thousands of distinct stacks would otherwise hold hundreds of MiB while the disk is full.
+pub const MAX_BUFFERED_BYTES: usize = 64 << 20;
 
 /// Free heap the daemon keeps between windows rather than returning it to the OS.
 const FREE_MEMORY_KEPT: usize = 4 << 20;
@@ -525,15 +528,21 @@ impl Pipeline {
                         self.failing_since = Some(SystemTime::now());
                         tracing::error!(
                             "writing to the store failed ({err}); sampling goes on and up to \
-                             {MAX_BUFFERED_WINDOWS} windows wait in memory"
+                             {MAX_BUFFERED_WINDOWS} windows ({} MiB) wait in memory",
+                            MAX_BUFFERED_BYTES >> 20
                         );
                     }
                     break;
                 }
             }
         }
-        while self.buffered.len() > MAX_BUFFERED_WINDOWS {
-            self.buffered.pop_front();
+        let mut bytes: usize = self.buffered.iter().map(Profile::heap_bytes).sum();
+        while self.buffered.len() > MAX_BUFFERED_WINDOWS
+            || (bytes > MAX_BUFFERED_BYTES && self.buffered.len() > 1)
+        {
+            if let Some(oldest) = self.buffered.pop_front() {
+                bytes -= oldest.heap_bytes();
+            }
             self.metrics.window_dropped();
         }
         self.metrics

@@ -624,16 +624,15 @@ async fn put(
         .body(body)
         .send()
         .await
-        .map_err(|e| super::pyroscope::transport_error(&e))?;
+        // The signed URL is a credential (anyone holding it may write the object until it
+        // expires): keep it out of the error, which is logged.
+        .map_err(|e| super::pyroscope::transport_error(&e.without_url()))?;
     let status = response.status().as_u16();
     if response.status().is_success() {
         return Ok(());
     }
-    let body = response.bytes().await.unwrap_or_default();
-    let message = format!(
-        "HTTP {status}: {}",
-        String::from_utf8_lossy(&body[..body.len().min(512)]).trim()
-    );
+    let body = super::pyroscope::error_body(response, 512).await;
+    let message = format!("HTTP {status}: {}", String::from_utf8_lossy(&body).trim());
     super::classify_http_status(status, message, None)
 }
 

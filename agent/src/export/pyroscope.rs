@@ -108,8 +108,8 @@ impl Client {
             .get(reqwest::header::RETRY_AFTER)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| parse_retry_after(v, SystemTime::now()));
-        let body = response.bytes().await.unwrap_or_default();
-        let body = &body[..body.len().min(MAX_ERROR_BODY)];
+        let body = error_body(response, MAX_ERROR_BODY).await;
+        let body = &body[..];
         Err(match connect_error(body) {
             Some((code, message)) => SendError::new(
                 connect_code_reason(&code),
@@ -129,6 +129,21 @@ impl Client {
 }
 
 /// A transport failure: nothing reached the server, or its answer never came back.
+/// The start of an error response's body, at most `limit` bytes: a server (or anything
+/// pretending to be one) may send an endless body, and only its first lines are worth a log.
+pub(super) async fn error_body(mut response: reqwest::Response, limit: usize) -> Vec<u8> {
+    let mut body = Vec::new();
+    while body.len() < limit {
+        match response.chunk().await {
+            Ok(Some(chunk)) => {
+                body.extend_from_slice(&chunk[..chunk.len().min(limit - body.len())])
+            }
+            Ok(None) | Err(_) => break,
+        }
+    }
+    body
+}
+
 pub(super) fn transport_error(error: &reqwest::Error) -> SendError {
     let reason = if error.is_timeout() {
         FailureReason::Timeout

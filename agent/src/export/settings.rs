@@ -179,6 +179,18 @@ impl ClientSettings {
                 ))
             }
         };
+        if !endpoint.tls
+            && !matches!(credentials, Credentials::None)
+            && !is_loopback(&endpoint.base)
+        {
+            // Allowed (a sidecar proxy may add TLS), but the secret crosses the network in
+            // the clear: say so once, at start.
+            tracing::warn!(
+                "remote credentials are sent over plaintext http to {}: anyone on the path can \
+                 read them; use https://",
+                endpoint.base
+            );
+        }
         if !endpoint.tls && config.ca_file.is_some() {
             return Err(SinkError::Config(
                 "remote-ca-file is for TLS, but the remote is plaintext".into(),
@@ -200,6 +212,23 @@ impl ClientSettings {
             timeout: config.timeout,
         })
     }
+}
+
+/// Whether `base` (`scheme://host:port/path`) names this machine, where plaintext stays local.
+fn is_loopback(base: &str) -> bool {
+    let host = base.split_once("://").map_or(base, |(_, rest)| rest);
+    let host = host.split('/').next().unwrap_or(host);
+    let host = match host.rsplit_once(':') {
+        Some((name, port)) if !name.ends_with(']') || port.bytes().all(|b| b.is_ascii_digit()) => {
+            name
+        }
+        _ => host,
+    };
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    host == "localhost"
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 #[cfg(test)]
@@ -224,6 +253,11 @@ mod tests {
         assert!(endpoint("https://x", true).is_err());
         assert!(endpoint("ftp://x", false).is_err());
         assert!(endpoint("http://", false).is_err());
+        assert!(is_loopback("http://127.0.0.1:4040"));
+        assert!(is_loopback("http://localhost:4040/x"));
+        assert!(is_loopback("http://[::1]:4040"));
+        assert!(!is_loopback("http://parca:7070"));
+        assert!(!is_loopback("http://10.0.0.1:7070"));
         let err = endpoint("https://user:pw@x", false)
             .unwrap_err()
             .to_string();

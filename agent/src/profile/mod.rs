@@ -120,6 +120,49 @@ impl Sample {
 }
 
 impl Profile {
+    /// About how much heap the profile holds: its vectors and strings (label sets shared
+    /// between samples counted once per sample, an overestimate that errs the safe way).
+    pub fn heap_bytes(&self) -> usize {
+        use std::mem::size_of;
+        let mappings: usize = self
+            .mappings
+            .iter()
+            .map(|m| {
+                size_of::<Mapping>() + m.path.len() + m.build_id.as_ref().map_or(0, String::len)
+            })
+            .sum();
+        let locations: usize = self
+            .locations
+            .iter()
+            .map(|l| {
+                size_of::<Location>()
+                    + l.lines
+                        .iter()
+                        .map(|line| {
+                            size_of::<Line>()
+                                + line.function.len()
+                                + line.system_name.len()
+                                + line.file.as_ref().map_or(0, String::len)
+                        })
+                        .sum::<usize>()
+            })
+            .sum();
+        let samples: usize = self
+            .samples
+            .iter()
+            .map(|s| {
+                size_of::<Sample>()
+                    + s.comm.len()
+                    + s.locations.len() * size_of::<LocationIndex>()
+                    + s.labels
+                        .iter()
+                        .map(|(k, v)| k.len() + v.len() + 48)
+                        .sum::<usize>()
+            })
+            .sum();
+        mappings + locations + samples
+    }
+
     /// Total samples.
     pub fn total_samples(&self) -> u64 {
         self.samples.iter().map(|s| s.count).sum()
@@ -224,5 +267,21 @@ pub(crate) fn sample_profile() -> Profile {
                 count: 1,
             },
         ],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn heap_bytes_grow_with_the_profile() {
+        let small = sample_profile();
+        let mut large = sample_profile();
+        for _ in 0..100 {
+            large.samples.push(large.samples[0].clone());
+        }
+        assert!(small.heap_bytes() > 0);
+        assert!(large.heap_bytes() > small.heap_bytes() + 100 * std::mem::size_of::<Sample>());
     }
 }
