@@ -184,8 +184,16 @@ pub async fn run(config: RunConfig, store: Store) -> Result<(), RunError> {
             tracing::info!("naming pods from the Kubernetes API server");
             labeler = labeler.with_pods(move |uid, container_id| {
                 let pod = kubernetes.pod(uid)?;
+                // The cgroup names the pod and the container; the API server says which
+                // containers the pod has. A container id the pod does not list is not taken
+                // at its word (the API may not have reported a new container yet: the labeler
+                // asks again next window rather than caching a guess).
+                let container = match container_id {
+                    Some(id) => Some(pod.containers.get(id).cloned()?),
+                    None => None,
+                };
                 Some(PodFacts {
-                    container: container_id.and_then(|id| pod.containers.get(id).cloned()),
+                    container,
                     namespace: pod.namespace,
                     pod: pod.name,
                     labels: pod.labels,
