@@ -147,7 +147,7 @@ pub enum CfaKind {
     /// A PLT stub: CFA = rsp + `cfa_offset` + 8 when `(rip & 15) >= rbp_offset`, else
     /// rsp + `cfa_offset`. The linker describes a whole `.plt` with this one DWARF expression
     /// (the stub pushes once, at a fixed place in its 16 bytes); `rbp_offset` holds the
-    /// threshold (11 for the classic PLT, 10 for other layouts), rbp is unchanged.
+    /// threshold (11 for the classic PLT; the linker states it), rbp is unchanged.
     Plt = 3,
     /// A signal trampoline (`__restore_rt`; CIE augmentation `S`): the interrupted registers are
     /// in the `ucontext` on the stack. CFA = the 8 bytes at rsp + `cfa_offset` (the interrupted

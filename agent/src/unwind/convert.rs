@@ -177,9 +177,15 @@ where
         let encoding = fde.cie().encoding();
         let ra_is_rip = fde.cie().return_address_register() == RA;
         let first_row = rows.len();
+        // Checked row by row: one FDE's program can run as long as the section.
+        let mut too_many = false;
         let read = (|| -> gimli::Result<()> {
             let mut table = fde.rows(section, bases, &mut context)?;
             while let Some(dwarf_row) = table.next_row()? {
+                if rows.len() >= MAX_ROWS {
+                    too_many = true;
+                    break;
+                }
                 if dwarf_row.start_address() >= dwarf_row.end_address() {
                     continue;
                 }
@@ -188,6 +194,13 @@ where
             }
             Ok(())
         })();
+        if too_many {
+            return Err(UnwindError::TooManyRows {
+                path: source.path.to_owned(),
+                section: source.name,
+                limit: MAX_ROWS,
+            });
+        }
         if read.is_err() {
             rows.truncate(first_row);
             counts.skipped += 1;
@@ -201,13 +214,6 @@ where
             end_row: rows.len(),
         });
         counts.converted += 1;
-        if rows.len() > MAX_ROWS {
-            return Err(UnwindError::TooManyRows {
-                path: source.path.to_owned(),
-                section: source.name,
-                limit: MAX_ROWS,
-            });
-        }
     }
     Ok(counts)
 }

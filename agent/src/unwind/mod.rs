@@ -5,7 +5,8 @@
 //!
 //! A table comes from `.eh_frame`, and for code it does not describe, from `.debug_frame` in
 //! the binary or in its separate debug file ([`convert`]); its rows are then sorted and merged,
-//! with end-of-function markers before the gaps between functions ([`optimize`]). x86_64 only: the rules name its registers.
+//! with end-of-function markers before the gaps between functions ([`optimize`]). x86_64
+//! only: the rules name its registers, and other architectures are refused.
 //!
 //! The bytes come from files any user controls. Nothing in them panics the agent: malformed
 //! FDEs are skipped and counted, a malformed section is an [`UnwindError`], and the rows one
@@ -39,7 +40,10 @@ pub enum UnwindError {
         "the executable segments of {path} span {span} bytes, more than a row's 32-bit pc reaches"
     )]
     CodeTooLarge { path: PathBuf, span: u64 },
-    #[error("{path} has no .eh_frame or .debug_frame with any FDE{}", if *.debug_file { ", nor has its debug file" } else { "" })]
+    #[error(
+        "{path} has no .eh_frame or .debug_frame with any FDE{}",
+        if *.debug_file { ", nor has its debug file" } else { "" }
+    )]
     NoUnwindInfo { path: PathBuf, debug_file: bool },
     #[error("reading {section} of {path}: {source}")]
     Section {
@@ -53,7 +57,10 @@ pub enum UnwindError {
         section: &'static str,
         source: object::Error,
     },
-    #[error("compressed {section} of {path} claims {size} bytes inflated, more than the {limit} allowed")]
+    #[error(
+        "compressed {section} of {path} claims {size} bytes inflated, more than the {limit} \
+         allowed"
+    )]
     CompressedTooLarge {
         path: PathBuf,
         section: &'static str,
@@ -68,8 +75,9 @@ pub enum UnwindError {
     },
 }
 
-/// Largest `.debug_frame` inflated from a compressed section: a table of [`convert::MAX_ROWS`]
-/// rows needs no more.
+/// Largest `.debug_frame` inflated from a compressed section. Real CFI takes about 5 bytes a
+/// row, so a table of [`convert::MAX_ROWS`] rows comes from some 40 MiB; a section claiming
+/// more than six times that is refused before anything is inflated.
 const MAX_INFLATED_DEBUG_FRAME: u64 = 256 << 20;
 
 /// What building a table found, for logs and metrics.
@@ -158,7 +166,7 @@ impl Code {
 
 impl UnwindTable {
     /// Builds the table of the ELF file `elf` (its bytes; `path` names it in errors) from its
-    /// `.eh_frame`, and for code that describes none, its `.debug_frame`.
+    /// `.eh_frame` and, for code `.eh_frame` does not describe, its `.debug_frame`.
     pub fn build(path: &Path, elf: &[u8]) -> Result<Self, UnwindError> {
         Self::build_with_debug_file(path, elf, None)
     }
@@ -390,11 +398,14 @@ mod tests {
         /// For each FDE, the furthest end of it and every FDE before it.
         reach: Vec<u64>,
         /// `.plt` sections: where an expression CFA is the PLT one.
-        plt: Vec<(u64, u64)>,
+        plt: Ranges,
     }
 
+    /// `[start, end)` ELF addresses.
+    type Ranges = Vec<(u64, u64)>;
+
     /// The executable segments and `.plt` of a file, from `object`, independently of `Code`.
-    fn layout(bytes: &[u8]) -> (Vec<(u64, u64)>, Vec<(u64, u64)>) {
+    fn layout(bytes: &[u8]) -> (Ranges, Ranges) {
         let file = object::File::parse(bytes).unwrap();
         let code = file
             .segments()
