@@ -131,6 +131,174 @@ impl Loss {
     }
 }
 
+/// How to find the canonical frame address (CFA: the caller's rsp, just above the return
+/// address) at a pc. The low nibble of [`UnwindRow::kinds`].
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CfaKind {
+    /// No unwind information covers the pc: the gap after a function's last instruction (an
+    /// end-of-function marker), or code the binary describes nowhere. The unwinder falls back to
+    /// frame pointers or stops; it must not apply the row of the function before.
+    NoRow = 0,
+    /// CFA = rsp + `cfa_offset`.
+    Rsp = 1,
+    /// CFA = rbp + `cfa_offset`.
+    Rbp = 2,
+    /// A PLT stub: CFA = rsp + `cfa_offset` + 8 when `(rip & 15) >= rbp_offset`, else
+    /// rsp + `cfa_offset`. The linker describes a whole `.plt` with this one DWARF expression
+    /// (the stub pushes once, at a fixed place in its 16 bytes); `rbp_offset` holds the
+    /// threshold (11 for the classic PLT; the linker states it), rbp is unchanged.
+    Plt = 3,
+    /// A signal trampoline (`__restore_rt`; CIE augmentation `S`): the interrupted registers are
+    /// in the `ucontext` on the stack. CFA = the 8 bytes at rsp + `cfa_offset` (the interrupted
+    /// rsp); the next pc is the 8 bytes at rsp + `cfa_offset` + 8 (the interrupted rip, which is
+    /// no return address: it is looked up as it is, not minus one); rbp is as [`RbpKind`] says
+    /// (`AtRsp`).
+    Signal = 4,
+    /// A rule the BPF unwinder does not evaluate (another base register, any other DWARF
+    /// expression, an offset that does not fit, a return address not at CFA - 8): the walk
+    /// stops here and counts it.
+    Unsupported = 5,
+}
+
+impl CfaKind {
+    /// The kind a nibble encodes; values no kind has read as [`CfaKind::Unsupported`].
+    pub const fn from_bits(bits: u8) -> Self {
+        match bits {
+            0 => CfaKind::NoRow,
+            1 => CfaKind::Rsp,
+            2 => CfaKind::Rbp,
+            3 => CfaKind::Plt,
+            4 => CfaKind::Signal,
+            _ => CfaKind::Unsupported,
+        }
+    }
+}
+
+/// Where the caller's rbp is, and whether there is a caller at all. The high nibble of
+/// [`UnwindRow::kinds`].
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RbpKind {
+    /// rbp still holds the caller's value (no rule: the function has not saved it, or has
+    /// restored it).
+    Unchanged = 0,
+    /// Saved at CFA + `rbp_offset` * 8.
+    CfaOffset = 1,
+    /// Saved at rsp + `rbp_offset` * 8 (a signal frame's `ucontext`).
+    AtRsp = 2,
+    /// Restored by a rule the BPF unwinder does not evaluate (another register, a value rule,
+    /// an expression): the caller's rbp is unknown, so a later rbp-based CFA cannot be found.
+    Unsupported = 3,
+    /// The return address is undefined: the outermost frame of the thread (`_start`, the child
+    /// side of `clone`/`clone3`). The walk ends here, cleanly, whatever the CFA kind says; the
+    /// unwinder checks this before the CFA.
+    ReturnAddressUndefined = 4,
+}
+
+impl RbpKind {
+    /// The kind a nibble encodes; values no kind has read as [`RbpKind::Unsupported`].
+    pub const fn from_bits(bits: u8) -> Self {
+        match bits {
+            0 => RbpKind::Unchanged,
+            1 => RbpKind::CfaOffset,
+            2 => RbpKind::AtRsp,
+            4 => RbpKind::ReturnAddressUndefined,
+            _ => RbpKind::Unsupported,
+        }
+    }
+}
+
+/// One row of an executable's unwind table: from `pc` up to the next row's `pc`, how to find
+/// the caller's frame. Rows are sorted by `pc`, neighbours never repeat a rule, and the gap
+/// after each function starts with a [`CfaKind::NoRow`] row, so the rule for a pc is the last
+/// row whose `pc` is at most it ([`find_unwind_row`]).
+///
+/// The exact layout, 8 bytes, little-endian, no padding:
+///
+/// | bytes | field | meaning |
+/// |---|---|---|
+/// | 0..4 | `pc: u32` | first pc of the row, minus the table's base (an ELF address) |
+/// | 4..6 | `cfa_offset: u16` | per [`CfaKind`] |
+/// | 6 | `kinds: u8` | bits 0-3 [`CfaKind`], bits 4-7 [`RbpKind`] |
+/// | 7 | `rbp_offset: i8` | per [`RbpKind`], in units of 8 bytes; for [`CfaKind::Plt`] the threshold |
+///
+/// Why this shape: the anchors use 8 bytes (lightswitch) to 14 (Parca) per row, and a busy
+/// host holds hundreds of thousands of rows in BPF maps. A full u32 pc (offset from the base)
+/// avoids the page index a 16-bit pc needs (a second map and a second lookup per frame) for
+/// any binary whose code spans under 4 GiB; it fits in 8 bytes because the two kinds share a
+/// byte and the rbp offset is stored in 8-byte units: on x86_64 DWARF saves registers at
+/// multiples of the data alignment factor (-8), and measured saves lie within 120 bytes of the
+/// CFA (glibc, libstdc++, node), far inside the +-1 KiB an i8 reaches. A CFA offset beyond
+/// 64 KiB (a frame that large) or an rbp offset beyond reach makes the row `Unsupported`
+/// rather than wrong.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct UnwindRow {
+    /// First pc the row covers, as an offset from the table's base address.
+    pub pc: u32,
+    /// [`CfaKind::Rsp`], [`CfaKind::Rbp`]: added to the register. [`CfaKind::Plt`]: the CFA
+    /// before the stub's push (8). [`CfaKind::Signal`]: where the interrupted rsp is, from rsp.
+    pub cfa_offset: u16,
+    /// [`CfaKind`] in the low nibble, [`RbpKind`] in the high one.
+    pub kinds: u8,
+    /// [`RbpKind::CfaOffset`], [`RbpKind::AtRsp`]: the offset in units of 8 bytes.
+    /// [`CfaKind::Plt`]: the `rip & 15` from which the stub has pushed.
+    pub rbp_offset: i8,
+}
+
+impl UnwindRow {
+    pub const fn new(pc: u32, cfa: CfaKind, cfa_offset: u16, rbp: RbpKind, rbp_offset: i8) -> Self {
+        UnwindRow {
+            pc,
+            cfa_offset,
+            kinds: (cfa as u8) | ((rbp as u8) << 4),
+            rbp_offset,
+        }
+    }
+
+    pub const fn cfa_kind(&self) -> CfaKind {
+        CfaKind::from_bits(self.kinds & 0x0f)
+    }
+
+    pub const fn rbp_kind(&self) -> RbpKind {
+        RbpKind::from_bits(self.kinds >> 4)
+    }
+}
+
+/// Steps [`find_unwind_row`] takes at most. Each step leaves at most half of the rows still in
+/// question (rounded down), so 32 steps settle any u32 count; the BPF verifier needs the
+/// bound as a constant.
+pub const UNWIND_SEARCH_STEPS: u32 = 32;
+
+/// The index of the row that covers `pc` (an offset from the table's base) among `len` rows
+/// sorted by pc: the last row whose pc is at most `pc`, or `None` when `pc` lies before the
+/// first row or `row_pc` cannot read a row. `row_pc(i)` reads the pc of row `i`: a slice index
+/// in the agent, a map lookup in the BPF program, which is why this takes a function rather
+/// than a slice. The caller still checks the row's [`CfaKind`]: a [`CfaKind::NoRow`] row
+/// means no rule covers `pc`.
+#[inline(always)]
+pub fn find_unwind_row(
+    len: u32,
+    pc: u32,
+    mut row_pc: impl FnMut(u32) -> Option<u32>,
+) -> Option<u32> {
+    // Rows below `low` start at or before `pc`; rows from `high` on start after it.
+    let mut low = 0u32;
+    let mut high = len;
+    let mut step = 0;
+    while step < UNWIND_SEARCH_STEPS && low < high {
+        let middle = low + (high - low) / 2;
+        if row_pc(middle)? <= pc {
+            low = middle + 1;
+        } else {
+            high = middle;
+        }
+        step += 1;
+    }
+    low.checked_sub(1)
+}
+
 #[cfg(feature = "user")]
 mod pod {
     // Each type is plain `#[repr(C)]` integers with no padding and no invalid bit patterns, so
@@ -143,4 +311,6 @@ mod pod {
     unsafe impl aya::Pod for super::Control {}
     // SAFETY: see above.
     unsafe impl aya::Pod for super::RunSeq {}
+    // SAFETY: see above; any `kinds` byte decodes (unknown kinds read as unsupported).
+    unsafe impl aya::Pod for super::UnwindRow {}
 }

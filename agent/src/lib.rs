@@ -5,6 +5,7 @@
 //! ```text
 //! pipeline: sampler (BPF load + attach) -> drain (read + reset maps) -> RawWindow -> aggregate
 //!   -> symbolize (kernel: kallsyms; user: ELF/DWARF) -> Profile
+//!   (unwind: tables from .eh_frame for the BPF unwinder; built, not yet loaded)
 //!   -> profile::encode (pprof, folded, SVG, top) -> file, or the store (`scorch run`)
 //!   -> export (Pyroscope, Parca)
 //! ```
@@ -27,6 +28,7 @@ pub mod profile;
 // The stages, in the order data passes them.
 pub mod pipeline;
 pub mod symbolize;
+pub mod unwind;
 pub mod labels;
 pub mod store;
 pub mod export;

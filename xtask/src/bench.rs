@@ -12,6 +12,8 @@
 //! - Remote sink (`--only remote`): `agent/benches/remote.rs`, given the scorch binary: CPU to
 //!   encode and send a window of 100 series, RSS with the server down and an hour queued, and
 //!   how fast that backlog drains.
+//! - Unwind tables (`--only unwind`): `agent/benches/unwind.rs`, the time to build libc's (and
+//!   ld.so's, libstdc++'s) table from its file, median and max of 20 fresh builds, and its size.
 
 use std::{
     fmt::Write as _,
@@ -53,14 +55,44 @@ pub fn bench(
             record_bench(root, scorch, seconds, runs)?;
             symbolize_bench(root)?;
             daemon_report(root, scorch, daemon_windows)?;
-            remote_report(root, scorch)
+            remote_report(root, scorch)?;
+            unwind_report(root)
         }
         Some("record") => record_bench(root, scorch, seconds, runs),
         Some("symbolize") => symbolize_bench(root),
         Some("daemon") => daemon_report(root, scorch, daemon_windows),
         Some("remote") => remote_report(root, scorch),
-        Some(other) => bail!("--only {other:?}: expected record, symbolize, daemon or remote"),
+        Some("unwind") => unwind_report(root),
+        Some(other) => {
+            bail!("--only {other:?}: expected record, symbolize, daemon, remote or unwind")
+        }
     }
+}
+
+/// Unwind-table build time and size; needs no scorch binary and no privileges, so `main`
+/// runs it without the setup and release build the other parts need.
+pub fn unwind_report(root: &Path) -> Result<()> {
+    let dir = root.join("target/bench");
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let output = Command::new("cargo")
+        .current_dir(root)
+        .args(["bench", "--package", "scorch", "--bench", "unwind"])
+        .stderr(Stdio::inherit())
+        .output()
+        .context("running the unwind bench")?;
+    if !output.status.success() {
+        bail!("the unwind bench failed");
+    }
+    let report: String = String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter(|l| l.starts_with("unwind:"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    print!("{report}");
+    let path = dir.join("unwind-report.md");
+    std::fs::write(&path, &report)?;
+    eprintln!("bench: report written to {}", path.display());
+    Ok(())
 }
 
 fn remote_report(root: &Path, scorch: &Path) -> Result<()> {

@@ -60,8 +60,9 @@ enum Task {
         #[arg(long, default_value_t = 3)]
         runs: usize,
         /// Run only one part: `record` (scorch record vs perf, BPF cost, kallsyms),
-        /// `symbolize`, `daemon` (scorch run steady state, store size, query time), or
-        /// `remote` (encode+send CPU, RSS with the server down, backlog drain speed).
+        /// `symbolize`, `daemon` (scorch run steady state, store size, query time),
+        /// `remote` (encode+send CPU, RSS with the server down, backlog drain speed), or
+        /// `unwind` (unwind-table build time and size for libc, ld.so, libstdc++).
         #[arg(long)]
         only: Option<String>,
         /// Windows of 10 s the daemon bench measures.
@@ -94,6 +95,9 @@ fn main() -> Result<()> {
             only,
             daemon_windows,
         } => {
+            if only.as_deref() == Some("unwind") {
+                return bench::unwind_report(&root);
+            }
             setup::setup()?;
             let scorch = build(&root)?;
             bench::bench(

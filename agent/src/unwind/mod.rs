@@ -1,0 +1,1047 @@
+//! Unwind tables: for one executable, compact sorted rows that say, for every pc of its code,
+//! how to find the caller's frame without frame pointers. The BPF program will search them
+//! (the row format and the search are shared through `scorch_common`); nothing here runs in
+//! the sampling path, and nothing yet loads the tables into BPF maps.
+//!
+//! A table comes from `.eh_frame`, and for code it does not describe, from `.debug_frame` in
+//! the binary or in its separate debug file ([`convert`]); its rows are then sorted and merged,
+//! with end-of-function markers before the gaps between functions ([`optimize`]). x86_64
+//! only: the rules name its registers, and other architectures are refused.
+//!
+//! The bytes come from files any user controls. Nothing in them panics the agent: malformed
+//! FDEs are skipped and counted, a malformed section is an [`UnwindError`], and the rows one
+//! table may allocate are capped.
+
+mod convert;
+mod optimize;
+pub mod row;
+
+use std::{borrow::Cow, path::Path, path::PathBuf};
+
+use gimli::{BaseAddresses, DebugFrame, EhFrame, LittleEndian};
+use object::{Object, ObjectSection, ObjectSegment, SegmentFlags};
+
+use convert::{Converted, FdeCounts, Section};
+pub use row::{CfaKind, RbpKind, UnwindRow};
+
+/// Why a table could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum UnwindError {
+    #[error("parsing ELF file {path}: {source}")]
+    Parse {
+        path: PathBuf,
+        source: object::Error,
+    },
+    #[error("{path} is {architecture} code: unwind tables are built for x86_64 only")]
+    Architecture { path: PathBuf, architecture: String },
+    #[error("{path} has no executable PT_LOAD segment")]
+    NoCode { path: PathBuf },
+    #[error(
+        "the executable segments of {path} span {span} bytes, more than a row's 32-bit pc reaches"
+    )]
+    CodeTooLarge { path: PathBuf, span: u64 },
+    #[error(
+        "{path} has no .eh_frame or .debug_frame with any FDE{}",
+        if *.debug_file { ", nor has its debug file" } else { "" }
+    )]
+    NoUnwindInfo { path: PathBuf, debug_file: bool },
+    #[error("reading {section} of {path}: {source}")]
+    Section {
+        path: PathBuf,
+        section: &'static str,
+        source: gimli::Error,
+    },
+    #[error("reading compressed {section} of {path}: {source}")]
+    Compressed {
+        path: PathBuf,
+        section: &'static str,
+        source: object::Error,
+    },
+    #[error(
+        "compressed {section} of {path} claims {size} bytes inflated, more than the {limit} \
+         allowed"
+    )]
+    CompressedTooLarge {
+        path: PathBuf,
+        section: &'static str,
+        size: u64,
+        limit: u64,
+    },
+    #[error("{section} of {path} gives more than {limit} rows")]
+    TooManyRows {
+        path: PathBuf,
+        section: &'static str,
+        limit: usize,
+    },
+}
+
+/// Largest `.debug_frame` inflated from a compressed section. Real CFI takes about 5 bytes a
+/// row, so a table of [`convert::MAX_ROWS`] rows comes from some 40 MiB; a section claiming
+/// more than six times that is refused before anything is inflated.
+const MAX_INFLATED_DEBUG_FRAME: u64 = 256 << 20;
+
+/// What building a table found, for logs and metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct UnwindStats {
+    /// FDEs (functions) taken from `.eh_frame`.
+    pub eh_frame_fdes: usize,
+    /// FDEs taken from `.debug_frame` (the binary's, or else its debug file's), for code
+    /// `.eh_frame` does not describe.
+    pub debug_frame_fdes: usize,
+    /// FDEs left out (unreadable, or outside the executable segments): their code has no row.
+    pub fdes_skipped: usize,
+    /// Rows DWARF gave, end-of-function markers included, before sorting and merging.
+    pub rows_before_merging: usize,
+    pub rows: usize,
+    /// Of `rows`, the end-of-function markers that start a gap between functions.
+    pub end_markers: usize,
+    /// Rows whose CFA the BPF side cannot find ([`CfaKind::Unsupported`]).
+    pub unsupported_cfa: usize,
+    /// Rows whose caller's rbp it cannot find ([`RbpKind::Unsupported`]).
+    pub unsupported_rbp: usize,
+}
+
+/// The unwind table of one executable or library.
+#[derive(Debug, Clone)]
+pub struct UnwindTable {
+    /// The ELF address row pcs count from: the lowest executable segment's. A pc in the
+    /// process becomes a row pc by its mapping's load bias, then this.
+    base: u64,
+    rows: Vec<UnwindRow>,
+    stats: UnwindStats,
+}
+
+/// The executable segments of a binary: the only addresses rows may cover, and what their
+/// 32-bit pcs count from.
+struct Code {
+    base: u64,
+    /// `(start, end)` ELF addresses of each executable `PT_LOAD`.
+    segments: Vec<(u64, u64)>,
+}
+
+impl Code {
+    fn of(file: &object::File<'_>, path: &Path) -> Result<Self, UnwindError> {
+        let segments: Vec<(u64, u64)> = file
+            .segments()
+            .filter(|segment| match segment.flags() {
+                SegmentFlags::Elf { p_flags } => p_flags & object::elf::PF_X != 0,
+                _ => false,
+            })
+            .map(|segment| {
+                let start = segment.address();
+                (start, start.saturating_add(segment.size()))
+            })
+            .collect();
+        let (Some(base), Some(end)) = (
+            segments.iter().map(|s| s.0).min(),
+            segments.iter().map(|s| s.1).max(),
+        ) else {
+            return Err(UnwindError::NoCode {
+                path: path.to_owned(),
+            });
+        };
+        let span = end - base;
+        if span > u64::from(u32::MAX) {
+            return Err(UnwindError::CodeTooLarge {
+                path: path.to_owned(),
+                span,
+            });
+        }
+        Ok(Code { base, segments })
+    }
+
+    /// True when `[start, end)` lies inside one executable segment.
+    fn covers(&self, start: u64, end: u64) -> bool {
+        self.segments
+            .iter()
+            .any(|&(low, high)| low <= start && end <= high)
+    }
+
+    /// The row pc of an address [`Code::covers`] accepted (or the end of such a range): the
+    /// span check in [`Code::of`] makes it fit.
+    fn pc(&self, address: u64) -> u32 {
+        (address - self.base) as u32
+    }
+}
+
+impl UnwindTable {
+    /// Builds the table of the ELF file `elf` (its bytes; `path` names it in errors) from its
+    /// `.eh_frame` and, for code `.eh_frame` does not describe, its `.debug_frame`.
+    pub fn build(path: &Path, elf: &[u8]) -> Result<Self, UnwindError> {
+        Self::build_with_debug_file(path, elf, None)
+    }
+
+    /// As [`UnwindTable::build`]; when the binary has no `.debug_frame`, that of its separate
+    /// debug file (`(path, bytes)`, found the way symbolisation finds it) is read instead.
+    ///
+    /// `.eh_frame` comes first: it is what the process itself unwinds with, and it covers
+    /// every function of a normal build. `.debug_frame` only fills in code `.eh_frame` leaves
+    /// out (built with `-fno-asynchronous-unwind-tables -g`: then only the C runtime's start
+    /// files have `.eh_frame`, and the program's own functions are in `.debug_frame`).
+    pub fn build_with_debug_file(
+        path: &Path,
+        elf: &[u8],
+        debug_file: Option<(&Path, &[u8])>,
+    ) -> Result<Self, UnwindError> {
+        let file = parse(path, elf)?;
+        let code = Code::of(&file, path)?;
+        let mut converted = Converted::default();
+        let eh_frame = eh_frame(&file, path, &code, &mut converted)?;
+        let claimed = converted.covered();
+        let debug_frame = match debug_frame(&file, path, &code, &claimed, &mut converted)? {
+            Some(counts) => counts,
+            None => match debug_file {
+                Some((debug_path, debug_bytes)) => {
+                    let debug = parse(debug_path, debug_bytes)?;
+                    debug_frame(&debug, debug_path, &code, &claimed, &mut converted)?
+                        .unwrap_or_default()
+                }
+                None => FdeCounts::default(),
+            },
+        };
+        if eh_frame.converted + debug_frame.converted == 0 {
+            return Err(UnwindError::NoUnwindInfo {
+                path: path.to_owned(),
+                debug_file: debug_file.is_some(),
+            });
+        }
+        let rows_before_merging = converted.rows.len();
+        let rows = optimize::optimize(converted);
+        let stats = UnwindStats {
+            eh_frame_fdes: eh_frame.converted,
+            debug_frame_fdes: debug_frame.converted,
+            fdes_skipped: eh_frame.skipped + debug_frame.skipped,
+            rows_before_merging,
+            rows: rows.len(),
+            end_markers: rows
+                .iter()
+                .filter(|row| row.cfa_kind() == CfaKind::NoRow)
+                .count(),
+            unsupported_cfa: rows
+                .iter()
+                .filter(|row| row.cfa_kind() == CfaKind::Unsupported)
+                .count(),
+            unsupported_rbp: rows
+                .iter()
+                .filter(|row| row.rbp_kind() == RbpKind::Unsupported)
+                .count(),
+        };
+        Ok(UnwindTable {
+            base: code.base,
+            rows,
+            stats,
+        })
+    }
+
+    /// The ELF address row pcs count from.
+    pub fn base(&self) -> u64 {
+        self.base
+    }
+
+    pub fn rows(&self) -> &[UnwindRow] {
+        &self.rows
+    }
+
+    /// Bytes the rows take, in memory as in a BPF map.
+    pub fn size_bytes(&self) -> usize {
+        std::mem::size_of_val(self.rows.as_slice())
+    }
+
+    pub fn stats(&self) -> UnwindStats {
+        self.stats
+    }
+
+    /// The row whose rule applies at ELF address `address`, or `None` when no FDE covers it
+    /// (a gap between functions, or outside the code). The search is the BPF program's own
+    /// ([`scorch_common::find_unwind_row`]), so its tests are the BPF side's too.
+    pub fn lookup(&self, address: u64) -> Option<UnwindRow> {
+        let pc = u32::try_from(address.checked_sub(self.base)?).ok()?;
+        let len = u32::try_from(self.rows.len()).ok()?;
+        let index = scorch_common::find_unwind_row(len, pc, |i| {
+            self.rows.get(i as usize).map(|row| row.pc)
+        })?;
+        let row = *self.rows.get(index as usize)?;
+        (row.cfa_kind() != CfaKind::NoRow).then_some(row)
+    }
+}
+
+fn parse<'data>(path: &Path, bytes: &'data [u8]) -> Result<object::File<'data>, UnwindError> {
+    let file = object::File::parse(bytes).map_err(|source| UnwindError::Parse {
+        path: path.to_owned(),
+        source,
+    })?;
+    let architecture = file.architecture();
+    if architecture != object::Architecture::X86_64 || !file.is_little_endian() || !file.is_64() {
+        return Err(UnwindError::Architecture {
+            path: path.to_owned(),
+            architecture: format!("{architecture:?}"),
+        });
+    }
+    Ok(file)
+}
+
+/// Converts the file's `.eh_frame`, the first section into `converted`.
+fn eh_frame(
+    file: &object::File<'_>,
+    path: &Path,
+    code: &Code,
+    converted: &mut Converted,
+) -> Result<FdeCounts, UnwindError> {
+    let Some(section) = file.section_by_name(".eh_frame") else {
+        return Ok(FdeCounts::default());
+    };
+    // An allocated section, never compressed.
+    let data = section.data().unwrap_or_default();
+    *converted = Converted::with_capacity(data.len());
+    let address_of = |name| file.section_by_name(name).map(|s| s.address());
+    // Pointers in `.eh_frame` are mostly pc-relative; text- and data-relative ones need these.
+    let mut bases = BaseAddresses::default().set_eh_frame(section.address());
+    if let Some(text) = address_of(".text") {
+        bases = bases.set_text(text);
+    }
+    if let Some(got) = address_of(".got") {
+        bases = bases.set_got(got);
+    }
+    let mut eh_frame = EhFrame::new(data, LittleEndian);
+    eh_frame.set_address_size(8);
+    let source = Section {
+        section: eh_frame,
+        bases,
+        path,
+        name: ".eh_frame",
+    };
+    convert::convert(&source, code, &[], converted)
+}
+
+/// Converts the FDEs of the file's `.debug_frame` that `claimed` leaves; `None` when it has
+/// no such section.
+fn debug_frame(
+    file: &object::File<'_>,
+    path: &Path,
+    code: &Code,
+    claimed: &[(u32, u32)],
+    converted: &mut Converted,
+) -> Result<Option<FdeCounts>, UnwindError> {
+    const NAME: &str = ".debug_frame";
+    let Some(section) = file.section_by_name(NAME) else {
+        return Ok(None);
+    };
+    let compressed_error = |source| UnwindError::Compressed {
+        path: path.to_owned(),
+        section: NAME,
+        source,
+    };
+    let compressed = section.compressed_data().map_err(compressed_error)?;
+    if compressed.uncompressed_size > MAX_INFLATED_DEBUG_FRAME {
+        return Err(UnwindError::CompressedTooLarge {
+            path: path.to_owned(),
+            section: NAME,
+            size: compressed.uncompressed_size,
+            limit: MAX_INFLATED_DEBUG_FRAME,
+        });
+    }
+    let data: Cow<'_, [u8]> = compressed.decompress().map_err(compressed_error)?;
+    let mut debug_frame = DebugFrame::new(&data, LittleEndian);
+    debug_frame.set_address_size(8);
+    let source = Section {
+        section: debug_frame,
+        bases: BaseAddresses::default(),
+        path,
+        name: NAME,
+    };
+    convert::convert(&source, code, claimed, converted).map(Some)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{collections::HashMap, path::Path, process::Command};
+
+    use object::{Object, ObjectSection, ObjectSegment};
+
+    use super::*;
+    use crate::symbolize::elf::FileData;
+
+    const LIBC: &str = "/lib/x86_64-linux-gnu/libc.so.6";
+
+    /// One row of `readelf --debug-dump=frames-interp`, its columns as readelf prints them.
+    #[derive(Debug)]
+    struct ReferenceRow {
+        pc: u64,
+        cfa: String,
+        rbp: Option<String>,
+        ra: Option<String>,
+    }
+
+    #[derive(Debug)]
+    struct ReferenceFde {
+        start: u64,
+        end: u64,
+        cie: u64,
+        /// Empty when the FDE changes nothing: the CIE's rows apply.
+        rows: Vec<ReferenceRow>,
+    }
+
+    #[derive(Debug, Default)]
+    struct ReferenceCie {
+        /// Augmentation `S`.
+        signal: bool,
+        rows: Vec<ReferenceRow>,
+    }
+
+    /// readelf's reading of one CFI section, and the layout facts it is compared under.
+    struct Reference {
+        cies: HashMap<u64, ReferenceCie>,
+        /// Sorted by start, FDEs outside the executable segments left out (as the table does).
+        fdes: Vec<ReferenceFde>,
+        /// For each FDE, whether another FDE claims any of its pcs: those pcs are not compared.
+        overlapping: Vec<bool>,
+        /// For each FDE, the furthest end of it and every FDE before it.
+        reach: Vec<u64>,
+        /// `.plt` sections: where an expression CFA is the PLT one.
+        plt: Ranges,
+    }
+
+    /// `[start, end)` ELF addresses.
+    type Ranges = Vec<(u64, u64)>;
+
+    /// The executable segments and `.plt` of a file, from `object`, independently of `Code`.
+    fn layout(bytes: &[u8]) -> (Ranges, Ranges) {
+        let file = object::File::parse(bytes).unwrap();
+        let code = file
+            .segments()
+            .filter(|s| matches!(s.flags(), object::SegmentFlags::Elf { p_flags } if p_flags & object::elf::PF_X != 0))
+            .map(|s| (s.address(), s.address() + s.size()))
+            .collect();
+        let plt = file
+            .sections()
+            .filter(|s| s.name() == Ok(".plt"))
+            .map(|s| (s.address(), s.address() + s.size()))
+            .collect();
+        (code, plt)
+    }
+
+    fn hex(text: &str) -> u64 {
+        u64::from_str_radix(text, 16).unwrap()
+    }
+
+    /// Runs readelf on `path` and reads its interpretation of `section`.
+    fn readelf(path: &Path, bytes: &[u8], section: &str) -> Reference {
+        // `-wN`: not the separate debug file `.gnu_debuglink` names, this file alone.
+        let output = Command::new("readelf")
+            .args(["-wN", "--debug-dump=frames-interp"])
+            .arg(path)
+            .output()
+            .expect("running readelf (binutils)");
+        assert!(
+            output.status.success(),
+            "readelf failed on {}",
+            path.display()
+        );
+        let text = String::from_utf8_lossy(&output.stdout);
+        let mut cies: HashMap<u64, ReferenceCie> = HashMap::new();
+        let mut fdes = Vec::new();
+        let mut in_section = false;
+        let mut columns: Vec<String> = Vec::new();
+        // Which entry the table lines below belong to.
+        let mut current: Option<Result<u64, usize>> = None;
+        for line in text.lines() {
+            if let Some(rest) = line.strip_prefix("Contents of the ") {
+                in_section = rest.starts_with(&format!("{section} section"));
+                continue;
+            }
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            if !in_section || fields.is_empty() {
+                continue;
+            }
+            if fields.get(3) == Some(&"CIE") {
+                let offset = hex(fields[0]);
+                let signal = fields[4].trim_matches('"').contains('S');
+                cies.insert(
+                    offset,
+                    ReferenceCie {
+                        signal,
+                        rows: Vec::new(),
+                    },
+                );
+                current = Some(Ok(offset));
+                continue;
+            }
+            if fields.get(3) == Some(&"FDE") {
+                let cie = hex(fields[4].strip_prefix("cie=").unwrap());
+                let (start, end) = fields[5]
+                    .strip_prefix("pc=")
+                    .unwrap()
+                    .split_once("..")
+                    .unwrap();
+                fdes.push(ReferenceFde {
+                    start: hex(start),
+                    end: hex(end),
+                    cie,
+                    rows: Vec::new(),
+                });
+                current = Some(Err(fdes.len() - 1));
+                continue;
+            }
+            if fields[0] == "LOC" {
+                columns = fields.iter().map(|f| f.to_string()).collect();
+                continue;
+            }
+            let (Some(entry), true) = (current, fields[0].len() == 16) else {
+                continue;
+            };
+            // A register rule prints as `r9 (r9)`: one value in two words.
+            let mut values: Vec<String> = Vec::new();
+            for field in &fields[1..] {
+                match values.last_mut() {
+                    Some(last) if field.starts_with('(') => *last = format!("{last} {field}"),
+                    _ => values.push(field.to_string()),
+                }
+            }
+            let column = |name: &str| {
+                let at = columns.iter().position(|c| c == name)?;
+                values.get(at - 1).cloned()
+            };
+            let row = ReferenceRow {
+                pc: hex(fields[0]),
+                cfa: column("CFA").unwrap(),
+                rbp: column("rbp"),
+                ra: column("ra"),
+            };
+            match entry {
+                Ok(cie) => cies.get_mut(&cie).unwrap().rows.push(row),
+                Err(fde) => fdes[fde].rows.push(row),
+            }
+        }
+        let (code, plt) = layout(bytes);
+        fdes.retain(|fde| {
+            fde.start < fde.end && code.iter().any(|&(s, e)| s <= fde.start && fde.end <= e)
+        });
+        fdes.sort_by_key(|fde| (fde.start, fde.end));
+        let mut overlapping = vec![false; fdes.len()];
+        let mut reach = Vec::with_capacity(fdes.len());
+        let mut furthest = 0;
+        for (i, fde) in fdes.iter().enumerate() {
+            if i > 0 && fde.start < furthest {
+                overlapping[i] = true;
+                overlapping[i - 1] = true;
+            }
+            furthest = furthest.max(fde.end);
+            reach.push(furthest);
+        }
+        Reference {
+            cies,
+            fdes,
+            overlapping,
+            reach,
+            plt,
+        }
+    }
+
+    /// What the table must say at a pc, from readelf's columns.
+    #[derive(Debug, Clone, PartialEq)]
+    struct Expected {
+        cfa: CfaKind,
+        /// Compared when known.
+        cfa_offset: Option<u16>,
+        /// The rbp kinds readelf's column allows (`exp` does not say which expression).
+        rbp: Vec<RbpKind>,
+        rbp_offset: Option<i8>,
+    }
+
+    fn expected(row: &ReferenceRow, signal: bool, in_plt: bool) -> Expected {
+        let ra = row.ra.as_deref();
+        let ra_where_expected = match ra {
+            None | Some("c-8") | Some("u") => true,
+            Some("exp") => signal,
+            _ => false,
+        };
+        let fit = |kind, offset: &str| match offset.parse::<u16>() {
+            Ok(offset) => (kind, Some(offset)),
+            Err(_) => (CfaKind::Unsupported, None),
+        };
+        let (cfa, cfa_offset) = if !ra_where_expected {
+            (CfaKind::Unsupported, None)
+        } else if let Some(offset) = row.cfa.strip_prefix("rsp+") {
+            fit(CfaKind::Rsp, offset)
+        } else if let Some(offset) = row.cfa.strip_prefix("rbp+") {
+            fit(CfaKind::Rbp, offset)
+        } else if row.cfa == "exp" && signal {
+            (CfaKind::Signal, None)
+        } else if row.cfa == "exp" && in_plt {
+            (CfaKind::Plt, Some(8))
+        } else {
+            (CfaKind::Unsupported, None)
+        };
+        let (rbp, rbp_offset) = match row.rbp.as_deref() {
+            _ if ra == Some("u") => (vec![RbpKind::ReturnAddressUndefined], None),
+            None | Some("u") | Some("s") => (vec![RbpKind::Unchanged], None),
+            Some("exp") if signal => (vec![RbpKind::AtRsp], None),
+            Some("exp") => (vec![RbpKind::AtRsp, RbpKind::Unsupported], None),
+            Some(saved) => match saved.strip_prefix('c').map(str::parse::<i64>) {
+                Some(Ok(offset)) if offset % 8 == 0 && (-1024..1024).contains(&offset) => {
+                    (vec![RbpKind::CfaOffset], Some((offset / 8) as i8))
+                }
+                _ => (vec![RbpKind::Unsupported], None),
+            },
+        };
+        Expected {
+            cfa,
+            cfa_offset,
+            rbp,
+            rbp_offset,
+        }
+    }
+
+    impl Reference {
+        /// What readelf says applies at `pc`: `Some(None)` for no FDE, `None` where FDEs
+        /// overlap (the table's choice there is its own rule, not readelf's).
+        fn at(&self, pc: u64) -> Option<Option<Expected>> {
+            let after = self.fdes.partition_point(|fde| fde.start <= pc);
+            if after == 0 {
+                return Some(None);
+            }
+            let fde = &self.fdes[after - 1];
+            if fde.end <= pc {
+                // Only an FDE reaching further than this one could still cover pc.
+                return (self.reach[after - 1] <= pc).then_some(None);
+            }
+            if self.overlapping[after - 1] {
+                return None;
+            }
+            let cie = &self.cies[&fde.cie];
+            let rows = if fde.rows.is_empty() {
+                &cie.rows
+            } else {
+                &fde.rows
+            };
+            let row = rows.iter().rev().find(|row| row.pc <= pc || row.pc == 0)?;
+            let in_plt = self.plt.iter().any(|&(s, e)| s <= pc && pc < e);
+            Some(Some(expected(row, cie.signal, in_plt)))
+        }
+
+        /// Pcs to compare: every row start of every `every`-th FDE, a pc inside each row, the
+        /// row's last byte, and the pc just past each function.
+        fn sample(&self, every: usize) -> Vec<u64> {
+            let mut pcs = Vec::new();
+            for fde in self.fdes.iter().step_by(every) {
+                let mut starts: Vec<u64> = fde.rows.iter().map(|row| row.pc).collect();
+                if starts.is_empty() {
+                    starts.push(fde.start);
+                }
+                for (i, &start) in starts.iter().enumerate() {
+                    let next = starts.get(i + 1).copied().unwrap_or(fde.end);
+                    pcs.extend([start, start + (next - start) / 2, next - 1]);
+                }
+                pcs.push(fde.end);
+            }
+            pcs
+        }
+    }
+
+    /// What comparing a table with readelf found.
+    #[derive(Debug, Default)]
+    struct Fidelity {
+        compared: usize,
+        /// Pcs where FDEs overlap, not compared.
+        contested: usize,
+        gaps: usize,
+        plt: usize,
+        signal: usize,
+        bottom: usize,
+        unsupported: usize,
+        disagreements: Vec<String>,
+    }
+
+    fn compare(table: &UnwindTable, reference: &Reference, pcs: &[u64]) -> Fidelity {
+        let mut fidelity = Fidelity::default();
+        for &pc in pcs {
+            let Some(expected) = reference.at(pc) else {
+                fidelity.contested += 1;
+                continue;
+            };
+            fidelity.compared += 1;
+            let got = table.lookup(pc);
+            let agree = match (&expected, got) {
+                (None, None) => {
+                    fidelity.gaps += 1;
+                    true
+                }
+                (Some(expected), Some(row)) => {
+                    fidelity.plt += usize::from(expected.cfa == CfaKind::Plt);
+                    fidelity.signal += usize::from(expected.cfa == CfaKind::Signal);
+                    fidelity.bottom +=
+                        usize::from(expected.rbp == [RbpKind::ReturnAddressUndefined]);
+                    fidelity.unsupported += usize::from(expected.cfa == CfaKind::Unsupported);
+                    row.cfa_kind() == expected.cfa
+                        && expected.cfa_offset.is_none_or(|o| o == row.cfa_offset)
+                        && expected.rbp.contains(&row.rbp_kind())
+                        && expected.rbp_offset.is_none_or(|o| o == row.rbp_offset)
+                }
+                _ => false,
+            };
+            if !agree {
+                fidelity
+                    .disagreements
+                    .push(format!("{pc:#x}: readelf {expected:?}, table {got:?}"));
+            }
+        }
+        fidelity
+    }
+
+    fn map(path: &str) -> FileData {
+        FileData::map(Path::new(path)).unwrap()
+    }
+
+    #[test]
+    fn libc_agrees_with_readelf_at_every_row() {
+        let data = map(LIBC);
+        let start = std::time::Instant::now();
+        let table = UnwindTable::build(Path::new(LIBC), data.bytes()).unwrap();
+        let elapsed = start.elapsed();
+        let stats = table.stats();
+        let reference = readelf(Path::new(LIBC), data.bytes(), ".eh_frame");
+        let pcs = reference.sample(1);
+        let fidelity = compare(&table, &reference, &pcs);
+        println!(
+            "libc: {stats:?}, {} bytes, built in {elapsed:?} (unoptimised test build); {} pcs \
+             compared ({} gaps, {} plt, {} signal, {} bottom of stack, {} unsupported), {} \
+             contested, {} disagreements",
+            table.size_bytes(),
+            fidelity.compared,
+            fidelity.gaps,
+            fidelity.plt,
+            fidelity.signal,
+            fidelity.bottom,
+            fidelity.unsupported,
+            fidelity.contested,
+            fidelity.disagreements.len(),
+        );
+        assert!(
+            fidelity.disagreements.is_empty(),
+            "{} disagreements, first: {:#?}",
+            fidelity.disagreements.len(),
+            &fidelity.disagreements[..fidelity.disagreements.len().min(20)]
+        );
+        assert!(fidelity.compared > 3000, "{fidelity:?}");
+        // Every kind the BPF side handles was met: gaps after functions, the PLT, the signal
+        // trampoline, the outermost frames (clone).
+        assert!(fidelity.gaps > 100, "{fidelity:?}");
+        assert!(fidelity.plt > 0, "{fidelity:?}");
+        assert!(fidelity.signal > 0, "{fidelity:?}");
+        assert!(fidelity.bottom > 0, "{fidelity:?}");
+        // glibc 2.36 has 23,759 rows in readelf's tables. The table adds the FDEs readelf
+        // prints no row for (those that keep the CIE's rule) and a marker before each gap
+        // between functions (most, as functions are 16-byte aligned), and merges repeats.
+        assert!(
+            (15_000..35_000).contains(&stats.rows),
+            "libc gives {} rows",
+            stats.rows
+        );
+        assert_eq!(stats.debug_frame_fdes, 0);
+        assert!(stats.eh_frame_fdes > 3000, "{stats:?}");
+        assert_eq!(table.size_bytes(), stats.rows * 8);
+    }
+
+    #[test]
+    fn this_test_binary_agrees_with_readelf() {
+        let exe = std::env::current_exe().unwrap();
+        let data = FileData::map(&exe).unwrap();
+        let table = UnwindTable::build(&exe, data.bytes()).unwrap();
+        let reference = readelf(&exe, data.bytes(), ".eh_frame");
+        // A few thousand functions, spread over the whole binary.
+        let every = (reference.fdes.len() / 3000).max(1);
+        let mut pcs = reference.sample(every);
+        // `_start` (the C runtime's) and the PLT, wherever the stride falls.
+        let first = reference
+            .fdes
+            .iter()
+            .take(8)
+            .flat_map(|fde| [fde.start, fde.end - 1]);
+        pcs.extend(first);
+        let fidelity = compare(&table, &reference, &pcs);
+        println!(
+            "{}: {:?}, {} bytes; {} pcs compared ({} gaps, {} plt, {} bottom of stack, {} \
+             unsupported), {} contested, {} disagreements",
+            exe.display(),
+            table.stats(),
+            table.size_bytes(),
+            fidelity.compared,
+            fidelity.gaps,
+            fidelity.plt,
+            fidelity.bottom,
+            fidelity.unsupported,
+            fidelity.contested,
+            fidelity.disagreements.len(),
+        );
+        assert!(
+            fidelity.disagreements.is_empty(),
+            "{} disagreements, first: {:#?}",
+            fidelity.disagreements.len(),
+            &fidelity.disagreements[..fidelity.disagreements.len().min(20)]
+        );
+        assert!(fidelity.compared > 3000, "{fidelity:?}");
+        assert!(fidelity.gaps > 0 && fidelity.bottom > 0, "{fidelity:?}");
+        // A function of this very file, unwound the way the BPF side will: its CFA is found.
+        let own = this_test_binary_agrees_with_readelf as *const () as u64;
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        let elf_address = maps
+            .lines()
+            .find_map(|line| {
+                let mut fields = line.split_whitespace();
+                let (range, _, offset) = (fields.next()?, fields.next()?, fields.next()?);
+                let (start, end) = range.split_once('-')?;
+                let (start, end) = (hex(start), hex(end));
+                (start <= own && own < end).then(|| own - start + hex(offset))
+            })
+            .unwrap();
+        // File offset to ELF address: the executable segment of a Rust PIE maps at its offset
+        // plus a constant the segment says.
+        let file = object::File::parse(data.bytes()).unwrap();
+        let address = file
+            .segments()
+            .find_map(|s| {
+                let (offset, size) = s.file_range();
+                (offset <= elf_address && elf_address < offset + size)
+                    .then(|| elf_address - offset + s.address())
+            })
+            .unwrap();
+        let row = table.lookup(address + 1).unwrap();
+        assert!(
+            matches!(row.cfa_kind(), CfaKind::Rsp | CfaKind::Rbp),
+            "{row:?}"
+        );
+    }
+
+    #[test]
+    fn libc_plt_and_signal_trampoline_get_their_kinds() {
+        let data = map(LIBC);
+        let table = UnwindTable::build(Path::new(LIBC), data.bytes()).unwrap();
+        let (_, plt) = layout(data.bytes());
+        let &(plt_start, plt_end) = plt.first().expect("libc has a .plt");
+        // Past the first entry (PLT0, which has rows of its own), every 16-byte stub pushes
+        // at byte 6 and jumps at byte 11.
+        for stub in (plt_start + 16..plt_end).step_by(16).take(8) {
+            for (byte, cfa) in [(0, 8), (6, 8), (10, 8), (11, 16), (15, 16)] {
+                let row = table.lookup(stub + byte).unwrap();
+                assert_eq!(row.cfa_kind(), CfaKind::Plt, "{:#x}", stub + byte);
+                let pushed = (stub + byte) & 15 >= row.rbp_offset as u64;
+                assert_eq!(u64::from(row.cfa_offset) + 8 * u64::from(pushed), cfa);
+            }
+        }
+
+        // `__restore_rt` is `mov $15, %rax; syscall` (rt_sigreturn); libc's symbol table is
+        // stripped, so find it by its bytes.
+        let file = object::File::parse(data.bytes()).unwrap();
+        let code = b"\x48\xc7\xc0\x0f\x00\x00\x00\x0f\x05";
+        let restore_rt = file
+            .segments()
+            .filter_map(|s| {
+                let bytes = s.data().ok()?;
+                let at = bytes.windows(code.len()).position(|w| w == code)?;
+                Some(s.address() + at as u64)
+            })
+            .next()
+            .expect("libc has __restore_rt");
+        let row = table.lookup(restore_rt).unwrap();
+        assert_eq!(
+            (
+                row.cfa_kind(),
+                row.cfa_offset,
+                row.rbp_kind(),
+                row.rbp_offset
+            ),
+            // The kernel's sigcontext: rbp at 120, rsp at 160, rip at 168 from the ucontext's
+            // machine context as rsp finds it.
+            (CfaKind::Signal, 160, RbpKind::AtRsp, 15)
+        );
+        // The FDE starts a byte early so that a caller's `pc - 1` lookup finds it too.
+        assert_eq!(table.lookup(restore_rt - 1), Some(row));
+    }
+
+    #[test]
+    fn lookup_is_the_last_row_at_or_before_the_pc() {
+        let rows: Vec<u32> = (0..1000).map(|i| i * 7 + 3).collect();
+        for len in [0, 1, 2, 3, 999, 1000] {
+            let rows = &rows[..len];
+            for pc in 0..7010 {
+                let linear = rows.iter().rposition(|&row| row <= pc).map(|i| i as u32);
+                let found = scorch_common::find_unwind_row(len as u32, pc, |i| {
+                    rows.get(i as usize).copied()
+                });
+                assert_eq!(found, linear, "{len} rows, pc {pc}");
+            }
+        }
+        // A row that cannot be read ends the search with nothing, never with a wrong row.
+        assert_eq!(scorch_common::find_unwind_row(10, 5, |_| None), None);
+    }
+
+    /// A C program whose own functions are described only in `.debug_frame`.
+    fn debug_frame_program(dir: &Path) -> std::path::PathBuf {
+        let source = dir.join("program.c");
+        std::fs::write(
+            &source,
+            "__attribute__((noinline)) int leaf(int x) { return x * 3 + 1; }\n\
+             int main(int argc, char **argv) { (void)argv; return leaf(argc); }\n",
+        )
+        .unwrap();
+        let program = dir.join("program");
+        let status = Command::new("gcc")
+            .args([
+                "-O0",
+                "-g",
+                "-fno-asynchronous-unwind-tables",
+                "-fno-unwind-tables",
+                "-o",
+            ])
+            .arg(&program)
+            .arg(&source)
+            .status()
+            .expect("running gcc");
+        assert!(status.success());
+        program
+    }
+
+    fn objcopy(args: &[&str], from: &Path, to: &Path) {
+        let status = Command::new("objcopy")
+            .args(args)
+            .arg(from)
+            .arg(to)
+            .status()
+            .expect("running objcopy (binutils)");
+        assert!(status.success());
+    }
+
+    #[test]
+    fn debug_frame_fills_in_what_eh_frame_leaves_out_from_the_binary_or_its_debug_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let program = debug_frame_program(dir.path());
+        let bytes = std::fs::read(&program).unwrap();
+        let symbol = |name: &str| {
+            let file = object::File::parse(bytes.as_slice()).unwrap();
+            use object::ObjectSymbol;
+            let symbol = file.symbols().find(|s| s.name() == Ok(name)).unwrap();
+            (symbol.address(), symbol.size())
+        };
+        let (main, main_size) = symbol("main");
+
+        // `.eh_frame` has only the C runtime (`_start`, the PLT); `main` is in `.debug_frame`.
+        let table = UnwindTable::build(&program, &bytes).unwrap();
+        let stats = table.stats();
+        assert!(
+            stats.eh_frame_fdes > 0 && stats.debug_frame_fdes >= 2,
+            "{stats:?}"
+        );
+        let reference = readelf(&program, &bytes, ".debug_frame");
+        let fidelity = compare(&table, &reference, &reference.sample(1));
+        assert!(
+            fidelity.disagreements.is_empty(),
+            "{:#?}",
+            fidelity.disagreements
+        );
+        assert!(fidelity.compared > 8, "{fidelity:?}");
+        // -O0 keeps the frame pointer: in main's body the CFA is rbp + 16, rbp at CFA - 16.
+        let body = table.lookup(main + main_size / 2).unwrap();
+        assert_eq!(
+            (
+                body.cfa_kind(),
+                body.cfa_offset,
+                body.rbp_kind(),
+                body.rbp_offset
+            ),
+            (CfaKind::Rbp, 16, RbpKind::CfaOffset, -2)
+        );
+
+        // Without `.debug_frame`, from the separate debug file; without either, an error.
+        let debug = dir.path().join("program.debug");
+        objcopy(&["--only-keep-debug"], &program, &debug);
+        let stripped = dir.path().join("program.stripped");
+        objcopy(
+            &["--remove-section=.debug_frame", "--strip-debug"],
+            &program,
+            &stripped,
+        );
+        let stripped_bytes = std::fs::read(&stripped).unwrap();
+        let without = UnwindTable::build(&stripped, &stripped_bytes).unwrap();
+        assert_eq!(without.stats().debug_frame_fdes, 0);
+        assert_eq!(without.lookup(main + main_size / 2), None);
+        let debug_bytes = std::fs::read(&debug).unwrap();
+        let with = UnwindTable::build_with_debug_file(
+            &stripped,
+            &stripped_bytes,
+            Some((&debug, &debug_bytes)),
+        )
+        .unwrap();
+        assert_eq!(with.rows(), table.rows());
+        assert_eq!(with.stats().debug_frame_fdes, stats.debug_frame_fdes);
+
+        let bare = dir.path().join("program.bare");
+        objcopy(
+            &[
+                "--remove-section=.eh_frame",
+                "--remove-section=.eh_frame_hdr",
+            ],
+            &stripped,
+            &bare,
+        );
+        let error = UnwindTable::build(&bare, &std::fs::read(&bare).unwrap()).unwrap_err();
+        assert!(matches!(error, UnwindError::NoUnwindInfo { .. }), "{error}");
+        assert!(error.to_string().contains("program.bare"), "{error}");
+    }
+
+    #[test]
+    fn other_architectures_and_non_elf_bytes_are_refused_cleanly() {
+        use object::write;
+        let mut object = write::Object::new(
+            object::BinaryFormat::Elf,
+            object::Architecture::Aarch64,
+            object::Endianness::Little,
+        );
+        let text = object.section_id(write::StandardSection::Text);
+        object.append_section_data(text, &[0xd6, 0x5f, 0x03, 0xc0], 4);
+        let bytes = object.write().unwrap();
+        let error = UnwindTable::build(Path::new("arm.o"), &bytes).unwrap_err();
+        assert!(matches!(error, UnwindError::Architecture { .. }), "{error}");
+        assert!(error.to_string().contains("x86_64 only"), "{error}");
+        let error = UnwindTable::build(Path::new("junk"), b"not an ELF file").unwrap_err();
+        assert!(matches!(error, UnwindError::Parse { .. }), "{error}");
+    }
+
+    #[test]
+    fn corrupt_eh_frame_fails_or_loses_functions_never_panics() {
+        let pristine = std::fs::read(LIBC).unwrap();
+        let file = object::File::parse(pristine.as_slice()).unwrap();
+        let (offset, size) = file
+            .section_by_name(".eh_frame")
+            .unwrap()
+            .file_range()
+            .unwrap();
+        let whole = UnwindTable::build(Path::new(LIBC), &pristine).unwrap();
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut random = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let (mut failed, mut built) = (0, 0);
+        for _ in 0..64 {
+            let mut bytes = pristine.clone();
+            for _ in 0..16 {
+                let at = offset + random() % size;
+                bytes[at as usize] = random() as u8;
+            }
+            match UnwindTable::build(Path::new(LIBC), &bytes) {
+                Ok(table) => {
+                    built += 1;
+                    assert!(table.stats().rows <= whole.stats().rows * 2);
+                    assert!(table.rows().windows(2).all(|w| w[0].pc < w[1].pc));
+                }
+                Err(error) => {
+                    failed += 1;
+                    assert!(error.to_string().contains(".eh_frame"), "{error}");
+                }
+            }
+        }
+        println!("corrupted libc .eh_frame: {built} tables built, {failed} refused");
+    }
+}
