@@ -328,7 +328,8 @@ pub enum Outcome {
 }
 
 /// Applies `rules` in order, then removes the labels whose names start with `__`. Labels a rule
-/// tried to create with invalid names are reported in `invalid` and not set.
+/// tried to create with invalid names, or over [`MAX_LABEL_BYTES`], are reported in `invalid`
+/// and not set.
 pub fn relabel(mut labels: Labels, rules: &[Rule], invalid: &mut Vec<InvalidLabel>) -> Outcome {
     for rule in rules {
         if !rule.apply(&mut labels, invalid) {
@@ -697,8 +698,7 @@ mod tests {
             .collect();
         let rules = compile(&doubling).unwrap();
         let mut invalid = Vec::new();
-        let Outcome::Keep(out) = relabel(labels(&[("comm", "nginx")]), &rules, &mut invalid)
-        else {
+        let Outcome::Keep(out) = relabel(labels(&[("comm", "nginx")]), &rules, &mut invalid) else {
             panic!("dropped")
         };
         // 5 bytes doubled 11 times is 10240, under the cap; the 12th would be 20480.

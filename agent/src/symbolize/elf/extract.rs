@@ -177,7 +177,7 @@ where
         let align = section.sh_addralign(endian).into();
         let offset = match contents {
             Some(bytes) => {
-                if false && align > MAX_SECTION_ALIGN {
+                if align > MAX_SECTION_ALIGN {
                     return Err(ExtractError::Alignment {
                         path: path.to_owned(),
                         index,
@@ -187,7 +187,7 @@ where
                 }
                 let align = if align.is_power_of_two() { align } else { 1 };
                 let offset = writer.reserve(bytes.len(), align as usize);
-                if false && writer.reserved_len() - contents_start > contents_limit {
+                if writer.reserved_len() - contents_start > contents_limit {
                     return Err(ExtractError::TooLarge {
                         path: path.to_owned(),
                         input: data.len(),
@@ -298,7 +298,10 @@ impl Write for BoundedSink {
 /// (or padding without end, which the fuzzer reports as a timeout) is a bug: `fuzz/` calls it
 /// with corrupt input and `agent/tests/fuzz-regressions/extract/` keeps what it found.
 pub fn fuzz_one(data: &[u8]) {
-    let room = data.len().saturating_mul(4).saturating_add(MAX_PADDING + 256);
+    let room = data
+        .len()
+        .saturating_mul(4)
+        .saturating_add(MAX_PADDING + 256);
     let sink = BoundedSink { room, written: 0 };
     match write_debug(data, Path::new("fuzz"), sink) {
         Ok(sink) => assert!(sink.written <= room),
@@ -605,7 +608,12 @@ pub(crate) mod tests {
         let (mut data, headers) = small_elf(40 << 10);
         let path = Path::new("/x/aliased");
         let whole = write_debug(&data, path, Vec::new()).unwrap();
-        assert!(whole.len() < data.len(), "{} from {}", whole.len(), data.len());
+        assert!(
+            whole.len() < data.len(),
+            "{} from {}",
+            whole.len(),
+            data.len()
+        );
         // Both debug sections cover the whole file: twice its bytes, more than the padding
         // allowance over it.
         let len = data.len() as u64;
@@ -619,7 +627,10 @@ pub(crate) mod tests {
             "{err:?}"
         );
         let message = err.to_string();
-        assert!(message.starts_with("/x/aliased: its debug-only copy"), "{message}");
+        assert!(
+            message.starts_with("/x/aliased: its debug-only copy"),
+            "{message}"
+        );
         assert!(message.contains("overlap"), "{message}");
         // One of them alone over the whole file still fits.
         let (mut data, headers) = small_elf(40 << 10);

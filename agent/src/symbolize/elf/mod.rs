@@ -403,7 +403,10 @@ mod tests {
             .iter()
             .filter(|(path, _)| path.to_string_lossy().contains("fuzz-regressions"))
             .count();
-        assert!(findings >= 7, "agent/tests/fuzz-regressions/elf/ is committed");
+        assert!(
+            findings >= 7,
+            "agent/tests/fuzz-regressions/elf/ is committed"
+        );
         for (_, data) in &inputs {
             fuzz_one(data);
         }
