@@ -14,7 +14,7 @@ pub mod relabel;
 use std::{collections::HashMap, sync::Arc};
 
 use crate::profile::Labels;
-use relabel::{InvalidLabel, Outcome, Rule};
+use relabel::{Outcome, Rule};
 
 /// The host's name: `NODE_NAME` (set from the downward API in Kubernetes), else the kernel's.
 pub fn node_name() -> String {
@@ -217,9 +217,9 @@ impl Labeler {
             }
             dropped => dropped,
         };
-        for InvalidLabel { rule, name } in invalid {
-            if self.reported.insert((rule, name.clone())) {
-                tracing::warn!("{}", InvalidLabel { rule, name });
+        for label in invalid {
+            if self.reported.insert((label.rule, label.name.clone())) {
+                tracing::warn!("{label}");
             }
         }
         let outcome = Arc::new(outcome);

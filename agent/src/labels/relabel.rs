@@ -10,7 +10,15 @@ use md5::{Digest, Md5};
 use regex::Regex;
 use serde::Deserialize;
 
-use crate::profile::Labels;
+use crate::{parse::selector::whole_value_regex, profile::Labels};
+
+/// Compiled size of one rule's regex (the `regex` crate's own measure; its default is 10 MiB).
+/// Rules are compiled at startup and run against every new process's labels: a pattern like
+/// `\w{1000}` would cost hundreds of MiB and seconds to compile. A rule's regex is a few
+/// names or an alternation of a few hundred; 1 MiB holds that many times over.
+pub const MAX_REGEX_BYTES: usize = 1 << 20;
+/// The lazy DFA's cache per rule's regex.
+const MAX_REGEX_DFA_BYTES: usize = 1 << 20;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RelabelError {
@@ -74,7 +82,8 @@ pub struct Rule {
     pub index: usize,
     source_labels: Vec<String>,
     separator: String,
-    /// Anchored like Prometheus: `^(?:regex)$`.
+    /// Anchored like Prometheus: `^(?:regex)$`, the pattern a regex by itself (see
+    /// [`whole_value_regex`]).
     regex: Regex,
     modulus: u64,
     target_label: String,
@@ -82,21 +91,53 @@ pub struct Rule {
     pub action: Action,
 }
 
+/// The longest label name or value a rule may set. Rules can feed each other: a chain of
+/// `replacement = "$1$1"` doubles a value per rule, 2^40 bytes after forty of them. Real
+/// values are paths at most (4 KiB), and the backends refuse far less (Pyroscope: 2 KiB).
+pub const MAX_LABEL_BYTES: usize = 16 << 10;
+
 /// A label a rule produced that Prometheus and Pyroscope would refuse.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InvalidLabel {
     pub rule: usize,
+    /// The name, cut to its first 64 characters when the problem is its length.
     pub name: String,
+    pub problem: LabelProblem,
+}
+
+/// What is wrong with an [`InvalidLabel`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LabelProblem {
+    /// Not `[a-zA-Z_][a-zA-Z0-9_]*`.
+    Name,
+    /// The name or the value is over [`MAX_LABEL_BYTES`]; `bytes` is the longer one's length.
+    TooLong { bytes: usize },
 }
 
 impl fmt::Display for InvalidLabel {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "relabel rule {} produced the label name {:?}, which is not a valid label name \
-             ([a-zA-Z_][a-zA-Z0-9_]*); the label was not set",
-            self.rule, self.name
-        )
+        match self.problem {
+            LabelProblem::Name => write!(
+                f,
+                "relabel rule {} produced the label name {:?}, which is not a valid label name \
+                 ([a-zA-Z_][a-zA-Z0-9_]*); the label was not set",
+                self.rule, self.name
+            ),
+            LabelProblem::TooLong { bytes } => write!(
+                f,
+                "relabel rule {} produced a label name or value of {bytes} bytes (label {:?}), \
+                 more than the {MAX_LABEL_BYTES} allowed; the label was not set",
+                self.rule, self.name
+            ),
+        }
+    }
+}
+
+/// `name` cut to its first 64 characters, to name a label too long to print whole.
+fn shortened(name: &str) -> String {
+    match name.char_indices().nth(64) {
+        Some((end, _)) => format!("{}...", &name[..end]),
+        None => name.to_owned(),
     }
 }
 
@@ -120,7 +161,7 @@ impl Rule {
             })?,
         };
         let pattern = config.regex.clone().unwrap_or_else(|| "(.*)".to_owned());
-        let regex = Regex::new(&format!("^(?:{pattern})$"))
+        let regex = whole_value_regex(&pattern, "", MAX_REGEX_BYTES, MAX_REGEX_DFA_BYTES)
             .map_err(|e| error("regex", format!("{pattern:?}: {e}")))?;
         let target_label = config.target_label.clone().unwrap_or_default();
         let needs_target = matches!(
@@ -190,10 +231,18 @@ impl Rule {
                 .join(&self.separator)
         };
         let mut set = |labels: &mut Labels, name: String, value: String| {
-            if !valid_label_name(&name) {
+            let bytes = name.len().max(value.len());
+            if bytes > MAX_LABEL_BYTES {
+                invalid.push(InvalidLabel {
+                    rule: self.index,
+                    name: shortened(&name),
+                    problem: LabelProblem::TooLong { bytes },
+                });
+            } else if !valid_label_name(&name) {
                 invalid.push(InvalidLabel {
                     rule: self.index,
                     name,
+                    problem: LabelProblem::Name,
                 });
             } else if value.is_empty() {
                 labels.remove(&name);
@@ -279,7 +328,8 @@ pub enum Outcome {
 }
 
 /// Applies `rules` in order, then removes the labels whose names start with `__`. Labels a rule
-/// tried to create with invalid names are reported in `invalid` and not set.
+/// tried to create with invalid names, or over [`MAX_LABEL_BYTES`], are reported in `invalid`
+/// and not set.
 pub fn relabel(mut labels: Labels, rules: &[Rule], invalid: &mut Vec<InvalidLabel>) -> Outcome {
     for rule in rules {
         if !rule.apply(&mut labels, invalid) {
@@ -306,6 +356,59 @@ pub fn valid_label_name(name: &str) -> bool {
         .next()
         .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
         && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+/// What [`fuzz_one`] reads: `[[relabel]]` tables as in the config file, and the labels to
+/// apply them to (`[labels]`; a process's usual discovered labels when absent).
+#[derive(Debug, Deserialize)]
+struct FuzzInput {
+    #[serde(default)]
+    relabel: Vec<RuleConfig>,
+    labels: Option<Labels>,
+}
+
+/// Reads arbitrary bytes as a TOML config of `[[relabel]]` rules (and optionally `[labels]`),
+/// compiles them and relabels a label set with them: once, then again with the labels the
+/// first pass kept, as a process would be relabelled on the next start. Must never panic nor
+/// cost more time or memory than the input's size warrants: `fuzz/` calls it and
+/// `agent/tests/fuzz-regressions/relabel/` keeps what it found.
+pub fn fuzz_one(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    let Ok(input) = toml::from_str::<FuzzInput>(text) else {
+        return;
+    };
+    let Ok(rules) = compile(&input.relabel) else {
+        return;
+    };
+    let labels = input.labels.unwrap_or_else(|| {
+        [
+            ("__meta_process_comm", "nginx"),
+            ("__meta_process_pid", "4242"),
+            ("__meta_process_executable", "/usr/sbin/nginx"),
+            ("__meta_process_cgroup", "/system.slice/nginx.service"),
+            ("__meta_kubernetes_pod_label_app_kubernetes_io_name", "shop"),
+            ("comm", "nginx"),
+            ("pid", "4242"),
+            ("node", "node-1"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect()
+    });
+    let mut invalid = Vec::new();
+    if let Outcome::Keep(kept) = relabel(labels, &rules, &mut invalid) {
+        assert!(
+            kept.iter()
+                .all(|(name, value)| !name.starts_with("__") && !value.is_empty()),
+            "{kept:?}"
+        );
+        let _ = relabel(kept, &rules, &mut invalid);
+    }
+    for label in &invalid {
+        let _ = label.to_string();
+    }
 }
 
 #[cfg(test)]
@@ -533,6 +636,34 @@ mod tests {
     }
 
     #[test]
+    fn a_regex_cannot_close_its_anchors() {
+        // `^(?:a)|(b)$` would keep every value starting with `a`.
+        let message = compile(&[rule(
+            r#"regex = "a)|(b"
+               action = "keep""#,
+        )])
+        .unwrap_err()
+        .to_string();
+        assert!(
+            message.starts_with("relabel rule 1: field `regex`: \"a)|(b\""),
+            "{message}"
+        );
+        assert!(message.contains("unopened group"), "{message}");
+    }
+
+    #[test]
+    fn a_regex_too_large_to_compile_is_refused() {
+        let message = compile(&[rule(
+            r#"regex = '\w{1000}'
+               action = "keep""#,
+        )])
+        .unwrap_err()
+        .to_string();
+        assert!(message.contains("field `regex`"), "{message}");
+        assert!(message.contains("size limit"), "{message}");
+    }
+
+    #[test]
     fn invalid_names_from_captures_are_reported_with_their_rule() {
         let rules = compile(&[rule(
             r#"source_labels = ["a"]
@@ -547,8 +678,67 @@ mod tests {
             invalid,
             vec![InvalidLabel {
                 rule: 1,
-                name: "has-dash".into()
+                name: "has-dash".into(),
+                problem: LabelProblem::Name,
             }]
         );
+    }
+
+    #[test]
+    fn rules_doubling_a_value_stop_at_the_length_cap() {
+        // Forty rules, each setting `comm` to its value twice over: without the cap, 5 TiB.
+        let doubling: Vec<RuleConfig> = (0..40)
+            .map(|_| {
+                rule(
+                    r#"source_labels = ["comm"]
+                       target_label = "comm"
+                       replacement = "$1$1""#,
+                )
+            })
+            .collect();
+        let rules = compile(&doubling).unwrap();
+        let mut invalid = Vec::new();
+        let Outcome::Keep(out) = relabel(labels(&[("comm", "nginx")]), &rules, &mut invalid) else {
+            panic!("dropped")
+        };
+        // 5 bytes doubled 11 times is 10240, under the cap; the 12th would be 20480.
+        assert_eq!(out["comm"].len(), 5 << 11);
+        assert_eq!(invalid.len(), 40 - 11);
+        assert_eq!(
+            invalid[0],
+            InvalidLabel {
+                rule: 12,
+                name: "comm".into(),
+                problem: LabelProblem::TooLong { bytes: 5 << 12 },
+            }
+        );
+        assert_eq!(
+            invalid[0].to_string(),
+            "relabel rule 12 produced a label name or value of 20480 bytes (label \"comm\"), \
+             more than the 16384 allowed; the label was not set"
+        );
+        // A name built the same way is cut short in the report.
+        let rules = compile(&[rule(
+            r#"source_labels = ["comm"]
+               regex = "(.*)"
+               target_label = "${1}${1}${1}${1}"
+               replacement = "x""#,
+        )])
+        .unwrap();
+        let mut invalid = Vec::new();
+        let long = "a".repeat(5000);
+        relabel(labels(&[("comm", &long)]), &rules, &mut invalid);
+        assert_eq!(invalid[0].problem, LabelProblem::TooLong { bytes: 20000 });
+        assert_eq!(invalid[0].name, format!("{}...", "a".repeat(64)));
+    }
+
+    #[test]
+    fn fuzz_regressions_do_not_panic() {
+        let inputs = crate::sys::fs::fuzz_inputs("relabel");
+        assert!(!inputs.is_empty(), "fuzz/seeds/relabel/ is committed");
+        for (path, data) in &inputs {
+            eprintln!("{}", path.display());
+            fuzz_one(data);
+        }
     }
 }

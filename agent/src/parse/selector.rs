@@ -21,6 +21,25 @@ pub const MAX_REGEX_BYTES: usize = 256 << 10;
 /// The lazy DFA's cache per regex.
 const MAX_REGEX_DFA_BYTES: usize = 512 << 10;
 
+/// `pattern` compiled to match whole values only, as `^(?FLAGS:pattern)$`, within the given
+/// compiled and lazy-DFA sizes. A pattern that is not a regex by itself is refused although
+/// the anchored text may compile: `a)|(b` would make `^(?:a)|(b)$`, which matches any value
+/// that starts with `a` or ends with `b`. Relabel rules anchor their patterns the same way.
+pub fn whole_value_regex(
+    pattern: &str,
+    flags: &str,
+    size_limit: usize,
+    dfa_size_limit: usize,
+) -> Result<Regex, regex::Error> {
+    regex_syntax::ast::parse::Parser::new()
+        .parse(pattern)
+        .map_err(|e| regex::Error::Syntax(e.to_string()))?;
+    RegexBuilder::new(&format!("^(?{flags}:{pattern})$"))
+        .size_limit(size_limit)
+        .dfa_size_limit(dfa_size_limit)
+        .build()
+}
+
 /// Labels as a selector sees them: names to values, sorted by name (the profile model's
 /// `Labels`, named here so this parser depends on nothing of the crate).
 pub type Labels = std::collections::BTreeMap<String, String>;
@@ -37,6 +56,14 @@ pub enum SelectorError {
     },
     #[error("label selector of {length} bytes: longer than the {MAX_SELECTOR_BYTES} allowed")]
     TooLong { length: usize },
+    /// Short enough as written, but not in the canonical form it prints as (escapes such as
+    /// `\n` take two bytes for one): refused, so that every selector that parses prints as
+    /// one that parses again.
+    #[error(
+        "label selector of {length} bytes when written out with escapes: longer than the \
+         {MAX_SELECTOR_BYTES} allowed"
+    )]
+    CanonicalTooLong { length: usize },
     #[error("label selector {input:?}: more than {MAX_MATCHERS} matchers")]
     TooManyMatchers { input: String },
     #[error("label selector {input:?}: label {label}: invalid regex {pattern:?}: {source}")]
@@ -87,15 +114,13 @@ impl Matcher {
     /// Builds a matcher, compiling and anchoring the pattern of a regex operator.
     pub fn new(name: &str, op: MatchOp, value: &str) -> Result<Matcher, regex::Error> {
         let regex = match op {
-            MatchOp::Regex | MatchOp::NotRegex => {
-                // Prometheus anchors at both ends and lets `.` match newlines.
-                Some(
-                    RegexBuilder::new(&format!("^(?s:{value})$"))
-                        .size_limit(MAX_REGEX_BYTES)
-                        .dfa_size_limit(MAX_REGEX_DFA_BYTES)
-                        .build()?,
-                )
-            }
+            // Prometheus anchors at both ends and lets `.` match newlines.
+            MatchOp::Regex | MatchOp::NotRegex => Some(whole_value_regex(
+                value,
+                "s",
+                MAX_REGEX_BYTES,
+                MAX_REGEX_DFA_BYTES,
+            )?),
             MatchOp::Equal | MatchOp::NotEqual => None,
         };
         Ok(Matcher {
@@ -151,15 +176,21 @@ impl Selector {
     /// blank input or `{}` matches everything. Values take double quotes, single quotes (both
     /// with backslash escapes) or backticks (raw), as in PromQL.
     ///
-    /// Input longer than [`MAX_SELECTOR_BYTES`], more than [`MAX_MATCHERS`] matchers, or a
-    /// regex that compiles beyond [`MAX_REGEX_BYTES`] is refused before any matching.
+    /// Input longer than [`MAX_SELECTOR_BYTES`] (as written, or in the canonical form it
+    /// prints as), more than [`MAX_MATCHERS`] matchers, or a regex that compiles beyond
+    /// [`MAX_REGEX_BYTES`] is refused before any matching.
     pub fn parse(input: &str) -> Result<Selector, SelectorError> {
         if input.len() > MAX_SELECTOR_BYTES {
             return Err(SelectorError::TooLong {
                 length: input.len(),
             });
         }
-        Parser { input, position: 0 }.selector()
+        let selector = Parser { input, position: 0 }.selector()?;
+        let length = selector.to_string().len();
+        if length > MAX_SELECTOR_BYTES {
+            return Err(SelectorError::CanonicalTooLong { length });
+        }
+        Ok(selector)
     }
 
     /// Whether a series with `labels` is selected: every matcher must accept it.
@@ -357,6 +388,62 @@ impl Parser<'_> {
     }
 }
 
+/// Parses arbitrary bytes as a selector and, when they parse, checks what a caller relies on:
+/// the canonical form ([`Selector`]'s `Display`) parses back to the same matchers and
+/// prints the same again, both select the same of a few label sets, and every regex
+/// operator's pattern is a regex by itself, so the anchors around it hold. Must never
+/// panic: `fuzz/` calls it and `agent/tests/fuzz-regressions/selector/` keeps what it found.
+pub fn fuzz_one(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    let Ok(selector) = Selector::parse(text) else {
+        return;
+    };
+    let canonical = selector.to_string();
+    let again = Selector::parse(&canonical)
+        .unwrap_or_else(|e| panic!("{text:?} prints as {canonical:?}, which does not parse: {e}"));
+    assert_eq!(again.to_string(), canonical, "{text:?}");
+    let terms = |s: &Selector| -> Vec<(String, MatchOp, String)> {
+        s.matchers()
+            .iter()
+            .map(|m| (m.name.clone(), m.op, m.value.clone()))
+            .collect()
+    };
+    assert_eq!(terms(&again), terms(&selector), "{text:?}");
+    for matcher in selector.matchers() {
+        if matches!(matcher.op, MatchOp::Regex | MatchOp::NotRegex) {
+            assert!(
+                Regex::new(&matcher.value).is_ok(),
+                "{text:?}: pattern {:?} is no regex alone",
+                matcher.value
+            );
+        }
+    }
+    // The values the selector names, and values near them, under its own label names.
+    let own: Labels = selector
+        .matchers()
+        .iter()
+        .map(|m| (m.name.clone(), m.value.clone()))
+        .collect();
+    let near: Labels = selector
+        .matchers()
+        .iter()
+        .map(|m| (m.name.clone(), format!("{}x", m.value)))
+        .collect();
+    let other: Labels = [("comm", "nginx"), ("pid", "1"), ("empty", "")]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+    for labels in [Labels::new(), own, near, other] {
+        assert_eq!(
+            selector.matches(&labels),
+            again.matches(&labels),
+            "{text:?} and {canonical:?} on {labels:?}"
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -512,6 +599,39 @@ mod tests {
     }
 
     #[test]
+    fn the_canonical_form_is_within_the_length_cap_too() {
+        // 4000 newlines are 4000 bytes as written and 8000 as `\n` escapes: this once parsed
+        // and printed as a selector that did not.
+        let newlines = format!("a=\"{}\"", "\n".repeat(4000));
+        assert!(matches!(
+            Selector::parse(&newlines),
+            Err(SelectorError::CanonicalTooLong { length: 8006 })
+        ));
+        let message = Selector::parse(&newlines).unwrap_err().to_string();
+        assert!(message.contains("8006 bytes when written out"), "{message}");
+        let fits = format!("a=\"{}\"", "\n".repeat(2000));
+        let s = Selector::parse(&fits).unwrap();
+        assert_eq!(s.to_string().len(), 4006);
+        assert!(Selector::parse(&s.to_string()).is_ok());
+    }
+
+    #[test]
+    fn a_pattern_cannot_close_its_anchors() {
+        // `^(?s:a)|(b)$` compiles and would match "axe" and "bob": refused, like `a)|(b`
+        // would be alone. The fuzzer's first finding was the shortest such pattern, `)(`.
+        for text in [r#"{x=~"a)|(b"}"#, r#"{x!~")("}"#] {
+            let error = Selector::parse(text).unwrap_err();
+            assert!(
+                matches!(error, SelectorError::Regex { ref label, .. } if label == "x"),
+                "{text}: {error:?}"
+            );
+            assert!(error.to_string().contains("unopened group"), "{error}");
+        }
+        assert!(matches(r#"{x=~"(a)|(b)"}"#, &[("x", "b")]));
+        assert!(!matches(r#"{x=~"(a)|(b)"}"#, &[("x", "bob")]));
+    }
+
+    #[test]
     fn bad_regex_names_the_label() {
         let error = Selector::parse(r#"{unit=~"ssh("}"#).unwrap_err();
         assert!(matches!(error, SelectorError::Regex { ref label, .. } if label == "unit"));
@@ -549,5 +669,15 @@ mod tests {
             .collect();
         assert!(Selector::parse(&format!("{{{}}}", many.join(","))).is_ok());
         assert!(Selector::parse(r#"{comm=~`\w+`}"#).is_ok());
+    }
+
+    #[test]
+    fn fuzz_regressions_do_not_panic() {
+        let inputs = crate::sys::fs::fuzz_inputs("selector");
+        assert!(!inputs.is_empty(), "fuzz/seeds/selector/ is committed");
+        for (path, data) in &inputs {
+            eprintln!("{}", path.display());
+            fuzz_one(data);
+        }
     }
 }

@@ -85,6 +85,31 @@ fn create_new(path: &Path) -> io::Result<std::fs::File> {
         .open(path)
 }
 
+/// Every input a fuzz target's replay test runs: its findings, committed under
+/// `agent/tests/fuzz-regressions/TARGET/`, then its seeds, `fuzz/seeds/TARGET/` (so the
+/// properties a `fuzz_one` asserts are checked on well-formed input too). A target without
+/// findings has no directory of them.
+#[cfg(test)]
+pub(crate) fn fuzz_inputs(target: &str) -> Vec<(std::path::PathBuf, Vec<u8>)> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut inputs = Vec::new();
+    for dir in [
+        root.join("tests/fuzz-regressions").join(target),
+        root.join("../fuzz/seeds").join(target),
+    ] {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        let mut paths: Vec<_> = entries.map(|entry| entry.unwrap().path()).collect();
+        paths.sort();
+        for path in paths.into_iter().filter(|p| p.is_file()) {
+            let data = std::fs::read(&path).unwrap();
+            inputs.push((path, data));
+        }
+    }
+    inputs
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

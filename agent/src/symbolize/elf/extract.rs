@@ -38,7 +38,38 @@ pub enum ExtractError {
     /// The writer's own I/O (a full disk, most likely): nothing wrong with the input.
     #[error("{path}: writing its debug-only copy: {source}")]
     Output { path: PathBuf, source: io::Error },
+    #[error(
+        "{path}: section {index} ({name}) asks for a {align}-byte alignment, above the \
+         {MAX_SECTION_ALIGN} bytes a kept section may have"
+    )]
+    Alignment {
+        path: PathBuf,
+        index: usize,
+        name: String,
+        align: u64,
+    },
+    #[error(
+        "{path}: its debug-only copy would hold over {limit} bytes of section contents and \
+         padding, more than the {input}-byte file itself plus {MAX_PADDING} bytes: section \
+         headers overlap or repeat the same bytes"
+    )]
+    TooLarge {
+        path: PathBuf,
+        input: usize,
+        limit: usize,
+    },
 }
+
+/// The largest `sh_addralign` of a section whose contents are kept. Nothing maps these
+/// sections, so they never need more than the 8 bytes symbol tables and notes ask for; a page
+/// is already generous. Unbounded, an alignment of 2^62 is padding without end.
+pub const MAX_SECTION_ALIGN: u64 = 4096;
+
+/// The alignment padding a copy may add on top of the input's own size. A file's sections do
+/// not overlap, so their contents fit in the file; only padding can make the copy bigger, and a
+/// real file's kept sections need a few hundred bytes of it. Without this bound, section
+/// headers that all point at the same bytes would multiply the file.
+pub const MAX_PADDING: usize = 64 << 10;
 
 fn is_debug_name(name: &[u8]) -> bool {
     name.starts_with(b".debug_") || name.starts_with(b".zdebug_")
@@ -52,7 +83,10 @@ fn is_debug_name(name: &[u8]) -> bool {
 /// `.gnu_debugdata`; every other section is kept as `SHT_NOBITS` with its address and size.
 /// `path` only names the file in errors.
 ///
-/// An I/O error of `out` is [`ExtractError::Output`].
+/// An I/O error of `out` is [`ExtractError::Output`]. A kept section aligned beyond
+/// [`MAX_SECTION_ALIGN`], or contents and padding adding up to more than the input plus
+/// [`MAX_PADDING`], is refused before anything is written: the copy is never much larger
+/// than the input, whatever the input says.
 pub fn write_debug<W: Write>(elf: &[u8], path: &Path, out: W) -> Result<W, ExtractError> {
     match FileKind::parse(elf) {
         Ok(FileKind::Elf32) => extract::<elf::FileHeader32<Endianness>, W>(elf, path, out),
@@ -114,6 +148,8 @@ where
     writer.reserve_program_headers(segments.len() as u32);
     // Pass 1: the same section indices, in order, and a place for every kept section's bytes.
     let mut planned: Vec<Option<Planned>> = Vec::with_capacity(sections.len());
+    let contents_start = writer.reserved_len();
+    let contents_limit = data.len().saturating_add(MAX_PADDING);
     for (index, section) in sections.iter().enumerate().skip(1) {
         if index == shstrndx {
             writer.reserve_shstrtab_section_index();
@@ -136,19 +172,35 @@ where
         } else {
             None
         };
-        let name = writer.add_section_name(name);
+        let name_id = writer.add_section_name(name);
         writer.reserve_section_index();
         let align = section.sh_addralign(endian).into();
         let offset = match contents {
             Some(bytes) => {
+                if align > MAX_SECTION_ALIGN {
+                    return Err(ExtractError::Alignment {
+                        path: path.to_owned(),
+                        index,
+                        name: String::from_utf8_lossy(name).into_owned(),
+                        align,
+                    });
+                }
                 let align = if align.is_power_of_two() { align } else { 1 };
-                writer.reserve(bytes.len(), align as usize)
+                let offset = writer.reserve(bytes.len(), align as usize);
+                if writer.reserved_len() - contents_start > contents_limit {
+                    return Err(ExtractError::TooLarge {
+                        path: path.to_owned(),
+                        input: data.len(),
+                        limit: contents_limit,
+                    });
+                }
+                offset
             }
             None => writer.reserved_len(),
         };
         planned.push(Some(Planned {
             header: SectionHeader {
-                name: Some(name),
+                name: Some(name_id),
                 sh_type: if keep { kind } else { elf::SHT_NOBITS },
                 sh_flags: section.sh_flags(endian).into(),
                 sh_addr: section.sh_addr(endian).into(),
@@ -214,6 +266,50 @@ where
         source,
     })?;
     Ok(out.into_inner())
+}
+
+/// A writer that counts what it is given and fails, as a full disk does, past `room` bytes.
+struct BoundedSink {
+    room: usize,
+    written: usize,
+}
+
+impl Write for BoundedSink {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        if self.written + buf.len() > self.room {
+            return Err(io::Error::other(format!(
+                "more than the {} bytes allowed",
+                self.room
+            )));
+        }
+        self.written += buf.len();
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Reduces arbitrary bytes with [`write_debug`] into a sink that holds only as much as the
+/// copy of a file that size may take: the input again for section contents, program headers,
+/// section headers and section names each (all of them are read from the input), plus
+/// [`MAX_PADDING`] and the file header. Must never panic, and a copy that outgrows the sink
+/// (or padding without end, which the fuzzer reports as a timeout) is a bug: `fuzz/` calls it
+/// with corrupt input and `agent/tests/fuzz-regressions/extract/` keeps what it found.
+pub fn fuzz_one(data: &[u8]) {
+    let room = data
+        .len()
+        .saturating_mul(4)
+        .saturating_add(MAX_PADDING + 256);
+    let sink = BoundedSink { room, written: 0 };
+    match write_debug(data, Path::new("fuzz"), sink) {
+        Ok(sink) => assert!(sink.written <= room),
+        Err(ExtractError::Output { source, .. }) => {
+            panic!("the copy of a {}-byte input: {source}", data.len())
+        }
+        Err(_) => {}
+    }
 }
 
 #[cfg(test)]
@@ -439,5 +535,118 @@ pub(crate) mod tests {
             assert!(err.contains("No space left on device"), "{err}");
         }
         assert!(write_debug(&original, &binary, FullDisk { room: whole }).is_ok());
+    }
+
+    /// A relocatable ELF64 file with a symbol table and a `.debug_info` and `.debug_str` of
+    /// `debug_bytes` each, and where each of their section headers is (its byte offset).
+    fn small_elf(debug_bytes: usize) -> (Vec<u8>, Vec<usize>) {
+        use object::write::{Object, Symbol, SymbolSection};
+        let mut file = Object::new(
+            object::BinaryFormat::Elf,
+            object::Architecture::X86_64,
+            object::Endianness::Little,
+        );
+        let text = file.add_section(Vec::new(), b".text".to_vec(), SectionKind::Text);
+        file.append_section_data(text, &[0xc3; 16], 16);
+        file.add_symbol(Symbol {
+            name: b"f".to_vec(),
+            value: 0,
+            size: 16,
+            kind: object::SymbolKind::Text,
+            scope: object::SymbolScope::Linkage,
+            weak: false,
+            section: SymbolSection::Section(text),
+            flags: object::SymbolFlags::None,
+        });
+        for name in [".debug_info", ".debug_str"] {
+            let id = file.add_section(Vec::new(), name.into(), SectionKind::Debug);
+            file.append_section_data(id, &vec![0x5a; debug_bytes], 1);
+        }
+        let data = file.write().unwrap();
+        let parsed = object::read::elf::ElfFile64::<Endianness>::parse(&data[..]).unwrap();
+        let shoff = parsed.elf_header().e_shoff.get(Endianness::Little) as usize;
+        let headers = [".debug_info", ".debug_str"]
+            .iter()
+            .map(|name| shoff + parsed.section_by_name(name).unwrap().index().0 * 64)
+            .collect();
+        (data, headers)
+    }
+
+    /// Overwrites a little-endian u64 field of an ELF64 section header.
+    fn patch(data: &mut [u8], at: usize, value: u64) {
+        data[at..at + 8].copy_from_slice(&value.to_le_bytes());
+    }
+
+    /// Where `sh_offset`, `sh_size` and `sh_addralign` sit in an ELF64 section header.
+    const SH_OFFSET: usize = 24;
+    const SH_SIZE: usize = 32;
+    const SH_ADDRALIGN: usize = 48;
+
+    #[test]
+    fn an_alignment_above_a_page_is_refused() {
+        let (mut data, headers) = small_elf(100);
+        let path = Path::new("/x/aligned");
+        assert!(write_debug(&data, path, Vec::new()).is_ok());
+        patch(&mut data, headers[0] + SH_ADDRALIGN, MAX_SECTION_ALIGN);
+        assert!(write_debug(&data, path, Vec::new()).is_ok());
+        // 2^62: the padding alone would be 4 EiB, written 1 KiB at a time.
+        patch(&mut data, headers[0] + SH_ADDRALIGN, 1 << 62);
+        let err = write_debug(&data, path, Vec::new()).unwrap_err();
+        assert!(
+            matches!(err, ExtractError::Alignment { align, .. } if align == 1 << 62),
+            "{err:?}"
+        );
+        assert_eq!(
+            err.to_string(),
+            "/x/aligned: section 2 (.debug_info) asks for a 4611686018427387904-byte \
+             alignment, above the 4096 bytes a kept section may have"
+        );
+    }
+
+    #[test]
+    fn section_headers_repeating_the_same_bytes_are_refused() {
+        let (mut data, headers) = small_elf(40 << 10);
+        let path = Path::new("/x/aliased");
+        let whole = write_debug(&data, path, Vec::new()).unwrap();
+        assert!(
+            whole.len() < data.len(),
+            "{} from {}",
+            whole.len(),
+            data.len()
+        );
+        // Both debug sections cover the whole file: twice its bytes, more than the padding
+        // allowance over it.
+        let len = data.len() as u64;
+        for header in &headers {
+            patch(&mut data, header + SH_OFFSET, 0);
+            patch(&mut data, header + SH_SIZE, len);
+        }
+        let err = write_debug(&data, path, Vec::new()).unwrap_err();
+        assert!(
+            matches!(err, ExtractError::TooLarge { input, .. } if input == data.len()),
+            "{err:?}"
+        );
+        let message = err.to_string();
+        assert!(
+            message.starts_with("/x/aliased: its debug-only copy"),
+            "{message}"
+        );
+        assert!(message.contains("overlap"), "{message}");
+        // One of them alone over the whole file still fits.
+        let (mut data, headers) = small_elf(40 << 10);
+        let len = data.len() as u64;
+        patch(&mut data, headers[0] + SH_OFFSET, 0);
+        patch(&mut data, headers[0] + SH_SIZE, len);
+        assert!(write_debug(&data, path, Vec::new()).is_ok());
+    }
+
+    #[test]
+    fn fuzz_regressions_do_not_panic() {
+        let inputs = crate::sys::fs::fuzz_inputs("extract");
+        assert!(!inputs.is_empty(), "fuzz/seeds/extract/ is committed");
+        for (path, data) in &inputs {
+            eprintln!("{}", path.display());
+            fuzz_one(data);
+        }
     }
 }

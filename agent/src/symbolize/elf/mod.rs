@@ -457,7 +457,7 @@ impl ElfFile {
 
 /// Parses arbitrary bytes as an ELF file and resolves addresses spread over its segments,
 /// the way the profiler would. Must never panic: `fuzz/` calls it with corrupt input and the
-/// regression files under `agent/tests/fuzz-regressions/` keep what it found.
+/// regression files under `agent/tests/fuzz-regressions/elf/` keep what it found.
 pub fn fuzz_one(data: &[u8]) {
     let Ok(file) = ElfFile::parse(Arc::new(FileData::Owned(data.to_vec())), Path::new("fuzz"))
     else {
@@ -727,10 +727,17 @@ mod tests {
 
     #[test]
     fn fuzz_regressions_do_not_panic() {
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fuzz-regressions");
-        let entries = std::fs::read_dir(&dir).expect("agent/tests/fuzz-regressions is committed");
-        for entry in entries.flatten() {
-            fuzz_one(&std::fs::read(entry.path()).unwrap());
+        let inputs = crate::sys::fs::fuzz_inputs("elf");
+        let findings = inputs
+            .iter()
+            .filter(|(path, _)| path.to_string_lossy().contains("fuzz-regressions"))
+            .count();
+        assert!(
+            findings >= 7,
+            "agent/tests/fuzz-regressions/elf/ is committed"
+        );
+        for (_, data) in &inputs {
+            fuzz_one(data);
         }
         // Truncations of a real binary: every prefix length class must fail cleanly.
         let exe = std::fs::read(std::fs::read_link("/proc/self/exe").unwrap()).unwrap();
