@@ -854,39 +854,52 @@ pub struct Daemon {
     /// `127.0.0.1:PORT` of its HTTP server.
     pub address: String,
     pub store: PathBuf,
+    /// Reads the daemon's stderr as it comes, so a daemon that logs a lot never blocks on a
+    /// full pipe; joined by [`Daemon::stop`].
+    stderr: Option<std::thread::JoinHandle<Vec<u8>>>,
 }
 
 impl Daemon {
     /// Starts `scorch run --store STORE --http-address 127.0.0.1:PORT ARGS...` and waits until
     /// its HTTP server answers (the BPF program is attached by then).
     pub fn start(store: &Path, args: &[&str]) -> Result<Daemon> {
+        Daemon::start_with_env(store, args, &[])
+    }
+
+    /// [`Daemon::start`] with `env` added to the daemon's environment.
+    pub fn start_with_env(store: &Path, args: &[&str], env: &[(&str, &str)]) -> Result<Daemon> {
         // Let the kernel pick a free port, then hand it to the daemon.
         let port = std::net::TcpListener::bind("127.0.0.1:0")?
             .local_addr()?
             .port();
         let address = format!("127.0.0.1:{port}");
-        let child = Command::new(scorch_bin())
+        let mut child = Command::new(scorch_bin())
             .arg("run")
             .arg("--store")
             .arg(store)
             .args(["--http-address", &address])
             .args(args)
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
             .context("starting scorch run")?;
+        let mut pipe = child.stderr.take().context("scorch run's stderr")?;
+        let stderr = std::thread::spawn(move || {
+            let mut text = Vec::new();
+            let _ = pipe.read_to_end(&mut text);
+            text
+        });
         let mut daemon = Daemon {
             child,
             address,
             store: store.to_owned(),
+            stderr: Some(stderr),
         };
         let deadline = std::time::Instant::now() + Duration::from_secs(30);
         while std::time::Instant::now() < deadline {
             if let Some(status) = daemon.child.try_wait()? {
-                let mut stderr = String::new();
-                if let Some(mut pipe) = daemon.child.stderr.take() {
-                    let _ = std::io::Read::read_to_string(&mut pipe, &mut stderr);
-                }
+                let stderr = daemon.take_stderr();
                 bail!("scorch run exited ({status}) before serving:\n{stderr}");
             }
             if http_get(&daemon.address, "/healthz").is_ok() {
@@ -904,6 +917,15 @@ impl Daemon {
         self.child.id()
     }
 
+    /// What the daemon wrote to stderr; call once it has exited (the pipe is read to its end).
+    fn take_stderr(&mut self) -> String {
+        self.stderr
+            .take()
+            .and_then(|reader| reader.join().ok())
+            .map(|text| String::from_utf8_lossy(&text).into_owned())
+            .unwrap_or_default()
+    }
+
     /// Sends SIGTERM and waits for the exit; returns the exit status, the time it took and
     /// what the daemon wrote to stderr.
     pub fn stop(mut self) -> Result<(std::process::ExitStatus, Duration, String)> {
@@ -912,11 +934,30 @@ impl Daemon {
         unsafe { libc_kill(self.child.id() as i32, 15) };
         let status = self.child.wait()?;
         let elapsed = started.elapsed();
-        let mut stderr = String::new();
-        if let Some(mut pipe) = self.child.stderr.take() {
-            std::io::Read::read_to_string(&mut pipe, &mut stderr)?;
+        Ok((status, elapsed, self.take_stderr()))
+    }
+
+    /// [`Daemon::stop`], failing (after a SIGKILL, with what the daemon logged) when the
+    /// daemon is still running `limit` after the SIGTERM, instead of waiting for ever.
+    pub fn stop_within(
+        mut self,
+        limit: Duration,
+    ) -> Result<(std::process::ExitStatus, Duration, String)> {
+        let started = std::time::Instant::now();
+        // SAFETY: kill(2) on a child this test started and has not reaped.
+        unsafe { libc_kill(self.child.id() as i32, 15) };
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                return Ok((status, started.elapsed(), self.take_stderr()));
+            }
+            if started.elapsed() > limit {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                let stderr = self.take_stderr();
+                bail!("scorch run still ran {limit:?} after SIGTERM (killed):\n{stderr}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
         }
-        Ok((status, elapsed, stderr))
     }
 }
 
@@ -935,20 +976,52 @@ extern "C" {
 /// A minimal HTTP/1.1 GET over loopback: `(status, body)`. Enough for the daemon's API; no
 /// client library needed.
 pub fn http_get(address: &str, path: &str) -> Result<(u16, Vec<u8>)> {
-    use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect(address)
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n");
+    let response = http_request(address, &request, Duration::from_secs(30))?;
+    Ok((response.status, response.body))
+}
+
+/// An HTTP response: the status, the header lines as text, the body (de-chunked).
+#[derive(Debug, Clone)]
+pub struct HttpResponse {
+    pub status: u16,
+    pub head: String,
+    pub body: Vec<u8>,
+}
+
+/// Sends `request` (the whole text, headers and blank line included, so a test can send what
+/// no client library would) and reads the response to the end of the connection. Every read
+/// and write gives up after `timeout`: a server that hangs fails the test instead of blocking
+/// it. Ask for `Connection: close`.
+pub fn http_request(address: &str, request: &str, timeout: Duration) -> Result<HttpResponse> {
+    let stream = std::net::TcpStream::connect(address)
         .with_context(|| format!("connecting to {address}"))?;
-    stream.set_read_timeout(Some(Duration::from_secs(30)))?;
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n"
-    )?;
+    http_exchange(stream, request, timeout)
+}
+
+/// [`http_request`] on a stream the caller connected (from a chosen source address, say).
+pub fn http_exchange(
+    mut stream: std::net::TcpStream,
+    request: &str,
+    timeout: Duration,
+) -> Result<HttpResponse> {
+    use std::io::Write;
+    stream.set_read_timeout(Some(timeout))?;
+    stream.set_write_timeout(Some(timeout))?;
+    stream.write_all(request.as_bytes())?;
     let mut response = Vec::new();
-    stream.read_to_end(&mut response)?;
+    stream
+        .read_to_end(&mut response)
+        .with_context(|| format!("reading the response ({} bytes so far)", response.len()))?;
     let header_end = response
         .windows(4)
         .position(|w| w == b"\r\n\r\n")
-        .context("no end of HTTP headers")?;
+        .with_context(|| {
+            format!(
+                "no end of HTTP headers in {:?}",
+                String::from_utf8_lossy(&response)
+            )
+        })?;
     let head = String::from_utf8_lossy(&response[..header_end]).into_owned();
     let status: u16 = head
         .split_whitespace()
@@ -962,7 +1035,7 @@ pub fn http_get(address: &str, path: &str) -> Result<(u16, Vec<u8>)> {
     {
         body = dechunk(&body)?;
     }
-    Ok((status, body))
+    Ok(HttpResponse { status, head, body })
 }
 
 fn dechunk(mut data: &[u8]) -> Result<Vec<u8>> {

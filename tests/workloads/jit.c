@@ -4,12 +4,17 @@
  *
  * The generated function builds a frame-pointer frame, so unwinding continues through it to
  * `call_jit` and `main`.
- * Usage: jit [seconds]. Exits by itself after `seconds` (SIGALRM); the test removes the map.
+ * Usage: jit [seconds] [iterations] [map]. Exits by itself after `seconds` (SIGALRM); the test
+ * removes the map. `map` is what the process puts at the map's path before it runs the code:
+ * `write` (the default) the map itself; or, as a hostile process would, `fifo` (a FIFO: an
+ * open or read that never returns), `link:TARGET` (a symlink to TARGET: /dev/zero, a host
+ * file), or `none`.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 /* unsigned long jit_hot_loop(unsigned long n): counts n down to zero. */
@@ -65,15 +70,31 @@ int main(int argc, char **argv) {
     }
     char path[64];
     snprintf(path, sizeof path, "/tmp/perf-%d.map", (int)getpid());
-    FILE *map = fopen(path, "w");
-    if (!map) {
-        perror(path);
-        return 1;
-    }
-    fprintf(map, "%lx %zx jit_hot_loop\n", (unsigned long)mem, sizeof code);
-    if (fclose(map) != 0) {
-        perror(path);
-        return 1;
+    const char *how = argc > 3 ? argv[3] : "write";
+    if (strcmp(how, "fifo") == 0) {
+        if (mkfifo(path, 0644) != 0) {
+            perror(path);
+            return 1;
+        }
+    } else if (strncmp(how, "link:", 5) == 0) {
+        if (symlink(how + 5, path) != 0) {
+            perror(path);
+            return 1;
+        }
+    } else if (strcmp(how, "write") == 0) {
+        FILE *map = fopen(path, "w");
+        if (!map) {
+            perror(path);
+            return 1;
+        }
+        fprintf(map, "%lx %zx jit_hot_loop\n", (unsigned long)mem, sizeof code);
+        if (fclose(map) != 0) {
+            perror(path);
+            return 1;
+        }
+    } else if (strcmp(how, "none") != 0) {
+        fprintf(stderr, "jit: unknown map kind %s\n", how);
+        return 2;
     }
     call_jit((jit_fn)(void *)mem, argc > 2 ? strtoul(argv[2], NULL, 10) : 1000000UL);
     return 0;

@@ -43,6 +43,7 @@ use crate::{
         Labeler, PodFacts,
     },
     metrics::{Health, Registry},
+    pipeline::aggregate::Aggregated,
     pipeline::drain::{DrainError, Drainer},
     pipeline::sampler::{Sampler, SamplerConfig, SamplerError},
     profile::{Labels, Profile},
@@ -417,6 +418,23 @@ impl Pipeline {
         }
     }
 
+    /// Removes the samples of processes relabelling drops, taken before discovery excluded
+    /// them in BPF, before anything is symbolised: a dropped process's binaries are not
+    /// parsed into the cache and its perf map is not read (a busy host's compilers would
+    /// otherwise fill the symbol cache of a daemon told to profile one service).
+    fn discard_dropped(&mut self, aggregated: &mut Aggregated) {
+        if !self.labeler.can_drop() {
+            return;
+        }
+        let labeler = &mut self.labeler;
+        let mut dropped: std::collections::HashMap<u32, bool> = std::collections::HashMap::new();
+        aggregated.stacks.retain(|stack, _| {
+            !*dropped
+                .entry(stack.tgid)
+                .or_insert_with(|| matches!(*labeler.outcome(stack.tgid), Outcome::Dropped { .. }))
+        });
+    }
+
     /// Gives each sample its series' labels; removes the samples of dropped processes (taken
     /// before the process was first seen and excluded).
     fn label(&mut self, profile: &mut Profile) {
@@ -457,7 +475,8 @@ impl Pipeline {
             .window_drained(samples, &losses, drain_started.elapsed());
         self.health.sampling_ok_at(Instant::now());
 
-        let aggregated = std::mem::take(&mut self.session.aggregated);
+        let mut aggregated = std::mem::take(&mut self.session.aggregated);
+        self.discard_dropped(&mut aggregated);
         let symbolize_started = Instant::now();
         let comms = &self.session.proc_comms;
         match symbolize::symbolize(
@@ -507,6 +526,8 @@ impl Pipeline {
         let cache = self.session.user.cache_stats();
         self.metrics
             .set_symbol_cache(cache.bytes, cache.hits, cache.misses);
+        self.metrics
+            .set_mapped_file_faults(crate::sys::sigbus::faults());
         self.metrics.set_store_bytes(self.store.disk_bytes());
         Ok(())
     }

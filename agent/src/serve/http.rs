@@ -18,9 +18,9 @@
 //! cost: requests not meant for this server are refused ([`super::guard`]); at most
 //! [`MAX_CONNECTIONS`] connections (and [`MAX_CONNECTIONS_PER_PEER`] from one address), each
 //! given [`HEADER_READ_TIMEOUT`] to send its headers and [`CONNECTION_LIFETIME`] in all;
-//! queries parse and run on the blocking pool, at most [`MAX_CONCURRENT_QUERIES`] at a time,
-//! and one that waits more than [`QUERY_QUEUE_WAIT`] for its turn gets a 503 with
-//! `Retry-After`. `/metrics` and `/healthz` never wait behind a query.
+//! queries parse, run and encode their answer on the blocking pool, at most
+//! [`MAX_CONCURRENT_QUERIES`] at a time, and one that waits more than [`QUERY_QUEUE_WAIT`] for
+//! its turn gets a 503 with `Retry-After`. `/metrics` and `/healthz` never wait behind a query.
 
 use std::{
     collections::HashMap,
@@ -389,14 +389,15 @@ async fn ui(State(state): State<Arc<HttpState>>) -> Html<String> {
 
 /// Parses the parameters and merges the matching windows, on the blocking pool and in the
 /// query's turn: a selector's regexes are compiled there too, never on the async workers that
-/// answer `/healthz` and `/metrics`.
+/// answer `/healthz` and `/metrics`. The turn comes back with the profile: whatever the caller
+/// makes of the merge (a flame graph, a table) is part of the query's cost and runs in it.
 async fn query_store(
     state: &HttpState,
     params: QueryParams,
-) -> Result<(ParsedQuery, Profile), ApiError> {
-    let _turn = state.query_turn().await?;
+) -> Result<(ParsedQuery, Profile, OwnedSemaphorePermit), ApiError> {
+    let turn = state.query_turn().await?;
     let dir = state.store_dir.clone();
-    tokio::task::spawn_blocking(move || {
+    let (query, profile) = tokio::task::spawn_blocking(move || {
         let query = params.parse(SystemTime::now())?;
         let limits = QueryLimits::new(MAX_QUERY_STACKS, QUERY_TIMEOUT);
         let profile = Store::open_read_only(&dir)?.query_within(
@@ -404,21 +405,24 @@ async fn query_store(
             &|labels: &Labels| query.selector.matches(labels),
             limits,
         )?;
-        Ok((query, profile))
+        Ok::<_, ApiError>((query, profile))
     })
-    .await?
+    .await??;
+    Ok((query, profile, turn))
 }
 
 async fn profile(
     State(state): State<Arc<HttpState>>,
     Query(params): Query<QueryParams>,
 ) -> Result<Response, ApiError> {
-    let (query, profile) = query_store(&state, params).await?;
+    let (query, profile, turn) = query_store(&state, params).await?;
     let title = flame_graph_title(&query);
     let format = query.format;
     let limit = query.limit;
-    // Encoding a large merge is CPU work too; keep it off the async threads.
+    // Encoding a large merge is CPU work too, and a flame graph's text can take several times
+    // the merge's memory: off the async threads, and still in the query's turn.
     let response = tokio::task::spawn_blocking(move || -> Result<Response, ApiError> {
+        let _turn = turn;
         let options = EncodeOptions {
             title: &title,
             top_limit: limit,
@@ -454,13 +458,17 @@ async fn top(
     State(state): State<Arc<HttpState>>,
     Query(params): Query<QueryParams>,
 ) -> Result<Response, ApiError> {
-    let (query, profile) = query_store(&state, params).await?;
+    let (query, profile, turn) = query_store(&state, params).await?;
     let limit = query.limit;
-    let mut table = encode::top::top(&profile);
-    if let Some(limit) = limit {
-        table.rows.truncate(limit);
-    }
-    json(&table)
+    tokio::task::spawn_blocking(move || {
+        let _turn = turn;
+        let mut table = encode::top::top(&profile);
+        if let Some(limit) = limit {
+            table.rows.truncate(limit);
+        }
+        json(&table)
+    })
+    .await?
 }
 
 async fn series(

@@ -60,6 +60,10 @@ impl Notifier {
             None => SocketAddr::from_pathname(path).map_err(error)?,
         };
         let socket = UnixDatagram::unbound().map_err(error)?;
+        // A manager that stops reading (or a socket no one reads) must not stop the daemon:
+        // a blocking send to a full queue would hang the window loop the pings come from,
+        // SIGTERM included. A full queue is an error like any other instead.
+        socket.set_nonblocking(true).map_err(error)?;
         Ok(Notifier {
             socket,
             address,
@@ -112,6 +116,9 @@ pub struct Systemd {
     watchdog: Option<tokio::time::Interval>,
     /// Sent again only when it changes, so a steady daemon sends nothing but pings.
     last_status: String,
+    /// The last message could not be sent: the next failures are not logged (a watchdog of a
+    /// millisecond would log a thousand a second), the next success is.
+    failing: std::sync::atomic::AtomicBool,
 }
 
 impl Systemd {
@@ -133,6 +140,7 @@ impl Systemd {
             notifier,
             watchdog,
             last_status: String::new(),
+            failing: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -167,9 +175,19 @@ impl Systemd {
     }
 
     fn report(&self, send: impl FnOnce(&Notifier) -> Result<(), NotifyError>) {
+        use std::sync::atomic::Ordering;
         if let Some(notifier) = &self.notifier {
-            if let Err(err) = send(notifier) {
-                tracing::warn!("{err}");
+            match send(notifier) {
+                Ok(()) => {
+                    if self.failing.swap(false, Ordering::Relaxed) {
+                        tracing::info!("systemd notifications go through again");
+                    }
+                }
+                Err(err) => {
+                    if !self.failing.swap(true, Ordering::Relaxed) {
+                        tracing::warn!("{err} (further failures not logged until one succeeds)");
+                    }
+                }
             }
         }
     }
@@ -237,6 +255,20 @@ mod tests {
         let notifier = Notifier::connect(&format!("@{name}"), None).unwrap();
         notifier.watchdog_ping().unwrap();
         assert_eq!(receive(&systemd), "WATCHDOG=1");
+    }
+
+    #[test]
+    fn a_manager_that_stops_reading_blocks_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("notify");
+        // Bound, never read: its queue fills.
+        let _systemd = UnixDatagram::bind(&path).unwrap();
+        let notifier = Notifier::connect(path.to_str().unwrap(), None).unwrap();
+        let started = std::time::Instant::now();
+        let failed = (0..100_000).find_map(|_| notifier.watchdog_ping().err());
+        let err = failed.expect("a full queue is an error").to_string();
+        assert!(err.contains("WATCHDOG=1"), "{err}");
+        assert!(started.elapsed() < Duration::from_secs(5));
     }
 
     #[test]

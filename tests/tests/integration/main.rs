@@ -1,6 +1,7 @@
 //! Integration tests: the real BPF program, attached on this machine's kernel, profiling
 //! workloads built here. Run through `cargo xtask test`, which runs them one at a time.
 
+mod adversarial;
 mod cli;
 mod counting;
 mod daemon;

@@ -39,6 +39,9 @@ pub struct WindowMetrics {
     /// The cache's own cumulative (hits, misses) at the last report: the counters advance by
     /// the difference, so the loop can hand over the cache's totals as they are.
     symbol_cache_reported: (u64, u64),
+    /// Pages of mapped files read after the file shrank, and the total at the last report.
+    mapped_file_faults: Counter,
+    mapped_file_faults_reported: u64,
 }
 
 impl WindowMetrics {
@@ -63,6 +66,8 @@ impl WindowMetrics {
             symbol_cache_hits: Counter::default(),
             symbol_cache_misses: Counter::default(),
             symbol_cache_reported: (0, 0),
+            mapped_file_faults: Counter::default(),
+            mapped_file_faults_reported: 0,
         };
         registry.register(
             "samples",
@@ -139,6 +144,12 @@ impl WindowMetrics {
             "Symbol cache lookups that had to parse the file",
             metrics.symbol_cache_misses.clone(),
         );
+        registry.register(
+            "mapped_file_faults",
+            "Pages of a mapped binary or debug file read after the file shrank: read as zeros \
+             (SIGBUS handled) instead of stopping the daemon",
+            metrics.mapped_file_faults.clone(),
+        );
         metrics
     }
 
@@ -193,6 +204,13 @@ impl WindowMetrics {
         self.symbol_cache_hits.inc_by(advance(hits, reported.0));
         self.symbol_cache_misses.inc_by(advance(misses, reported.1));
         self.symbol_cache_reported = (hits, misses);
+    }
+
+    /// The process's cumulative count of pages mapped over a shrunk file.
+    pub fn set_mapped_file_faults(&mut self, total: u64) {
+        self.mapped_file_faults
+            .inc_by(total.saturating_sub(self.mapped_file_faults_reported));
+        self.mapped_file_faults_reported = self.mapped_file_faults_reported.max(total);
     }
 }
 
@@ -293,5 +311,22 @@ mod tests {
         let text = registry.encode();
         assert_eq!(value(&text, "scorch_symbol_cache_hits_total"), 29.0);
         assert_eq!(value(&text, "scorch_symbol_cache_misses_total"), 4.0);
+    }
+
+    #[test]
+    fn mapped_file_faults_follow_the_process_total() {
+        let mut registry = Registry::new();
+        let mut metrics = WindowMetrics::register(&mut registry);
+        assert_eq!(
+            value(&registry.encode(), "scorch_mapped_file_faults_total"),
+            0.0
+        );
+        metrics.set_mapped_file_faults(3);
+        metrics.set_mapped_file_faults(3);
+        metrics.set_mapped_file_faults(5);
+        assert_eq!(
+            value(&registry.encode(), "scorch_mapped_file_faults_total"),
+            5.0
+        );
     }
 }
