@@ -79,13 +79,22 @@ impl Registry {
     }
 
     /// Adds `metric` as `scorch_<name>` (a counter's samples get `_total` as well).
-    pub fn register(&mut self, name: &str, help: &str, metric: impl Metric) {
-        self.scorch.register(name, help, metric);
+    pub fn register<M: Metric + Clone>(&mut self, name: &str, help: &str, metric: M) -> M {
+        self.scorch.register(name, help, metric.clone());
+        metric
     }
 
     /// Adds `metric` as `scorch_<name>_<unit>`.
-    pub fn register_with_unit(&mut self, name: &str, help: &str, unit: Unit, metric: impl Metric) {
-        self.scorch.register_with_unit(name, help, unit, metric);
+    pub fn register_with_unit<M: Metric + Clone>(
+        &mut self,
+        name: &str,
+        help: &str,
+        unit: Unit,
+        metric: M,
+    ) -> M {
+        self.scorch
+            .register_with_unit(name, help, unit, metric.clone());
+        metric
     }
 
     /// Reports the Kubernetes API server's state from now on (read at each scrape).

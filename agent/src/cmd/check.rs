@@ -166,14 +166,17 @@ pub fn run_checks() -> Vec<Item> {
     items.push(replaced_binaries(caps));
 
     // Decisive: load the real program and attach it on every CPU, then detach.
+    let loads = || {
+        item(
+            Status::Ok,
+            "BPF program loads",
+            "scorch sampler verified",
+            None,
+        )
+    };
     match Sampler::start(&SamplerConfig::default()) {
         Ok((sampler, _, _)) => {
-            items.push(item(
-                Status::Ok,
-                "BPF program loads",
-                "scorch sampler verified",
-                None,
-            ));
+            items.push(loads());
             items.push(item(
                 Status::Ok,
                 "perf event opens",
@@ -184,12 +187,7 @@ pub fn run_checks() -> Vec<Item> {
         Err(err) => {
             let attach = matches!(err, crate::pipeline::sampler::SamplerError::Attach { .. });
             if attach {
-                items.push(item(
-                    Status::Ok,
-                    "BPF program loads",
-                    "scorch sampler verified",
-                    None,
-                ));
+                items.push(loads());
             }
             items.push(item(
                 Status::Fail,

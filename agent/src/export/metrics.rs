@@ -29,75 +29,62 @@ pub struct RemoteMetrics {
 impl RemoteMetrics {
     pub fn register(registry: &mut Registry) -> RemoteMetrics {
         let metrics = RemoteMetrics {
-            windows_sent: Counter::default(),
-            sent_bytes: Counter::default(),
-            retries: Counter::default(),
-            failures: LabeledCounter::new("reason", FailureReason::ALL.map(FailureReason::as_str)),
-            windows_rejected: Counter::default(),
-            windows_dropped: Counter::default(),
-            queue_windows: Gauge::default(),
-            queue_age: Gauge::default(),
-            debuginfo_uploads: LabeledCounter::new(
-                "result",
-                UploadResult::ALL.map(UploadResult::as_str),
+            windows_sent: registry.register(
+                "remote_windows_sent",
+                "Windows the remote server (Pyroscope or Parca) accepted",
+                Counter::default(),
             ),
-            debuginfo_uploaded_bytes: Counter::default(),
+            sent_bytes: registry.register_with_unit(
+                "remote_sent",
+                "Request bytes the remote server accepted (compressed, as sent)",
+                Unit::Bytes,
+                Counter::default(),
+            ),
+            retries: registry.register(
+                "remote_retries",
+                "Requests to the remote server sent again after a retryable failure",
+                Counter::default(),
+            ),
+            failures: registry.register(
+                "remote_failures",
+                "Failed requests to the remote server, by reason (`rejected`: refused as bad, not \
+                 retried)",
+                LabeledCounter::new("reason", FailureReason::ALL.map(FailureReason::as_str)),
+            ),
+            windows_rejected: registry.register(
+                "remote_windows_rejected",
+                "Windows skipped because the remote server refused them as bad requests",
+                Counter::default(),
+            ),
+            windows_dropped: registry.register(
+                "remote_windows_dropped",
+                "Windows the store's retention deleted before they could be sent",
+                Counter::default(),
+            ),
+            queue_windows: registry.register(
+                "remote_queue_windows",
+                "Windows in the store waiting to be sent",
+                Gauge::default(),
+            ),
+            queue_age: registry.register_with_unit(
+                "remote_queue_age",
+                "Age of the oldest window waiting to be sent (0 when none waits)",
+                Unit::Seconds,
+                Gauge::default(),
+            ),
+            debuginfo_uploads: registry.register(
+                "debuginfo_uploads",
+                "Build ids whose debug info the remote Parca server was asked about, by result \
+                 (`already_present`: the server had it; `failed`: given up until the next start)",
+                LabeledCounter::new("result", UploadResult::ALL.map(UploadResult::as_str)),
+            ),
+            debuginfo_uploaded_bytes: registry.register_with_unit(
+                "debuginfo_uploaded",
+                "Debug-info bytes uploaded to the remote Parca server (debug sections only)",
+                Unit::Bytes,
+                Counter::default(),
+            ),
         };
-        registry.register(
-            "remote_windows_sent",
-            "Windows the remote server (Pyroscope or Parca) accepted",
-            metrics.windows_sent.clone(),
-        );
-        registry.register_with_unit(
-            "remote_sent",
-            "Request bytes the remote server accepted (compressed, as sent)",
-            Unit::Bytes,
-            metrics.sent_bytes.clone(),
-        );
-        registry.register(
-            "remote_retries",
-            "Requests to the remote server sent again after a retryable failure",
-            metrics.retries.clone(),
-        );
-        registry.register(
-            "remote_failures",
-            "Failed requests to the remote server, by reason (`rejected`: refused as bad, not \
-             retried)",
-            metrics.failures.clone(),
-        );
-        registry.register(
-            "remote_windows_rejected",
-            "Windows skipped because the remote server refused them as bad requests",
-            metrics.windows_rejected.clone(),
-        );
-        registry.register(
-            "remote_windows_dropped",
-            "Windows the store's retention deleted before they could be sent",
-            metrics.windows_dropped.clone(),
-        );
-        registry.register(
-            "remote_queue_windows",
-            "Windows in the store waiting to be sent",
-            metrics.queue_windows.clone(),
-        );
-        registry.register_with_unit(
-            "remote_queue_age",
-            "Age of the oldest window waiting to be sent (0 when none waits)",
-            Unit::Seconds,
-            metrics.queue_age.clone(),
-        );
-        registry.register(
-            "debuginfo_uploads",
-            "Build ids whose debug info the remote Parca server was asked about, by result \
-             (`already_present`: the server had it; `failed`: given up until the next start)",
-            metrics.debuginfo_uploads.clone(),
-        );
-        registry.register_with_unit(
-            "debuginfo_uploaded",
-            "Debug-info bytes uploaded to the remote Parca server (debug sections only)",
-            Unit::Bytes,
-            metrics.debuginfo_uploaded_bytes.clone(),
-        );
         metrics
     }
 

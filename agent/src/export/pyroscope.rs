@@ -288,12 +288,7 @@ mod tests {
     use super::*;
     use crate::export::proto::push::v1::PushRequest;
 
-    fn labels(pairs: &[(&str, &str)]) -> Labels {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
-    }
+    use crate::parse::selector::labels;
 
     fn names(pairs: &[LabelPair]) -> Vec<(String, String)> {
         pairs

@@ -415,12 +415,7 @@ pub fn fuzz_one(data: &[u8]) {
 mod tests {
     use super::*;
 
-    fn labels(pairs: &[(&str, &str)]) -> Labels {
-        pairs
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect()
-    }
+    use crate::parse::selector::labels;
 
     fn rule(toml_text: &str) -> RuleConfig {
         toml::from_str(toml_text).unwrap()
@@ -438,94 +433,136 @@ mod tests {
     /// Cases and outcomes as Prometheus's relabel tests (model/relabel) give them.
     #[test]
     fn behaves_like_prometheus() {
-        let input = [("a", "foo"), ("b", "bar"), ("c", "baz")];
-        // replace with capture groups and a separator.
-        assert_eq!(
-            run(
-                &[r#"source_labels = ["a", "b"]
-                     regex = "f(.*);(.*)r"
-                     target_label = "a"
-                     separator = ";"
-                     replacement = "ch${1}-ch${2}"
-                     action = "replace""#],
-                &input
-            ),
-            Outcome::Keep(labels(&[("a", "choo-chba"), ("b", "bar"), ("c", "baz")]))
+        const INPUT: &[(&str, &str)] = &[("a", "foo"), ("b", "bar"), ("c", "baz")];
+        // (what it shows, the rule, its input, the labels kept or None for dropped)
+        type Case = (
+            &'static str,
+            &'static str,
+            &'static [(&'static str, &'static str)],
+            Option<&'static [(&'static str, &'static str)]>,
         );
-        // No match: unchanged. The regex is anchored: "o" does not match "foo".
-        assert_eq!(
-            run(
-                &[r#"source_labels = ["a"]
-                     regex = "o"
-                     target_label = "d"
-                     replacement = "x""#],
-                &input
+        let cases: &[Case] = &[
+            (
+                "replace with capture groups and a separator",
+                r#"source_labels = ["a", "b"]
+                   regex = "f(.*);(.*)r"
+                   target_label = "a"
+                   separator = ";"
+                   replacement = "ch${1}-ch${2}"
+                   action = "replace""#,
+                INPUT,
+                Some(&[("a", "choo-chba"), ("b", "bar"), ("c", "baz")]),
             ),
-            Outcome::Keep(labels(&input))
-        );
-        // An empty replacement removes the target.
-        assert_eq!(
-            run(
-                &[r#"source_labels = ["a"]
-                     regex = "foo"
-                     target_label = "b"
-                     replacement = """#],
-                &input
+            (
+                "no match leaves all unchanged: the regex is anchored, \"o\" misses \"foo\"",
+                r#"source_labels = ["a"]
+                   regex = "o"
+                   target_label = "d"
+                   replacement = "x""#,
+                INPUT,
+                Some(INPUT),
             ),
-            Outcome::Keep(labels(&[("a", "foo"), ("c", "baz")]))
-        );
-        // A target named from a capture group.
-        assert_eq!(
-            run(
-                &[r#"source_labels = ["a"]
-                     regex = "f(.*)"
-                     target_label = "x_${1}"
-                     replacement = "y""#],
-                &input
+            (
+                "an empty replacement removes the target",
+                r#"source_labels = ["a"]
+                   regex = "foo"
+                   target_label = "b"
+                   replacement = """#,
+                INPUT,
+                Some(&[("a", "foo"), ("c", "baz")]),
             ),
-            Outcome::Keep(labels(&[
-                ("a", "foo"),
-                ("b", "bar"),
-                ("c", "baz"),
-                ("x_oo", "y")
-            ]))
-        );
-        // keep and drop.
-        assert_eq!(
-            run(
-                &[r#"source_labels = ["a"]
-                     regex = "f.*"
-                     action = "keep""#],
-                &input
+            (
+                "a target named from a capture group",
+                r#"source_labels = ["a"]
+                   regex = "f(.*)"
+                   target_label = "x_${1}"
+                   replacement = "y""#,
+                INPUT,
+                Some(&[("a", "foo"), ("b", "bar"), ("c", "baz"), ("x_oo", "y")]),
             ),
-            Outcome::Keep(labels(&input))
-        );
-        assert_eq!(
-            run(
-                &[r#"source_labels = ["a"]
-                     regex = "f.*"
-                     action = "drop""#],
-                &input
+            (
+                "keep",
+                r#"source_labels = ["a"]
+                   regex = "f.*"
+                   action = "keep""#,
+                INPUT,
+                Some(INPUT),
             ),
-            Outcome::Dropped { rule: 1 }
-        );
-        // A missing source label reads as empty: keep of "" on it keeps.
-        assert_eq!(
-            run(
-                &[r#"source_labels = ["missing"]
-                     regex = ""
-                     action = "keep""#],
-                &input
+            (
+                "drop",
+                r#"source_labels = ["a"]
+                   regex = "f.*"
+                   action = "drop""#,
+                INPUT,
+                None,
             ),
-            Outcome::Keep(labels(&input))
-        );
+            (
+                "a missing source label reads as empty: keep of \"\" on it keeps",
+                r#"source_labels = ["missing"]
+                   regex = ""
+                   action = "keep""#,
+                INPUT,
+                Some(INPUT),
+            ),
+            (
+                "labelmap",
+                r#"regex = "__meta_kubernetes_pod_label_(.+)"
+                   action = "labelmap""#,
+                &[("__meta_kubernetes_pod_label_app", "shop"), ("pod", "p1")],
+                Some(&[("app", "shop"), ("pod", "p1")]),
+            ),
+            (
+                "labeldrop",
+                r#"regex = "b|c"
+                   action = "labeldrop""#,
+                INPUT,
+                Some(&[("a", "foo")]),
+            ),
+            (
+                "labelkeep",
+                r#"regex = "b|c"
+                   action = "labelkeep""#,
+                INPUT,
+                Some(&[("b", "bar"), ("c", "baz")]),
+            ),
+            (
+                "uppercase",
+                r#"source_labels = ["a"]
+                   target_label = "up"
+                   action = "uppercase""#,
+                &[("a", "Foo")],
+                Some(&[("a", "Foo"), ("up", "FOO")]),
+            ),
+            (
+                "lowercase",
+                r#"source_labels = ["a"]
+                   target_label = "a"
+                   action = "lowercase""#,
+                &[("a", "Foo")],
+                Some(&[("a", "foo")]),
+            ),
+            (
+                "default action replace, regex (.*) and replacement $1: a copy",
+                r#"source_labels = ["__meta_x"]
+                   target_label = "x""#,
+                &[("__meta_x", "1")],
+                Some(&[("x", "1")]),
+            ),
+        ];
+        for (what, rule, input, kept) in cases {
+            let expected = match kept {
+                Some(kept) => Outcome::Keep(labels(kept)),
+                None => Outcome::Dropped { rule: 1 },
+            };
+            assert_eq!(run(&[rule], input), expected, "{what}");
+        }
         // hashmod: the tail of the MD5, big-endian, modulo.
         let hashed = run(
             &[r#"source_labels = ["c"]
                  target_label = "d"
                  modulus = 1000
                  action = "hashmod""#],
-            &input,
+            INPUT,
         );
         let Outcome::Keep(out) = hashed else {
             panic!("dropped")
@@ -533,59 +570,6 @@ mod tests {
         let digest = Md5::digest(b"baz");
         let expected = u64::from_be_bytes(digest[8..].try_into().unwrap()) % 1000;
         assert_eq!(out.get("d"), Some(&expected.to_string()));
-        // labelmap, labeldrop, labelkeep.
-        assert_eq!(
-            run(
-                &[r#"regex = "__meta_kubernetes_pod_label_(.+)"
-                     action = "labelmap""#],
-                &[("__meta_kubernetes_pod_label_app", "shop"), ("pod", "p1")]
-            ),
-            Outcome::Keep(labels(&[("app", "shop"), ("pod", "p1")]))
-        );
-        assert_eq!(
-            run(
-                &[r#"regex = "b|c"
-                     action = "labeldrop""#],
-                &input
-            ),
-            Outcome::Keep(labels(&[("a", "foo")]))
-        );
-        assert_eq!(
-            run(
-                &[r#"regex = "b|c"
-                     action = "labelkeep""#],
-                &input
-            ),
-            Outcome::Keep(labels(&[("b", "bar"), ("c", "baz")]))
-        );
-        // lowercase and uppercase.
-        assert_eq!(
-            run(
-                &[r#"source_labels = ["a"]
-                     target_label = "up"
-                     action = "uppercase""#],
-                &[("a", "Foo")]
-            ),
-            Outcome::Keep(labels(&[("a", "Foo"), ("up", "FOO")]))
-        );
-        assert_eq!(
-            run(
-                &[r#"source_labels = ["a"]
-                     target_label = "a"
-                     action = "lowercase""#],
-                &[("a", "Foo")]
-            ),
-            Outcome::Keep(labels(&[("a", "foo")]))
-        );
-        // Default action replace, default regex (.*), default replacement $1: a copy.
-        assert_eq!(
-            run(
-                &[r#"source_labels = ["__meta_x"]
-                     target_label = "x""#],
-                &[("__meta_x", "1")]
-            ),
-            Outcome::Keep(labels(&[("x", "1")]))
-        );
     }
 
     #[test]

@@ -44,6 +44,15 @@ pub fn whole_value_regex(
 /// `Labels`, named here so this parser depends on nothing of the crate).
 pub type Labels = std::collections::BTreeMap<String, String>;
 
+/// Labels from `(name, value)` pairs: tests across the crate write label sets this way.
+#[cfg(test)]
+pub(crate) fn labels(pairs: &[(&str, &str)]) -> Labels {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
 /// A malformed selector: the input, where it went wrong and what was expected there.
 #[derive(Debug, thiserror::Error)]
 pub enum SelectorError {
@@ -447,13 +456,6 @@ pub fn fuzz_one(data: &[u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn labels(pairs: &[(&str, &str)]) -> Labels {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
-    }
 
     fn matches(selector: &str, pairs: &[(&str, &str)]) -> bool {
         Selector::parse(selector).unwrap().matches(&labels(pairs))

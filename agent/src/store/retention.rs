@@ -245,15 +245,20 @@ mod tests {
     use super::*;
     use crate::store::fixtures::{everything, window_at};
 
-    #[test]
-    fn retention_by_age_drops_old_windows_and_their_rows() {
+    /// A fresh store keeping one hour, its retention, and the fixtures' `now` in seconds.
+    fn hour_store() -> (tempfile::TempDir, Store, Retention, u64) {
         let dir = tempfile::tempdir().unwrap();
         let retention = Retention {
             max_age: Duration::from_secs(3600),
             ..Retention::default()
         };
-        let mut store = Store::open(dir.path(), retention).unwrap();
-        let now = crate::store::fixtures::now_secs();
+        let store = Store::open(dir.path(), retention).unwrap();
+        (dir, store, retention, crate::store::fixtures::now_secs())
+    }
+
+    #[test]
+    fn retention_by_age_drops_old_windows_and_their_rows() {
+        let (_dir, mut store, retention, now) = hour_store();
         let mut old = window_at(now - 7200);
         old.samples[0].comm = "only-in-old-window".into();
         // Written with a longer retention, then aged out by the next write.
@@ -275,13 +280,7 @@ mod tests {
 
     #[test]
     fn a_clock_jumped_forward_deletes_only_a_share_per_pass() {
-        let dir = tempfile::tempdir().unwrap();
-        let retention = Retention {
-            max_age: Duration::from_secs(3600),
-            ..Retention::default()
-        };
-        let mut store = Store::open(dir.path(), retention).unwrap();
-        let now = crate::store::fixtures::now_secs();
+        let (_dir, mut store, _, now) = hour_store();
         for i in 0..100 {
             store.write_window(&window_at(now - 1000 + i)).unwrap();
         }
@@ -296,13 +295,7 @@ mod tests {
 
     #[test]
     fn garbage_is_collected_once_unused() {
-        let dir = tempfile::tempdir().unwrap();
-        let retention = Retention {
-            max_age: Duration::from_secs(3600),
-            ..Retention::default()
-        };
-        let mut store = Store::open(dir.path(), retention).unwrap();
-        let now = crate::store::fixtures::now_secs();
+        let (_dir, mut store, _, now) = hour_store();
         let mut old = window_at(now - 7200);
         old.samples[0].comm = "only-in-old-window".into();
         store.write_window(&old).unwrap();

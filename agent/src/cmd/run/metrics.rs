@@ -47,109 +47,94 @@ pub struct WindowMetrics {
 impl WindowMetrics {
     pub fn register(registry: &mut Registry) -> WindowMetrics {
         let metrics = WindowMetrics {
-            samples: Counter::default(),
-            losses: LabeledCounter::new("reason", Losses::reasons()),
+            samples: registry.register(
+                "samples",
+                "Samples drained from the kernel",
+                Counter::default(),
+            ),
+            losses: registry.register(
+                "losses",
+                "Samples lost or damaged in the kernel, by reason (stack map collisions and \
+                 errors lose a stack, a full counts map the whole sample)",
+                LabeledCounter::new("reason", Losses::reasons()),
+            ),
             // 0.5 ms .. 4 s: a drain reads and clears maps, normally a few milliseconds.
-            drain_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 14)),
+            drain_seconds: registry.register_with_unit(
+                "drain_duration",
+                "Time to flip generations and read one window's maps",
+                Unit::Seconds,
+                Histogram::new(exponential_buckets(0.0005, 2.0, 14)),
+            ),
             // 1 ms .. 16 s: the first window of a new binary parses its DWARF.
-            symbolize_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 15)),
-            windows_written: Counter::default(),
+            symbolize_seconds: registry.register_with_unit(
+                "symbolize_duration",
+                "Time to symbolise one window",
+                Unit::Seconds,
+                Histogram::new(exponential_buckets(0.001, 2.0, 15)),
+            ),
+            windows_written: registry.register(
+                "windows_written",
+                "Windows written to the store",
+                Counter::default(),
+            ),
             // No series before the first failure: a store that never failed shows none (and
             // the disk-full integration test waits for `disk_full` to appear).
-            store_write_errors: LabeledCounter::new("reason", []),
-            store_bytes: Gauge::default(),
-            windows_buffered: Gauge::default(),
-            windows_dropped: Counter::default(),
-            samples_filtered: Counter::default(),
-            processes_excluded: Gauge::default(),
-            symbol_cache_bytes: Gauge::default(),
-            symbol_cache_hits: Counter::default(),
-            symbol_cache_misses: Counter::default(),
+            store_write_errors: registry.register(
+                "store_write_errors",
+                "Failed store writes, by reason",
+                LabeledCounter::new("reason", []),
+            ),
+            store_bytes: registry.register_with_unit(
+                "store_size",
+                "Size of the store on disk",
+                Unit::Bytes,
+                Gauge::default(),
+            ),
+            windows_buffered: registry.register(
+                "windows_buffered",
+                "Windows held in memory because the store cannot be written",
+                Gauge::default(),
+            ),
+            windows_dropped: registry.register(
+                "windows_dropped",
+                "Windows discarded because the store could not be written for too long",
+                Counter::default(),
+            ),
+            samples_filtered: registry.register(
+                "samples_filtered",
+                "Samples of processes relabelling dropped, discarded in the kernel before any stack walk",
+                Counter::default(),
+            ),
+            processes_excluded: registry.register(
+                "processes_excluded",
+                "Processes relabelling dropped that the BPF program skips",
+                Gauge::default(),
+            ),
+            symbol_cache_bytes: registry.register_with_unit(
+                "symbol_cache",
+                "Memory held by parsed binaries and debug info",
+                Unit::Bytes,
+                Gauge::default(),
+            ),
+            symbol_cache_hits: registry.register(
+                "symbol_cache_hits",
+                "Symbol cache lookups that found the file already parsed",
+                Counter::default(),
+            ),
+            symbol_cache_misses: registry.register(
+                "symbol_cache_misses",
+                "Symbol cache lookups that had to parse the file",
+                Counter::default(),
+            ),
             symbol_cache_reported: (0, 0),
-            mapped_file_faults: Counter::default(),
+            mapped_file_faults: registry.register(
+                "mapped_file_faults",
+                "Pages of a mapped binary or debug file read after the file shrank: read as zeros \
+                 (SIGBUS handled) instead of stopping the daemon",
+                Counter::default(),
+            ),
             mapped_file_faults_reported: 0,
         };
-        registry.register(
-            "samples",
-            "Samples drained from the kernel",
-            metrics.samples.clone(),
-        );
-        registry.register(
-            "losses",
-            "Samples lost or damaged in the kernel, by reason (stack map collisions and \
-             errors lose a stack, a full counts map the whole sample)",
-            metrics.losses.clone(),
-        );
-        registry.register_with_unit(
-            "drain_duration",
-            "Time to flip generations and read one window's maps",
-            Unit::Seconds,
-            metrics.drain_seconds.clone(),
-        );
-        registry.register_with_unit(
-            "symbolize_duration",
-            "Time to symbolise one window",
-            Unit::Seconds,
-            metrics.symbolize_seconds.clone(),
-        );
-        registry.register(
-            "windows_written",
-            "Windows written to the store",
-            metrics.windows_written.clone(),
-        );
-        registry.register(
-            "store_write_errors",
-            "Failed store writes, by reason",
-            metrics.store_write_errors.clone(),
-        );
-        registry.register_with_unit(
-            "store_size",
-            "Size of the store on disk",
-            Unit::Bytes,
-            metrics.store_bytes.clone(),
-        );
-        registry.register(
-            "windows_buffered",
-            "Windows held in memory because the store cannot be written",
-            metrics.windows_buffered.clone(),
-        );
-        registry.register(
-            "windows_dropped",
-            "Windows discarded because the store could not be written for too long",
-            metrics.windows_dropped.clone(),
-        );
-        registry.register(
-            "samples_filtered",
-            "Samples of processes relabelling dropped, discarded in the kernel before any stack walk",
-            metrics.samples_filtered.clone(),
-        );
-        registry.register(
-            "processes_excluded",
-            "Processes relabelling dropped that the BPF program skips",
-            metrics.processes_excluded.clone(),
-        );
-        registry.register_with_unit(
-            "symbol_cache",
-            "Memory held by parsed binaries and debug info",
-            Unit::Bytes,
-            metrics.symbol_cache_bytes.clone(),
-        );
-        registry.register(
-            "symbol_cache_hits",
-            "Symbol cache lookups that found the file already parsed",
-            metrics.symbol_cache_hits.clone(),
-        );
-        registry.register(
-            "symbol_cache_misses",
-            "Symbol cache lookups that had to parse the file",
-            metrics.symbol_cache_misses.clone(),
-        );
-        registry.register(
-            "mapped_file_faults",
-            "Pages of a mapped binary or debug file read after the file shrank: read as zeros \
-             (SIGBUS handled) instead of stopping the daemon",
-            metrics.mapped_file_faults.clone(),
-        );
         metrics
     }
 
