@@ -28,7 +28,7 @@ pub struct RemoteMetrics {
 
 impl RemoteMetrics {
     pub fn register(registry: &mut Registry) -> RemoteMetrics {
-        let metrics = RemoteMetrics {
+        RemoteMetrics {
             windows_sent: registry.register(
                 "remote_windows_sent",
                 "Windows the remote server (Pyroscope or Parca) accepted",
@@ -84,8 +84,7 @@ impl RemoteMetrics {
                 Unit::Bytes,
                 Counter::default(),
             ),
-        };
-        metrics
+        }
     }
 
     /// The remote server accepted a whole window.

@@ -46,7 +46,7 @@ pub struct WindowMetrics {
 
 impl WindowMetrics {
     pub fn register(registry: &mut Registry) -> WindowMetrics {
-        let metrics = WindowMetrics {
+        WindowMetrics {
             samples: registry.register(
                 "samples",
                 "Samples drained from the kernel",
@@ -134,8 +134,7 @@ impl WindowMetrics {
                 Counter::default(),
             ),
             mapped_file_faults_reported: 0,
-        };
-        metrics
+        }
     }
 
     /// A window was drained: its samples, its losses, and how long the drain took.
