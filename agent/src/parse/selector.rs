@@ -31,13 +31,70 @@ pub fn whole_value_regex(
     size_limit: usize,
     dfa_size_limit: usize,
 ) -> Result<Regex, regex::Error> {
-    regex_syntax::ast::parse::Parser::new()
+    let ast = regex_syntax::ast::parse::Parser::new()
         .parse(pattern)
         .map_err(|e| regex::Error::Syntax(e.to_string()))?;
+    let pattern = ascii_perl_classes(pattern, &ast);
     RegexBuilder::new(&format!("^(?{flags}:{pattern})$"))
         .size_limit(size_limit)
         .dfa_size_limit(dfa_size_limit)
         .build()
+}
+
+/// `pattern` with `\\d`, `\\s`, `\\w` and their negations spelled as the ASCII classes they
+/// are in Prometheus (Go's RE2), instead of the `regex` crate's Unicode classes. Besides
+/// matching what Prometheus matches, this keeps ordinary patterns small: Unicode `\\w{15}`
+/// compiles past [`MAX_REGEX_BYTES`], the ASCII class 150 times over does not. The
+/// replacement is a bracketed class, which the `regex` crate also accepts nested inside a
+/// class (`[a\\w]` becomes `[a[0-9A-Za-z_]]`).
+fn ascii_perl_classes(pattern: &str, ast: &regex_syntax::ast::Ast) -> String {
+    use regex_syntax::ast::{visit, Ast, ClassPerl, ClassPerlKind, ClassSetItem, Visitor};
+
+    struct Perl(Vec<(usize, usize, &'static str)>);
+    impl Perl {
+        fn add(&mut self, class: &ClassPerl) {
+            let ascii = match (&class.kind, class.negated) {
+                (ClassPerlKind::Digit, false) => "[0-9]",
+                (ClassPerlKind::Digit, true) => "[^0-9]",
+                (ClassPerlKind::Space, false) => r"[\t\n\f\r ]",
+                (ClassPerlKind::Space, true) => r"[^\t\n\f\r ]",
+                (ClassPerlKind::Word, false) => "[0-9A-Za-z_]",
+                (ClassPerlKind::Word, true) => "[^0-9A-Za-z_]",
+            };
+            self.0
+                .push((class.span.start.offset, class.span.end.offset, ascii));
+        }
+    }
+    impl Visitor for Perl {
+        type Output = Vec<(usize, usize, &'static str)>;
+        type Err = std::convert::Infallible;
+        fn finish(self) -> Result<Self::Output, Self::Err> {
+            Ok(self.0)
+        }
+        fn visit_pre(&mut self, ast: &Ast) -> Result<(), Self::Err> {
+            if let Ast::ClassPerl(class) = ast {
+                self.add(class);
+            }
+            Ok(())
+        }
+        fn visit_class_set_item_pre(&mut self, item: &ClassSetItem) -> Result<(), Self::Err> {
+            if let ClassSetItem::Perl(class) = item {
+                self.add(class);
+            }
+            Ok(())
+        }
+    }
+    let Ok(mut spans) = visit(ast, Perl(Vec::new()));
+    spans.sort_unstable();
+    let mut out = String::with_capacity(pattern.len());
+    let mut at = 0;
+    for (start, end, ascii) in spans {
+        out.push_str(&pattern[at..start]);
+        out.push_str(ascii);
+        at = end;
+    }
+    out.push_str(&pattern[at..]);
+    out
 }
 
 /// Labels as a selector sees them: names to values, sorted by name (the profile model's
@@ -655,8 +712,9 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(error.contains("more than 32 matchers"), "{error}");
-        // One such regex alone is over the compiled-size cap.
-        let error = Selector::parse(r#"{a=~`\w{150}`}"#)
+        // One such regex alone is over the compiled-size cap (a Unicode class: `\w` is
+        // ASCII, as in Prometheus).
+        let error = Selector::parse(r#"{a=~`\pL{150}`}"#)
             .unwrap_err()
             .to_string();
         assert!(error.contains("invalid regex"), "{error}");
@@ -671,6 +729,32 @@ mod tests {
             .collect();
         assert!(Selector::parse(&format!("{{{}}}", many.join(","))).is_ok());
         assert!(Selector::parse(r#"{comm=~`\w+`}"#).is_ok());
+        assert!(Selector::parse(r#"{comm=~`\w{150}`}"#).is_ok());
+        assert!(Selector::parse(r#"{comm=~`(\w{150}){50}`}"#).is_err());
+    }
+
+    #[test]
+    fn perl_classes_are_ascii_as_in_prometheus() {
+        for (pattern, value, expected) in [
+            (r"\w+", "abc_09", true),
+            (r"\w+", "é", false),
+            (r"\W", "é", true),
+            (r"\d+", "0123", true),
+            (r"\d", "٣", false),
+            (r"\D", "٣", true),
+            (r"a\sb", "a b", true),
+            (r"a\sb", "a\u{a0}b", false),
+            (r"a\Sb", "a\u{a0}b", true),
+            (r"[\w.-]+", "x.y-z", true),
+            (r"[^\d]+", "abc", true),
+            (r"[^\d]+", "a1", false),
+            (r"\\w", r"\w", true),
+            (r"[\\]w", r"\w", true),
+        ] {
+            let regex = whole_value_regex(pattern, "s", MAX_REGEX_BYTES, MAX_REGEX_DFA_BYTES)
+                .unwrap_or_else(|e| panic!("{pattern}: {e}"));
+            assert_eq!(regex.is_match(value), expected, "{pattern} on {value:?}");
+        }
     }
 
     #[test]
