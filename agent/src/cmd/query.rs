@@ -72,6 +72,7 @@ pub fn query(args: &QueryConfig) -> Result<String, QueryError> {
     let options = EncodeOptions {
         title: &title,
         top_limit: None,
+        max_stacks: None,
     };
     let bytes = encode::encode(format, &profile, options)?;
     let destination = match &args.output {

@@ -201,6 +201,7 @@ pub async fn record(args: &RecordConfig) -> Result<RecordSummary, RecordError> {
     let options = EncodeOptions {
         title: &title,
         top_limit: None,
+        max_stacks: None,
     };
     let bytes = encode::encode(format, &profile, options)?;
     write_output(&args.output, &bytes)?;

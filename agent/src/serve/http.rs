@@ -71,9 +71,16 @@ pub const CONNECTION_LIFETIME: Duration = Duration::from_secs(300);
 pub const MAX_CONCURRENT_QUERIES: usize = 2;
 /// How long a query waits for its turn before it is told to come back.
 pub const QUERY_QUEUE_WAIT: Duration = Duration::from_secs(2);
-/// Distinct (series, stack) pairs one query may merge: about 100 bytes each in the merge and
-/// the profile, so two queries at once stay within tens of MiB.
-pub const MAX_QUERY_STACKS: usize = 200_000;
+/// Distinct (series, stack) pairs one query may merge. Measured (the adversarial suite's
+/// heavy-queries attack): a merge of 60,000 synthetic 24-frame stacks, encoded as pprof and
+/// top at once, took the daemon from 15 to 138 MiB, about 1 KiB per stack and query; 50,000
+/// keeps two queries at a time inside the daemon's 150 MiB bound.
+pub const MAX_QUERY_STACKS: usize = 50_000;
+/// Stacks a flame graph or folded answer holds: the heaviest, the rest summed into one line.
+/// Drawing takes about 6 KiB per stack while it runs (6,000 stacks 40 MiB, 60,000 300 MiB),
+/// so two queries at a time stay well inside the daemon's 150 MiB bound. The stacks left out
+/// are each narrower than a pixel of a picture this size; pprof and top keep them all.
+pub const MAX_DRAWN_STACKS: usize = 8_000;
 /// How long one query may run before it is stopped with a 503.
 pub const QUERY_TIMEOUT: Duration = Duration::from_secs(20);
 
@@ -426,6 +433,7 @@ async fn profile(
         let options = EncodeOptions {
             title: &title,
             top_limit: limit,
+            max_stacks: Some(MAX_DRAWN_STACKS),
         };
         let bytes = encode::encode(format, &profile, options)
             .map_err(|e| ApiError::Encode(e.to_string()))?;

@@ -63,6 +63,9 @@ pub struct EncodeOptions<'a> {
     pub title: &'a str,
     /// Rows of the table ([`Format::Top`]); `None` for all.
     pub top_limit: Option<usize>,
+    /// The heaviest stacks drawn or folded ([`Format::Svg`], [`Format::Folded`]), the rest
+    /// summed into one; `None` for all.
+    pub max_stacks: Option<usize>,
 }
 
 /// `profile` in `format`, as the bytes a file or a response holds.
@@ -73,8 +76,11 @@ pub fn encode(
 ) -> Result<Vec<u8>, svg::SvgError> {
     Ok(match format {
         Format::Pprof => pprof::encode(profile),
-        Format::Folded => folded::encode(profile).into_bytes(),
-        Format::Svg => svg::encode(profile, options.title)?,
+        Format::Folded => match options.max_stacks {
+            Some(max) => folded::encode_heaviest(profile, max).into_bytes(),
+            None => folded::encode(profile).into_bytes(),
+        },
+        Format::Svg => svg::encode(profile, options.title, options.max_stacks)?,
         Format::Top => top::render(&top::top(profile), options.top_limit).into_bytes(),
     })
 }

@@ -8,9 +8,17 @@ use crate::profile::Profile;
 #[error("drawing the flame graph: {0}")]
 pub struct SvgError(String);
 
-/// Draws the profile as an interactive flame graph titled `title`.
-pub fn encode(profile: &Profile, title: &str) -> Result<Vec<u8>, SvgError> {
-    let lines = super::folded::fold(profile);
+/// Draws the profile as an interactive flame graph titled `title`, of at most `max_stacks`
+/// stacks (the heaviest; see [`super::folded::fold_heaviest`]) when given.
+pub fn encode(
+    profile: &Profile,
+    title: &str,
+    max_stacks: Option<usize>,
+) -> Result<Vec<u8>, SvgError> {
+    let lines = match max_stacks {
+        Some(max) => super::folded::fold_heaviest(profile, max),
+        None => super::folded::fold(profile),
+    };
     let mut options = Options::default();
     options.title = title.to_owned();
     options.count_name = "samples".to_owned();
@@ -47,7 +55,8 @@ mod tests {
 
     #[test]
     fn draws_named_frames() {
-        let svg = String::from_utf8(encode(&sample_profile(), "scorch test").unwrap()).unwrap();
+        let svg =
+            String::from_utf8(encode(&sample_profile(), "scorch test", None).unwrap()).unwrap();
         assert!(svg.starts_with("<?xml"));
         assert!(svg.contains("scorch test"));
         // The java palette draws `_[k]` frames in the kernel colour and drops the suffix.
