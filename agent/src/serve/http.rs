@@ -81,6 +81,10 @@ pub const MAX_QUERY_STACKS: usize = 50_000;
 /// so two queries at a time stay well inside the daemon's 150 MiB bound. The stacks left out
 /// are each narrower than a pixel of a picture this size; pprof and top keep them all.
 pub const MAX_DRAWN_STACKS: usize = 8_000;
+/// How long a connection may finish its request once the server stops. A half-sent request
+/// (slowloris) would otherwise hold SIGTERM up for the whole grace; the window loop's own
+/// flush must still fit systemd's stop timeout after it.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(1);
 /// How long one query may run before it is stopped with a 503.
 pub const QUERY_TIMEOUT: Duration = Duration::from_secs(20);
 
@@ -263,8 +267,8 @@ impl QueryParams {
     }
 }
 
-/// Serves until `shutdown` resolves, then lets requests in flight finish (connections are
-/// asked to close after their current request).
+/// Serves until `shutdown` resolves, then lets requests in flight finish within
+/// [`SHUTDOWN_GRACE`] (connections are asked to close after their current request).
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: Arc<HttpState>,
@@ -319,7 +323,7 @@ pub async fn serve(
                 _ = &mut lifetime => {}
             }
             connection.as_mut().graceful_shutdown();
-            let _ = tokio::time::timeout(Duration::from_secs(5), connection).await;
+            let _ = tokio::time::timeout(SHUTDOWN_GRACE, connection).await;
         });
     }
     let _ = stop.send(true);
