@@ -9,6 +9,9 @@ use std::{
     time::{Duration, Instant, SystemTime},
 };
 
+/// Where x86-64's kernel half of the address space starts: no offset from `_text` reaches it.
+const KERNEL_HALF: u64 = 0xffff_8000_0000_0000;
+
 use rusqlite::{Connection, OptionalExtension};
 
 use super::codec::{decode_rows, parse_labels, varints};
@@ -365,9 +368,16 @@ impl<'a> Reader<'a> {
             });
         }
         let mapping = self.mapping(mapping, profile)?;
+        // Stores written before kernel frames became offsets from `_text` hold absolute kernel
+        // addresses. They leave without them (the names stay), so no old window reveals the
+        // kernel's randomised base either.
+        let address = match address as u64 {
+            absolute if kernel && absolute >= KERNEL_HALF => 0,
+            address => address,
+        };
         profile.locations.push(Location {
             mapping,
-            address: address as u64,
+            address,
             lines,
             kernel,
         });
@@ -458,6 +468,28 @@ mod tests {
         fixtures::{everything, named, window_at},
         Retention,
     };
+
+    #[test]
+    fn old_absolute_kernel_addresses_are_not_served() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = Store::open(dir.path(), Retention::default()).unwrap();
+        let mut window = window_at(crate::store::fixtures::now_secs() - 10);
+        let kernel = window
+            .locations
+            .iter()
+            .position(|l| l.kernel)
+            .expect("the sample profile has a kernel frame");
+        // As a scorch before offsets from `_text` stored it.
+        window.locations[kernel].address = 0xffff_ffff_8123_4567;
+        store.write_window(&window).unwrap();
+        let profile = store.query(everything(), &|_| true).unwrap();
+        let kernel: Vec<_> = profile.locations.iter().filter(|l| l.kernel).collect();
+        assert!(!kernel.is_empty());
+        assert!(kernel.iter().all(|l| l.address < KERNEL_HALF), "{kernel:?}");
+        assert!(kernel.iter().all(|l| !l.lines.is_empty()), "names kept");
+        // Offsets pass unchanged.
+        assert_eq!(named(&profile), named(&window));
+    }
 
     #[test]
     fn network_queries_stop_at_their_limits() {
