@@ -298,6 +298,19 @@ impl Scene {
             .collect())
     }
 
+    /// [`Scene::samples_of`] once at least `min` samples are stored, waiting up to 8 more
+    /// windows: a workload starved of CPU by a busy machine reaches the count later, not never.
+    fn samples_at_least(&self, pid: u32, min: i64) -> Result<Vec<DetailedSample>> {
+        for _ in 0..8 {
+            let samples = self.samples_of(pid)?;
+            if samples.iter().map(|s| s.count).sum::<i64>() >= min {
+                return Ok(samples);
+            }
+            self.expect_windows(1, "for more samples")?;
+        }
+        self.samples_of(pid)
+    }
+
     /// Everything stored, as folded stacks.
     fn folded(&self) -> Result<String> {
         let response = get(self.address(), "/api/v1/profile?from=0&format=folded")?;
@@ -1364,7 +1377,7 @@ fn a_shared_build_id_lends_no_names() -> Result<()> {
     let second = Workload::start(&gamma, &["60"])?;
     scene.expect_windows(3, "with both twins")?;
     for (workload, own, other) in [(&first, "alpha_", "gamma_"), (&second, "gamma_", "alpha_")] {
-        let samples = scene.samples_of(workload.pid())?;
+        let samples = scene.samples_at_least(workload.pid(), 21)?;
         let names = frame_names(&samples);
         ensure!(
             !names.iter().any(|n| n.starts_with(other)),
@@ -1485,7 +1498,7 @@ fn debug_links_reach_no_file_outside() -> Result<()> {
     let linker = Workload::start(&other, &["60"])?;
     scene.expect_windows(4, "with the debug links")?;
     for workload in [&climber, &linker] {
-        let samples = scene.samples_of(workload.pid())?;
+        let samples = scene.samples_at_least(workload.pid(), 21)?;
         let total: i64 = samples.iter().map(|s| s.count).sum();
         ensure!(total > 20, "only {total} samples of pid {}", workload.pid());
         let names = frame_names(&samples);
