@@ -28,7 +28,8 @@ struct Cli {
 enum Task {
     /// Install the toolchain pieces and Debian packages (idempotent).
     Setup,
-    /// Build the scorch binary (release) with its embedded BPF program.
+    /// Build the scorch binary (release) with its embedded BPF program, then the pair to copy
+    /// to other machines: `target/dist/scorch` (stripped) and `target/dist/scorch.debug`.
     Build,
     /// Build, then run `scorch ARGS` (through sudo when not root).
     Run {
@@ -77,7 +78,10 @@ fn main() -> Result<()> {
     match cli.command {
         Task::Setup => setup::setup(),
         Task::Lint => lint::lint(&root),
-        Task::Build => build(&root).map(|_| ()),
+        Task::Build => {
+            let scorch = build(&root)?;
+            package::dist(&root, &scorch).map(|_| ())
+        }
         Task::Run { args } => run(&root, &args),
         Task::Test { filter } => test(&root, filter.as_deref()),
         Task::Package { check } => {
@@ -195,6 +199,7 @@ fn test(root: &Path, filter: Option<&str>) -> Result<()> {
 
 /// The unit, the manifests, then the .deb built from `scorch`, installed, run and purged.
 fn check_packaging(root: &Path, scorch: &Path) -> Result<()> {
+    package::check_dist(&package::dist(root, scorch)?)?;
     package::check_unit(root, scorch)?;
     package::validate_manifests(root)?;
     let deb = package::package(root, scorch)?;

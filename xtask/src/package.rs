@@ -21,6 +21,105 @@ pub const KUBERNETES_VERSION: &str = "1.37.0";
 
 const UNIT: &str = "packaging/systemd/scorch.service";
 
+/// What `cargo xtask build` ships for copying to other machines: the release binary without
+/// its debug info (most of its size is line tables), and that debug info beside it, found
+/// again through `.gnu_debuglink` so scorch still names its own frames when it profiles
+/// itself. The .deb does the same with `/usr/lib/debug/.build-id/`.
+pub struct Dist {
+    pub binary: PathBuf,
+    pub debug: PathBuf,
+}
+
+/// Writes `target/dist/scorch` and `target/dist/scorch.debug` from the release binary.
+pub fn dist(root: &Path, scorch: &Path) -> Result<Dist> {
+    let dir = root.join("target/dist");
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let binary = dir.join("scorch");
+    let debug = dir.join("scorch.debug");
+    // The debug link records the debug file's name and CRC; objcopy reads both from the file
+    // named here, so it is written first, and the link is a plain name that resolves next to
+    // the binary wherever the pair is copied.
+    run_command(
+        Command::new("objcopy")
+            .args(["--only-keep-debug", "--compress-debug-sections=zlib"])
+            .arg(scorch)
+            .arg(&debug),
+    )?;
+    run_command(
+        Command::new("objcopy")
+            .arg("--strip-debug")
+            .arg(format!("--add-gnu-debuglink={}", debug.display()))
+            .arg(scorch)
+            .arg(&binary),
+    )?;
+    let size = |path: &Path| -> Result<u64> {
+        Ok(std::fs::metadata(path)
+            .with_context(|| format!("reading {}", path.display()))?
+            .len())
+    };
+    println!(
+        "dist: {} ({:.1} MB) and {} ({:.1} MB), from {} ({:.1} MB)",
+        binary.display(),
+        size(&binary)? as f64 / 1e6,
+        debug.display(),
+        size(&debug)? as f64 / 1e6,
+        scorch.display(),
+        size(scorch)? as f64 / 1e6
+    );
+    Ok(Dist { binary, debug })
+}
+
+/// The shipped pair works: the stripped binary runs, keeps its symbol table, links to its
+/// debug file by name, and that file holds the DWARF the binary lost.
+pub fn check_dist(dist: &Dist) -> Result<()> {
+    let version = Command::new(&dist.binary)
+        .arg("--version")
+        .output()
+        .with_context(|| format!("running {}", dist.binary.display()))?;
+    ensure!(
+        version.status.success(),
+        "{} --version: {}",
+        dist.binary.display(),
+        version.status
+    );
+    let sections = |path: &Path| -> Result<String> {
+        let output = Command::new("readelf")
+            .args(["--wide", "--section-headers"])
+            .arg(path)
+            .output()
+            .with_context(|| format!("readelf {}", path.display()))?;
+        ensure!(output.status.success(), "readelf {}", path.display());
+        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    };
+    let binary = sections(&dist.binary)?;
+    ensure!(
+        binary.contains(".gnu_debuglink") && binary.contains(".symtab"),
+        "{}: no debug link or symbol table",
+        dist.binary.display()
+    );
+    ensure!(
+        !binary.contains(".debug_info") && !binary.contains(".debug_line"),
+        "{}: still carries DWARF",
+        dist.binary.display()
+    );
+    ensure!(
+        sections(&dist.debug)?.contains(".debug_line"),
+        "{}: no line tables",
+        dist.debug.display()
+    );
+    let link = Command::new("readelf")
+        .args(["--string-dump=.gnu_debuglink"])
+        .arg(&dist.binary)
+        .output()
+        .context("readelf --string-dump")?;
+    ensure!(
+        String::from_utf8_lossy(&link.stdout).contains("scorch.debug"),
+        "{}: the debug link does not name scorch.debug",
+        dist.binary.display()
+    );
+    Ok(())
+}
+
 /// Builds `target/debian/scorch_<version>_<arch>.deb` from the release binary `scorch`:
 /// man pages and completions first (the binary writes them from its own CLI definition).
 pub fn package(root: &Path, scorch: &Path) -> Result<PathBuf> {
