@@ -44,6 +44,7 @@ use crate::{
     },
     metrics::{Health, Registry},
     pipeline::aggregate::Aggregated,
+    pipeline::cost,
     pipeline::drain::{DrainError, Drainer},
     pipeline::sampler::{Sampler, SamplerConfig, SamplerError},
     profile::{Labels, Profile},
@@ -473,6 +474,8 @@ impl Pipeline {
         self.session.add(raw);
         self.metrics
             .window_drained(samples, &losses, drain_started.elapsed());
+        self.metrics
+            .bpf_cost(sampler.run_stats(), cost::bpf_map_memory().ok());
         self.health.sampling_ok_at(Instant::now());
 
         let mut aggregated = std::mem::take(&mut self.session.aggregated);

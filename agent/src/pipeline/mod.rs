@@ -1,8 +1,9 @@
 //! Sampling, in the order samples flow: [`sampler`] loads and attaches the BPF program,
 //! [`drain`] reads and resets its maps into a [`drain::RawWindow`] without losing a sample,
-//! and [`aggregate`] merges windows.
+//! and [`aggregate`] merges windows. [`cost`] reads what the BPF side costs the kernel.
 
 pub mod aggregate;
+pub mod cost;
 pub mod drain;
 pub mod maps;
 pub mod sampler;

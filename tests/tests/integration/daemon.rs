@@ -22,6 +22,16 @@ fn metric(address: &str, name: &str) -> Result<f64> {
         .with_context(|| format!("no {name} in /metrics:\n{text}"))
 }
 
+/// Polls `condition` every 200 ms for up to 20 s.
+fn wait_for(what: &str, condition: &dyn Fn() -> Result<bool>) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !condition()? {
+        ensure!(Instant::now() < deadline, "waited 20 s for {what}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    Ok(())
+}
+
 fn fresh_store(name: &str) -> Result<std::path::PathBuf> {
     let dir = work_dir().join(name);
     let _ = std::fs::remove_dir_all(&dir);
@@ -117,6 +127,65 @@ fn daemon_stores_windows_that_query_merges() -> Result<()> {
         "folded",
     ])?;
     ensure!(!String::from_utf8(others.stdout)?.contains("leaf_a"));
+    Ok(())
+}
+
+/// `kernel.bpf_stats_enabled` for the life of a test, restored when dropped.
+struct BpfStats(String);
+
+impl BpfStats {
+    fn enable() -> Result<BpfStats> {
+        let path = "/proc/sys/kernel/bpf_stats_enabled";
+        let before = std::fs::read_to_string(path)?.trim().to_owned();
+        std::fs::write(path, "1")?;
+        Ok(BpfStats(before))
+    }
+}
+
+impl Drop for BpfStats {
+    fn drop(&mut self) {
+        let _ = std::fs::write("/proc/sys/kernel/bpf_stats_enabled", &self.0);
+    }
+}
+
+#[test]
+fn metrics_report_what_the_bpf_side_costs() -> Result<()> {
+    let program = build_workload("calltree", &["-O2", "-fno-omit-frame-pointer", "-g"])?;
+    let workload = Workload::start(&program, &["2", "60"])?;
+    let stats = BpfStats::enable()?;
+    let store = fresh_store("daemon-bpf-cost")?;
+    let daemon = Daemon::start(&store, &["--window", "1s", "--frequency", "99"])?;
+    let address = daemon.address.clone();
+    wait_for("two windows", &|| {
+        Ok(metric(&address, "scorch_windows_written_total")? >= 2.0)
+    })?;
+    let runs = metric(&address, "scorch_bpf_run_count_total")?;
+    let seconds = metric(&address, "scorch_bpf_run_time_seconds_total")?;
+    let maps = metric(&address, "scorch_bpf_map_memory_bytes")?;
+    let samples = metric(&address, "scorch_samples_total")?;
+    // Every sample is a run of the program; some runs keep no sample (idle CPUs, filtered
+    // processes), and the latest window's runs are not drained yet.
+    ensure!(
+        runs > 0.0 && seconds > 0.0,
+        "runs {runs}, seconds {seconds}"
+    );
+    ensure!(
+        runs + 1.0 >= samples * 0.5,
+        "runs {runs} for {samples} samples"
+    );
+    let per_run = seconds / runs;
+    ensure!(per_run < 1e-3, "{per_run} s per run");
+    // The counts and stack maps of both generations, at least.
+    ensure!(maps > 1e6, "{maps} bytes of BPF maps");
+    println!(
+        "bpf cost: {runs} runs, {:.0} ns each; {:.1} MiB of maps",
+        per_run * 1e9,
+        maps / (1 << 20) as f64
+    );
+    drop(stats);
+    let (status, _, stderr) = daemon.stop()?;
+    ensure!(status.success(), "{stderr}");
+    drop(workload);
     Ok(())
 }
 
@@ -220,14 +289,6 @@ fn a_full_disk_pauses_writes_and_sampling_goes_on() -> Result<()> {
     let store = mount_point.join("store");
     let daemon = Daemon::start(&store, &["--window", "1s"])?;
     let address = daemon.address.clone();
-    let wait_for = |what: &str, condition: &dyn Fn() -> Result<bool>| -> Result<()> {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while !condition()? {
-            ensure!(Instant::now() < deadline, "waited 20 s for {what}");
-            std::thread::sleep(Duration::from_millis(200));
-        }
-        Ok(())
-    };
     wait_for("a first window", &|| {
         Ok(metric(&address, "scorch_windows_written_total")? >= 1.0)
     })?;

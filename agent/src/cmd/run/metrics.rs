@@ -42,6 +42,12 @@ pub struct WindowMetrics {
     /// Pages of mapped files read after the file shrank, and the total at the last report.
     mapped_file_faults: Counter,
     mapped_file_faults_reported: u64,
+    /// The BPF program's run time and count (`kernel.bpf_stats_enabled`), and the totals at
+    /// the last report.
+    bpf_run_time: Counter<f64, AtomicU64>,
+    bpf_run_count: Counter,
+    bpf_run_reported: (Duration, u64),
+    bpf_map_memory: Gauge<u64, AtomicU64>,
 }
 
 impl WindowMetrics {
@@ -134,6 +140,25 @@ impl WindowMetrics {
                 Counter::default(),
             ),
             mapped_file_faults_reported: 0,
+            bpf_run_time: registry.register_with_unit(
+                "bpf_run_time",
+                "Time the kernel spent in the sampling program, while kernel.bpf_stats_enabled \
+                 is 1 (it stays 0 otherwise: the kernel counts only then)",
+                Unit::Seconds,
+                Counter::default(),
+            ),
+            bpf_run_count: registry.register(
+                "bpf_run_count",
+                "Runs of the sampling program, while kernel.bpf_stats_enabled is 1",
+                Counter::default(),
+            ),
+            bpf_run_reported: (Duration::ZERO, 0),
+            bpf_map_memory: registry.register_with_unit(
+                "bpf_map_memory",
+                "Kernel memory charged to the BPF maps the daemon holds (their memlock)",
+                Unit::Bytes,
+                Gauge::default(),
+            ),
         }
     }
 
@@ -188,6 +213,24 @@ impl WindowMetrics {
         self.symbol_cache_hits.inc_by(advance(hits, reported.0));
         self.symbol_cache_misses.inc_by(advance(misses, reported.1));
         self.symbol_cache_reported = (hits, misses);
+    }
+
+    /// The program's cumulative run time and count (when the kernel counts them), and the
+    /// memory of the maps now.
+    pub fn bpf_cost(&mut self, run: Option<(Duration, u64)>, map_memory: Option<u64>) {
+        if let Some((time, count)) = run {
+            let (time_before, count_before) = self.bpf_run_reported;
+            // Stats switched off and on again restart nowhere: the kernel keeps its totals, so
+            // only a program reloaded from zero would go back, and then all of it is new.
+            let time_new = time.checked_sub(time_before).unwrap_or(time);
+            let count_new = count.checked_sub(count_before).unwrap_or(count);
+            self.bpf_run_time.inc_by(time_new.as_secs_f64());
+            self.bpf_run_count.inc_by(count_new);
+            self.bpf_run_reported = (time, count);
+        }
+        if let Some(bytes) = map_memory {
+            self.bpf_map_memory.set(bytes);
+        }
     }
 
     /// The process's cumulative count of pages mapped over a shrunk file.
