@@ -22,6 +22,9 @@ use crate::sys::allocator::release_free_memory;
 /// would end up holding all of its DWARF in parsed form.
 pub(super) const MAX_PARSED_DWARF: usize = 8 << 20;
 
+/// DWARF bytes parsed between two releases of the mapped pages the parses touched.
+const RELEASE_EVERY_PARSED: usize = 2 << 20;
+
 /// DWARF of a file, ready for address lookups.
 pub(super) struct Dwarf {
     sections: Arc<gimli::Dwarf<Reader>>,
@@ -68,13 +71,28 @@ struct ParsedDwarf {
     units: HashSet<usize>,
     /// Sum of those units' `.debug_info` and line-program bytes.
     covered: usize,
+    /// `covered` when the pages lookups touched were last let go.
+    covered_at_release: usize,
 }
 
 impl ParsedDwarf {
     /// Counts the unit of `context` holding `address` as parsed (addr2line has just parsed
     /// it, or had before); `key` names the unit when `context` holds only one, whose offset in
     /// its own view of `.debug_info` is 0.
-    fn account(&mut self, key: usize, address: u64) {
+    /// Returns whether the units parsed since the pages were last let go cover more than
+    /// [`RELEASE_EVERY_PARSED`]: each parse touches its unit and its line program, and a
+    /// window naming many addresses of one large binary would otherwise hold tens of MiB of
+    /// its mapping resident until the window ends.
+    fn account(&mut self, key: usize, address: u64) -> bool {
+        self.record(key, address);
+        if self.covered - self.covered_at_release >= RELEASE_EVERY_PARSED {
+            self.covered_at_release = self.covered;
+            return true;
+        }
+        false
+    }
+
+    fn record(&mut self, key: usize, address: u64) {
         let Some(context) = self.contexts.get(&key) else {
             return;
         };
@@ -177,8 +195,8 @@ impl Dwarf {
         let (span, cross_refs) = {
             let mut index = self.index.borrow_mut();
             if matches!(&*index, UnitIndex::NotYet) {
-                *index =
-                    build_unit_index(&self.sections, &self.limits).unwrap_or(UnitIndex::WholeFile);
+                *index = build_unit_index(&self.sections, &self.limits, &release_pages)
+                    .unwrap_or(UnitIndex::WholeFile);
                 // Indexing read a little of every unit (header, root entry, abbreviations);
                 // the lookups that follow need few of those pages again.
                 release_pages();
@@ -233,7 +251,9 @@ impl Dwarf {
             if let Some(context) = parsed.contexts.get(&key) {
                 match dwarf_frames(context, address, symbol) {
                     Ok(frames) => {
-                        parsed.account(key, address);
+                        if parsed.account(key, address) {
+                            release_pages();
+                        }
                         return Ok(frames);
                     }
                     // Without cross-unit references the unit's view is all there is.
@@ -263,7 +283,9 @@ impl Dwarf {
             Some(context) => dwarf_frames(context, address, symbol),
             None => Ok(Vec::new()),
         };
-        parsed.account(WHOLE_FILE, address);
+        if parsed.account(WHOLE_FILE, address) {
+            release_pages();
+        }
         frames
     }
 }

@@ -299,7 +299,7 @@ impl ElfFile {
                 }
             })
             .collect();
-        let symbols = SymbolTable::read(&file);
+        let symbols = SymbolTable::read(&file, &|| data.release_resident_pages());
         // Corrupt or oversized DWARF costs the file its line tables, not its symbol names.
         let loaded = if options.skip {
             Ok(DwarfLoad::Absent)

@@ -21,11 +21,21 @@ pub(super) struct SymbolTable {
     arena: String,
 }
 
+/// Symbols read between two releases of the mapped pages the reading touched (about 2 MiB of
+/// table and names for a Rust binary).
+const RELEASE_EVERY: usize = 16 << 10;
+
 impl SymbolTable {
-    pub(super) fn read(file: &object::File<'_>) -> Self {
+    /// The text symbols of `file`. `release_pages` is called every [`RELEASE_EVERY`] symbols:
+    /// reading a large Rust binary's table touches tens of MiB of `.symtab` and `.strtab`,
+    /// which count as this process's memory until let go.
+    pub(super) fn read(file: &object::File<'_>, release_pages: &dyn Fn()) -> Self {
         let mut table = SymbolTable::default();
         // .symtab is the full table; .dynsym survives `strip` and names exported functions.
-        for symbol in file.symbols().chain(file.dynamic_symbols()) {
+        for (i, symbol) in file.symbols().chain(file.dynamic_symbols()).enumerate() {
+            if i % RELEASE_EVERY == RELEASE_EVERY - 1 {
+                release_pages();
+            }
             if symbol.kind() != SymbolKind::Text || symbol.address() == 0 {
                 continue;
             }

@@ -57,16 +57,26 @@ pub(super) const MAX_UNITS: usize = 1 << 17;
 /// this admits about a GiB of it; beyond, symbol tables name the frames.
 pub(super) const MAX_RANGE_ENTRIES: usize = 1 << 20;
 
+/// Bytes of units walked between two releases of the pages the walk made resident.
+const RELEASE_EVERY: usize = 4 << 20;
+
 /// The unit index of `sections`: each compilation unit's ranges (read from its root entry the
 /// way addr2line does, one unit at a time, nothing kept but the ranges), or
 /// [`UnitIndex::WholeFile`] when a unit refers outside itself or cannot be read, or
 /// [`UnitIndex::OverBudget`] when the file has more units or range-list entries than `limits`
 /// allow. Every unit is walked even when the index falls back to the whole file: that
 /// `Context` reads the same units and ranges, and must be held to the same limits.
+///
+/// The walk touches a page or more of every unit, which in a mapped file counts as this
+/// process's memory until let go: `release_pages` is called after every
+/// [`RELEASE_EVERY`] bytes of units, so indexing a binary with 100 MB of DWARF (scorch's own,
+/// when the daemon samples itself) costs a few MiB of resident pages instead of tens.
 pub(super) fn build_unit_index(
     sections: &gimli::Dwarf<Reader>,
     limits: &DwarfLimits,
+    release_pages: &dyn Fn(),
 ) -> gimli::Result<UnitIndex> {
+    let mut walked_since_release = 0usize;
     let mut spans = Vec::new();
     let mut cross_refs = false;
     let mut whole_file = false;
@@ -82,6 +92,11 @@ pub(super) fn build_unit_index(
             return Ok(UnitIndex::OverBudget(OverBudget::Units));
         }
         units.push((offset.0, header.length_including_self()));
+        walked_since_release += header.length_including_self();
+        if walked_since_release >= RELEASE_EVERY {
+            release_pages();
+            walked_since_release = 0;
+        }
         match outside_references(sections, &header) {
             Ok(OutsideReferences::None) => {}
             Ok(OutsideReferences::SameFile) => cross_refs = true,
