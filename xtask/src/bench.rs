@@ -63,8 +63,16 @@ pub fn bench(
         Some("daemon") => daemon_report(root, scorch, daemon_windows),
         Some("remote") => remote_report(root, scorch),
         Some("unwind") => unwind_report(root),
+        Some("overhead") => {
+            let phases = crate::bench_overhead::Phases::standard(seconds);
+            let report = crate::bench_overhead::overhead(root, scorch, runs, phases)?;
+            print!("{report}");
+            Ok(())
+        }
         Some(other) => {
-            bail!("--only {other:?}: expected record, symbolize, daemon, remote or unwind")
+            bail!(
+                "--only {other:?}: expected record, symbolize, daemon, remote, unwind or overhead"
+            )
         }
     }
 }

@@ -5,6 +5,7 @@
 
 mod bench;
 mod bench_daemon;
+mod bench_overhead;
 mod lint;
 mod package;
 mod setup;
@@ -62,8 +63,10 @@ enum Task {
         runs: usize,
         /// Run only one part: `record` (scorch record vs perf, BPF cost, kallsyms),
         /// `symbolize`, `daemon` (scorch run steady state, store size, query time),
-        /// `remote` (encode+send CPU, RSS with the server down, backlog drain speed), or
-        /// `unwind` (unwind-table build time and size for libc, ld.so, libstdc++).
+        /// `remote` (encode+send CPU, RSS with the server down, backlog drain speed),
+        /// `unwind` (unwind-table build time and size for libc, ld.so, libstdc++), or
+        /// `overhead` (record vs perf vs bpftrace, the daemon under process churn, CPU by
+        /// sampling rate: `target/bench/overhead.md`).
         #[arg(long)]
         only: Option<String>,
         /// Windows of 10 s the daemon bench measures.

@@ -1,0 +1,560 @@
+//! `cargo xtask bench --only overhead`: what scorch costs a host, beside its peers, written as
+//! one markdown table (`target/bench/overhead.md`) with the machine, kernel and commit.
+//!
+//! Each run is made of fresh processes, and the runs alternate which tool starts first:
+//!
+//! - **Capture.** `scorch record`, `perf record -F 19 -a -g` and bpftrace's `profile:hz:19`
+//!   equivalent run side by side for the same seconds while a workload keeps every CPU busy.
+//!   CPU time (user + system) and peak RSS from `/usr/bin/time -v`; BPF ns per sample from the
+//!   kernel's `bpf_stats` (scorch prints its own; bpftrace's is read from its fdinfo).
+//! - **Daemon under process churn.** A fresh `scorch run` with the busy workload: after a
+//!   warm-up, its quiet steady RSS (median of one sample a second); then a shell loop starts
+//!   `python3 -c pass` and `/bin/true` as fast as it can, and the daemon's CPU over the churn
+//!   (from `/proc/PID/stat`) and its peak RSS (`VmHWM`) are taken; then the churn stops, and
+//!   the RSS a minute later says whether the memory went back. BPF map memory comes from the
+//!   daemon's own `/metrics`.
+//! - **Frequency.** The daemon at 19, 99 and 999 Hz on the busy workload: CPU per second of
+//!   wall time, to show how cost scales with the sampling rate.
+
+use std::{
+    fmt::Write as _,
+    io::{Read as _, Write as _},
+    net::TcpStream,
+    path::Path,
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context, Result};
+
+use crate::run_command;
+
+/// The daemon's HTTP address during the bench (a port the tests do not use).
+const ADDRESS: &str = "127.0.0.1:17093";
+
+/// How long each phase of the daemon runs, in seconds.
+#[derive(Debug, Clone, Copy)]
+pub struct Phases {
+    pub capture: u64,
+    pub warm_up: u64,
+    pub quiet: u64,
+    pub churn: u64,
+    pub after: u64,
+    pub per_frequency: u64,
+}
+
+impl Phases {
+    /// The issue's figures: 60 s of churn after warm-up, RSS a minute after it stops.
+    pub fn standard(capture: u64) -> Phases {
+        Phases {
+            capture,
+            warm_up: 20,
+            quiet: 20,
+            churn: 60,
+            after: 60,
+            per_frequency: 20,
+        }
+    }
+}
+
+/// Kills the processes it holds when dropped, so a failed bench leaves nothing running.
+struct Processes(Vec<Child>);
+
+impl Drop for Processes {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct CaptureRun {
+    /// (CPU s, peak RSS MiB) of scorch, perf and bpftrace.
+    scorch: (f64, f64),
+    perf: (f64, f64),
+    bpftrace: (f64, f64),
+    scorch_bpf_ns: Option<f64>,
+    bpftrace_bpf_ns: Option<f64>,
+}
+
+#[derive(Debug, Default)]
+struct ChurnRun {
+    quiet_rss: f64,
+    peak_rss: f64,
+    churn_core_percent: f64,
+    after_rss: f64,
+    map_memory_mib: f64,
+    processes_started: u64,
+}
+
+pub fn overhead(root: &Path, scorch: &Path, runs: usize, phases: Phases) -> Result<String> {
+    let dir = root.join("target/bench");
+    std::fs::create_dir_all(&dir)?;
+    let busy = dir.join("calltree");
+    run_command(
+        Command::new("gcc")
+            .args(["-O2", "-fno-omit-frame-pointer", "-o"])
+            .arg(&busy)
+            .arg(root.join("tests/workloads/calltree.c"))
+            .arg("-lpthread"),
+    )?;
+    let cpus = std::thread::available_parallelism()?.get();
+    let stats_path = "/proc/sys/kernel/bpf_stats_enabled";
+    let previous_stats = std::fs::read_to_string(stats_path).unwrap_or_else(|_| "0".into());
+    std::fs::write(stats_path, "1")
+        .with_context(|| format!("enabling {stats_path} (needs root)"))?;
+    let measured = (|| -> Result<_> {
+        let mut captures = Vec::new();
+        let mut churns = Vec::new();
+        let mut frequencies: Vec<Vec<(u64, f64)>> = Vec::new();
+        for run in 0..runs {
+            eprintln!("overhead: run {} of {runs}", run + 1);
+            captures.push(capture(scorch, &busy, cpus, &dir, run, phases.capture)?);
+            churns.push(churn(scorch, &busy, cpus, &dir, phases)?);
+            frequencies.push(frequency_curve(scorch, &busy, cpus, &dir, run, phases)?);
+        }
+        Ok((captures, churns, frequencies))
+    })();
+    let _ = std::fs::write(stats_path, previous_stats.trim());
+    let (captures, churns, frequencies) = measured?;
+    let report = render(cpus, runs, phases, &captures, &churns, &frequencies)?;
+    let path = dir.join("overhead.md");
+    std::fs::write(&path, &report)?;
+    eprintln!("overhead: report written to {}", path.display());
+    Ok(report)
+}
+
+fn capture(
+    scorch: &Path,
+    busy: &Path,
+    cpus: usize,
+    dir: &Path,
+    run: usize,
+    seconds: u64,
+) -> Result<CaptureRun> {
+    let _workload = Processes(vec![Command::new(busy)
+        .args([cpus.to_string(), (seconds + 30).to_string()])
+        .spawn()
+        .context("starting the workload")?]);
+    std::thread::sleep(Duration::from_millis(500));
+    let scorch_out = dir.join(format!("overhead-scorch-{run}.pb.gz"));
+    let perf_out = dir.join(format!("overhead-perf-{run}.data"));
+    let scorch_cmd = timed(
+        scorch,
+        &[
+            "record",
+            "--duration",
+            &format!("{seconds}s"),
+            "--output",
+            path_str(&scorch_out)?,
+        ],
+    );
+    let perf_cmd = timed(
+        Path::new("perf"),
+        &[
+            "record",
+            "-F",
+            "19",
+            "-a",
+            "-g",
+            "-o",
+            path_str(&perf_out)?,
+            "--",
+            "sleep",
+            &seconds.to_string(),
+        ],
+    );
+    let program = format!(
+        "profile:hz:19 {{ @[kstack, ustack, pid] = count(); }} interval:s:{seconds} {{ exit(); }}"
+    );
+    let bpftrace_cmd = timed(Path::new("bpftrace"), &["-e", &program]);
+    // Rotate who starts first, so none always pays for another's start-up.
+    let mut commands = vec![
+        ("scorch", scorch_cmd),
+        ("perf", perf_cmd),
+        ("bpftrace", bpftrace_cmd),
+    ];
+    commands.rotate_left(run % 3);
+    let mut children = Vec::new();
+    for (name, mut command) in commands {
+        command.stdout(Stdio::piped()).stderr(Stdio::piped());
+        let child = command
+            .spawn()
+            .with_context(|| format!("starting {name} (cargo xtask setup installs it)"))?;
+        children.push((name, child));
+    }
+    // bpftrace's program cost, read while it still holds the program.
+    std::thread::sleep(Duration::from_secs(seconds.saturating_sub(1).max(1)));
+    let bpftrace_bpf_ns = children
+        .iter()
+        .find(|(name, _)| *name == "bpftrace")
+        .and_then(|(_, child)| bpf_ns_per_run(child.id()));
+    let mut result = CaptureRun {
+        bpftrace_bpf_ns,
+        ..CaptureRun::default()
+    };
+    for (name, child) in children {
+        let output = child.wait_with_output()?;
+        if !output.status.success() {
+            bail!("{name} failed: {}", String::from_utf8_lossy(&output.stderr));
+        }
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let usage = time_usage(&stderr)?;
+        match name {
+            "scorch" => {
+                let summary = String::from_utf8_lossy(&output.stdout);
+                result.scorch_bpf_ns = summary
+                    .split_once("BPF ")
+                    .and_then(|(_, rest)| rest.split_whitespace().next()?.parse().ok());
+                result.scorch = usage;
+            }
+            "perf" => result.perf = usage,
+            _ => result.bpftrace = usage,
+        }
+    }
+    Ok(result)
+}
+
+fn churn(scorch: &Path, busy: &Path, cpus: usize, dir: &Path, phases: Phases) -> Result<ChurnRun> {
+    let total = phases.warm_up + phases.quiet + phases.churn + phases.after + 30;
+    let _workload = Processes(vec![Command::new(busy)
+        .args([cpus.to_string(), total.to_string()])
+        .spawn()?]);
+    let store = dir.join("overhead-store");
+    let _ = std::fs::remove_dir_all(&store);
+    let daemon = start_daemon(scorch, &store, 19)?;
+    let pid = daemon.0[0].id();
+    std::thread::sleep(Duration::from_secs(phases.warm_up));
+    let quiet = sample_rss(
+        pid,
+        Duration::from_secs(phases.quiet),
+        Duration::from_secs(1),
+    )?;
+
+    let counter = dir.join("overhead-churn-count");
+    let script = format!(
+        "n=0; end=$(( $(date +%s) + {} )); while [ $(date +%s) -lt $end ]; do \
+         python3 -c pass; /bin/true; n=$((n + 2)); done; echo $n > {}",
+        phases.churn,
+        path_str(&counter)?
+    );
+    let cpu_before = cpu_seconds(pid)?;
+    let started = Instant::now();
+    let mut churner = Command::new("sh").args(["-c", &script]).spawn()?;
+    churner.wait()?;
+    let churn_cpu = cpu_seconds(pid)? - cpu_before;
+    let churn_seconds = started.elapsed().as_secs_f64();
+    let peak = status_kib(pid, "VmHWM:")? as f64 / 1024.0;
+    std::thread::sleep(Duration::from_secs(phases.after.saturating_sub(5)));
+    let after = sample_rss(pid, Duration::from_secs(5), Duration::from_secs(1))?;
+    let map_memory = metric("scorch_bpf_map_memory_bytes").unwrap_or(f64::NAN);
+    stop(daemon)?;
+    Ok(ChurnRun {
+        quiet_rss: median(quiet),
+        peak_rss: peak,
+        churn_core_percent: 100.0 * churn_cpu / churn_seconds,
+        after_rss: median(after),
+        map_memory_mib: map_memory / (1 << 20) as f64,
+        processes_started: std::fs::read_to_string(&counter)?.trim().parse()?,
+    })
+}
+
+/// (Hz, % of one core) for the daemon at 19, 99 and 999 Hz, in an order that rotates by run.
+fn frequency_curve(
+    scorch: &Path,
+    busy: &Path,
+    cpus: usize,
+    dir: &Path,
+    run: usize,
+    phases: Phases,
+) -> Result<Vec<(u64, f64)>> {
+    let mut rates = vec![19, 99, 999];
+    rates.rotate_left(run % 3);
+    let mut curve = Vec::new();
+    for hz in rates {
+        let seconds = phases.per_frequency;
+        let _workload = Processes(vec![Command::new(busy)
+            .args([cpus.to_string(), (seconds + 30).to_string()])
+            .spawn()?]);
+        let store = dir.join(format!("overhead-store-{hz}"));
+        let _ = std::fs::remove_dir_all(&store);
+        let daemon = start_daemon(scorch, &store, hz)?;
+        let pid = daemon.0[0].id();
+        // One window of warm-up: the first parses the binaries.
+        std::thread::sleep(Duration::from_secs(11));
+        let before = cpu_seconds(pid)?;
+        let started = Instant::now();
+        std::thread::sleep(Duration::from_secs(seconds));
+        let cpu = cpu_seconds(pid)? - before;
+        curve.push((hz, 100.0 * cpu / started.elapsed().as_secs_f64()));
+        stop(daemon)?;
+    }
+    curve.sort_by_key(|&(hz, _)| hz);
+    Ok(curve)
+}
+
+fn start_daemon(scorch: &Path, store: &Path, hz: u64) -> Result<Processes> {
+    let child = Command::new(scorch)
+        .args([
+            "run",
+            "--frequency",
+            &hz.to_string(),
+            "--http-address",
+            ADDRESS,
+        ])
+        .arg("--store")
+        .arg(store)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("starting scorch run")?;
+    Ok(Processes(vec![child]))
+}
+
+/// SIGTERM, so the daemon flushes and closes its store, and a check that it exited cleanly.
+fn stop(mut daemon: Processes) -> Result<()> {
+    let pid = daemon.0[0].id();
+    run_command(Command::new("kill").args(["-TERM", &pid.to_string()]))?;
+    let status = daemon.0[0].wait()?;
+    if !status.success() {
+        bail!("scorch run exited with {status}");
+    }
+    Ok(())
+}
+
+/// One row of the capture table: a tool's name, its (CPU s, peak RSS MiB), its BPF ns/sample.
+type CaptureRow = (
+    &'static str,
+    fn(&CaptureRun) -> (f64, f64),
+    fn(&CaptureRun) -> Option<f64>,
+);
+
+fn render(
+    cpus: usize,
+    runs: usize,
+    phases: Phases,
+    captures: &[CaptureRun],
+    churns: &[ChurnRun],
+    frequencies: &[Vec<(u64, f64)>],
+) -> Result<String> {
+    let mut out = String::new();
+    let command_output = |program: &str, args: &[&str]| -> String {
+        Command::new(program)
+            .args(args)
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+            .unwrap_or_default()
+    };
+    let cpu_model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find_map(|l| l.strip_prefix("model name"))
+                .map(|m| m.trim_start_matches([' ', '\t', ':']).to_owned())
+        })
+        .unwrap_or_default();
+    let memory = status_field("/proc/meminfo", "MemTotal:").unwrap_or(0) as f64 / (1 << 20) as f64;
+    writeln!(
+        out,
+        "# Overhead: {cpus} CPUs ({cpu_model}), {memory:.0} GiB, kernel {}, commit {}, {}",
+        command_output("uname", &["-r"]),
+        command_output("git", &["rev-parse", "--short", "HEAD"]),
+        command_output("date", &["-u", "+%Y-%m-%d"]),
+    )?;
+    writeln!(out)?;
+    writeln!(
+        out,
+        "Medians of {runs} interleaved runs of fresh processes, with the range in brackets \
+         (`cargo xtask bench --only overhead`)."
+    )?;
+    writeln!(out)?;
+    writeln!(
+        out,
+        "## Capture: {} s at 19 Hz, every CPU busy, side by side",
+        phases.capture
+    )?;
+    writeln!(out)?;
+    writeln!(out, "| tool | CPU s | peak RSS MiB | BPF ns/sample |")?;
+    writeln!(out, "|---|---|---|---|")?;
+    let rows: [CaptureRow; 3] = [
+        ("`scorch record`", |c| c.scorch, |c| c.scorch_bpf_ns),
+        ("`perf record -g`", |c| c.perf, |_| None),
+        (
+            "bpftrace `profile:hz:19`",
+            |c| c.bpftrace,
+            |c| c.bpftrace_bpf_ns,
+        ),
+    ];
+    for (name, usage, ns) in rows {
+        let cpu: Vec<f64> = captures.iter().map(|c| usage(c).0).collect();
+        let rss: Vec<f64> = captures.iter().map(|c| usage(c).1).collect();
+        let ns: Vec<f64> = captures.iter().filter_map(ns).collect();
+        writeln!(
+            out,
+            "| {name} | {} | {} | {} |",
+            spread(&cpu, 2),
+            spread(&rss, 1),
+            if ns.is_empty() {
+                "n/a".to_owned()
+            } else {
+                spread(&ns, 0)
+            }
+        )?;
+    }
+    writeln!(out)?;
+    writeln!(
+        out,
+        "## `scorch run` under process churn: {} s of `python3 -c pass` and `/bin/true` in a \
+         loop, every CPU busy",
+        phases.churn
+    )?;
+    writeln!(out)?;
+    writeln!(
+        out,
+        "| quiet RSS MiB | peak RSS MiB (VmHWM) | CPU during churn, % of a core | RSS {} s after MiB | BPF maps MiB | processes started |",
+        phases.after
+    )?;
+    writeln!(out, "|---|---|---|---|---|---|")?;
+    let column = |f: fn(&ChurnRun) -> f64| -> Vec<f64> { churns.iter().map(f).collect() };
+    writeln!(
+        out,
+        "| {} | {} | {} | {} | {} | {} |",
+        spread(&column(|c| c.quiet_rss), 1),
+        spread(&column(|c| c.peak_rss), 1),
+        spread(&column(|c| c.churn_core_percent), 2),
+        spread(&column(|c| c.after_rss), 1),
+        spread(&column(|c| c.map_memory_mib), 1),
+        spread(&column(|c| c.processes_started as f64), 0),
+    )?;
+    writeln!(out)?;
+    writeln!(
+        out,
+        "## `scorch run` CPU by sampling rate ({} s per rate, every CPU busy)",
+        phases.per_frequency
+    )?;
+    writeln!(out)?;
+    writeln!(out, "| Hz | CPU, % of a core |")?;
+    writeln!(out, "|---|---|")?;
+    for hz in [19, 99, 999] {
+        let values: Vec<f64> = frequencies
+            .iter()
+            .filter_map(|curve| curve.iter().find(|(h, _)| *h == hz).map(|&(_, p)| p))
+            .collect();
+        writeln!(out, "| {hz} | {} |", spread(&values, 2))?;
+    }
+    Ok(out)
+}
+
+/// `median [min-max]` with `digits` decimals.
+fn spread(values: &[f64], digits: usize) -> String {
+    if values.is_empty() {
+        return "n/a".to_owned();
+    }
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    format!(
+        "{:.digits$} [{:.digits$}-{:.digits$}]",
+        median(sorted.clone()),
+        sorted[0],
+        sorted[sorted.len() - 1]
+    )
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+fn sample_rss(pid: u32, length: Duration, every: Duration) -> Result<Vec<f64>> {
+    let started = Instant::now();
+    let mut samples = Vec::new();
+    while started.elapsed() < length {
+        samples.push(status_kib(pid, "VmRSS:")? as f64 / 1024.0);
+        std::thread::sleep(every);
+    }
+    Ok(samples)
+}
+
+fn status_kib(pid: u32, field: &str) -> Result<u64> {
+    status_field(&format!("/proc/{pid}/status"), field)
+        .with_context(|| format!("no {field} in /proc/{pid}/status"))
+}
+
+fn status_field(path: &str, field: &str) -> Option<u64> {
+    std::fs::read_to_string(path)
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+}
+
+fn cpu_seconds(pid: u32) -> Result<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // Fields after the command name (which may hold spaces) start at the state.
+    let rest = stat.rsplit_once(')').context("odd /proc/PID/stat")?.1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| -> Result<f64> { Ok(fields.get(i).context("short stat")?.parse()?) };
+    // utime and stime: fields 14 and 15 of stat, 11 and 12 counting from the state; USER_HZ 100.
+    Ok((ticks(11)? + ticks(12)?) / 100.0)
+}
+
+/// A metric's value from the daemon's `/metrics`.
+fn metric(name: &str) -> Result<f64> {
+    let mut stream = TcpStream::connect(ADDRESS)?;
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(
+        stream,
+        "GET /metrics HTTP/1.1\r\nHost: {ADDRESS}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut text = String::new();
+    stream.read_to_string(&mut text)?;
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+        .with_context(|| format!("no {name} in /metrics"))
+}
+
+/// Mean run time of the busiest BPF program `pid` holds, from its fdinfo.
+fn bpf_ns_per_run(pid: u32) -> Option<f64> {
+    std::fs::read_dir(format!("/proc/{pid}/fdinfo"))
+        .ok()?
+        .flatten()
+        .filter_map(|entry| std::fs::read_to_string(entry.path()).ok())
+        .filter_map(|info| {
+            let field = |name: &str| -> Option<f64> {
+                info.lines()
+                    .find_map(|l| l.strip_prefix(name))
+                    .and_then(|v| v.trim().parse().ok())
+            };
+            Some((field("run_time_ns:")?, field("run_cnt:")?))
+        })
+        .filter(|&(_, runs)| runs > 0.0)
+        .max_by(|a, b| a.1.total_cmp(&b.1))
+        .map(|(time, runs)| time / runs)
+}
+
+fn time_usage(stderr: &str) -> Result<(f64, f64)> {
+    let field = |name: &str| -> Result<f64> {
+        stderr
+            .lines()
+            .find_map(|l| l.trim().strip_prefix(name))
+            .and_then(|v| v.trim().parse().ok())
+            .with_context(|| format!("no `{name}` in /usr/bin/time output:\n{stderr}"))
+    };
+    Ok((
+        field("User time (seconds):")? + field("System time (seconds):")?,
+        field("Maximum resident set size (kbytes):")? / 1024.0,
+    ))
+}
+
+fn timed(program: &Path, args: &[&str]) -> Command {
+    let mut command = Command::new("/usr/bin/time");
+    command.arg("-v").arg(program).args(args);
+    command
+}
+
+fn path_str(path: &Path) -> Result<&str> {
+    path.to_str()
+        .with_context(|| format!("non-UTF-8 path {}", path.display()))
+}
