@@ -268,6 +268,8 @@ struct CacheEntry {
     file: Option<Rc<ElfFile>>,
     cost: usize,
     last_used: u64,
+    /// The window of the last lookup or insertion (see [`ElfCache::evict_idle`]).
+    last_window: u64,
     /// The file's modification time when it was opened.
     mtime: i64,
 }
@@ -277,6 +279,8 @@ struct ElfCache {
     budget: usize,
     used: usize,
     clock: u64,
+    /// Windows ended so far.
+    window: u64,
     entries: HashMap<CacheKey, CacheEntry>,
     /// Which entry a mapped (device, inode) resolved to.
     by_inode: HashMap<(u64, u64), CacheKey>,
@@ -288,6 +292,7 @@ impl ElfCache {
             budget,
             used: 0,
             clock: 0,
+            window: 0,
             entries: HashMap::new(),
             by_inode: HashMap::new(),
         }
@@ -298,6 +303,7 @@ impl ElfCache {
         let entry = self.entries.get_mut(key)?;
         self.clock += 1;
         entry.last_used = self.clock;
+        entry.last_window = self.window;
         Some(entry.file.clone())
     }
 
@@ -313,6 +319,7 @@ impl ElfCache {
         // The same file seen again (another process mapping it): keep the first parse.
         if let Some(existing) = self.entries.get_mut(&key) {
             existing.last_used = self.clock;
+            existing.last_window = self.window;
             self.by_inode.insert((dev, inode), key);
             return existing.file.clone();
         }
@@ -324,6 +331,7 @@ impl ElfCache {
                 file: file.clone(),
                 cost,
                 last_used: self.clock,
+                last_window: self.window,
                 mtime,
             },
         );
@@ -354,6 +362,33 @@ impl ElfCache {
         let cost = file.cost();
         self.used = self.used - entry.cost + cost;
         entry.cost = cost;
+    }
+
+    /// Ends a window, and evicts the files no lookup used in the last [`IDLE_WINDOWS`]: the
+    /// binaries of processes that came and went (a build, a burst of scripts) would otherwise
+    /// stay parsed, within the budget but for good, and the daemon's memory would never go
+    /// back to what it was before them. Returns the bytes released.
+    fn evict_idle(&mut self) -> usize {
+        self.window += 1;
+        let window = self.window;
+        let idle: Vec<CacheKey> = self
+            .entries
+            .iter()
+            .filter(|(_, e)| window - e.last_window > IDLE_WINDOWS)
+            .map(|(k, _)| k.clone())
+            .collect();
+        let mut released = 0;
+        for key in &idle {
+            if let Some(entry) = self.entries.remove(key) {
+                self.used -= entry.cost;
+                released += entry.cost;
+            }
+        }
+        if !idle.is_empty() {
+            self.by_inode
+                .retain(|_, key| self.entries.contains_key(key));
+        }
+        released
     }
 
     /// Evicts least recently used entries until the estimate fits the budget. Returns the
@@ -387,6 +422,10 @@ const MAX_HELD_FILES: usize = 512;
 /// RSS: often enough that a large binary's debug info never all counts at once, rarely enough
 /// that refaulting from the page cache costs little.
 const RELEASE_PAGES_EVERY: u64 = 256;
+
+/// Windows a cached file may go unused before it is evicted: a minute of the daemon's default
+/// 10 s windows. A binary that runs again soon after (the same script every few seconds) stays.
+const IDLE_WINDOWS: u64 = 6;
 
 /// Default budget for parsed binaries and their debug info.
 pub const DEFAULT_CACHE_BYTES: usize = 256 << 20;
@@ -614,9 +653,11 @@ impl UserSymbolizer {
         self.cache.budget = bytes;
     }
 
-    /// Evicts parsed files beyond the byte budget and gives the freed memory back to the OS.
+    /// Ends a window: evicts parsed files unused for [`IDLE_WINDOWS`] windows and those beyond
+    /// the byte budget, and gives the freed memory back to the OS.
     pub fn enforce_budget(&mut self) {
-        if self.cache.enforce_budget() > 0 {
+        let idle = self.cache.evict_idle();
+        if idle + self.cache.enforce_budget() > 0 {
             release_free_memory();
         }
         self.release_resident_pages();
@@ -1225,6 +1266,31 @@ mod tests {
             Some("LazyCompile:*foo bar.js:1")
         );
         assert_eq!(map.lookup(0x1000), None);
+    }
+
+    #[test]
+    fn cache_evicts_files_idle_for_a_minute_of_windows() {
+        let exe = std::fs::read_link("/proc/self/exe").unwrap();
+        let file = Rc::new(ElfFile::open(&exe).unwrap());
+        let cost = file.cost();
+        let mut cache = ElfCache::new(usize::MAX);
+        let key = |i: u64| CacheKey::Inode {
+            dev: 1,
+            inode: i,
+            mtime: 0,
+        };
+        cache.insert(1, 1, 0, key(1), Some(file.clone()));
+        cache.insert(1, 2, 0, key(2), Some(file.clone()));
+        for _ in 0..IDLE_WINDOWS {
+            // Inode 1 is looked up every window; inode 2 never again.
+            assert!(cache.get(1, 1).is_some());
+            assert_eq!(cache.evict_idle(), 0);
+        }
+        assert!(cache.get(1, 1).is_some());
+        assert_eq!(cache.evict_idle(), cost);
+        assert!(cache.get(1, 2).is_none(), "the idle file is gone");
+        assert!(cache.get(1, 1).is_some(), "the busy file stays");
+        assert_eq!(cache.used, cost);
     }
 
     #[test]
