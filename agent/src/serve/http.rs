@@ -7,6 +7,7 @@
 //! | `GET /api/v1/profile?from=&to=&match=&format=` | the merged profile: `pprof` (default; gzipped protobuf, so `go tool pprof URL` works), `svg` (inferno flame graph), `folded`, or `top` (pprof `-top` text) |
 //! | `GET /api/v1/top?from=&to=&match=&limit=` | the top-functions table as JSON, for the UI |
 //! | `GET /api/v1/series?from=&to=&match=` | the label sets with samples in the range, as JSON |
+//! | `/api/v1/timeline`, `/api/v1/diff`, `/api/v1/labels` | the UI's timeline, differential profiles and label names: [`super::views`] |
 //! | `GET /metrics` | Prometheus (OpenMetrics text) |
 //! | `GET /healthz` | `200 ok`, or `503` and the reason |
 //!
@@ -113,7 +114,7 @@ impl HttpState {
     }
 
     /// A turn to query the store, or [`ApiError::Busy`] after [`QUERY_QUEUE_WAIT`].
-    async fn query_turn(&self) -> Result<OwnedSemaphorePermit, ApiError> {
+    pub(super) async fn query_turn(&self) -> Result<OwnedSemaphorePermit, ApiError> {
         match tokio::time::timeout(QUERY_QUEUE_WAIT, self.queries.clone().acquire_owned()).await {
             Ok(Ok(permit)) => Ok(permit),
             _ => Err(ApiError::Busy),
@@ -140,7 +141,7 @@ pub enum ApiError {
 }
 
 impl ApiError {
-    fn bad(param: &'static str, message: impl ToString) -> ApiError {
+    pub(super) fn bad(param: &'static str, message: impl ToString) -> ApiError {
         ApiError::BadParameter {
             param,
             message: message.to_string(),
@@ -360,6 +361,7 @@ pub fn router(state: Arc<HttpState>) -> Router {
         .route("/api/v1/profile", get(profile))
         .route("/api/v1/top", get(top))
         .route("/api/v1/series", get(series))
+        .merge(super::views::routes())
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
         .layer(middleware::from_fn_with_state(state.clone(), guard))
@@ -481,7 +483,7 @@ async fn series(
     json(&matching)
 }
 
-fn json(value: &impl serde::Serialize) -> Result<Response, ApiError> {
+pub(super) fn json(value: &impl serde::Serialize) -> Result<Response, ApiError> {
     let body = serde_json::to_vec(value).map_err(|e| ApiError::Encode(e.to_string()))?;
     Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
 }
