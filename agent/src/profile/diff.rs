@@ -37,9 +37,9 @@ fn counts(profile: &Profile) -> BTreeMap<String, u64> {
         .collect()
 }
 
-/// The differential folded lines, `stack 2b b+t` with `b` and `t` the stack's base and target
-/// samples scaled so both ranges total the larger of their totals; sorted.
-pub fn folded(base: &Profile, target: &Profile) -> Vec<String> {
+/// Each stack's base and target samples, scaled so both ranges total the larger of their
+/// totals; by stack.
+fn normalised(base: &Profile, target: &Profile) -> BTreeMap<String, (u64, u64)> {
     let (base, target) = (counts(base), counts(target));
     let base_total: u64 = base.values().sum();
     let target_total: u64 = target.values().sum();
@@ -51,14 +51,31 @@ pub fn folded(base: &Profile, target: &Profile) -> Vec<String> {
             (count as f64 * common / total as f64).round() as u64
         }
     };
-    let mut stacks: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
-    for (stack, &count) in &base {
+    let mut stacks: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+    for (stack, count) in base {
         stacks.entry(stack).or_default().0 = scale(count, base_total);
     }
-    for (stack, &count) in &target {
+    for (stack, count) in target {
         stacks.entry(stack).or_default().1 = scale(count, target_total);
     }
     stacks
+}
+
+/// `stack base target` lines, normalised ([`normalised`]), sorted: the format of
+/// `inferno-diff-folded` and FlameGraph's `difffolded.pl`, for other tools.
+pub fn pairs(base: &Profile, target: &Profile) -> Vec<String> {
+    normalised(base, target)
+        .into_iter()
+        .filter(|(_, (b, t))| b + t > 0)
+        .map(|(stack, (b, t))| format!("{stack} {b} {t}"))
+        .collect()
+}
+
+/// The lines [`svg`] draws: `stack 2b b+t` with `b` and `t` as in [`pairs`], so that inferno
+/// (width: the second count; colour: second minus first) draws both ranges' width and the
+/// change's colour.
+pub fn folded(base: &Profile, target: &Profile) -> Vec<String> {
+    normalised(base, target)
         .into_iter()
         .filter(|(_, (b, t))| b + t > 0)
         .map(|(stack, (b, t))| format!("{stack} {} {}", 2 * b, b + t))
@@ -282,6 +299,17 @@ mod tests {
                 .sum()
         };
         assert_eq!(total("a;"), total("b;"), "both ranges scaled to one total");
+        // The plain pairs: a's base counts scaled 8 -> 8, b's target 4 -> 8.
+        let pairs = pairs(&base, &target);
+        let sum = |prefix: &str, field: usize| -> u64 {
+            pairs
+                .iter()
+                .filter(|l| l.starts_with(prefix))
+                .map(|l| l.rsplit(' ').nth(field).unwrap().parse::<u64>().unwrap())
+                .sum()
+        };
+        assert_eq!((sum("a;", 1), sum("a;", 0)), (8, 0), "{pairs:?}");
+        assert_eq!((sum("b;", 1), sum("b;", 0)), (0, 8), "{pairs:?}");
         // The same profile twice: no change anywhere.
         for line in folded(&base, &base) {
             let mut fields = line.rsplitn(3, ' ');

@@ -127,19 +127,20 @@ impl TimelineParams {
                 Some(name.to_owned())
             }
         };
-        let limit =
-            match self.limit.as_deref().map(str::trim) {
-                None | Some("") => DEFAULT_TIMELINE_SERIES,
-                Some(text) => match text.parse::<usize>() {
-                    Ok(n) if (1..=MAX_TIMELINE_SERIES).contains(&n) => n,
-                    _ => return Err(ApiError::bad(
+        let limit = match self.limit.as_deref().map(str::trim) {
+            None | Some("") => DEFAULT_TIMELINE_SERIES,
+            Some(text) => match text.parse::<usize>() {
+                Ok(n) if (1..=MAX_TIMELINE_SERIES).contains(&n) => n,
+                _ => {
+                    return Err(ApiError::bad(
                         "limit",
                         format!(
                             "{text:?} is not a number of series from 1 to {MAX_TIMELINE_SERIES}"
                         ),
-                    )),
-                },
-            };
+                    ))
+                }
+            },
+        };
         Ok((
             TimelineRequest {
                 range: query.range,
