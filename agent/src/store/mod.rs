@@ -25,8 +25,8 @@
 
 mod codec;
 mod cursor;
-#[cfg(test)]
-mod fixtures;
+#[doc(hidden)]
+pub mod fixtures;
 mod reader;
 mod retention;
 mod schema;
