@@ -128,8 +128,12 @@ fn main() {
     let (median, max, bytes) = time(&mut || {
         let store = Store::open_read_only(&dir).expect("opening the store");
         let limits = || QueryLimits::new(200_000, Duration::from_secs(20));
-        let base = store.query_within(hour(2), &|_| true, limits()).expect("merging an hour");
-        let target = store.query_within(hour(1), &|_| true, limits()).expect("merging an hour");
+        let base = store
+            .query_within(hour(2), &|_| true, limits())
+            .expect("merging an hour");
+        let target = store
+            .query_within(hour(1), &|_| true, limits())
+            .expect("merging an hour");
         diff::svg(&base, &target, "bench").expect("drawing").len()
     });
     println!(
@@ -141,8 +145,12 @@ fn main() {
     let (median, max, _) = time(&mut || {
         let store = Store::open_read_only(&dir).expect("opening the store");
         let limits = || QueryLimits::new(200_000, Duration::from_secs(20));
-        let base = store.query_within(hour(2), &|_| true, limits()).expect("merging an hour");
-        let target = store.query_within(hour(1), &|_| true, limits()).expect("merging an hour");
+        let base = store
+            .query_within(hour(2), &|_| true, limits())
+            .expect("merging an hour");
+        let target = store
+            .query_within(hour(1), &|_| true, limits())
+            .expect("merging an hour");
         diff::pprof(&base, &target).len()
     });
     println!(

@@ -61,8 +61,9 @@ enum Task {
         runs: usize,
         /// Run only one part: `record` (scorch record vs perf, BPF cost, kallsyms),
         /// `symbolize`, `daemon` (scorch run steady state, store size, query time),
-        /// `remote` (encode+send CPU, RSS with the server down, backlog drain speed), or
-        /// `unwind` (unwind-table build time and size for libc, ld.so, libstdc++).
+        /// `remote` (encode+send CPU, RSS with the server down, backlog drain speed),
+        /// `unwind` (unwind-table build time and size for libc, ld.so, libstdc++), or
+        /// `views` (the UI's timeline over 24 h and a diff of two 1 h ranges).
         #[arg(long)]
         only: Option<String>,
         /// Windows of 10 s the daemon bench measures.
@@ -97,6 +98,9 @@ fn main() -> Result<()> {
         } => {
             if only.as_deref() == Some("unwind") {
                 return bench::unwind_report(&root);
+            }
+            if only.as_deref() == Some("views") {
+                return bench::views_report(&root);
             }
             setup::setup()?;
             let scorch = build(&root)?;

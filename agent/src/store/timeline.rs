@@ -209,8 +209,10 @@ impl Store {
         limits: QueryLimits,
     ) -> Result<Timeline, StoreError> {
         let mut reader = Reader::new(&self.connection, &self.path);
-        // Series id -> group index, or None when the selector drops it.
-        let mut group_of: HashMap<i64, Option<usize>> = HashMap::new();
+        // Series id -> group index, or None when the selector drops it. Looked up once per
+        // window and series (432,000 times for a day of 50 processes): a fast hasher.
+        let mut group_of: HashMap<i64, Option<usize>, foldhash::fast::RandomState> =
+            HashMap::default();
         let mut index_of: HashMap<String, usize> = HashMap::new();
         let mut names: Vec<String> = Vec::new();
         let mut contributions: Vec<Contribution> = Vec::new();

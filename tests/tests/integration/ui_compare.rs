@@ -17,7 +17,7 @@ use headless_chrome::{
     protocol::cdp::{Input, Page::CaptureScreenshotFormatOption},
     Browser, LaunchOptions, Tab,
 };
-use scorch_tests::{build_workload, http_get, work_dir, Daemon};
+use scorch_tests::{build_workload, go_pprof, http_get, run_scorch, work_dir, Daemon};
 
 use crate::ui::{artifact_path, eval, url_encode, wait_until, CHROMIUM, GRAPH, PROCESS_FRAMES};
 
@@ -135,9 +135,18 @@ fn ui_timeline_brush_compare_sandwich_and_url_state() -> Result<()> {
     let daemon = Daemon::start(&store, &["--window", "2s", "--frequency", "49"])?;
 
     // A, a gap of a few windows, then B; the gap keeps any one window from holding both.
+    let unix_now = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0)
+    };
+    let started = unix_now() - 3;
     run_phase(&phase_a, 8)?;
     std::thread::sleep(Duration::from_secs(5));
+    let middle = unix_now() - 2;
     run_phase(&phase_b, 8)?;
+    let ended = unix_now() + 3;
     // Until B's last window is in the store.
     let path = format!(
         "/api/v1/timeline?from=now-5m&group_by=comm&match={}",
@@ -321,6 +330,104 @@ fn ui_timeline_brush_compare_sandwich_and_url_state() -> Result<()> {
     ensure!(
         before == after,
         "state before {before}\nafter reload {after}"
+    );
+    drop(second);
+    drop(tab);
+
+    diff_pprof_is_go_tool_pprofs_diff_base(&daemon, started, middle, ended)
+}
+
+/// The API's and the CLI's diff in pprof read by `go tool pprof -top` as `-diff_base` reads the
+/// two ranges' own profiles: the same table.
+fn diff_pprof_is_go_tool_pprofs_diff_base(
+    daemon: &Daemon,
+    started: u64,
+    middle: u64,
+    ended: u64,
+) -> Result<()> {
+    let dir = work_dir().join("ui-compare-pprof");
+    std::fs::create_dir_all(&dir)?;
+    let selector = url_encode(SELECT_PHASES);
+    let fetch = |path: String, name: &str| -> Result<PathBuf> {
+        let (status, body) = http_get(&daemon.address, &path)?;
+        ensure!(
+            status == 200,
+            "{path}: {status} {}",
+            String::from_utf8_lossy(&body)
+        );
+        let file = dir.join(name);
+        std::fs::write(&file, body)?;
+        Ok(file)
+    };
+    let base = fetch(
+        format!("/api/v1/profile?from={started}&to={middle}&match={selector}"),
+        "base.pb.gz",
+    )?;
+    let target = fetch(
+        format!("/api/v1/profile?from={middle}&to={ended}&match={selector}"),
+        "target.pb.gz",
+    )?;
+    let diff = fetch(
+        format!(
+            "/api/v1/diff?base_from={started}&base_to={middle}&from={middle}&to={ended}\
+             &match={selector}&format=pprof"
+        ),
+        "diff.pb.gz",
+    )?;
+    // The table from "Showing nodes" on: the header's time and duration lines differ.
+    let table = |text: &str| -> String {
+        text.lines()
+            .skip_while(|l| !l.starts_with("Showing nodes"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let base_arg = format!("-diff_base={}", base.display());
+    let expected = table(&go_pprof(&["-top", &base_arg], &target)?);
+    let ours = table(&go_pprof(&["-top"], &diff)?);
+    ensure!(
+        expected.contains("leaf_a") && expected.contains('-'),
+        "go tool pprof -diff_base gave no difference:\n{expected}"
+    );
+    ensure!(
+        ours == expected,
+        "the diff profile reads\n{ours}\nwhere go tool pprof -diff_base reads\n{expected}"
+    );
+
+    // The CLI: the same profile, and a differential flame graph.
+    let store = daemon.store.display().to_string();
+    let (started, middle, ended) = (started.to_string(), middle.to_string(), ended.to_string());
+    let cli = dir.join("cli-diff.pb.gz");
+    let svg = dir.join("cli-diff.svg");
+    for (output, format) in [(&cli, "pprof"), (&svg, "svg")] {
+        run_scorch(&[
+            "query",
+            "--store",
+            &store,
+            "--from",
+            &middle,
+            "--to",
+            &ended,
+            "--base-from",
+            &started,
+            "--base-to",
+            &middle,
+            "--match",
+            SELECT_PHASES,
+            "--format",
+            format,
+            "-o",
+            &output.display().to_string(),
+        ])?;
+    }
+    let from_cli = table(&go_pprof(&["-top"], &cli)?);
+    ensure!(
+        from_cli == expected,
+        "scorch query --base-from's profile reads\n{from_cli}\nwhere go tool pprof -diff_base reads\n{expected}"
+    );
+    let svg = std::fs::read_to_string(&svg)?;
+    ensure!(
+        svg.contains("red grew, blue shrank") && svg.contains("phase_a") && svg.contains("phase_b"),
+        "scorch query --base-from --format svg drew no differential flame graph of both phases"
     );
     Ok(())
 }
