@@ -731,6 +731,30 @@ mod tests {
 
         assert_eq!(get(address, "/nope").await.0, 404);
 
+        // The views' routes: the same 400s naming the parameter, and the same guard.
+        for (path, param) in [
+            ("/api/v1/timeline?group_by=a-b", "group_by"),
+            ("/api/v1/timeline?from=now-7d&step=1s", "step"),
+            ("/api/v1/timeline?limit=1000", "limit"),
+            ("/api/v1/diff?format=svg", "base_from"),
+            (
+                "/api/v1/diff?base_from=now-2h&base_to=now-1h&format=png",
+                "format",
+            ),
+            ("/api/v1/labels?from=soon", "from"),
+        ] {
+            let (status, _, body) = get(address, path).await;
+            assert_eq!(status, 400, "{path}: {body}");
+            assert!(
+                body.starts_with(&format!("parameter {param}:")),
+                "{path}: {body}"
+            );
+        }
+        for path in ["/api/v1/timeline", "/api/v1/diff", "/api/v1/labels"] {
+            let (status, _, _) = get_with(address, path, "Host: evil.example").await;
+            assert_eq!(status, 403, "{path}");
+        }
+
         // DNS rebinding and cross-site reads are refused before any handler runs.
         let (status, _, body) = get_with(address, "/api/v1/profile", "Host: evil.example").await;
         assert_eq!(status, 403, "{body}");
