@@ -12,6 +12,8 @@
 //! - Remote sink (`--only remote`): `agent/benches/remote.rs`, given the scorch binary: CPU to
 //!   encode and send a window of 100 series, RSS with the server down and an hour queued, and
 //!   how fast that backlog drains.
+//! - UI views (`--only views`, and within `daemon`): `agent/benches/views.rs`, the timeline
+//!   over 24 h of windows and a diff of two 1 h ranges.
 //! - Unwind tables (`--only unwind`): `agent/benches/unwind.rs`, the time to build libc's (and
 //!   ld.so's, libstdc++'s) table from its file, median and max of 20 fresh builds, and its size.
 
@@ -63,6 +65,7 @@ pub fn bench(
         Some("daemon") => daemon_report(root, scorch, daemon_windows),
         Some("remote") => remote_report(root, scorch),
         Some("unwind") => unwind_report(root),
+        Some("views") => views_report(root),
         Some("overhead") => {
             let phases = crate::bench_overhead::Phases::standard(seconds);
             let report = crate::bench_overhead::overhead(root, scorch, runs, phases)?;
@@ -71,7 +74,8 @@ pub fn bench(
         }
         Some(other) => {
             bail!(
-                "--only {other:?}: expected record, symbolize, daemon, remote, unwind or overhead"
+                "--only {other:?}: expected record, symbolize, daemon, remote, unwind, views or \
+                 overhead"
             )
         }
     }
@@ -98,6 +102,19 @@ pub fn unwind_report(root: &Path) -> Result<()> {
         .collect();
     print!("{report}");
     let path = dir.join("unwind-report.md");
+    std::fs::write(&path, &report)?;
+    eprintln!("bench: report written to {}", path.display());
+    Ok(())
+}
+
+/// The UI views' query times over a synthetic day; like the unwind report, it needs no scorch
+/// binary and no privileges.
+pub fn views_report(root: &Path) -> Result<()> {
+    let dir = root.join("target/bench");
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let report = crate::bench_daemon::views_bench(root)?;
+    print!("{report}");
+    let path = dir.join("views-report.md");
     std::fs::write(&path, &report)?;
     eprintln!("bench: report written to {}", path.display());
     Ok(())

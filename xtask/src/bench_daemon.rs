@@ -8,6 +8,9 @@
 //!   `store` bench, which compares the store's bytes with the windows' gzipped pprofs.
 //! - Query: `scorch query --since 1h --format svg` on that hour, 5 fresh processes, median
 //!   wall time.
+//! - Views (also `--only views`, which needs no privileges): `agent/benches/views.rs` writes a
+//!   day of synthetic 10 s windows (`store::fixtures::synthetic_window`) and times the UI's
+//!   timeline over the 24 h and a diff of two 1 h ranges.
 
 use std::{
     path::Path,
@@ -172,7 +175,27 @@ pub fn daemon_bench(root: &Path, scorch: &Path, windows: u64) -> Result<String> 
         times[4],
         verdict(times[2] <= 200.0)
     ));
+    report.push_str(&views_bench(root)?);
     Ok(report)
+}
+
+/// The `views` bench's lines: timeline over 24 h (target: 50 ms) and a diff of two 1 h
+/// ranges (target: 300 ms).
+pub fn views_bench(root: &Path) -> Result<String> {
+    let output = Command::new("cargo")
+        .current_dir(root)
+        .args(["bench", "--package", "scorch", "--bench", "views"])
+        .stderr(Stdio::inherit())
+        .output()
+        .context("running the views bench")?;
+    if !output.status.success() {
+        bail!("the views bench failed");
+    }
+    Ok(String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter(|l| l.starts_with("views:"))
+        .map(|l| format!("{l}\n"))
+        .collect())
 }
 
 fn verdict(ok: bool) -> &'static str {

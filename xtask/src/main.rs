@@ -65,6 +65,7 @@ enum Task {
         /// `symbolize`, `daemon` (scorch run steady state, store size, query time),
         /// `remote` (encode+send CPU, RSS with the server down, backlog drain speed),
         /// `unwind` (unwind-table build time and size for libc, ld.so, libstdc++), or
+        /// `views` (the UI's timeline over 24 h and a diff of two 1 h ranges), or
         /// `overhead` (record vs perf vs bpftrace, the daemon under process churn, CPU by
         /// sampling rate: `target/bench/overhead.md`).
         #[arg(long)]
@@ -104,6 +105,9 @@ fn main() -> Result<()> {
         } => {
             if only.as_deref() == Some("unwind") {
                 return bench::unwind_report(&root);
+            }
+            if only.as_deref() == Some("views") {
+                return bench::views_report(&root);
             }
             setup::setup()?;
             let scorch = build(&root)?;

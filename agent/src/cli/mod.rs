@@ -147,6 +147,14 @@ pub struct QueryArgs {
     /// Output format; by default from the output's extension, or `top` on standard output.
     #[arg(long, value_enum)]
     pub format: Option<Format>,
+    /// Compare with this baseline range (start), and write what changed from it to the range
+    /// above: a differential flame graph (svg), `go tool pprof -diff_base`'s profile (pprof),
+    /// each function's change in share (top), or `stack base target` lines (folded).
+    #[arg(long, requires = "base_to")]
+    pub base_from: Option<String>,
+    /// End of the baseline range.
+    #[arg(long, requires = "base_from")]
+    pub base_to: Option<String>,
 }
 
 impl QueryArgs {
@@ -165,9 +173,16 @@ impl QueryArgs {
             (None, Some(path)) => Format::from_path(path),
             (None, None) => Format::Top,
         };
+        let base = match (&self.base_from, &self.base_to) {
+            (Some(from), Some(to)) => {
+                Some(parse_range(Some(from), Some(to), None, now, DEFAULT_SPAN)?)
+            }
+            _ => None,
+        };
         Ok(QueryConfig {
             store: self.store.clone(),
             range,
+            base,
             selector,
             selector_text: self.selector.clone(),
             output: self.output.clone(),
@@ -285,6 +300,39 @@ mod tests {
         assert!(parse_pid("4194305")
             .unwrap_err()
             .contains("no process with PID 4194305"));
+    }
+
+    #[test]
+    fn query_base_range() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_714_564_800);
+        let parse = |args: &[&str]| {
+            let mut line = vec!["scorch", "query"];
+            line.extend_from_slice(args);
+            match Cli::try_parse_from(line)?.command {
+                Command::Query(args) => Ok::<_, clap::Error>(args),
+                _ => panic!("not query"),
+            }
+        };
+        let args = parse(&[
+            "--since",
+            "1h",
+            "--base-from",
+            "now-2h",
+            "--base-to",
+            "now-1h",
+        ])
+        .unwrap();
+        let config = args.resolve_at(now).unwrap();
+        let base = config.base.unwrap();
+        assert_eq!(base.from, now - Duration::from_secs(7200));
+        assert_eq!(base.to, now - Duration::from_secs(3600));
+        assert_eq!(config.range.from, now - Duration::from_secs(3600));
+        assert!(parse(&[]).unwrap().resolve_at(now).unwrap().base.is_none());
+        // One end alone is refused by clap, a bad time by the resolver.
+        assert!(parse(&["--base-from", "now-2h"]).is_err());
+        assert!(parse(&["--base-to", "now-2h"]).is_err());
+        let bad = parse(&["--base-from", "later", "--base-to", "now"]).unwrap();
+        assert!(bad.resolve_at(now).is_err());
     }
 
     #[test]

@@ -12,6 +12,7 @@ use std::{
 use crate::{
     parse::selector::{Selector, SelectorError},
     parse::timespec::TimeError,
+    profile::diff,
     profile::encode::{self, EncodeOptions, Format},
     store::{Store, StoreError, TimeRange},
     sys::fs::{hostname, write_atomically},
@@ -27,6 +28,8 @@ pub struct QueryConfig {
     pub store: PathBuf,
     /// The windows to merge.
     pub range: TimeRange,
+    /// The baseline to compare with, if any: then the output is what changed from it.
+    pub base: Option<TimeRange>,
     /// The series to merge.
     pub selector: Selector,
     /// The selector as written, for the flame graph's title.
@@ -74,7 +77,22 @@ pub fn query(args: &QueryConfig) -> Result<String, QueryError> {
         top_limit: None,
         max_stacks: None,
     };
-    let bytes = encode::encode(format, &profile, options)?;
+    let bytes = match args.base {
+        None => encode::encode(format, &profile, options)?,
+        Some(range) => {
+            let base = store.query(range, &|labels| args.selector.matches(labels))?;
+            match format {
+                Format::Pprof => diff::pprof(&base, &profile),
+                Format::Svg => diff::svg(&base, &profile, &title, None)?,
+                Format::Top => diff::render_top(&diff::top(&base, &profile), None).into_bytes(),
+                Format::Folded => diff::pairs(&base, &profile)
+                    .iter()
+                    .flat_map(|line| [line.as_str(), "\n"])
+                    .collect::<String>()
+                    .into_bytes(),
+            }
+        }
+    };
     let destination = match &args.output {
         Some(path) => {
             write_atomically(path, &bytes).map_err(|e| QueryError::Output {

@@ -4,6 +4,7 @@
 //! but holds owned names rather than string-table indices so the encoders stay simple and the
 //! symboliser does not need to know about any wire format.
 
+pub mod diff;
 pub mod encode;
 
 use std::{

@@ -7,6 +7,7 @@
 //! | `GET /api/v1/profile?from=&to=&match=&format=` | the merged profile: `pprof` (default; gzipped protobuf, so `go tool pprof URL` works), `svg` (inferno flame graph), `folded`, or `top` (pprof `-top` text) |
 //! | `GET /api/v1/top?from=&to=&match=&limit=` | the top-functions table as JSON, for the UI |
 //! | `GET /api/v1/series?from=&to=&match=` | the label sets with samples in the range, as JSON |
+//! | `/api/v1/timeline`, `/api/v1/diff`, `/api/v1/labels` | the UI's timeline, differential profiles and label names: [`super::views`] |
 //! | `GET /metrics` | Prometheus (OpenMetrics text) |
 //! | `GET /healthz` | `200 ok`, or `503` and the reason |
 //!
@@ -124,7 +125,7 @@ impl HttpState {
     }
 
     /// A turn to query the store, or [`ApiError::Busy`] after [`QUERY_QUEUE_WAIT`].
-    async fn query_turn(&self) -> Result<OwnedSemaphorePermit, ApiError> {
+    pub(super) async fn query_turn(&self) -> Result<OwnedSemaphorePermit, ApiError> {
         match tokio::time::timeout(QUERY_QUEUE_WAIT, self.queries.clone().acquire_owned()).await {
             Ok(Ok(permit)) => Ok(permit),
             _ => Err(ApiError::Busy),
@@ -151,7 +152,7 @@ pub enum ApiError {
 }
 
 impl ApiError {
-    fn bad(param: &'static str, message: impl ToString) -> ApiError {
+    pub(super) fn bad(param: &'static str, message: impl ToString) -> ApiError {
         ApiError::BadParameter {
             param,
             message: message.to_string(),
@@ -371,6 +372,7 @@ pub fn router(state: Arc<HttpState>) -> Router {
         .route("/api/v1/profile", get(profile))
         .route("/api/v1/top", get(top))
         .route("/api/v1/series", get(series))
+        .merge(super::views::routes())
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
         .layer(middleware::from_fn_with_state(state.clone(), guard))
@@ -501,7 +503,7 @@ async fn series(
     json(&matching)
 }
 
-fn json(value: &impl serde::Serialize) -> Result<Response, ApiError> {
+pub(super) fn json(value: &impl serde::Serialize) -> Result<Response, ApiError> {
     let body = serde_json::to_vec(value).map_err(|e| ApiError::Encode(e.to_string()))?;
     Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
 }
@@ -748,6 +750,30 @@ mod tests {
         assert!(body.contains("<html") && !body.contains("{{WINDOW_SECONDS}}"));
 
         assert_eq!(get(address, "/nope").await.0, 404);
+
+        // The views' routes: the same 400s naming the parameter, and the same guard.
+        for (path, param) in [
+            ("/api/v1/timeline?group_by=a-b", "group_by"),
+            ("/api/v1/timeline?from=now-7d&step=1s", "step"),
+            ("/api/v1/timeline?limit=1000", "limit"),
+            ("/api/v1/diff?format=svg", "base_from"),
+            (
+                "/api/v1/diff?base_from=now-2h&base_to=now-1h&format=png",
+                "format",
+            ),
+            ("/api/v1/labels?from=soon", "from"),
+        ] {
+            let (status, _, body) = get(address, path).await;
+            assert_eq!(status, 400, "{path}: {body}");
+            assert!(
+                body.starts_with(&format!("parameter {param}:")),
+                "{path}: {body}"
+            );
+        }
+        for path in ["/api/v1/timeline", "/api/v1/diff", "/api/v1/labels"] {
+            let (status, _, _) = get_with(address, path, "Host: evil.example").await;
+            assert_eq!(status, 403, "{path}");
+        }
 
         // DNS rebinding and cross-site reads are refused before any handler runs.
         let (status, _, body) = get_with(address, "/api/v1/profile", "Host: evil.example").await;

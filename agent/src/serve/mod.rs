@@ -2,3 +2,4 @@
 
 pub mod guard;
 pub mod http;
+pub mod views;

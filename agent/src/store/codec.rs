@@ -52,6 +52,52 @@ pub(super) fn decode_rows(bytes: &[u8]) -> Option<Vec<(i64, i64, u64)>> {
     Some(rows)
 }
 
+/// A window's per-series totals (`(series, value)`, sorted by series): series as deltas from
+/// the previous one, value as is; all varints. What the timeline reads instead of the rows.
+pub(super) fn encode_totals(totals: &[(i64, u64)]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(totals.len() * 3);
+    let mut last_series = 0i64;
+    for &(series, value) in totals {
+        put_varint(&mut out, (series - last_series) as u64);
+        put_varint(&mut out, value);
+        last_series = series;
+    }
+    out
+}
+
+/// Calls `each(series, value)` for every pair of [`encode_totals`]' output, without
+/// allocating: the timeline decodes a day of windows per request. False if the bytes are
+/// not such a list.
+pub(super) fn for_each_total(mut bytes: &[u8], mut each: impl FnMut(i64, u64)) -> bool {
+    let mut series = 0i64;
+    while !bytes.is_empty() {
+        let (Some(delta), Some(value)) = (next_varint(&mut bytes), next_varint(&mut bytes)) else {
+            return false;
+        };
+        let Some(next) = i64::try_from(delta)
+            .ok()
+            .and_then(|d| series.checked_add(d))
+        else {
+            return false;
+        };
+        series = next;
+        each(series, value);
+    }
+    true
+}
+
+/// The per-series totals of a window's sorted `(series, stack, value)` rows.
+pub(super) fn totals_of_rows(rows: &[(i64, i64, u64)]) -> Vec<(i64, u64)> {
+    let mut totals: Vec<(i64, u64)> = Vec::new();
+    for &(series, _, value) in rows {
+        match totals.last_mut() {
+            Some((last, sum)) if *last == series => *sum = sum.saturating_add(value),
+            _ => totals.push((series, value)),
+        }
+    }
+    totals
+}
+
 pub(super) fn labels_json(labels: &Labels) -> String {
     serde_json::to_string(labels).unwrap_or_else(|_| "{}".to_owned())
 }
@@ -72,23 +118,27 @@ pub(super) fn put_varint(out: &mut Vec<u8>, mut value: u64) {
 pub(super) fn varints(mut bytes: &[u8]) -> Option<Vec<u64>> {
     let mut values = Vec::new();
     while !bytes.is_empty() {
-        let mut value = 0u64;
-        let mut shift = 0;
-        loop {
-            let (&byte, rest) = bytes.split_first()?;
-            bytes = rest;
-            if shift > 63 {
-                return None;
-            }
-            value |= u64::from(byte & 0x7f) << shift;
-            shift += 7;
-            if byte & 0x80 == 0 {
-                break;
-            }
-        }
-        values.push(value);
+        values.push(next_varint(&mut bytes)?);
     }
     Some(values)
+}
+
+/// The varint at the start of `bytes`, which then starts after it.
+fn next_varint(bytes: &mut &[u8]) -> Option<u64> {
+    let mut value = 0u64;
+    let mut shift = 0;
+    loop {
+        let (&byte, rest) = bytes.split_first()?;
+        *bytes = rest;
+        if shift > 63 {
+            return None;
+        }
+        value |= u64::from(byte & 0x7f) << shift;
+        shift += 7;
+        if byte & 0x80 == 0 {
+            return Some(value);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -107,5 +157,19 @@ mod tests {
         let rows = vec![(1, 5, 3), (1, 9, 1), (4, 2, 7), (4, 2000, 1), (300, 1, 1)];
         assert_eq!(decode_rows(&encode_rows(&rows)).unwrap(), rows);
         assert!(decode_rows(&[1, 2]).is_none());
+    }
+
+    #[test]
+    fn totals_sum_each_series_and_round_trip() {
+        let rows = vec![(1, 5, 3), (1, 9, 1), (4, 2, 7), (4, 2000, 1), (300, 1, 1)];
+        let totals = totals_of_rows(&rows);
+        assert_eq!(totals, vec![(1, 4), (4, 8), (300, 1)]);
+        let mut decoded = Vec::new();
+        assert!(for_each_total(&encode_totals(&totals), |s, v| decoded.push((s, v))));
+        assert_eq!(decoded, totals);
+        assert!(for_each_total(&[], |_, _| unreachable!()));
+        // A series without its value, or a truncated varint, is refused.
+        assert!(!for_each_total(&[1], |_, _| {}));
+        assert!(!for_each_total(&[1, 0x80], |_, _| {}));
     }
 }

@@ -18,17 +18,19 @@
 //!
 //! The parts: `schema` (tables, and the header fields that say a file is a store), `writer`
 //! (a window's transaction and the id caches that keep it small), `reader` (merging windows
-//! back into a `Profile`), `retention` (age, size, garbage), `cursor` (what the remote
+//! back into a `Profile`), `timeline` (CPU per step and label from each window's per-series
+//! totals, no stack read), `retention` (age, size, garbage), `cursor` (what the remote
 //! sinks read back) and `codec` (the byte formats inside rows). This file opens a store and
 //! refuses what is not one.
 
 mod codec;
 mod cursor;
-#[cfg(test)]
-mod fixtures;
+#[doc(hidden)]
+pub mod fixtures;
 mod reader;
 mod retention;
 mod schema;
+mod timeline;
 mod writer;
 
 use std::{
@@ -39,13 +41,14 @@ use std::{
 use rusqlite::{Connection, ErrorCode, OpenFlags};
 
 use crate::sys::time::from_unix_ns;
-use schema::{APPLICATION_ID, SCHEMA_VERSION};
+use schema::{APPLICATION_ID, OLDEST_MIGRATED, SCHEMA_VERSION};
 use writer::IdCache;
 
 pub use crate::parse::timespec::TimeRange;
 pub use crate::profile::Labels;
 pub use reader::QueryLimits;
 pub use retention::Retention;
+pub use timeline::{Timeline, TimelineRequest, TimelineSeries};
 pub use writer::WriteStats;
 
 /// The file name of the database inside the store directory.
@@ -193,6 +196,24 @@ impl Store {
             schema::create(&connection).map_err(sqlite)?;
         }
         schema::configure(&connection).map_err(sqlite)?;
+        // The header `identify` read may predate a migration still in the WAL: ask SQLite.
+        let found: i32 = connection
+            .query_row("PRAGMA user_version", [], |row| row.get(0))
+            .map_err(sqlite)?;
+        if found < SCHEMA_VERSION {
+            let started = std::time::Instant::now();
+            let backfilled = schema::migrate(&connection, found).map_err(sqlite)?;
+            tracing::info!(
+                "store: upgraded {} from schema {found} to {SCHEMA_VERSION} \
+                 ({backfilled} windows' totals in {:.1?})",
+                path.display(),
+                started.elapsed()
+            );
+            // So that `identify` (which reads the main file's header) sees the new version.
+            connection
+                .execute_batch("PRAGMA wal_checkpoint(TRUNCATE);")
+                .map_err(sqlite)?;
+        }
         Ok(Store {
             connection,
             path,
@@ -297,6 +318,26 @@ impl Store {
                 reason: format!("{orphans} windows' sample rows have no window"),
             });
         }
+        if self.has_totals()? {
+            let (orphans, missing): (i64, i64) = self
+                .connection
+                .query_row(
+                    "SELECT
+                       (SELECT COUNT(*) FROM window_totals WHERE window NOT IN (SELECT id FROM windows)),
+                       (SELECT COUNT(*) FROM window_samples WHERE window NOT IN (SELECT window FROM window_totals))",
+                    [],
+                    |row| Ok((row.get(0)?, row.get(1)?)),
+                )
+                .map_err(err)?;
+            if orphans > 0 || missing > 0 {
+                return Err(StoreError::Damaged {
+                    path: self.path.clone(),
+                    reason: format!(
+                        "{orphans} windows' totals have no window, {missing} windows have no totals"
+                    ),
+                });
+            }
+        }
         // Every stack a window uses must decode into existing locations, functions, strings.
         let everything = TimeRange {
             from: UNIX_EPOCH,
@@ -335,7 +376,8 @@ fn identify(path: &Path) -> Result<(), StoreError> {
             found: user_version,
         });
     }
-    if user_version < SCHEMA_VERSION {
+    // A store of an earlier release: `open` migrates it; a reader reads it as it is.
+    if user_version < OLDEST_MIGRATED {
         return Err(StoreError::OlderSchema {
             path: path.to_owned(),
             found: user_version,

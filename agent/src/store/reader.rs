@@ -429,7 +429,7 @@ impl QueryLimits {
         }
     }
 
-    fn check_stacks(&self, stacks: usize) -> Result<(), StoreError> {
+    pub(super) fn check_stacks(&self, stacks: usize) -> Result<(), StoreError> {
         if stacks > self.max_stacks {
             return Err(StoreError::TooLarge {
                 limit: self.max_stacks,
@@ -438,7 +438,7 @@ impl QueryLimits {
         Ok(())
     }
 
-    fn check_time(&self) -> Result<(), StoreError> {
+    pub(super) fn check_time(&self) -> Result<(), StoreError> {
         match self.deadline {
             Some((at, timeout)) if Instant::now() > at => Err(StoreError::TimedOut {
                 seconds: timeout.as_secs(),

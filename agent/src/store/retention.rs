@@ -96,12 +96,14 @@ impl Store {
 
     fn delete_windows(&self, condition: &str, values: &[i64]) -> rusqlite::Result<usize> {
         let tx = self.connection.unchecked_transaction()?;
-        tx.execute(
-            &format!(
-                "DELETE FROM window_samples WHERE window IN (SELECT id FROM windows WHERE {condition})"
-            ),
-            rusqlite::params_from_iter(values),
-        )?;
+        for table in ["window_samples", "window_totals"] {
+            tx.execute(
+                &format!(
+                    "DELETE FROM {table} WHERE window IN (SELECT id FROM windows WHERE {condition})"
+                ),
+                rusqlite::params_from_iter(values),
+            )?;
+        }
         let deleted = tx.execute(
             &format!("DELETE FROM windows WHERE {condition}"),
             rusqlite::params_from_iter(values),

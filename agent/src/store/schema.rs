@@ -1,13 +1,18 @@
 //! The database's layout: its tables, and the header fields that tell a scorch store from any
 //! other SQLite file. A change to the tables bumps [`SCHEMA_VERSION`], so that a scorch that
-//! does not know them refuses the store rather than misreads it.
+//! does not know them refuses the store rather than misreads it, and adds a step to
+//! [`migrate`], so that a store an earlier release wrote keeps its windows.
 
 use rusqlite::Connection;
+
+use super::codec::{decode_rows, encode_totals, totals_of_rows};
 
 /// `PRAGMA application_id` of a scorch store ("SCOR"): how a SQLite file says what it is.
 pub(super) const APPLICATION_ID: i32 = 0x5343_4f52;
 /// `PRAGMA user_version`: the schema below.
-pub(super) const SCHEMA_VERSION: i32 = 2;
+pub(super) const SCHEMA_VERSION: i32 = 3;
+/// The oldest schema [`migrate`] upgrades (and readers still read): 2 lacks `window_totals`.
+pub(super) const OLDEST_MIGRATED: i32 = 2;
 
 const SCHEMA: &str = "
 CREATE TABLE strings (
@@ -73,6 +78,15 @@ CREATE TABLE window_samples (
 );
 ";
 
+/// Schema 3: each window's samples per series, so the timeline reads a few bytes per window
+/// and series instead of decoding and summing every (series, stack) row of a day.
+const WINDOW_TOTALS: &str = "
+CREATE TABLE IF NOT EXISTS window_totals (
+    window INTEGER PRIMARY KEY, -- windows.id
+    totals BLOB NOT NULL        -- varint (series delta, samples) pairs, series ascending
+);
+";
+
 /// Creates a new store's tables in an empty database.
 pub(super) fn create(connection: &Connection) -> rusqlite::Result<()> {
     // auto_vacuum must be chosen before the first table exists. The schema and the header
@@ -82,6 +96,7 @@ pub(super) fn create(connection: &Connection) -> rusqlite::Result<()> {
         "PRAGMA auto_vacuum = INCREMENTAL;
          BEGIN;
          {SCHEMA}
+         {WINDOW_TOTALS}
          PRAGMA application_id = {APPLICATION_ID};
          PRAGMA user_version = {SCHEMA_VERSION};
          COMMIT;"
@@ -103,4 +118,45 @@ pub(super) fn configure(connection: &Connection) -> rusqlite::Result<()> {
              window INTEGER NOT NULL   -- the newest window it has delivered
          );",
     )
+}
+
+/// Brings a store of schema `found` (at least [`OLDEST_MIGRATED`]) to [`SCHEMA_VERSION`] in one
+/// transaction: on failure it is left as it was. Returns the windows backfilled.
+///
+/// 2 -> 3: `window_totals`, filled from every stored window's rows (nothing is dropped; the
+/// rows themselves are untouched).
+pub(super) fn migrate(connection: &Connection, found: i32) -> rusqlite::Result<usize> {
+    if found >= SCHEMA_VERSION {
+        return Ok(0);
+    }
+    let tx = connection.unchecked_transaction()?;
+    tx.execute_batch(WINDOW_TOTALS)?;
+    let mut backfilled = 0;
+    {
+        let mut select = tx.prepare(
+            "SELECT window, rows FROM window_samples
+             WHERE window NOT IN (SELECT window FROM window_totals)",
+        )?;
+        let mut insert =
+            tx.prepare("INSERT INTO window_totals (window, totals) VALUES (?1, ?2)")?;
+        let mut rows = select.query([])?;
+        while let Some(row) = rows.next()? {
+            let window: i64 = row.get(0)?;
+            let blob: Vec<u8> = row.get(1)?;
+            // A window whose rows do not decode gets no totals (the timeline then skips it);
+            // `verify` reports it, as before.
+            let Some(decoded) = decode_rows(&blob) else {
+                tracing::warn!("store: window {window}'s rows do not decode; no totals for it");
+                continue;
+            };
+            insert.execute(rusqlite::params![
+                window,
+                encode_totals(&totals_of_rows(&decoded))
+            ])?;
+            backfilled += 1;
+        }
+    }
+    tx.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION};"))?;
+    tx.commit()?;
+    Ok(backfilled)
 }

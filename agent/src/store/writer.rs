@@ -6,7 +6,9 @@ use std::{collections::HashMap, sync::Arc, time::SystemTime};
 
 use rusqlite::{params, Connection};
 
-use super::codec::{content_hash, encode_rows, labels_json, put_varint};
+use super::codec::{
+    content_hash, encode_rows, encode_totals, labels_json, put_varint, totals_of_rows,
+};
 use super::{Store, StoreError, TOUCH_EVERY};
 use crate::profile::{Labels, Line, Location, Mapping, Profile};
 use crate::sys::time::unix_ns;
@@ -136,6 +138,14 @@ impl Store {
         connection
             .prepare_cached("INSERT INTO window_samples (window, rows) VALUES (?1, ?2)")
             .and_then(|mut insert| insert.execute(params![window, encode_rows(&sorted)]))
+            .map_err(err)?;
+        // The timeline's per-series totals, in the same transaction: a window has both or
+        // neither.
+        connection
+            .prepare_cached("INSERT INTO window_totals (window, totals) VALUES (?1, ?2)")
+            .and_then(|mut insert| {
+                insert.execute(params![window, encode_totals(&totals_of_rows(&sorted))])
+            })
             .map_err(err)?;
         connection.execute_batch("COMMIT").map_err(err)?;
         Ok(WriteStats {

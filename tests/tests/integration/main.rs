@@ -13,3 +13,4 @@ mod privileges;
 mod remote;
 mod symbols;
 mod ui;
+mod ui_compare;

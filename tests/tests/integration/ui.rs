@@ -17,7 +17,7 @@ use headless_chrome::{
 use scorch_tests::{build_workload, go_pprof, http_get, work_dir, Daemon, Workload};
 
 /// Debian's chromium, which `cargo xtask setup` installs.
-const CHROMIUM: &str = "/usr/bin/chromium";
+pub(crate) const CHROMIUM: &str = "/usr/bin/chromium";
 
 /// The workload's process name, and so the selector that picks it.
 const COMM: &str = "calltree";
@@ -53,7 +53,7 @@ fn daemon_with_workload(name: &str) -> Result<(Workload, Daemon)> {
 }
 
 /// Percent-encodes a query value (everything but unreserved characters).
-fn url_encode(text: &str) -> String {
+pub(crate) fn url_encode(text: &str) -> String {
     text.bytes()
         .map(|b| match b {
             b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
@@ -94,7 +94,7 @@ fn go_tool_pprof_reads_the_profile_url() -> Result<()> {
 
 /// Evaluates `expression` in the page and returns its value as text (strings as they are,
 /// anything else as JSON).
-fn eval(tab: &Tab, expression: &str) -> Result<String> {
+pub(crate) fn eval(tab: &Tab, expression: &str) -> Result<String> {
     let result = tab
         .evaluate(expression, false)
         .with_context(|| format!("evaluating {expression}"))?;
@@ -111,7 +111,7 @@ fn eval(tab: &Tab, expression: &str) -> Result<String> {
 }
 
 /// Polls `expression` until it is true; fails with `what` and the status line.
-fn wait_until(tab: &Tab, expression: &str, what: &str) -> Result<()> {
+pub(crate) fn wait_until(tab: &Tab, expression: &str, what: &str) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         if eval(tab, expression)? == "true" {
@@ -126,7 +126,7 @@ fn wait_until(tab: &Tab, expression: &str, what: &str) -> Result<()> {
 }
 
 /// The flame graph's document, inside the page's iframe.
-const GRAPH: &str = "document.getElementById('flame').contentDocument";
+pub(crate) const GRAPH: &str = "document.getElementById('flame').contentDocument";
 
 /// True once the flame graph is drawn and holds `name` (inferno's script has run: it fills
 /// the `details` line's text node at load).
@@ -139,7 +139,7 @@ fn graph_shows(name: &str) -> String {
 }
 
 /// The names of the frames one level above the root (`all`): the process names.
-const PROCESS_FRAMES: &str =
+pub(crate) const PROCESS_FRAMES: &str =
     "(() => { const d = document.getElementById('flame').contentDocument; \
      const gs = [...d.querySelectorAll('#frames > g')]; \
      const y = (g) => parseFloat(g.querySelector('rect').getAttribute('y')); \
@@ -173,7 +173,7 @@ fn type_selector(tab: &Tab, selector: &str) -> Result<()> {
     Ok(())
 }
 
-fn artifact_path(name: &str) -> PathBuf {
+pub(crate) fn artifact_path(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../target/test-artifacts")
         .join(name)

@@ -270,6 +270,11 @@ pub fn encode(profile: &Profile) -> Vec<u8> {
     gzip(&to_message(profile).encode_to_vec())
 }
 
+/// Encodes and gzips a message built elsewhere (the differential profile).
+pub fn encode_message(message: &pb::Profile) -> Vec<u8> {
+    gzip(&message.encode_to_vec())
+}
+
 /// Encodes and gzips the profile of `samples` (see [`samples_message`]).
 pub fn encode_samples(profile: &Profile, samples: &[&Sample]) -> Vec<u8> {
     gzip(&samples_message(profile, samples).encode_to_vec())

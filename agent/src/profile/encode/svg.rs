@@ -8,6 +8,12 @@ use crate::profile::Profile;
 #[error("drawing the flame graph: {0}")]
 pub struct SvgError(String);
 
+impl SvgError {
+    pub(crate) fn new(message: String) -> SvgError {
+        SvgError(message)
+    }
+}
+
 /// Draws the profile as an interactive flame graph titled `title`, of at most `max_stacks`
 /// stacks (the heaviest; see [`super::folded::fold_heaviest`]) when given.
 pub fn encode(
