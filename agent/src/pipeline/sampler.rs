@@ -106,7 +106,7 @@ impl Sampler {
                 scorch_common::FILTER_NONE
             },
             include_idle: u32::from(config.include_idle),
-            _reserved: 0,
+            unwind: scorch_common::UNWIND_FP,
         };
         maps.control
             .set(0, control, 0)
