@@ -5,9 +5,9 @@ use core::intrinsics::{atomic_xadd, AtomicOrdering};
 use aya_ebpf::{
     bindings::{BPF_F_USER_STACK, BPF_NOEXIST},
     helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid},
-    macros::{map, perf_event, tracepoint},
+    macros::{map, perf_event, raw_tracepoint},
     maps::{Array, HashMap, PerCpuArray, StackTrace},
-    programs::{tracing::StackIdContext, PerfEventContext, TracePointContext},
+    programs::{tracing::StackIdContext, PerfEventContext, RawTracePointContext},
 };
 use aya_log_ebpf::warn;
 use scorch_common::{
@@ -203,9 +203,10 @@ fn try_sample(ctx: &PerfEventContext) -> Result<(), i64> {
     }
 }
 
-/// `sched:sched_process_exec`: the process's unwind mappings describe the program it was.
-#[tracepoint]
-pub fn process_exec(_ctx: TracePointContext) -> u32 {
+/// `sched_process_exec` (a raw tracepoint: no tracefs needed): the process's unwind mappings
+/// describe the program it was.
+#[raw_tracepoint(tracepoint = "sched_process_exec")]
+pub fn process_exec(_ctx: RawTracePointContext) -> i32 {
     unwind::forget_process((bpf_get_current_pid_tgid() >> 32) as u32);
     0
 }

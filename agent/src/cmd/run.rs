@@ -44,7 +44,7 @@ use crate::{
     },
     metrics::{Health, Registry},
     pipeline::drain::{DrainError, Drainer},
-    pipeline::sampler::{Sampler, SamplerConfig, SamplerError},
+    pipeline::sampler::{Sampler, SamplerConfig, SamplerError, UnwindMode},
     profile::{Labels, Profile},
     serve::{
         guard::AllowedHosts,
@@ -86,6 +86,8 @@ pub struct RunConfig {
     pub symbolize: SymbolizeMode,
     pub symbol_cache_mb: u64,
     pub include_idle: bool,
+    /// How user stacks are walked (`--unwind`, `unwind`).
+    pub unwind: UnwindMode,
     /// Relabelling rules (config file only: `[[relabel]]`), checked by [`RunConfig::resolve`].
     pub relabel: Vec<RuleConfig>,
     /// Labels added to every series (`[external-labels]`, or `--external-label NAME=VALUE`).
@@ -106,6 +108,7 @@ impl Default for RunConfig {
             symbolize: SymbolizeMode::Local,
             symbol_cache_mb: 256,
             include_idle: false,
+            unwind: UnwindMode::Auto,
             relabel: Vec::new(),
             external_labels: Labels::new(),
             remote: RemoteConfig::default(),
@@ -211,6 +214,7 @@ pub async fn run(config: RunConfig, store: Store) -> Result<(), RunError> {
         include_idle: config.include_idle,
         window_secs: config.window.as_secs().max(1),
         deny_list: labeler.can_drop(),
+        unwind: config.unwind,
     };
     // Before BPF is loaded: a bad remote configuration (URL, secret files, CA file) fails the
     // start with its reason.

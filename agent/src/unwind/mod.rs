@@ -13,7 +13,9 @@
 //! table may allocate are capped.
 
 mod convert;
+pub mod loader;
 mod optimize;
+mod pool;
 pub mod row;
 
 use std::{borrow::Cow, path::Path, path::PathBuf};
