@@ -176,7 +176,7 @@ pub async fn record(args: &RecordConfig) -> Result<RecordSummary, RecordError> {
             _ = discover.tick() => {
                 session.discover(drainer.active_pids()?);
                 if let Some(unwinder) = &mut unwinder {
-                    unwinder.poll()?;
+                    unwinder.poll(|_| true)?;
                 }
             }
         }

@@ -59,6 +59,10 @@ use crate::{
     sys::allocator::{release_free_memory, release_free_memory_above},
     sys::notify::Systemd,
     sys::privileges::{missing_privileges_message, Capabilities},
+    unwind::{
+        loader::{LoaderError, Unwinder},
+        metrics::UnwindMetrics,
+    },
 };
 
 /// Windows kept in memory while the store refuses writes: 30 minutes at the default window.
@@ -129,6 +133,8 @@ pub enum RunError {
     },
     #[error(transparent)]
     Sampler(#[from] SamplerError),
+    #[error("loading unwind tables: {0}")]
+    Unwind(#[from] LoaderError),
     #[error("draining the sampler's maps: {0}")]
     Drain(#[from] DrainError),
     #[error("waiting for signals: {0}")]
@@ -160,6 +166,7 @@ pub async fn run(config: RunConfig, store: Store) -> Result<(), RunError> {
         })?;
     let mut registry = Registry::new();
     let window_metrics = WindowMetrics::register(&mut registry);
+    let unwind_metrics = UnwindMetrics::register(&mut registry);
     let remote_metrics = Arc::new(RemoteMetrics::register(&mut registry));
     let registry = Arc::new(registry);
     let health = Arc::new(Health::new(config.window, Instant::now()));
@@ -239,6 +246,10 @@ pub async fn run(config: RunConfig, store: Store) -> Result<(), RunError> {
         None => None,
     };
     let (mut sampler, maps, control) = Sampler::start(&sampler_config)?;
+    let unwinder = sampler
+        .take_unwind_maps()
+        .map(Unwinder::start)
+        .transpose()?;
     // Loading parsed the kernel's BTF (tens of MB, freed by now): give those pages back, or a
     // daemon's RSS would keep them for its whole life.
     release_free_memory();
@@ -281,6 +292,8 @@ pub async fn run(config: RunConfig, store: Store) -> Result<(), RunError> {
         filtered_reported: 0,
         debug_files,
         debug_files_dropped: 0,
+        unwinder,
+        unwind_metrics,
     };
     let mut ticker =
         tokio::time::interval_at(tokio::time::Instant::now() + config.window, config.window);
@@ -309,6 +322,7 @@ pub async fn run(config: RunConfig, store: Store) -> Result<(), RunError> {
                 Ok(pids) => {
                     let new = pipeline.session.discover(pids);
                     pipeline.target(&new, &mut sampler);
+                    pipeline.load_unwind_tables();
                 }
                 Err(err) => break Err(err.into()),
             },
@@ -374,9 +388,25 @@ struct Pipeline {
     debug_files: Option<DebugFileSender>,
     /// Binaries the queue had no room for.
     debug_files_dropped: u64,
+    /// Feeds the BPF unwinder its tables (`--unwind auto`).
+    unwinder: Option<Unwinder>,
+    unwind_metrics: UnwindMetrics,
 }
 
 impl Pipeline {
+    /// Loads the tables of processes the BPF side asked about, except those relabelling drops.
+    fn load_unwind_tables(&mut self) {
+        let Some(unwinder) = &mut self.unwinder else {
+            return;
+        };
+        let labeler = &mut self.labeler;
+        let can_drop = labeler.can_drop();
+        let wanted = |pid| !can_drop || !matches!(*labeler.outcome(pid), Outcome::Dropped { .. });
+        if let Err(err) = unwinder.poll(wanted) {
+            tracing::warn!("{err}");
+        }
+    }
+
     /// Passes the binaries this window met first to the debug-info upload.
     fn hand_over_new_binaries(&mut self) {
         let Some(queue) = &self.debug_files else {
@@ -459,6 +489,11 @@ impl Pipeline {
         self.session.add(raw);
         self.metrics
             .window_drained(samples, &losses, drain_started.elapsed());
+        if let Some(unwinder) = &mut self.unwinder {
+            unwinder.forget_exited();
+            self.unwind_metrics
+                .window_drained(losses.unwind_outcomes(), unwinder.stats());
+        }
         self.health.sampling_ok_at(Instant::now());
 
         let aggregated = std::mem::take(&mut self.session.aggregated);

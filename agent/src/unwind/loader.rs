@@ -180,6 +180,9 @@ impl AsFdRaw for aya::maps::MapFd {
     }
 }
 
+/// Longest [`Unwinder::poll`] waits for tables it has just asked for.
+const BUILD_WAIT: std::time::Duration = std::time::Duration::from_millis(20);
+
 type BuildRequest = (FileKey, std::fs::File, PathBuf);
 type BuildResult = (FileKey, Option<Built>);
 
@@ -230,9 +233,10 @@ impl Unwinder {
         })
     }
 
-    /// Reads the BPF side's events, describes the processes they name, and loads the tables
-    /// the worker finished. Cheap when nothing happened; call it often (every 200 ms).
-    pub fn poll(&mut self) -> Result<(), LoaderError> {
+    /// Reads the BPF side's events, describes the processes they name when `wanted` says so
+    /// (the daemon's relabelling drops some: they get no tables), and loads the tables the
+    /// worker finished. Cheap when nothing happened; call it often (every 200 ms).
+    pub fn poll(&mut self, mut wanted: impl FnMut(u32) -> bool) -> Result<(), LoaderError> {
         self.clock += 1;
         let mut pids = HashSet::new();
         while let Some(item) = self.maps.events.next() {
@@ -244,10 +248,22 @@ impl Unwinder {
                 self.events += 1;
             }
         }
-        for pid in pids {
-            self.scan(pid)?;
+        let mut requested = false;
+        for pid in pids.into_iter().filter(|&pid| wanted(pid)) {
+            requested |= self.scan(pid)?;
         }
         let mut changed = HashSet::new();
+        // Tables take milliseconds to build (libc: 1.5 ms): when some were just asked for, wait
+        // for them a little, so their processes get whole stacks one poll sooner. Bounded far
+        // below a window.
+        let deadline = std::time::Instant::now() + BUILD_WAIT;
+        while requested && self.building() > 0 {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match self.results.recv_timeout(left) {
+                Ok((key, built)) => self.install(key, built, &mut changed)?,
+                Err(_) => break,
+            }
+        }
         while let Ok((key, built)) = self.results.try_recv() {
             self.install(key, built, &mut changed)?;
         }
@@ -267,6 +283,23 @@ impl Unwinder {
             }
         }
         Ok(())
+    }
+
+    /// Describes `pids` now, before the BPF side asks (`record --pid`), so their first samples
+    /// find their tables sooner.
+    pub fn watch(&mut self, pids: &[u32]) -> Result<(), LoaderError> {
+        for &pid in pids {
+            self.scan(pid)?;
+        }
+        Ok(())
+    }
+
+    /// Tables the worker has not finished.
+    fn building(&self) -> usize {
+        self.tables
+            .values()
+            .filter(|t| matches!(t, Table::Building))
+            .count()
     }
 
     /// Forgets processes that have exited, in the agent and in the BPF map.
@@ -303,11 +336,13 @@ impl Unwinder {
     }
 
     /// Reads a process's maps, asks for the tables it lacks, and describes it to BPF.
-    fn scan(&mut self, pid: u32) -> Result<(), LoaderError> {
+    /// Returns whether a table was asked for.
+    fn scan(&mut self, pid: u32) -> Result<bool, LoaderError> {
         // A process that is gone, or whose maps cannot be read, keeps frame pointers.
         let Ok(maps) = ProcessMaps::read(pid) else {
-            return Ok(());
+            return Ok(false);
         };
+        let mut requested = false;
         let mut mappings = Vec::new();
         for entry in maps.entries().iter().filter(|e| e.executable) {
             let key = entry.is_file().then_some(FileKey {
@@ -315,7 +350,7 @@ impl Unwinder {
                 inode: entry.inode,
             });
             if let Some(key) = key {
-                self.request(pid, key, entry);
+                requested |= self.request(pid, key, entry);
             }
             mappings.push(ProcMapping {
                 start: entry.start,
@@ -325,13 +360,18 @@ impl Unwinder {
             });
         }
         self.procs.insert(pid, mappings);
-        self.write(pid)
+        self.write(pid)?;
+        Ok(requested)
     }
 
-    fn request(&mut self, pid: u32, key: FileKey, entry: &MapEntry) {
+    /// Marks a table used, or asks the worker for it; returns whether it was asked for.
+    fn request(&mut self, pid: u32, key: FileKey, entry: &MapEntry) -> bool {
         match self.tables.get_mut(&key) {
-            Some(Table::Loaded { last_used, .. }) => *last_used = self.clock,
-            Some(_) => {}
+            Some(Table::Loaded { last_used, .. }) => {
+                *last_used = self.clock;
+                false
+            }
+            Some(_) => false,
             None => {
                 let sent = open_mapped(pid, entry)
                     .ok()
@@ -342,6 +382,7 @@ impl Unwinder {
                     Table::Unavailable
                 };
                 self.tables.insert(key, table);
+                sent
             }
         }
     }

@@ -14,6 +14,7 @@
 
 mod convert;
 pub mod loader;
+pub mod metrics;
 mod optimize;
 mod pool;
 pub mod row;

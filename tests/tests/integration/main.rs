@@ -12,3 +12,4 @@ mod privileges;
 mod remote;
 mod symbols;
 mod ui;
+mod unwind;

@@ -1,0 +1,251 @@
+//! User stacks without frame pointers, walked in BPF with the binaries' unwind tables
+//! (`--unwind auto`, the default): whole stacks, agreeing with perf's DWARF unwinding.
+
+use std::process::Command;
+
+use scorch_tests::*;
+
+const LEAVES: [&str; 3] = ["leaf_a", "leaf_b", "leaf_c"];
+
+/// A walk's fallbacks to frame pointers, from the summary's `unwind:` part: before a process's
+/// tables are loaded its samples may stop early, and are counted there.
+fn fallback_walks(summary: &str) -> u64 {
+    let Some((_, unwind)) = summary.split_once("unwind: ") else {
+        return 0;
+    };
+    let unwind = unwind.split(';').next().unwrap_or("");
+    unwind
+        .split(", ")
+        .filter_map(|part| part.split_once(": "))
+        .filter(|(name, _)| *name == "no mapping" || *name == "table not loaded")
+        .filter_map(|(_, n)| n.trim().parse::<u64>().ok())
+        .sum()
+}
+
+#[test]
+fn calltree_without_frame_pointers_reaches_main_and_agrees_with_perf_dwarf() -> anyhow::Result<()> {
+    let program = compile(
+        "gcc",
+        &workload_source("calltree.c"),
+        &work_dir().join("calltree_nofp"),
+        &["-O2", "-fomit-frame-pointer", "-g"],
+        &["-lpthread"],
+    )?;
+    let workload = Workload::start(&program, &["2", "60"])?;
+    let pid = workload.pid().to_string();
+    let dir = work_dir();
+    let pprof_path = dir.join("calltree_nofp.pb.gz");
+    let perf_data = dir.join("calltree_nofp.perf.data");
+
+    // perf's DWARF mode (8 KiB of stack per sample, unwound in userspace) is the ground truth,
+    // recording the same process over the same seconds. Two threads at 999 Hz for 12 s give
+    // each tool thousands of samples even on a busy machine: enough that sampling noise stays
+    // well inside 3 points.
+    let mut perf = Command::new("perf")
+        .args([
+            "record",
+            "--call-graph",
+            "dwarf",
+            "-F",
+            "999",
+            "-p",
+            &pid,
+            "-o",
+        ])
+        .arg(&perf_data)
+        .args(["--", "sleep", "12"])
+        .stderr(std::process::Stdio::null())
+        .spawn()?;
+    let output = run_scorch(&[
+        "record",
+        "--pid",
+        &pid,
+        "--frequency",
+        "999",
+        "--duration",
+        "12s",
+        "--output",
+        pprof_path.to_str().unwrap(),
+    ])?;
+    assert!(perf.wait()?.success(), "perf record failed");
+    let report = parse_record_output(&output)?;
+    println!("{}", report.summary);
+
+    let profile = read_pprof(&pprof_path)?;
+    let samples = named_samples(&profile);
+    let pid: i64 = pid.parse()?;
+    let total: i64 = samples.iter().map(|s| s.count).sum();
+    assert!(total > 2000, "only {total} samples at 999 Hz over 12 s");
+
+    // Every walk that had its tables reaches the bottom of its thread: `_start` for the main
+    // thread, `clone3` for the others. The only samples that may stop short are those counted
+    // as having fallen back to frame pointers (before the tables loaded).
+    let bottom = |s: &NamedSample| {
+        matches!(
+            s.frames.last().map(String::as_str),
+            Some("_start" | "clone3" | "clone")
+        )
+    };
+    let short: i64 = samples.iter().filter(|s| !bottom(s)).map(|s| s.count).sum();
+    let fallbacks = fallback_walks(&report.summary);
+    assert!(
+        short as u64 <= fallbacks,
+        "{short} of {total} samples do not reach the bottom of their thread, but only \
+         {fallbacks} walks fell back to frame pointers: {}\n{}",
+        report.summary,
+        show(samples.iter().filter(|s| !bottom(s)))
+    );
+    // And the frames between are the known ones: leaf <- run_* <- dispatch <- main (the main
+    // thread) or thread_main (the others), in that order.
+    let whole = |s: &NamedSample| {
+        let entry = match s.frames.last().map(String::as_str) {
+            Some("_start") => "main",
+            _ => "thread_main",
+        };
+        let user: Vec<&str> = s
+            .frames
+            .iter()
+            .zip(&s.kernel)
+            .filter(|(_, &kernel)| !kernel)
+            .map(|(f, _)| f.as_str())
+            .collect();
+        user.windows(4).any(|w| {
+            LEAVES.contains(&w[0])
+                && w[1].starts_with("run_")
+                && w[2] == "dispatch"
+                && w[3] == entry
+        })
+    };
+    let in_leaves: Vec<&NamedSample> = samples
+        .iter()
+        .filter(|s| s.frames.iter().any(|f| LEAVES.contains(&f.as_str())))
+        .collect();
+    let leaf_total: i64 = in_leaves.iter().map(|s| s.count).sum();
+    let chained: i64 = in_leaves.iter().filter(|s| whole(s)).map(|s| s.count).sum();
+    assert!(
+        chained as u64 + fallbacks >= leaf_total as u64 && chained as f64 >= 0.9 * total as f64,
+        "{chained} of {leaf_total} leaf samples show the whole chain: {}\n{}",
+        report.summary,
+        show(in_leaves.iter().copied().filter(|s| !whole(s)))
+    );
+
+    let shares = leaf_shares(&samples, pid, &LEAVES);
+    let (perf_shares, perf_total) = perf_leaf_shares(&perf_data, &LEAVES)?;
+    println!("scorch shares {shares:.3?} of {total}; perf --call-graph dwarf {perf_shares:.3?} of {perf_total}");
+    for i in 0..3 {
+        assert!(
+            (shares[i] - perf_shares[i]).abs() <= 0.03,
+            "{}: scorch {:.3} vs perf {:.3}",
+            LEAVES[i],
+            shares[i],
+            perf_shares[i]
+        );
+    }
+    // The callers' shares agree too: perf's DWARF unwinding of the same seconds.
+    for caller in ["run_a", "run_b", "dispatch"] {
+        let perf_share = perf_share_with(&perf_data, caller)?;
+        let share = samples
+            .iter()
+            .filter(|s| s.frames.iter().any(|f| f == caller))
+            .map(|s| s.count)
+            .sum::<i64>() as f64
+            / total as f64;
+        println!("{caller} on the stack: scorch {share:.3}, perf {perf_share:.3}");
+        assert!(
+            (share - perf_share).abs() <= 0.03 + fallbacks as f64 / total as f64,
+            "{caller}: scorch {share:.3} vs perf {perf_share:.3}"
+        );
+    }
+    Ok(())
+}
+
+/// The most frequent of `samples`, root first, for failure messages.
+fn show<'a>(samples: impl Iterator<Item = &'a NamedSample>) -> String {
+    let mut samples: Vec<&NamedSample> = samples.collect();
+    samples.sort_by_key(|s| std::cmp::Reverse(s.count));
+    samples
+        .iter()
+        .take(10)
+        .map(|s| {
+            let frames: Vec<&str> = s.frames.iter().rev().map(String::as_str).collect();
+            format!("{} {}", s.count, frames.join(";"))
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Share of perf's samples with `function` anywhere on the stack.
+fn perf_share_with(perf_data: &std::path::Path, function: &str) -> anyhow::Result<f64> {
+    let output = Command::new("perf")
+        .args(["script", "-F", "ip,sym", "-i"])
+        .arg(perf_data)
+        .output()?;
+    anyhow::ensure!(output.status.success(), "perf script failed");
+    let text = String::from_utf8_lossy(&output.stdout);
+    let (mut with, mut total) = (0u64, 0u64);
+    for block in text.split("\n\n").filter(|b| !b.trim().is_empty()) {
+        total += 1;
+        let found = block.lines().any(|l| {
+            l.split_whitespace()
+                .nth(1)
+                .is_some_and(|s| s.split('+').next() == Some(function))
+        });
+        with += u64::from(found);
+    }
+    anyhow::ensure!(total > 0, "perf script printed no samples");
+    Ok(with as f64 / total as f64)
+}
+
+#[test]
+fn qsort_comparator_unwinds_through_libc_to_main() -> anyhow::Result<()> {
+    let program = build_workload("qsortcmp", &["-O2", "-fomit-frame-pointer", "-g"])?;
+    let workload = Workload::start(&program, &["30"])?;
+    let output = run_scorch(&[
+        "record",
+        "--pid",
+        &workload.pid().to_string(),
+        "--frequency",
+        "199",
+        "--duration",
+        "4s",
+        "--output",
+        work_dir().join("qsortcmp.pb.gz").to_str().unwrap(),
+    ])?;
+    let report = parse_record_output(&output)?;
+    println!("{}", report.summary);
+    let samples = named_samples(&read_pprof(&work_dir().join("qsortcmp.pb.gz"))?);
+    let in_cmp: Vec<&NamedSample> = samples
+        .iter()
+        .filter(|s| s.frames.iter().any(|f| f == "cmp"))
+        .collect();
+    let cmp_total: i64 = in_cmp.iter().map(|s| s.count).sum();
+    assert!(cmp_total > 200, "only {cmp_total} samples in cmp");
+    // main -> sort_forever -> qsort (libc's, named qsort_r inside) -> ... -> cmp, in order.
+    let through_libc = |s: &NamedSample| {
+        let at = |name: &dyn Fn(&str) -> bool| s.frames.iter().position(|f| name(f));
+        match (
+            at(&|f| f == "cmp"),
+            at(&|f| f.contains("qsort")),
+            at(&|f| f == "sort_forever"),
+            at(&|f| f == "main"),
+        ) {
+            (Some(c), Some(q), Some(s), Some(m)) => c < q && q < s && s < m,
+            _ => false,
+        }
+    };
+    let whole: i64 = in_cmp
+        .iter()
+        .filter(|s| through_libc(s))
+        .map(|s| s.count)
+        .sum();
+    let fallbacks = fallback_walks(&report.summary) as i64;
+    assert!(
+        whole + fallbacks >= cmp_total && whole as f64 >= 0.85 * cmp_total as f64,
+        "{whole} of {cmp_total} cmp samples show main -> sort_forever -> qsort -> cmp \
+         ({fallbacks} walks fell back to frame pointers): {}\n{}",
+        report.summary,
+        show(in_cmp.iter().copied().filter(|s| !through_libc(s)))
+    );
+    drop(workload);
+    Ok(())
+}
