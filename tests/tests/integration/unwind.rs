@@ -249,3 +249,128 @@ fn qsort_comparator_unwinds_through_libc_to_main() -> anyhow::Result<()> {
     drop(workload);
     Ok(())
 }
+
+/// A value from the summary, `name: N`, or 0.
+fn summary_count(summary: &str, name: &str) -> u64 {
+    summary
+        .split([';', ','])
+        .filter_map(|part| {
+            // `lost: truncated stacks: 3`, `unwind: completed: 5`, `no row: 1`.
+            let (key, n) = part.trim().rsplit_once(": ")?;
+            Some((key.rsplit(": ").next()?, n))
+        })
+        .filter(|(key, _)| *key == name)
+        .filter_map(|(_, n)| n.trim().parse::<u64>().ok())
+        .sum()
+}
+
+#[test]
+fn recursion_deeper_than_the_limit_is_counted_as_truncated_never_wrong() -> anyhow::Result<()> {
+    let program = build_workload("deeprec", &["-O2", "-fomit-frame-pointer", "-g"])?;
+    let workload = Workload::start(&program, &["300", "30"])?;
+    let path = work_dir().join("deeprec.pb.gz");
+    let output = record_pid_to(workload.pid(), 3, &path, &[])?;
+    let report = parse_record_output(&output)?;
+    println!("{}", report.summary);
+    let samples = named_samples(&read_pprof(&path)?);
+    let total: i64 = samples.iter().map(|s| s.count).sum();
+    assert!(total > 100, "only {total} samples");
+    let user_frames = |s: &NamedSample| -> Vec<String> {
+        s.frames
+            .iter()
+            .zip(&s.kernel)
+            .filter(|(_, &kernel)| !kernel)
+            .map(|(f, _)| f.clone())
+            .collect()
+    };
+    // main is 301 frames below the leaf: a stack that shows it (or anything but the recursion)
+    // made a caller up.
+    let wrong: Vec<&NamedSample> = samples
+        .iter()
+        .filter(|s| user_frames(s).iter().any(|f| f != "spin" && f != "descend"))
+        .collect();
+    let fallbacks = fallback_walks(&report.summary);
+    let wrong_total: i64 = wrong.iter().map(|s| s.count).sum();
+    assert!(
+        wrong_total as u64 <= fallbacks,
+        "{wrong_total} samples show frames other than the recursion: {}\n{}",
+        report.summary,
+        show(wrong.into_iter())
+    );
+    // Cut at the limit, and counted so: as walks that hit the frame limit, and as truncated.
+    let at_limit: i64 = samples
+        .iter()
+        .filter(|s| user_frames(s).len() == 127)
+        .map(|s| s.count)
+        .sum();
+    assert!(
+        at_limit as f64 >= 0.9 * total as f64,
+        "{at_limit} of {total} samples have 127 user frames"
+    );
+    let frame_limit = summary_count(&report.summary, "frame limit");
+    let truncated = summary_count(&report.summary, "truncated stacks");
+    assert!(
+        frame_limit >= at_limit as u64 && truncated >= at_limit as u64,
+        "{at_limit} stacks at the limit, but {frame_limit} walks counted at the frame limit and \
+         {truncated} truncated: {}",
+        report.summary
+    );
+    drop(workload);
+    Ok(())
+}
+
+#[test]
+fn unwind_fp_walks_frame_pointers_as_before() -> anyhow::Result<()> {
+    // With frame pointers the fp walk gives whole stacks; without, it loses the callers the
+    // tables would find. Either way no table is loaded and no walk of the program's is counted.
+    let with_fp = build_workload("calltree", &["-O2", "-fno-omit-frame-pointer", "-g"])?;
+    let workload = Workload::start(&with_fp, &["1", "20"])?;
+    let path = work_dir().join("calltree_fp_mode.pb.gz");
+    let output = record_pid_to(workload.pid(), 2, &path, &["--unwind", "fp"])?;
+    let report = parse_record_output(&output)?;
+    println!("{}", report.summary);
+    assert!(
+        !report.summary.contains("unwind:"),
+        "--unwind fp walked with tables: {}",
+        report.summary
+    );
+    let samples = named_samples(&read_pprof(&path)?);
+    let total: i64 = samples.iter().map(|s| s.count).sum();
+    let chained: i64 = samples
+        .iter()
+        .filter(|s| {
+            s.frames.first().map(String::as_str) == Some("leaf_a")
+                && s.frames.get(1..4) == Some(&["run_a".into(), "dispatch".into(), "main".into()])
+        })
+        .map(|s| s.count)
+        .sum();
+    assert!(
+        chained as f64 > 0.4 * total as f64,
+        "{chained} of {total} samples show main -> dispatch -> run_a -> leaf_a"
+    );
+    drop(workload);
+
+    let without_fp = compile(
+        "gcc",
+        &workload_source("calltree.c"),
+        &work_dir().join("calltree_nofp"),
+        &["-O2", "-fomit-frame-pointer", "-g"],
+        &["-lpthread"],
+    )?;
+    let workload = Workload::start(&without_fp, &["1", "20"])?;
+    record_pid_to(workload.pid(), 2, &path, &["--unwind", "fp"])?;
+    let samples = named_samples(&read_pprof(&path)?);
+    let reach_main: i64 = samples
+        .iter()
+        .filter(|s| s.frames.iter().any(|f| f == "dispatch"))
+        .map(|s| s.count)
+        .sum();
+    let total: i64 = samples.iter().map(|s| s.count).sum();
+    assert!(
+        (reach_main as f64) < 0.5 * total as f64,
+        "the frame-pointer walk found dispatch in {reach_main} of {total} samples of a binary \
+         without frame pointers: was it the tables?"
+    );
+    drop(workload);
+    Ok(())
+}
