@@ -374,3 +374,47 @@ fn unwind_fp_walks_frame_pointers_as_before() -> anyhow::Result<()> {
     drop(workload);
     Ok(())
 }
+
+#[test]
+fn compressing_with_debian_liblzma_reaches_main() -> anyhow::Result<()> {
+    let program = compile(
+        "gcc",
+        &workload_source("xzwork.c"),
+        &work_dir().join("xzwork"),
+        &["-O2", "-fomit-frame-pointer", "-g"],
+        &["-llzma"],
+    )?;
+    let workload = Workload::start(&program, &["30"])?;
+    let path = work_dir().join("xzwork.pb.gz");
+    let output = record_pid_to(workload.pid(), 3, &path, &[])?;
+    let report = parse_record_output(&output)?;
+    println!("{}", report.summary);
+    let samples = named_samples(&read_pprof(&path)?);
+    let total: i64 = samples.iter().map(|s| s.count).sum();
+    assert!(total > 100, "only {total} samples");
+    let whole = |s: &NamedSample| {
+        s.frames.last().map(String::as_str) == Some("_start")
+            && s.frames.iter().any(|f| f == "main")
+    };
+    let short: i64 = samples.iter().filter(|s| !whole(s)).map(|s| s.count).sum();
+    let fallbacks = fallback_walks(&report.summary);
+    assert!(
+        short as u64 <= fallbacks,
+        "{short} of {total} samples do not reach main, but only {fallbacks} walks fell back \
+         to frame pointers: {}\n{}",
+        report.summary,
+        show(samples.iter().filter(|s| !whole(s)))
+    );
+    // The time is in the library, and its entry point is on the stack.
+    let in_lzma: i64 = samples
+        .iter()
+        .filter(|s| s.frames.iter().any(|f| f == "lzma_easy_buffer_encode"))
+        .map(|s| s.count)
+        .sum();
+    assert!(
+        in_lzma as f64 > 0.5 * total as f64,
+        "only {in_lzma} of {total} samples under lzma_easy_buffer_encode"
+    );
+    drop(workload);
+    Ok(())
+}
