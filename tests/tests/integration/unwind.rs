@@ -418,3 +418,52 @@ fn compressing_with_debian_liblzma_reaches_main() -> anyhow::Result<()> {
     drop(workload);
     Ok(())
 }
+
+#[test]
+fn library_loaded_with_dlopen_later_is_unwound_within_a_window() -> anyhow::Result<()> {
+    let library = build_shared_library("libwork", &["-O2", "-fomit-frame-pointer", "-g"])?;
+    let program = compile(
+        "gcc",
+        &workload_source("dlopener.c"),
+        &work_dir().join("dlopener"),
+        &["-O2", "-fomit-frame-pointer", "-g"],
+        &["-ldl"],
+    )?;
+    let workload = Workload::start(&program, &[library.to_str().unwrap(), "30"])?;
+    let path = work_dir().join("dlopener.pb.gz");
+    // 2 s windows: the library comes at 2 s, its tables must be there by the next window.
+    let output = record_pid_to(workload.pid(), 7, &path, &["--window", "2s"])?;
+    let report = parse_record_output(&output)?;
+    println!("{}", report.summary);
+    let samples = named_samples(&read_pprof(&path)?);
+    let in_library: Vec<&NamedSample> = samples
+        .iter()
+        .filter(|s| s.frames.iter().any(|f| f == "libwork_spin"))
+        .collect();
+    let library_total: i64 = in_library.iter().map(|s| s.count).sum();
+    assert!(
+        library_total > 100,
+        "only {library_total} samples in the library"
+    );
+    let whole = |s: &NamedSample| {
+        s.frames.last().map(String::as_str) == Some("_start")
+            && s.frames.iter().any(|f| f == "call_library")
+            && s.frames.iter().any(|f| f == "main")
+    };
+    let unwound: i64 = in_library
+        .iter()
+        .filter(|s| whole(s))
+        .map(|s| s.count)
+        .sum();
+    let fallbacks = fallback_walks(&report.summary) as i64;
+    // Samples before the tables arrived fall back to frame pointers, counted; they are a
+    // fraction of one window, the library runs for five seconds.
+    assert!(
+        unwound + fallbacks >= library_total && unwound as f64 >= 0.8 * library_total as f64,
+        "{unwound} of {library_total} library samples reach main ({fallbacks} fell back): {}\n{}",
+        report.summary,
+        show(in_library.iter().copied().filter(|s| !whole(s)))
+    );
+    drop(workload);
+    Ok(())
+}
