@@ -70,9 +70,16 @@ pub struct Control {
     pub filter_pids: u32,
     /// Non-zero when samples of the idle task (pid 0) are kept.
     pub include_idle: u32,
-    /// Explicit padding so the layout has no uninitialised bytes.
-    pub _reserved: u32,
+    /// How user stacks are walked: [`UNWIND_FP`] (`bpf_get_stackid`, frame pointers only) or
+    /// [`UNWIND_TABLES`] (the program's own walk, with unwind tables where loaded).
+    pub unwind: u32,
 }
+
+/// `Control::unwind`: user stacks from `bpf_get_stackid` (frame pointers), ids in `STACKS_g`.
+pub const UNWIND_FP: u32 = 0;
+/// `Control::unwind`: user stacks walked by the program with unwind tables where they are
+/// loaded and frame pointers elsewhere; ids in `USER_STACKS_g`.
+pub const UNWIND_TABLES: u32 = 1;
 
 /// Per-CPU bracket around each run of the BPF program, used to prove a generation is quiescent.
 ///
@@ -299,6 +306,168 @@ pub fn find_unwind_row(
     low.checked_sub(1)
 }
 
+/// Rows the shared row pool (`UNWIND_ROWS`) holds: 8 Mi rows of 8 bytes, 64 MiB, the bound on
+/// the unwind tables of the whole machine. The agent sizes the map at load time.
+pub const UNWIND_POOL_ROWS: u32 = 8 << 20;
+
+/// Executable mappings one process may have described to the unwinder. Processes with more
+/// (many libraries) keep the `MAX_PROC_MAPPINGS` the agent chose; pcs in the others fall back
+/// to frame pointers.
+pub const MAX_PROC_MAPPINGS: usize = 64;
+
+/// Steps the search over a process's mappings takes at most: `MAX_PROC_MAPPINGS` is 2^6.
+pub const MAPPING_SEARCH_STEPS: u32 = 7;
+const _: () = assert!(MAX_PROC_MAPPINGS.is_power_of_two() && MAX_PROC_MAPPINGS == 64);
+
+/// Processes whose mappings the unwinder holds at once.
+pub const MAX_UNWIND_PROCS: u32 = 8192;
+
+/// `UnwindMapping::state`: no table for this code (anonymous memory, JIT, a binary without
+/// `.eh_frame`): frame pointers.
+pub const MAPPING_NO_TABLE: u32 = 0;
+/// `UnwindMapping::state`: the table is being built or waits for room: frame pointers, counted
+/// as [`UnwindOutcome::TableNotLoaded`].
+pub const MAPPING_TABLE_PENDING: u32 = 1;
+/// `UnwindMapping::state`: the rows are in `UNWIND_ROWS[first_row..first_row + rows]`.
+pub const MAPPING_TABLE_LOADED: u32 = 2;
+
+/// One executable mapping of a process, as the BPF unwinder sees it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UnwindMapping {
+    /// First absolute address.
+    pub start: u64,
+    /// One past the last absolute address.
+    pub end: u64,
+    /// Subtracted (wrapping) from an absolute pc to give the table's row pc: the load bias,
+    /// the segment's file-offset-to-address shift and the table's base in one number.
+    pub bias: u64,
+    /// First row of the table in `UNWIND_ROWS`.
+    pub first_row: u32,
+    /// Rows in the table.
+    pub rows: u32,
+    /// One of `MAPPING_NO_TABLE`, `MAPPING_TABLE_PENDING`, `MAPPING_TABLE_LOADED`.
+    pub state: u32,
+    /// Explicit padding so the layout has no uninitialised bytes.
+    pub _reserved: u32,
+}
+
+/// A process's executable mappings, sorted by `start`, in the first `count` slots.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ProcMappings {
+    pub count: u32,
+    /// Explicit padding so the layout has no uninitialised bytes.
+    pub _reserved: u32,
+    pub mappings: [UnwindMapping; MAX_PROC_MAPPINGS],
+}
+
+/// A user stack the program walked itself, the value of `USER_STACKS_g` (keyed by the low 31
+/// bits of `hash`, which is the counts key's `user_stack_id`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct UserStack {
+    /// Hash of all the pcs: a different stack that lands on the same key is a collision,
+    /// counted as [`Loss::UserStackCollision`] like `bpf_get_stackid`'s.
+    pub hash: u64,
+    /// Frames in `pcs`.
+    pub len: u64,
+    /// Instruction pointers, leaf first.
+    pub pcs: [u64; MAX_STACK_DEPTH],
+}
+
+/// What the BPF unwinder tells the agent through the `UNWIND_EVENTS` ring buffer.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UnwindEvent {
+    pub tgid: u32,
+    /// One of the `EVENT_*` kinds.
+    pub kind: u32,
+    /// The pc no mapping covered, for [`EVENT_UNKNOWN_PC`].
+    pub pc: u64,
+}
+
+/// [`UnwindEvent::kind`]: a process the unwinder has no mappings for (new, or just exec'd).
+pub const EVENT_UNKNOWN_PROCESS: u32 = 0;
+/// [`UnwindEvent::kind`]: a pc in no known mapping (dlopen, a new mapping).
+pub const EVENT_UNKNOWN_PC: u32 = 1;
+
+/// Index into the per-CPU `UNWIND_OUTCOMES` array: how each walk of a user stack with tables
+/// ended, and which samples fell back to frame pointers. Each walk adds one to exactly one of
+/// the ends (`Completed` .. `FrameLimit`), and at most one to each fallback.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UnwindOutcome {
+    /// Reached the bottom: an undefined return address, or a frame-pointer chain ending at 0.
+    Completed = 0,
+    /// A pc inside a table with no row for it (code the binary's CFI leaves out).
+    NoRow = 1,
+    /// A row the BPF unwinder does not evaluate, or an rbp-based CFA with rbp unknown.
+    UnsupportedCfa = 2,
+    /// Reading the stack failed (a page not present, a corrupt stack).
+    ReadFault = 3,
+    /// The stack was deeper than `MAX_STACK_DEPTH` frames: truncated.
+    FrameLimit = 4,
+    /// Some frame was in no known mapping (JIT, anonymous memory, a mapping not read yet):
+    /// walked with frame pointers.
+    NoMapping = 5,
+    /// Some frame was in a mapping whose table was not loaded yet: walked with frame pointers.
+    TableNotLoaded = 6,
+}
+
+/// Number of [`UnwindOutcome`] kinds; the size of the `UNWIND_OUTCOMES` array.
+pub const UNWIND_OUTCOMES: u32 = 7;
+
+impl UnwindOutcome {
+    /// All kinds, in index order.
+    pub const ALL: [UnwindOutcome; UNWIND_OUTCOMES as usize] = [
+        UnwindOutcome::Completed,
+        UnwindOutcome::NoRow,
+        UnwindOutcome::UnsupportedCfa,
+        UnwindOutcome::ReadFault,
+        UnwindOutcome::FrameLimit,
+        UnwindOutcome::NoMapping,
+        UnwindOutcome::TableNotLoaded,
+    ];
+
+    /// Short name used in summaries, logs and `/metrics` labels.
+    pub const fn name(self) -> &'static str {
+        match self {
+            UnwindOutcome::Completed => "completed",
+            UnwindOutcome::NoRow => "no row",
+            UnwindOutcome::UnsupportedCfa => "unsupported CFA",
+            UnwindOutcome::ReadFault => "read fault",
+            UnwindOutcome::FrameLimit => "frame limit",
+            UnwindOutcome::NoMapping => "no mapping",
+            UnwindOutcome::TableNotLoaded => "table not loaded",
+        }
+    }
+}
+
+/// The index of the mapping holding `pc` among `count` mappings sorted by start, or `None`.
+/// `start_of(i)` reads the start of mapping `i` (as [`find_unwind_row`], a function so the BPF
+/// program can read a map value); the caller checks the end.
+#[inline(always)]
+pub fn find_mapping(
+    count: u32,
+    pc: u64,
+    mut start_of: impl FnMut(u32) -> Option<u64>,
+) -> Option<u32> {
+    let mut low = 0u32;
+    let mut high = count;
+    let mut step = 0;
+    while step < MAPPING_SEARCH_STEPS && low < high {
+        let middle = low + (high - low) / 2;
+        if start_of(middle)? <= pc {
+            low = middle + 1;
+        } else {
+            high = middle;
+        }
+        step += 1;
+    }
+    low.checked_sub(1)
+}
+
 #[cfg(feature = "user")]
 mod pod {
     // Each type is plain `#[repr(C)]` integers with no padding and no invalid bit patterns, so
@@ -313,4 +482,12 @@ mod pod {
     unsafe impl aya::Pod for super::RunSeq {}
     // SAFETY: see above; any `kinds` byte decodes (unknown kinds read as unsupported).
     unsafe impl aya::Pod for super::UnwindRow {}
+    // SAFETY: see above.
+    unsafe impl aya::Pod for super::UnwindMapping {}
+    // SAFETY: see above.
+    unsafe impl aya::Pod for super::ProcMappings {}
+    // SAFETY: see above.
+    unsafe impl aya::Pod for super::UserStack {}
+    // SAFETY: see above.
+    unsafe impl aya::Pod for super::UnwindEvent {}
 }

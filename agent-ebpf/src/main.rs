@@ -18,6 +18,8 @@
 
 #[cfg(target_arch = "bpf")]
 mod sampler;
+#[cfg(target_arch = "bpf")]
+mod unwind;
 
 #[cfg(not(target_arch = "bpf"))]
 fn main() {

@@ -5,15 +5,18 @@ use core::intrinsics::{atomic_xadd, AtomicOrdering};
 use aya_ebpf::{
     bindings::{BPF_F_USER_STACK, BPF_NOEXIST},
     helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid},
-    macros::{map, perf_event},
+    macros::{map, perf_event, raw_tracepoint},
     maps::{Array, HashMap, PerCpuArray, StackTrace},
-    programs::{tracing::StackIdContext, PerfEventContext},
+    programs::{tracing::StackIdContext, PerfEventContext, RawTracePointContext},
 };
 use aya_log_ebpf::warn;
 use scorch_common::{
-    Comm, Control, Loss, RunSeq, StackKey, FILTER_DENY, FILTER_NONE, LOSS_KINDS, MAX_COMMS,
-    MAX_COUNT_KEYS, MAX_PID_FILTER, STACK_ABSENT, STACK_LOST_COLLISION, STACK_LOST_OTHER,
+    Comm, Control, Loss, RunSeq, StackKey, UserStack, FILTER_DENY, FILTER_NONE, LOSS_KINDS,
+    MAX_COMMS, MAX_COUNT_KEYS, MAX_PID_FILTER, STACK_ABSENT, STACK_LOST_COLLISION,
+    STACK_LOST_OTHER, UNWIND_TABLES,
 };
+
+use crate::unwind;
 
 const EEXIST: i32 = 17;
 const EFAULT: i32 = 14;
@@ -54,12 +57,19 @@ static STACKS_1: StackTrace = StackTrace::with_max_entries(8192, 0);
 static COMMS_0: HashMap<u32, Comm> = HashMap::with_max_entries(MAX_COMMS, 0);
 #[map]
 static COMMS_1: HashMap<u32, Comm> = HashMap::with_max_entries(MAX_COMMS, 0);
+/// User stacks the program walked itself (`UNWIND_TABLES`), keyed by a hash of their pcs.
+/// Sized at load time like the stack-trace maps.
+#[map]
+static USER_STACKS_0: HashMap<i32, UserStack> = HashMap::with_max_entries(4096, 0);
+#[map]
+static USER_STACKS_1: HashMap<i32, UserStack> = HashMap::with_max_entries(4096, 0);
 
 /// The maps of one generation.
 struct Generation {
     counts: &'static HashMap<StackKey, u64>,
     stacks: &'static StackTrace,
     comms: &'static HashMap<u32, Comm>,
+    user_stacks: &'static HashMap<i32, UserStack>,
 }
 
 #[perf_event]
@@ -110,17 +120,20 @@ fn try_sample(ctx: &PerfEventContext) -> Result<(), i64> {
             counts: &COUNTS_0,
             stacks: &STACKS_0,
             comms: &COMMS_0,
+            user_stacks: &USER_STACKS_0,
         }
     } else {
         Generation {
             counts: &COUNTS_1,
             stacks: &STACKS_1,
             comms: &COMMS_1,
+            user_stacks: &USER_STACKS_1,
         }
     };
 
     // A sample taken in user mode has no kernel stack: skip asking for one.
-    let kernel_stack_id = if interrupted_user_mode(ctx) {
+    let user_mode = interrupted_user_mode(ctx);
+    let kernel_stack_id = if user_mode {
         STACK_ABSENT
     } else {
         stack_id(
@@ -131,15 +144,33 @@ fn try_sample(ctx: &PerfEventContext) -> Result<(), i64> {
             Loss::KernelStackError,
         )
     };
-    let key = StackKey {
-        tgid,
-        user_stack_id: stack_id(
+    let user_stack_id = if control.unwind == UNWIND_TABLES {
+        match unwind::walk(ctx, tgid, user_mode) {
+            None => STACK_ABSENT,
+            Some(walk) => match unwind::store_stack(generation.user_stacks, walk) {
+                Ok(id) => id,
+                Err(true) => {
+                    count_loss(Loss::UserStackCollision);
+                    STACK_LOST_COLLISION
+                }
+                Err(false) => {
+                    count_loss(Loss::UserStackError);
+                    STACK_LOST_OTHER
+                }
+            },
+        }
+    } else {
+        stack_id(
             ctx,
             generation.stacks,
             u64::from(BPF_F_USER_STACK),
             Loss::UserStackCollision,
             Loss::UserStackError,
-        ),
+        )
+    };
+    let key = StackKey {
+        tgid,
+        user_stack_id,
         kernel_stack_id,
     };
 
@@ -170,6 +201,14 @@ fn try_sample(ctx: &PerfEventContext) -> Result<(), i64> {
             }
         }
     }
+}
+
+/// `sched_process_exec` (a raw tracepoint: no tracefs needed): the process's unwind mappings
+/// describe the program it was.
+#[raw_tracepoint(tracepoint = "sched_process_exec")]
+pub fn process_exec(_ctx: RawTracePointContext) -> i32 {
+    unwind::forget_process((bpf_get_current_pid_tgid() >> 32) as u32);
+    0
 }
 
 #[inline(always)]

@@ -18,7 +18,8 @@ const BPF_LINKER_VERSION: &str = "0.13.0";
 /// reference pprof reader), linux-perf is the peer profiler, bpftrace the second peer, time
 /// gives `/usr/bin/time -v` for the benchmark's RSS figures, util-linux has setpriv and
 /// unshare, chromium runs headless for the UI test, systemd has `systemd-analyze` for the unit
-/// checks (it need not be running), python3-venv holds kubernetes-validate.
+/// checks (it need not be running), python3-venv holds kubernetes-validate, liblzma-dev links
+/// the unwinder's test against Debian's liblzma (built without frame pointers).
 const PACKAGES: &[&str] = &[
     "gcc",
     "g++",
@@ -31,6 +32,7 @@ const PACKAGES: &[&str] = &[
     "systemd",
     "python3",
     "python3-venv",
+    "liblzma-dev",
 ];
 
 /// cargo-deb release for `cargo xtask package`; it builds with Rust 1.85 and later.

@@ -19,6 +19,7 @@ use crate::{
     cmd::run::RunConfig,
     export::RemoteProtocol,
     labels::relabel::{self, RuleConfig},
+    pipeline::sampler::UnwindMode,
     symbolize::user::SymbolizeMode,
 };
 
@@ -83,6 +84,10 @@ pub struct RunArgs {
     /// Keep samples of idle CPUs [default: false].
     #[arg(long, num_args = 0..=1, default_missing_value = "true")]
     pub include_idle: Option<bool>,
+    /// `auto` (unwind tables where loaded, frame pointers elsewhere) or `fp` (frame pointers
+    /// only) [default: auto].
+    #[arg(long, value_enum)]
+    pub unwind: Option<UnwindMode>,
     /// A label added to every series, `NAME=VALUE` (repeatable; adds to `[external-labels]`).
     #[arg(long = "external-label", value_parser = parse_external_label)]
     pub external_label: Vec<(String, String)>,
@@ -135,6 +140,7 @@ struct FileConfig {
     symbolize: Option<String>,
     symbol_cache_mb: Option<u64>,
     include_idle: Option<bool>,
+    unwind: Option<String>,
     /// `[[relabel]]` tables: Prometheus relabel_config rules, in order.
     relabel: Option<Vec<RuleConfig>>,
     /// `[external-labels]`: added to every series.
@@ -215,6 +221,10 @@ fn apply_file(config: &mut RunConfig, text: &str, path: &Path) -> Result<(), Con
     }
     if let Some(idle) = file.include_idle {
         config.include_idle = idle;
+    }
+    if let Some(mode) = file.unwind {
+        config.unwind = <UnwindMode as clap::ValueEnum>::from_str(&mode, false)
+            .map_err(|_| value("unwind", format!("{mode:?}: expected auto or fp")))?;
     }
     if let Some(rules) = file.relabel {
         // Checked now, so a bad rule stops startup with its number and field.
@@ -304,6 +314,9 @@ fn apply_flags(config: &mut RunConfig, args: &RunArgs) {
     }
     if let Some(idle) = args.include_idle {
         config.include_idle = idle;
+    }
+    if let Some(mode) = args.unwind {
+        config.unwind = mode;
     }
     config
         .external_labels
@@ -429,6 +442,7 @@ mod tests {
             file.symbolize.is_some(),
             file.symbol_cache_mb.is_some(),
             file.include_idle.is_some(),
+            file.unwind.is_some(),
             file.remote_url.is_some(),
             file.remote_protocol.is_some(),
             file.remote_insecure.is_some(),

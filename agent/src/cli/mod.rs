@@ -14,6 +14,7 @@ use crate::{
         record::RecordConfig,
     },
     parse::{duration, selector::Selector, timespec::parse_range},
+    pipeline::sampler::UnwindMode,
     profile::encode::Format,
     symbolize::user::SymbolizeMode,
 };
@@ -99,6 +100,10 @@ pub struct RecordArgs {
     /// evicted beyond it.
     #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..=65536))]
     pub symbol_cache_mb: u64,
+    /// `auto`: walk user stacks with the binaries' unwind tables (`.eh_frame`) where loaded,
+    /// frame pointers elsewhere; `fp`: frame pointers only.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub unwind: UnwindMode,
 }
 
 impl RecordArgs {
@@ -120,6 +125,7 @@ impl RecordArgs {
             window: self.window,
             symbolize: self.symbolize,
             symbol_cache_bytes: (self.symbol_cache_mb as usize) << 20,
+            unwind: self.unwind,
         }
     }
 }

@@ -14,7 +14,7 @@ use tokio::signal::unix::{signal, SignalKind};
 use crate::{
     cmd::session::{Session, DISCOVERY_INTERVAL},
     pipeline::drain::{DrainError, Drainer, Losses},
-    pipeline::sampler::{Sampler, SamplerConfig, SamplerError},
+    pipeline::sampler::{Sampler, SamplerConfig, SamplerError, UnwindMode},
     profile::encode::{self, EncodeOptions, Format},
     symbolize::{
         self,
@@ -23,6 +23,7 @@ use crate::{
     },
     sys::fs,
     sys::privileges::{missing_privileges_message, Capabilities},
+    unwind::loader::{LoaderError, Unwinder},
 };
 
 /// What to record and where to write it, resolved from the command line.
@@ -46,6 +47,8 @@ pub struct RecordConfig {
     pub symbolize: SymbolizeMode,
     /// Memory budget for parsed binaries and debug info.
     pub symbol_cache_bytes: usize,
+    /// How user stacks are walked.
+    pub unwind: UnwindMode,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -64,6 +67,8 @@ pub enum RecordError {
     Svg(#[from] encode::svg::SvgError),
     #[error("waiting for signals: {0}")]
     Signals(io::Error),
+    #[error("loading unwind tables: {0}")]
+    Unwind(#[from] LoaderError),
 }
 
 /// What a recording produced, for the one-line summary.
@@ -129,6 +134,7 @@ pub async fn record(args: &RecordConfig) -> Result<RecordSummary, RecordError> {
         include_idle: args.include_idle,
         window_secs: args.window.as_secs().max(1),
         deny_list: false,
+        unwind: args.unwind,
     };
     let mut sigint = signal(SignalKind::interrupt()).map_err(RecordError::Signals)?;
     let mut sigterm = signal(SignalKind::terminate()).map_err(RecordError::Signals)?;
@@ -140,6 +146,10 @@ pub async fn record(args: &RecordConfig) -> Result<RecordSummary, RecordError> {
         "sampling for {:?}",
         args.duration
     );
+    let mut unwinder = sampler
+        .take_unwind_maps()
+        .map(Unwinder::start)
+        .transpose()?;
     let started = Instant::now();
     let deadline = tokio::time::Instant::now() + args.duration;
     let mut drainer = Drainer::new(maps, control);
@@ -159,14 +169,23 @@ pub async fn record(args: &RecordConfig) -> Result<RecordSummary, RecordError> {
             _ = ticker.tick() => {
                 session.add(drainer.drain_window()?);
                 sampler.flush_logs();
+                if let Some(unwinder) = &mut unwinder {
+                    unwinder.forget_exited();
+                }
             }
             _ = discover.tick() => {
                 session.discover(drainer.active_pids()?);
+                if let Some(unwinder) = &mut unwinder {
+                    unwinder.poll(|_| true)?;
+                }
             }
         }
     }
     session.add(drainer.drain_window()?);
     sampler.flush_logs();
+    if let Some(unwinder) = &unwinder {
+        tracing::info!("unwind tables: {:?}", unwinder.stats());
+    }
     let bpf_ns_per_run = sampler
         .run_stats()
         .filter(|(_, runs)| *runs > 0)

@@ -46,7 +46,7 @@ use crate::{
     pipeline::aggregate::Aggregated,
     pipeline::cost,
     pipeline::drain::{DrainError, Drainer},
-    pipeline::sampler::{Sampler, SamplerConfig, SamplerError},
+    pipeline::sampler::{Sampler, SamplerConfig, SamplerError, UnwindMode},
     profile::{Labels, Profile},
     serve::{
         guard::AllowedHosts,
@@ -61,6 +61,10 @@ use crate::{
     sys::allocator::{release_free_memory, release_free_memory_above},
     sys::notify::Systemd,
     sys::privileges::{missing_privileges_message, Capabilities},
+    unwind::{
+        loader::{LoaderError, Unwinder},
+        metrics::UnwindMetrics,
+    },
 };
 
 /// Windows kept in memory while the store refuses writes: 30 minutes at the default window.
@@ -88,6 +92,8 @@ pub struct RunConfig {
     pub symbolize: SymbolizeMode,
     pub symbol_cache_mb: u64,
     pub include_idle: bool,
+    /// How user stacks are walked (`--unwind`, `unwind`).
+    pub unwind: UnwindMode,
     /// Relabelling rules (config file only: `[[relabel]]`), checked by [`RunConfig::resolve`].
     pub relabel: Vec<RuleConfig>,
     /// Labels added to every series (`[external-labels]`, or `--external-label NAME=VALUE`).
@@ -108,6 +114,7 @@ impl Default for RunConfig {
             symbolize: SymbolizeMode::Local,
             symbol_cache_mb: 256,
             include_idle: false,
+            unwind: UnwindMode::Auto,
             relabel: Vec::new(),
             external_labels: Labels::new(),
             remote: RemoteConfig::default(),
@@ -128,6 +135,8 @@ pub enum RunError {
     },
     #[error(transparent)]
     Sampler(#[from] SamplerError),
+    #[error("loading unwind tables: {0}")]
+    Unwind(#[from] LoaderError),
     #[error("draining the sampler's maps: {0}")]
     Drain(#[from] DrainError),
     #[error("waiting for signals: {0}")]
@@ -159,6 +168,7 @@ pub async fn run(config: RunConfig, store: Store) -> Result<(), RunError> {
         })?;
     let mut registry = Registry::new();
     let window_metrics = WindowMetrics::register(&mut registry);
+    let unwind_metrics = UnwindMetrics::register(&mut registry);
     let remote_metrics = Arc::new(RemoteMetrics::register(&mut registry));
     let registry = Arc::new(registry);
     let health = Arc::new(Health::new(config.window, Instant::now()));
@@ -213,6 +223,7 @@ pub async fn run(config: RunConfig, store: Store) -> Result<(), RunError> {
         include_idle: config.include_idle,
         window_secs: config.window.as_secs().max(1),
         deny_list: labeler.can_drop(),
+        unwind: config.unwind,
     };
     // Before BPF is loaded: a bad remote configuration (URL, secret files, CA file) fails the
     // start with its reason.
@@ -237,6 +248,10 @@ pub async fn run(config: RunConfig, store: Store) -> Result<(), RunError> {
         None => None,
     };
     let (mut sampler, maps, control) = Sampler::start(&sampler_config)?;
+    let unwinder = sampler
+        .take_unwind_maps()
+        .map(Unwinder::start)
+        .transpose()?;
     // Loading parsed the kernel's BTF (tens of MB, freed by now): give those pages back, or a
     // daemon's RSS would keep them for its whole life.
     release_free_memory();
@@ -279,6 +294,8 @@ pub async fn run(config: RunConfig, store: Store) -> Result<(), RunError> {
         filtered_reported: 0,
         debug_files,
         debug_files_dropped: 0,
+        unwinder,
+        unwind_metrics,
     };
     let mut ticker =
         tokio::time::interval_at(tokio::time::Instant::now() + config.window, config.window);
@@ -307,6 +324,7 @@ pub async fn run(config: RunConfig, store: Store) -> Result<(), RunError> {
                 Ok(pids) => {
                     let new = pipeline.session.discover(pids);
                     pipeline.target(&new, &mut sampler);
+                    pipeline.load_unwind_tables();
                 }
                 Err(err) => break Err(err.into()),
             },
@@ -372,9 +390,25 @@ struct Pipeline {
     debug_files: Option<DebugFileSender>,
     /// Binaries the queue had no room for.
     debug_files_dropped: u64,
+    /// Feeds the BPF unwinder its tables (`--unwind auto`).
+    unwinder: Option<Unwinder>,
+    unwind_metrics: UnwindMetrics,
 }
 
 impl Pipeline {
+    /// Loads the tables of processes the BPF side asked about, except those relabelling drops.
+    fn load_unwind_tables(&mut self) {
+        let Some(unwinder) = &mut self.unwinder else {
+            return;
+        };
+        let labeler = &mut self.labeler;
+        let can_drop = labeler.can_drop();
+        let wanted = |pid| !can_drop || !matches!(*labeler.outcome(pid), Outcome::Dropped { .. });
+        if let Err(err) = unwinder.poll(wanted) {
+            tracing::warn!("{err}");
+        }
+    }
+
     /// Passes the binaries this window met first to the debug-info upload.
     fn hand_over_new_binaries(&mut self) {
         let Some(queue) = &self.debug_files else {
@@ -476,6 +510,11 @@ impl Pipeline {
             .window_drained(samples, &losses, drain_started.elapsed());
         self.metrics
             .bpf_cost(sampler.run_stats(), cost::bpf_map_memory().ok());
+        if let Some(unwinder) = &mut self.unwinder {
+            unwinder.forget_exited();
+            self.unwind_metrics
+                .window_drained(losses.unwind_outcomes(), unwinder.stats());
+        }
         self.health.sampling_ok_at(Instant::now());
 
         let mut aggregated = std::mem::take(&mut self.session.aggregated);

@@ -19,11 +19,12 @@ use std::{
     time::{Duration, Instant, SystemTime},
 };
 
-use aya::maps::{MapData, MapError, StackTraceMap};
+use aya::maps::{HashMap as BpfHashMap, MapData, MapError, StackTraceMap};
 
 use super::maps::SamplerMaps;
 use scorch_common::{
-    Comm, Control, Loss, StackKey, LOSS_KINDS, MAX_STACK_DEPTH, STACK_ABSENT, STACK_LOST_COLLISION,
+    Comm, Control, Loss, StackKey, UnwindOutcome, UserStack, LOSS_KINDS, MAX_STACK_DEPTH,
+    STACK_ABSENT, STACK_LOST_COLLISION, UNWIND_OUTCOMES, UNWIND_TABLES,
 };
 
 /// Longest a single BPF run may take before the drain gives up waiting on it. Runs take
@@ -72,6 +73,9 @@ pub struct Losses {
     pub by_kind: [u64; LOSS_KINDS as usize],
     /// Samples whose user or kernel stack hit the depth limit (their root frames are missing).
     pub truncated_stacks: u64,
+    /// How walks with unwind tables ended, by [`UnwindOutcome`]: not losses, except the early
+    /// stops, but reported beside them.
+    pub unwind: [u64; UNWIND_OUTCOMES as usize],
 }
 
 impl Losses {
@@ -80,6 +84,16 @@ impl Losses {
             *mine += theirs;
         }
         self.truncated_stacks += other.truncated_stacks;
+        for (mine, theirs) in self.unwind.iter_mut().zip(other.unwind) {
+            *mine += theirs;
+        }
+    }
+
+    /// Walks with unwind tables by [`UnwindOutcome`], as `/metrics` labels them.
+    pub fn unwind_outcomes(&self) -> impl Iterator<Item = (&'static str, u64)> + '_ {
+        UnwindOutcome::ALL
+            .into_iter()
+            .map(|outcome| (outcome.name(), self.unwind[outcome as usize]))
     }
 
     /// Every reason [`Losses::by_reason`] gives, in its order.
@@ -135,11 +149,20 @@ impl Losses {
         if self.truncated_stacks > 0 {
             parts.push(format!("{TRUNCATED_STACKS}: {}", self.truncated_stacks));
         }
-        if parts.is_empty() {
+        let mut text = if parts.is_empty() {
             "none".to_owned()
         } else {
             parts.join(", ")
+        };
+        if self.unwind.iter().any(|&n| n > 0) {
+            let outcomes: Vec<String> = self
+                .unwind_outcomes()
+                .filter(|(_, n)| *n > 0)
+                .map(|(name, n)| format!("{name}: {n}"))
+                .collect();
+            text.push_str(&format!("; unwind: {}", outcomes.join(", ")));
         }
+        text
     }
 }
 
@@ -167,6 +190,8 @@ pub struct Drainer {
     window_start: SystemTime,
     /// Cumulative loss counters at the previous drain.
     previous_losses: [u64; LOSS_KINDS as usize],
+    /// Cumulative unwind outcome counters at the previous drain.
+    previous_unwind: [u64; UNWIND_OUTCOMES as usize],
 }
 
 fn map_err(action: &'static str, map: &'static str) -> impl FnOnce(MapError) -> DrainError {
@@ -185,6 +210,7 @@ impl Drainer {
             control,
             window_start: SystemTime::now(),
             previous_losses: [0; LOSS_KINDS as usize],
+            previous_unwind: [0; UNWIND_OUTCOMES as usize],
         }
     }
 
@@ -217,10 +243,16 @@ impl Drainer {
             counts.push(entry.map_err(map_err("reading", "COUNTS"))?);
         }
         let mut stacks: HashMap<i32, Vec<u64>> = HashMap::new();
+        let mut user_stacks: HashMap<i32, Vec<u64>> = HashMap::new();
+        let walked = self.control.unwind == UNWIND_TABLES;
         let mut losses = Losses::default();
         let mut samples = Vec::with_capacity(counts.len());
         for (key, count) in &counts {
-            let user = resolve_stack(&generation.stacks, &mut stacks, key.user_stack_id)?;
+            let user = if walked {
+                resolve_user_stack(&generation.user_stacks, &mut user_stacks, key.user_stack_id)?
+            } else {
+                resolve_stack(&generation.stacks, &mut stacks, key.user_stack_id)?
+            };
             let kernel = resolve_stack(&generation.stacks, &mut stacks, key.kernel_stack_id)?;
             let truncated = |s: &Stack| matches!(s, Stack::Frames(f) if f.len() >= MAX_STACK_DEPTH);
             if truncated(&user) || truncated(&kernel) {
@@ -258,12 +290,28 @@ impl Drainer {
         for tgid in comm_keys {
             remove_ok(generation.comms.remove(&tgid)).map_err(map_err("clearing", "COMMS"))?;
         }
+        if walked {
+            let ids: Vec<i32> = generation
+                .user_stacks
+                .keys()
+                .collect::<Result<_, _>>()
+                .map_err(map_err("listing", "USER_STACKS"))?;
+            for id in ids {
+                remove_ok(generation.user_stacks.remove(&id))
+                    .map_err(map_err("clearing", "USER_STACKS"))?;
+            }
+        }
 
         let totals = self.read_loss_totals()?;
         for (i, total) in totals.iter().enumerate() {
             losses.by_kind[i] = total.saturating_sub(self.previous_losses[i]);
         }
         self.previous_losses = totals;
+        let unwind = self.read_unwind_totals()?;
+        for (i, total) in unwind.iter().enumerate() {
+            losses.unwind[i] = total.saturating_sub(self.previous_unwind[i]);
+        }
+        self.previous_unwind = unwind;
 
         let start = std::mem::replace(&mut self.window_start, end);
         Ok(RawWindow {
@@ -305,6 +353,19 @@ impl Drainer {
         Ok(())
     }
 
+    fn read_unwind_totals(&self) -> Result<[u64; UNWIND_OUTCOMES as usize], DrainError> {
+        let mut totals = [0u64; UNWIND_OUTCOMES as usize];
+        for (i, total) in totals.iter_mut().enumerate() {
+            let per_cpu = self
+                .maps
+                .unwind_outcomes
+                .get(&(i as u32), 0)
+                .map_err(map_err("reading", "UNWIND_OUTCOMES"))?;
+            *total = per_cpu.iter().sum();
+        }
+        Ok(totals)
+    }
+
     fn read_loss_totals(&self) -> Result<[u64; LOSS_KINDS as usize], DrainError> {
         let mut totals = [0u64; LOSS_KINDS as usize];
         for (i, total) in totals.iter_mut().enumerate() {
@@ -324,6 +385,37 @@ fn remove_ok(result: Result<(), MapError>) -> Result<(), MapError> {
     match result {
         Err(MapError::KeyNotFound) => Ok(()),
         other => other,
+    }
+}
+
+/// As [`resolve_stack`], for a stack the program walked itself.
+fn resolve_user_stack(
+    map: &BpfHashMap<MapData, i32, UserStack>,
+    cache: &mut HashMap<i32, Vec<u64>>,
+    id: i32,
+) -> Result<Stack, DrainError> {
+    if id == STACK_ABSENT {
+        return Ok(Stack::Absent);
+    }
+    if id < 0 {
+        return Ok(Stack::Lost);
+    }
+    if let Some(frames) = cache.get(&id) {
+        return Ok(Stack::Frames(frames.clone()));
+    }
+    match map.get(&id, 0) {
+        Ok(stack) => {
+            let len = (stack.len as usize).min(MAX_STACK_DEPTH);
+            let frames = stack.pcs[..len].to_vec();
+            cache.insert(id, frames.clone());
+            Ok(Stack::Frames(frames))
+        }
+        Err(MapError::KeyNotFound) => Ok(Stack::Lost),
+        Err(source) => Err(DrainError::Map {
+            action: "reading",
+            map: "USER_STACKS",
+            source,
+        }),
     }
 }
 

@@ -1,14 +1,16 @@
 //! The BPF maps the sampler takes out of the loaded program and hands to the drain: the
 //! contract between the two stages, so neither imports the other's internals.
 
-use aya::maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, StackTraceMap};
-use scorch_common::{Comm, Control, RunSeq, StackKey};
+use aya::maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf, StackTraceMap};
+use scorch_common::{Comm, Control, ProcMappings, RunSeq, StackKey, UserStack};
 
 /// The maps of one generation, taken out of the loaded program.
 pub struct GenerationMaps {
     pub counts: BpfHashMap<MapData, StackKey, u64>,
     pub stacks: StackTraceMap<MapData>,
     pub comms: BpfHashMap<MapData, u32, Comm>,
+    /// User stacks the program walked with unwind tables (`--unwind auto`).
+    pub user_stacks: BpfHashMap<MapData, i32, UserStack>,
 }
 
 /// All maps the drain needs.
@@ -16,5 +18,19 @@ pub struct SamplerMaps {
     pub control: Array<MapData, Control>,
     pub run_seq: PerCpuArray<MapData, RunSeq>,
     pub losses: PerCpuArray<MapData, u64>,
+    /// How walks with unwind tables ended, per `scorch_common::UnwindOutcome`; cumulative.
+    pub unwind_outcomes: PerCpuArray<MapData, u64>,
     pub generations: [GenerationMaps; 2],
+}
+
+/// The maps through which the agent gives the BPF unwinder its tables and process mappings
+/// (see `unwind::loader`).
+pub struct UnwindMaps {
+    /// The row pool, an array the agent maps into its memory (`BPF_F_MMAPABLE`).
+    pub rows: MapData,
+    /// Rows the pool holds (its `max_entries`).
+    pub pool_rows: u32,
+    pub procs: BpfHashMap<MapData, u32, ProcMappings>,
+    /// Unknown processes and pcs, from the program.
+    pub events: RingBuf<MapData>,
 }

@@ -3,16 +3,16 @@
 use std::{io, path::PathBuf};
 
 use aya::{
-    maps::{Array, HashMap as BpfHashMap, MapData, MapError, PerCpuArray, StackTraceMap},
+    maps::{Array, HashMap as BpfHashMap, Map, MapData, MapError, PerCpuArray, StackTraceMap},
     programs::{
         perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
-        PerfEvent, ProgramError,
+        PerfEvent, ProgramError, RawTracePoint,
     },
     Ebpf, EbpfError, EbpfLoader,
 };
 use scorch_common::{Control, MAX_STACK_DEPTH};
 
-use super::maps::{GenerationMaps, SamplerMaps};
+use super::maps::{GenerationMaps, SamplerMaps, UnwindMaps};
 
 /// The BPF object, built by build.rs with aya-build.
 static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/scorch-ebpf"));
@@ -32,6 +32,8 @@ pub enum SamplerError {
     },
     #[error("loading the BPF program into the kernel: {0}")]
     Program(ProgramError),
+    #[error("attaching to the sched_process_exec raw tracepoint (to forget exec'd processes' unwind tables): {0}")]
+    ExecTracepoint(ProgramError),
     #[error("opening the CPU-clock perf event on CPU {cpu}: {source}")]
     Attach { cpu: u32, source: ProgramError },
     #[error("reading {path}: {source}")]
@@ -54,6 +56,19 @@ pub struct SamplerConfig {
     /// Start with an empty deny list that [`Sampler::exclude_pid`] fills (the daemon, when
     /// relabelling can drop processes). Ignored when `pids` is set.
     pub deny_list: bool,
+    /// How user stacks are walked.
+    pub unwind: UnwindMode,
+}
+
+/// How the program walks user stacks (`--unwind`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum UnwindMode {
+    /// Unwind tables from `.eh_frame` where the agent has loaded them, frame pointers
+    /// elsewhere.
+    #[default]
+    Auto,
+    /// Frame pointers only, through `bpf_get_stackid`: scorch before unwind tables.
+    Fp,
 }
 
 impl Default for SamplerConfig {
@@ -65,6 +80,7 @@ impl Default for SamplerConfig {
             include_idle: false,
             window_secs: 10,
             deny_list: false,
+            unwind: UnwindMode::Auto,
         }
     }
 }
@@ -75,6 +91,8 @@ pub struct Sampler {
     cpus: Vec<u32>,
     /// Drains BPF-side log records into `tracing` (through the `log` bridge).
     logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
+    /// The unwinder's maps, until [`Sampler::take_unwind_maps`] (with [`UnwindMode::Auto`]).
+    unwind_maps: Option<UnwindMaps>,
 }
 
 impl Sampler {
@@ -83,9 +101,24 @@ impl Sampler {
     pub fn start(config: &SamplerConfig) -> Result<(Sampler, SamplerMaps, Control), SamplerError> {
         let cpus = online_cpus()?;
         let stack_entries = stack_map_entries(cpus.len() as u64, config);
+        let tables = config.unwind == UnwindMode::Auto;
+        // Only user stacks go in these, and only with tables: otherwise one entry each.
+        let user_stack_entries = if tables {
+            user_stack_map_entries(cpus.len() as u64, config)
+        } else {
+            1
+        };
+        let pool_rows = if tables {
+            scorch_common::UNWIND_POOL_ROWS
+        } else {
+            1
+        };
         let mut ebpf = EbpfLoader::new()
             .map_max_entries("STACKS_0", stack_entries)
             .map_max_entries("STACKS_1", stack_entries)
+            .map_max_entries("USER_STACKS_0", user_stack_entries)
+            .map_max_entries("USER_STACKS_1", user_stack_entries)
+            .map_max_entries("UNWIND_ROWS", pool_rows)
             .load(BPF_OBJECT)?;
         let logger = match aya_log::EbpfLogger::init(&mut ebpf) {
             Ok(logger) => Some(logger),
@@ -106,7 +139,11 @@ impl Sampler {
                 scorch_common::FILTER_NONE
             },
             include_idle: u32::from(config.include_idle),
-            _reserved: 0,
+            unwind: if tables {
+                scorch_common::UNWIND_TABLES
+            } else {
+                scorch_common::UNWIND_FP
+            },
         };
         maps.control
             .set(0, control, 0)
@@ -133,6 +170,20 @@ impl Sampler {
             }
         }
 
+        let unwind_maps = if tables {
+            let exec: &mut RawTracePoint = ebpf
+                .program_mut("process_exec")
+                .ok_or(SamplerError::MissingProgram)?
+                .try_into()
+                .map_err(SamplerError::ExecTracepoint)?;
+            exec.load().map_err(SamplerError::ExecTracepoint)?;
+            exec.attach("sched_process_exec")
+                .map_err(SamplerError::ExecTracepoint)?;
+            Some(take_unwind_maps(&mut ebpf, pool_rows)?)
+        } else {
+            None
+        };
+
         let program: &mut PerfEvent = ebpf
             .program_mut("sample")
             .ok_or(SamplerError::MissingProgram)?
@@ -149,7 +200,18 @@ impl Sampler {
                 )
                 .map_err(|source| SamplerError::Attach { cpu, source })?;
         }
-        Ok((Sampler { ebpf, cpus, logger }, maps, control))
+        let sampler = Sampler {
+            ebpf,
+            cpus,
+            logger,
+            unwind_maps,
+        };
+        Ok((sampler, maps, control))
+    }
+
+    /// The maps that feed the unwinder its tables, once (`None` with [`UnwindMode::Fp`]).
+    pub fn take_unwind_maps(&mut self) -> Option<UnwindMaps> {
+        self.unwind_maps.take()
     }
 
     /// CPUs the program is attached on.
@@ -225,30 +287,54 @@ fn stack_map_entries(cpus: u64, config: &SamplerConfig) -> u32 {
     wanted.clamp(8192, 262_144) as u32
 }
 
+/// User-stack map size: as [`stack_map_entries`], for user stacks only, and smaller, as a
+/// hash map preallocates its entries (~1 KiB each) where a stack-trace map fills lazily.
+fn user_stack_map_entries(cpus: u64, config: &SamplerConfig) -> u32 {
+    let per_window = cpus * config.frequency_hz * config.window_secs.max(1);
+    (per_window * 2).next_power_of_two().clamp(4096, 65_536) as u32
+}
+
+fn take<T>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, SamplerError>
+where
+    T: TryFrom<Map, Error = MapError>,
+{
+    let map = ebpf.take_map(name).ok_or(SamplerError::MissingMap(name))?;
+    T::try_from(map).map_err(|source| SamplerError::Map { name, source })
+}
+
 fn take_maps(ebpf: &mut Ebpf) -> Result<SamplerMaps, SamplerError> {
-    fn take<T>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, SamplerError>
-    where
-        T: TryFrom<aya::maps::Map, Error = MapError>,
-    {
-        let map = ebpf.take_map(name).ok_or(SamplerError::MissingMap(name))?;
-        T::try_from(map).map_err(|source| SamplerError::Map { name, source })
-    }
-    let generation = |ebpf: &mut Ebpf, counts, stacks, comms| -> Result<_, SamplerError> {
+    let generation = |ebpf: &mut Ebpf, [counts, stacks, comms, user_stacks]: [&'static str; 4]| {
         let stacks: StackTraceMap<MapData> = take(ebpf, stacks)?;
-        Ok(GenerationMaps {
+        Ok::<_, SamplerError>(GenerationMaps {
             counts: take(ebpf, counts)?,
             stacks,
             comms: take(ebpf, comms)?,
+            user_stacks: take(ebpf, user_stacks)?,
         })
     };
-    let gen0 = generation(ebpf, "COUNTS_0", "STACKS_0", "COMMS_0")?;
-    let gen1 = generation(ebpf, "COUNTS_1", "STACKS_1", "COMMS_1")?;
+    let gen0 = generation(ebpf, ["COUNTS_0", "STACKS_0", "COMMS_0", "USER_STACKS_0"])?;
+    let gen1 = generation(ebpf, ["COUNTS_1", "STACKS_1", "COMMS_1", "USER_STACKS_1"])?;
     let control: Array<MapData, Control> = take(ebpf, "CONTROL")?;
     Ok(SamplerMaps {
         control,
         run_seq: take(ebpf, "RUN_SEQ")?,
         losses: take::<PerCpuArray<MapData, u64>>(ebpf, "LOSSES")?,
+        unwind_outcomes: take(ebpf, "UNWIND_OUTCOMES_COUNT")?,
         generations: [gen0, gen1],
+    })
+}
+
+fn take_unwind_maps(ebpf: &mut Ebpf, pool_rows: u32) -> Result<UnwindMaps, SamplerError> {
+    let name = "UNWIND_ROWS";
+    let rows = match ebpf.take_map(name).ok_or(SamplerError::MissingMap(name))? {
+        Map::Array(data) => data,
+        _ => return Err(SamplerError::MissingMap(name)),
+    };
+    Ok(UnwindMaps {
+        rows,
+        pool_rows,
+        procs: take(ebpf, "UNWIND_PROCS")?,
+        events: take(ebpf, "UNWIND_EVENTS")?,
     })
 }
 

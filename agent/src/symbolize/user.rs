@@ -1087,7 +1087,7 @@ impl UserSymbolizer {
 /// The path comes from the process, so it is opened as untrusted ([`untrusted::open_in_root`]:
 /// inside that root, no FIFO, device or final symlink), and the identity is checked on the
 /// descriptor that will be read, never on a path opened again later.
-fn open_mapped(pid: u32, entry: &MapEntry) -> Result<(std::fs::File, PathBuf, i64), UserMiss> {
+pub fn open_mapped(pid: u32, entry: &MapEntry) -> Result<(std::fs::File, PathBuf, i64), UserMiss> {
     let map_files = PathBuf::from(format!(
         "/proc/{pid}/map_files/{:x}-{:x}",
         entry.start, entry.end

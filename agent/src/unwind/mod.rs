@@ -1,7 +1,7 @@
 //! Unwind tables: for one executable, compact sorted rows that say, for every pc of its code,
-//! how to find the caller's frame without frame pointers. The BPF program will search them
-//! (the row format and the search are shared through `scorch_common`); nothing here runs in
-//! the sampling path, and nothing yet loads the tables into BPF maps.
+//! how to find the caller's frame without frame pointers. The BPF program searches them (the
+//! row format and the search are shared through `scorch_common`); [`loader`] puts them in its
+//! maps and keeps each process's mappings current, off the window loop's critical path.
 //!
 //! A table comes from `.eh_frame`, and for code it does not describe, from `.debug_frame` in
 //! the binary or in its separate debug file ([`convert`]); its rows are then sorted and merged,
@@ -13,7 +13,10 @@
 //! table may allocate are capped.
 
 mod convert;
+pub mod loader;
+pub mod metrics;
 mod optimize;
+mod pool;
 pub mod row;
 
 use std::{borrow::Cow, path::Path, path::PathBuf};
@@ -652,6 +655,30 @@ mod tests {
         disagreements: Vec<String>,
     }
 
+    impl Fidelity {
+        /// Prints what was compared after `what` (the table), and fails on any disagreement.
+        fn print_and_check(&self, what: &str) {
+            println!(
+                "{what}; {} pcs compared ({} gaps, {} plt, {} signal, {} bottom of stack, {} \
+                 unsupported), {} contested, {} disagreements",
+                self.compared,
+                self.gaps,
+                self.plt,
+                self.signal,
+                self.bottom,
+                self.unsupported,
+                self.contested,
+                self.disagreements.len(),
+            );
+            assert!(
+                self.disagreements.is_empty(),
+                "{} disagreements, first: {:#?}",
+                self.disagreements.len(),
+                &self.disagreements[..self.disagreements.len().min(20)]
+            );
+        }
+    }
+
     fn compare(table: &UnwindTable, reference: &Reference, pcs: &[u64]) -> Fidelity {
         let mut fidelity = Fidelity::default();
         for &pc in pcs {
@@ -702,26 +729,10 @@ mod tests {
         let reference = readelf(Path::new(LIBC), data.bytes(), ".eh_frame");
         let pcs = reference.sample(1);
         let fidelity = compare(&table, &reference, &pcs);
-        println!(
-            "libc: {stats:?}, {} bytes, built in {elapsed:?} (unoptimised test build); {} pcs \
-             compared ({} gaps, {} plt, {} signal, {} bottom of stack, {} unsupported), {} \
-             contested, {} disagreements",
-            table.size_bytes(),
-            fidelity.compared,
-            fidelity.gaps,
-            fidelity.plt,
-            fidelity.signal,
-            fidelity.bottom,
-            fidelity.unsupported,
-            fidelity.contested,
-            fidelity.disagreements.len(),
-        );
-        assert!(
-            fidelity.disagreements.is_empty(),
-            "{} disagreements, first: {:#?}",
-            fidelity.disagreements.len(),
-            &fidelity.disagreements[..fidelity.disagreements.len().min(20)]
-        );
+        fidelity.print_and_check(&format!(
+            "libc: {stats:?}, {} bytes, built in {elapsed:?} (unoptimised test build)",
+            table.size_bytes()
+        ));
         assert!(fidelity.compared > 3000, "{fidelity:?}");
         // Every kind the BPF side handles was met: gaps after functions, the PLT, the signal
         // trampoline, the outermost frames (clone).
@@ -759,26 +770,12 @@ mod tests {
             .flat_map(|fde| [fde.start, fde.end - 1]);
         pcs.extend(first);
         let fidelity = compare(&table, &reference, &pcs);
-        println!(
-            "{}: {:?}, {} bytes; {} pcs compared ({} gaps, {} plt, {} bottom of stack, {} \
-             unsupported), {} contested, {} disagreements",
+        fidelity.print_and_check(&format!(
+            "{}: {:?}, {} bytes",
             exe.display(),
             table.stats(),
-            table.size_bytes(),
-            fidelity.compared,
-            fidelity.gaps,
-            fidelity.plt,
-            fidelity.bottom,
-            fidelity.unsupported,
-            fidelity.contested,
-            fidelity.disagreements.len(),
-        );
-        assert!(
-            fidelity.disagreements.is_empty(),
-            "{} disagreements, first: {:#?}",
-            fidelity.disagreements.len(),
-            &fidelity.disagreements[..fidelity.disagreements.len().min(20)]
-        );
+            table.size_bytes()
+        ));
         assert!(fidelity.compared > 3000, "{fidelity:?}");
         assert!(fidelity.gaps > 0 && fidelity.bottom > 0, "{fidelity:?}");
         // A function of this very file, unwound the way the BPF side will: its CFA is found.

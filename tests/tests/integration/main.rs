@@ -14,3 +14,4 @@ mod remote;
 mod symbols;
 mod ui;
 mod ui_compare;
+mod unwind;

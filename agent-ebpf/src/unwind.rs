@@ -1,0 +1,412 @@
+//! The user-stack walk with unwind tables (`Control::unwind == UNWIND_TABLES`).
+//!
+//! Per frame: find the process's mapping holding the pc (`UNWIND_PROCS`), binary-search its
+//! table's rows in the shared pool (`UNWIND_ROWS`), compute the CFA and read the return address
+//! and the saved rbp from the stack. Code without a loaded table (JIT, anonymous memory, a
+//! table still being built) takes a frame-pointer step instead, and the walk goes back to tables
+//! at the next frame. Each walk ends with one counted [`UnwindOutcome`]; a walk that cannot
+//! finish keeps the frames it found, never a guessed caller.
+//!
+//! The frames are a loop body run by `bpf_loop` (5.17+), so the verifier checks one frame,
+//! not 127. The walk's state is in a per-CPU array: 1 KiB of frames does not fit the 512-byte
+//! stack.
+
+use core::ffi::c_void;
+
+use aya_ebpf::{
+    bindings::{pt_regs, BPF_NOEXIST},
+    helpers::{
+        bpf_get_current_task_btf, bpf_ktime_get_ns, bpf_loop, bpf_probe_read_kernel,
+        bpf_probe_read_user, bpf_task_pt_regs,
+    },
+    macros::map,
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
+    programs::PerfEventContext,
+};
+use scorch_common::{
+    find_mapping, find_unwind_row, CfaKind, ProcMappings, RbpKind, UnwindEvent, UnwindMapping,
+    UnwindOutcome, UnwindRow, UserStack, EVENT_UNKNOWN_PC, EVENT_UNKNOWN_PROCESS,
+    MAPPING_TABLE_LOADED, MAPPING_TABLE_PENDING, MAX_PROC_MAPPINGS, MAX_STACK_DEPTH,
+    MAX_UNWIND_PROCS, UNWIND_OUTCOMES,
+};
+
+/// `BPF_F_MMAPABLE`: the agent writes tables straight into the pool's memory, not one
+/// syscall per row.
+const BPF_F_MMAPABLE: u32 = 1 << 10;
+
+/// The shared row pool: every loaded table is a range of it, allocated by the agent. Sized at
+/// load time (`UNWIND_POOL_ROWS` by default).
+#[map]
+static UNWIND_ROWS: Array<UnwindRow> = Array::with_max_entries(1, BPF_F_MMAPABLE);
+
+/// Each known process's executable mappings, written by the agent.
+#[map]
+static UNWIND_PROCS: HashMap<u32, ProcMappings> = HashMap::with_max_entries(MAX_UNWIND_PROCS, 0);
+
+/// A process with no mappings yet: every frame takes a frame-pointer step. One zeroed entry.
+#[map]
+static NO_MAPPINGS: Array<ProcMappings> = Array::with_max_entries(1, 0);
+
+/// Unknown processes and pcs, for the agent to read their maps.
+#[map]
+static UNWIND_EVENTS: RingBuf = RingBuf::with_byte_size(64 * 1024, 0);
+
+/// When each process last sent an event (ns, `bpf_ktime_get_ns`): at most one per
+/// `NOTIFY_INTERVAL_NS`, so a process running JIT code does not flood the agent.
+#[map]
+static NOTIFIED: LruHashMap<u32, u64> = LruHashMap::with_max_entries(MAX_UNWIND_PROCS, 0);
+
+/// Per-CPU counters indexed by [`UnwindOutcome`]; cumulative, the agent takes differences.
+#[map]
+static UNWIND_OUTCOMES_COUNT: PerCpuArray<u64> = PerCpuArray::with_max_entries(UNWIND_OUTCOMES, 0);
+
+/// Per-CPU walk state.
+#[map]
+static WALK: PerCpuArray<WalkState> = PerCpuArray::with_max_entries(1, 0);
+
+const NOTIFY_INTERVAL_NS: u64 = 250_000_000;
+
+/// Not an outcome: the walk goes on.
+const WALKING: u32 = u32::MAX;
+
+/// The walk's registers and frames, in a per-CPU map value.
+#[repr(C)]
+pub struct WalkState {
+    pc: u64,
+    sp: u64,
+    bp: u64,
+    /// The pc to report in an `EVENT_UNKNOWN_PC`.
+    unknown_pc: u64,
+    /// Zero once a rule left the caller's rbp unknown.
+    bp_known: u32,
+    /// Non-zero when `pc` is a return address: its call instruction (pc - 1) is looked up.
+    return_address: u32,
+    /// [`UnwindOutcome`] of the end, or `WALKING`.
+    stop: u32,
+    /// Non-zero when some frame fell back to frame pointers for lack of a mapping.
+    no_mapping: u32,
+    /// Non-zero when some frame fell back to frame pointers for lack of a loaded table.
+    table_pending: u32,
+    _reserved: u32,
+    /// The frames, and their hash.
+    pub stack: UserStack,
+}
+
+/// What each loop iteration needs: pointers to map values, so no iteration looks them up.
+#[repr(C)]
+struct LoopContext {
+    state: *mut WalkState,
+    procs: *const ProcMappings,
+}
+
+/// The user registers: the sample's when it interrupted user mode, else the task's saved
+/// ones (a sample in a system call or a page fault). `None` for kernel threads.
+#[inline(always)]
+fn user_regs(ctx: &PerfEventContext, user_mode: bool) -> Option<(u64, u64, u64)> {
+    if user_mode {
+        // SAFETY: perf_event programs may read the saved registers in their context.
+        let regs = unsafe { &(*ctx.ctx).regs };
+        return Some((regs.rip, regs.rsp, regs.rbp));
+    }
+    // SAFETY: helpers with no memory arguments; the result is checked before use.
+    let regs = unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) } as *const pt_regs;
+    if regs.is_null() {
+        return None;
+    }
+    // SAFETY: bpf_probe_read_kernel checks the address.
+    let regs = unsafe { bpf_probe_read_kernel(regs) }.ok()?;
+    // A kernel thread's saved registers are not user ones (CS privilege level 3).
+    (regs.cs & 3 == 3).then_some((regs.rip, regs.rsp, regs.rbp))
+}
+
+/// Walks the current task's user stack into `WALK`; returns the state, or `None` when the task
+/// has no user stack.
+#[inline(always)]
+pub fn walk(ctx: &PerfEventContext, tgid: u32, user_mode: bool) -> Option<&'static mut WalkState> {
+    let (pc, sp, bp) = user_regs(ctx, user_mode)?;
+    if pc == 0 {
+        return None;
+    }
+    let state = WALK.get_ptr_mut(0)?;
+    // SAFETY: this CPU's slot; the program cannot run twice at once on one CPU.
+    let walk = unsafe { &mut *state };
+    walk.pc = pc;
+    walk.sp = sp;
+    walk.bp = bp;
+    walk.unknown_pc = 0;
+    walk.bp_known = 1;
+    walk.return_address = 0;
+    walk.stop = WALKING;
+    walk.no_mapping = 0;
+    walk.table_pending = 0;
+    walk.stack.len = 0;
+    walk.stack.hash = 0xcbf2_9ce4_8422_2325;
+
+    let known = UNWIND_PROCS.get_ptr(tgid);
+    let procs = match known {
+        Some(procs) => procs,
+        None => NO_MAPPINGS.get_ptr(0)?,
+    };
+    let mut context = LoopContext { state, procs };
+    // SAFETY: `step` has the signature bpf_loop calls; the context outlives the call.
+    unsafe {
+        bpf_loop(
+            MAX_STACK_DEPTH as u32,
+            step as *mut c_void,
+            (&mut context as *mut LoopContext).cast(),
+            0,
+        )
+    };
+    if walk.stop == WALKING {
+        walk.stop = UnwindOutcome::FrameLimit as u32;
+    }
+    count(walk.stop);
+    if walk.no_mapping != 0 {
+        count(UnwindOutcome::NoMapping as u32);
+    }
+    if walk.table_pending != 0 {
+        count(UnwindOutcome::TableNotLoaded as u32);
+    }
+    if known.is_none() {
+        notify(tgid, EVENT_UNKNOWN_PROCESS, pc);
+    } else if walk.no_mapping != 0 {
+        notify(tgid, EVENT_UNKNOWN_PC, walk.unknown_pc);
+    }
+    Some(walk)
+}
+
+/// One frame: records the pc, then finds the caller's registers. Returns 1 to end the loop.
+extern "C" fn step(_index: u64, context: *mut c_void) -> i64 {
+    // SAFETY: bpf_loop passes back the context `walk` gave it, whose pointers are map values.
+    let context = unsafe { &*(context as *const LoopContext) };
+    // SAFETY: as above; this CPU's walk state.
+    let (walk, procs) = unsafe { (&mut *context.state, &*context.procs) };
+    let len = walk.stack.len as usize;
+    let Some(slot) = walk.stack.pcs.get_mut(len) else {
+        walk.stop = UnwindOutcome::FrameLimit as u32;
+        return 1;
+    };
+    let pc = walk.pc;
+    *slot = pc;
+    walk.stack.len = len as u64 + 1;
+    walk.stack.hash = (walk.stack.hash ^ pc).wrapping_mul(0x0000_0100_0000_01b3);
+
+    let lookup = if walk.return_address != 0 { pc - 1 } else { pc };
+    walk.return_address = 1;
+    let count = procs.count.min(MAX_PROC_MAPPINGS as u32);
+    let mapping = find_mapping(count, lookup, |i| Some(mapping_at(procs, i).start))
+        .map(|i| mapping_at(procs, i))
+        .filter(|m| lookup < m.end);
+    let outcome = match mapping {
+        Some(m) if m.state == MAPPING_TABLE_LOADED => {
+            let row_pc = lookup.wrapping_sub(m.bias);
+            if row_pc > u64::from(u32::MAX) {
+                UnwindOutcome::NoRow as u32
+            } else {
+                table_step(walk, m.first_row, m.rows, row_pc as u32)
+            }
+        }
+        Some(m) => {
+            if m.state == MAPPING_TABLE_PENDING {
+                walk.table_pending = 1;
+            }
+            frame_pointer_step(walk)
+        }
+        None => {
+            if walk.no_mapping == 0 {
+                walk.unknown_pc = pc;
+            }
+            walk.no_mapping = 1;
+            frame_pointer_step(walk)
+        }
+    };
+    if outcome == WALKING {
+        0
+    } else {
+        walk.stop = outcome;
+        1
+    }
+}
+
+/// Mapping `i`; the mask is what lets the verifier see the access in bounds, where a
+/// comparison the compiler proved redundant would be dropped.
+#[inline(always)]
+fn mapping_at(procs: &ProcMappings, i: u32) -> &UnwindMapping {
+    &procs.mappings[(i as usize) & (MAX_PROC_MAPPINGS - 1)]
+}
+
+#[inline(always)]
+fn read(address: u64) -> Option<u64> {
+    // SAFETY: bpf_probe_read_user checks the address; a fault is an error, never a crash.
+    unsafe { bpf_probe_read_user(address as *const u64) }.ok()
+}
+
+/// The caller by the frame pointer: `[rbp]` is the caller's rbp, `[rbp + 8]` the return
+/// address.
+#[inline(always)]
+fn frame_pointer_step(walk: &mut WalkState) -> u32 {
+    if walk.bp_known == 0 {
+        return UnwindOutcome::UnsupportedCfa as u32;
+    }
+    let bp = walk.bp;
+    // The outermost frame: the C runtime clears rbp before calling into main.
+    if bp == 0 {
+        return UnwindOutcome::Completed as u32;
+    }
+    // The stack grows down: a frame pointer below the stack pointer is no frame.
+    if bp < walk.sp {
+        return UnwindOutcome::ReadFault as u32;
+    }
+    let (Some(caller_bp), Some(return_address)) = (read(bp), read(bp.wrapping_add(8))) else {
+        return UnwindOutcome::ReadFault as u32;
+    };
+    if return_address == 0 {
+        return UnwindOutcome::Completed as u32;
+    }
+    walk.pc = return_address;
+    walk.sp = bp.wrapping_add(16);
+    walk.bp = caller_bp;
+    WALKING
+}
+
+/// The caller by the row that covers `row_pc` in `rows` rows from `first_row` of the pool.
+#[inline(always)]
+fn table_step(walk: &mut WalkState, first_row: u32, rows: u32, row_pc: u32) -> u32 {
+    let Some(index) = find_unwind_row(rows, row_pc, |i| {
+        UNWIND_ROWS.get(first_row.wrapping_add(i)).map(|row| row.pc)
+    }) else {
+        return UnwindOutcome::NoRow as u32;
+    };
+    let Some(row) = UNWIND_ROWS.get(first_row.wrapping_add(index)) else {
+        return UnwindOutcome::NoRow as u32;
+    };
+    let rbp_kind = row.rbp_kind();
+    if rbp_kind == RbpKind::ReturnAddressUndefined {
+        return UnwindOutcome::Completed as u32;
+    }
+    let sp = walk.sp;
+    let offset = u64::from(row.cfa_offset);
+    let rbp_offset = i64::from(row.rbp_offset) * 8;
+    let cfa = match row.cfa_kind() {
+        CfaKind::Rsp => sp.wrapping_add(offset),
+        CfaKind::Rbp if walk.bp_known != 0 => walk.bp.wrapping_add(offset),
+        CfaKind::Plt => {
+            let pushed = (walk.pc & 15) >= row.rbp_offset as u64;
+            sp.wrapping_add(offset)
+                .wrapping_add(if pushed { 8 } else { 0 })
+        }
+        CfaKind::Signal => return signal_step(walk, offset, rbp_kind, rbp_offset),
+        CfaKind::NoRow => return UnwindOutcome::NoRow as u32,
+        CfaKind::Rbp | CfaKind::Unsupported => return UnwindOutcome::UnsupportedCfa as u32,
+    };
+    let Some(return_address) = read(cfa.wrapping_sub(8)) else {
+        return UnwindOutcome::ReadFault as u32;
+    };
+    match rbp_kind {
+        RbpKind::Unchanged => {}
+        RbpKind::CfaOffset => match read(cfa.wrapping_add(rbp_offset as u64)) {
+            Some(bp) => walk.bp = bp,
+            None => return UnwindOutcome::ReadFault as u32,
+        },
+        RbpKind::AtRsp => match read(sp.wrapping_add(rbp_offset as u64)) {
+            Some(bp) => walk.bp = bp,
+            None => return UnwindOutcome::ReadFault as u32,
+        },
+        _ => walk.bp_known = 0,
+    }
+    if return_address == 0 {
+        return UnwindOutcome::Completed as u32;
+    }
+    walk.pc = return_address;
+    walk.sp = cfa;
+    WALKING
+}
+
+/// A signal trampoline: the interrupted registers are in the `ucontext` on the stack. The
+/// interrupted pc is where the signal came, not a return address.
+#[inline(always)]
+fn signal_step(walk: &mut WalkState, offset: u64, rbp_kind: RbpKind, rbp_offset: i64) -> u32 {
+    let sp = walk.sp;
+    let (Some(interrupted_sp), Some(interrupted_pc)) = (
+        read(sp.wrapping_add(offset)),
+        read(sp.wrapping_add(offset).wrapping_add(8)),
+    ) else {
+        return UnwindOutcome::ReadFault as u32;
+    };
+    if rbp_kind == RbpKind::AtRsp {
+        match read(sp.wrapping_add(rbp_offset as u64)) {
+            Some(bp) => walk.bp = bp,
+            None => return UnwindOutcome::ReadFault as u32,
+        }
+    } else {
+        walk.bp_known = 0;
+    }
+    if interrupted_pc == 0 {
+        return UnwindOutcome::Completed as u32;
+    }
+    walk.pc = interrupted_pc;
+    walk.sp = interrupted_sp;
+    walk.return_address = 0;
+    WALKING
+}
+
+#[inline(always)]
+fn count(outcome: u32) {
+    if let Some(counter) = UNWIND_OUTCOMES_COUNT.get_ptr_mut(outcome) {
+        // SAFETY: this CPU's slot; the program cannot run twice at once on one CPU.
+        unsafe { *counter += 1 };
+    }
+}
+
+/// Tells the agent about an unknown process or pc, at most once per `NOTIFY_INTERVAL_NS` per
+/// process.
+#[inline(always)]
+fn notify(tgid: u32, kind: u32, pc: u64) {
+    // SAFETY: no arguments.
+    let now = unsafe { bpf_ktime_get_ns() };
+    // SAFETY: a plain u64 value; a concurrent update can at worst let one more event through.
+    if let Some(&last) = unsafe { NOTIFIED.get(tgid) } {
+        if now.wrapping_sub(last) < NOTIFY_INTERVAL_NS {
+            return;
+        }
+    }
+    let _ = NOTIFIED.insert(tgid, now, 0);
+    // A full ring buffer drops the event; the next sample after the interval sends it again.
+    let _ = UNWIND_EVENTS.output::<UnwindEvent>(UnwindEvent { tgid, kind, pc }, 0);
+}
+
+/// After an exec the process's mappings are another program's: forget them, so its next
+/// sample asks the agent again.
+#[inline(always)]
+pub fn forget_process(tgid: u32) {
+    let _ = UNWIND_PROCS.remove(tgid);
+    let _ = NOTIFIED.remove(tgid);
+}
+
+/// Inserts the walked stack into a generation's stack map; returns its id, or whether the
+/// failure was a collision (`true`) or another error.
+#[inline(always)]
+pub fn store_stack(stacks: &HashMap<i32, UserStack>, walk: &mut WalkState) -> Result<i32, bool> {
+    let hash = walk.stack.hash ^ walk.stack.len;
+    let id = (hash & 0x7fff_ffff) as i32;
+    // SAFETY: only the hash is read; a concurrent writer of the same key writes the same hash.
+    if let Some(existing) = unsafe { stacks.get(id) } {
+        return if existing.hash == hash {
+            Ok(id)
+        } else {
+            Err(true)
+        };
+    }
+    // The stored hash is the mixed one, so a later sample compares like with like.
+    walk.stack.hash = hash;
+    match stacks.insert(id, &walk.stack, u64::from(BPF_NOEXIST)) {
+        Ok(()) => Ok(id),
+        // Another CPU stored a stack under this id in between: the same one, or a collision.
+        // SAFETY: as above.
+        Err(_) => match unsafe { stacks.get(id) } {
+            Some(existing) if existing.hash == hash => Ok(id),
+            Some(_) => Err(true),
+            None => Err(false),
+        },
+    }
+}

@@ -1,0 +1,561 @@
+//! Feeds the BPF unwinder: the tables of the binaries processes run, in the shared row pool,
+//! and each process's executable mappings, in `UNWIND_PROCS`.
+//!
+//! The BPF program reports processes and pcs it does not know through a ring buffer
+//! ([`Unwinder::poll`] reads it); the agent then reads `/proc/PID/maps`, asks a worker thread
+//! to build the tables it lacks, and describes the process's mappings at once: those whose
+//! table is not built yet are marked pending, and the BPF side walks them with frame pointers
+//! (counted) until the table arrives. Building never runs on the caller's thread, so a window
+//! is never late because of it.
+//!
+//! Tables are keyed by file identity (device and inode): every process mapping the same
+//! library shares one table. When the pool is full the least recently used tables go, after
+//! the mappings that point at them have been rewritten.
+//!
+//! A process is forgotten when it exits ([`Unwinder::forget_exited`]) and when it execs (the
+//! BPF side's exec tracepoint deletes its entry, and its next sample reports it again).
+
+use std::{
+    collections::{HashMap, HashSet},
+    os::fd::AsRawFd,
+    path::{Path, PathBuf},
+    sync::mpsc,
+};
+
+use aya::maps::MapError;
+use object::{Object, ObjectSegment, SegmentFlags};
+use scorch_common::{
+    ProcMappings, UnwindEvent, UnwindMapping, UnwindRow, MAPPING_NO_TABLE, MAPPING_TABLE_LOADED,
+    MAPPING_TABLE_PENDING, MAX_PROC_MAPPINGS,
+};
+
+use super::{pool::RowPool, UnwindTable};
+use crate::{
+    pipeline::maps::UnwindMaps,
+    symbolize::{
+        elf::FileData,
+        user::{open_mapped, MapEntry, ProcessMaps},
+    },
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum LoaderError {
+    #[error("mapping the BPF row pool ({bytes} bytes) into memory: {source}")]
+    MapPool {
+        bytes: usize,
+        source: std::io::Error,
+    },
+    #[error("starting the unwind table builder thread: {0}")]
+    Worker(std::io::Error),
+    #[error("writing process {pid}'s mappings to BPF map UNWIND_PROCS: {source}")]
+    Procs { pid: u32, source: MapError },
+}
+
+/// A binary, as the tables know it: the same inode on the same device is the same table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+struct FileKey {
+    dev: u64,
+    inode: u64,
+}
+
+/// An executable `PT_LOAD` segment: where the file's bytes go in the ELF address space.
+#[derive(Debug, Clone, Copy)]
+struct Segment {
+    offset: u64,
+    address: u64,
+    file_size: u64,
+}
+
+/// A built table, on its way from the worker.
+struct Built {
+    rows: Vec<UnwindRow>,
+    base: u64,
+    segments: Vec<Segment>,
+}
+
+enum Table {
+    /// Sent to the worker.
+    Building,
+    /// Cannot be built (no `.eh_frame`, not x86_64, unreadable) or does not fit the pool:
+    /// frame pointers for its code.
+    Unavailable,
+    Loaded {
+        first_row: u32,
+        rows: u32,
+        base: u64,
+        segments: Vec<Segment>,
+        /// [`Unwinder::clock`] when a process last mapped it.
+        last_used: u64,
+    },
+}
+
+/// A process's executable mapping, with the table it needs.
+struct ProcMapping {
+    start: u64,
+    end: u64,
+    offset: u64,
+    key: Option<FileKey>,
+}
+
+/// What the unwinder holds, for `/metrics` and the summary.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LoaderStats {
+    pub tables_loaded: usize,
+    pub tables_unavailable: usize,
+    pub rows_used: u64,
+    /// Bytes of BPF map memory the loaded tables take.
+    pub table_bytes: u64,
+    pub processes: usize,
+    pub tables_evicted: u64,
+    pub events: u64,
+}
+
+/// The pool's memory, mapped shared with the BPF map (`BPF_F_MMAPABLE`).
+struct PoolMemory {
+    rows: *mut UnwindRow,
+    len: usize,
+}
+
+// SAFETY: the mapping is owned by this struct alone and only written through `&mut self`;
+// moving it to another thread moves that ownership.
+unsafe impl Send for PoolMemory {}
+
+impl PoolMemory {
+    fn map(maps: &UnwindMaps) -> Result<Self, LoaderError> {
+        let len = maps.pool_rows as usize;
+        let bytes = len * std::mem::size_of::<UnwindRow>();
+        // SAFETY: a fresh shared mapping of the map's fd, of exactly the map's size; the
+        // kernel refuses it (MAP_FAILED) when the map is not mmapable or smaller.
+        let address = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                bytes,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                maps.rows.fd().as_fd_raw(),
+                0,
+            )
+        };
+        if address == libc::MAP_FAILED {
+            return Err(LoaderError::MapPool {
+                bytes,
+                source: std::io::Error::last_os_error(),
+            });
+        }
+        Ok(PoolMemory {
+            rows: address.cast(),
+            len,
+        })
+    }
+
+    fn write(&mut self, first_row: u32, rows: &[UnwindRow]) {
+        let first = first_row as usize;
+        assert!(first + rows.len() <= self.len, "row range outside the pool");
+        // SAFETY: in bounds (checked above) of a mapping this struct owns; the BPF side reads
+        // these rows only once a mapping points at them, which is written after this.
+        unsafe { std::ptr::copy_nonoverlapping(rows.as_ptr(), self.rows.add(first), rows.len()) };
+    }
+}
+
+impl Drop for PoolMemory {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `map`, unmapped once.
+        unsafe {
+            libc::munmap(
+                self.rows.cast(),
+                self.len * std::mem::size_of::<UnwindRow>(),
+            )
+        };
+    }
+}
+
+/// `MapFd` to a raw fd for `mmap`.
+trait AsFdRaw {
+    fn as_fd_raw(&self) -> i32;
+}
+
+impl AsFdRaw for aya::maps::MapFd {
+    fn as_fd_raw(&self) -> i32 {
+        std::os::fd::AsFd::as_fd(self).as_raw_fd()
+    }
+}
+
+/// Longest [`Unwinder::poll`] waits for tables it has just asked for.
+const BUILD_WAIT: std::time::Duration = std::time::Duration::from_millis(20);
+
+type BuildRequest = (FileKey, std::fs::File, PathBuf);
+type BuildResult = (FileKey, Option<Built>);
+
+/// Keeps the BPF unwinder's maps current; see the module documentation.
+pub struct Unwinder {
+    maps: UnwindMaps,
+    memory: PoolMemory,
+    pool: RowPool,
+    tables: HashMap<FileKey, Table>,
+    procs: HashMap<u32, Vec<ProcMapping>>,
+    requests: mpsc::Sender<BuildRequest>,
+    results: mpsc::Receiver<BuildResult>,
+    /// Advances on every [`Unwinder::poll`]: the LRU's time.
+    clock: u64,
+    evicted: u64,
+    events: u64,
+}
+
+impl Unwinder {
+    /// Takes over the maps and starts the table builder thread.
+    pub fn start(maps: UnwindMaps) -> Result<Self, LoaderError> {
+        let memory = PoolMemory::map(&maps)?;
+        let (requests, inbox) = mpsc::channel::<BuildRequest>();
+        let (outbox, results) = mpsc::channel();
+        std::thread::Builder::new()
+            .name("scorch-unwind".into())
+            .spawn(move || {
+                // Ends when the unwinder (the sender) is dropped.
+                for (key, file, path) in inbox {
+                    let built = build(&file, &path);
+                    if outbox.send((key, built)).is_err() {
+                        break;
+                    }
+                }
+            })
+            .map_err(LoaderError::Worker)?;
+        Ok(Unwinder {
+            pool: RowPool::new(maps.pool_rows),
+            maps,
+            memory,
+            tables: HashMap::new(),
+            procs: HashMap::new(),
+            requests,
+            results,
+            clock: 0,
+            evicted: 0,
+            events: 0,
+        })
+    }
+
+    /// Reads the BPF side's events, describes the processes they name when `wanted` says so
+    /// (the daemon's relabelling drops some: they get no tables), and loads the tables the
+    /// worker finished. Cheap when nothing happened; call it often (every 200 ms).
+    pub fn poll(&mut self, mut wanted: impl FnMut(u32) -> bool) -> Result<(), LoaderError> {
+        self.clock += 1;
+        let mut pids = HashSet::new();
+        while let Some(item) = self.maps.events.next() {
+            if item.len() >= std::mem::size_of::<UnwindEvent>() {
+                // SAFETY: the program writes whole `UnwindEvent`s; the length was checked,
+                // and read_unaligned needs no alignment.
+                let event: UnwindEvent = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
+                pids.insert(event.tgid);
+                self.events += 1;
+            }
+        }
+        let mut requested = false;
+        for pid in pids.into_iter().filter(|&pid| wanted(pid)) {
+            requested |= self.scan(pid)?;
+        }
+        let mut changed = HashSet::new();
+        // Tables take milliseconds to build (libc: 1.5 ms): when some were just asked for, wait
+        // for them a little, so their processes get whole stacks one poll sooner. Bounded far
+        // below a window.
+        let deadline = std::time::Instant::now() + BUILD_WAIT;
+        while requested && self.building() > 0 {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match self.results.recv_timeout(left) {
+                Ok((key, built)) => self.install(key, built, &mut changed)?,
+                Err(_) => break,
+            }
+        }
+        while let Ok((key, built)) = self.results.try_recv() {
+            self.install(key, built, &mut changed)?;
+        }
+        if !changed.is_empty() {
+            let pids: Vec<u32> = self
+                .procs
+                .iter()
+                .filter(|(_, mappings)| {
+                    mappings
+                        .iter()
+                        .any(|m| m.key.is_some_and(|k| changed.contains(&k)))
+                })
+                .map(|(&pid, _)| pid)
+                .collect();
+            for pid in pids {
+                self.write(pid)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Describes `pids` now, before the BPF side asks (`record --pid`), so their first samples
+    /// find their tables sooner.
+    pub fn watch(&mut self, pids: &[u32]) -> Result<(), LoaderError> {
+        for &pid in pids {
+            self.scan(pid)?;
+        }
+        Ok(())
+    }
+
+    /// Tables the worker has not finished.
+    fn building(&self) -> usize {
+        self.tables
+            .values()
+            .filter(|t| matches!(t, Table::Building))
+            .count()
+    }
+
+    /// Forgets processes that have exited, in the agent and in the BPF map.
+    pub fn forget_exited(&mut self) {
+        let gone: Vec<u32> = self
+            .procs
+            .keys()
+            .copied()
+            .filter(|pid| !Path::new(&format!("/proc/{pid}")).exists())
+            .collect();
+        for pid in gone {
+            self.procs.remove(&pid);
+            let _ = self.maps.procs.remove(&pid);
+        }
+    }
+
+    pub fn stats(&self) -> LoaderStats {
+        let mut stats = LoaderStats {
+            processes: self.procs.len(),
+            rows_used: u64::from(self.pool.used()),
+            table_bytes: u64::from(self.pool.used()) * std::mem::size_of::<UnwindRow>() as u64,
+            tables_evicted: self.evicted,
+            events: self.events,
+            ..LoaderStats::default()
+        };
+        for table in self.tables.values() {
+            match table {
+                Table::Loaded { .. } => stats.tables_loaded += 1,
+                Table::Unavailable => stats.tables_unavailable += 1,
+                Table::Building => {}
+            }
+        }
+        stats
+    }
+
+    /// Reads a process's maps, asks for the tables it lacks, and describes it to BPF.
+    /// Returns whether a table was asked for.
+    fn scan(&mut self, pid: u32) -> Result<bool, LoaderError> {
+        // A process that is gone, or whose maps cannot be read, keeps frame pointers.
+        let Ok(maps) = ProcessMaps::read(pid) else {
+            return Ok(false);
+        };
+        let mut requested = false;
+        let mut mappings = Vec::new();
+        for entry in maps.entries().iter().filter(|e| e.executable) {
+            let key = entry.is_file().then_some(FileKey {
+                dev: entry.dev,
+                inode: entry.inode,
+            });
+            if let Some(key) = key {
+                requested |= self.request(pid, key, entry);
+            }
+            mappings.push(ProcMapping {
+                start: entry.start,
+                end: entry.end,
+                offset: entry.offset,
+                key,
+            });
+        }
+        self.procs.insert(pid, mappings);
+        self.write(pid)?;
+        Ok(requested)
+    }
+
+    /// Marks a table used, or asks the worker for it; returns whether it was asked for.
+    fn request(&mut self, pid: u32, key: FileKey, entry: &MapEntry) -> bool {
+        match self.tables.get_mut(&key) {
+            Some(Table::Loaded { last_used, .. }) => {
+                *last_used = self.clock;
+                false
+            }
+            Some(_) => false,
+            None => {
+                let sent = open_mapped(pid, entry)
+                    .ok()
+                    .is_some_and(|(file, path, _)| self.requests.send((key, file, path)).is_ok());
+                let table = if sent {
+                    Table::Building
+                } else {
+                    Table::Unavailable
+                };
+                self.tables.insert(key, table);
+                sent
+            }
+        }
+    }
+
+    /// Puts a finished table in the pool, evicting the least recently used ones for room.
+    fn install(
+        &mut self,
+        key: FileKey,
+        built: Option<Built>,
+        changed: &mut HashSet<FileKey>,
+    ) -> Result<(), LoaderError> {
+        changed.insert(key);
+        let Some(built) = built else {
+            self.tables.insert(key, Table::Unavailable);
+            return Ok(());
+        };
+        let len = u32::try_from(built.rows.len()).unwrap_or(u32::MAX);
+        if len == 0 || len > self.pool.capacity() {
+            self.tables.insert(key, Table::Unavailable);
+            return Ok(());
+        }
+        let first_row = loop {
+            if let Some(first) = self.pool.allocate(len) {
+                break first;
+            }
+            let Some(victim) = self.least_recently_used() else {
+                self.tables.insert(key, Table::Unavailable);
+                return Ok(());
+            };
+            self.evict(victim)?;
+        };
+        self.memory.write(first_row, &built.rows);
+        self.tables.insert(
+            key,
+            Table::Loaded {
+                first_row,
+                rows: len,
+                base: built.base,
+                segments: built.segments,
+                last_used: self.clock,
+            },
+        );
+        Ok(())
+    }
+
+    fn least_recently_used(&self) -> Option<FileKey> {
+        self.tables
+            .iter()
+            .filter_map(|(key, table)| match table {
+                Table::Loaded { last_used, .. } => Some((*last_used, *key)),
+                _ => None,
+            })
+            .min()
+            .map(|(_, key)| key)
+    }
+
+    /// Drops a table: first the mappings that use it fall back to frame pointers, then its
+    /// rows are freed for another table.
+    fn evict(&mut self, key: FileKey) -> Result<(), LoaderError> {
+        let Some(Table::Loaded {
+            first_row, rows, ..
+        }) = self.tables.insert(key, Table::Unavailable)
+        else {
+            return Ok(());
+        };
+        self.evicted += 1;
+        let users: Vec<u32> = self
+            .procs
+            .iter()
+            .filter(|(_, mappings)| mappings.iter().any(|m| m.key == Some(key)))
+            .map(|(&pid, _)| pid)
+            .collect();
+        for pid in users {
+            self.write(pid)?;
+        }
+        // Forget it entirely, so the next process that maps it builds it again.
+        self.tables.remove(&key);
+        self.pool.release(first_row, rows);
+        Ok(())
+    }
+
+    /// Writes a process's mappings, as far as its tables are known, to `UNWIND_PROCS`.
+    fn write(&mut self, pid: u32) -> Result<(), LoaderError> {
+        let Some(mappings) = self.procs.get(&pid) else {
+            return Ok(());
+        };
+        let mut value = ProcMappings {
+            count: 0,
+            _reserved: 0,
+            mappings: [UnwindMapping::default(); MAX_PROC_MAPPINGS],
+        };
+        // Mappings with a table first: when a process has more than the BPF side holds, the
+        // ones left out fall back to frame pointers either way.
+        let mut chosen: Vec<UnwindMapping> = mappings.iter().map(|m| self.describe(m)).collect();
+        chosen.sort_by_key(|m| (m.state == MAPPING_NO_TABLE, m.start));
+        chosen.truncate(MAX_PROC_MAPPINGS);
+        chosen.sort_by_key(|m| m.start);
+        value.count = chosen.len() as u32;
+        value.mappings[..chosen.len()].copy_from_slice(&chosen);
+        self.maps
+            .procs
+            .insert(pid, value, 0)
+            .map_err(|source| LoaderError::Procs { pid, source })
+    }
+
+    fn describe(&self, mapping: &ProcMapping) -> UnwindMapping {
+        let mut described = UnwindMapping {
+            start: mapping.start,
+            end: mapping.end,
+            ..UnwindMapping::default()
+        };
+        match mapping.key.and_then(|key| self.tables.get(&key)) {
+            Some(Table::Building) => described.state = MAPPING_TABLE_PENDING,
+            Some(Table::Loaded {
+                first_row,
+                rows,
+                base,
+                segments,
+                ..
+            }) => {
+                // The segment this mapping's file bytes belong to (mappings start on a page).
+                if let Some(segment) = segments.iter().find(|s| {
+                    s.offset & !0xfff <= mapping.offset && mapping.offset < s.offset + s.file_size
+                }) {
+                    // pc - start + offset is the file offset; minus the segment's offset plus
+                    // its address is the ELF address; minus the base is the row pc.
+                    described.bias = mapping
+                        .start
+                        .wrapping_sub(mapping.offset)
+                        .wrapping_add(segment.offset)
+                        .wrapping_sub(segment.address)
+                        .wrapping_add(*base);
+                    described.first_row = *first_row;
+                    described.rows = *rows;
+                    described.state = MAPPING_TABLE_LOADED;
+                }
+            }
+            _ => {}
+        }
+        described
+    }
+}
+
+/// Builds one table, on the worker thread. `None` when the binary has none the BPF side can
+/// use; why is logged, as it is data about the binary, not a fault of the agent.
+fn build(file: &std::fs::File, path: &Path) -> Option<Built> {
+    let data = FileData::map_file(file, path)
+        .map_err(|err| tracing::debug!("unwind table for {}: {err}", path.display()))
+        .ok()?;
+    let table = UnwindTable::build(path, data.bytes())
+        .map_err(|err| tracing::debug!("unwind table for {}: {err}", path.display()))
+        .ok()?;
+    let elf = object::File::parse(data.bytes()).ok()?;
+    let segments = elf
+        .segments()
+        .filter(|s| matches!(s.flags(), SegmentFlags::Elf { p_flags } if p_flags & object::elf::PF_X != 0))
+        .map(|s| {
+            let (offset, file_size) = s.file_range();
+            Segment {
+                offset,
+                address: s.address(),
+                file_size,
+            }
+        })
+        .collect();
+    tracing::debug!(
+        "unwind table for {}: {} rows",
+        path.display(),
+        table.rows().len()
+    );
+    Some(Built {
+        rows: table.rows().to_vec(),
+        base: table.base(),
+        segments,
+    })
+}

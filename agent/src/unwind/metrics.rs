@@ -1,0 +1,67 @@
+//! The unwinder's `/metrics`: how walks with tables ended, and what the tables take in BPF map
+//! memory (the issue's bound: 64 MiB for the whole machine).
+
+use std::sync::atomic::AtomicU64;
+
+use prometheus_client::{metrics::gauge::Gauge, registry::Unit};
+use scorch_common::UnwindOutcome;
+
+use super::loader::LoaderStats;
+use crate::metrics::{LabeledCounter, Registry};
+
+#[derive(Debug)]
+pub struct UnwindMetrics {
+    outcomes: LabeledCounter,
+    table_bytes: Gauge<u64, AtomicU64>,
+    tables: Gauge<u64, AtomicU64>,
+    processes: Gauge<u64, AtomicU64>,
+}
+
+impl UnwindMetrics {
+    pub fn register(registry: &mut Registry) -> UnwindMetrics {
+        let metrics = UnwindMetrics {
+            outcomes: LabeledCounter::new("outcome", UnwindOutcome::ALL.map(UnwindOutcome::name)),
+            table_bytes: Gauge::default(),
+            tables: Gauge::default(),
+            processes: Gauge::default(),
+        };
+        registry.register(
+            "unwind_walks",
+            "User stack walks with unwind tables, by how they ended (completed, or the reason \
+             they stopped early); `no mapping` and `table not loaded` count walks that fell \
+             back to frame pointers for some frame",
+            metrics.outcomes.clone(),
+        );
+        registry.register_with_unit(
+            "unwind_tables",
+            "BPF map memory the loaded unwind tables take",
+            Unit::Bytes,
+            metrics.table_bytes.clone(),
+        );
+        registry.register(
+            "unwind_tables_loaded",
+            "Unwind tables loaded into the BPF row pool",
+            metrics.tables.clone(),
+        );
+        registry.register(
+            "unwind_processes",
+            "Processes whose executable mappings the BPF unwinder knows",
+            metrics.processes.clone(),
+        );
+        metrics
+    }
+
+    /// A window was drained: its walks by outcome, and the tables held now.
+    pub fn window_drained(
+        &self,
+        outcomes: impl Iterator<Item = (&'static str, u64)>,
+        stats: LoaderStats,
+    ) {
+        for (outcome, count) in outcomes {
+            self.outcomes.inc_by(outcome, count);
+        }
+        self.table_bytes.set(stats.table_bytes);
+        self.tables.set(stats.tables_loaded as u64);
+        self.processes.set(stats.processes as u64);
+    }
+}

@@ -1,0 +1,469 @@
+//! User stacks without frame pointers, walked in BPF with the binaries' unwind tables
+//! (`--unwind auto`, the default): whole stacks, agreeing with perf's DWARF unwinding.
+
+use std::process::Command;
+
+use scorch_tests::*;
+
+const LEAVES: [&str; 3] = ["leaf_a", "leaf_b", "leaf_c"];
+
+/// A walk's fallbacks to frame pointers, from the summary's `unwind:` part: before a process's
+/// tables are loaded its samples may stop early, and are counted there.
+fn fallback_walks(summary: &str) -> u64 {
+    let Some((_, unwind)) = summary.split_once("unwind: ") else {
+        return 0;
+    };
+    let unwind = unwind.split(';').next().unwrap_or("");
+    unwind
+        .split(", ")
+        .filter_map(|part| part.split_once(": "))
+        .filter(|(name, _)| *name == "no mapping" || *name == "table not loaded")
+        .filter_map(|(_, n)| n.trim().parse::<u64>().ok())
+        .sum()
+}
+
+#[test]
+fn calltree_without_frame_pointers_reaches_main_and_agrees_with_perf_dwarf() -> anyhow::Result<()> {
+    let program = compile(
+        "gcc",
+        &workload_source("calltree.c"),
+        &work_dir().join("calltree_nofp"),
+        &["-O2", "-fomit-frame-pointer", "-g"],
+        &["-lpthread"],
+    )?;
+    let workload = Workload::start(&program, &["2", "60"])?;
+    let pid = workload.pid().to_string();
+    let dir = work_dir();
+    let pprof_path = dir.join("calltree_nofp.pb.gz");
+    let perf_data = dir.join("calltree_nofp.perf.data");
+
+    // perf's DWARF mode (8 KiB of stack per sample, unwound in userspace) is the ground truth,
+    // recording the same process over the same seconds. Two threads at 999 Hz for 12 s give
+    // each tool thousands of samples even on a busy machine: enough that sampling noise stays
+    // well inside 3 points.
+    let mut perf = Command::new("perf")
+        .args([
+            "record",
+            "--call-graph",
+            "dwarf",
+            "-F",
+            "999",
+            "-p",
+            &pid,
+            "-o",
+        ])
+        .arg(&perf_data)
+        .args(["--", "sleep", "12"])
+        .stderr(std::process::Stdio::null())
+        .spawn()?;
+    let output = run_scorch(&[
+        "record",
+        "--pid",
+        &pid,
+        "--frequency",
+        "999",
+        "--duration",
+        "12s",
+        "--output",
+        pprof_path.to_str().unwrap(),
+    ])?;
+    assert!(perf.wait()?.success(), "perf record failed");
+    let report = parse_record_output(&output)?;
+    println!("{}", report.summary);
+
+    let profile = read_pprof(&pprof_path)?;
+    let samples = named_samples(&profile);
+    let pid: i64 = pid.parse()?;
+    let total: i64 = samples.iter().map(|s| s.count).sum();
+    assert!(total > 2000, "only {total} samples at 999 Hz over 12 s");
+
+    // Every walk that had its tables reaches the bottom of its thread: `_start` for the main
+    // thread, `clone3` for the others. The only samples that may stop short are those counted
+    // as having fallen back to frame pointers (before the tables loaded).
+    let bottom = |s: &NamedSample| {
+        matches!(
+            s.frames.last().map(String::as_str),
+            Some("_start" | "clone3" | "clone")
+        )
+    };
+    let short: i64 = samples.iter().filter(|s| !bottom(s)).map(|s| s.count).sum();
+    let fallbacks = fallback_walks(&report.summary);
+    assert!(
+        short as u64 <= fallbacks,
+        "{short} of {total} samples do not reach the bottom of their thread, but only \
+         {fallbacks} walks fell back to frame pointers: {}\n{}",
+        report.summary,
+        show(samples.iter().filter(|s| !bottom(s)))
+    );
+    // And the frames between are the known ones: leaf <- run_* <- dispatch <- main (the main
+    // thread) or thread_main (the others), in that order.
+    let whole = |s: &NamedSample| {
+        let entry = match s.frames.last().map(String::as_str) {
+            Some("_start") => "main",
+            _ => "thread_main",
+        };
+        let user: Vec<&str> = s
+            .frames
+            .iter()
+            .zip(&s.kernel)
+            .filter(|(_, &kernel)| !kernel)
+            .map(|(f, _)| f.as_str())
+            .collect();
+        user.windows(4).any(|w| {
+            LEAVES.contains(&w[0])
+                && w[1].starts_with("run_")
+                && w[2] == "dispatch"
+                && w[3] == entry
+        })
+    };
+    let in_leaves: Vec<&NamedSample> = samples
+        .iter()
+        .filter(|s| s.frames.iter().any(|f| LEAVES.contains(&f.as_str())))
+        .collect();
+    let leaf_total: i64 = in_leaves.iter().map(|s| s.count).sum();
+    let chained: i64 = in_leaves.iter().filter(|s| whole(s)).map(|s| s.count).sum();
+    assert!(
+        chained as u64 + fallbacks >= leaf_total as u64 && chained as f64 >= 0.9 * total as f64,
+        "{chained} of {leaf_total} leaf samples show the whole chain: {}\n{}",
+        report.summary,
+        show(in_leaves.iter().copied().filter(|s| !whole(s)))
+    );
+
+    let shares = leaf_shares(&samples, pid, &LEAVES);
+    let (perf_shares, perf_total) = perf_leaf_shares(&perf_data, &LEAVES)?;
+    println!("scorch shares {shares:.3?} of {total}; perf --call-graph dwarf {perf_shares:.3?} of {perf_total}");
+    for i in 0..3 {
+        assert!(
+            (shares[i] - perf_shares[i]).abs() <= 0.03,
+            "{}: scorch {:.3} vs perf {:.3}",
+            LEAVES[i],
+            shares[i],
+            perf_shares[i]
+        );
+    }
+    // The callers' shares agree too: perf's DWARF unwinding of the same seconds.
+    for caller in ["run_a", "run_b", "dispatch"] {
+        let perf_share = perf_share_with(&perf_data, caller)?;
+        let share = samples
+            .iter()
+            .filter(|s| s.frames.iter().any(|f| f == caller))
+            .map(|s| s.count)
+            .sum::<i64>() as f64
+            / total as f64;
+        println!("{caller} on the stack: scorch {share:.3}, perf {perf_share:.3}");
+        assert!(
+            (share - perf_share).abs() <= 0.03 + fallbacks as f64 / total as f64,
+            "{caller}: scorch {share:.3} vs perf {perf_share:.3}"
+        );
+    }
+    Ok(())
+}
+
+/// The most frequent of `samples`, root first, for failure messages.
+fn show<'a>(samples: impl Iterator<Item = &'a NamedSample>) -> String {
+    let mut samples: Vec<&NamedSample> = samples.collect();
+    samples.sort_by_key(|s| std::cmp::Reverse(s.count));
+    samples
+        .iter()
+        .take(10)
+        .map(|s| {
+            let frames: Vec<&str> = s.frames.iter().rev().map(String::as_str).collect();
+            format!("{} {}", s.count, frames.join(";"))
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Share of perf's samples with `function` anywhere on the stack.
+fn perf_share_with(perf_data: &std::path::Path, function: &str) -> anyhow::Result<f64> {
+    let output = Command::new("perf")
+        .args(["script", "-F", "ip,sym", "-i"])
+        .arg(perf_data)
+        .output()?;
+    anyhow::ensure!(output.status.success(), "perf script failed");
+    let text = String::from_utf8_lossy(&output.stdout);
+    let (mut with, mut total) = (0u64, 0u64);
+    for block in text.split("\n\n").filter(|b| !b.trim().is_empty()) {
+        total += 1;
+        let found = block.lines().any(|l| {
+            l.split_whitespace()
+                .nth(1)
+                .is_some_and(|s| s.split('+').next() == Some(function))
+        });
+        with += u64::from(found);
+    }
+    anyhow::ensure!(total > 0, "perf script printed no samples");
+    Ok(with as f64 / total as f64)
+}
+
+#[test]
+fn qsort_comparator_unwinds_through_libc_to_main() -> anyhow::Result<()> {
+    let program = build_workload("qsortcmp", &["-O2", "-fomit-frame-pointer", "-g"])?;
+    let workload = Workload::start(&program, &["30"])?;
+    let output = run_scorch(&[
+        "record",
+        "--pid",
+        &workload.pid().to_string(),
+        "--frequency",
+        "199",
+        "--duration",
+        "4s",
+        "--output",
+        work_dir().join("qsortcmp.pb.gz").to_str().unwrap(),
+    ])?;
+    let report = parse_record_output(&output)?;
+    println!("{}", report.summary);
+    let samples = named_samples(&read_pprof(&work_dir().join("qsortcmp.pb.gz"))?);
+    let in_cmp: Vec<&NamedSample> = samples
+        .iter()
+        .filter(|s| s.frames.iter().any(|f| f == "cmp"))
+        .collect();
+    let cmp_total: i64 = in_cmp.iter().map(|s| s.count).sum();
+    assert!(cmp_total > 200, "only {cmp_total} samples in cmp");
+    // main -> sort_forever -> qsort (libc's, named qsort_r inside) -> ... -> cmp, in order.
+    let through_libc = |s: &NamedSample| {
+        let at = |name: &dyn Fn(&str) -> bool| s.frames.iter().position(|f| name(f));
+        match (
+            at(&|f| f == "cmp"),
+            at(&|f| f.contains("qsort")),
+            at(&|f| f == "sort_forever"),
+            at(&|f| f == "main"),
+        ) {
+            (Some(c), Some(q), Some(s), Some(m)) => c < q && q < s && s < m,
+            _ => false,
+        }
+    };
+    let whole: i64 = in_cmp
+        .iter()
+        .filter(|s| through_libc(s))
+        .map(|s| s.count)
+        .sum();
+    let fallbacks = fallback_walks(&report.summary) as i64;
+    assert!(
+        whole + fallbacks >= cmp_total && whole as f64 >= 0.85 * cmp_total as f64,
+        "{whole} of {cmp_total} cmp samples show main -> sort_forever -> qsort -> cmp \
+         ({fallbacks} walks fell back to frame pointers): {}\n{}",
+        report.summary,
+        show(in_cmp.iter().copied().filter(|s| !through_libc(s)))
+    );
+    drop(workload);
+    Ok(())
+}
+
+/// A value from the summary, `name: N`, or 0.
+fn summary_count(summary: &str, name: &str) -> u64 {
+    summary
+        .split([';', ','])
+        .filter_map(|part| {
+            // `lost: truncated stacks: 3`, `unwind: completed: 5`, `no row: 1`.
+            let (key, n) = part.trim().rsplit_once(": ")?;
+            Some((key.rsplit(": ").next()?, n))
+        })
+        .filter(|(key, _)| *key == name)
+        .filter_map(|(_, n)| n.trim().parse::<u64>().ok())
+        .sum()
+}
+
+#[test]
+fn recursion_deeper_than_the_limit_is_counted_as_truncated_never_wrong() -> anyhow::Result<()> {
+    let program = build_workload("deeprec", &["-O2", "-fomit-frame-pointer", "-g"])?;
+    let workload = Workload::start(&program, &["300", "30"])?;
+    let path = work_dir().join("deeprec.pb.gz");
+    let output = record_pid_to(workload.pid(), 3, &path, &[])?;
+    let report = parse_record_output(&output)?;
+    println!("{}", report.summary);
+    let samples = named_samples(&read_pprof(&path)?);
+    let total: i64 = samples.iter().map(|s| s.count).sum();
+    assert!(total > 100, "only {total} samples");
+    let user_frames = |s: &NamedSample| -> Vec<String> {
+        s.frames
+            .iter()
+            .zip(&s.kernel)
+            .filter(|(_, &kernel)| !kernel)
+            .map(|(f, _)| f.clone())
+            .collect()
+    };
+    // main is 301 frames below the leaf: a stack that shows it (or anything but the recursion)
+    // made a caller up.
+    let wrong: Vec<&NamedSample> = samples
+        .iter()
+        .filter(|s| user_frames(s).iter().any(|f| f != "spin" && f != "descend"))
+        .collect();
+    let fallbacks = fallback_walks(&report.summary);
+    let wrong_total: i64 = wrong.iter().map(|s| s.count).sum();
+    assert!(
+        wrong_total as u64 <= fallbacks,
+        "{wrong_total} samples show frames other than the recursion: {}\n{}",
+        report.summary,
+        show(wrong.into_iter())
+    );
+    // Cut at the limit, and counted so: as walks that hit the frame limit, and as truncated.
+    let at_limit: i64 = samples
+        .iter()
+        .filter(|s| user_frames(s).len() == 127)
+        .map(|s| s.count)
+        .sum();
+    assert!(
+        at_limit as f64 >= 0.9 * total as f64,
+        "{at_limit} of {total} samples have 127 user frames"
+    );
+    let frame_limit = summary_count(&report.summary, "frame limit");
+    let truncated = summary_count(&report.summary, "truncated stacks");
+    assert!(
+        frame_limit >= at_limit as u64 && truncated >= at_limit as u64,
+        "{at_limit} stacks at the limit, but {frame_limit} walks counted at the frame limit and \
+         {truncated} truncated: {}",
+        report.summary
+    );
+    drop(workload);
+    Ok(())
+}
+
+#[test]
+fn unwind_fp_walks_frame_pointers_as_before() -> anyhow::Result<()> {
+    // With frame pointers the fp walk gives whole stacks; without, it loses the callers the
+    // tables would find. Either way no table is loaded and no walk of the program's is counted.
+    let with_fp = build_workload("calltree", &["-O2", "-fno-omit-frame-pointer", "-g"])?;
+    let workload = Workload::start(&with_fp, &["1", "20"])?;
+    let path = work_dir().join("calltree_fp_mode.pb.gz");
+    let output = record_pid_to(workload.pid(), 2, &path, &["--unwind", "fp"])?;
+    let report = parse_record_output(&output)?;
+    println!("{}", report.summary);
+    assert!(
+        !report.summary.contains("unwind:"),
+        "--unwind fp walked with tables: {}",
+        report.summary
+    );
+    let samples = named_samples(&read_pprof(&path)?);
+    let total: i64 = samples.iter().map(|s| s.count).sum();
+    let chained: i64 = samples
+        .iter()
+        .filter(|s| {
+            s.frames.first().map(String::as_str) == Some("leaf_a")
+                && s.frames.get(1..4) == Some(&["run_a".into(), "dispatch".into(), "main".into()])
+        })
+        .map(|s| s.count)
+        .sum();
+    assert!(
+        chained as f64 > 0.4 * total as f64,
+        "{chained} of {total} samples show main -> dispatch -> run_a -> leaf_a"
+    );
+    drop(workload);
+
+    let without_fp = compile(
+        "gcc",
+        &workload_source("calltree.c"),
+        &work_dir().join("calltree_nofp"),
+        &["-O2", "-fomit-frame-pointer", "-g"],
+        &["-lpthread"],
+    )?;
+    let workload = Workload::start(&without_fp, &["1", "20"])?;
+    record_pid_to(workload.pid(), 2, &path, &["--unwind", "fp"])?;
+    let samples = named_samples(&read_pprof(&path)?);
+    let reach_main: i64 = samples
+        .iter()
+        .filter(|s| s.frames.iter().any(|f| f == "dispatch"))
+        .map(|s| s.count)
+        .sum();
+    let total: i64 = samples.iter().map(|s| s.count).sum();
+    assert!(
+        (reach_main as f64) < 0.5 * total as f64,
+        "the frame-pointer walk found dispatch in {reach_main} of {total} samples of a binary \
+         without frame pointers: was it the tables?"
+    );
+    drop(workload);
+    Ok(())
+}
+
+#[test]
+fn compressing_with_debian_liblzma_reaches_main() -> anyhow::Result<()> {
+    let program = compile(
+        "gcc",
+        &workload_source("xzwork.c"),
+        &work_dir().join("xzwork"),
+        &["-O2", "-fomit-frame-pointer", "-g"],
+        &["-llzma"],
+    )?;
+    let workload = Workload::start(&program, &["30"])?;
+    let path = work_dir().join("xzwork.pb.gz");
+    let output = record_pid_to(workload.pid(), 3, &path, &[])?;
+    let report = parse_record_output(&output)?;
+    println!("{}", report.summary);
+    let samples = named_samples(&read_pprof(&path)?);
+    let total: i64 = samples.iter().map(|s| s.count).sum();
+    assert!(total > 100, "only {total} samples");
+    let whole = |s: &NamedSample| {
+        s.frames.last().map(String::as_str) == Some("_start")
+            && s.frames.iter().any(|f| f == "main")
+    };
+    let short: i64 = samples.iter().filter(|s| !whole(s)).map(|s| s.count).sum();
+    let fallbacks = fallback_walks(&report.summary);
+    assert!(
+        short as u64 <= fallbacks,
+        "{short} of {total} samples do not reach main, but only {fallbacks} walks fell back \
+         to frame pointers: {}\n{}",
+        report.summary,
+        show(samples.iter().filter(|s| !whole(s)))
+    );
+    // The time is in the library, and its entry point is on the stack.
+    let in_lzma: i64 = samples
+        .iter()
+        .filter(|s| s.frames.iter().any(|f| f == "lzma_easy_buffer_encode"))
+        .map(|s| s.count)
+        .sum();
+    assert!(
+        in_lzma as f64 > 0.5 * total as f64,
+        "only {in_lzma} of {total} samples under lzma_easy_buffer_encode"
+    );
+    drop(workload);
+    Ok(())
+}
+
+#[test]
+fn library_loaded_with_dlopen_later_is_unwound_within_a_window() -> anyhow::Result<()> {
+    let library = build_shared_library("libwork", &["-O2", "-fomit-frame-pointer", "-g"])?;
+    let program = compile(
+        "gcc",
+        &workload_source("dlopener.c"),
+        &work_dir().join("dlopener"),
+        &["-O2", "-fomit-frame-pointer", "-g"],
+        &["-ldl"],
+    )?;
+    let workload = Workload::start(&program, &[library.to_str().unwrap(), "30"])?;
+    let path = work_dir().join("dlopener.pb.gz");
+    // 2 s windows: the library comes at 2 s, its tables must be there by the next window.
+    let output = record_pid_to(workload.pid(), 7, &path, &["--window", "2s"])?;
+    let report = parse_record_output(&output)?;
+    println!("{}", report.summary);
+    let samples = named_samples(&read_pprof(&path)?);
+    let in_library: Vec<&NamedSample> = samples
+        .iter()
+        .filter(|s| s.frames.iter().any(|f| f == "libwork_spin"))
+        .collect();
+    let library_total: i64 = in_library.iter().map(|s| s.count).sum();
+    assert!(
+        library_total > 100,
+        "only {library_total} samples in the library"
+    );
+    let whole = |s: &NamedSample| {
+        s.frames.last().map(String::as_str) == Some("_start")
+            && s.frames.iter().any(|f| f == "call_library")
+            && s.frames.iter().any(|f| f == "main")
+    };
+    let unwound: i64 = in_library
+        .iter()
+        .filter(|s| whole(s))
+        .map(|s| s.count)
+        .sum();
+    let fallbacks = fallback_walks(&report.summary) as i64;
+    // Samples before the tables arrived fall back to frame pointers, counted; they are a
+    // fraction of one window, the library runs for five seconds.
+    assert!(
+        unwound + fallbacks >= library_total && unwound as f64 >= 0.8 * library_total as f64,
+        "{unwound} of {library_total} library samples reach main ({fallbacks} fell back): {}\n{}",
+        report.summary,
+        show(in_library.iter().copied().filter(|s| !whole(s)))
+    );
+    drop(workload);
+    Ok(())
+}
