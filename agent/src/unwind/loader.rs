@@ -110,62 +110,63 @@ pub struct LoaderStats {
     pub events: u64,
 }
 
-/// The pool's memory, mapped shared with the BPF map (`BPF_F_MMAPABLE`).
+/// The pool's memory, shared with the BPF map (`BPF_F_MMAPABLE`). Only the pages a table is
+/// written to are mapped, and only while it is written: the kernel maps every page of a
+/// mapping of a BPF array at `mmap` time, so a mapping of the whole pool kept open would count
+/// its 64 MiB in the daemon's RSS, although the memory is the map's own (kernel memory, counted
+/// once in `scorch_bpf_map_memory_bytes`).
 struct PoolMemory {
-    rows: *mut UnwindRow,
+    /// The row pool map's descriptor, owned by the [`UnwindMaps`] beside this in [`Unwinder`].
+    fd: i32,
     len: usize,
 }
 
-// SAFETY: the mapping is owned by this struct alone and only written through `&mut self`;
-// moving it to another thread moves that ownership.
-unsafe impl Send for PoolMemory {}
-
 impl PoolMemory {
-    fn map(maps: &UnwindMaps) -> Result<Self, LoaderError> {
-        let len = maps.pool_rows as usize;
-        let bytes = len * std::mem::size_of::<UnwindRow>();
-        // SAFETY: a fresh shared mapping of the map's fd, of exactly the map's size; the
-        // kernel refuses it (MAP_FAILED) when the map is not mmapable or smaller.
-        let address = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                bytes,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                maps.rows.fd().as_fd_raw(),
-                0,
-            )
-        };
-        if address == libc::MAP_FAILED {
-            return Err(LoaderError::MapPool {
-                bytes,
-                source: std::io::Error::last_os_error(),
-            });
+    fn new(maps: &UnwindMaps) -> Self {
+        PoolMemory {
+            fd: maps.rows.fd().as_fd_raw(),
+            len: maps.pool_rows as usize,
         }
-        Ok(PoolMemory {
-            rows: address.cast(),
-            len,
-        })
     }
 
-    fn write(&mut self, first_row: u32, rows: &[UnwindRow]) {
+    fn write(&mut self, first_row: u32, rows: &[UnwindRow]) -> Result<(), LoaderError> {
         let first = first_row as usize;
         assert!(first + rows.len() <= self.len, "row range outside the pool");
-        // SAFETY: in bounds (checked above) of a mapping this struct owns; the BPF side reads
-        // these rows only once a mapping points at them, which is written after this.
-        unsafe { std::ptr::copy_nonoverlapping(rows.as_ptr(), self.rows.add(first), rows.len()) };
-    }
-}
-
-impl Drop for PoolMemory {
-    fn drop(&mut self) {
-        // SAFETY: the mapping made in `map`, unmapped once.
-        unsafe {
-            libc::munmap(
-                self.rows.cast(),
-                self.len * std::mem::size_of::<UnwindRow>(),
-            )
+        let row = std::mem::size_of::<UnwindRow>();
+        // SAFETY: sysconf has no preconditions.
+        let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
+        let start = first * row;
+        let end = (first + rows.len()) * row;
+        let map_start = start / page * page;
+        let map_len = end.div_ceil(page) * page - map_start;
+        let map_error = || LoaderError::MapPool {
+            bytes: map_len,
+            source: std::io::Error::last_os_error(),
         };
+        // SAFETY: a fresh shared mapping of whole pages of the map's fd, inside the pool (the
+        // kernel refuses a range past the map's size); nothing else maps these pages in this
+        // process, and the BPF side reads these rows only once a process mapping points at
+        // them, which is written after this.
+        unsafe {
+            let address = libc::mmap(
+                std::ptr::null_mut(),
+                map_len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                self.fd,
+                map_start as libc::off_t,
+            );
+            if address == libc::MAP_FAILED {
+                return Err(map_error());
+            }
+            let rows_at = address
+                .cast::<u8>()
+                .add(start - map_start)
+                .cast::<UnwindRow>();
+            std::ptr::copy_nonoverlapping(rows.as_ptr(), rows_at, rows.len());
+            libc::munmap(address, map_len);
+        }
+        Ok(())
     }
 }
 
@@ -204,7 +205,7 @@ pub struct Unwinder {
 impl Unwinder {
     /// Takes over the maps and starts the table builder thread.
     pub fn start(maps: UnwindMaps) -> Result<Self, LoaderError> {
-        let memory = PoolMemory::map(&maps)?;
+        let memory = PoolMemory::new(&maps);
         let (requests, inbox) = mpsc::channel::<BuildRequest>();
         let (outbox, results) = mpsc::channel();
         std::thread::Builder::new()
@@ -414,7 +415,12 @@ impl Unwinder {
             };
             self.evict(victim)?;
         };
-        self.memory.write(first_row, &built.rows);
+        if let Err(error) = self.memory.write(first_row, &built.rows) {
+            // The range goes back; the file walks with frame pointers (counted) meanwhile.
+            self.pool.release(first_row, len);
+            self.tables.insert(key, Table::Unavailable);
+            return Err(error);
+        }
         self.tables.insert(
             key,
             Table::Loaded {

@@ -467,3 +467,199 @@ fn library_loaded_with_dlopen_later_is_unwound_within_a_window() -> anyhow::Resu
     drop(workload);
     Ok(())
 }
+
+/// Share of `samples` (of those `relevant`) whose frames, leaf first, hold `path` in that order
+/// (not necessarily adjacent), and the total they are out of.
+fn share_in_order(
+    samples: &[NamedSample],
+    relevant: impl Fn(&NamedSample) -> bool,
+    path: &[&str],
+) -> (i64, i64) {
+    let in_order = |s: &NamedSample| {
+        let mut from = 0;
+        path.iter().all(
+            |name| match s.frames[from..].iter().position(|f| f == name) {
+                Some(at) => {
+                    from += at + 1;
+                    true
+                }
+                None => false,
+            },
+        )
+    };
+    let relevant: Vec<&NamedSample> = samples.iter().filter(|s| relevant(s)).collect();
+    let total = relevant.iter().map(|s| s.count).sum();
+    let whole = relevant
+        .iter()
+        .filter(|s| in_order(s))
+        .map(|s| s.count)
+        .sum();
+    (whole, total)
+}
+
+/// A JIT-like anonymous code region that keeps frame pointers, called from code built without
+/// them: no table covers the JIT code, so the walk takes one frame-pointer step through it, then
+/// goes back to the tables for `call_jit` and `main`.
+#[test]
+fn frames_above_jit_code_are_found_through_its_frame_pointer() -> anyhow::Result<()> {
+    let program = compile(
+        "gcc",
+        &workload_source("jit.c"),
+        &work_dir().join("jit_nofp"),
+        &["-O2", "-fomit-frame-pointer", "-g"],
+        &[],
+    )?;
+    let workload = Workload::start(&program, &["30"])?;
+    let path = work_dir().join("jit_nofp.pb.gz");
+    let output = record_pid_to(workload.pid(), 4, &path, &[])?;
+    let report = parse_record_output(&output)?;
+    println!("{}", report.summary);
+    let samples = named_samples(&read_pprof(&path)?);
+    let (whole, total) = share_in_order(
+        &samples,
+        |s| s.frames.iter().any(|f| f == "call_jit"),
+        &["call_jit", "main"],
+    );
+    let (in_jit, _) = share_in_order(&samples, |_| true, &["jit_hot_loop", "call_jit"]);
+    let fallbacks = fallback_walks(&report.summary) as i64;
+    assert!(total > 300, "only {total} samples under call_jit");
+    assert!(
+        in_jit as f64 >= 0.5 * total as f64,
+        "{in_jit} of {total} samples in the JIT code with call_jit above it:\n{}",
+        show(samples.iter())
+    );
+    assert!(
+        whole + fallbacks >= total && whole as f64 >= 0.85 * total as f64,
+        "{whole} of {total} samples reach main above call_jit ({fallbacks} fallbacks): {}\n{}",
+        report.summary,
+        show(samples.iter())
+    );
+    drop(workload);
+    Ok(())
+}
+
+/// A hot signal handler in a program without frame pointers: from the handler, the walk
+/// crosses the signal frame (`__restore_rt`, whose rule is the saved `ucontext`) back into the
+/// interrupted loop and `main`.
+#[test]
+fn a_hot_signal_handler_unwinds_through_the_signal_frame() -> anyhow::Result<()> {
+    let program = compile(
+        "gcc",
+        &workload_source("sighandler.c"),
+        &work_dir().join("sighandler"),
+        &["-O2", "-fomit-frame-pointer", "-g"],
+        &[],
+    )?;
+    let workload = Workload::start(&program, &["30"])?;
+    let path = work_dir().join("sighandler.pb.gz");
+    let output = record_pid_to(workload.pid(), 4, &path, &[])?;
+    let report = parse_record_output(&output)?;
+    println!("{}", report.summary);
+    let samples = named_samples(&read_pprof(&path)?);
+    let (whole, total) = share_in_order(
+        &samples,
+        |s| s.frames.first().map(String::as_str) == Some("handler_work"),
+        // `on_signal` ends in a tail call at -O2: no frame of its own.
+        &["handler_work", "interrupted_loop", "main"],
+    );
+    let fallbacks = fallback_walks(&report.summary) as i64;
+    assert!(total > 150, "only {total} samples in handler_work");
+    assert!(
+        whole + fallbacks >= total && whole as f64 >= 0.85 * total as f64,
+        "{whole} of {total} handler samples show main -> interrupted_loop -> (signal) -> \
+         handler_work ({fallbacks} fallbacks): {}\n{}",
+        report.summary,
+        show(samples.iter())
+    );
+    drop(workload);
+    Ok(())
+}
+
+/// A process that execs mid-recording: the old image's mappings go, the new image's tables
+/// come, and the new program's stacks reach its `main` (the call tree built without frame
+/// pointers, under the same pid).
+#[test]
+fn a_process_that_execs_mid_recording_is_unwound_after_the_exec() -> anyhow::Result<()> {
+    let flags = ["-O2", "-fomit-frame-pointer", "-g"];
+    let execer = compile(
+        "gcc",
+        &workload_source("execer.c"),
+        &work_dir().join("execer"),
+        &flags,
+        &[],
+    )?;
+    let calltree = compile(
+        "gcc",
+        &workload_source("calltree.c"),
+        &work_dir().join("calltree_after_exec"),
+        &flags,
+        &["-lpthread"],
+    )?;
+    let calltree_arg = calltree.to_str().unwrap();
+    let workload = Workload::start(&execer, &["2", calltree_arg, "1", "20"])?;
+    let path = work_dir().join("execer.pb.gz");
+    let output = record_pid_to(workload.pid(), 6, &path, &["--window", "1s"])?;
+    let report = parse_record_output(&output)?;
+    println!("{}", report.summary);
+    let samples = named_samples(&read_pprof(&path)?);
+    // The old image's samples are walked whole too, but cannot be named: by the time they
+    // are symbolised, /proc/PID/maps describes the new image.
+    let (after, after_total) = share_in_order(
+        &samples,
+        |s| s.frames.iter().any(|f| LEAVES.contains(&f.as_str())),
+        &["dispatch", "main"],
+    );
+    let fallbacks = fallback_walks(&report.summary) as i64;
+    assert!(
+        after_total > 200,
+        "{after_total} samples after the exec:\n{}",
+        show(samples.iter())
+    );
+    assert!(
+        after + fallbacks >= after_total && after as f64 >= 0.85 * after_total as f64,
+        "{after} of {after_total} samples after the exec reach main ({fallbacks} fallbacks): \
+         {}\n{}",
+        report.summary,
+        show(samples.iter())
+    );
+    drop(workload);
+    Ok(())
+}
+
+/// A Rust release build without frame pointers (rustc's default): whole stacks from its
+/// `.eh_frame`, through std's `lang_start` frames, to `main`.
+#[test]
+fn rust_release_build_without_frame_pointers_reaches_main() -> anyhow::Result<()> {
+    let program = work_dir().join("rustwork_nofp");
+    run_tool(
+        Command::new("rustc")
+            .args(["--edition", "2021", "--crate-name", "rustwork"])
+            .args(["-C", "opt-level=3", "-C", "force-frame-pointers=no", "-g"])
+            .arg("-o")
+            .arg(&program)
+            .arg(workload_source("rustwork.rs")),
+    )?;
+    let workload = Workload::start(&program, &["30"])?;
+    let path = work_dir().join("rustwork_nofp.pb.gz");
+    let output = record_pid_to(workload.pid(), 4, &path, &[])?;
+    let report = parse_record_output(&output)?;
+    println!("{}", report.summary);
+    let samples = named_samples(&read_pprof(&path)?);
+    let spin = |s: &NamedSample| {
+        s.frames
+            .first()
+            .is_some_and(|f| f.starts_with("rustwork::outer::inner::spin"))
+    };
+    let (whole, total) = share_in_order(&samples, spin, &["rustwork::main", "main"]);
+    let fallbacks = fallback_walks(&report.summary) as i64;
+    assert!(total > 300, "only {total} samples in the spin functions");
+    assert!(
+        whole + fallbacks >= total && whole as f64 >= 0.85 * total as f64,
+        "{whole} of {total} samples reach rustwork::main and main ({fallbacks} fallbacks): \
+         {}\n{}",
+        report.summary,
+        show(samples.iter())
+    );
+    drop(workload);
+    Ok(())
+}
