@@ -18,7 +18,9 @@ const BPF_LINKER_VERSION: &str = "0.13.0";
 /// reference pprof reader), linux-perf is the peer profiler, bpftrace the second peer, time
 /// gives `/usr/bin/time -v` for the benchmark's RSS figures, util-linux has setpriv and
 /// unshare, chromium runs headless for the UI test, systemd has `systemd-analyze` for the unit
-/// checks (it need not be running), python3-venv holds kubernetes-validate.
+/// checks (it need not be running), python3-venv holds kubernetes-validate, qemu-system-x86
+/// boots the kernel matrix (`vm-test`) whose initramfs holds busybox-static's busybox, and
+/// xz-utils unpacks the kernels' compressed modules.
 const PACKAGES: &[&str] = &[
     "gcc",
     "g++",
@@ -31,6 +33,9 @@ const PACKAGES: &[&str] = &[
     "systemd",
     "python3",
     "python3-venv",
+    "qemu-system-x86",
+    "busybox-static",
+    "xz-utils",
 ];
 
 /// cargo-deb release for `cargo xtask package`; it builds with Rust 1.85 and later.
