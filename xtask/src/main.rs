@@ -57,7 +57,8 @@ enum Task {
     /// tree, kernel stacks, `scorch run` + `query` + /healthz. Report in target/vm-test/.
     VmTest {
         /// Kernel version to boot, repeatable: `6.1`, `6.12` (the newest Debian cloud build
-        /// apt knows), or an exact ABI such as `6.1.0-57`. Default: 6.1 and 6.12.
+        /// apt knows), or an exact ABI such as `6.1.0-57`; `:FLAVOUR` for another Debian
+        /// flavour than cloud-amd64 (`6.1:rt-amd64`). Default: 6.1 and 6.12.
         #[arg(long = "kernel")]
         kernels: Vec<String>,
         /// Skip the host kernel's row.

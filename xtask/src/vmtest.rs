@@ -27,7 +27,8 @@ use report::Row;
 /// which bookworm-security also carries as `6.12.*+deb12`.
 pub const DEFAULT_KERNELS: &[&str] = &["6.1", "6.12"];
 
-/// The Debian kernel flavour: the cloud one is small (no hardware drivers) and boots quickly.
+/// The default Debian kernel flavour: the cloud one is small (no hardware drivers) and boots
+/// quickly.
 const FLAVOUR: &str = "cloud-amd64";
 
 /// A VM that has not powered off by then has hung. A run takes well under two minutes even
@@ -247,13 +248,15 @@ fn boot(vmlinuz: &Path, initramfs: &Path, run_dir: &Path) -> Result<()> {
 }
 
 /// `6.1` -> `linux-image-6.1.0-57-cloud-amd64`: the newest signed build apt knows of. An
-/// exact ABI (`6.1.0-57`, `6.12.117+deb12`) names one build.
+/// exact ABI (`6.1.0-57`, `6.12.117+deb12`) names one build; `:FLAVOUR` picks another
+/// flavour than cloud (`6.1:rt-amd64`, the PREEMPT_RT build).
 fn newest_package(spec: &str) -> Result<String> {
+    let (spec, flavour) = spec.split_once(':').unwrap_or((spec, FLAVOUR));
     let output = Command::new("apt-cache")
         .args(["pkgnames", "linux-image-"])
         .output()
         .context("running apt-cache")?;
-    let suffix = format!("-{FLAVOUR}");
+    let suffix = format!("-{flavour}");
     let mut builds: Vec<String> = String::from_utf8_lossy(&output.stdout)
         .lines()
         .filter_map(|name| {
@@ -265,7 +268,7 @@ fn newest_package(spec: &str) -> Result<String> {
         .collect();
     builds.sort_by_key(|v| version_key(v));
     let newest = builds.pop().with_context(|| {
-        format!("apt knows no linux-image-{spec}*-{FLAVOUR} (run apt-get update?)")
+        format!("apt knows no linux-image-{spec}*-{flavour} (run apt-get update?)")
     })?;
     Ok(format!("linux-image-{newest}{suffix}"))
 }
@@ -300,11 +303,18 @@ fn fetch_kernel(dir: &Path, package: &str) -> Result<Kernel> {
         let _ = std::fs::remove_dir_all(&download);
         std::fs::create_dir_all(&download)?;
         eprintln!("xtask: vm-test: downloading {package}");
-        run_command(
-            Command::new("apt-get")
-                .current_dir(&download)
-                .args(["download", "-q", package]),
-        )?;
+        let fetch = || {
+            run_command(
+                Command::new("apt-get")
+                    .current_dir(&download)
+                    .args(["download", "-q", package]),
+            )
+        };
+        // Stale package lists name builds the mirror has since dropped: refresh once.
+        if fetch().is_err() {
+            run_command(Command::new("apt-get").args(["update", "-q"]))?;
+            fetch()?;
+        }
         let deb = std::fs::read_dir(&download)?
             .flatten()
             .map(|e| e.path())
