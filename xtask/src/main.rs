@@ -1,4 +1,4 @@
-//! Project automation: `cargo xtask setup | build | run | test | bench | package`.
+//! Project automation: `cargo xtask setup | build | run | test | vm-test | bench | package`.
 //!
 //! Everything a fresh Debian/Ubuntu machine needs is installed by `setup`, which every other
 //! command that needs it runs first, so `cargo xtask test` works from a clean clone.
@@ -9,6 +9,7 @@ mod bench_overhead;
 mod lint;
 mod package;
 mod setup;
+mod vmtest;
 
 use std::{
     path::{Path, PathBuf},
@@ -47,11 +48,24 @@ enum Task {
     /// Check that the agent's modules import only downward (the order lib.rs declares) and
     /// that no file has more than 1,000 lines of non-test code.
     Lint,
-    /// Setup, lints, unit tests, packaging checks, then the BPF integration tests one at a
-    /// time.
+    /// Setup, lints, unit tests, packaging checks, the BPF integration tests one at a time,
+    /// then the kernel matrix (`vm-test`).
     Test {
         /// Only run integration tests whose name contains this.
         filter: Option<String>,
+    },
+    /// Boot Debian's kernels under qemu (TCG) with the release build in an initramfs, and
+    /// run the same checks there and on the host: `scorch check`, a recording of a known call
+    /// tree, kernel stacks, `scorch run` + `query` + /healthz. Report in target/vm-test/.
+    VmTest {
+        /// Kernel version to boot, repeatable: `6.1`, `6.12` (the newest Debian cloud build
+        /// apt knows), or an exact ABI such as `6.1.0-57`; `:FLAVOUR` for another Debian
+        /// flavour than cloud-amd64 (`6.1:rt-amd64`). Default: 6.1 and 6.12.
+        #[arg(long = "kernel")]
+        kernels: Vec<String>,
+        /// Skip the host kernel's row.
+        #[arg(long)]
+        no_host: bool,
     },
     /// Measure BPF cost per sample, CPU time and RSS beside `perf record`, and kallsyms speed.
     Bench {
@@ -88,6 +102,19 @@ fn main() -> Result<()> {
         }
         Task::Run { args } => run(&root, &args),
         Task::Test { filter } => test(&root, filter.as_deref()),
+        Task::VmTest { kernels, no_host } => {
+            setup::setup()?;
+            let scorch = build(&root)?;
+            let kernels = if kernels.is_empty() {
+                vmtest::DEFAULT_KERNELS
+                    .iter()
+                    .map(|k| k.to_string())
+                    .collect()
+            } else {
+                kernels
+            };
+            vmtest::vm_test(&root, &scorch, &kernels, !no_host)
+        }
         Task::Package { check } => {
             setup::setup()?;
             let scorch = build(&root)?;
@@ -201,7 +228,16 @@ fn test(root: &Path, filter: Option<&str>) -> Result<()> {
     if let Some(filter) = filter {
         command.arg(filter);
     }
-    run_command(&mut command)
+    run_command(&mut command)?;
+    // The kernel matrix: the same build on Debian's 6.1 and 6.12 under qemu, and the host.
+    if filter.is_none() {
+        let kernels: Vec<String> = vmtest::DEFAULT_KERNELS
+            .iter()
+            .map(|k| k.to_string())
+            .collect();
+        vmtest::vm_test(root, &scorch, &kernels, true)?;
+    }
+    Ok(())
 }
 
 /// The unit, the manifests, then the .deb built from `scorch`, installed, run and purged.

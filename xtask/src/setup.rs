@@ -19,7 +19,9 @@ const BPF_LINKER_VERSION: &str = "0.13.0";
 /// gives `/usr/bin/time -v` for the benchmark's RSS figures, util-linux has setpriv and
 /// unshare, chromium runs headless for the UI test, systemd has `systemd-analyze` for the unit
 /// checks (it need not be running), python3-venv holds kubernetes-validate, liblzma-dev links
-/// the unwinder's test against Debian's liblzma (built without frame pointers).
+/// the unwinder's test against Debian's liblzma (built without frame pointers),
+/// qemu-system-x86 boots the kernel matrix (`vm-test`) whose initramfs holds busybox-static's
+/// busybox, and xz-utils unpacks the kernels' compressed modules.
 const PACKAGES: &[&str] = &[
     "gcc",
     "g++",
@@ -33,6 +35,9 @@ const PACKAGES: &[&str] = &[
     "python3",
     "python3-venv",
     "liblzma-dev",
+    "qemu-system-x86",
+    "busybox-static",
+    "xz-utils",
 ];
 
 /// cargo-deb release for `cargo xtask package`; it builds with Rust 1.85 and later.

@@ -236,13 +236,23 @@ fn other_processes(caps: Capabilities) -> Item {
 /// capabilities it takes also let scorch read any file.
 fn replaced_binaries(caps: Capabilities) -> Item {
     let name = "replaced binaries";
-    let mapped = std::fs::read_to_string("/proc/1/maps")
-        .ok()
-        .and_then(|maps| {
-            maps.lines()
-                .find(|line| line.contains(" /"))
-                .and_then(|line| line.split(' ').next().map(str::to_owned))
-        });
+    let maps = std::fs::read_to_string("/proc/1/maps");
+    let both = caps.has(CAP_CHECKPOINT_RESTORE) && caps.has(CAP_DAC_READ_SEARCH);
+    if maps.is_err() && both {
+        // PID 1 hides even its maps (a sandbox's supervisor, an init outside this user
+        // namespace), so nothing here can be tried on it; the capabilities are what count.
+        return item(
+            Status::Ok,
+            name,
+            "CAP_CHECKPOINT_RESTORE and CAP_DAC_READ_SEARCH (PID 1 not inspectable)",
+            None,
+        );
+    }
+    let mapped = maps.ok().and_then(|maps| {
+        maps.lines()
+            .find(|line| line.contains(" /"))
+            .and_then(|line| line.split(' ').next().and_then(map_files_name))
+    });
     let opened = mapped
         .as_ref()
         .is_some_and(|range| std::fs::metadata(format!("/proc/1/map_files/{range}")).is_ok());
@@ -282,19 +292,31 @@ fn read_sysctl(path: &str) -> Option<i64> {
 }
 
 fn kallsyms_addresses_visible() -> bool {
-    use std::io::BufRead;
-    let Ok(file) = std::fs::File::open("/proc/kallsyms") else {
-        return false;
-    };
-    let mut first = String::new();
-    if std::io::BufReader::new(file).read_line(&mut first).is_err() {
-        return false;
-    }
-    first
-        .split(' ')
-        .next()
-        .and_then(|a| u64::from_str_radix(a, 16).ok())
-        .is_some_and(|a| a != 0)
+    std::fs::File::open("/proc/kallsyms")
+        .is_ok_and(|file| kallsyms_shows_addresses(std::io::BufReader::new(file)))
+}
+
+/// Whether a kallsyms listing shows real addresses: true at the first code symbol (`t`/`T`)
+/// with a non-zero address. The first line alone does not tell: on Debian's 6.1 and 6.12 it
+/// is the per-CPU `0000000000000000 A fixed_percpu_data`, zero even when nothing is hidden,
+/// while a hidden listing shows every address as zero.
+fn kallsyms_shows_addresses(listing: impl std::io::BufRead) -> bool {
+    listing.lines().map_while(Result::ok).any(|line| {
+        let mut fields = line.split(' ');
+        let address = fields.next().and_then(|a| u64::from_str_radix(a, 16).ok());
+        let code = matches!(fields.next(), Some("t" | "T"));
+        code && address.is_some_and(|a| a != 0)
+    })
+}
+
+/// `/proc/PID/maps` range (`00400000-00401000`: zero-padded to 8 digits) -> its name under
+/// `/proc/PID/map_files` (`400000-401000`: never padded), so that a non-PIE binary mapped
+/// below 4 GiB is found.
+fn map_files_name(range: &str) -> Option<String> {
+    let (start, end) = range.split_once('-')?;
+    let start = u64::from_str_radix(start, 16).ok()?;
+    let end = u64::from_str_radix(end, 16).ok()?;
+    Some(format!("{start:x}-{end:x}"))
 }
 
 /// `6.1.0-18-amd64` -> (6, 1).
@@ -315,6 +337,38 @@ mod tests {
         assert_eq!(parse_kernel_version("6.18.44-fc-v595"), Some((6, 18)));
         assert_eq!(parse_kernel_version("4.9"), Some((4, 9)));
         assert_eq!(parse_kernel_version("garbage"), None);
+    }
+
+    #[test]
+    fn kallsyms_zero_first_line_is_not_hiding() {
+        // Debian 6.1/6.12: a per-CPU symbol at 0 comes first, real text addresses follow.
+        let visible = "0000000000000000 A fixed_percpu_data\n\
+                       0000000000000000 A __per_cpu_start\n\
+                       ffffffff81000000 T startup_64\n";
+        assert!(kallsyms_shows_addresses(visible.as_bytes()));
+        // kptr_restrict hiding them: every address zero.
+        let hidden = "0000000000000000 A fixed_percpu_data\n\
+                      0000000000000000 T startup_64\n\
+                      0000000000000000 t do_one_initcall\n";
+        assert!(!kallsyms_shows_addresses(hidden.as_bytes()));
+        // A non-zero data symbol alone does not prove text addresses are shown.
+        assert!(!kallsyms_shows_addresses(
+            "0000000000001000 D some_data\n0000000000000000 T f\n".as_bytes()
+        ));
+        assert!(!kallsyms_shows_addresses("".as_bytes()));
+    }
+
+    #[test]
+    fn map_files_names_are_not_padded() {
+        assert_eq!(
+            map_files_name("00400000-00401000").as_deref(),
+            Some("400000-401000")
+        );
+        assert_eq!(
+            map_files_name("7f3a1c000000-7f3a1c021000").as_deref(),
+            Some("7f3a1c000000-7f3a1c021000")
+        );
+        assert_eq!(map_files_name("garbage"), None);
     }
 
     #[test]

@@ -1088,6 +1088,8 @@ impl UserSymbolizer {
 /// inside that root, no FIFO, device or final symlink), and the identity is checked on the
 /// descriptor that will be read, never on a path opened again later.
 pub fn open_mapped(pid: u32, entry: &MapEntry) -> Result<(std::fs::File, PathBuf, i64), UserMiss> {
+    // Formatted from the parsed numbers, never copied from /proc/PID/maps: maps pads
+    // addresses to 8 digits (`00400000`, a non-PIE binary) and map_files names never are.
     let map_files = PathBuf::from(format!(
         "/proc/{pid}/map_files/{:x}-{:x}",
         entry.start, entry.end

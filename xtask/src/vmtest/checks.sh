@@ -1,0 +1,68 @@
+# The checks of `cargo xtask vm-test`, the same on the host and inside each VM (run there by
+# init.sh). Every step leaves NAME.out (its output) and NAME.rc (its exit status) in $RESULTS;
+# xtask/src/vmtest.rs judges them, so this script decides nothing.
+# Environment: SCORCH (the binary), WORKLOADS (the static test programs), RESULTS, PORT (for
+# scorch run's HTTP server), STORE (a scratch store directory), WGET (a wget command).
+set -u
+R=$RESULTS
+WGET=${WGET:-wget}
+step() {
+    name=$1
+    shift
+    "$@" >"$R/$name.out" 2>&1
+    echo $? >"$R/$name.rc"
+}
+uname -r >"$R/uname"
+
+step check "$SCORCH" check
+
+# The known call tree (6:3:1 over leaf_a, leaf_b, leaf_c), recorded for 10 s at 199 Hz.
+"$WORKLOADS/calltree" 1 20 &
+workload=$!
+step record "$SCORCH" record --pid "$workload" --frequency 199 --duration 10s \
+    --symbolize local --output "$R/calltree.folded"
+kill "$workload" 2>/dev/null
+wait "$workload" 2>/dev/null
+
+# The same call tree built without frame pointers: its callers are found only by the BPF
+# program's .eh_frame unwinder (--unwind auto, the default), which the verifier of each kernel
+# must accept.
+"$WORKLOADS/calltree_nofp" 1 20 &
+workload=$!
+step record-nofp "$SCORCH" record --pid "$workload" --frequency 199 --duration 10s \
+    --symbolize local --output "$R/calltree_nofp.folded"
+kill "$workload" 2>/dev/null
+wait "$workload" 2>/dev/null
+
+# The daemon, system-wide, beside the call tree and a kernel-heavy reader of /dev/zero; then
+# /healthz while it runs, and the store queried back after SIGTERM.
+"$WORKLOADS/calltree" 1 90 &
+calltree=$!
+"$WORKLOADS/readzero" 90 &
+readzero=$!
+rm -rf "$STORE"
+"$SCORCH" run --store "$STORE" --window 2s --frequency 99 \
+    --http-address "127.0.0.1:$PORT" >"$R/run.out" 2>&1 &
+daemon=$!
+# Two windows written, however slow the machine (TCG loads and verifies the program slowly).
+tries=0
+while [ $tries -lt 240 ]; do
+    windows=$($WGET -q -O - "http://127.0.0.1:$PORT/metrics" 2>/dev/null |
+        sed -n 's/^scorch_windows_written_total \([0-9]*\).*/\1/p')
+    [ "${windows:-0}" -ge 2 ] && break
+    kill -0 "$daemon" 2>/dev/null || break
+    sleep 0.5
+    tries=$((tries + 1))
+done
+step healthz $WGET -q -O - "http://127.0.0.1:$PORT/healthz"
+kill -TERM "$daemon" 2>/dev/null
+wait "$daemon"
+echo $? >"$R/run.rc"
+kill "$calltree" "$readzero" 2>/dev/null
+wait "$calltree" "$readzero" 2>/dev/null
+step query-calltree "$SCORCH" query --store "$STORE" --since 1h \
+    --match '{comm="calltree"}' --output "$R/query-calltree.folded"
+step query-readzero "$SCORCH" query --store "$STORE" --since 1h \
+    --match '{comm="readzero"}' --output "$R/query-readzero.folded"
+rm -rf "$STORE"
+echo done >"$R/done"
