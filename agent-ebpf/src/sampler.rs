@@ -74,6 +74,19 @@ struct Generation {
 
 #[perf_event]
 pub fn sample(ctx: PerfEventContext) -> u32 {
+    run::<true>(&ctx)
+}
+
+/// The same program without the unwinder's code: for `--unwind fp`, and for kernels whose
+/// verifier refuses the unwinder (6.1's gives up at its million instructions), so that they
+/// still sample with frame pointers.
+#[perf_event]
+pub fn sample_fp(ctx: PerfEventContext) -> u32 {
+    run::<false>(&ctx)
+}
+
+#[inline(always)]
+fn run<const TABLES: bool>(ctx: &PerfEventContext) -> u32 {
     let Some(seq) = RUN_SEQ.get_ptr_mut(0) else {
         return 0;
     };
@@ -82,8 +95,8 @@ pub fn sample(ctx: PerfEventContext) -> u32 {
     // run, and u64-aligned. The atomic adds are full barriers, so the read of the generation
     // inside `try_sample` cannot move before the first one nor the map writes after the second.
     unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::SeqCst }>(seq, 1) };
-    if let Err(err) = try_sample(&ctx) {
-        warn!(&ctx, "scorch sampler: map update failed: {}", err);
+    if let Err(err) = try_sample::<TABLES>(ctx) {
+        warn!(ctx, "scorch sampler: map update failed: {}", err);
     }
     // SAFETY: as above.
     unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::SeqCst }>(seq, 1) };
@@ -91,7 +104,7 @@ pub fn sample(ctx: PerfEventContext) -> u32 {
 }
 
 #[inline(always)]
-fn try_sample(ctx: &PerfEventContext) -> Result<(), i64> {
+fn try_sample<const TABLES: bool>(ctx: &PerfEventContext) -> Result<(), i64> {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
     let tid = pid_tgid as u32;
@@ -144,7 +157,7 @@ fn try_sample(ctx: &PerfEventContext) -> Result<(), i64> {
             Loss::KernelStackError,
         )
     };
-    let user_stack_id = if control.unwind == UNWIND_TABLES {
+    let user_stack_id = if TABLES && control.unwind == UNWIND_TABLES {
         match unwind::walk(ctx, tgid, user_mode) {
             None => STACK_ABSENT,
             Some(walk) => match unwind::store_stack(generation.user_stacks, walk) {

@@ -87,7 +87,8 @@ pub struct WalkState {
     no_mapping: u32,
     /// Non-zero when some frame fell back to frame pointers for lack of a loaded table.
     table_pending: u32,
-    _reserved: u32,
+    /// A mapping index passed through memory: see [`opaque`].
+    scratch: u32,
     /// The frames, and their hash.
     pub stack: UserStack,
 }
@@ -194,9 +195,12 @@ extern "C" fn step(_index: u64, context: *mut c_void) -> i64 {
     let lookup = if walk.return_address != 0 { pc - 1 } else { pc };
     walk.return_address = 1;
     let count = procs.count.min(MAX_PROC_MAPPINGS as u32);
-    let mapping = find_mapping(count, lookup, |i| Some(mapping_at(procs, i).start))
-        .map(|i| mapping_at(procs, i))
-        .filter(|m| lookup < m.end);
+    let scratch: *mut u32 = &mut walk.scratch;
+    let mapping = find_mapping(count, lookup, |i| {
+        Some(mapping_at(procs, opaque(scratch, i)).start)
+    })
+    .map(|i| mapping_at(procs, opaque(scratch, i)))
+    .filter(|m| lookup < m.end);
     let outcome = match mapping {
         Some(m) if m.state == MAPPING_TABLE_LOADED => {
             let row_pc = lookup.wrapping_sub(m.bias);
@@ -225,6 +229,20 @@ extern "C" fn step(_index: u64, context: *mut c_void) -> i64 {
     } else {
         walk.stop = outcome;
         1
+    }
+}
+
+/// `value`, stored to and loaded back from the walk state (a map value). The verifier does not
+/// track what map memory holds, so the loaded index is a plain unknown scalar: the binary
+/// search's bounds, which index the mappings directly, are then never marked precise, and its
+/// 2^7 paths prune into one. Without this, 6.1's verifier walks every path of the search
+/// into the table step and gives up at its million instructions; newer ones prune it anyway.
+#[inline(always)]
+fn opaque(scratch: *mut u32, value: u32) -> u32 {
+    // SAFETY: `scratch` points into this CPU's walk state, a map value alive for the program.
+    unsafe {
+        core::ptr::write_volatile(scratch, value);
+        core::ptr::read_volatile(scratch)
     }
 }
 

@@ -183,6 +183,23 @@ pub fn run_checks() -> Vec<Item> {
                 format!("CPU clock attached on {} CPUs", sampler.cpus().len()),
                 None,
             ));
+            items.push(match sampler.unwind_refused() {
+                None => item(
+                    Status::Ok,
+                    "BPF unwinder",
+                    "user stacks walked with .eh_frame tables (--unwind auto)",
+                    None,
+                ),
+                Some(reason) => item(
+                    Status::Warn,
+                    "BPF unwinder",
+                    format!(
+                        "this kernel's verifier refuses it ({reason}): user stacks are walked \
+                         with frame pointers only"
+                    ),
+                    Some("a newer kernel (6.12 passes), or binaries built with frame pointers"),
+                ),
+            });
         }
         Err(err) => {
             let attach = matches!(err, crate::pipeline::sampler::SamplerError::Attach { .. });

@@ -93,12 +93,39 @@ pub struct Sampler {
     logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
     /// The unwinder's maps, until [`Sampler::take_unwind_maps`] (with [`UnwindMode::Auto`]).
     unwind_maps: Option<UnwindMaps>,
+    /// `sample` (with the unwinder) or `sample_fp`.
+    program_name: &'static str,
+    /// Why the kernel refused the unwinder, when it did and frame pointers walk instead.
+    unwind_refused: Option<String>,
 }
 
 impl Sampler {
     /// Loads the program, sizes and fills its maps, and attaches it on every online CPU.
-    /// Returns the sampler and the maps the drain needs.
+    /// Returns the sampler and the maps the drain needs. With [`UnwindMode::Auto`] on a kernel
+    /// whose verifier refuses the unwinder, starts again with frame pointers only, says so
+    /// once, and keeps the reason ([`Sampler::unwind_refused`]).
     pub fn start(config: &SamplerConfig) -> Result<(Sampler, SamplerMaps, Control), SamplerError> {
+        match Self::start_as(config) {
+            Err(SamplerError::Program(error)) if config.unwind == UnwindMode::Auto => {
+                let reason = error.to_string();
+                let reason = reason.lines().next().unwrap_or_default().to_owned();
+                tracing::warn!(
+                    "the BPF unwinder does not pass this kernel's verifier ({reason}); user \
+                     stacks are walked with frame pointers, as with --unwind fp"
+                );
+                let fp = SamplerConfig {
+                    unwind: UnwindMode::Fp,
+                    ..config.clone()
+                };
+                let (mut sampler, maps, control) = Self::start_as(&fp)?;
+                sampler.unwind_refused = Some(reason);
+                Ok((sampler, maps, control))
+            }
+            other => other,
+        }
+    }
+
+    fn start_as(config: &SamplerConfig) -> Result<(Sampler, SamplerMaps, Control), SamplerError> {
         let cpus = online_cpus()?;
         let stack_entries = stack_map_entries(cpus.len() as u64, config);
         let tables = config.unwind == UnwindMode::Auto;
@@ -184,8 +211,9 @@ impl Sampler {
             None
         };
 
+        let program_name = if tables { "sample" } else { "sample_fp" };
         let program: &mut PerfEvent = ebpf
-            .program_mut("sample")
+            .program_mut(program_name)
             .ok_or(SamplerError::MissingProgram)?
             .try_into()
             .map_err(SamplerError::Program)?;
@@ -205,8 +233,15 @@ impl Sampler {
             cpus,
             logger,
             unwind_maps,
+            program_name,
+            unwind_refused: None,
         };
         Ok((sampler, maps, control))
+    }
+
+    /// Why this kernel's verifier refused the unwinder, when it did (see [`Sampler::start`]).
+    pub fn unwind_refused(&self) -> Option<&str> {
+        self.unwind_refused.as_deref()
     }
 
     /// The maps that feed the unwinder its tables, once (`None` with [`UnwindMode::Fp`]).
@@ -272,7 +307,7 @@ impl Sampler {
     /// Cumulative run time and run count of the program, when `kernel.bpf_stats_enabled` is on
     /// (otherwise both stay zero).
     pub fn run_stats(&self) -> Option<(std::time::Duration, u64)> {
-        let program = self.ebpf.program("sample")?;
+        let program = self.ebpf.program(self.program_name)?;
         let info = program.info().ok()?;
         Some((info.run_time(), info.run_count()))
     }

@@ -384,8 +384,11 @@ fn diff_pprof_is_go_tool_pprofs_diff_base(
     let base_arg = format!("-diff_base={}", base.display());
     let expected = table(&go_pprof(&["-top", &base_arg], &target)?);
     let ours = table(&go_pprof(&["-top"], &diff)?);
+    // Both phases run the same program, so the change per function is the difference of the
+    // phases' sample counts: its sign depends on which got more CPU on a busy machine, but it
+    // is there.
     ensure!(
-        expected.contains("leaf_a") && expected.contains('-'),
+        expected.contains("leaf_a") && !expected.contains("Showing nodes accounting for 0,"),
         "go tool pprof -diff_base gave no difference:\n{expected}"
     );
     ensure!(

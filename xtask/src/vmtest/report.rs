@@ -163,7 +163,18 @@ pub fn judge(label: &str, results: &Path, config: Option<&str>) -> Row {
 
     // Judged like the call tree: the shares, and leaf_a's stacks through run_a and dispatch to
     // main, which without frame pointers only the unwind tables can give.
+    let record_nofp = read("record-nofp.out");
     outcomes.push(match status("record-nofp") {
+        Some(0) if record_nofp.contains("does not pass this kernel's verifier") => {
+            Outcome::Skip(format!(
+                "this kernel's verifier refuses the BPF unwinder, so frame pointers walk: {}",
+                record_nofp
+                    .lines()
+                    .find(|l| l.contains("does not pass this kernel's verifier"))
+                    .unwrap_or_default()
+                    .trim()
+            ))
+        }
         Some(0) => judge_call_tree(&read("calltree_nofp.folded")),
         _ => Outcome::Fail(format!(
             "scorch record failed: {} (in {})",
@@ -226,6 +237,11 @@ fn judge_check(output: &str, status: Option<i32>, no_btf: bool) -> Outcome {
         if line.starts_with("WARN") {
             if no_btf && line.starts_with("WARN BTF") {
                 justified.push("kernel built without CONFIG_DEBUG_INFO_BTF".to_owned());
+            } else if line.starts_with("WARN BPF unwinder") {
+                // The kernel's verifier, not scorch's setup: said in the row, never a pass.
+                justified.push(format!(
+                    "this kernel's verifier refuses the BPF unwinder: {line}"
+                ));
             } else {
                 unjustified.push(line.to_owned());
             }
@@ -357,6 +373,12 @@ mod tests {
             Outcome::Fail(_)
         ));
         assert!(matches!(judge_check(ok, Some(1), false), Outcome::Fail(_)));
+        let refused =
+            format!("{ok}WARN BPF unwinder           this kernel's verifier refuses it\n");
+        assert!(matches!(
+            judge_check(&refused, Some(0), false),
+            Outcome::Skip(_)
+        ));
     }
 
     #[test]
