@@ -16,8 +16,10 @@ uname -r >"$R/uname"
 
 step check "$SCORCH" check
 
-# The known call tree (6:3:1 over leaf_a, leaf_b, leaf_c), recorded for 10 s at 199 Hz.
-"$WORKLOADS/calltree" 1 20 &
+# The known call tree (6:3:1 over leaf_a, leaf_b, leaf_c), recorded for 10 s at 199 Hz. The
+# workloads outlive any start-up (a kernel that refuses the unwinder spends minutes under TCG
+# verifying it first) and are stopped after the recording.
+"$WORKLOADS/calltree" 1 900 &
 workload=$!
 step record "$SCORCH" record --pid "$workload" --frequency 199 --duration 10s \
     --symbolize local --output "$R/calltree.folded"
@@ -27,7 +29,7 @@ wait "$workload" 2>/dev/null
 # The same call tree built without frame pointers: its callers are found only by the BPF
 # program's .eh_frame unwinder (--unwind auto, the default), which the verifier of each kernel
 # must accept.
-"$WORKLOADS/calltree_nofp" 1 20 &
+"$WORKLOADS/calltree_nofp" 1 900 &
 workload=$!
 step record-nofp "$SCORCH" record --pid "$workload" --frequency 199 --duration 10s \
     --symbolize local --output "$R/calltree_nofp.folded"
