@@ -219,7 +219,7 @@ impl RbpKind {
 /// One row of an executable's unwind table: from `pc` up to the next row's `pc`, how to find
 /// the caller's frame. Rows are sorted by `pc`, neighbours never repeat a rule, and the gap
 /// after each function starts with a [`CfaKind::NoRow`] row, so the rule for a pc is the last
-/// row whose `pc` is at most it ([`find_unwind_row`]).
+/// row whose `pc` is at most it ([`Bisect`]).
 ///
 /// The exact layout, 8 bytes, little-endian, no padding:
 ///
@@ -273,37 +273,75 @@ impl UnwindRow {
     }
 }
 
-/// Steps [`find_unwind_row`] takes at most. Each step leaves at most half of the rows still in
-/// question (rounded down), so 32 steps settle any u32 count; the BPF verifier needs the
-/// bound as a constant.
+/// Probes a row search takes at most. Each probe leaves at most half of the rows still in
+/// question (rounded down), so 32 settle any u32 count; `bpf_loop` needs the bound.
 pub const UNWIND_SEARCH_STEPS: u32 = 32;
 
-/// The index of the row that covers `pc` (an offset from the table's base) among `len` rows
-/// sorted by pc: the last row whose pc is at most `pc`, or `None` when `pc` lies before the
-/// first row or `row_pc` cannot read a row. `row_pc(i)` reads the pc of row `i`: a slice index
-/// in the agent, a map lookup in the BPF program, which is why this takes a function rather
-/// than a slice. The caller still checks the row's [`CfaKind`]: a [`CfaKind::NoRow`] row
-/// means no rule covers `pc`.
-#[inline(always)]
-pub fn find_unwind_row(
-    len: u32,
-    pc: u32,
-    mut row_pc: impl FnMut(u32) -> Option<u32>,
-) -> Option<u32> {
-    // Rows below `low` start at or before `pc`; rows from `high` on start after it.
-    let mut low = 0u32;
-    let mut high = len;
-    let mut step = 0;
-    while step < UNWIND_SEARCH_STEPS && low < high {
-        let middle = low + (high - low) / 2;
-        if row_pc(middle)? <= pc {
-            low = middle + 1;
-        } else {
-            high = middle;
-        }
-        step += 1;
+/// A binary search for the last of `len` entries, sorted by key, whose key is at most a
+/// target, taken one probe at a time: [`Bisect::probe`] says which entry to read,
+/// [`Bisect::narrow`] takes the comparison. The BPF program runs each probe as one `bpf_loop`
+/// iteration, so the verifier checks one probe rather than every path through an unrolled
+/// search (6.1's gave up at its million instructions on those); the agent runs the same probes
+/// in a plain loop ([`last_at_or_below`]), so its tests are the BPF side's too.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Bisect {
+    /// Entries below `low` have keys at most the target.
+    pub low: u32,
+    /// Entries from `high` on have keys above the target.
+    pub high: u32,
+}
+
+impl Bisect {
+    pub const fn new(len: u32) -> Self {
+        Bisect { low: 0, high: len }
     }
-    low.checked_sub(1)
+
+    /// The entry to read next, or `None` once the search is settled.
+    #[inline(always)]
+    pub const fn probe(&self) -> Option<u32> {
+        if self.low < self.high {
+            Some(self.low + (self.high - self.low) / 2)
+        } else {
+            None
+        }
+    }
+
+    /// Narrows the search by whether entry `probe`'s key is at most the target.
+    #[inline(always)]
+    pub fn narrow(&mut self, probe: u32, at_most_target: bool) {
+        if at_most_target {
+            self.low = probe + 1;
+        } else {
+            self.high = probe;
+        }
+    }
+
+    /// The last entry whose key is at most the target, or `None` when every key is above it.
+    #[inline(always)]
+    pub const fn found(&self) -> Option<u32> {
+        self.low.checked_sub(1)
+    }
+}
+
+/// [`Bisect`] as one call, at most `steps` probes: the last of `len` sorted entries whose key is
+/// at most `target`, or `None` when there is none or `key_at` cannot read an entry. For rows,
+/// the caller still checks the row's [`CfaKind`]: a [`CfaKind::NoRow`] row means no rule covers
+/// the pc; for mappings, the caller checks the end.
+pub fn last_at_or_below<K: PartialOrd>(
+    len: u32,
+    steps: u32,
+    target: K,
+    mut key_at: impl FnMut(u32) -> Option<K>,
+) -> Option<u32> {
+    let mut search = Bisect::new(len);
+    for _ in 0..steps {
+        let Some(probe) = search.probe() else {
+            break;
+        };
+        search.narrow(probe, key_at(probe)? <= target);
+    }
+    search.found()
 }
 
 /// Rows the shared row pool (`UNWIND_ROWS`) holds: 8 Mi rows of 8 bytes, 64 MiB, the bound on
@@ -315,7 +353,7 @@ pub const UNWIND_POOL_ROWS: u32 = 8 << 20;
 /// to frame pointers.
 pub const MAX_PROC_MAPPINGS: usize = 64;
 
-/// Steps the search over a process's mappings takes at most: `MAX_PROC_MAPPINGS` is 2^6.
+/// Probes the search over a process's mappings takes at most: `MAX_PROC_MAPPINGS` is 2^6.
 pub const MAPPING_SEARCH_STEPS: u32 = 7;
 const _: () = assert!(MAX_PROC_MAPPINGS.is_power_of_two() && MAX_PROC_MAPPINGS == 64);
 
@@ -442,30 +480,6 @@ impl UnwindOutcome {
             UnwindOutcome::TableNotLoaded => "table not loaded",
         }
     }
-}
-
-/// The index of the mapping holding `pc` among `count` mappings sorted by start, or `None`.
-/// `start_of(i)` reads the start of mapping `i` (as [`find_unwind_row`], a function so the BPF
-/// program can read a map value); the caller checks the end.
-#[inline(always)]
-pub fn find_mapping(
-    count: u32,
-    pc: u64,
-    mut start_of: impl FnMut(u32) -> Option<u64>,
-) -> Option<u32> {
-    let mut low = 0u32;
-    let mut high = count;
-    let mut step = 0;
-    while step < MAPPING_SEARCH_STEPS && low < high {
-        let middle = low + (high - low) / 2;
-        if start_of(middle)? <= pc {
-            low = middle + 1;
-        } else {
-            high = middle;
-        }
-        step += 1;
-    }
-    low.checked_sub(1)
 }
 
 #[cfg(feature = "user")]

@@ -7,9 +7,11 @@
 //! at the next frame. Each walk ends with one counted [`UnwindOutcome`]; a walk that cannot
 //! finish keeps the frames it found, never a guessed caller.
 //!
-//! The frames are a loop body run by `bpf_loop` (5.17+), so the verifier checks one frame,
-//! not 127. The walk's state is in a per-CPU array: 1 KiB of frames does not fit the 512-byte
-//! stack.
+//! Every loop is a `bpf_loop` (5.17+) callback: one frame per iteration of the walk, one probe
+//! per iteration of the two binary searches inside it. The verifier then checks one frame and
+//! one probe, not the paths through 127 frames of unrolled searches (6.1's verifier gave up at
+//! its million instructions on the unrolled searches). The walk's state is in a per-CPU array:
+//! 1 KiB of frames does not fit the 512-byte stack.
 
 use core::ffi::c_void;
 
@@ -24,10 +26,10 @@ use aya_ebpf::{
     programs::PerfEventContext,
 };
 use scorch_common::{
-    find_mapping, find_unwind_row, CfaKind, ProcMappings, RbpKind, UnwindEvent, UnwindMapping,
-    UnwindOutcome, UnwindRow, UserStack, EVENT_UNKNOWN_PC, EVENT_UNKNOWN_PROCESS,
-    MAPPING_TABLE_LOADED, MAPPING_TABLE_PENDING, MAX_PROC_MAPPINGS, MAX_STACK_DEPTH,
-    MAX_UNWIND_PROCS, UNWIND_OUTCOMES,
+    Bisect, CfaKind, ProcMappings, RbpKind, UnwindEvent, UnwindMapping, UnwindOutcome, UnwindRow,
+    UserStack, EVENT_UNKNOWN_PC, EVENT_UNKNOWN_PROCESS, MAPPING_SEARCH_STEPS, MAPPING_TABLE_LOADED,
+    MAPPING_TABLE_PENDING, MAX_PROC_MAPPINGS, MAX_STACK_DEPTH, MAX_UNWIND_PROCS, UNWIND_OUTCOMES,
+    UNWIND_SEARCH_STEPS,
 };
 
 /// `BPF_F_MMAPABLE`: the agent writes tables straight into the pool's memory, not one
@@ -87,8 +89,6 @@ pub struct WalkState {
     no_mapping: u32,
     /// Non-zero when some frame fell back to frame pointers for lack of a loaded table.
     table_pending: u32,
-    /// A mapping index passed through memory: see [`opaque`].
-    scratch: u32,
     /// The frames, and their hash.
     pub stack: UserStack,
 }
@@ -98,6 +98,39 @@ pub struct WalkState {
 struct LoopContext {
     state: *mut WalkState,
     procs: *const ProcMappings,
+}
+
+/// The search for the mapping holding `pc` (mappings are sorted by start).
+#[repr(C)]
+struct MappingSearch {
+    bisect: Bisect,
+    pc: u64,
+    procs: *const ProcMappings,
+}
+
+/// The search for the row covering `pc` among `rows` from `first_row` of the pool.
+#[repr(C)]
+struct RowSearch {
+    bisect: Bisect,
+    first_row: u32,
+    pc: u32,
+    /// Non-zero when a probed row could not be read.
+    failed: u32,
+}
+
+/// Runs `callback` up to `iterations` times over `context`, until it returns 1.
+#[inline(always)]
+fn repeat<T>(iterations: u32, callback: extern "C" fn(u64, *mut c_void) -> i64, context: &mut T) {
+    // SAFETY: the callback has the signature bpf_loop calls and casts the context back to the
+    // `T` it is given here, which outlives the call.
+    unsafe {
+        bpf_loop(
+            iterations,
+            callback as *mut c_void,
+            (context as *mut T).cast(),
+            0,
+        )
+    };
 }
 
 /// The user registers: the sample's when it interrupted user mode, else the task's saved
@@ -148,16 +181,11 @@ pub fn walk(ctx: &PerfEventContext, tgid: u32, user_mode: bool) -> Option<&'stat
         Some(procs) => procs,
         None => NO_MAPPINGS.get_ptr(0)?,
     };
-    let mut context = LoopContext { state, procs };
-    // SAFETY: `step` has the signature bpf_loop calls; the context outlives the call.
-    unsafe {
-        bpf_loop(
-            MAX_STACK_DEPTH as u32,
-            step as *mut c_void,
-            (&mut context as *mut LoopContext).cast(),
-            0,
-        )
-    };
+    repeat(
+        MAX_STACK_DEPTH as u32,
+        step,
+        &mut LoopContext { state, procs },
+    );
     if walk.stop == WALKING {
         walk.stop = UnwindOutcome::FrameLimit as u32;
     }
@@ -194,13 +222,17 @@ extern "C" fn step(_index: u64, context: *mut c_void) -> i64 {
 
     let lookup = if walk.return_address != 0 { pc - 1 } else { pc };
     walk.return_address = 1;
-    let count = procs.count.min(MAX_PROC_MAPPINGS as u32);
-    let scratch: *mut u32 = &mut walk.scratch;
-    let mapping = find_mapping(count, lookup, |i| {
-        Some(mapping_at(procs, opaque(scratch, i)).start)
-    })
-    .map(|i| mapping_at(procs, opaque(scratch, i)))
-    .filter(|m| lookup < m.end);
+    let mut search = MappingSearch {
+        bisect: Bisect::new(procs.count.min(MAX_PROC_MAPPINGS as u32)),
+        pc: lookup,
+        procs,
+    };
+    repeat(MAPPING_SEARCH_STEPS, probe_mapping, &mut search);
+    let mapping = search
+        .bisect
+        .found()
+        .map(|i| mapping_at(procs, i))
+        .filter(|m| lookup < m.end);
     let outcome = match mapping {
         Some(m) if m.state == MAPPING_TABLE_LOADED => {
             let row_pc = lookup.wrapping_sub(m.bias);
@@ -232,18 +264,32 @@ extern "C" fn step(_index: u64, context: *mut c_void) -> i64 {
     }
 }
 
-/// `value`, stored to and loaded back from the walk state (a map value). The verifier does not
-/// track what map memory holds, so the loaded index is a plain unknown scalar: the binary
-/// search's bounds, which index the mappings directly, are then never marked precise, and its
-/// 2^7 paths prune into one. Without this, 6.1's verifier walks every path of the search
-/// into the table step and gives up at its million instructions; newer ones prune it anyway.
-#[inline(always)]
-fn opaque(scratch: *mut u32, value: u32) -> u32 {
-    // SAFETY: `scratch` points into this CPU's walk state, a map value alive for the program.
-    unsafe {
-        core::ptr::write_volatile(scratch, value);
-        core::ptr::read_volatile(scratch)
-    }
+/// One probe of a [`MappingSearch`]. Returns 1 once the search is settled.
+extern "C" fn probe_mapping(_index: u64, context: *mut c_void) -> i64 {
+    // SAFETY: `step` passes its `MappingSearch`, whose `procs` is a map value.
+    let search = unsafe { &mut *(context as *mut MappingSearch) };
+    let Some(probe) = search.bisect.probe() else {
+        return 1;
+    };
+    // SAFETY: as above.
+    let start = mapping_at(unsafe { &*search.procs }, probe).start;
+    search.bisect.narrow(probe, start <= search.pc);
+    0
+}
+
+/// One probe of a [`RowSearch`]. Returns 1 once the search is settled or a row is unreadable.
+extern "C" fn probe_row(_index: u64, context: *mut c_void) -> i64 {
+    // SAFETY: `table_step` passes its `RowSearch`.
+    let search = unsafe { &mut *(context as *mut RowSearch) };
+    let Some(probe) = search.bisect.probe() else {
+        return 1;
+    };
+    let Some(row) = UNWIND_ROWS.get(search.first_row.wrapping_add(probe)) else {
+        search.failed = 1;
+        return 1;
+    };
+    search.bisect.narrow(probe, row.pc <= search.pc);
+    0
 }
 
 /// Mapping `i`; the mask is what lets the verifier see the access in bounds, where a
@@ -290,9 +336,14 @@ fn frame_pointer_step(walk: &mut WalkState) -> u32 {
 /// The caller by the row that covers `row_pc` in `rows` rows from `first_row` of the pool.
 #[inline(always)]
 fn table_step(walk: &mut WalkState, first_row: u32, rows: u32, row_pc: u32) -> u32 {
-    let Some(index) = find_unwind_row(rows, row_pc, |i| {
-        UNWIND_ROWS.get(first_row.wrapping_add(i)).map(|row| row.pc)
-    }) else {
+    let mut search = RowSearch {
+        bisect: Bisect::new(rows),
+        first_row,
+        pc: row_pc,
+        failed: 0,
+    };
+    repeat(UNWIND_SEARCH_STEPS, probe_row, &mut search);
+    let (0, Some(index)) = (search.failed, search.bisect.found()) else {
         return UnwindOutcome::NoRow as u32;
     };
     let Some(row) = UNWIND_ROWS.get(first_row.wrapping_add(index)) else {

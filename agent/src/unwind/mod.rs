@@ -25,6 +25,7 @@ use gimli::{BaseAddresses, DebugFrame, EhFrame, LittleEndian};
 use object::{Object, ObjectSection, ObjectSegment, SegmentFlags};
 
 use convert::{Converted, FdeCounts, Section};
+use scorch_common::{last_at_or_below, UNWIND_SEARCH_STEPS};
 pub use row::{CfaKind, RbpKind, UnwindRow};
 
 /// Why a table could not be built.
@@ -256,11 +257,11 @@ impl UnwindTable {
 
     /// The row whose rule applies at ELF address `address`, or `None` when no FDE covers it
     /// (a gap between functions, or outside the code). The search is the BPF program's own
-    /// ([`scorch_common::find_unwind_row`]), so its tests are the BPF side's too.
+    /// ([`scorch_common::Bisect`]), so its tests are the BPF side's too.
     pub fn lookup(&self, address: u64) -> Option<UnwindRow> {
         let pc = u32::try_from(address.checked_sub(self.base)?).ok()?;
         let len = u32::try_from(self.rows.len()).ok()?;
-        let index = scorch_common::find_unwind_row(len, pc, |i| {
+        let index = last_at_or_below(len, UNWIND_SEARCH_STEPS, pc, |i| {
             self.rows.get(i as usize).map(|row| row.pc)
         })?;
         let row = *self.rows.get(index as usize)?;
@@ -862,14 +863,17 @@ mod tests {
             let rows = &rows[..len];
             for pc in 0..7010 {
                 let linear = rows.iter().rposition(|&row| row <= pc).map(|i| i as u32);
-                let found = scorch_common::find_unwind_row(len as u32, pc, |i| {
+                let found = last_at_or_below(len as u32, UNWIND_SEARCH_STEPS, pc, |i| {
                     rows.get(i as usize).copied()
                 });
                 assert_eq!(found, linear, "{len} rows, pc {pc}");
             }
         }
         // A row that cannot be read ends the search with nothing, never with a wrong row.
-        assert_eq!(scorch_common::find_unwind_row(10, 5, |_| None), None);
+        assert_eq!(
+            last_at_or_below(10, UNWIND_SEARCH_STEPS, 5, |_| None::<u32>),
+            None
+        );
     }
 
     /// A C program whose own functions are described only in `.debug_frame`.
