@@ -1,13 +1,14 @@
 //! `cargo xtask bench`: the figures the closing notes quote, measured the way a reviewer can
 //! believe them.
 //!
-//! - scorch record and `perf record -F 19 -a -g` run side by side for the same seconds, in fresh
-//!   processes, while a workload keeps every CPU busy; the start order alternates between runs.
-//!   CPU time (user + system) and peak RSS come from `/usr/bin/time -v`. Medians are reported.
+//! - scorch record, `perf record -F 19 -a -g` and bpftrace's equivalent program
+//!   (`profile:hz:19 { @[kstack, ustack, pid] = count(); }`) run side by side for the same
+//!   seconds, in fresh processes, while a workload keeps every CPU busy; the start order rotates
+//!   between runs (the overhead bench's capture). CPU time (user + system) and peak RSS come
+//!   from `/usr/bin/time -v`. Medians are reported.
 //! - BPF cost per sample: with `kernel.bpf_stats_enabled=1`, the program's run_time_ns /
-//!   run_cnt as the kernel counts them (scorch prints it in its summary). bpftrace runs the
-//!   equivalent program (`profile:hz:19 { @[kstack, ustack, pid] = count(); }`) in the same
-//!   seconds as a peer, read from its program's fdinfo.
+//!   run_cnt as the kernel counts them (scorch prints it in its summary; bpftrace's is read from
+//!   its program's fdinfo).
 //! - kallsyms load and lookup: the criterion bench `agent/benches/kallsyms.rs`.
 //! - Remote sink (`--only remote`): `agent/benches/remote.rs`, given the scorch binary: CPU to
 //!   encode and send a window of 100 series, RSS with the server down and an hour queued, and
@@ -16,33 +17,29 @@
 //!   over 24 h of windows and a diff of two 1 h ranges.
 //! - Unwind tables (`--only unwind`): `agent/benches/unwind.rs`, the time to build libc's (and
 //!   ld.so's, libstdc++'s) table from its file, median and max of 20 fresh builds, and its size.
+//! - The BPF unwinder's walk (`--only walk`): `tests/workloads/deepsort.cpp` built `-O2
+//!   -fomit-frame-pointer` (about 30 frames through libc's qsort, libstdc++ mapped), profiled
+//!   by `scorch record --pid P -F 499` with `--unwind auto` and `--unwind fp` in alternating
+//!   order, fresh processes: BPF ns per sample from `bpf_stats`, the tables' map memory, and how
+//!   the walks ended (the summary's outcomes show the tables were used).
 
 use std::{
     fmt::Write as _,
     path::Path,
-    process::{Child, Command, Output, Stdio},
+    process::{Command, Stdio},
     time::Duration,
 };
 
 use anyhow::{bail, Context, Result};
 
-use crate::run_command;
-
-/// What `/usr/bin/time -v` says about one process.
-#[derive(Debug, Clone, Copy)]
-struct Usage {
-    cpu_seconds: f64,
-    max_rss_kib: u64,
-}
-
-#[derive(Debug)]
-struct Run {
-    scorch: Usage,
-    perf: Usage,
-    bpf_ns_per_sample: Option<f64>,
-    bpftrace_ns_per_sample: Option<f64>,
-    scorch_samples: u64,
-}
+use crate::{
+    bench_overhead::{capture, CaptureRun},
+    measure::{
+        bpf_ns_per_run, busy_workload, median, path_str, summary_bpf_ns, summary_samples, verdict,
+        with_bpf_stats, Processes,
+    },
+    run_command,
+};
 
 pub fn bench(
     root: &Path,
@@ -58,13 +55,15 @@ pub fn bench(
             symbolize_bench(root)?;
             daemon_report(root, scorch, daemon_windows)?;
             remote_report(root, scorch)?;
-            unwind_report(root)
+            unwind_report(root)?;
+            walk_bench(root, scorch, runs)
         }
         Some("record") => record_bench(root, scorch, seconds, runs),
         Some("symbolize") => symbolize_bench(root),
         Some("daemon") => daemon_report(root, scorch, daemon_windows),
         Some("remote") => remote_report(root, scorch),
         Some("unwind") => unwind_report(root),
+        Some("walk") => walk_bench(root, scorch, runs),
         Some("views") => views_report(root),
         Some("overhead") => {
             let phases = crate::bench_overhead::Phases::standard(seconds);
@@ -74,8 +73,8 @@ pub fn bench(
         }
         Some(other) => {
             bail!(
-                "--only {other:?}: expected record, symbolize, daemon, remote, unwind, views or \
-                 overhead"
+                "--only {other:?}: expected record, symbolize, daemon, remote, unwind, walk, views \
+                 or overhead"
             )
         }
     }
@@ -157,104 +156,21 @@ fn daemon_report(root: &Path, scorch: &Path, windows: u64) -> Result<()> {
 
 fn record_bench(root: &Path, scorch: &Path, seconds: u64, runs: usize) -> Result<()> {
     let dir = root.join("target/bench");
-    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let workload = dir.join("calltree");
-    run_command(
-        Command::new("gcc")
-            .args(["-O2", "-fno-omit-frame-pointer", "-o"])
-            .arg(&workload)
-            .arg(root.join("tests/workloads/calltree.c"))
-            .arg("-lpthread"),
-    )?;
+    let workload = busy_workload(root, &dir)?;
     let cpus = std::thread::available_parallelism()?.get();
-
-    let stats_path = "/proc/sys/kernel/bpf_stats_enabled";
-    let previous_stats = std::fs::read_to_string(stats_path).unwrap_or_else(|_| "0".into());
-    std::fs::write(stats_path, "1")
-        .with_context(|| format!("enabling {stats_path} (needs root)"))?;
-    let result = (|| -> Result<Vec<Run>> {
+    let (results, warm) = with_bpf_stats(|| {
         let mut results = Vec::new();
         for run in 0..runs {
             eprintln!(
-                "bench: run {} of {runs}: scorch and perf side by side for {seconds} s",
+                "bench: run {} of {runs}: scorch, perf and bpftrace side by side for {seconds} s",
                 run + 1
             );
-            let mut burner = Command::new(&workload)
-                .args([cpus.to_string(), (seconds + 60).to_string()])
-                .spawn()
-                .context("starting the workload")?;
-            std::thread::sleep(Duration::from_millis(500));
-            let mut bpftrace = Command::new("bpftrace")
-                .args(["-e", "profile:hz:19 { @[kstack, ustack, pid] = count(); }"])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .context("starting bpftrace (cargo xtask setup installs it)")?;
-            let scorch_out = dir.join(format!("scorch-{run}.pb.gz"));
-            let perf_out = dir.join(format!("perf-{run}.data"));
-            let scorch_cmd = timed(
-                scorch,
-                &[
-                    "record",
-                    "--duration",
-                    &format!("{seconds}s"),
-                    "--output",
-                    path_str(&scorch_out)?,
-                ],
-            );
-            let perf_cmd = timed(
-                Path::new("perf"),
-                &[
-                    "record",
-                    "-F",
-                    "19",
-                    "-a",
-                    "-g",
-                    "-o",
-                    path_str(&perf_out)?,
-                    "--",
-                    "sleep",
-                    &seconds.to_string(),
-                ],
-            );
-            // Alternate who starts first so neither always pays for the other's start-up.
-            let (scorch_out, perf_out) = if run % 2 == 0 {
-                let s = spawn(scorch_cmd)?;
-                let p = spawn(perf_cmd)?;
-                (wait(s)?, wait(p)?)
-            } else {
-                let p = spawn(perf_cmd)?;
-                let s = spawn(scorch_cmd)?;
-                (wait(s)?, wait(p)?)
-            };
-            let bpftrace_ns_per_sample = bpf_prog_ns_per_run(bpftrace.id());
-            let _ = bpftrace.kill();
-            let _ = bpftrace.wait();
-            let _ = burner.kill();
-            let _ = burner.wait();
-            let summary = String::from_utf8_lossy(&scorch_out.stdout).into_owned();
-            eprintln!("bench:   {}", summary.trim());
-            results.push(Run {
-                scorch: parse_time(&scorch_out)?,
-                perf: parse_time(&perf_out)?,
-                bpf_ns_per_sample: parse_bpf_ns(&summary),
-                bpftrace_ns_per_sample,
-                scorch_samples: summary
-                    .split_whitespace()
-                    .nth(1)
-                    .and_then(|n| n.parse().ok())
-                    .unwrap_or(0),
-            });
+            let result = capture(scorch, &workload, cpus, &dir, run, seconds)?;
+            eprintln!("bench:   {}", result.scorch_summary);
+            results.push(result);
         }
-        Ok(results)
-    })();
-    let warm = match &result {
-        Ok(_) => warm_bpf_cost(scorch, &workload, cpus, &dir),
-        Err(_) => Ok(String::new()),
-    };
-    let _ = std::fs::write(stats_path, previous_stats.trim());
-    let results = result?;
-    let warm = warm?;
+        Ok((results, warm_bpf_cost(scorch, &workload, cpus, &dir)?))
+    })?;
 
     let mut report = String::new();
     writeln!(
@@ -264,6 +180,7 @@ fn record_bench(root: &Path, scorch: &Path, seconds: u64, runs: usize) -> Result
     writeln!(report)?;
     writeln!(report, "| run | scorch CPU s | perf CPU s | scorch max RSS MiB | perf max RSS MiB | scorch BPF ns/sample | bpftrace BPF ns/sample | samples |")?;
     writeln!(report, "|---|---|---|---|---|---|---|---|")?;
+    let ns = |n: Option<f64>| n.map_or("n/a".into(), |n| format!("{n:.0}"));
     for (i, r) in results.iter().enumerate() {
         writeln!(
             report,
@@ -271,40 +188,20 @@ fn record_bench(root: &Path, scorch: &Path, seconds: u64, runs: usize) -> Result
             i + 1,
             r.scorch.cpu_seconds,
             r.perf.cpu_seconds,
-            r.scorch.max_rss_kib as f64 / 1024.0,
-            r.perf.max_rss_kib as f64 / 1024.0,
-            r.bpf_ns_per_sample
-                .map_or("n/a".into(), |n| format!("{n:.0}")),
-            r.bpftrace_ns_per_sample
-                .map_or("n/a".into(), |n| format!("{n:.0}")),
+            r.scorch.max_rss_mib,
+            r.perf.max_rss_mib,
+            ns(r.scorch_bpf_ns),
+            ns(r.bpftrace_bpf_ns),
             r.scorch_samples,
         )?;
     }
-    let median = |mut v: Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
-    };
-    let scorch_cpu = median(results.iter().map(|r| r.scorch.cpu_seconds).collect());
-    let perf_cpu = median(results.iter().map(|r| r.perf.cpu_seconds).collect());
-    let scorch_rss = median(
-        results
-            .iter()
-            .map(|r| r.scorch.max_rss_kib as f64 / 1024.0)
-            .collect(),
-    );
-    let perf_rss = median(
-        results
-            .iter()
-            .map(|r| r.perf.max_rss_kib as f64 / 1024.0)
-            .collect(),
-    );
-    let bpf = median(results.iter().filter_map(|r| r.bpf_ns_per_sample).collect());
-    let bpftrace = median(
-        results
-            .iter()
-            .filter_map(|r| r.bpftrace_ns_per_sample)
-            .collect(),
-    );
+    let of = |f: fn(&CaptureRun) -> f64| median(results.iter().map(f).collect());
+    let scorch_cpu = of(|r| r.scorch.cpu_seconds);
+    let perf_cpu = of(|r| r.perf.cpu_seconds);
+    let scorch_rss = of(|r| r.scorch.max_rss_mib);
+    let perf_rss = of(|r| r.perf.max_rss_mib);
+    let bpf = median(results.iter().filter_map(|r| r.scorch_bpf_ns).collect());
+    let bpftrace = median(results.iter().filter_map(|r| r.bpftrace_bpf_ns).collect());
     writeln!(report)?;
     writeln!(
         report,
@@ -329,6 +226,95 @@ fn record_bench(root: &Path, scorch: &Path, seconds: u64, runs: usize) -> Result
         "--bench",
         "kallsyms",
     ]))
+}
+
+/// The BPF unwinder's cost per sample on deep stacks through libc, beside frame pointers on
+/// the same process, and its tables' map memory. Targets: mean at most 3 us per sample; the
+/// tables of exe + libc + ld.so + libstdc++ (+ libm, libgcc_s) at most 1 MiB.
+fn walk_bench(root: &Path, scorch: &Path, runs: usize) -> Result<()> {
+    let dir = root.join("target/bench");
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let workload = dir.join("deepsort");
+    run_command(
+        Command::new("g++")
+            .args(["-O2", "-fomit-frame-pointer", "-o"])
+            .arg(&workload)
+            .arg(root.join("tests/workloads/deepsort.cpp")),
+    )?;
+    let out = dir.join("walk.pb.gz");
+    let mut report = String::from(
+        "| run | mode | BPF ns/sample | samples | unwind tables | how the walks ended |\n\
+         |---|---|---|---|---|---|\n",
+    );
+    let mut by_mode: [(&str, Vec<f64>); 2] = [("auto", Vec::new()), ("fp", Vec::new())];
+    let mut table_kib = Vec::new();
+    with_bpf_stats(|| {
+        for run in 0..runs {
+            let _process = Processes(vec![Command::new(&workload)
+                .arg("60")
+                .spawn()
+                .context("starting deepsort")?]);
+            let pid = _process.0[0].id().to_string();
+            std::thread::sleep(Duration::from_millis(500));
+            let mut modes = [0, 1];
+            modes.rotate_left(run % 2);
+            for mode in modes {
+                let name = by_mode[mode].0;
+                let output = Command::new(scorch)
+                    .args(["record", "--unwind", name, "--pid", &pid, "-F", "499"])
+                    .args(["--duration", "5s", "--output", path_str(&out)?])
+                    .stderr(Stdio::null())
+                    .output()
+                    .context("running scorch record")?;
+                let summary = String::from_utf8_lossy(&output.stdout).trim().to_owned();
+                if !output.status.success() {
+                    bail!("scorch record --unwind {name} failed: {summary}");
+                }
+                let ns = summary_bpf_ns(&summary)
+                    .with_context(|| format!("no BPF figure in: {summary}"))?;
+                by_mode[mode].1.push(ns);
+                let field = |prefix: &str| {
+                    summary
+                        .split("; ")
+                        .find_map(|part| part.strip_prefix(prefix))
+                        .unwrap_or("")
+                        .to_owned()
+                };
+                let tables = field("unwind tables: ");
+                if let Some(kib) = tables
+                    .split(", ")
+                    .nth(1)
+                    .and_then(|k| k.strip_suffix(" KiB")?.parse::<f64>().ok())
+                {
+                    table_kib.push(kib);
+                }
+                writeln!(
+                    report,
+                    "| {} | `--unwind {name}` | {ns:.0} | {} | {tables} | {} |",
+                    run + 1,
+                    summary_samples(&summary),
+                    field("unwind: ")
+                )?;
+            }
+        }
+        Ok(())
+    })?;
+    let auto = median(by_mode[0].1.clone());
+    let fp = median(by_mode[1].1.clone());
+    let kib = median(table_kib);
+    writeln!(
+        report,
+        "\nwalk: medians of {runs} runs: BPF {auto:.0} ns/sample with tables ({}), {fp:.0} ns \
+         with frame pointers; tables of exe + libc + ld.so + libstdc++ + libm + libgcc_s \
+         {kib:.0} KiB ({})",
+        verdict(auto <= 3000.0, "target: at most 3000 ns"),
+        verdict(kib <= 1024.0, "target: at most 1 MiB"),
+    )?;
+    print!("{report}");
+    let path = dir.join("walk-report.md");
+    std::fs::write(&path, &report)?;
+    eprintln!("bench: report written to {}", path.display());
+    Ok(())
 }
 
 /// User symbolisation, warm and cold. The cold case needs a binary with a lot of DWARF: scorch
@@ -390,7 +376,7 @@ fn warm_bpf_cost(scorch: &Path, workload: &Path, cpus: usize, dir: &Path) -> Res
         ])
         .stderr(Stdio::null())
         .output();
-    let peer = bpf_prog_ns_per_run(bpftrace.id());
+    let peer = bpf_ns_per_run(bpftrace.id());
     let _ = bpftrace.kill();
     let _ = bpftrace.wait();
     let _ = burner.kill();
@@ -398,81 +384,8 @@ fn warm_bpf_cost(scorch: &Path, workload: &Path, cpus: usize, dir: &Path) -> Res
     let summary = String::from_utf8_lossy(&scorch_run?.stdout).into_owned();
     Ok(format!(
         "at 997 Hz (warm caches): scorch BPF {} ns/sample, bpftrace {} ns/sample ({})",
-        parse_bpf_ns(&summary).map_or("n/a".into(), |n| format!("{n:.0}")),
+        summary_bpf_ns(&summary).map_or("n/a".into(), |n| format!("{n:.0}")),
         peer.map_or("n/a".into(), |n| format!("{n:.0}")),
         summary.trim()
     ))
-}
-
-fn verdict(ok: bool, target: &str) -> String {
-    format!("{} {target}", if ok { "meets" } else { "MISSES" })
-}
-
-fn path_str(path: &Path) -> Result<&str> {
-    path.to_str()
-        .with_context(|| format!("non-UTF-8 path {}", path.display()))
-}
-
-fn timed(program: &Path, args: &[&str]) -> Command {
-    let mut command = Command::new("/usr/bin/time");
-    command.arg("-v").arg(program).args(args);
-    command
-}
-
-fn spawn(mut command: Command) -> Result<Child> {
-    command
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .with_context(|| format!("starting {command:?} (cargo xtask setup installs `time`)"))
-}
-
-fn wait(child: Child) -> Result<Output> {
-    let output = child.wait_with_output()?;
-    if !output.status.success() {
-        bail!(
-            "benchmark command failed: {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-    }
-    Ok(output)
-}
-
-fn parse_time(output: &Output) -> Result<Usage> {
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    let field = |name: &str| -> Result<f64> {
-        stderr
-            .lines()
-            .find_map(|l| l.trim().strip_prefix(name))
-            .and_then(|v| v.trim().parse().ok())
-            .with_context(|| format!("no `{name}` in /usr/bin/time output:\n{stderr}"))
-    };
-    Ok(Usage {
-        cpu_seconds: field("User time (seconds):")? + field("System time (seconds):")?,
-        max_rss_kib: field("Maximum resident set size (kbytes):")? as u64,
-    })
-}
-
-/// Mean run time of the busiest BPF program `pid` holds, from its fdinfo (needs
-/// kernel.bpf_stats_enabled).
-fn bpf_prog_ns_per_run(pid: u32) -> Option<f64> {
-    let dir = std::fs::read_dir(format!("/proc/{pid}/fdinfo")).ok()?;
-    dir.flatten()
-        .filter_map(|entry| std::fs::read_to_string(entry.path()).ok())
-        .filter_map(|info| {
-            let field = |name: &str| -> Option<f64> {
-                info.lines()
-                    .find_map(|l| l.strip_prefix(name))
-                    .and_then(|v| v.trim().parse().ok())
-            };
-            Some((field("run_time_ns:")?, field("run_cnt:")?))
-        })
-        .filter(|&(_, runs)| runs > 0.0)
-        .max_by(|a, b| a.1.total_cmp(&b.1))
-        .map(|(time, runs)| time / runs)
-}
-
-fn parse_bpf_ns(summary: &str) -> Option<f64> {
-    let (_, rest) = summary.split_once("BPF ")?;
-    rest.split_whitespace().next()?.parse().ok()
 }

@@ -14,13 +14,16 @@
 
 use std::{
     path::Path,
-    process::{Child, Command, Stdio},
+    process::{Command, Stdio},
     time::{Duration, Instant},
 };
 
 use anyhow::{bail, Context, Result};
 
-use crate::run_command;
+use crate::{
+    measure::{busy_workload, cpu_seconds, status_kib, verdict, Processes},
+    run_command,
+};
 
 const LIGHT_PROCESSES: usize = 98;
 
@@ -39,29 +42,9 @@ int main(int argc, char **argv) {
 }
 "#;
 
-/// Kills the processes it holds when dropped, so a failed bench leaves nothing running.
-struct Processes(Vec<Child>);
-
-impl Drop for Processes {
-    fn drop(&mut self) {
-        for child in &mut self.0 {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
 pub fn daemon_bench(root: &Path, scorch: &Path, windows: u64) -> Result<String> {
     let dir = root.join("target/bench");
-    std::fs::create_dir_all(&dir)?;
-    let busy = dir.join("calltree");
-    run_command(
-        Command::new("gcc")
-            .args(["-O2", "-fno-omit-frame-pointer", "-o"])
-            .arg(&busy)
-            .arg(root.join("tests/workloads/calltree.c"))
-            .arg("-lpthread"),
-    )?;
+    let busy = busy_workload(root, &dir)?;
     let light_source = dir.join("light.c");
     std::fs::write(&light_source, LIGHT_WORKLOAD)?;
     let light = dir.join("light");
@@ -107,7 +90,7 @@ pub fn daemon_bench(root: &Path, scorch: &Path, windows: u64) -> Result<String> 
     let started = Instant::now();
     let mut rss = Vec::new();
     while started.elapsed() < Duration::from_secs(windows * 10) {
-        rss.push(rss_kib(pid)?);
+        rss.push(status_kib(pid, "VmRSS:")?);
         std::thread::sleep(Duration::from_secs(1));
     }
     let cpu = cpu_seconds(pid)? - cpu_before;
@@ -125,11 +108,11 @@ pub fn daemon_bench(root: &Path, scorch: &Path, windows: u64) -> Result<String> 
     let rss_max = rss[rss.len() - 1] as f64 / 1024.0;
     let mut report = format!(
         "daemon steady state ({windows} windows of 10 s at 19 Hz, 2 busy CPUs, {} processes): \
-         {cpu:.2} CPU s in {elapsed:.0} s = {core_percent:.2}% of one core ({}: at most 0.5%); \
-         RSS median {rss_median:.1} MiB, max {rss_max:.1} MiB ({}: at most 30 MB)\n",
+         {cpu:.2} CPU s in {elapsed:.0} s = {core_percent:.2}% of one core ({}); \
+         RSS median {rss_median:.1} MiB, max {rss_max:.1} MiB ({})\n",
         LIGHT_PROCESSES + 1,
-        verdict(core_percent <= 0.5),
-        verdict(rss_max * 1.048_576 <= 30.0),
+        verdict(core_percent <= 0.5, "target: at most 0.5%"),
+        verdict(rss_max * 1.048_576 <= 30.0, "target: at most 30 MB"),
     );
 
     let replay = dir.join("replay-store");
@@ -169,11 +152,11 @@ pub fn daemon_bench(root: &Path, scorch: &Path, windows: u64) -> Result<String> 
     times.sort_by(f64::total_cmp);
     report.push_str(&format!(
         "query: merge 360 windows into a flame graph (scorch query --since 1h --format svg, \
-         fresh process): median {:.0} ms of 5 (min {:.0}, max {:.0}) ({}: at most 200 ms)\n",
+         fresh process): median {:.0} ms of 5 (min {:.0}, max {:.0}) ({})\n",
         times[2],
         times[0],
         times[4],
-        verdict(times[2] <= 200.0)
+        verdict(times[2] <= 200.0, "target: at most 200 ms")
     ));
     report.push_str(&views_bench(root)?);
     Ok(report)
@@ -196,32 +179,4 @@ pub fn views_bench(root: &Path) -> Result<String> {
         .filter(|l| l.starts_with("views:"))
         .map(|l| format!("{l}\n"))
         .collect())
-}
-
-fn verdict(ok: bool) -> &'static str {
-    if ok {
-        "meets target"
-    } else {
-        "MISSES target"
-    }
-}
-
-fn cpu_seconds(pid: u32) -> Result<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    // Fields after the command name (which may hold spaces) start at state.
-    let rest = stat.rsplit_once(')').context("odd /proc/PID/stat")?.1;
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| -> Result<f64> { Ok(fields.get(i).context("short stat")?.parse()?) };
-    // utime and stime are fields 14 and 15 of stat, 11 and 12 after the state (index 0).
-    let hz = 100.0; // USER_HZ on Linux
-    Ok((ticks(11)? + ticks(12)?) / hz)
-}
-
-fn rss_kib(pid: u32) -> Result<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .context("no VmRSS")
 }

@@ -21,13 +21,20 @@ use std::{
     io::{Read as _, Write as _},
     net::TcpStream,
     path::Path,
-    process::{Child, Command, Stdio},
+    process::{Command, Stdio},
     time::{Duration, Instant},
 };
 
 use anyhow::{bail, Context, Result};
 
-use crate::run_command;
+use crate::{
+    measure::{
+        bpf_ns_per_run, busy_workload, cpu_seconds, median, path_str, sample_rss, spread,
+        status_field, status_kib, summary_bpf_ns, summary_samples, time_usage, timed,
+        with_bpf_stats, Processes, Usage,
+    },
+    run_command,
+};
 
 /// The daemon's HTTP address during the bench (a port the tests do not use).
 const ADDRESS: &str = "127.0.0.1:17093";
@@ -57,26 +64,17 @@ impl Phases {
     }
 }
 
-/// Kills the processes it holds when dropped, so a failed bench leaves nothing running.
-struct Processes(Vec<Child>);
-
-impl Drop for Processes {
-    fn drop(&mut self) {
-        for child in &mut self.0 {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
+/// One side-by-side capture (also the record bench's runs).
 #[derive(Debug, Default)]
-struct CaptureRun {
-    /// (CPU s, peak RSS MiB) of scorch, perf and bpftrace.
-    scorch: (f64, f64),
-    perf: (f64, f64),
-    bpftrace: (f64, f64),
-    scorch_bpf_ns: Option<f64>,
-    bpftrace_bpf_ns: Option<f64>,
+pub struct CaptureRun {
+    pub scorch: Usage,
+    pub perf: Usage,
+    pub bpftrace: Usage,
+    pub scorch_bpf_ns: Option<f64>,
+    pub bpftrace_bpf_ns: Option<f64>,
+    pub scorch_samples: u64,
+    /// scorch's one-line summary.
+    pub scorch_summary: String,
 }
 
 #[derive(Debug, Default)]
@@ -91,21 +89,9 @@ struct ChurnRun {
 
 pub fn overhead(root: &Path, scorch: &Path, runs: usize, phases: Phases) -> Result<String> {
     let dir = root.join("target/bench");
-    std::fs::create_dir_all(&dir)?;
-    let busy = dir.join("calltree");
-    run_command(
-        Command::new("gcc")
-            .args(["-O2", "-fno-omit-frame-pointer", "-o"])
-            .arg(&busy)
-            .arg(root.join("tests/workloads/calltree.c"))
-            .arg("-lpthread"),
-    )?;
+    let busy = busy_workload(root, &dir)?;
     let cpus = std::thread::available_parallelism()?.get();
-    let stats_path = "/proc/sys/kernel/bpf_stats_enabled";
-    let previous_stats = std::fs::read_to_string(stats_path).unwrap_or_else(|_| "0".into());
-    std::fs::write(stats_path, "1")
-        .with_context(|| format!("enabling {stats_path} (needs root)"))?;
-    let measured = (|| -> Result<_> {
+    let (captures, churns, frequencies) = with_bpf_stats(|| {
         let mut captures = Vec::new();
         let mut churns = Vec::new();
         let mut frequencies: Vec<Vec<(u64, f64)>> = Vec::new();
@@ -116,9 +102,7 @@ pub fn overhead(root: &Path, scorch: &Path, runs: usize, phases: Phases) -> Resu
             frequencies.push(frequency_curve(scorch, &busy, cpus, &dir, run, phases)?);
         }
         Ok((captures, churns, frequencies))
-    })();
-    let _ = std::fs::write(stats_path, previous_stats.trim());
-    let (captures, churns, frequencies) = measured?;
+    })?;
     let report = render(cpus, runs, phases, &captures, &churns, &frequencies)?;
     let path = dir.join("overhead.md");
     std::fs::write(&path, &report)?;
@@ -126,7 +110,9 @@ pub fn overhead(root: &Path, scorch: &Path, runs: usize, phases: Phases) -> Resu
     Ok(report)
 }
 
-fn capture(
+/// `scorch record`, `perf record -g` and bpftrace side by side for `seconds` while every CPU
+/// is busy; `run` rotates who starts first. Needs [`with_bpf_stats`] for the BPF figures.
+pub fn capture(
     scorch: &Path,
     busy: &Path,
     cpus: usize,
@@ -200,14 +186,13 @@ fn capture(
         if !output.status.success() {
             bail!("{name} failed: {}", String::from_utf8_lossy(&output.stderr));
         }
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        let usage = time_usage(&stderr)?;
+        let usage = time_usage(&String::from_utf8_lossy(&output.stderr))?;
         match name {
             "scorch" => {
-                let summary = String::from_utf8_lossy(&output.stdout);
-                result.scorch_bpf_ns = summary
-                    .split_once("BPF ")
-                    .and_then(|(_, rest)| rest.split_whitespace().next()?.parse().ok());
+                let summary = String::from_utf8_lossy(&output.stdout).trim().to_owned();
+                result.scorch_bpf_ns = summary_bpf_ns(&summary);
+                result.scorch_samples = summary_samples(&summary);
+                result.scorch_summary = summary;
                 result.scorch = usage;
             }
             "perf" => result.perf = usage,
@@ -324,10 +309,10 @@ fn stop(mut daemon: Processes) -> Result<()> {
     Ok(())
 }
 
-/// One row of the capture table: a tool's name, its (CPU s, peak RSS MiB), its BPF ns/sample.
+/// One row of the capture table: a tool's name, its usage, its BPF ns/sample.
 type CaptureRow = (
     &'static str,
-    fn(&CaptureRun) -> (f64, f64),
+    fn(&CaptureRun) -> Usage,
     fn(&CaptureRun) -> Option<f64>,
 );
 
@@ -388,8 +373,8 @@ fn render(
         ),
     ];
     for (name, usage, ns) in rows {
-        let cpu: Vec<f64> = captures.iter().map(|c| usage(c).0).collect();
-        let rss: Vec<f64> = captures.iter().map(|c| usage(c).1).collect();
+        let cpu: Vec<f64> = captures.iter().map(|c| usage(c).cpu_seconds).collect();
+        let rss: Vec<f64> = captures.iter().map(|c| usage(c).max_rss_mib).collect();
         let ns: Vec<f64> = captures.iter().filter_map(ns).collect();
         writeln!(
             out,
@@ -447,59 +432,6 @@ fn render(
     Ok(out)
 }
 
-/// `median [min-max]` with `digits` decimals.
-fn spread(values: &[f64], digits: usize) -> String {
-    if values.is_empty() {
-        return "n/a".to_owned();
-    }
-    let mut sorted = values.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    format!(
-        "{:.digits$} [{:.digits$}-{:.digits$}]",
-        median(sorted.clone()),
-        sorted[0],
-        sorted[sorted.len() - 1]
-    )
-}
-
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
-}
-
-fn sample_rss(pid: u32, length: Duration, every: Duration) -> Result<Vec<f64>> {
-    let started = Instant::now();
-    let mut samples = Vec::new();
-    while started.elapsed() < length {
-        samples.push(status_kib(pid, "VmRSS:")? as f64 / 1024.0);
-        std::thread::sleep(every);
-    }
-    Ok(samples)
-}
-
-fn status_kib(pid: u32, field: &str) -> Result<u64> {
-    status_field(&format!("/proc/{pid}/status"), field)
-        .with_context(|| format!("no {field} in /proc/{pid}/status"))
-}
-
-fn status_field(path: &str, field: &str) -> Option<u64> {
-    std::fs::read_to_string(path)
-        .ok()?
-        .lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-}
-
-fn cpu_seconds(pid: u32) -> Result<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    // Fields after the command name (which may hold spaces) start at the state.
-    let rest = stat.rsplit_once(')').context("odd /proc/PID/stat")?.1;
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| -> Result<f64> { Ok(fields.get(i).context("short stat")?.parse()?) };
-    // utime and stime: fields 14 and 15 of stat, 11 and 12 counting from the state; USER_HZ 100.
-    Ok((ticks(11)? + ticks(12)?) / 100.0)
-}
-
 /// A metric's value from the daemon's `/metrics`.
 fn metric(name: &str) -> Result<f64> {
     let mut stream = TcpStream::connect(ADDRESS)?;
@@ -513,48 +445,4 @@ fn metric(name: &str) -> Result<f64> {
     text.lines()
         .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
         .with_context(|| format!("no {name} in /metrics"))
-}
-
-/// Mean run time of the busiest BPF program `pid` holds, from its fdinfo.
-fn bpf_ns_per_run(pid: u32) -> Option<f64> {
-    std::fs::read_dir(format!("/proc/{pid}/fdinfo"))
-        .ok()?
-        .flatten()
-        .filter_map(|entry| std::fs::read_to_string(entry.path()).ok())
-        .filter_map(|info| {
-            let field = |name: &str| -> Option<f64> {
-                info.lines()
-                    .find_map(|l| l.strip_prefix(name))
-                    .and_then(|v| v.trim().parse().ok())
-            };
-            Some((field("run_time_ns:")?, field("run_cnt:")?))
-        })
-        .filter(|&(_, runs)| runs > 0.0)
-        .max_by(|a, b| a.1.total_cmp(&b.1))
-        .map(|(time, runs)| time / runs)
-}
-
-fn time_usage(stderr: &str) -> Result<(f64, f64)> {
-    let field = |name: &str| -> Result<f64> {
-        stderr
-            .lines()
-            .find_map(|l| l.trim().strip_prefix(name))
-            .and_then(|v| v.trim().parse().ok())
-            .with_context(|| format!("no `{name}` in /usr/bin/time output:\n{stderr}"))
-    };
-    Ok((
-        field("User time (seconds):")? + field("System time (seconds):")?,
-        field("Maximum resident set size (kbytes):")? / 1024.0,
-    ))
-}
-
-fn timed(program: &Path, args: &[&str]) -> Command {
-    let mut command = Command::new("/usr/bin/time");
-    command.arg("-v").arg(program).args(args);
-    command
-}
-
-fn path_str(path: &Path) -> Result<&str> {
-    path.to_str()
-        .with_context(|| format!("non-UTF-8 path {}", path.display()))
 }

@@ -7,6 +7,7 @@ mod bench;
 mod bench_daemon;
 mod bench_overhead;
 mod lint;
+mod measure;
 mod package;
 mod setup;
 mod vmtest;
@@ -78,7 +79,8 @@ enum Task {
         /// Run only one part: `record` (scorch record vs perf, BPF cost, kallsyms),
         /// `symbolize`, `daemon` (scorch run steady state, store size, query time),
         /// `remote` (encode+send CPU, RSS with the server down, backlog drain speed),
-        /// `unwind` (unwind-table build time and size for libc, ld.so, libstdc++), or
+        /// `unwind` (unwind-table build time and size for libc, ld.so, libstdc++),
+        /// `walk` (the BPF unwinder's ns per sample and table memory on deep stacks), or
         /// `views` (the UI's timeline over 24 h and a diff of two 1 h ranges), or
         /// `overhead` (record vs perf vs bpftrace, the daemon under process churn, CPU by
         /// sampling rate: `target/bench/overhead.md`).

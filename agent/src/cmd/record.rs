@@ -85,6 +85,9 @@ pub struct RecordSummary {
     pub bpf_ns_per_run: Option<f64>,
     /// User frames left unnamed, by reason, and names found by a fallback, by reason.
     pub unnamed_frames: Vec<(&'static str, u64)>,
+    /// Unwind tables loaded for the BPF unwinder (`--unwind auto`): files, and bytes of map
+    /// memory they took.
+    pub unwind_tables: Option<(usize, u64)>,
 }
 
 impl std::fmt::Display for RecordSummary {
@@ -107,6 +110,13 @@ impl std::fmt::Display for RecordSummary {
                 .map(|(reason, n)| format!("{reason}: {n}"))
                 .collect();
             write!(f, "; unnamed user frames: {}", parts.join(", "))?;
+        }
+        if let Some((files, bytes)) = self.unwind_tables {
+            write!(
+                f,
+                "; unwind tables: {files} files, {} KiB",
+                bytes.div_ceil(1024)
+            )?;
         }
         if let Some(ns) = self.bpf_ns_per_run {
             write!(f, "; BPF {ns:.0} ns/sample")?;
@@ -183,9 +193,11 @@ pub async fn record(args: &RecordConfig) -> Result<RecordSummary, RecordError> {
     }
     session.add(drainer.drain_window()?);
     sampler.flush_logs();
-    if let Some(unwinder) = &unwinder {
-        tracing::info!("unwind tables: {:?}", unwinder.stats());
-    }
+    let unwind_tables = unwinder.as_ref().map(|unwinder| {
+        let stats = unwinder.stats();
+        tracing::info!("unwind tables: {stats:?}");
+        (stats.tables_loaded, stats.table_bytes)
+    });
     let bpf_ns_per_run = sampler
         .run_stats()
         .filter(|(_, runs)| *runs > 0)
@@ -235,6 +247,7 @@ pub async fn record(args: &RecordConfig) -> Result<RecordSummary, RecordError> {
         duration,
         bpf_ns_per_run,
         unnamed_frames,
+        unwind_tables,
     })
 }
 

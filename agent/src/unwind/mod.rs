@@ -25,8 +25,8 @@ use gimli::{BaseAddresses, DebugFrame, EhFrame, LittleEndian};
 use object::{Object, ObjectSection, ObjectSegment, SegmentFlags};
 
 use convert::{Converted, FdeCounts, Section};
-use scorch_common::{last_at_or_below, UNWIND_SEARCH_STEPS};
 pub use row::{CfaKind, RbpKind, UnwindRow};
+use scorch_common::{last_at_or_below, UNWIND_SEARCH_STEPS};
 
 /// Why a table could not be built.
 #[derive(Debug, thiserror::Error)]
