@@ -409,7 +409,10 @@ pub struct UserStack {
     /// counted as [`Loss::UserStackCollision`] like `bpf_get_stackid`'s.
     pub hash: u64,
     /// Frames in `pcs`.
-    pub len: u64,
+    pub len: u32,
+    /// How the walk ended, an [`UnwindOutcome`]: the agent names the binary a walk stopped in
+    /// early (the last frame's) and why.
+    pub outcome: u32,
     /// Instruction pointers, leaf first.
     pub pcs: [u64; MAX_STACK_DEPTH],
 }
@@ -434,7 +437,7 @@ pub const EVENT_UNKNOWN_PC: u32 = 1;
 /// ended, and which samples fell back to frame pointers. Each walk adds one to exactly one of
 /// the ends (`Completed` .. `FrameLimit`), and at most one to each fallback.
 #[repr(u32)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum UnwindOutcome {
     /// Reached the bottom: an undefined return address, or a frame-pointer chain ending at 0.
     Completed = 0,

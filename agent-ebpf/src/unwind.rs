@@ -189,6 +189,7 @@ pub fn walk(ctx: &PerfEventContext, tgid: u32, user_mode: bool) -> Option<&'stat
     if walk.stop == WALKING {
         walk.stop = UnwindOutcome::FrameLimit as u32;
     }
+    walk.stack.outcome = walk.stop;
     count(walk.stop);
     if walk.no_mapping != 0 {
         count(UnwindOutcome::NoMapping as u32);
@@ -217,7 +218,7 @@ extern "C" fn step(_index: u64, context: *mut c_void) -> i64 {
     };
     let pc = walk.pc;
     *slot = pc;
-    walk.stack.len = len as u64 + 1;
+    walk.stack.len = len as u32 + 1;
     walk.stack.hash = (walk.stack.hash ^ pc).wrapping_mul(0x0000_0100_0000_01b3);
 
     let lookup = if walk.return_address != 0 { pc - 1 } else { pc };
@@ -456,7 +457,7 @@ pub fn forget_process(tgid: u32) {
 /// failure was a collision (`true`) or another error.
 #[inline(always)]
 pub fn store_stack(stacks: &HashMap<i32, UserStack>, walk: &mut WalkState) -> Result<i32, bool> {
-    let hash = walk.stack.hash ^ walk.stack.len;
+    let hash = walk.stack.hash ^ u64::from(walk.stack.len);
     let id = (hash & 0x7fff_ffff) as i32;
     // SAFETY: only the hash is read; a concurrent writer of the same key writes the same hash.
     if let Some(existing) = unsafe { stacks.get(id) } {

@@ -212,7 +212,7 @@ pub async fn record(args: &RecordConfig) -> Result<RecordSummary, RecordError> {
         1_000_000_000 / args.frequency,
         |pid| session.proc_comms.get(&pid).cloned(),
     )?;
-    for hint in symbolize::frame_pointer_hints(&session.aggregated, &session.user) {
+    for hint in symbolize::hints::stack_hints(&session.aggregated, &session.user) {
         tracing::warn!("{hint}");
     }
     let unnamed_frames = session

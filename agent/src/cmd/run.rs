@@ -539,8 +539,9 @@ impl Pipeline {
         }
         self.metrics.window_symbolized(symbolize_started.elapsed());
         self.hand_over_new_binaries();
-        for hint in symbolize::frame_pointer_hints(&aggregated, &self.session.user) {
-            if self.warned_binaries.insert(hint.clone()) {
+        // Once per binary: the figures in the text change every window.
+        for hint in symbolize::hints::stack_hints(&aggregated, &self.session.user) {
+            if self.warned_binaries.insert(hint.binary.clone()) {
                 tracing::warn!("{hint}");
             }
         }

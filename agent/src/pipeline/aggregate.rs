@@ -5,6 +5,8 @@
 
 use std::{collections::HashMap, time::SystemTime};
 
+use scorch_common::UnwindOutcome;
+
 use crate::pipeline::drain::{Losses, RawWindow, Stack};
 
 /// The identity of a sampled stack: which process, which user frames, which kernel frames.
@@ -27,6 +29,8 @@ pub struct WindowTotal {
 #[derive(Debug, Clone, Default)]
 pub struct Aggregated {
     pub stacks: HashMap<StackSample, u64>,
+    /// Samples whose table walk stopped early, by (process, last pc found, reason).
+    pub walk_stops: HashMap<(u32, u64, UnwindOutcome), u64>,
     /// Process names as the BPF program recorded them.
     pub comms: HashMap<u32, String>,
     pub losses: Losses,
@@ -50,6 +54,12 @@ impl Aggregated {
                     kernel: sample.kernel,
                 })
                 .or_insert(0) += sample.count;
+        }
+        for stop in window.walk_stops {
+            *self
+                .walk_stops
+                .entry((stop.tgid, stop.pc, stop.reason))
+                .or_insert(0) += stop.count;
         }
         for (tgid, comm) in window.comms {
             self.comms.entry(tgid).or_insert(comm);
@@ -93,6 +103,7 @@ mod tests {
             start,
             end: start + Duration::from_secs(10),
             samples,
+            walk_stops: Vec::new(),
             comms: HashMap::from([(7, "work".to_owned())]),
             losses,
         }

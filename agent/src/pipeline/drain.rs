@@ -64,6 +64,17 @@ pub struct RawSample {
     pub count: u64,
 }
 
+/// Samples whose user-stack walk stopped before the bottom of the stack: at `pc` (the last
+/// frame found, in process `tgid`), for `reason` ([`UnwindOutcome::NoRow`],
+/// [`UnwindOutcome::UnsupportedCfa`] or [`UnwindOutcome::ReadFault`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WalkStop {
+    pub tgid: u32,
+    pub pc: u64,
+    pub reason: UnwindOutcome,
+    pub count: u64,
+}
+
 /// The loss reason of stacks cut at the depth limit, beside the [`Loss`] names.
 pub const TRUNCATED_STACKS: &str = "truncated stacks";
 
@@ -172,6 +183,8 @@ pub struct RawWindow {
     pub start: SystemTime,
     pub end: SystemTime,
     pub samples: Vec<RawSample>,
+    /// Samples whose table walk stopped early (`--unwind auto`), by where and why.
+    pub walk_stops: Vec<WalkStop>,
     /// Process names recorded by the BPF program, for processes that may be gone by now.
     pub comms: HashMap<u32, String>,
     pub losses: Losses,
@@ -243,13 +256,36 @@ impl Drainer {
             counts.push(entry.map_err(map_err("reading", "COUNTS"))?);
         }
         let mut stacks: HashMap<i32, Vec<u64>> = HashMap::new();
-        let mut user_stacks: HashMap<i32, Vec<u64>> = HashMap::new();
+        let mut user_stacks: HashMap<i32, (Vec<u64>, u32)> = HashMap::new();
         let walked = self.control.unwind == UNWIND_TABLES;
         let mut losses = Losses::default();
         let mut samples = Vec::with_capacity(counts.len());
+        let mut walk_stops = Vec::new();
         for (key, count) in &counts {
             let user = if walked {
-                resolve_user_stack(&generation.user_stacks, &mut user_stacks, key.user_stack_id)?
+                let (user, outcome) = resolve_user_stack(
+                    &generation.user_stacks,
+                    &mut user_stacks,
+                    key.user_stack_id,
+                )?;
+                let reason = UnwindOutcome::ALL.get(outcome as usize).copied();
+                if let (Stack::Frames(frames), Some(reason)) = (&user, reason) {
+                    let early = matches!(
+                        reason,
+                        UnwindOutcome::NoRow
+                            | UnwindOutcome::UnsupportedCfa
+                            | UnwindOutcome::ReadFault
+                    );
+                    if let (true, Some(&pc)) = (early, frames.last()) {
+                        walk_stops.push(WalkStop {
+                            tgid: key.tgid,
+                            pc,
+                            reason,
+                            count: *count,
+                        });
+                    }
+                }
+                user
             } else {
                 resolve_stack(&generation.stacks, &mut stacks, key.user_stack_id)?
             };
@@ -318,6 +354,7 @@ impl Drainer {
             start,
             end,
             samples,
+            walk_stops,
             comms,
             losses,
         })
@@ -388,29 +425,31 @@ fn remove_ok(result: Result<(), MapError>) -> Result<(), MapError> {
     }
 }
 
-/// As [`resolve_stack`], for a stack the program walked itself.
+/// As [`resolve_stack`], for a stack the program walked itself; with how its walk ended (an
+/// [`UnwindOutcome`] index; [`UnwindOutcome::Completed`] when there was no walk).
 fn resolve_user_stack(
     map: &BpfHashMap<MapData, i32, UserStack>,
-    cache: &mut HashMap<i32, Vec<u64>>,
+    cache: &mut HashMap<i32, (Vec<u64>, u32)>,
     id: i32,
-) -> Result<Stack, DrainError> {
+) -> Result<(Stack, u32), DrainError> {
+    let completed = UnwindOutcome::Completed as u32;
     if id == STACK_ABSENT {
-        return Ok(Stack::Absent);
+        return Ok((Stack::Absent, completed));
     }
     if id < 0 {
-        return Ok(Stack::Lost);
+        return Ok((Stack::Lost, completed));
     }
-    if let Some(frames) = cache.get(&id) {
-        return Ok(Stack::Frames(frames.clone()));
+    if let Some((frames, outcome)) = cache.get(&id) {
+        return Ok((Stack::Frames(frames.clone()), *outcome));
     }
     match map.get(&id, 0) {
         Ok(stack) => {
             let len = (stack.len as usize).min(MAX_STACK_DEPTH);
             let frames = stack.pcs[..len].to_vec();
-            cache.insert(id, frames.clone());
-            Ok(Stack::Frames(frames))
+            cache.insert(id, (frames.clone(), stack.outcome));
+            Ok((Stack::Frames(frames), stack.outcome))
         }
-        Err(MapError::KeyNotFound) => Ok(Stack::Lost),
+        Err(MapError::KeyNotFound) => Ok((Stack::Lost, completed)),
         Err(source) => Err(DrainError::Map {
             action: "reading",
             map: "USER_STACKS",

@@ -6,6 +6,7 @@
 
 pub mod address;
 pub mod elf;
+pub mod hints;
 pub mod kernel;
 pub mod user;
 
@@ -206,52 +207,6 @@ pub fn symbolize(
         locations: builder.locations,
         samples,
     })
-}
-
-/// Share of an executable's samples with at most this many user frames above which it was
-/// probably built without frame pointers: its stacks stop after a frame or two.
-const SHORT_STACK_SHARE: f64 = 0.5;
-const SHORT_STACK_FRAMES: usize = 2;
-/// Fewer samples than this say nothing either way.
-const HINT_MIN_SAMPLES: u64 = 20;
-
-/// Names the executables whose user stacks are mostly short, with a line for the user.
-pub fn frame_pointer_hints(aggregated: &Aggregated, user: &UserSymbolizer) -> Vec<String> {
-    let mut per_executable: HashMap<String, (u64, u64)> = HashMap::new();
-    for (stack, &count) in &aggregated.stacks {
-        let Stack::Frames(frames) = &stack.user else {
-            continue;
-        };
-        let Some(executable) = user
-            .maps(stack.tgid)
-            .and_then(|maps| maps.entries().iter().find(|e| e.is_file() && e.executable))
-        else {
-            continue;
-        };
-        let entry = per_executable
-            .entry(executable.file_path().to_owned())
-            .or_insert((0, 0));
-        entry.0 += count;
-        if frames.len() <= SHORT_STACK_FRAMES {
-            entry.1 += count;
-        }
-    }
-    let mut hints: Vec<String> = per_executable
-        .into_iter()
-        .filter(|(_, (total, short))| {
-            *total >= HINT_MIN_SAMPLES && *short as f64 > SHORT_STACK_SHARE * *total as f64
-        })
-        .map(|(path, (total, short))| {
-            format!(
-                "{path}: {:.0}% of its {total} samples have at most {SHORT_STACK_FRAMES} user \
-                 frames; it was probably built without frame pointers (rebuild with \
-                 -fno-omit-frame-pointer, or -C force-frame-pointers=yes for Rust)",
-                100.0 * short as f64 / total as f64
-            )
-        })
-        .collect();
-    hints.sort();
-    hints
 }
 
 /// The process with the most samples.

@@ -705,6 +705,12 @@ impl UserSymbolizer {
         self.maps.get(&pid)
     }
 
+    /// A process's maps as if discovered, for tests of what reads them.
+    #[cfg(test)]
+    pub(crate) fn insert_maps(&mut self, pid: u32, maps: ProcessMaps) {
+        self.maps.insert(pid, maps);
+    }
+
     /// The parsed file behind `entry` of process `pid`, from the cache or opened now.
     pub fn elf(&mut self, pid: u32, entry: &MapEntry) -> Result<Rc<ElfFile>, UserMiss> {
         if entry.path == "[vdso]" {

@@ -22,15 +22,87 @@ fn fallback_walks(summary: &str) -> u64 {
         .sum()
 }
 
+/// How the workloads here are built: optimised, without frame pointers, with line tables.
+const NO_FP: [&str; 3] = ["-O2", "-fomit-frame-pointer", "-g"];
+
+/// A workload recorded by pid, with what the test needs from it.
+struct Recording {
+    samples: Vec<NamedSample>,
+    summary: String,
+    /// Walks that fell back to frame pointers ([`fallback_walks`]).
+    fallbacks: i64,
+    /// The recording's stderr: log lines and hints.
+    stderr: String,
+}
+
+/// Runs `program args` and records it for `seconds` with `extra` options; the workload is
+/// stopped when this returns.
+fn record(
+    program: &std::path::Path,
+    args: &[&str],
+    seconds: u32,
+    extra: &[&str],
+) -> anyhow::Result<Recording> {
+    let workload = Workload::start(program, args)?;
+    let name = program
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or("workload");
+    let path = work_dir().join(format!("{name}.pb.gz"));
+    let output = record_pid_to(workload.pid(), seconds, &path, extra)?;
+    drop(workload);
+    let report = parse_record_output(&output)?;
+    println!("{}", report.summary);
+    Ok(Recording {
+        samples: named_samples(&read_pprof(&path)?),
+        fallbacks: fallback_walks(&report.summary) as i64,
+        summary: report.summary,
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    })
+}
+
+/// `source` (C, in tests/workloads) built with [`NO_FP`] as `name`.
+fn build_no_fp(source: &str, name: &str, link: &[&str]) -> anyhow::Result<std::path::PathBuf> {
+    compile(
+        "gcc",
+        &workload_source(source),
+        &work_dir().join(name),
+        &NO_FP,
+        link,
+    )
+}
+
+impl Recording {
+    /// More than `floor` samples match `relevant`, and every one of them but the walks that
+    /// fell back to frame pointers, at least 85%, has `path` on its stack in order (leaf
+    /// first): the walk found those callers.
+    fn assert_whole(
+        &self,
+        relevant: impl Fn(&NamedSample) -> bool,
+        path: &[&str],
+        floor: i64,
+    ) -> anyhow::Result<()> {
+        let (whole, total) = share_in_order(&self.samples, relevant, path);
+        anyhow::ensure!(
+            total > floor,
+            "only {total} relevant samples (more than {floor} needed): {}\n{}",
+            self.summary,
+            show(self.samples.iter())
+        );
+        anyhow::ensure!(
+            whole + self.fallbacks >= total && whole as f64 >= 0.85 * total as f64,
+            "{whole} of {total} samples show {path:?} in order ({} fallbacks): {}\n{}",
+            self.fallbacks,
+            self.summary,
+            show(self.samples.iter())
+        );
+        Ok(())
+    }
+}
+
 #[test]
 fn calltree_without_frame_pointers_reaches_main_and_agrees_with_perf_dwarf() -> anyhow::Result<()> {
-    let program = compile(
-        "gcc",
-        &workload_source("calltree.c"),
-        &work_dir().join("calltree_nofp"),
-        &["-O2", "-fomit-frame-pointer", "-g"],
-        &["-lpthread"],
-    )?;
+    let program = build_no_fp("calltree.c", "calltree_nofp", &["-lpthread"])?;
     let workload = Workload::start(&program, &["2", "60"])?;
     let pid = workload.pid().to_string();
     let dir = work_dir();
@@ -198,22 +270,10 @@ fn perf_share_with(perf_data: &std::path::Path, function: &str) -> anyhow::Resul
 
 #[test]
 fn qsort_comparator_unwinds_through_libc_to_main() -> anyhow::Result<()> {
-    let program = build_workload("qsortcmp", &["-O2", "-fomit-frame-pointer", "-g"])?;
-    let workload = Workload::start(&program, &["30"])?;
-    let output = run_scorch(&[
-        "record",
-        "--pid",
-        &workload.pid().to_string(),
-        "--frequency",
-        "199",
-        "--duration",
-        "4s",
-        "--output",
-        work_dir().join("qsortcmp.pb.gz").to_str().unwrap(),
-    ])?;
-    let report = parse_record_output(&output)?;
-    println!("{}", report.summary);
-    let samples = named_samples(&read_pprof(&work_dir().join("qsortcmp.pb.gz"))?);
+    let program = build_workload("qsortcmp", &NO_FP)?;
+    let recording = record(&program, &["30"], 4, &[])?;
+    let (samples, summary, fallbacks) =
+        (&recording.samples, &recording.summary, recording.fallbacks);
     let in_cmp: Vec<&NamedSample> = samples
         .iter()
         .filter(|s| s.frames.iter().any(|f| f == "cmp"))
@@ -238,15 +298,12 @@ fn qsort_comparator_unwinds_through_libc_to_main() -> anyhow::Result<()> {
         .filter(|s| through_libc(s))
         .map(|s| s.count)
         .sum();
-    let fallbacks = fallback_walks(&report.summary) as i64;
     assert!(
         whole + fallbacks >= cmp_total && whole as f64 >= 0.85 * cmp_total as f64,
         "{whole} of {cmp_total} cmp samples show main -> sort_forever -> qsort -> cmp \
-         ({fallbacks} walks fell back to frame pointers): {}\n{}",
-        report.summary,
+         ({fallbacks} walks fell back to frame pointers): {summary}\n{}",
         show(in_cmp.iter().copied().filter(|s| !through_libc(s)))
     );
-    drop(workload);
     Ok(())
 }
 
@@ -266,13 +323,13 @@ fn summary_count(summary: &str, name: &str) -> u64 {
 
 #[test]
 fn recursion_deeper_than_the_limit_is_counted_as_truncated_never_wrong() -> anyhow::Result<()> {
-    let program = build_workload("deeprec", &["-O2", "-fomit-frame-pointer", "-g"])?;
-    let workload = Workload::start(&program, &["300", "30"])?;
-    let path = work_dir().join("deeprec.pb.gz");
-    let output = record_pid_to(workload.pid(), 3, &path, &[])?;
-    let report = parse_record_output(&output)?;
-    println!("{}", report.summary);
-    let samples = named_samples(&read_pprof(&path)?);
+    let program = build_workload("deeprec", &NO_FP)?;
+    let Recording {
+        samples,
+        summary,
+        fallbacks,
+        ..
+    } = record(&program, &["300", "30"], 3, &[])?;
     let total: i64 = samples.iter().map(|s| s.count).sum();
     assert!(total > 100, "only {total} samples");
     let user_frames = |s: &NamedSample| -> Vec<String> {
@@ -289,12 +346,10 @@ fn recursion_deeper_than_the_limit_is_counted_as_truncated_never_wrong() -> anyh
         .iter()
         .filter(|s| user_frames(s).iter().any(|f| f != "spin" && f != "descend"))
         .collect();
-    let fallbacks = fallback_walks(&report.summary);
     let wrong_total: i64 = wrong.iter().map(|s| s.count).sum();
     assert!(
-        wrong_total as u64 <= fallbacks,
-        "{wrong_total} samples show frames other than the recursion: {}\n{}",
-        report.summary,
+        wrong_total <= fallbacks,
+        "{wrong_total} samples show frames other than the recursion: {summary}\n{}",
         show(wrong.into_iter())
     );
     // Cut at the limit, and counted so: as walks that hit the frame limit, and as truncated.
@@ -307,15 +362,13 @@ fn recursion_deeper_than_the_limit_is_counted_as_truncated_never_wrong() -> anyh
         at_limit as f64 >= 0.9 * total as f64,
         "{at_limit} of {total} samples have 127 user frames"
     );
-    let frame_limit = summary_count(&report.summary, "frame limit");
-    let truncated = summary_count(&report.summary, "truncated stacks");
+    let frame_limit = summary_count(&summary, "frame limit");
+    let truncated = summary_count(&summary, "truncated stacks");
     assert!(
         frame_limit >= at_limit as u64 && truncated >= at_limit as u64,
         "{at_limit} stacks at the limit, but {frame_limit} walks counted at the frame limit and \
-         {truncated} truncated: {}",
-        report.summary
+         {truncated} truncated: {summary}"
     );
-    drop(workload);
     Ok(())
 }
 
@@ -350,13 +403,7 @@ fn unwind_fp_walks_frame_pointers_as_before() -> anyhow::Result<()> {
     );
     drop(workload);
 
-    let without_fp = compile(
-        "gcc",
-        &workload_source("calltree.c"),
-        &work_dir().join("calltree_nofp"),
-        &["-O2", "-fomit-frame-pointer", "-g"],
-        &["-lpthread"],
-    )?;
+    let without_fp = build_no_fp("calltree.c", "calltree_nofp", &["-lpthread"])?;
     let workload = Workload::start(&without_fp, &["1", "20"])?;
     record_pid_to(workload.pid(), 2, &path, &["--unwind", "fp"])?;
     let samples = named_samples(&read_pprof(&path)?);
@@ -377,19 +424,13 @@ fn unwind_fp_walks_frame_pointers_as_before() -> anyhow::Result<()> {
 
 #[test]
 fn compressing_with_debian_liblzma_reaches_main() -> anyhow::Result<()> {
-    let program = compile(
-        "gcc",
-        &workload_source("xzwork.c"),
-        &work_dir().join("xzwork"),
-        &["-O2", "-fomit-frame-pointer", "-g"],
-        &["-llzma"],
-    )?;
-    let workload = Workload::start(&program, &["30"])?;
-    let path = work_dir().join("xzwork.pb.gz");
-    let output = record_pid_to(workload.pid(), 3, &path, &[])?;
-    let report = parse_record_output(&output)?;
-    println!("{}", report.summary);
-    let samples = named_samples(&read_pprof(&path)?);
+    let program = build_no_fp("xzwork.c", "xzwork", &["-llzma"])?;
+    let Recording {
+        samples,
+        summary,
+        fallbacks,
+        ..
+    } = record(&program, &["30"], 3, &[])?;
     let total: i64 = samples.iter().map(|s| s.count).sum();
     assert!(total > 100, "only {total} samples");
     let whole = |s: &NamedSample| {
@@ -397,12 +438,10 @@ fn compressing_with_debian_liblzma_reaches_main() -> anyhow::Result<()> {
             && s.frames.iter().any(|f| f == "main")
     };
     let short: i64 = samples.iter().filter(|s| !whole(s)).map(|s| s.count).sum();
-    let fallbacks = fallback_walks(&report.summary);
     assert!(
-        short as u64 <= fallbacks,
+        short <= fallbacks,
         "{short} of {total} samples do not reach main, but only {fallbacks} walks fell back \
-         to frame pointers: {}\n{}",
-        report.summary,
+         to frame pointers: {summary}\n{}",
         show(samples.iter().filter(|s| !whole(s)))
     );
     // The time is in the library, and its entry point is on the stack.
@@ -415,27 +454,25 @@ fn compressing_with_debian_liblzma_reaches_main() -> anyhow::Result<()> {
         in_lzma as f64 > 0.5 * total as f64,
         "only {in_lzma} of {total} samples under lzma_easy_buffer_encode"
     );
-    drop(workload);
     Ok(())
 }
 
 #[test]
 fn library_loaded_with_dlopen_later_is_unwound_within_a_window() -> anyhow::Result<()> {
-    let library = build_shared_library("libwork", &["-O2", "-fomit-frame-pointer", "-g"])?;
-    let program = compile(
-        "gcc",
-        &workload_source("dlopener.c"),
-        &work_dir().join("dlopener"),
-        &["-O2", "-fomit-frame-pointer", "-g"],
-        &["-ldl"],
-    )?;
-    let workload = Workload::start(&program, &[library.to_str().unwrap(), "30"])?;
-    let path = work_dir().join("dlopener.pb.gz");
+    let library = build_shared_library("libwork", &NO_FP)?;
+    let program = build_no_fp("dlopener.c", "dlopener", &["-ldl"])?;
     // 2 s windows: the library comes at 2 s, its tables must be there by the next window.
-    let output = record_pid_to(workload.pid(), 7, &path, &["--window", "2s"])?;
-    let report = parse_record_output(&output)?;
-    println!("{}", report.summary);
-    let samples = named_samples(&read_pprof(&path)?);
+    let Recording {
+        samples,
+        summary,
+        fallbacks,
+        ..
+    } = record(
+        &program,
+        &[library.to_str().unwrap(), "30"],
+        7,
+        &["--window", "2s"],
+    )?;
     let in_library: Vec<&NamedSample> = samples
         .iter()
         .filter(|s| s.frames.iter().any(|f| f == "libwork_spin"))
@@ -455,16 +492,14 @@ fn library_loaded_with_dlopen_later_is_unwound_within_a_window() -> anyhow::Resu
         .filter(|s| whole(s))
         .map(|s| s.count)
         .sum();
-    let fallbacks = fallback_walks(&report.summary) as i64;
     // Samples before the tables arrived fall back to frame pointers, counted; they are a
     // fraction of one window, the library runs for five seconds.
     assert!(
         unwound + fallbacks >= library_total && unwound as f64 >= 0.8 * library_total as f64,
-        "{unwound} of {library_total} library samples reach main ({fallbacks} fell back): {}\n{}",
-        report.summary,
+        "{unwound} of {library_total} library samples reach main ({fallbacks} fell back): \
+         {summary}\n{}",
         show(in_library.iter().copied().filter(|s| !whole(s)))
     );
-    drop(workload);
     Ok(())
 }
 
@@ -502,40 +537,20 @@ fn share_in_order(
 /// goes back to the tables for `call_jit` and `main`.
 #[test]
 fn frames_above_jit_code_are_found_through_its_frame_pointer() -> anyhow::Result<()> {
-    let program = compile(
-        "gcc",
-        &workload_source("jit.c"),
-        &work_dir().join("jit_nofp"),
-        &["-O2", "-fomit-frame-pointer", "-g"],
-        &[],
-    )?;
-    let workload = Workload::start(&program, &["30"])?;
-    let path = work_dir().join("jit_nofp.pb.gz");
-    let output = record_pid_to(workload.pid(), 4, &path, &[])?;
-    let report = parse_record_output(&output)?;
-    println!("{}", report.summary);
-    let samples = named_samples(&read_pprof(&path)?);
-    let (whole, total) = share_in_order(
-        &samples,
+    let program = build_no_fp("jit.c", "jit_nofp", &[])?;
+    let recording = record(&program, &["30"], 4, &[])?;
+    let (in_jit, under_call_jit) =
+        share_in_order(&recording.samples, |_| true, &["jit_hot_loop", "call_jit"]);
+    assert!(
+        in_jit as f64 >= 0.5 * under_call_jit as f64,
+        "{in_jit} of {under_call_jit} samples in the JIT code with call_jit above it:\n{}",
+        show(recording.samples.iter())
+    );
+    recording.assert_whole(
         |s| s.frames.iter().any(|f| f == "call_jit"),
         &["call_jit", "main"],
-    );
-    let (in_jit, _) = share_in_order(&samples, |_| true, &["jit_hot_loop", "call_jit"]);
-    let fallbacks = fallback_walks(&report.summary) as i64;
-    assert!(total > 300, "only {total} samples under call_jit");
-    assert!(
-        in_jit as f64 >= 0.5 * total as f64,
-        "{in_jit} of {total} samples in the JIT code with call_jit above it:\n{}",
-        show(samples.iter())
-    );
-    assert!(
-        whole + fallbacks >= total && whole as f64 >= 0.85 * total as f64,
-        "{whole} of {total} samples reach main above call_jit ({fallbacks} fallbacks): {}\n{}",
-        report.summary,
-        show(samples.iter())
-    );
-    drop(workload);
-    Ok(())
+        300,
+    )
 }
 
 /// A hot signal handler in a program without frame pointers: from the handler, the walk
@@ -543,36 +558,13 @@ fn frames_above_jit_code_are_found_through_its_frame_pointer() -> anyhow::Result
 /// interrupted loop and `main`.
 #[test]
 fn a_hot_signal_handler_unwinds_through_the_signal_frame() -> anyhow::Result<()> {
-    let program = compile(
-        "gcc",
-        &workload_source("sighandler.c"),
-        &work_dir().join("sighandler"),
-        &["-O2", "-fomit-frame-pointer", "-g"],
-        &[],
-    )?;
-    let workload = Workload::start(&program, &["30"])?;
-    let path = work_dir().join("sighandler.pb.gz");
-    let output = record_pid_to(workload.pid(), 4, &path, &[])?;
-    let report = parse_record_output(&output)?;
-    println!("{}", report.summary);
-    let samples = named_samples(&read_pprof(&path)?);
-    let (whole, total) = share_in_order(
-        &samples,
+    let program = build_no_fp("sighandler.c", "sighandler", &[])?;
+    record(&program, &["30"], 4, &[])?.assert_whole(
         |s| s.frames.first().map(String::as_str) == Some("handler_work"),
         // `on_signal` ends in a tail call at -O2: no frame of its own.
         &["handler_work", "interrupted_loop", "main"],
-    );
-    let fallbacks = fallback_walks(&report.summary) as i64;
-    assert!(total > 60, "only {total} samples in handler_work");
-    assert!(
-        whole + fallbacks >= total && whole as f64 >= 0.85 * total as f64,
-        "{whole} of {total} handler samples show main -> interrupted_loop -> (signal) -> \
-         handler_work ({fallbacks} fallbacks): {}\n{}",
-        report.summary,
-        show(samples.iter())
-    );
-    drop(workload);
-    Ok(())
+        60,
+    )
 }
 
 /// A process that execs mid-recording: the old image's mappings go, the new image's tables
@@ -580,50 +572,17 @@ fn a_hot_signal_handler_unwinds_through_the_signal_frame() -> anyhow::Result<()>
 /// pointers, under the same pid).
 #[test]
 fn a_process_that_execs_mid_recording_is_unwound_after_the_exec() -> anyhow::Result<()> {
-    let flags = ["-O2", "-fomit-frame-pointer", "-g"];
-    let execer = compile(
-        "gcc",
-        &workload_source("execer.c"),
-        &work_dir().join("execer"),
-        &flags,
-        &[],
-    )?;
-    let calltree = compile(
-        "gcc",
-        &workload_source("calltree.c"),
-        &work_dir().join("calltree_after_exec"),
-        &flags,
-        &["-lpthread"],
-    )?;
-    let calltree_arg = calltree.to_str().unwrap();
-    let workload = Workload::start(&execer, &["2", calltree_arg, "1", "20"])?;
-    let path = work_dir().join("execer.pb.gz");
-    let output = record_pid_to(workload.pid(), 6, &path, &["--window", "1s"])?;
-    let report = parse_record_output(&output)?;
-    println!("{}", report.summary);
-    let samples = named_samples(&read_pprof(&path)?);
+    let execer = build_no_fp("execer.c", "execer", &[])?;
+    let calltree = build_no_fp("calltree.c", "calltree_after_exec", &["-lpthread"])?;
+    let calltree = calltree.to_str().unwrap();
+    let recording = record(&execer, &["2", calltree, "1", "20"], 6, &["--window", "1s"])?;
     // The old image's samples are walked whole too, but cannot be named: by the time they
     // are symbolised, /proc/PID/maps describes the new image.
-    let (after, after_total) = share_in_order(
-        &samples,
+    recording.assert_whole(
         |s| s.frames.iter().any(|f| LEAVES.contains(&f.as_str())),
         &["dispatch", "main"],
-    );
-    let fallbacks = fallback_walks(&report.summary) as i64;
-    assert!(
-        after_total > 200,
-        "{after_total} samples after the exec:\n{}",
-        show(samples.iter())
-    );
-    assert!(
-        after + fallbacks >= after_total && after as f64 >= 0.85 * after_total as f64,
-        "{after} of {after_total} samples after the exec reach main ({fallbacks} fallbacks): \
-         {}\n{}",
-        report.summary,
-        show(samples.iter())
-    );
-    drop(workload);
-    Ok(())
+        200,
+    )
 }
 
 /// A Rust release build without frame pointers (rustc's default): whole stacks from its
@@ -639,27 +598,54 @@ fn rust_release_build_without_frame_pointers_reaches_main() -> anyhow::Result<()
             .arg(&program)
             .arg(workload_source("rustwork.rs")),
     )?;
-    let workload = Workload::start(&program, &["30"])?;
-    let path = work_dir().join("rustwork_nofp.pb.gz");
-    let output = record_pid_to(workload.pid(), 4, &path, &[])?;
-    let report = parse_record_output(&output)?;
-    println!("{}", report.summary);
-    let samples = named_samples(&read_pprof(&path)?);
     let spin = |s: &NamedSample| {
         s.frames
             .first()
             .is_some_and(|f| f.starts_with("rustwork::outer::inner::spin"))
     };
-    let (whole, total) = share_in_order(&samples, spin, &["rustwork::main", "main"]);
-    let fallbacks = fallback_walks(&report.summary) as i64;
-    assert!(total > 300, "only {total} samples in the spin functions");
-    assert!(
-        whole + fallbacks >= total && whole as f64 >= 0.85 * total as f64,
-        "{whole} of {total} samples reach rustwork::main and main ({fallbacks} fallbacks): \
-         {}\n{}",
-        report.summary,
-        show(samples.iter())
+    record(&program, &["30"], 4, &[])?.assert_whole(spin, &["rustwork::main", "main"], 300)
+}
+
+/// A binary whose own code has no unwind information (`-fno-asynchronous-unwind-tables`,
+/// without frame pointers): its walks stop at its functions, and the hint names the binary and
+/// the reason, rather than blaming frame pointers for short stacks.
+#[test]
+fn a_binary_without_unwind_tables_is_named_with_the_reason_its_walks_stop() -> anyhow::Result<()> {
+    let program = compile(
+        "gcc",
+        &workload_source("calltree.c"),
+        &work_dir().join("calltree_no_cfi"),
+        &[
+            "-O2",
+            "-fomit-frame-pointer",
+            "-fno-asynchronous-unwind-tables",
+            "-fno-unwind-tables",
+        ],
+        &["-lpthread"],
+    )?;
+    let recording = record(&program, &["1", "20"], 4, &[])?;
+    let program = program.to_str().unwrap();
+    let hint = recording
+        .stderr
+        .lines()
+        .find(|l| l.contains(program) && l.contains("lose their callers"));
+    let hint = hint.ok_or_else(|| {
+        anyhow::anyhow!(
+            "no hint naming {program}: {}\n{}",
+            recording.summary,
+            recording.stderr
+        )
+    })?;
+    anyhow::ensure!(
+        hint.contains("no row") && hint.contains(".eh_frame"),
+        "the hint does not say the code has no unwind rows: {hint}"
     );
-    drop(workload);
+    anyhow::ensure!(
+        !recording
+            .stderr
+            .contains("probably built without frame pointers"),
+        "frame pointers blamed with tables in use:\n{}",
+        recording.stderr
+    );
     Ok(())
 }
