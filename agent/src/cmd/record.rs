@@ -160,6 +160,10 @@ pub async fn record(args: &RecordConfig) -> Result<RecordSummary, RecordError> {
         .take_unwind_maps()
         .map(Unwinder::start)
         .transpose()?;
+    if let Some(unwinder) = &mut unwinder {
+        // `--pid`: their tables are built now, not after their first samples ask for them.
+        unwinder.watch(&args.pids)?;
+    }
     let started = Instant::now();
     let deadline = tokio::time::Instant::now() + args.duration;
     let mut drainer = Drainer::new(maps, control);

@@ -43,6 +43,19 @@ pub enum UserSymbolError {
     },
 }
 
+/// This process's vDSO image: the kernel maps the same one into every 64-bit process, so the
+/// agent reads its own copy rather than another process's memory (which that process could
+/// have made writable and changed).
+pub fn own_vdso() -> Option<Vec<u8>> {
+    let maps = ProcessMaps::read(std::process::id()).ok()?;
+    let entry = maps.entries().iter().find(|e| e.path == "[vdso]")?;
+    let len = usize::try_from(entry.end - entry.start).ok()?;
+    // SAFETY: the kernel maps the vdso readable for the life of the process, at the address
+    // /proc/self/maps reports.
+    let image = unsafe { std::slice::from_raw_parts(entry.start as *const u8, len) };
+    Some(image.to_vec())
+}
+
 /// One line of `/proc/PID/maps`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MapEntry {
@@ -893,13 +906,7 @@ impl UserSymbolizer {
     fn vdso(&mut self) -> Option<Rc<ElfFile>> {
         self.vdso
             .get_or_insert_with(|| {
-                let maps = ProcessMaps::read(std::process::id()).ok()?;
-                let entry = maps.entries().iter().find(|e| e.path == "[vdso]")?;
-                let len = usize::try_from(entry.end - entry.start).ok()?;
-                // SAFETY: the kernel maps the vdso readable for the life of the process, at
-                // the address /proc/self/maps reports.
-                let image = unsafe { std::slice::from_raw_parts(entry.start as *const u8, len) };
-                let data = Arc::new(FileData::Owned(image.to_vec()));
+                let data = Arc::new(FileData::Owned(own_vdso()?));
                 ElfFile::parse(data, Path::new("[vdso]")).ok().map(Rc::new)
             })
             .clone()

@@ -9,7 +9,9 @@
 //! is never late because of it.
 //!
 //! Tables are keyed by file identity (device and inode): every process mapping the same
-//! library shares one table. When the pool is full the least recently used tables go, after
+//! library shares one table. The vDSO's table is built once, at start, from the image in the
+//! agent's own memory (the kernel maps the same image into every 64-bit process), and is
+//! never evicted. When the pool is full the least recently used tables go, after
 //! the mappings that point at them have been rewritten.
 //!
 //! A process is forgotten when it exits ([`Unwinder::forget_exited`]) and when it execs (the
@@ -34,7 +36,7 @@ use crate::{
     pipeline::maps::UnwindMaps,
     symbolize::{
         elf::FileData,
-        user::{open_mapped, MapEntry, ProcessMaps},
+        user::{open_mapped, own_vdso, MapEntry, ProcessMaps},
     },
 };
 
@@ -57,6 +59,9 @@ struct FileKey {
     dev: u64,
     inode: u64,
 }
+
+/// The vDSO's table: no file has inode 0.
+const VDSO: FileKey = FileKey { dev: 0, inode: 0 };
 
 /// An executable `PT_LOAD` segment: where the file's bytes go in the ELF address space.
 #[derive(Debug, Clone, Copy)]
@@ -200,6 +205,9 @@ pub struct Unwinder {
     clock: u64,
     evicted: u64,
     events: u64,
+    /// The vDSO image's length, when its table is loaded: a process's `[vdso]` mapping of
+    /// another length is not the same image (a 32-bit process's) and walks by frame pointers.
+    vdso_len: Option<u64>,
 }
 
 impl Unwinder {
@@ -220,7 +228,7 @@ impl Unwinder {
                 }
             })
             .map_err(LoaderError::Worker)?;
-        Ok(Unwinder {
+        let mut unwinder = Unwinder {
             pool: RowPool::new(maps.pool_rows),
             maps,
             memory,
@@ -231,7 +239,24 @@ impl Unwinder {
             clock: 0,
             evicted: 0,
             events: 0,
-        })
+            vdso_len: None,
+        };
+        unwinder.load_vdso()?;
+        Ok(unwinder)
+    }
+
+    /// Loads the vDSO's table (a few hundred rows, from the image in this process's memory)
+    /// for good: every process maps it, and a sample in `clock_gettime` is common.
+    fn load_vdso(&mut self) -> Result<(), LoaderError> {
+        let Some(image) = own_vdso() else {
+            return Ok(());
+        };
+        let built = build_from(&image, Path::new("[vdso]"));
+        self.install(VDSO, built, &mut HashSet::new())?;
+        if matches!(self.tables.get(&VDSO), Some(Table::Loaded { .. })) {
+            self.vdso_len = Some(image.len() as u64);
+        }
+        Ok(())
     }
 
     /// Reads the BPF side's events, describes the processes they name when `wanted` says so
@@ -253,6 +278,21 @@ impl Unwinder {
         for pid in pids.into_iter().filter(|&pid| wanted(pid)) {
             requested |= self.scan(pid)?;
         }
+        self.install_built(requested)
+    }
+
+    /// Describes `pids` now, before the BPF side asks (`record --pid`), so their first samples
+    /// find their tables.
+    pub fn watch(&mut self, pids: &[u32]) -> Result<(), LoaderError> {
+        let mut requested = false;
+        for &pid in pids {
+            requested |= self.scan(pid)?;
+        }
+        self.install_built(requested)
+    }
+
+    /// Installs the tables the worker finished, and rewrites the processes that use them.
+    fn install_built(&mut self, requested: bool) -> Result<(), LoaderError> {
         let mut changed = HashSet::new();
         // Tables take milliseconds to build (libc: 1.5 ms): when some were just asked for, wait
         // for them a little, so their processes get whole stacks one poll sooner. Bounded far
@@ -282,15 +322,6 @@ impl Unwinder {
             for pid in pids {
                 self.write(pid)?;
             }
-        }
-        Ok(())
-    }
-
-    /// Describes `pids` now, before the BPF side asks (`record --pid`), so their first samples
-    /// find their tables sooner.
-    pub fn watch(&mut self, pids: &[u32]) -> Result<(), LoaderError> {
-        for &pid in pids {
-            self.scan(pid)?;
         }
         Ok(())
     }
@@ -346,11 +377,16 @@ impl Unwinder {
         let mut requested = false;
         let mut mappings = Vec::new();
         for entry in maps.entries().iter().filter(|e| e.executable) {
-            let key = entry.is_file().then_some(FileKey {
-                dev: entry.dev,
-                inode: entry.inode,
-            });
-            if let Some(key) = key {
+            let key = if entry.is_file() {
+                Some(FileKey {
+                    dev: entry.dev,
+                    inode: entry.inode,
+                })
+            } else {
+                let len = entry.end - entry.start;
+                (entry.path == "[vdso]" && self.vdso_len == Some(len)).then_some(VDSO)
+            };
+            if let Some(key) = key.filter(|&key| key != VDSO) {
                 requested |= self.request(pid, key, entry);
             }
             mappings.push(ProcMapping {
@@ -434,11 +470,13 @@ impl Unwinder {
         Ok(())
     }
 
+    /// The table to evict next; never the vDSO's, which every process shares and nothing
+    /// would load again.
     fn least_recently_used(&self) -> Option<FileKey> {
         self.tables
             .iter()
             .filter_map(|(key, table)| match table {
-                Table::Loaded { last_used, .. } => Some((*last_used, *key)),
+                Table::Loaded { last_used, .. } if *key != VDSO => Some((*last_used, *key)),
                 _ => None,
             })
             .min()
@@ -538,10 +576,15 @@ fn build(file: &std::fs::File, path: &Path) -> Option<Built> {
     let data = FileData::map_file(file, path)
         .map_err(|err| tracing::debug!("unwind table for {}: {err}", path.display()))
         .ok()?;
-    let table = UnwindTable::build(path, data.bytes())
+    build_from(data.bytes(), path)
+}
+
+/// [`build`] for an ELF image in memory.
+fn build_from(bytes: &[u8], path: &Path) -> Option<Built> {
+    let table = UnwindTable::build(path, bytes)
         .map_err(|err| tracing::debug!("unwind table for {}: {err}", path.display()))
         .ok()?;
-    let elf = object::File::parse(data.bytes()).ok()?;
+    let elf = object::File::parse(bytes).ok()?;
     let segments = elf
         .segments()
         .filter(|s| matches!(s.flags(), SegmentFlags::Elf { p_flags } if p_flags & object::elf::PF_X != 0))

@@ -649,3 +649,45 @@ fn a_binary_without_unwind_tables_is_named_with_the_reason_its_walks_stop() -> a
     );
     Ok(())
 }
+
+/// A loop reading the clock, without frame pointers: most samples are in the vDSO's
+/// `clock_gettime`. The vDSO's table (from its `.eh_frame`) carries the walk out of it at any
+/// instruction, its prologue and epilogue included, where a frame-pointer step would read a
+/// wrong frame: every sample but the counted fallbacks reaches main.
+#[test]
+fn samples_in_the_vdso_unwind_to_main() -> anyhow::Result<()> {
+    let program = build_no_fp("clockloop.c", "clockloop", &[])?;
+    let recording = record(&program, &["30"], 4, &[])?;
+    let samples = &recording.samples;
+    let in_vdso: Vec<&NamedSample> = samples
+        .iter()
+        .filter(|s| {
+            s.frames
+                .first()
+                .is_some_and(|f| f.contains("clock_gettime"))
+        })
+        .collect();
+    let total: i64 = in_vdso.iter().map(|s| s.count).sum();
+    anyhow::ensure!(
+        total > 300,
+        "only {total} samples in clock_gettime:\n{}",
+        show(samples.iter())
+    );
+    let reaches_main = |s: &&NamedSample| {
+        s.frames.iter().any(|f| f == "read_clocks") && s.frames.iter().any(|f| f == "main")
+    };
+    let short: i64 = in_vdso
+        .iter()
+        .filter(|s| !reaches_main(s))
+        .map(|s| s.count)
+        .sum();
+    anyhow::ensure!(
+        short <= recording.fallbacks,
+        "{short} of {total} samples in clock_gettime do not reach main, but only {} walks fell \
+         back to frame pointers: {}\n{}",
+        recording.fallbacks,
+        recording.summary,
+        show(in_vdso.iter().copied().filter(|s| !reaches_main(s)))
+    );
+    Ok(())
+}
