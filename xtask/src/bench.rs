@@ -243,7 +243,7 @@ fn walk_bench(root: &Path, scorch: &Path, runs: usize) -> Result<()> {
     )?;
     let out = dir.join("walk.pb.gz");
     let mut report = String::from(
-        "| run | mode | BPF ns/sample | samples | unwind tables | how the walks ended |\n\
+        "| run | mode | BPF ns/sample | samples | unwind tables, map memory | how the walks ended |\n\
          |---|---|---|---|---|---|\n",
     );
     let mut by_mode: [(&str, Vec<f64>); 2] = [("auto", Vec::new()), ("fp", Vec::new())];

@@ -85,8 +85,8 @@ pub struct RecordSummary {
     pub bpf_ns_per_run: Option<f64>,
     /// User frames left unnamed, by reason, and names found by a fallback, by reason.
     pub unnamed_frames: Vec<(&'static str, u64)>,
-    /// Unwind tables loaded for the BPF unwinder (`--unwind auto`): files, and bytes of map
-    /// memory they took.
+    /// Unwind tables loaded for the BPF unwinder (`--unwind auto`): how many (one per build
+    /// id), and the bytes of map memory they took.
     pub unwind_tables: Option<(usize, u64)>,
 }
 
@@ -111,12 +111,8 @@ impl std::fmt::Display for RecordSummary {
                 .collect();
             write!(f, "; unnamed user frames: {}", parts.join(", "))?;
         }
-        if let Some((files, bytes)) = self.unwind_tables {
-            write!(
-                f,
-                "; unwind tables: {files} files, {} KiB",
-                bytes.div_ceil(1024)
-            )?;
+        if let Some((tables, bytes)) = self.unwind_tables {
+            write!(f, "; unwind tables: {tables}, {} KiB", bytes.div_ceil(1024))?;
         }
         if let Some(ns) = self.bpf_ns_per_run {
             write!(f, "; BPF {ns:.0} ns/sample")?;

@@ -8,8 +8,9 @@
 //! (counted) until the table arrives. Building never runs on the caller's thread, so a window
 //! is never late because of it.
 //!
-//! Tables are keyed by file identity (device and inode): every process mapping the same
-//! library shares one table. The vDSO's table is built once, at start, from the image in the
+//! Tables are keyed by build id (by file identity, device and inode, when a binary has none):
+//! every process mapping the same library shares one table, including copies of it under
+//! other paths, devices or containers' overlays. The vDSO's table is built once, at start, from the image in the
 //! agent's own memory (the kernel maps the same image into every 64-bit process), and is
 //! never evicted. When the pool is full the least recently used tables go, after
 //! the mappings that point at them have been rewritten.
@@ -60,8 +61,16 @@ struct FileKey {
     inode: u64,
 }
 
-/// The vDSO's table: no file has inode 0.
+/// The vDSO: no file has inode 0.
 const VDSO: FileKey = FileKey { dev: 0, inode: 0 };
+
+/// A table's identity: the binary's build id, so the same binary under other paths, devices
+/// or containers' overlays shares one table; its file identity when it has none.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+enum TableKey {
+    BuildId(Box<[u8]>),
+    File(FileKey),
+}
 
 /// An executable `PT_LOAD` segment: where the file's bytes go in the ELF address space.
 #[derive(Debug, Clone, Copy)]
@@ -76,22 +85,29 @@ struct Built {
     rows: Vec<UnwindRow>,
     base: u64,
     segments: Vec<Segment>,
+    build_id: Option<Box<[u8]>>,
 }
 
-enum Table {
+/// Where a file's table stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum FileState {
     /// Sent to the worker.
     Building,
     /// Cannot be built (no `.eh_frame`, not x86_64, unreadable) or does not fit the pool:
     /// frame pointers for its code.
     Unavailable,
-    Loaded {
-        first_row: u32,
-        rows: u32,
-        base: u64,
-        segments: Vec<Segment>,
-        /// [`Unwinder::clock`] when a process last mapped it.
-        last_used: u64,
-    },
+    /// In the pool, under this key (shared with every file of the same build id).
+    Loaded(TableKey),
+}
+
+/// A table in the pool.
+struct Table {
+    first_row: u32,
+    rows: u32,
+    base: u64,
+    segments: Vec<Segment>,
+    /// [`Unwinder::clock`] when a process last mapped it.
+    last_used: u64,
 }
 
 /// A process's executable mapping, with the table it needs.
@@ -197,7 +213,8 @@ pub struct Unwinder {
     maps: UnwindMaps,
     memory: PoolMemory,
     pool: RowPool,
-    tables: HashMap<FileKey, Table>,
+    files: HashMap<FileKey, FileState>,
+    tables: HashMap<TableKey, Table>,
     procs: HashMap<u32, Vec<ProcMapping>>,
     requests: mpsc::Sender<BuildRequest>,
     results: mpsc::Receiver<BuildResult>,
@@ -232,6 +249,7 @@ impl Unwinder {
             pool: RowPool::new(maps.pool_rows),
             maps,
             memory,
+            files: HashMap::new(),
             tables: HashMap::new(),
             procs: HashMap::new(),
             requests,
@@ -253,7 +271,7 @@ impl Unwinder {
         };
         let built = build_from(&image, Path::new("[vdso]"));
         self.install(VDSO, built, &mut HashSet::new())?;
-        if matches!(self.tables.get(&VDSO), Some(Table::Loaded { .. })) {
+        if matches!(self.files.get(&VDSO), Some(FileState::Loaded(_))) {
             self.vdso_len = Some(image.len() as u64);
         }
         Ok(())
@@ -328,9 +346,9 @@ impl Unwinder {
 
     /// Tables the worker has not finished.
     fn building(&self) -> usize {
-        self.tables
+        self.files
             .values()
-            .filter(|t| matches!(t, Table::Building))
+            .filter(|state| **state == FileState::Building)
             .count()
     }
 
@@ -357,13 +375,12 @@ impl Unwinder {
             events: self.events,
             ..LoaderStats::default()
         };
-        for table in self.tables.values() {
-            match table {
-                Table::Loaded { .. } => stats.tables_loaded += 1,
-                Table::Unavailable => stats.tables_unavailable += 1,
-                Table::Building => {}
-            }
-        }
+        stats.tables_loaded = self.tables.len();
+        stats.tables_unavailable = self
+            .files
+            .values()
+            .filter(|state| **state == FileState::Unavailable)
+            .count();
         stats
     }
 
@@ -403,9 +420,11 @@ impl Unwinder {
 
     /// Marks a table used, or asks the worker for it; returns whether it was asked for.
     fn request(&mut self, pid: u32, key: FileKey, entry: &MapEntry) -> bool {
-        match self.tables.get_mut(&key) {
-            Some(Table::Loaded { last_used, .. }) => {
-                *last_used = self.clock;
+        match self.files.get(&key) {
+            Some(FileState::Loaded(table)) => {
+                if let Some(table) = self.tables.get_mut(table) {
+                    table.last_used = self.clock;
+                }
                 false
             }
             Some(_) => false,
@@ -413,32 +432,42 @@ impl Unwinder {
                 let sent = open_mapped(pid, entry)
                     .ok()
                     .is_some_and(|(file, path, _)| self.requests.send((key, file, path)).is_ok());
-                let table = if sent {
-                    Table::Building
+                let state = if sent {
+                    FileState::Building
                 } else {
-                    Table::Unavailable
+                    FileState::Unavailable
                 };
-                self.tables.insert(key, table);
+                self.files.insert(key, state);
                 sent
             }
         }
     }
 
-    /// Puts a finished table in the pool, evicting the least recently used ones for room.
+    /// Puts a finished table in the pool, evicting the least recently used ones for room; or,
+    /// when a table of the same build id is there already, points the file at it.
     fn install(
         &mut self,
-        key: FileKey,
+        file: FileKey,
         built: Option<Built>,
         changed: &mut HashSet<FileKey>,
     ) -> Result<(), LoaderError> {
-        changed.insert(key);
+        changed.insert(file);
         let Some(built) = built else {
-            self.tables.insert(key, Table::Unavailable);
+            self.files.insert(file, FileState::Unavailable);
             return Ok(());
         };
+        let key = match built.build_id {
+            Some(id) => TableKey::BuildId(id),
+            None => TableKey::File(file),
+        };
+        if let Some(table) = self.tables.get_mut(&key) {
+            table.last_used = self.clock;
+            self.files.insert(file, FileState::Loaded(key));
+            return Ok(());
+        }
         let len = u32::try_from(built.rows.len()).unwrap_or(u32::MAX);
         if len == 0 || len > self.pool.capacity() {
-            self.tables.insert(key, Table::Unavailable);
+            self.files.insert(file, FileState::Unavailable);
             return Ok(());
         }
         let first_row = loop {
@@ -446,7 +475,7 @@ impl Unwinder {
                 break first;
             }
             let Some(victim) = self.least_recently_used() else {
-                self.tables.insert(key, Table::Unavailable);
+                self.files.insert(file, FileState::Unavailable);
                 return Ok(());
             };
             self.evict(victim)?;
@@ -454,12 +483,12 @@ impl Unwinder {
         if let Err(error) = self.memory.write(first_row, &built.rows) {
             // The range goes back; the file walks with frame pointers (counted) meanwhile.
             self.pool.release(first_row, len);
-            self.tables.insert(key, Table::Unavailable);
+            self.files.insert(file, FileState::Unavailable);
             return Err(error);
         }
         self.tables.insert(
-            key,
-            Table::Loaded {
+            key.clone(),
+            Table {
                 first_row,
                 rows: len,
                 base: built.base,
@@ -467,44 +496,50 @@ impl Unwinder {
                 last_used: self.clock,
             },
         );
+        self.files.insert(file, FileState::Loaded(key));
         Ok(())
     }
 
     /// The table to evict next; never the vDSO's, which every process shares and nothing
     /// would load again.
-    fn least_recently_used(&self) -> Option<FileKey> {
+    fn least_recently_used(&self) -> Option<TableKey> {
         self.tables
             .iter()
-            .filter_map(|(key, table)| match table {
-                Table::Loaded { last_used, .. } if *key != VDSO => Some((*last_used, *key)),
-                _ => None,
-            })
-            .min()
-            .map(|(_, key)| key)
+            .filter(|(key, _)| **key != TableKey::File(VDSO))
+            .min_by_key(|(key, table)| (table.last_used, *key))
+            .map(|(key, _)| key.clone())
     }
 
     /// Drops a table: first the mappings that use it fall back to frame pointers, then its
     /// rows are freed for another table.
-    fn evict(&mut self, key: FileKey) -> Result<(), LoaderError> {
-        let Some(Table::Loaded {
-            first_row, rows, ..
-        }) = self.tables.insert(key, Table::Unavailable)
-        else {
+    fn evict(&mut self, key: TableKey) -> Result<(), LoaderError> {
+        let Some(table) = self.tables.remove(&key) else {
             return Ok(());
         };
         self.evicted += 1;
+        // Forget its files entirely, so the next process that maps one builds it again.
+        let loaded = FileState::Loaded(key);
+        let files: HashSet<FileKey> = self
+            .files
+            .iter()
+            .filter(|(_, state)| **state == loaded)
+            .map(|(file, _)| *file)
+            .collect();
+        self.files.retain(|file, _| !files.contains(file));
         let users: Vec<u32> = self
             .procs
             .iter()
-            .filter(|(_, mappings)| mappings.iter().any(|m| m.key == Some(key)))
+            .filter(|(_, mappings)| {
+                mappings
+                    .iter()
+                    .any(|m| m.key.is_some_and(|k| files.contains(&k)))
+            })
             .map(|(&pid, _)| pid)
             .collect();
         for pid in users {
             self.write(pid)?;
         }
-        // Forget it entirely, so the next process that maps it builds it again.
-        self.tables.remove(&key);
-        self.pool.release(first_row, rows);
+        self.pool.release(table.first_row, table.rows);
         Ok(())
     }
 
@@ -538,33 +573,31 @@ impl Unwinder {
             end: mapping.end,
             ..UnwindMapping::default()
         };
-        match mapping.key.and_then(|key| self.tables.get(&key)) {
-            Some(Table::Building) => described.state = MAPPING_TABLE_PENDING,
-            Some(Table::Loaded {
-                first_row,
-                rows,
-                base,
-                segments,
-                ..
-            }) => {
-                // The segment this mapping's file bytes belong to (mappings start on a page).
-                if let Some(segment) = segments.iter().find(|s| {
-                    s.offset & !0xfff <= mapping.offset && mapping.offset < s.offset + s.file_size
-                }) {
-                    // pc - start + offset is the file offset; minus the segment's offset plus
-                    // its address is the ELF address; minus the base is the row pc.
-                    described.bias = mapping
-                        .start
-                        .wrapping_sub(mapping.offset)
-                        .wrapping_add(segment.offset)
-                        .wrapping_sub(segment.address)
-                        .wrapping_add(*base);
-                    described.first_row = *first_row;
-                    described.rows = *rows;
-                    described.state = MAPPING_TABLE_LOADED;
-                }
+        let state = mapping.key.and_then(|key| self.files.get(&key));
+        let table = match state {
+            Some(FileState::Loaded(table)) => self.tables.get(table),
+            _ => None,
+        };
+        if state == Some(&FileState::Building) {
+            described.state = MAPPING_TABLE_PENDING;
+        }
+        if let Some(table) = table {
+            // The segment this mapping's file bytes belong to (mappings start on a page).
+            if let Some(segment) = table.segments.iter().find(|s| {
+                s.offset & !0xfff <= mapping.offset && mapping.offset < s.offset + s.file_size
+            }) {
+                // pc - start + offset is the file offset; minus the segment's offset plus its
+                // address is the ELF address; minus the base is the row pc.
+                described.bias = mapping
+                    .start
+                    .wrapping_sub(mapping.offset)
+                    .wrapping_add(segment.offset)
+                    .wrapping_sub(segment.address)
+                    .wrapping_add(table.base);
+                described.first_row = table.first_row;
+                described.rows = table.rows;
+                described.state = MAPPING_TABLE_LOADED;
             }
-            _ => {}
         }
         described
     }
@@ -606,5 +639,6 @@ fn build_from(bytes: &[u8], path: &Path) -> Option<Built> {
         rows: table.rows().to_vec(),
         base: table.base(),
         segments,
+        build_id: elf.build_id().ok().flatten().map(Box::from),
     })
 }

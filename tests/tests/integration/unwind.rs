@@ -691,3 +691,50 @@ fn samples_in_the_vdso_unwind_to_main() -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+/// Two copies of one binary (two files, two inodes, one build id) share one table: recording
+/// both loads no more tables than recording one, and both are unwound whole.
+#[test]
+fn copies_of_a_binary_share_one_table_by_build_id() -> anyhow::Result<()> {
+    let first = build_no_fp("calltree.c", "calltree_copy_a", &["-lpthread"])?;
+    let second = work_dir().join("calltree_copy_b");
+    std::fs::copy(&first, &second)?;
+    let tables = |summary: &str| -> anyhow::Result<u64> {
+        let part = summary
+            .split("; ")
+            .find_map(|p| p.strip_prefix("unwind tables: "))
+            .ok_or_else(|| anyhow::anyhow!("no unwind tables in: {summary}"))?;
+        Ok(part.split(',').next().unwrap_or("").trim().parse()?)
+    };
+    let alone = record(&first, &["1", "20"], 2, &[])?;
+    let one = tables(&alone.summary)?;
+
+    let a = Workload::start(&first, &["1", "20"])?;
+    let b = Workload::start(&second, &["1", "20"])?;
+    let (a_pid, b_pid) = (a.pid().to_string(), b.pid().to_string());
+    let path = work_dir().join("calltree_copies.pb.gz");
+    let output = record_pid_to(a.pid(), 3, &path, &["--pid", &b_pid])?;
+    let report = parse_record_output(&output)?;
+    println!("{}", report.summary);
+    let both = tables(&report.summary)?;
+    anyhow::ensure!(
+        both == one,
+        "one copy loaded {one} tables, two copies {both}: {}",
+        report.summary
+    );
+    let samples = named_samples(&read_pprof(&path)?);
+    for pid in [a_pid, b_pid] {
+        let pid: i64 = pid.parse()?;
+        let (whole, total) = share_in_order(
+            &samples,
+            |s| s.pid == pid && s.frames.iter().any(|f| LEAVES.contains(&f.as_str())),
+            &["dispatch", "main"],
+        );
+        anyhow::ensure!(
+            total > 20 && whole as f64 >= 0.85 * total as f64,
+            "process {pid}: {whole} of {total} leaf samples reach main: {}",
+            report.summary
+        );
+    }
+    Ok(())
+}
