@@ -19,7 +19,7 @@ use std::{
     time::{Duration, Instant, SystemTime},
 };
 
-use aya::maps::{HashMap as BpfHashMap, MapData, MapError, StackTraceMap};
+use aya::maps::{HashMap as BpfHashMap, MapData, MapError, PerCpuArray, StackTraceMap};
 
 use super::maps::SamplerMaps;
 use scorch_common::{
@@ -391,30 +391,25 @@ impl Drainer {
     }
 
     fn read_unwind_totals(&self) -> Result<[u64; UNWIND_OUTCOMES as usize], DrainError> {
-        let mut totals = [0u64; UNWIND_OUTCOMES as usize];
-        for (i, total) in totals.iter_mut().enumerate() {
-            let per_cpu = self
-                .maps
-                .unwind_outcomes
-                .get(&(i as u32), 0)
-                .map_err(map_err("reading", "UNWIND_OUTCOMES"))?;
-            *total = per_cpu.iter().sum();
-        }
-        Ok(totals)
+        sum_per_cpu(&self.maps.unwind_outcomes, "UNWIND_OUTCOMES")
     }
 
     fn read_loss_totals(&self) -> Result<[u64; LOSS_KINDS as usize], DrainError> {
-        let mut totals = [0u64; LOSS_KINDS as usize];
-        for (i, total) in totals.iter_mut().enumerate() {
-            let per_cpu = self
-                .maps
-                .losses
-                .get(&(i as u32), 0)
-                .map_err(map_err("reading", "LOSSES"))?;
-            *total = per_cpu.iter().sum();
-        }
-        Ok(totals)
+        sum_per_cpu(&self.maps.losses, "LOSSES")
     }
+}
+
+/// Counters `0..N` of a per-CPU array, each summed over the CPUs.
+fn sum_per_cpu<const N: usize>(
+    map: &PerCpuArray<MapData, u64>,
+    name: &'static str,
+) -> Result<[u64; N], DrainError> {
+    let mut totals = [0u64; N];
+    for (i, total) in totals.iter_mut().enumerate() {
+        let per_cpu = map.get(&(i as u32), 0).map_err(map_err("reading", name))?;
+        *total = per_cpu.iter().sum();
+    }
+    Ok(totals)
 }
 
 /// A key deleted by someone else in between is as good as deleted.

@@ -101,6 +101,11 @@ fn walk_stop_hints(aggregated: &Aggregated, user: &UserSymbolizer) -> Vec<StackH
     // binary -> (samples stopped in it by reason, the processes they came from)
     let mut per_binary: HashMap<String, (HashMap<UnwindOutcome, u64>, Vec<u32>)> = HashMap::new();
     for (&(tgid, pc, reason), &count) in &aggregated.walk_stops {
+        // The agent walks itself by frame pointers only (`unwind::loader`): not the user's
+        // binary, nothing for them to fix.
+        if tgid == std::process::id() {
+            continue;
+        }
         let binary = match user.maps(tgid).and_then(|maps| maps.find(pc)) {
             Some((_, entry)) if entry.is_file() => entry.file_path().to_owned(),
             Some((_, entry)) if entry.path.starts_with('[') => entry.path.clone(),

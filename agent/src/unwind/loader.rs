@@ -393,8 +393,15 @@ impl Unwinder {
         };
         let mut requested = false;
         let mut mappings = Vec::new();
+        // The agent itself keeps frame-pointer walks (its mappings are described without
+        // tables, so it sends no events): whole stacks of itself cost its own 250,000-row table
+        // and DWARF symbolisation of its deep stacks (a 20 s record: 44 MiB peak and 0.32 CPU s,
+        // against 28 MiB and 0.14 s), for the few samples it takes of itself.
+        let agent = pid == std::process::id();
         for entry in maps.entries().iter().filter(|e| e.executable) {
-            let key = if entry.is_file() {
+            let key = if agent {
+                None
+            } else if entry.is_file() {
                 Some(FileKey {
                     dev: entry.dev,
                     inode: entry.inode,

@@ -19,6 +19,20 @@ use scorch_tests::{build_workload, go_pprof, http_get, work_dir, Daemon, Workloa
 /// Debian's chromium, which `cargo xtask setup` installs.
 pub(crate) const CHROMIUM: &str = "/usr/bin/chromium";
 
+/// Headless Chromium with a `width` x `height` window.
+pub(crate) fn chromium(width: u32, height: u32) -> Result<Browser> {
+    let options = LaunchOptions::default_builder()
+        .path(Some(PathBuf::from(CHROMIUM)))
+        // Chromium refuses to start its sandbox as root, which the integration tests run as.
+        .sandbox(false)
+        .window_size(Some((width, height)))
+        .idle_browser_timeout(Duration::from_secs(120))
+        .build()
+        .map_err(|e| anyhow!("chromium launch options: {e}"))?;
+    Browser::new(options)
+        .with_context(|| format!("starting {CHROMIUM} (cargo xtask setup installs chromium)"))
+}
+
 /// The workload's process name, and so the selector that picks it.
 const COMM: &str = "calltree";
 const SELECT_WORKLOAD: &str = r#"{comm="calltree"}"#;
@@ -183,16 +197,7 @@ pub(crate) fn artifact_path(name: &str) -> PathBuf {
 fn ui_shows_zooms_searches_and_filters_the_flame_graph() -> Result<()> {
     let (_workload, daemon) = daemon_with_workload("ui-store")?;
 
-    let options = LaunchOptions::default_builder()
-        .path(Some(PathBuf::from(CHROMIUM)))
-        // Chromium refuses to start its sandbox as root, which the integration tests run as.
-        .sandbox(false)
-        .window_size(Some((1400, 1100)))
-        .idle_browser_timeout(Duration::from_secs(120))
-        .build()
-        .map_err(|e| anyhow!("chromium launch options: {e}"))?;
-    let browser = Browser::new(options)
-        .with_context(|| format!("starting {CHROMIUM} (cargo xtask setup installs chromium)"))?;
+    let browser = chromium(1400, 1100)?;
     let tab = browser.new_tab()?;
     tab.navigate_to(&format!("http://{}/", daemon.address))?
         .wait_until_navigated()?;

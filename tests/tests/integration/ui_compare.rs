@@ -19,7 +19,7 @@ use headless_chrome::{
 };
 use scorch_tests::{build_workload, go_pprof, http_get, run_scorch, work_dir, Daemon};
 
-use crate::ui::{artifact_path, eval, url_encode, wait_until, CHROMIUM, GRAPH, PROCESS_FRAMES};
+use crate::ui::{artifact_path, chromium, eval, url_encode, wait_until, GRAPH, PROCESS_FRAMES};
 
 const SELECT_PHASES: &str = r#"{comm=~"phase_.*"}"#;
 
@@ -175,15 +175,7 @@ fn ui_timeline_brush_compare_sandwich_and_url_state() -> Result<()> {
         std::thread::sleep(Duration::from_millis(500));
     }
 
-    let options = LaunchOptions::default_builder()
-        .path(Some(PathBuf::from(CHROMIUM)))
-        .sandbox(false)
-        .window_size(Some((1280, 800)))
-        .idle_browser_timeout(Duration::from_secs(120))
-        .build()
-        .map_err(|e| anyhow!("chromium launch options: {e}"))?;
-    let browser = Browser::new(options)
-        .with_context(|| format!("starting {CHROMIUM} (cargo xtask setup installs chromium)"))?;
+    let browser = chromium(1280, 800)?;
     let tab = browser.new_tab()?;
     let page = format!(
         "http://{}/?range=300&group_by=comm&match={}",
