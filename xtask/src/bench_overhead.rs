@@ -176,7 +176,8 @@ pub fn capture(
     let bpftrace_bpf_ns = children
         .iter()
         .find(|(name, _)| *name == "bpftrace")
-        .and_then(|(_, child)| bpf_ns_per_run(child.id()));
+        // The child is `/usr/bin/time`; bpftrace is its child, and holds the program.
+        .and_then(|(_, child)| bpf_ns_per_run(first_child(child.id())?));
     let mut result = CaptureRun {
         bpftrace_bpf_ns,
         ..CaptureRun::default()
@@ -430,6 +431,16 @@ fn render(
         writeln!(out, "| {hz} | {} |", spread(&values, 2))?;
     }
     Ok(out)
+}
+
+/// The first child of `pid`.
+fn first_child(pid: u32) -> Option<u32> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
 }
 
 /// A metric's value from the daemon's `/metrics`.

@@ -187,7 +187,13 @@ pub fn run_checks() -> Vec<Item> {
                 None => item(
                     Status::Ok,
                     "BPF unwinder",
-                    "user stacks walked with .eh_frame tables (--unwind auto)",
+                    match sampler.verified_instructions() {
+                        Some(n) => format!(
+                            "user stacks walked with .eh_frame tables (--unwind auto); the \
+                             verifier walked {n} instructions of its 1,000,000"
+                        ),
+                        None => "user stacks walked with .eh_frame tables (--unwind auto)".into(),
+                    },
                     None,
                 ),
                 Some(reason) => item(
@@ -197,7 +203,7 @@ pub fn run_checks() -> Vec<Item> {
                         "this kernel's verifier refuses it ({reason}): user stacks are walked \
                          with frame pointers only"
                     ),
-                    Some("a newer kernel (6.12 passes), or binaries built with frame pointers"),
+                    Some("a kernel with bpf_loop (5.17+), or binaries built with frame pointers"),
                 ),
             });
         }

@@ -311,6 +311,13 @@ impl Sampler {
         let info = program.info().ok()?;
         Some((info.run_time(), info.run_count()))
     }
+
+    /// Instructions the kernel's verifier walked to accept the program (5.16+): how far it is
+    /// from the verifier's million-instruction limit.
+    pub fn verified_instructions(&self) -> Option<u32> {
+        let program = self.ebpf.program(self.program_name)?;
+        program.info().ok()?.verified_instruction_count()
+    }
 }
 
 /// Stack-map size: a stack map keeps one stack per hash bucket and drops a colliding one, so

@@ -12,10 +12,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{anyhow, ensure, Context, Result};
+use anyhow::{ensure, Context, Result};
 use headless_chrome::{
     protocol::cdp::{Input, Page::CaptureScreenshotFormatOption},
-    Browser, LaunchOptions, Tab,
+    Tab,
 };
 use scorch_tests::{build_workload, go_pprof, http_get, run_scorch, work_dir, Daemon};
 
