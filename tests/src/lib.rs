@@ -973,6 +973,39 @@ extern "C" {
     fn libc_kill(pid: i32, signal: i32) -> i32;
 }
 
+/// A metric's value in a Prometheus text exposition, summed over its label sets.
+pub fn metric_total(text: &str, name: &str) -> Result<f64> {
+    let mut total = None;
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let Some((series, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        if series.split('{').next() == Some(name) {
+            *total.get_or_insert(0.0) += value.parse::<f64>()?;
+        }
+    }
+    total.with_context(|| format!("no {name} in /metrics"))
+}
+
+/// A metric's value (summed over its label sets) in the daemon's `/metrics` at `address`.
+pub fn metric(address: &str, name: &str) -> Result<f64> {
+    let (status, body) = http_get(address, "/metrics")?;
+    ensure!(status == 200, "/metrics answered {status}");
+    metric_total(&String::from_utf8(body)?, name)
+}
+
+/// Percent-encodes a query value (everything but unreserved characters).
+pub fn url_encode(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
 /// A minimal HTTP/1.1 GET over loopback: `(status, body)`. Enough for the daemon's API; no
 /// client library needed.
 pub fn http_get(address: &str, path: &str) -> Result<(u16, Vec<u8>)> {

@@ -111,29 +111,7 @@ fn metric(address: &str, name: &str) -> Result<f64> {
         "/metrics answered {}",
         response.status
     );
-    let text = String::from_utf8(response.body)?;
-    let mut total = None;
-    for line in text.lines().filter(|l| !l.starts_with('#')) {
-        let Some((series, value)) = line.rsplit_once(' ') else {
-            continue;
-        };
-        if series.split('{').next() == Some(name) {
-            *total.get_or_insert(0.0) += value.parse::<f64>()?;
-        }
-    }
-    total.with_context(|| format!("no {name} in /metrics"))
-}
-
-/// Percent-encodes a query parameter's value.
-fn url_encode(text: &str) -> String {
-    text.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
+    metric_total(&String::from_utf8(response.body)?, name)
 }
 
 /// A name no file, profile or log holds unless this run put it there.

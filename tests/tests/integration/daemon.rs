@@ -5,22 +5,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context, Result};
 use scorch::store::Store;
-use scorch_tests::{build_workload, go_pprof, http_get, run_scorch, work_dir, Daemon, Workload};
-
-/// A metric's value in the daemon's /metrics text (first series with that name).
-fn metric(address: &str, name: &str) -> Result<f64> {
-    let (status, body) = http_get(address, "/metrics")?;
-    ensure!(status == 200, "/metrics answered {status}");
-    let text = String::from_utf8(body)?;
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .find_map(|l| {
-            let (series, value) = l.rsplit_once(' ')?;
-            let series_name = series.split('{').next()?;
-            (series_name == name).then(|| value.parse().ok())?
-        })
-        .with_context(|| format!("no {name} in /metrics:\n{text}"))
-}
+use scorch_tests::{
+    build_workload, go_pprof, http_get, metric, run_scorch, work_dir, Daemon, Workload,
+};
 
 /// Polls `condition` every 200 ms for up to 20 s.
 fn wait_for(what: &str, condition: &dyn Fn() -> Result<bool>) -> Result<()> {

@@ -20,25 +20,8 @@ use scorch::{
 use scorch_tests::{
     build_workload,
     fake_remote::{FakeRemote, Fault, Protocol, Received},
-    gnu_build_id, go_pprof, http_get, run_tool, section_names, work_dir, Daemon, Workload,
+    gnu_build_id, go_pprof, http_get, metric, run_tool, section_names, work_dir, Daemon, Workload,
 };
-
-/// A metric's value (summed over its label sets) in the daemon's /metrics.
-fn metric(address: &str, name: &str) -> Result<f64> {
-    let (status, body) = http_get(address, "/metrics")?;
-    ensure!(status == 200, "/metrics answered {status}");
-    let text = String::from_utf8(body)?;
-    let mut total = None;
-    for line in text.lines().filter(|l| !l.starts_with('#')) {
-        let Some((series, value)) = line.rsplit_once(' ') else {
-            continue;
-        };
-        if series.split('{').next() == Some(name) {
-            *total.get_or_insert(0.0) += value.parse::<f64>()?;
-        }
-    }
-    total.with_context(|| format!("no {name} in /metrics"))
-}
 
 fn fresh_dir(name: &str) -> Result<PathBuf> {
     let dir = work_dir().join(name);

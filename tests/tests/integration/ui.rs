@@ -14,7 +14,7 @@ use headless_chrome::{
     protocol::cdp::Page::CaptureScreenshotFormatOption,
     Browser, LaunchOptions, Tab,
 };
-use scorch_tests::{build_workload, go_pprof, http_get, work_dir, Daemon, Workload};
+use scorch_tests::{build_workload, go_pprof, http_get, url_encode, work_dir, Daemon, Workload};
 
 /// Debian's chromium, which `cargo xtask setup` installs.
 pub(crate) const CHROMIUM: &str = "/usr/bin/chromium";
@@ -64,18 +64,6 @@ fn daemon_with_workload(name: &str) -> Result<(Workload, Daemon)> {
         );
         std::thread::sleep(Duration::from_millis(500));
     }
-}
-
-/// Percent-encodes a query value (everything but unreserved characters).
-pub(crate) fn url_encode(text: &str) -> String {
-    text.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
 }
 
 #[test]

@@ -17,9 +17,9 @@ use headless_chrome::{
     protocol::cdp::{Input, Page::CaptureScreenshotFormatOption},
     Tab,
 };
-use scorch_tests::{build_workload, go_pprof, http_get, run_scorch, work_dir, Daemon};
+use scorch_tests::{build_workload, go_pprof, http_get, run_scorch, url_encode, work_dir, Daemon};
 
-use crate::ui::{artifact_path, chromium, eval, url_encode, wait_until, GRAPH, PROCESS_FRAMES};
+use crate::ui::{artifact_path, chromium, eval, wait_until, GRAPH, PROCESS_FRAMES};
 
 const SELECT_PHASES: &str = r#"{comm=~"phase_.*"}"#;
 
