@@ -109,19 +109,23 @@ impl Recording {
     }
 }
 
-#[test]
-fn calltree_without_frame_pointers_reaches_main_and_agrees_with_perf_dwarf() -> anyhow::Result<()> {
-    let program = build_no_fp("calltree.c", "calltree_nofp", &["-lpthread"])?;
-    let workload = Workload::start(&program, &["2", "60"])?;
+/// `program args` recorded for `seconds` at 999 Hz by scorch and, over the same seconds, by
+/// `perf record --call-graph dwarf` (8 KiB of stack per sample, unwound in userspace): the
+/// ground truth for shares. 999 Hz gives each tool thousands of samples even on a busy machine,
+/// enough that sampling noise stays well inside 3 points.
+fn record_with_perf_dwarf(
+    program: &std::path::Path,
+    args: &[&str],
+    seconds: u32,
+) -> anyhow::Result<(Recording, std::path::PathBuf)> {
+    let workload = Workload::start(program, args)?;
     let pid = workload.pid().to_string();
-    let dir = work_dir();
-    let pprof_path = dir.join("calltree_nofp.pb.gz");
-    let perf_data = dir.join("calltree_nofp.perf.data");
-
-    // perf's DWARF mode (8 KiB of stack per sample, unwound in userspace) is the ground truth,
-    // recording the same process over the same seconds. Two threads at 999 Hz for 12 s give
-    // each tool thousands of samples even on a busy machine: enough that sampling noise stays
-    // well inside 3 points.
+    let name = program
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or("workload");
+    let pprof_path = work_dir().join(format!("{name}.pb.gz"));
+    let perf_data = work_dir().join(format!("{name}.perf.data"));
     let mut perf = Command::new("perf")
         .args([
             "record",
@@ -134,7 +138,7 @@ fn calltree_without_frame_pointers_reaches_main_and_agrees_with_perf_dwarf() -> 
             "-o",
         ])
         .arg(&perf_data)
-        .args(["--", "sleep", "12"])
+        .args(["--", "sleep", &seconds.to_string()])
         .stderr(std::process::Stdio::null())
         .spawn()?;
     let output = run_scorch(&[
@@ -144,17 +148,69 @@ fn calltree_without_frame_pointers_reaches_main_and_agrees_with_perf_dwarf() -> 
         "--frequency",
         "999",
         "--duration",
-        "12s",
+        &format!("{seconds}s"),
         "--output",
         pprof_path.to_str().unwrap(),
-    ])?;
-    assert!(perf.wait()?.success(), "perf record failed");
+    ]);
+    let perf_ok = perf.wait()?.success();
+    drop(workload);
+    let output = output?;
+    anyhow::ensure!(perf_ok, "perf record failed");
     let report = parse_record_output(&output)?;
     println!("{}", report.summary);
+    Ok((
+        Recording {
+            samples: named_samples(&read_pprof(&pprof_path)?),
+            fallbacks: fallback_walks(&report.summary) as i64,
+            summary: report.summary,
+            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        },
+        perf_data,
+    ))
+}
 
-    let profile = read_pprof(&pprof_path)?;
-    let samples = named_samples(&profile);
-    let pid: i64 = pid.parse()?;
+impl Recording {
+    /// Share of the samples with `function` anywhere on the stack.
+    fn share_with(&self, function: &str) -> f64 {
+        let total: i64 = self.samples.iter().map(|s| s.count).sum();
+        let with: i64 = self
+            .samples
+            .iter()
+            .filter(|s| s.frames.iter().any(|f| f == function))
+            .map(|s| s.count)
+            .sum();
+        with as f64 / total.max(1) as f64
+    }
+
+    /// Each of `functions` is on as large a share of stacks as in perf's DWARF unwinding of the
+    /// same seconds, within 3 points (plus the walks that fell back to frame pointers, which
+    /// may have stopped short).
+    fn assert_shares_agree_with_perf(
+        &self,
+        perf_data: &std::path::Path,
+        functions: &[&str],
+    ) -> anyhow::Result<()> {
+        let total: i64 = self.samples.iter().map(|s| s.count).sum();
+        for function in functions {
+            let perf_share = perf_share_with(perf_data, function)?;
+            let share = self.share_with(function);
+            println!("{function} on the stack: scorch {share:.3}, perf {perf_share:.3}");
+            anyhow::ensure!(
+                (share - perf_share).abs() <= 0.03 + self.fallbacks as f64 / total.max(1) as f64,
+                "{function}: scorch {share:.3} vs perf --call-graph dwarf {perf_share:.3}: {}",
+                self.summary
+            );
+        }
+        Ok(())
+    }
+}
+
+#[test]
+fn calltree_without_frame_pointers_reaches_main_and_agrees_with_perf_dwarf() -> anyhow::Result<()> {
+    let program = build_no_fp("calltree.c", "calltree_nofp", &["-lpthread"])?;
+    // Two threads for 12 s.
+    let (recording, perf_data) = record_with_perf_dwarf(&program, &["2", "60"], 12)?;
+    let samples = &recording.samples;
     let total: i64 = samples.iter().map(|s| s.count).sum();
     assert!(total > 2000, "only {total} samples at 999 Hz over 12 s");
 
@@ -168,12 +224,12 @@ fn calltree_without_frame_pointers_reaches_main_and_agrees_with_perf_dwarf() -> 
         )
     };
     let short: i64 = samples.iter().filter(|s| !bottom(s)).map(|s| s.count).sum();
-    let fallbacks = fallback_walks(&report.summary);
+    let fallbacks = recording.fallbacks;
     assert!(
-        short as u64 <= fallbacks,
+        short <= fallbacks,
         "{short} of {total} samples do not reach the bottom of their thread, but only \
          {fallbacks} walks fell back to frame pointers: {}\n{}",
-        report.summary,
+        recording.summary,
         show(samples.iter().filter(|s| !bottom(s)))
     );
     // And the frames between are the known ones: leaf <- run_* <- dispatch <- main (the main
@@ -204,13 +260,14 @@ fn calltree_without_frame_pointers_reaches_main_and_agrees_with_perf_dwarf() -> 
     let leaf_total: i64 = in_leaves.iter().map(|s| s.count).sum();
     let chained: i64 = in_leaves.iter().filter(|s| whole(s)).map(|s| s.count).sum();
     assert!(
-        chained as u64 + fallbacks >= leaf_total as u64 && chained as f64 >= 0.9 * total as f64,
+        chained + fallbacks >= leaf_total && chained as f64 >= 0.9 * total as f64,
         "{chained} of {leaf_total} leaf samples show the whole chain: {}\n{}",
-        report.summary,
+        recording.summary,
         show(in_leaves.iter().copied().filter(|s| !whole(s)))
     );
 
-    let shares = leaf_shares(&samples, pid, &LEAVES);
+    let pid = samples.first().map_or(0, |s| s.pid);
+    let shares = leaf_shares(samples, pid, &LEAVES);
     let (perf_shares, perf_total) = perf_leaf_shares(&perf_data, &LEAVES)?;
     println!("scorch shares {shares:.3?} of {total}; perf --call-graph dwarf {perf_shares:.3?} of {perf_total}");
     for i in 0..3 {
@@ -222,22 +279,8 @@ fn calltree_without_frame_pointers_reaches_main_and_agrees_with_perf_dwarf() -> 
             perf_shares[i]
         );
     }
-    // The callers' shares agree too: perf's DWARF unwinding of the same seconds.
-    for caller in ["run_a", "run_b", "dispatch"] {
-        let perf_share = perf_share_with(&perf_data, caller)?;
-        let share = samples
-            .iter()
-            .filter(|s| s.frames.iter().any(|f| f == caller))
-            .map(|s| s.count)
-            .sum::<i64>() as f64
-            / total as f64;
-        println!("{caller} on the stack: scorch {share:.3}, perf {perf_share:.3}");
-        assert!(
-            (share - perf_share).abs() <= 0.03 + fallbacks as f64 / total as f64,
-            "{caller}: scorch {share:.3} vs perf {perf_share:.3}"
-        );
-    }
-    Ok(())
+    // The callers' shares agree too.
+    recording.assert_shares_agree_with_perf(&perf_data, &["run_a", "run_b", "dispatch"])
 }
 
 /// The most frequent of `samples`, root first, for failure messages.
@@ -255,7 +298,7 @@ fn show<'a>(samples: impl Iterator<Item = &'a NamedSample>) -> String {
         .join("\n")
 }
 
-/// Share of perf's samples with `function` anywhere on the stack.
+/// Share of perf's samples with `function` anywhere on the stack, inlined frames included.
 fn perf_share_with(perf_data: &std::path::Path, function: &str) -> anyhow::Result<f64> {
     let output = Command::new("perf")
         .args(["script", "-F", "ip,sym", "-i"])
@@ -266,15 +309,19 @@ fn perf_share_with(perf_data: &std::path::Path, function: &str) -> anyhow::Resul
     let (mut with, mut total) = (0u64, 0u64);
     for block in text.split("\n\n").filter(|b| !b.trim().is_empty()) {
         total += 1;
-        let found = block.lines().any(|l| {
-            l.split_whitespace()
-                .nth(1)
-                .is_some_and(|s| s.split('+').next() == Some(function))
-        });
-        with += u64::from(found);
+        with += u64::from(block.lines().any(|l| perf_frame_name(l) == Some(function)));
     }
     anyhow::ensure!(total > 0, "perf script printed no samples");
     Ok(with as f64 / total as f64)
+}
+
+/// The function of one `perf script -F ip,sym` frame line (`<ip> <name>+0x<off>`, or
+/// `<ip> <name> (inlined)`); a Rust name may hold spaces.
+fn perf_frame_name(line: &str) -> Option<&str> {
+    let (_, name) = line.trim().split_once(char::is_whitespace)?;
+    let name = name.trim();
+    let name = name.strip_suffix(" (inlined)").unwrap_or(name);
+    Some(name.rsplit_once("+0x").map_or(name, |(name, _)| name))
 }
 
 #[test]
@@ -595,9 +642,11 @@ fn a_process_that_execs_mid_recording_is_unwound_after_the_exec() -> anyhow::Res
 }
 
 /// A Rust release build without frame pointers (rustc's default): whole stacks from its
-/// `.eh_frame`, through std's `lang_start` frames, to `main`.
+/// `.eh_frame`, through std's `lang_start` frames, to `main`, with the same shares as perf's
+/// DWARF unwinding.
 #[test]
-fn rust_release_build_without_frame_pointers_reaches_main() -> anyhow::Result<()> {
+fn rust_release_build_without_frame_pointers_reaches_main_and_agrees_with_perf_dwarf(
+) -> anyhow::Result<()> {
     let program = work_dir().join("rustwork_nofp");
     run_tool(
         Command::new("rustc")
@@ -607,12 +656,23 @@ fn rust_release_build_without_frame_pointers_reaches_main() -> anyhow::Result<()
             .arg(&program)
             .arg(workload_source("rustwork.rs")),
     )?;
+    // Rounds of 100,000 iterations (a tenth of a millisecond or so) alternate between the two
+    // functions many times between samples, so neither tool's sampling beats against them.
+    let (recording, perf_data) = record_with_perf_dwarf(&program, &["30", "100000"], 8)?;
     let spin = |s: &NamedSample| {
         s.frames
             .first()
             .is_some_and(|f| f.starts_with("rustwork::outer::inner::spin"))
     };
-    record(&program, &["30"], 4, &[])?.assert_whole(spin, &["rustwork::main", "main"], 300)
+    recording.assert_whole(spin, &["rustwork::main", "main"], 3000)?;
+    recording.assert_shares_agree_with_perf(
+        &perf_data,
+        &[
+            "rustwork::outer::inner::spin",
+            "rustwork::outer::inner::spin_generic",
+            "rustwork::main",
+        ],
+    )
 }
 
 /// A binary whose own code has no unwind information (`-fno-asynchronous-unwind-tables`,
