@@ -152,9 +152,6 @@ pub(super) fn load_sections(
         };
         Ok(Reader::new(bytes, endian))
     })?;
-    let mut dwarf = dwarf;
-    // Units that share an abbreviation table (common in large binaries) then share its parse.
-    dwarf.populate_abbreviations_cache(gimli::AbbreviationsCacheStrategy::Duplicates);
     Ok(DwarfLoad::Loaded(LoadedSections {
         dwarf,
         mapped_bytes,
