@@ -14,7 +14,7 @@ use tokio::signal::unix::{signal, SignalKind};
 use crate::{
     cmd::session::{Session, DISCOVERY_INTERVAL},
     pipeline::drain::{DrainError, Drainer, Losses},
-    pipeline::sampler::{Sampler, SamplerConfig, SamplerError, UnwindMode},
+    pipeline::sampler::{Sampler, SamplerConfig, SamplerError, UnwindCapacity, UnwindMode},
     profile::encode::{self, EncodeOptions, Format},
     symbolize::{
         self,
@@ -141,6 +141,7 @@ pub async fn record(args: &RecordConfig) -> Result<RecordSummary, RecordError> {
         window_secs: args.window.as_secs().max(1),
         deny_list: false,
         unwind: args.unwind,
+        unwind_capacity: UnwindCapacity::capture(&args.pids, running_processes()),
     };
     let mut sigint = signal(SignalKind::interrupt()).map_err(RecordError::Signals)?;
     let mut sigterm = signal(SignalKind::terminate()).map_err(RecordError::Signals)?;
@@ -186,7 +187,11 @@ pub async fn record(args: &RecordConfig) -> Result<RecordSummary, RecordError> {
             _ = discover.tick() => {
                 session.discover(drainer.active_pids()?);
                 if let Some(unwinder) = &mut unwinder {
-                    unwinder.poll(|_| true)?;
+                    // A process the maps have no room for walks by frame pointers (and is
+                    // counted so); the recording goes on, as the daemon's does.
+                    if let Err(err) = unwinder.poll(|_| true) {
+                        tracing::warn!("{err}");
+                    }
                 }
             }
         }
@@ -263,5 +268,19 @@ fn write_output(path: &Path, bytes: &[u8]) -> Result<(), RecordError> {
     fs::write_atomically(path, bytes).map_err(|e| RecordError::Output {
         path: path.to_owned(),
         reason: e.to_string(),
+    })
+}
+
+/// How many processes exist now (the numeric entries of `/proc`), to size the unwinder's maps.
+fn running_processes() -> usize {
+    std::fs::read_dir("/proc").map_or(0, |entries| {
+        entries
+            .filter_map(Result::ok)
+            .filter(|e| {
+                e.file_name()
+                    .to_str()
+                    .is_some_and(|n| n.parse::<u32>().is_ok())
+            })
+            .count()
     })
 }

@@ -46,7 +46,7 @@ use crate::{
     pipeline::aggregate::Aggregated,
     pipeline::cost,
     pipeline::drain::{DrainError, Drainer},
-    pipeline::sampler::{Sampler, SamplerConfig, SamplerError, UnwindMode},
+    pipeline::sampler::{Sampler, SamplerConfig, SamplerError, UnwindCapacity, UnwindMode},
     profile::{Labels, Profile},
     serve::{
         guard::AllowedHosts,
@@ -224,6 +224,7 @@ pub async fn run(config: RunConfig, store: Store) -> Result<(), RunError> {
         window_secs: config.window.as_secs().max(1),
         deny_list: labeler.can_drop(),
         unwind: config.unwind,
+        unwind_capacity: UnwindCapacity::DAEMON,
     };
     // Before BPF is loaded: a bad remote configuration (URL, secret files, CA file) fails the
     // start with its reason.

@@ -58,6 +58,45 @@ pub struct SamplerConfig {
     pub deny_list: bool,
     /// How user stacks are walked.
     pub unwind: UnwindMode,
+    /// How much the unwinder's maps hold (with [`UnwindMode::Auto`]).
+    pub unwind_capacity: UnwindCapacity,
+}
+
+/// How much the unwinder's maps hold, fixed when the program loads: the kernel allocates and
+/// zeroes all of it up front (a preallocated hash map, an mmapable array), and that is most of
+/// what starting the sampler costs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UnwindCapacity {
+    /// Rows of the table pool (`UNWIND_ROWS`), 8 bytes each.
+    pub pool_rows: u32,
+    /// Processes whose mappings the program holds at once (`UNWIND_PROCS`, 2.5 KiB each).
+    pub processes: u32,
+}
+
+impl UnwindCapacity {
+    /// The daemon's: the whole machine, for good (64 MiB of rows, 8192 processes).
+    pub const DAEMON: UnwindCapacity = UnwindCapacity {
+        pool_rows: scorch_common::UNWIND_POOL_ROWS,
+        processes: scorch_common::MAX_UNWIND_PROCS,
+    };
+
+    /// A one-shot capture's: a recording builds tables only for the processes its samples
+    /// meet, so a quarter of the daemon's pool (16 MiB: the tables of a few hundred distinct
+    /// binaries) and room for the processes alive now twice over. `pids` (`--pid`) bounds the
+    /// processes instead; `running` is how many processes exist when it starts.
+    pub fn capture(pids: &[u32], running: usize) -> UnwindCapacity {
+        let wanted = if pids.is_empty() {
+            running.saturating_mul(2).max(1024)
+        } else {
+            pids.len().max(16)
+        };
+        UnwindCapacity {
+            pool_rows: scorch_common::UNWIND_POOL_ROWS / 4,
+            processes: u32::try_from(wanted)
+                .unwrap_or(u32::MAX)
+                .min(scorch_common::MAX_UNWIND_PROCS),
+        }
+    }
 }
 
 /// How the program walks user stacks (`--unwind`).
@@ -81,6 +120,7 @@ impl Default for SamplerConfig {
             window_secs: 10,
             deny_list: false,
             unwind: UnwindMode::Auto,
+            unwind_capacity: UnwindCapacity::DAEMON,
         }
     }
 }
@@ -135,17 +175,24 @@ impl Sampler {
         } else {
             1
         };
-        let pool_rows = if tables {
-            scorch_common::UNWIND_POOL_ROWS
+        // Without tables the unwinder's maps go unused: one entry each.
+        let capacity = if tables {
+            config.unwind_capacity
         } else {
-            1
+            UnwindCapacity {
+                pool_rows: 1,
+                processes: 1,
+            }
         };
+        let pool_rows = capacity.pool_rows;
         let mut ebpf = EbpfLoader::new()
             .map_max_entries("STACKS_0", stack_entries)
             .map_max_entries("STACKS_1", stack_entries)
             .map_max_entries("USER_STACKS_0", user_stack_entries)
             .map_max_entries("USER_STACKS_1", user_stack_entries)
             .map_max_entries("UNWIND_ROWS", pool_rows)
+            .map_max_entries("UNWIND_PROCS", capacity.processes)
+            .map_max_entries("NOTIFIED", capacity.processes)
             .load(BPF_OBJECT)?;
         let logger = match aya_log::EbpfLogger::init(&mut ebpf) {
             Ok(logger) => Some(logger),
@@ -423,6 +470,24 @@ mod tests {
         assert_eq!(parse_cpu_list(""), None);
         assert_eq!(parse_cpu_list("3-1"), None);
         assert_eq!(parse_cpu_list("x"), None);
+    }
+
+    #[test]
+    fn a_capture_sizes_the_unwinder_for_its_processes() {
+        let pool = scorch_common::UNWIND_POOL_ROWS / 4;
+        assert_eq!(
+            UnwindCapacity::capture(&[42], 300),
+            UnwindCapacity {
+                pool_rows: pool,
+                processes: 16
+            }
+        );
+        assert_eq!(UnwindCapacity::capture(&[], 300).processes, 1024);
+        assert_eq!(UnwindCapacity::capture(&[], 3000).processes, 6000);
+        assert_eq!(
+            UnwindCapacity::capture(&[], 100_000).processes,
+            scorch_common::MAX_UNWIND_PROCS
+        );
     }
 
     #[test]
