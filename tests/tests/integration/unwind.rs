@@ -150,7 +150,9 @@ fn record_with_perf_dwarf(
         "--duration",
         &format!("{seconds}s"),
         "--output",
-        pprof_path.to_str().unwrap(),
+        pprof_path
+            .to_str()
+            .ok_or_else(|| anyhow::anyhow!("{} is not UTF-8", pprof_path.display()))?,
     ]);
     let perf_ok = perf.wait()?.success();
     drop(workload);
