@@ -28,11 +28,23 @@ pub(super) struct SymbolTable {
 /// table and names for a Rust binary).
 const RELEASE_EVERY: usize = 16 << 10;
 
+/// Bytes of names one file's table keeps at most. Each symbol's name is copied into the
+/// arena, and a crafted file can point any number of symbols (or PLT stubs) at one long
+/// string; this bounds what such a file costs. The largest real tables (a browser's
+/// `.strtab`) are a few hundred MB of mostly non-text names.
+const MAX_NAME_BYTES: usize = 256 << 20;
+
 impl SymbolTable {
     /// The text symbols of `file`. `release_pages` is called every [`RELEASE_EVERY`] symbols:
     /// reading a large Rust binary's table touches tens of MiB of `.symtab` and `.strtab`,
     /// which count as this process's memory until let go.
     pub(super) fn read(file: &object::File<'_>, release_pages: &dyn Fn()) -> Self {
+        Self::read_within(file, release_pages, MAX_NAME_BYTES)
+    }
+
+    /// [`SymbolTable::read`] keeping at most `name_budget` bytes of names: the symbols past it
+    /// are left out, as if the table ended there.
+    fn read_within(file: &object::File<'_>, release_pages: &dyn Fn(), name_budget: usize) -> Self {
         let mut table = SymbolTable::default();
         // .symtab is the full table; .dynsym survives `strip` and names exported functions.
         for (i, symbol) in file.symbols().chain(file.dynamic_symbols()).enumerate() {
@@ -43,28 +55,14 @@ impl SymbolTable {
                 continue;
             }
             let Ok(name) = symbol.name() else { continue };
-            if name.is_empty() || name.len() > u32::MAX as usize {
-                continue;
+            if !name.is_empty() && !table.push(symbol.address(), symbol.size(), name, name_budget) {
+                break;
             }
-            table.symbols.push(FunctionSymbol {
-                start: symbol.address(),
-                size: symbol.size(),
-                name_offset: table.arena.len() as u32,
-                name_len: name.len() as u32,
-            });
-            table.arena.push_str(name);
         }
         for (start, size, name) in plt_stubs(file) {
-            if name.len() > u32::MAX as usize {
-                continue;
+            if !table.push(start, size, &name, name_budget) {
+                break;
             }
-            table.symbols.push(FunctionSymbol {
-                start,
-                size,
-                name_offset: table.arena.len() as u32,
-                name_len: name.len() as u32,
-            });
-            table.arena.push_str(&name);
         }
         // Both tables name the same exported functions; keep one per address, preferring a
         // sized entry so lookups can tell where a function ends.
@@ -75,6 +73,24 @@ impl SymbolTable {
         table.symbols.shrink_to_fit();
         table.arena.shrink_to_fit();
         table
+    }
+
+    /// Adds a symbol, unless its name would take the arena past `name_budget` bytes.
+    fn push(&mut self, start: u64, size: u64, name: &str, name_budget: usize) -> bool {
+        let Some(end) = self.arena.len().checked_add(name.len()) else {
+            return false;
+        };
+        if end > name_budget || end > u32::MAX as usize {
+            return false;
+        }
+        self.symbols.push(FunctionSymbol {
+            start,
+            size,
+            name_offset: self.arena.len() as u32,
+            name_len: name.len() as u32,
+        });
+        self.arena.push_str(name);
+        true
     }
 
     pub(super) fn lookup(&self, address: u64) -> Option<&str> {
@@ -248,6 +264,17 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn keeps_names_within_the_budget() {
+        let data = std::fs::read(std::env::current_exe().unwrap()).unwrap();
+        let file = object::File::parse(&*data).unwrap();
+        let whole = SymbolTable::read(&file, &|| {});
+        assert!(whole.arena.len() > 10_000);
+        let bounded = SymbolTable::read_within(&file, &|| {}, 10_000);
+        assert!(bounded.arena.len() <= 10_000 && !bounded.symbols.is_empty());
+        assert!(bounded.symbols.len() < whole.symbols.len());
     }
 
     #[test]
