@@ -9,16 +9,13 @@
 /// many frames was probably cut short; the agent counts those as truncated.
 pub const MAX_STACK_DEPTH: usize = 127;
 
-/// Capacity of each per-generation counts map: distinct (process, user stack, kernel stack)
-/// keys per window. 19 Hz on 256 CPUs for 10 s is under 50k samples, so even all-distinct
-/// stacks fit; a fuller map is counted as a loss, never silently dropped.
+/// Most entries of each per-generation counts map: distinct (process, user stack, kernel
+/// stack) keys per window. The agent sizes the map to the samples a window can hold, up to
+/// this; 19 Hz on 256 CPUs for 10 s is under 50k samples, so even all-distinct stacks fit. A
+/// fuller map is counted as a loss, never silently dropped. The object declares this size.
 pub const MAX_COUNT_KEYS: u32 = 65_536;
 
-/// Capacity of each per-generation stack-trace map. Larger than the counts map because user and
-/// kernel stacks share it, and a roomier hash table means fewer bucket collisions (`-EEXIST`).
-pub const MAX_STACKS: u32 = 131_072;
-
-/// Distinct processes whose name is recorded per window.
+/// Most distinct processes whose name is recorded per window (sized like the counts map).
 pub const MAX_COMMS: u32 = 32_768;
 
 /// Most PIDs the filter holds: `--pid` arguments, or processes relabelling dropped.

@@ -10,7 +10,7 @@ use aya::{
     },
     Ebpf, EbpfError, EbpfLoader,
 };
-use scorch_common::{Control, MAX_STACK_DEPTH};
+use scorch_common::{Control, MAX_COMMS, MAX_COUNT_KEYS, MAX_STACK_DEPTH};
 
 use super::maps::{GenerationMaps, SamplerMaps, UnwindMaps};
 
@@ -168,6 +168,7 @@ impl Sampler {
     fn start_as(config: &SamplerConfig) -> Result<(Sampler, SamplerMaps, Control), SamplerError> {
         let cpus = online_cpus()?;
         let stack_entries = stack_map_entries(cpus.len() as u64, config);
+        let (count_entries, comm_entries) = per_window_map_entries(cpus.len() as u64, config);
         let tables = config.unwind == UnwindMode::Auto;
         // Only user stacks go in these, and only with tables: otherwise one entry each.
         let user_stack_entries = if tables {
@@ -186,6 +187,10 @@ impl Sampler {
         };
         let pool_rows = capacity.pool_rows;
         let mut ebpf = EbpfLoader::new()
+            .map_max_entries("COUNTS_0", count_entries)
+            .map_max_entries("COUNTS_1", count_entries)
+            .map_max_entries("COMMS_0", comm_entries)
+            .map_max_entries("COMMS_1", comm_entries)
             .map_max_entries("STACKS_0", stack_entries)
             .map_max_entries("STACKS_1", stack_entries)
             .map_max_entries("USER_STACKS_0", user_stack_entries)
@@ -376,6 +381,22 @@ fn stack_map_entries(cpus: u64, config: &SamplerConfig) -> u32 {
     wanted.clamp(8192, 262_144) as u32
 }
 
+/// Counts-map and comm-map sizes: each holds at most one entry per sample of a window, so
+/// twice a window's samples, at least 4096 (a late drain, a burst of new processes), at most
+/// the object's [`MAX_COUNT_KEYS`] and [`MAX_COMMS`]. Both are preallocated hash maps (the
+/// kernel requires it of a perf-event program), whose every entry the kernel allocates and
+/// charges up front; and the agent lists the comm map's keys every discovery tick, a walk over
+/// every bucket. Sized for 256 CPUs they made a 2-CPU `scorch record` allocate 14 MiB and
+/// scan 32k buckets five times a second for a few hundred samples a window.
+fn per_window_map_entries(cpus: u64, config: &SamplerConfig) -> (u32, u32) {
+    let per_window = cpus * config.frequency_hz * config.window_secs.max(1);
+    let wanted = (per_window * 2).next_power_of_two().max(4096);
+    (
+        wanted.min(u64::from(MAX_COUNT_KEYS)) as u32,
+        wanted.min(u64::from(MAX_COMMS)) as u32,
+    )
+}
+
 /// User-stack map size: as [`stack_map_entries`], for user stacks only, and smaller, as a
 /// hash map preallocates its entries (~1 KiB each) where a stack-trace map fills lazily.
 fn user_stack_map_entries(cpus: u64, config: &SamplerConfig) -> u32 {
@@ -496,5 +517,26 @@ mod tests {
         assert_eq!(stack_map_entries(2, &config), 8192);
         assert_eq!(stack_map_entries(32, &config), 131_072);
         assert_eq!(stack_map_entries(4096, &config), 262_144);
+    }
+
+    #[test]
+    fn sizes_counts_and_comms_to_a_window() {
+        let config = SamplerConfig::default();
+        assert_eq!(config.frequency_hz * config.window_secs, 190);
+        // 2 CPUs: 380 samples a window.
+        assert_eq!(per_window_map_entries(2, &config), (4096, 4096));
+        // 64 CPUs: 12,160 samples.
+        assert_eq!(per_window_map_entries(64, &config), (32_768, 32_768));
+        // 256 CPUs: 48,640 samples, up to the bounds the object declares.
+        assert_eq!(
+            per_window_map_entries(256, &config),
+            (MAX_COUNT_KEYS, MAX_COMMS)
+        );
+        let fast = SamplerConfig {
+            frequency_hz: 999,
+            ..SamplerConfig::default()
+        };
+        // 19,980 samples.
+        assert_eq!(per_window_map_entries(2, &fast), (65_536, 32_768));
     }
 }

@@ -102,7 +102,10 @@ pub(super) fn load_sections(
         len: 0,
     };
     let dwarf = gimli::Dwarf::load(|id| -> Result<Reader, gimli::Error> {
-        let Some(section) = file.section_by_name(id.name()) else {
+        let Some(section) = symbolization_needs(id)
+            .then(|| file.section_by_name(id.name()))
+            .flatten()
+        else {
             return Ok(Reader::new(empty.clone(), endian));
         };
         let range = section
@@ -159,13 +162,29 @@ pub(super) fn load_sections(
     }))
 }
 
+/// Whether naming a pc (units, their functions and inlined calls, line tables) reads section
+/// `id`. Variable locations (`.debug_loc`, `.debug_loclists`), macros, type units and the
+/// address ranges table (units are indexed from their own ranges) are never read, and are
+/// left out rather than mapped or inflated: in libc6-dbg's compressed debug file the location
+/// lists alone are a sixth of what would be inflated.
+fn symbolization_needs(id: gimli::SectionId) -> bool {
+    use gimli::SectionId::*;
+    !matches!(
+        id,
+        DebugLoc | DebugLocLists | DebugMacinfo | DebugMacro | DebugTypes | DebugAranges
+    )
+}
+
 /// What the compressed sections among those gimli loads claim to inflate to, together.
-/// gimli's own loader walks the sections, so the sum covers exactly the ones
-/// [`load_sections`] would inflate.
+/// gimli's own loader walks the sections, with the same filter, so the sum covers exactly
+/// the ones [`load_sections`] would inflate.
 fn claimed_inflated_bytes(file: &object::File<'_>) -> Result<u64, gimli::Error> {
     let mut claimed = 0u64;
     gimli::DwarfSections::<()>::load(|id| -> Result<(), gimli::Error> {
-        let Some(section) = file.section_by_name(id.name()) else {
+        let Some(section) = symbolization_needs(id)
+            .then(|| file.section_by_name(id.name()))
+            .flatten()
+        else {
             return Ok(());
         };
         let range = section
