@@ -224,6 +224,17 @@ pub fn process_exec(_ctx: RawTracePointContext) -> i32 {
     0
 }
 
+/// `vm_unmapped_area` (a raw tracepoint): mmap chose where a new mapping of the current
+/// process goes, without `MAP_FIXED`, as the loader does for a library. Its arguments are
+/// the address and the request, `struct vm_unmapped_area_info *`.
+#[raw_tracepoint(tracepoint = "vm_unmapped_area")]
+pub fn mapping_placed(ctx: RawTracePointContext) -> i32 {
+    let start: u64 = ctx.arg(0);
+    let info: *const u64 = ctx.arg(1);
+    unwind::mapping_placed((bpf_get_current_pid_tgid() >> 32) as u32, start, info);
+    0
+}
+
 #[inline(always)]
 fn bump(count: *mut u64) {
     // SAFETY: `count` points into a map value that stays allocated while this program runs;

@@ -453,6 +453,48 @@ pub fn forget_process(tgid: u32) {
     let _ = NOTIFIED.remove(tgid);
 }
 
+/// A new mapping of `tgid` went at `start`, for the length in `info`: an executable mapping
+/// the agent described there is gone, and whatever now sits at its addresses (another
+/// library, after a `dlclose` and a `dlopen`: the kernel reuses the hole) would be walked with
+/// the old table, and give wrong callers. Forget the process, as at exec: its next sample asks
+/// the agent to read its maps again, and until then its walks take frame-pointer steps.
+#[inline(always)]
+pub fn mapping_placed(tgid: u32, start: u64, info: *const u64) {
+    let Some(procs) = UNWIND_PROCS.get_ptr(tgid) else {
+        return;
+    };
+    // An error (`-ENOMEM`) instead of an address, or nothing placed.
+    if start >= 1 << 63 || info.is_null() {
+        return;
+    }
+    // `struct vm_unmapped_area_info` begins with `flags`, then `length`, in every kernel
+    // since it was introduced (3.10); the layout is read, not relocated (no CO-RE here).
+    // SAFETY: a kernel pointer the tracepoint passed; the helper checks the read.
+    let Ok(len) = (unsafe { bpf_probe_read_kernel(info.wrapping_add(1)) }) else {
+        return;
+    };
+    let Some(last) = len.checked_sub(1).and_then(|l| start.checked_add(l)) else {
+        return;
+    };
+    // SAFETY: a map value, alive while this program runs.
+    let procs = unsafe { &*procs };
+    // The mapping starting last at or below the new one's last byte: sorted and disjoint, no
+    // other can reach further up, so the two overlap exactly when it ends above `start`.
+    let mut search = MappingSearch {
+        bisect: Bisect::new(procs.count.min(MAX_PROC_MAPPINGS as u32)),
+        pc: last,
+        procs,
+    };
+    repeat(MAPPING_SEARCH_STEPS, probe_mapping, &mut search);
+    if search
+        .bisect
+        .found()
+        .is_some_and(|i| mapping_at(procs, i).end > start)
+    {
+        forget_process(tgid);
+    }
+}
+
 /// Inserts the walked stack into a generation's stack map; returns its id, or whether the
 /// failure was a collision (`true`) or another error.
 #[inline(always)]

@@ -258,6 +258,7 @@ impl Sampler {
             exec.load().map_err(SamplerError::ExecTracepoint)?;
             exec.attach("sched_process_exec")
                 .map_err(SamplerError::ExecTracepoint)?;
+            attach_mapping_placed(&mut ebpf);
             Some(take_unwind_maps(&mut ebpf, pool_rows)?)
         } else {
             None
@@ -402,6 +403,27 @@ fn per_window_map_entries(cpus: u64, config: &SamplerConfig) -> (u32, u32) {
 fn user_stack_map_entries(cpus: u64, config: &SamplerConfig) -> u32 {
     let per_window = cpus * config.frequency_hz * config.window_secs.max(1);
     (per_window * 2).next_power_of_two().clamp(4096, 65_536) as u32
+}
+
+/// Attaches `mapping_placed` to the `vm_unmapped_area` tracepoint, which tells the BPF side
+/// that a process mapped something over addresses where it had code: a library unloaded and
+/// another loaded in its place. Without it (a kernel without the tracepoint) such a process
+/// keeps its old table for the address until something else makes the agent read its maps
+/// again; that is logged, and sampling goes on.
+fn attach_mapping_placed(ebpf: &mut Ebpf) {
+    let attached = ebpf
+        .program_mut("mapping_placed")
+        .ok_or(ProgramError::UnexpectedProgramType)
+        .and_then(|program| {
+            let program: &mut RawTracePoint = program.try_into()?;
+            program.load()?;
+            program.attach("vm_unmapped_area").map(drop)
+        });
+    if let Err(err) = attached {
+        tracing::warn!(
+            "attaching to the vm_unmapped_area raw tracepoint: {err}; a library loaded where              an unloaded one was is walked with the old one's unwind table until the process              is read again"
+        );
+    }
 }
 
 fn take<T>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, SamplerError>

@@ -3,6 +3,8 @@
 
 use std::process::Command;
 
+use anyhow::Context;
+
 use scorch_tests::*;
 
 const LEAVES: [&str; 3] = ["leaf_a", "leaf_b", "leaf_c"];
@@ -559,6 +561,51 @@ fn library_loaded_with_dlopen_later_is_unwound_within_a_window() -> anyhow::Resu
         show(in_library.iter().copied().filter(|s| !whole(s)))
     );
     Ok(())
+}
+
+/// A library unloaded, and another loaded at its address: the second's frames are walked with
+/// its own table, not the first's. Without the `vm_unmapped_area` hook the process keeps the
+/// first table for those addresses (its pcs are known, so nothing asks the agent again), and
+/// libswap_b's 16-byte frames are walked with libswap_a's 4 KiB CFA offset: a read fault and
+/// no caller, for every sample after the swap (1,004 of 1,592 before the hook).
+#[test]
+fn library_loaded_where_an_unloaded_one_was_is_walked_with_its_own_table() -> anyhow::Result<()> {
+    let dir = work_dir();
+    let library = |name: &str, frame: &str| {
+        let path = dir.join(format!("libswap_{name}.so"));
+        let mut flags = vec!["-shared", "-fPIC"];
+        flags.extend_from_slice(&NO_FP);
+        let define_name = format!("-DNAME=swap_spin_{name}");
+        let define_frame = format!("-DFRAME={frame}");
+        flags.extend([define_name.as_str(), define_frame.as_str()]);
+        compile("gcc", &workload_source("swaplib.c"), &path, &flags, &[])?;
+        anyhow::Ok(path)
+    };
+    let (a, b) = (library("a", "4096")?, library("b", "16")?);
+    let program = build_no_fp("relinker.c", "relinker", &["-ldl"])?;
+    let addresses = dir.join("relinker-addresses");
+    let _ = std::fs::remove_file(&addresses);
+    let path = |p: &std::path::Path| p.to_str().map(str::to_owned).context("non-UTF-8 path");
+    let recording = record(
+        &program,
+        &[&path(&a)?, &path(&b)?, &path(&addresses)?, "30"],
+        8,
+        &["--window", "2s"],
+    )?;
+    let written = std::fs::read_to_string(&addresses).context("the workload's addresses")?;
+    let (at_a, at_b) = written
+        .trim()
+        .split_once(' ')
+        .with_context(|| format!("addresses {written:?}"))?;
+    anyhow::ensure!(
+        at_a == at_b,
+        "libswap_b.so went to {at_b}, not libswap_a.so's {at_a}: the test needs the address          reused"
+    );
+    // Either library's frames: `record` names a process's pcs with its maps as last read, so
+    // libswap_a's samples, taken at the same addresses, come out under libswap_b's names.
+    // 199 Hz for 8 s: about 1,600 samples, 1,000 of them after the swap.
+    let in_library = |s: &NamedSample| s.frames.iter().any(|f| f.starts_with("swap_spin_"));
+    recording.assert_whole(in_library, &["run_library", "main"], 1000)
 }
 
 /// Share of `samples` (of those `relevant`) whose frames, leaf first, hold `path` in that order
