@@ -22,6 +22,7 @@ fn main() {
         LIBC,
         "/lib64/ld-linux-x86-64.so.2",
         "/lib/x86_64-linux-gnu/libstdc++.so.6",
+        "/lib/x86_64-linux-gnu/libLLVM-14.so.1",
     ];
     for path in libraries {
         let path = Path::new(path);

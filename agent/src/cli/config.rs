@@ -88,6 +88,10 @@ pub struct RunArgs {
     /// only) [default: auto].
     #[arg(long, value_enum)]
     pub unwind: Option<UnwindMode>,
+    /// Processes the unwinder describes to the BPF program at once, 2.5 KiB of kernel memory
+    /// each; the others walk by frame pointers [default: 8192].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=65536))]
+    pub unwind_processes: Option<u32>,
     /// A label added to every series, `NAME=VALUE` (repeatable; adds to `[external-labels]`).
     #[arg(long = "external-label", value_parser = parse_external_label)]
     pub external_label: Vec<(String, String)>,
@@ -141,6 +145,7 @@ struct FileConfig {
     symbol_cache_mb: Option<u64>,
     include_idle: Option<bool>,
     unwind: Option<String>,
+    unwind_processes: Option<u32>,
     /// `[[relabel]]` tables: Prometheus relabel_config rules, in order.
     relabel: Option<Vec<RuleConfig>>,
     /// `[external-labels]`: added to every series.
@@ -225,6 +230,15 @@ fn apply_file(config: &mut RunConfig, text: &str, path: &Path) -> Result<(), Con
     if let Some(mode) = file.unwind {
         config.unwind = <UnwindMode as clap::ValueEnum>::from_str(&mode, false)
             .map_err(|_| value("unwind", format!("{mode:?}: expected auto or fp")))?;
+    }
+    if let Some(processes) = file.unwind_processes {
+        if !(1..=65536).contains(&processes) {
+            return Err(value(
+                "unwind-processes",
+                format!("{processes}: expected 1 to 65536"),
+            ));
+        }
+        config.unwind_processes = processes;
     }
     if let Some(rules) = file.relabel {
         // Checked now, so a bad rule stops startup with its number and field.
@@ -317,6 +331,9 @@ fn apply_flags(config: &mut RunConfig, args: &RunArgs) {
     }
     if let Some(mode) = args.unwind {
         config.unwind = mode;
+    }
+    if let Some(processes) = args.unwind_processes {
+        config.unwind_processes = processes;
     }
     config
         .external_labels
@@ -443,6 +460,7 @@ mod tests {
             file.symbol_cache_mb.is_some(),
             file.include_idle.is_some(),
             file.unwind.is_some(),
+            file.unwind_processes.is_some(),
             file.remote_url.is_some(),
             file.remote_protocol.is_some(),
             file.remote_insecure.is_some(),

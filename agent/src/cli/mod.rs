@@ -104,6 +104,11 @@ pub struct RecordArgs {
     /// frame pointers elsewhere; `fp`: frame pointers only.
     #[arg(long, value_enum, default_value = "auto")]
     pub unwind: UnwindMode,
+    /// Processes the unwinder describes to the BPF program at once (2.5 KiB of kernel memory
+    /// each); the others walk by frame pointers [default: twice those running, at least 1024,
+    /// at most 8192; with --pid, at least 16].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=65536))]
+    pub unwind_processes: Option<u32>,
 }
 
 impl RecordArgs {
@@ -126,6 +131,7 @@ impl RecordArgs {
             symbolize: self.symbolize,
             symbol_cache_bytes: (self.symbol_cache_mb as usize) << 20,
             unwind: self.unwind,
+            unwind_processes: self.unwind_processes,
         }
     }
 }

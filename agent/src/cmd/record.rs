@@ -49,6 +49,8 @@ pub struct RecordConfig {
     pub symbol_cache_bytes: usize,
     /// How user stacks are walked.
     pub unwind: UnwindMode,
+    /// Processes the unwinder holds at once, when not sized from those running.
+    pub unwind_processes: Option<u32>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -141,7 +143,8 @@ pub async fn record(args: &RecordConfig) -> Result<RecordSummary, RecordError> {
         window_secs: args.window.as_secs().max(1),
         deny_list: false,
         unwind: args.unwind,
-        unwind_capacity: UnwindCapacity::capture(&args.pids, running_processes()),
+        unwind_capacity: UnwindCapacity::capture(&args.pids, running_processes())
+            .with_processes(args.unwind_processes),
     };
     let mut sigint = signal(SignalKind::interrupt()).map_err(RecordError::Signals)?;
     let mut sigterm = signal(SignalKind::terminate()).map_err(RecordError::Signals)?;
@@ -187,8 +190,8 @@ pub async fn record(args: &RecordConfig) -> Result<RecordSummary, RecordError> {
             _ = discover.tick() => {
                 session.discover(drainer.active_pids()?);
                 if let Some(unwinder) = &mut unwinder {
-                    // A process the maps have no room for walks by frame pointers (and is
-                    // counted so); the recording goes on, as the daemon's does.
+                    // A process the maps have no room for walks by frame pointers (logged and
+                    // counted by the unwinder); the recording goes on, as the daemon's does.
                     if let Err(err) = unwinder.poll(|_| true) {
                         tracing::warn!("{err}");
                     }

@@ -94,6 +94,9 @@ pub struct RunConfig {
     pub include_idle: bool,
     /// How user stacks are walked (`--unwind`, `unwind`).
     pub unwind: UnwindMode,
+    /// Processes the unwinder describes to the BPF program at once (`--unwind-processes`,
+    /// `unwind-processes`); the others walk by frame pointers.
+    pub unwind_processes: u32,
     /// Relabelling rules (config file only: `[[relabel]]`), checked by [`RunConfig::resolve`].
     pub relabel: Vec<RuleConfig>,
     /// Labels added to every series (`[external-labels]`, or `--external-label NAME=VALUE`).
@@ -115,6 +118,7 @@ impl Default for RunConfig {
             symbol_cache_mb: 256,
             include_idle: false,
             unwind: UnwindMode::Auto,
+            unwind_processes: UnwindCapacity::DAEMON.processes,
             relabel: Vec::new(),
             external_labels: Labels::new(),
             remote: RemoteConfig::default(),
@@ -224,7 +228,7 @@ pub async fn run(config: RunConfig, store: Store) -> Result<(), RunError> {
         window_secs: config.window.as_secs().max(1),
         deny_list: labeler.can_drop(),
         unwind: config.unwind,
-        unwind_capacity: UnwindCapacity::DAEMON,
+        unwind_capacity: UnwindCapacity::DAEMON.with_processes(Some(config.unwind_processes)),
     };
     // Before BPF is loaded: a bad remote configuration (URL, secret files, CA file) fails the
     // start with its reason.

@@ -97,6 +97,14 @@ impl UnwindCapacity {
                 .min(scorch_common::MAX_UNWIND_PROCS),
         }
     }
+
+    /// This capacity, holding `processes` processes when given (`--unwind-processes`).
+    pub fn with_processes(self, processes: Option<u32>) -> UnwindCapacity {
+        UnwindCapacity {
+            processes: processes.unwrap_or(self.processes),
+            ..self
+        }
+    }
 }
 
 /// How the program walks user stacks (`--unwind`).

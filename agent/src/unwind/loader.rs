@@ -129,6 +129,9 @@ pub struct LoaderStats {
     pub processes: usize,
     pub tables_evicted: u64,
     pub events: u64,
+    /// Times a process's mappings found no room in `UNWIND_PROCS` (full): it walks by frame
+    /// pointers until exits make room.
+    pub processes_without_room: u64,
 }
 
 /// The pool's memory, shared with the BPF map (`BPF_F_MMAPABLE`). Only the pages a table is
@@ -225,7 +228,17 @@ pub struct Unwinder {
     /// The vDSO image's length, when its table is loaded: a process's `[vdso]` mapping of
     /// another length is not the same image (a 32-bit process's) and walks by frame pointers.
     vdso_len: Option<u64>,
+    /// Processes `UNWIND_PROCS` had no room for. Their samples ask again every 250 ms; each
+    /// ask would read their maps again and fail again, so they are not read until an exit
+    /// makes room.
+    without_room: HashSet<u32>,
+    without_room_total: u64,
+    /// When the full map was last reported: once a minute at most, not on every poll.
+    reported_full: Option<std::time::Instant>,
 }
+
+/// How often a full `UNWIND_PROCS` is reported in the log.
+const FULL_REPORT_INTERVAL: std::time::Duration = std::time::Duration::from_secs(60);
 
 impl Unwinder {
     /// Takes over the maps and starts the table builder thread.
@@ -258,6 +271,9 @@ impl Unwinder {
             evicted: 0,
             events: 0,
             vdso_len: None,
+            without_room: HashSet::new(),
+            without_room_total: 0,
+            reported_full: None,
         };
         unwinder.load_vdso()?;
         Ok(unwinder)
@@ -293,8 +309,12 @@ impl Unwinder {
             }
         }
         let mut requested = false;
-        for pid in pids.into_iter().filter(|&pid| wanted(pid)) {
-            requested |= self.scan(pid)?;
+        let pids: Vec<u32> = pids
+            .into_iter()
+            .filter(|pid| !self.without_room.contains(pid) && wanted(*pid))
+            .collect();
+        for pid in pids {
+            requested |= self.placed(|unwinder| unwinder.scan(pid))?;
         }
         self.install_built(requested)
     }
@@ -304,9 +324,41 @@ impl Unwinder {
     pub fn watch(&mut self, pids: &[u32]) -> Result<(), LoaderError> {
         let mut requested = false;
         for &pid in pids {
-            requested |= self.scan(pid)?;
+            requested |= self.placed(|unwinder| unwinder.scan(pid))?;
         }
         self.install_built(requested)
+    }
+
+    /// Runs `describe`, which writes `pid`'s mappings to `UNWIND_PROCS`. When the map has no
+    /// room, that one process walks by frame pointers, and the others go on: an error here
+    /// used to end the whole poll, so with the map full no finished table was ever installed.
+    fn placed(
+        &mut self,
+        describe: impl FnOnce(&mut Self) -> Result<bool, LoaderError>,
+    ) -> Result<bool, LoaderError> {
+        match describe(self) {
+            Err(LoaderError::Procs { pid, source }) => {
+                self.procs.remove(&pid);
+                self.without_room.insert(pid);
+                self.without_room_total += 1;
+                let now = std::time::Instant::now();
+                if self
+                    .reported_full
+                    .is_none_or(|at| now.duration_since(at) >= FULL_REPORT_INTERVAL)
+                {
+                    self.reported_full = Some(now);
+                    tracing::warn!(
+                        "BPF map UNWIND_PROCS has no room for process {pid} ({source}; {} \
+                         processes hold it, {} found it full so far): such processes walk by \
+                         frame pointers until exits make room",
+                        self.procs.len(),
+                        self.without_room_total
+                    );
+                }
+                Ok(false)
+            }
+            other => other,
+        }
     }
 
     /// Installs the tables the worker finished, and rewrites the processes that use them.
@@ -338,7 +390,7 @@ impl Unwinder {
                 .map(|(&pid, _)| pid)
                 .collect();
             for pid in pids {
-                self.write(pid)?;
+                self.placed(|unwinder| unwinder.write(pid).map(|()| false))?;
             }
         }
         Ok(())
@@ -360,6 +412,10 @@ impl Unwinder {
             .copied()
             .filter(|pid| !Path::new(&format!("/proc/{pid}")).exists())
             .collect();
+        if !gone.is_empty() {
+            // Room is made: the processes that found none are read at their next sample.
+            self.without_room.clear();
+        }
         for pid in gone {
             self.procs.remove(&pid);
             let _ = self.maps.procs.remove(&pid);
@@ -373,6 +429,7 @@ impl Unwinder {
             table_bytes: u64::from(self.pool.used()) * std::mem::size_of::<UnwindRow>() as u64,
             tables_evicted: self.evicted,
             events: self.events,
+            processes_without_room: self.without_room_total,
             ..LoaderStats::default()
         };
         stats.tables_loaded = self.tables.len();

@@ -3,7 +3,10 @@
 
 use std::sync::atomic::AtomicU64;
 
-use prometheus_client::{metrics::gauge::Gauge, registry::Unit};
+use prometheus_client::{
+    metrics::{counter::Counter, gauge::Gauge},
+    registry::Unit,
+};
 use scorch_common::UnwindOutcome;
 
 use super::loader::LoaderStats;
@@ -15,6 +18,7 @@ pub struct UnwindMetrics {
     table_bytes: Gauge<u64, AtomicU64>,
     tables: Gauge<u64, AtomicU64>,
     processes: Gauge<u64, AtomicU64>,
+    without_room: Counter<u64, AtomicU64>,
 }
 
 impl UnwindMetrics {
@@ -24,6 +28,7 @@ impl UnwindMetrics {
             table_bytes: Gauge::default(),
             tables: Gauge::default(),
             processes: Gauge::default(),
+            without_room: Counter::default(),
         };
         registry.register(
             "unwind_walks",
@@ -48,6 +53,12 @@ impl UnwindMetrics {
             "Processes whose executable mappings the BPF unwinder knows",
             metrics.processes.clone(),
         );
+        registry.register(
+            "unwind_processes_without_room",
+            "Times a process found the BPF unwinder's process map full: it walks by frame \
+             pointers until exits make room",
+            metrics.without_room.clone(),
+        );
         metrics
     }
 
@@ -63,5 +74,10 @@ impl UnwindMetrics {
         self.table_bytes.set(stats.table_bytes);
         self.tables.set(stats.tables_loaded as u64);
         self.processes.set(stats.processes as u64);
+        let counted = self.without_room.get();
+        if stats.processes_without_room > counted {
+            self.without_room
+                .inc_by(stats.processes_without_room - counted);
+        }
     }
 }

@@ -608,6 +608,80 @@ fn library_loaded_where_an_unloaded_one_was_is_walked_with_its_own_table() -> an
     recording.assert_whole(in_library, &["run_library", "main"], 1000)
 }
 
+/// With no room for a second process in the unwinder's process map (`--unwind-processes 1`),
+/// the first is still unwound with its tables, and the second walks by frame pointers, logged
+/// once. A full map used to end the recording (`--pid`'s processes are described before
+/// sampling starts) and, in the daemon, kept every later table from being installed.
+#[test]
+fn a_process_without_room_in_the_process_map_walks_by_frame_pointers_and_others_go_on(
+) -> anyhow::Result<()> {
+    let placed_program = build_no_fp("calltree.c", "room_placed", &[])?;
+    let other_program = build_no_fp("calltree.c", "room_other", &[])?;
+    let placed = Workload::start(&placed_program, &["1", "30"])?;
+    let other = Workload::start(&other_program, &["1", "30"])?;
+    let path = work_dir().join("room.pb.gz");
+    let other_pid = other.pid().to_string();
+    let output = record_pid_to(
+        placed.pid(),
+        4,
+        &path,
+        &["--pid", &other_pid, "--unwind-processes", "1"],
+    )?;
+    drop((placed, other));
+    let report = parse_record_output(&output)?;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    anyhow::ensure!(output.status.success(), "the recording failed: {stderr}");
+    anyhow::ensure!(
+        stderr.matches("has no room for process").count() == 1,
+        "expected the full map reported once: {stderr}"
+    );
+    let recording = Recording {
+        samples: named_samples(&read_pprof(&path)?),
+        fallbacks: fallback_walks(&report.summary) as i64,
+        summary: report.summary,
+        stderr: stderr.into_owned(),
+    };
+    let total = |comm: &str| -> i64 {
+        recording
+            .samples
+            .iter()
+            .filter(|s| s.comm == comm)
+            .map(|s| s.count)
+            .sum()
+    };
+    anyhow::ensure!(
+        total("room_other") > 100,
+        "only {} samples of the process without room: {}",
+        total("room_other"),
+        recording.summary
+    );
+    // Its walks fell back to frame pointers from the first frame: counted, and not whole.
+    anyhow::ensure!(
+        recording.fallbacks >= total("room_other"),
+        "{} fallbacks for {} samples without room: {}",
+        recording.fallbacks,
+        total("room_other"),
+        recording.summary
+    );
+    // The placed process's own fallbacks: a sample or so before its tables were written.
+    let placed_fallbacks = (recording.fallbacks - total("room_other")).max(0);
+    let placed_only = Recording {
+        fallbacks: placed_fallbacks,
+        samples: recording
+            .samples
+            .iter()
+            .filter(|s| s.comm == "room_placed")
+            .cloned()
+            .collect(),
+        ..recording
+    };
+    placed_only.assert_whole(
+        |s| s.frames.first().is_some_and(|f| f.starts_with("leaf_")),
+        &["dispatch", "main"],
+        100,
+    )
+}
+
 /// Share of `samples` (of those `relevant`) whose frames, leaf first, hold `path` in that order
 /// (not necessarily adjacent), and the total they are out of.
 fn share_in_order(
