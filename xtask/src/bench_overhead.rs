@@ -317,6 +317,14 @@ type CaptureRow = (
     fn(&CaptureRun) -> Option<f64>,
 );
 
+/// "N tables, K KiB" from a `scorch record` summary's `unwind tables: N, K KiB`.
+fn summary_tables(summary: &str) -> Option<String> {
+    let (_, rest) = summary.split_once("unwind tables: ")?;
+    let (count, rest) = rest.split_once(", ")?;
+    let kib = rest.split_whitespace().next()?;
+    Some(format!("{count} tables, {kib} KiB"))
+}
+
 fn render(
     cpus: usize,
     runs: usize,
@@ -390,6 +398,26 @@ fn render(
         )?;
     }
     writeln!(out)?;
+    // What scorch built in each run: its CPU follows the unwind tables of whatever else the
+    // machine ran, and bpftrace's start-up (LLVM compiling its program) is sampled in some
+    // rotations and not others.
+    let per_run: Vec<String> = captures
+        .iter()
+        .map(|c| {
+            format!(
+                "{:.2} s and {:.1} MiB with {}",
+                c.scorch.cpu_seconds,
+                c.scorch.max_rss_mib,
+                summary_tables(&c.scorch_summary).unwrap_or_else(|| "no tables".to_owned())
+            )
+        })
+        .collect();
+    writeln!(
+        out,
+        "`scorch record` in each run, with the unwind tables it built: {}.",
+        per_run.join("; ")
+    )?;
+    writeln!(out)?;
     writeln!(
         out,
         "## `scorch run` under process churn: {} s of `python3 -c pass` and `/bin/true` in a \
@@ -456,4 +484,21 @@ fn metric(name: &str) -> Result<f64> {
     text.lines()
         .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
         .with_context(|| format!("no {name} in /metrics"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::summary_tables;
+
+    #[test]
+    fn reads_the_tables_from_a_record_summary() {
+        let summary = "scorch: 2275 samples from 7 processes in 60.00s (6 windows); lost: none; \
+                       unwind: completed: 2267; wrote x.pb.gz (pprof); unwind tables: 38, 13483 \
+                       KiB; BPF 5609 ns/sample";
+        assert_eq!(
+            summary_tables(summary).as_deref(),
+            Some("38 tables, 13483 KiB")
+        );
+        assert_eq!(summary_tables("scorch: 1 samples; lost: none"), None);
+    }
 }
