@@ -184,18 +184,36 @@ pub fn run_checks() -> Vec<Item> {
                 None,
             ));
             items.push(match sampler.unwind_refused() {
-                None => item(
-                    Status::Ok,
-                    "BPF unwinder",
-                    match sampler.verified_instructions() {
+                None => {
+                    let walked = match sampler.verified_instructions() {
                         Some(n) => format!(
                             "user stacks walked with .eh_frame tables (--unwind auto); the \
                              verifier walked {n} instructions of its 1,000,000"
                         ),
                         None => "user stacks walked with .eh_frame tables (--unwind auto)".into(),
-                    },
-                    None,
-                ),
+                    };
+                    match sampler.mapping_hook_refused() {
+                        None => item(
+                            Status::Ok,
+                            "BPF unwinder",
+                            format!(
+                                "{walked}; a library loaded where an unloaded one was is \
+                                 noticed (vm_unmapped_area)"
+                            ),
+                            None,
+                        ),
+                        Some(reason) => item(
+                            Status::Warn,
+                            "BPF unwinder",
+                            format!(
+                                "{walked}; but the vm_unmapped_area tracepoint cannot be \
+                                 attached ({reason}): a library loaded where an unloaded one \
+                                 was keeps the old one's table until its process is read again"
+                            ),
+                            Some("a kernel with the vm_unmapped_area tracepoint"),
+                        ),
+                    }
+                }
                 Some(reason) => item(
                     Status::Warn,
                     "BPF unwinder",

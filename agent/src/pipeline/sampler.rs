@@ -145,6 +145,8 @@ pub struct Sampler {
     program_name: &'static str,
     /// Why the kernel refused the unwinder, when it did and frame pointers walk instead.
     unwind_refused: Option<String>,
+    /// Why the `vm_unmapped_area` hook could not be attached, when it could not.
+    mapping_hook_refused: Option<String>,
 }
 
 impl Sampler {
@@ -257,6 +259,7 @@ impl Sampler {
             }
         }
 
+        let mut mapping_hook_refused = None;
         let unwind_maps = if tables {
             let exec: &mut RawTracePoint = ebpf
                 .program_mut("process_exec")
@@ -266,7 +269,7 @@ impl Sampler {
             exec.load().map_err(SamplerError::ExecTracepoint)?;
             exec.attach("sched_process_exec")
                 .map_err(SamplerError::ExecTracepoint)?;
-            attach_mapping_placed(&mut ebpf);
+            mapping_hook_refused = attach_mapping_placed(&mut ebpf);
             Some(take_unwind_maps(&mut ebpf, pool_rows)?)
         } else {
             None
@@ -296,6 +299,7 @@ impl Sampler {
             unwind_maps,
             program_name,
             unwind_refused: None,
+            mapping_hook_refused,
         };
         Ok((sampler, maps, control))
     }
@@ -303,6 +307,12 @@ impl Sampler {
     /// Why this kernel's verifier refused the unwinder, when it did (see [`Sampler::start`]).
     pub fn unwind_refused(&self) -> Option<&str> {
         self.unwind_refused.as_deref()
+    }
+
+    /// Why the unwinder does not hear of code mapped over code (the `vm_unmapped_area`
+    /// tracepoint), when it does not.
+    pub fn mapping_hook_refused(&self) -> Option<&str> {
+        self.mapping_hook_refused.as_deref()
     }
 
     /// The maps that feed the unwinder its tables, once (`None` with [`UnwindMode::Fp`]).
@@ -417,8 +427,8 @@ fn user_stack_map_entries(cpus: u64, config: &SamplerConfig) -> u32 {
 /// that a process mapped something over addresses where it had code: a library unloaded and
 /// another loaded in its place. Without it (a kernel without the tracepoint) such a process
 /// keeps its old table for the address until something else makes the agent read its maps
-/// again; that is logged, and sampling goes on.
-fn attach_mapping_placed(ebpf: &mut Ebpf) {
+/// again; that is logged, and sampling goes on. Returns why it could not be attached.
+fn attach_mapping_placed(ebpf: &mut Ebpf) -> Option<String> {
     let attached = ebpf
         .program_mut("mapping_placed")
         .ok_or(ProgramError::UnexpectedProgramType)
@@ -427,11 +437,13 @@ fn attach_mapping_placed(ebpf: &mut Ebpf) {
             program.load()?;
             program.attach("vm_unmapped_area").map(drop)
         });
-    if let Err(err) = attached {
-        tracing::warn!(
-            "attaching to the vm_unmapped_area raw tracepoint: {err}; a library loaded where              an unloaded one was is walked with the old one's unwind table until the process              is read again"
-        );
-    }
+    let err = attached.err()?;
+    tracing::warn!(
+        "attaching to the vm_unmapped_area raw tracepoint: {err}; a library loaded where an \
+         unloaded one was is walked with the old one's unwind table until the process is read \
+         again"
+    );
+    Some(err.to_string())
 }
 
 fn take<T>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, SamplerError>
