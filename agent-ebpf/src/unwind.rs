@@ -456,8 +456,10 @@ pub fn forget_process(tgid: u32) {
 /// A new mapping of `tgid` went at `start`, for the length in `info`: an executable mapping
 /// the agent described there is gone, and whatever now sits at its addresses (another
 /// library, after a `dlclose` and a `dlopen`: the kernel reuses the hole) would be walked with
-/// the old table, and give wrong callers. Forget the process, as at exec: its next sample asks
-/// the agent to read its maps again, and until then its walks take frame-pointer steps.
+/// the old table, and give wrong callers. Forget its mappings: its next sample asks the agent
+/// to read its maps again, and until then its walks take frame-pointer steps. Unlike at exec,
+/// its `NOTIFIED` time stays: a process mapping over its own code in a loop still makes the
+/// agent read its maps at most once per `NOTIFY_INTERVAL_NS`.
 #[inline(always)]
 pub fn mapping_placed(tgid: u32, start: u64, info: *const u64) {
     let Some(procs) = UNWIND_PROCS.get_ptr(tgid) else {
@@ -491,7 +493,7 @@ pub fn mapping_placed(tgid: u32, start: u64, info: *const u64) {
         .found()
         .is_some_and(|i| mapping_at(procs, i).end > start)
     {
-        forget_process(tgid);
+        let _ = UNWIND_PROCS.remove(tgid);
     }
 }
 
