@@ -33,7 +33,7 @@ use std::{
 use anyhow::{bail, Context, Result};
 
 use crate::{
-    bench_overhead::{capture, CaptureRun},
+    bench_overhead::{capture, CaptureRun, Together},
     measure::{
         bpf_ns_per_run, busy_workload, median, path_str, summary_bpf_ns, summary_samples, verdict,
         with_bpf_stats, Processes,
@@ -165,7 +165,15 @@ fn record_bench(root: &Path, scorch: &Path, seconds: u64, runs: usize) -> Result
                 "bench: run {} of {runs}: scorch, perf and bpftrace side by side for {seconds} s",
                 run + 1
             );
-            let result = capture(scorch, &workload, cpus, &dir, run, seconds)?;
+            let result = capture(
+                scorch,
+                &workload,
+                cpus,
+                &dir,
+                run,
+                seconds,
+                Together::SideBySide,
+            )?;
             eprintln!("bench:   {}", result.scorch_summary);
             results.push(result);
         }

@@ -4,7 +4,10 @@
 //! Each run is made of fresh processes, and the runs alternate which tool starts first:
 //!
 //! - **Capture.** `scorch record`, `perf record -F 19 -a -g` and bpftrace's `profile:hz:19`
-//!   equivalent run side by side for the same seconds while a workload keeps every CPU busy.
+//!   equivalent each record the same seconds while a workload keeps every CPU busy, one after
+//!   another, so each profiles the workload alone: side by side (as `--only record` runs
+//!   them), scorch also unwinds and names bpftrace's start-up, LLVM compiling its program, in
+//!   the runs where it samples it, and its figures follow that rather than its own cost.
 //!   CPU time (user + system) and peak RSS from `/usr/bin/time -v`; BPF ns per sample from the
 //!   kernel's `bpf_stats` (scorch prints its own; bpftrace's is read from its fdinfo).
 //! - **Daemon under process churn.** A fresh `scorch run` with the busy workload: after a
@@ -97,7 +100,15 @@ pub fn overhead(root: &Path, scorch: &Path, runs: usize, phases: Phases) -> Resu
         let mut frequencies: Vec<Vec<(u64, f64)>> = Vec::new();
         for run in 0..runs {
             eprintln!("overhead: run {} of {runs}", run + 1);
-            captures.push(capture(scorch, &busy, cpus, &dir, run, phases.capture)?);
+            captures.push(capture(
+                scorch,
+                &busy,
+                cpus,
+                &dir,
+                run,
+                phases.capture,
+                Together::InTurn,
+            )?);
             churns.push(churn(scorch, &busy, cpus, &dir, phases)?);
             frequencies.push(frequency_curve(scorch, &busy, cpus, &dir, run, phases)?);
         }
@@ -110,8 +121,19 @@ pub fn overhead(root: &Path, scorch: &Path, runs: usize, phases: Phases) -> Resu
     Ok(report)
 }
 
-/// `scorch record`, `perf record -g` and bpftrace side by side for `seconds` while every CPU
-/// is busy; `run` rotates who starts first. Needs [`with_bpf_stats`] for the BPF figures.
+/// How a capture run puts the three tools beside each other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Together {
+    /// All three at once: each also samples (and scorch and bpftrace symbolise) the others,
+    /// bpftrace's start-up included, LLVM compiling its program.
+    SideBySide,
+    /// One after another, each alone with the workload: what each costs by itself.
+    InTurn,
+}
+
+/// `scorch record`, `perf record -g` and bpftrace for `seconds` each while every CPU is busy,
+/// side by side or in turn; `run` rotates who starts first. Needs [`with_bpf_stats`] for the
+/// BPF figures.
 pub fn capture(
     scorch: &Path,
     busy: &Path,
@@ -119,9 +141,10 @@ pub fn capture(
     dir: &Path,
     run: usize,
     seconds: u64,
+    together: Together,
 ) -> Result<CaptureRun> {
     let _workload = Processes(vec![Command::new(busy)
-        .args([cpus.to_string(), (seconds + 30).to_string()])
+        .args([cpus.to_string(), (3 * seconds + 30).to_string()])
         .spawn()
         .context("starting the workload")?]);
     std::thread::sleep(Duration::from_millis(500));
@@ -163,44 +186,69 @@ pub fn capture(
         ("bpftrace", bpftrace_cmd),
     ];
     commands.rotate_left(run % 3);
-    let mut children = Vec::new();
-    for (name, mut command) in commands {
-        command.stdout(Stdio::piped()).stderr(Stdio::piped());
-        let child = command
-            .spawn()
-            .with_context(|| format!("starting {name} (cargo xtask setup installs it)"))?;
-        children.push((name, child));
-    }
-    // bpftrace's program cost, read while it still holds the program.
-    std::thread::sleep(Duration::from_secs(seconds.saturating_sub(1).max(1)));
-    let bpftrace_bpf_ns = children
-        .iter()
-        .find(|(name, _)| *name == "bpftrace")
-        // The child is `/usr/bin/time`; bpftrace is its child, and holds the program.
-        .and_then(|(_, child)| bpf_ns_per_run(first_child(child.id())?));
-    let mut result = CaptureRun {
-        bpftrace_bpf_ns,
-        ..CaptureRun::default()
-    };
-    for (name, child) in children {
-        let output = child.wait_with_output()?;
-        if !output.status.success() {
-            bail!("{name} failed: {}", String::from_utf8_lossy(&output.stderr));
-        }
-        let usage = time_usage(&String::from_utf8_lossy(&output.stderr))?;
-        match name {
-            "scorch" => {
-                let summary = String::from_utf8_lossy(&output.stdout).trim().to_owned();
-                result.scorch_bpf_ns = summary_bpf_ns(&summary);
-                result.scorch_samples = summary_samples(&summary);
-                result.scorch_summary = summary;
-                result.scorch = usage;
+    let mut result = CaptureRun::default();
+    match together {
+        Together::SideBySide => {
+            let mut children = Vec::new();
+            for (name, command) in commands {
+                children.push((name, start_tool(name, command)?));
             }
-            "perf" => result.perf = usage,
-            _ => result.bpftrace = usage,
+            // bpftrace's program cost, read while it still holds the program.
+            std::thread::sleep(Duration::from_secs(seconds.saturating_sub(1).max(1)));
+            result.bpftrace_bpf_ns = children
+                .iter()
+                .find(|(name, _)| *name == "bpftrace")
+                .and_then(|(_, child)| bpftrace_bpf_ns(child));
+            for (name, child) in children {
+                finish_tool(&mut result, name, child)?;
+            }
+        }
+        Together::InTurn => {
+            for (name, command) in commands {
+                let child = start_tool(name, command)?;
+                if name == "bpftrace" {
+                    std::thread::sleep(Duration::from_secs(seconds.saturating_sub(1).max(1)));
+                    result.bpftrace_bpf_ns = bpftrace_bpf_ns(&child);
+                }
+                finish_tool(&mut result, name, child)?;
+            }
         }
     }
     Ok(result)
+}
+
+fn start_tool(name: &str, mut command: Command) -> Result<std::process::Child> {
+    command.stdout(Stdio::piped()).stderr(Stdio::piped());
+    command
+        .spawn()
+        .with_context(|| format!("starting {name} (cargo xtask setup installs it)"))
+}
+
+/// bpftrace's BPF ns per run: the child is `/usr/bin/time`; bpftrace is its child, and holds
+/// the program.
+fn bpftrace_bpf_ns(child: &std::process::Child) -> Option<f64> {
+    bpf_ns_per_run(first_child(child.id())?)
+}
+
+/// Waits for a tool and puts its usage (and scorch's summary) in `result`.
+fn finish_tool(result: &mut CaptureRun, name: &str, child: std::process::Child) -> Result<()> {
+    let output = child.wait_with_output()?;
+    if !output.status.success() {
+        bail!("{name} failed: {}", String::from_utf8_lossy(&output.stderr));
+    }
+    let usage = time_usage(&String::from_utf8_lossy(&output.stderr))?;
+    match name {
+        "scorch" => {
+            let summary = String::from_utf8_lossy(&output.stdout).trim().to_owned();
+            result.scorch_bpf_ns = summary_bpf_ns(&summary);
+            result.scorch_samples = summary_samples(&summary);
+            result.scorch_summary = summary;
+            result.scorch = usage;
+        }
+        "perf" => result.perf = usage,
+        _ => result.bpftrace = usage,
+    }
+    Ok(())
 }
 
 fn churn(scorch: &Path, busy: &Path, cpus: usize, dir: &Path, phases: Phases) -> Result<ChurnRun> {
@@ -366,7 +414,7 @@ fn render(
     writeln!(out)?;
     writeln!(
         out,
-        "## Capture: {} s at 19 Hz, every CPU busy, side by side",
+        "## Capture: {} s at 19 Hz, every CPU busy, each tool alone in turn",
         phases.capture
     )?;
     writeln!(out)?;
@@ -399,8 +447,7 @@ fn render(
     }
     writeln!(out)?;
     // What scorch built in each run: its CPU follows the unwind tables of whatever else the
-    // machine ran, and bpftrace's start-up (LLVM compiling its program) is sampled in some
-    // rotations and not others.
+    // machine ran while it recorded.
     let per_run: Vec<String> = captures
         .iter()
         .map(|c| {
