@@ -3,8 +3,9 @@
 //! Each run builds a table from nothing, as the agent will when a process maps a library it
 //! has not seen: the file is mapped again, the CFI parsed, the rows sorted and merged. The
 //! file's pages stay in the page cache between runs (as they do for a library every process
-//! maps). Median and max over the runs, and the table's rows and bytes; ld.so and libstdc++
-//! beside libc when they are installed.
+//! maps). Median and max over the runs, and the table's rows and bytes; ld.so, libstdc++ and
+//! libLLVM (bpftrace's: a 110 MB library with 5 MB of `.eh_frame`, the largest on these
+//! machines) beside libc when they are installed.
 //!
 //! Run with `cargo xtask bench --only unwind` (or `cargo bench -p scorch --bench unwind`).
 
