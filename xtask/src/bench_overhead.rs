@@ -11,7 +11,8 @@
 //!   CPU time (user + system) and peak RSS from `/usr/bin/time -v`; BPF ns per sample from the
 //!   kernel's `bpf_stats` (scorch prints its own; bpftrace's is read from its fdinfo).
 //! - **Daemon under process churn.** A fresh `scorch run` with the busy workload: after a
-//!   warm-up, its quiet steady RSS (median of one sample a second); then a shell loop starts
+//!   warm-up (with a second of kernel work, so its kernel symbols are loaded as on any host),
+//!   its quiet steady RSS (median of one sample a second); then a shell loop starts
 //!   `python3 -c pass` and `/bin/true` as fast as it can, and the daemon's CPU over the churn
 //!   (from `/proc/PID/stat`) and its peak RSS (`VmHWM`) are taken; then the churn stops, and
 //!   the RSS a minute later says whether the memory went back. BPF map memory comes from the
@@ -260,7 +261,20 @@ fn churn(scorch: &Path, busy: &Path, cpus: usize, dir: &Path, phases: Phases) ->
     let _ = std::fs::remove_dir_all(&store);
     let daemon = start_daemon(scorch, &store, 19)?;
     let pid = daemon.0[0].id();
-    std::thread::sleep(Duration::from_secs(phases.warm_up));
+    // The busy workload never enters the kernel, and the kernel's symbol table (about 6 MiB)
+    // is read at the first kernel frame: without this, a run whose warm-up sampled none had a
+    // quiet figure 9 MiB low, and the churn, full of kernel frames, seemed to leave that
+    // behind. Any host's daemon names kernel frames; a second of reads from /dev/zero early in
+    // the warm-up gives this one some.
+    std::thread::sleep(Duration::from_secs(2));
+    run_command(Command::new("dd").args([
+        "if=/dev/zero",
+        "of=/dev/null",
+        "bs=64k",
+        "count=400000",
+        "status=none",
+    ]))?;
+    std::thread::sleep(Duration::from_secs(phases.warm_up.saturating_sub(2)));
     let quiet = sample_rss(
         pid,
         Duration::from_secs(phases.quiet),

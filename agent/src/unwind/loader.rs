@@ -412,7 +412,11 @@ impl Unwinder {
             .copied()
             .filter(|pid| !Path::new(&format!("/proc/{pid}")).exists())
             .collect();
-        if !gone.is_empty() {
+        if gone.is_empty() {
+            // No room made; forget the ones that exited, whose pids may come back as others.
+            self.without_room
+                .retain(|pid| Path::new(&format!("/proc/{pid}")).exists());
+        } else {
             // Room is made: the processes that found none are read at their next sample.
             self.without_room.clear();
         }
