@@ -68,7 +68,7 @@ impl Phases {
     }
 }
 
-/// One side-by-side capture (also the record bench's runs).
+/// One capture run of the three tools, side by side or in turn (see [`Together`]).
 #[derive(Debug, Default)]
 pub struct CaptureRun {
     pub scorch: Usage,

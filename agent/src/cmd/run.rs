@@ -228,7 +228,10 @@ pub async fn run(config: RunConfig, store: Store) -> Result<(), RunError> {
         window_secs: config.window.as_secs().max(1),
         deny_list: labeler.can_drop(),
         unwind: config.unwind,
-        unwind_capacity: UnwindCapacity::DAEMON.with_processes(Some(config.unwind_processes)),
+        unwind_capacity: UnwindCapacity {
+            processes: config.unwind_processes,
+            ..UnwindCapacity::DAEMON
+        },
     };
     // Before BPF is loaded: a bad remote configuration (URL, secret files, CA file) fails the
     // start with its reason.
