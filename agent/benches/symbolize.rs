@@ -19,7 +19,8 @@ use std::{
 };
 
 use object::{Object, ObjectSegment, ObjectSymbol, SymbolKind};
-use scorch::symbolize::user::{ProcessMaps, SymbolizeMode, UserSymbolizer};
+use scorch::symbolize::maps::ProcessMaps;
+use scorch::symbolize::user::{SymbolizeMode, UserSymbolizer};
 
 const LIBRARIES: usize = 20;
 const ADDRESSES_PER_LIBRARY: usize = 500;

@@ -84,6 +84,9 @@ impl Session {
             pids.len(),
             window.losses.describe()
         );
-        self.aggregated.add(window);
+        // After the capture above: a library unloaded in this window still names the earlier
+        // windows' samples, and these take the maps read now, as the daemon's windows do.
+        let user = &self.user;
+        self.aggregated.add(window, |tgid| user.maps_version(tgid));
     }
 }

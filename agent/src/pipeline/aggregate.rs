@@ -13,6 +13,10 @@ use crate::pipeline::drain::{Losses, RawWindow, Stack};
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct StackSample {
     pub tgid: u32,
+    /// Which capture of the process's maps names its user frames: the version latest when
+    /// the sample was drained (see `symbolize::maps::MapsHistory`), so a library unloaded
+    /// later is still named, and another loaded at its address does not take its samples.
+    pub maps_version: u32,
     pub user: Stack,
     pub kernel: Stack,
 }
@@ -29,8 +33,9 @@ pub struct WindowTotal {
 #[derive(Debug, Clone, Default)]
 pub struct Aggregated {
     pub stacks: HashMap<StackSample, u64>,
-    /// Samples whose table walk stopped early, by (process, last pc found, reason).
-    pub walk_stops: HashMap<(u32, u64, UnwindOutcome), u64>,
+    /// Samples whose table walk stopped early, by (process, maps version, last pc found,
+    /// reason).
+    pub walk_stops: HashMap<(u32, u32, u64, UnwindOutcome), u64>,
     /// Process names as the BPF program recorded them.
     pub comms: HashMap<u32, String>,
     pub losses: Losses,
@@ -38,8 +43,8 @@ pub struct Aggregated {
 }
 
 impl Aggregated {
-    /// Adds one window's samples.
-    pub fn add(&mut self, window: RawWindow) {
+    /// Adds one window's samples; `maps_version` gives each process's current maps version.
+    pub fn add(&mut self, window: RawWindow, maps_version: impl Fn(u32) -> u32) {
         self.windows.push(WindowTotal {
             start: window.start,
             end: window.end,
@@ -50,6 +55,7 @@ impl Aggregated {
                 .stacks
                 .entry(StackSample {
                     tgid: sample.tgid,
+                    maps_version: maps_version(sample.tgid),
                     user: sample.user,
                     kernel: sample.kernel,
                 })
@@ -58,7 +64,7 @@ impl Aggregated {
         for stop in window.walk_stops {
             *self
                 .walk_stops
-                .entry((stop.tgid, stop.pc, stop.reason))
+                .entry((stop.tgid, maps_version(stop.tgid), stop.pc, stop.reason))
                 .or_insert(0) += stop.count;
         }
         for (tgid, comm) in window.comms {
@@ -121,18 +127,19 @@ mod tests {
     #[test]
     fn merges_equal_stacks_across_windows() {
         let mut agg = Aggregated::default();
-        agg.add(window(
-            0,
-            vec![sample(7, &[1, 2], 3), sample(7, &[1, 3], 1)],
-        ));
-        agg.add(window(
-            10,
-            vec![sample(7, &[1, 2], 4), sample(8, &[1, 2], 2)],
-        ));
+        agg.add(
+            window(0, vec![sample(7, &[1, 2], 3), sample(7, &[1, 3], 1)]),
+            |_| 0,
+        );
+        agg.add(
+            window(10, vec![sample(7, &[1, 2], 4), sample(8, &[1, 2], 2)]),
+            |_| 0,
+        );
         assert_eq!(agg.total_samples(), 10);
         assert_eq!(agg.stacks.len(), 3);
         let key = StackSample {
             tgid: 7,
+            maps_version: 0,
             user: Stack::Frames(vec![1, 2]),
             kernel: Stack::Absent,
         };

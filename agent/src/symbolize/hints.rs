@@ -60,7 +60,7 @@ fn frame_pointer_hints(aggregated: &Aggregated, user: &UserSymbolizer) -> Vec<St
             continue;
         };
         let Some(executable) = user
-            .maps(stack.tgid)
+            .maps_at(stack.tgid, stack.maps_version)
             .and_then(|maps| maps.entries().iter().find(|e| e.is_file() && e.executable))
         else {
             continue;
@@ -100,13 +100,13 @@ fn walk_stop_hints(aggregated: &Aggregated, user: &UserSymbolizer) -> Vec<StackH
     }
     // binary -> (samples stopped in it by reason, the processes they came from)
     let mut per_binary: HashMap<String, (HashMap<UnwindOutcome, u64>, Vec<u32>)> = HashMap::new();
-    for (&(tgid, pc, reason), &count) in &aggregated.walk_stops {
+    for (&(tgid, version, pc, reason), &count) in &aggregated.walk_stops {
         // The agent walks itself by frame pointers only (`unwind::loader`): not the user's
         // binary, nothing for them to fix.
         if tgid == std::process::id() {
             continue;
         }
-        let binary = match user.maps(tgid).and_then(|maps| maps.find(pc)) {
+        let binary = match user.maps_at(tgid, version).and_then(|maps| maps.find(pc)) {
             Some((_, entry)) if entry.is_file() => entry.file_path().to_owned(),
             Some((_, entry)) if entry.path.starts_with('[') => entry.path.clone(),
             Some(_) => "[anonymous code]".to_owned(),
@@ -171,7 +171,7 @@ mod tests {
     use super::*;
     use crate::{
         pipeline::{aggregate::StackSample, drain::Stack},
-        symbolize::user::{MapEntry, ProcessMaps},
+        symbolize::maps::{MapEntry, ProcessMaps},
     };
 
     fn entry(start: u64, end: u64, path: &str, inode: u64) -> MapEntry {
@@ -203,6 +203,7 @@ mod tests {
         let mut aggregated = Aggregated::default();
         aggregated.stacks.insert(
             StackSample {
+                maps_version: 0,
                 tgid: 7,
                 user: Stack::Frames(frames.to_vec()),
                 kernel: Stack::Absent,
@@ -218,6 +219,7 @@ mod tests {
         let mut aggregated = aggregated(&[0x1100, 0x1200, 0x1300], 100);
         aggregated.stacks.insert(
             StackSample {
+                maps_version: 0,
                 tgid: 7,
                 user: Stack::Frames(vec![0x5100]),
                 kernel: Stack::Absent,
@@ -226,10 +228,10 @@ mod tests {
         );
         aggregated
             .walk_stops
-            .insert((7, 0x5100, UnwindOutcome::NoRow), 50);
+            .insert((7, 0, 0x5100, UnwindOutcome::NoRow), 50);
         aggregated
             .walk_stops
-            .insert((7, 0x5100, UnwindOutcome::ReadFault), 10);
+            .insert((7, 0, 0x5100, UnwindOutcome::ReadFault), 10);
         let hints = stack_hints(&aggregated, &symbolizer());
         assert_eq!(hints.len(), 1, "{hints:?}");
         assert_eq!(hints[0].binary, "/usr/lib/libfoo.so");
@@ -259,19 +261,19 @@ mod tests {
         // 5% of the samples: below the share.
         aggregated
             .walk_stops
-            .insert((7, 0x5100, UnwindOutcome::NoRow), 50);
+            .insert((7, 0, 0x5100, UnwindOutcome::NoRow), 50);
         // Below the sample floor.
         aggregated
             .walk_stops
-            .insert((7, 0x1100, UnwindOutcome::UnsupportedCfa), 5);
+            .insert((7, 0, 0x1100, UnwindOutcome::UnsupportedCfa), 5);
         // JIT code.
         aggregated
             .walk_stops
-            .insert((7, 0x9100, UnwindOutcome::ReadFault), 400);
+            .insert((7, 0, 0x9100, UnwindOutcome::ReadFault), 400);
         // A process whose maps were never read.
         aggregated
             .walk_stops
-            .insert((8, 0x9100, UnwindOutcome::ReadFault), 400);
+            .insert((8, 0, 0x9100, UnwindOutcome::ReadFault), 400);
         let hints = stack_hints(&aggregated, &symbolizer());
         assert_eq!(hints.len(), 1, "{hints:?}");
         assert_eq!(hints[0].binary, "[anonymous code]");

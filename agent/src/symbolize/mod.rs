@@ -8,17 +8,19 @@ pub mod address;
 pub mod elf;
 pub mod hints;
 pub mod kernel;
+pub mod maps;
 pub mod user;
 
 use std::{collections::HashMap, time::Duration};
 
 use crate::{
-    pipeline::aggregate::Aggregated,
+    pipeline::aggregate::{Aggregated, StackSample},
     pipeline::drain::Stack,
     profile::{Line, Location, LocationIndex, Mapping, MappingIndex, Profile, Sample},
 };
 use kernel::{KernelFrame, KernelSymbolizer};
-use user::{MapEntry, UserSymbolizer};
+use maps::MapEntry;
+use user::UserSymbolizer;
 
 /// Where a location lives, for deduplication.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -173,7 +175,7 @@ pub fn symbolize(
         match &stack.user {
             Stack::Frames(frames) => {
                 for (depth, &address) in frames.iter().enumerate() {
-                    let index = user_location(&mut builder, user, stack.tgid, address, depth);
+                    let index = user_location(&mut builder, user, stack, address, depth);
                     locations.push(index);
                 }
             }
@@ -247,12 +249,13 @@ fn lost_location(builder: &mut ProfileBuilder, kernel: bool) -> LocationIndex {
 fn user_location(
     builder: &mut ProfileBuilder,
     user: &mut UserSymbolizer,
-    pid: u32,
+    stack: &StackSample,
     address: u64,
     depth: usize,
 ) -> LocationIndex {
+    let (pid, version) = (stack.tgid, stack.maps_version);
     let entry = user
-        .maps(pid)
+        .maps_at(pid, version)
         .and_then(|maps| maps.find(address))
         .map(|(_, entry)| entry.clone());
     let mapping = entry.map(|entry| builder.user_mapping(user, pid, &entry));
@@ -260,7 +263,7 @@ fn user_location(
     if let Some(&index) = builder.location_index.get(&key) {
         return index;
     }
-    let frame = user.symbolize(pid, address, depth > 0);
+    let frame = user.symbolize_at(pid, version, address, depth > 0);
     let lines: Vec<Line> = match frame.frames {
         Ok(frames) => frames
             .into_iter()

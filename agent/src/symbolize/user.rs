@@ -16,170 +16,19 @@
 
 use std::{
     collections::{BTreeMap, HashMap, VecDeque},
-    io,
     os::unix::fs::{MetadataExt, OpenOptionsExt},
     path::{Path, PathBuf},
     rc::Rc,
     sync::Arc,
 };
 
-use super::address::FileOffset;
 use super::elf::{
     DwarfLimits, DwarfOptions, ElfFile, ElfMiss, FileData, OverBudget, ResolvedFrame,
 };
+use super::maps::{own_vdso, MapEntry, MapsHistory, ProcessMaps};
 use crate::sys::allocator::release_free_memory;
 use crate::sys::hex::to_hex;
 use crate::sys::untrusted;
-
-#[derive(Debug, thiserror::Error)]
-pub enum UserSymbolError {
-    #[error("reading {path}: {source}")]
-    Read { path: PathBuf, source: io::Error },
-    #[error("{path}: line {line}: {reason}")]
-    MapsParse {
-        path: PathBuf,
-        line: usize,
-        reason: &'static str,
-    },
-}
-
-/// This process's vDSO image: the kernel maps the same one into every 64-bit process, so the
-/// agent reads its own copy rather than another process's memory (which that process could
-/// have made writable and changed).
-pub fn own_vdso() -> Option<Vec<u8>> {
-    let maps = ProcessMaps::read(std::process::id()).ok()?;
-    let entry = maps.entries().iter().find(|e| e.path == "[vdso]")?;
-    let len = usize::try_from(entry.end - entry.start).ok()?;
-    // SAFETY: the kernel maps the vdso readable for the life of the process, at the address
-    // /proc/self/maps reports.
-    let image = unsafe { std::slice::from_raw_parts(entry.start as *const u8, len) };
-    Some(image.to_vec())
-}
-
-/// One line of `/proc/PID/maps`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MapEntry {
-    /// First absolute address of the mapping.
-    pub start: u64,
-    /// One past the last absolute address.
-    pub end: u64,
-    /// Offset in the file of `start`.
-    pub offset: u64,
-    /// True when the mapping is executable; only those hold code.
-    pub executable: bool,
-    /// `major:minor` device of the file, and its inode; 0 for anonymous mappings.
-    pub dev: u64,
-    pub inode: u64,
-    /// The path column: a file path, a pseudo path like `[vdso]`, or empty.
-    pub path: String,
-}
-
-impl MapEntry {
-    /// True for mappings backed by a file on disk (a path, a non-zero inode).
-    pub fn is_file(&self) -> bool {
-        self.inode != 0 && self.path.starts_with('/')
-    }
-
-    /// The file path without the ` (deleted)` suffix the kernel adds to unlinked files.
-    pub fn file_path(&self) -> &str {
-        self.path.strip_suffix(" (deleted)").unwrap_or(&self.path)
-    }
-
-    /// The device number in the kernel's `dev_t` encoding, as `stat` reports it.
-    pub fn dev_t(&self) -> u64 {
-        let (major, minor) = (self.dev >> 32, self.dev & 0xffff_ffff);
-        libc::makedev(major as u32, minor as u32)
-    }
-
-    /// Translates an absolute address inside this mapping to an offset in the mapped file.
-    pub fn file_offset(&self, address: u64) -> FileOffset {
-        FileOffset(address - self.start + self.offset)
-    }
-}
-
-/// Parses `/proc/PID/maps` text. `origin` only names the input in errors.
-pub fn parse_maps(text: &str, origin: &Path) -> Result<Vec<MapEntry>, UserSymbolError> {
-    let mut entries = Vec::new();
-    for (index, line) in text.lines().enumerate() {
-        if line.is_empty() {
-            continue;
-        }
-        let err = |reason| UserSymbolError::MapsParse {
-            path: origin.to_owned(),
-            line: index + 1,
-            reason,
-        };
-        let mut fields = line.splitn(6, ' ');
-        let range = fields.next().ok_or_else(|| err("missing address range"))?;
-        let perms = fields.next().ok_or_else(|| err("missing permissions"))?;
-        let offset = fields.next().ok_or_else(|| err("missing offset"))?;
-        let dev = fields.next().ok_or_else(|| err("missing device"))?;
-        let inode = fields.next().ok_or_else(|| err("missing inode"))?;
-        let path = fields.next().unwrap_or("").trim_start();
-        let (start, end) = range
-            .split_once('-')
-            .ok_or_else(|| err("bad address range"))?;
-        let hex = |s: &str| u64::from_str_radix(s, 16);
-        let start = hex(start).map_err(|_| err("bad start address"))?;
-        let end = hex(end).map_err(|_| err("bad end address"))?;
-        if end <= start {
-            return Err(err("empty address range"));
-        }
-        let (major, minor) = dev.split_once(':').ok_or_else(|| err("bad device"))?;
-        let dev = (hex(major).map_err(|_| err("bad device"))? << 32)
-            | hex(minor).map_err(|_| err("bad device"))?;
-        entries.push(MapEntry {
-            start,
-            end,
-            offset: hex(offset).map_err(|_| err("bad offset"))?,
-            executable: perms.as_bytes().get(2) == Some(&b'x'),
-            dev,
-            inode: inode.parse().map_err(|_| err("bad inode"))?,
-            path: path.to_owned(),
-        });
-    }
-    Ok(entries)
-}
-
-/// The memory map of one process at the time it was captured.
-#[derive(Debug, Clone, Default)]
-pub struct ProcessMaps {
-    /// Sorted by `start`, non-overlapping (the kernel guarantees both).
-    entries: Vec<MapEntry>,
-}
-
-impl ProcessMaps {
-    /// Reads `/proc/PID/maps`.
-    pub fn read(pid: u32) -> Result<Self, UserSymbolError> {
-        let path = PathBuf::from(format!("/proc/{pid}/maps"));
-        let text = std::fs::read_to_string(&path).map_err(|source| UserSymbolError::Read {
-            path: path.clone(),
-            source,
-        })?;
-        Ok(ProcessMaps {
-            entries: parse_maps(&text, &path)?,
-        })
-    }
-
-    pub fn from_entries(mut entries: Vec<MapEntry>) -> Self {
-        entries.sort_by_key(|e| e.start);
-        ProcessMaps { entries }
-    }
-
-    /// The mapping holding `address`, with its index (stable for this snapshot).
-    pub fn find(&self, address: u64) -> Option<(usize, &MapEntry)> {
-        let index = self
-            .entries
-            .partition_point(|e| e.start <= address)
-            .checked_sub(1)?;
-        let entry = &self.entries[index];
-        (address < entry.end).then_some((index, entry))
-    }
-
-    pub fn entries(&self) -> &[MapEntry] {
-        &self.entries
-    }
-}
 
 /// Why a user frame has no function name. A miss is data, reported in the profile.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -479,8 +328,8 @@ impl OverBudgetFiles {
 /// Process maps, perf maps and ELF files, kept across windows within a byte budget.
 pub struct UserSymbolizer {
     mode: SymbolizeMode,
-    /// Latest maps captured per process.
-    maps: HashMap<u32, ProcessMaps>,
+    /// Maps captured per process, each version its samples may still need.
+    maps: HashMap<u32, MapsHistory>,
     /// JIT symbol maps per process (`/tmp/perf-PID.map`), read on first need.
     perf_maps: HashMap<u32, Option<PerfMap>>,
     cache: ElfCache,
@@ -644,18 +493,30 @@ impl UserSymbolizer {
                             self.hold_file(pid, entry);
                         }
                     }
-                    self.maps.insert(pid, maps);
+                    match self.maps.entry(pid) {
+                        std::collections::hash_map::Entry::Occupied(mut history) => {
+                            if history.get_mut().capture(maps) {
+                                tracing::debug!(pid, "code unmapped: a new version of its maps");
+                            }
+                        }
+                        std::collections::hash_map::Entry::Vacant(slot) => {
+                            slot.insert(MapsHistory::new(maps));
+                        }
+                    }
                 }
                 Err(err) => tracing::debug!("{err}"),
             }
         }
     }
 
-    /// Forgets processes that no longer exist: their maps and perf maps. Call after their
-    /// samples were symbolised.
+    /// Forgets processes that no longer exist (their maps and perf maps) and the earlier
+    /// versions of the maps of those that do. Call after their samples were symbolised.
     pub fn forget_exited(&mut self) {
         let alive = |pid: &u32| Path::new(&format!("/proc/{pid}")).exists();
         self.maps.retain(|pid, _| alive(pid));
+        for history in self.maps.values_mut() {
+            history.forget_earlier();
+        }
         self.perf_maps.retain(|pid, _| alive(pid));
         // Held handles only bridge the gap between capture and symbolisation.
         self.held.clear();
@@ -713,15 +574,25 @@ impl UserSymbolizer {
         }
     }
 
-    /// The captured maps of `pid`.
+    /// The latest captured maps of `pid`.
     pub fn maps(&self, pid: u32) -> Option<&ProcessMaps> {
-        self.maps.get(&pid)
+        self.maps.get(&pid).map(MapsHistory::latest)
+    }
+
+    /// The maps of `pid` that were latest at `version` (see [`MapsHistory`]).
+    pub fn maps_at(&self, pid: u32, version: u32) -> Option<&ProcessMaps> {
+        self.maps.get(&pid).map(|history| history.at(version))
+    }
+
+    /// The version of the latest captured maps of `pid`: what its samples drained now keep.
+    pub fn maps_version(&self, pid: u32) -> u32 {
+        self.maps.get(&pid).map_or(0, MapsHistory::version)
     }
 
     /// A process's maps as if discovered, for tests of what reads them.
     #[cfg(test)]
     pub(crate) fn insert_maps(&mut self, pid: u32, maps: ProcessMaps) {
-        self.maps.insert(pid, maps);
+        self.maps.insert(pid, MapsHistory::new(maps));
     }
 
     /// The parsed file behind `entry` of process `pid`, from the cache or opened now.
@@ -919,22 +790,41 @@ impl UserSymbolizer {
             .as_ref()
     }
 
-    /// Names `address` in process `pid`. `is_return_address` is true for every frame but the
-    /// leaf: those point after a call, possibly past the end of the calling function.
+    /// Names `address` in process `pid`, with its latest maps. `is_return_address` is true for
+    /// every frame but the leaf: those point after a call, possibly past the end of the calling
+    /// function.
     pub fn symbolize(&mut self, pid: u32, address: u64, is_return_address: bool) -> UserFrame {
+        let version = self.maps_version(pid);
+        self.symbolize_at(pid, version, address, is_return_address)
+    }
+
+    /// Names `address` in process `pid` with the maps that were latest at `maps_version`.
+    pub fn symbolize_at(
+        &mut self,
+        pid: u32,
+        maps_version: u32,
+        address: u64,
+        is_return_address: bool,
+    ) -> UserFrame {
         self.lookups += 1;
         if self.lookups.is_multiple_of(RELEASE_PAGES_EVERY) {
             self.release_resident_pages();
         }
-        let frame = self.resolve(pid, address, is_return_address);
+        let frame = self.resolve(pid, maps_version, address, is_return_address);
         if let Err(miss) = &frame.frames {
             *self.misses.entry(*miss).or_insert(0) += 1;
         }
         frame
     }
 
-    fn resolve(&mut self, pid: u32, address: u64, is_return_address: bool) -> UserFrame {
-        let Some(maps) = self.maps.get(&pid) else {
+    fn resolve(
+        &mut self,
+        pid: u32,
+        version: u32,
+        address: u64,
+        is_return_address: bool,
+    ) -> UserFrame {
+        let Some(maps) = self.maps.get(&pid).map(|history| history.at(version)) else {
             return UserFrame {
                 mapping: None,
                 frames: Err(UserMiss::NoMaps),
@@ -999,7 +889,7 @@ impl UserSymbolizer {
             result
         });
         if let (Some(over), false) = (refused, vdso) {
-            self.refused_by_index(pid, address, over);
+            self.refused_by_index(pid, version, address, over);
         }
         UserFrame { mapping, frames }
     }
@@ -1007,8 +897,11 @@ impl UserSymbolizer {
     /// Remembers a file whose unit index refused its DWARF at a lookup of `address` in `pid`,
     /// and drops that DWARF from its cache entry: the inflated sections go now, not at the
     /// file's eviction.
-    fn refused_by_index(&mut self, pid: u32, address: u64, over: OverBudget) {
-        let Some((_, entry)) = self.maps.get(&pid).and_then(|maps| maps.find(address)) else {
+    fn refused_by_index(&mut self, pid: u32, version: u32, address: u64, over: OverBudget) {
+        let Some((_, entry)) = self
+            .maps_at(pid, version)
+            .and_then(|maps| maps.find(address))
+        else {
             return;
         };
         let (id, path) = ((entry.dev, entry.inode), entry.file_path().to_owned());
@@ -1399,47 +1292,6 @@ mod tests {
         memory.insert((1, 1), 8);
         assert!(memory.contains((1, 1), 8));
         assert_eq!(memory.order.len(), MAX_OVER_BUDGET_FILES);
-    }
-
-    const MAPS: &str = "\
-55d0c8a00000-55d0c8a01000 r--p 00000000 fd:01 1234 /usr/bin/work
-55d0c8a01000-55d0c8a02000 r-xp 00001000 fd:01 1234 /usr/bin/work
-7f0000000000-7f0000021000 rw-p 00000000 00:00 0 
-7f1000000000-7f1000001000 r-xp 00002000 fd:01 99 /usr/lib/libx.so (deleted)
-7ffd000000000-7ffd000002000 r-xp 00000000 00:00 0                          [vdso]
-";
-
-    #[test]
-    fn parses_maps_lines() {
-        let entries = parse_maps(MAPS, Path::new("maps")).unwrap();
-        assert_eq!(entries.len(), 5);
-        assert_eq!(entries[1].start, 0x55d0c8a01000);
-        assert_eq!(entries[1].offset, 0x1000);
-        assert!(entries[1].executable);
-        assert!(!entries[0].executable);
-        assert_eq!(entries[1].dev, (0xfd << 32) | 1);
-        assert_eq!(entries[1].inode, 1234);
-        assert_eq!(entries[1].path, "/usr/bin/work");
-        assert!(!entries[2].is_file());
-        assert_eq!(entries[3].file_path(), "/usr/lib/libx.so");
-        assert!(entries[3].is_file());
-        assert_eq!(entries[4].path, "[vdso]");
-    }
-
-    #[test]
-    fn finds_mapping_and_file_offset() {
-        let maps = ProcessMaps::from_entries(parse_maps(MAPS, Path::new("maps")).unwrap());
-        let (index, entry) = maps.find(0x55d0c8a01234).unwrap();
-        assert_eq!(index, 1);
-        assert_eq!(entry.file_offset(0x55d0c8a01234), FileOffset(0x1234));
-        assert!(maps.find(0x55d0c8a02000).is_none());
-        assert!(maps.find(0x1000).is_none());
-    }
-
-    #[test]
-    fn bad_maps_line_names_input_and_line() {
-        let err = parse_maps("zz-10 r-xp 0 00:00 0\n", Path::new("/proc/7/maps")).unwrap_err();
-        assert_eq!(err.to_string(), "/proc/7/maps: line 1: bad start address");
     }
 
     #[test]

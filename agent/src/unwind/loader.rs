@@ -37,7 +37,8 @@ use crate::{
     pipeline::maps::UnwindMaps,
     symbolize::{
         elf::FileData,
-        user::{open_mapped, own_vdso, MapEntry, ProcessMaps},
+        maps::{own_vdso, MapEntry, ProcessMaps},
+        user::open_mapped,
     },
 };
 

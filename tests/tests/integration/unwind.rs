@@ -601,11 +601,30 @@ fn library_loaded_where_an_unloaded_one_was_is_walked_with_its_own_table() -> an
         at_a == at_b,
         "libswap_b.so went to {at_b}, not libswap_a.so's {at_a}: the test needs the address          reused"
     );
-    // Either library's frames: `record` names a process's pcs with its maps as last read, so
-    // libswap_a's samples, taken at the same addresses, come out under libswap_b's names.
     // 199 Hz for 8 s: about 1,600 samples, 1,000 of them after the swap.
     let in_library = |s: &NamedSample| s.frames.iter().any(|f| f.starts_with("swap_spin_"));
-    recording.assert_whole(in_library, &["run_library", "main"], 1000)
+    recording.assert_whole(in_library, &["run_library", "main"], 1000)?;
+    // Each window's samples are named with the maps read when it was drained, so the first
+    // 2 s window's (libswap_a only) keep libswap_a's names, though libswap_b sits at their
+    // addresses when the recording ends. The window of the swap takes the later maps, as
+    // the daemon's windows do: libswap_a's last second comes out as libswap_b.
+    let named = |name: &str| -> i64 {
+        recording
+            .samples
+            .iter()
+            .filter(|s| s.frames.iter().any(|f| f == name))
+            .map(|s| s.count)
+            .sum()
+    };
+    let (a, b) = (named("swap_spin_a"), named("swap_spin_b"));
+    anyhow::ensure!(
+        a >= 200 && b >= 800,
+        "{a} samples named swap_spin_a (200 or more expected: the first window's) and {b} \
+         swap_spin_b (800 or more): {}\n{}",
+        recording.summary,
+        show(recording.samples.iter())
+    );
+    Ok(())
 }
 
 /// With no room for a second process in the unwinder's process map (`--unwind-processes 1`),
