@@ -215,7 +215,7 @@ pub async fn record(args: &RecordConfig) -> Result<RecordSummary, RecordError> {
 
     let profile = symbolize::symbolize(
         &session.aggregated,
-        &mut KernelSymbolizer::default(),
+        &mut KernelSymbolizer::one_profile(),
         &mut session.user,
         1_000_000_000 / args.frequency,
         |pid| session.proc_comms.get(&pid).cloned(),

@@ -431,9 +431,31 @@ pub struct KernelSymbolizer {
     fingerprint: TableFingerprint,
     /// The hidden-addresses warning is printed once per process, not once per reload.
     warned_hidden: bool,
+    /// Drop the table once a profile's kernel frames are named (see
+    /// [`KernelSymbolizer::one_profile`]); `text_start` keeps its one figure.
+    one_profile: bool,
+    text_start: u64,
 }
 
 impl KernelSymbolizer {
+    /// A symbolizer for a single profile (`scorch record`): its table (about 6 MB) is dropped
+    /// as soon as the kernel frames are named ([`KernelSymbolizer::names_taken`]), so it is
+    /// never held at the same time as the user frames' debug info, which is named next.
+    pub fn one_profile() -> Self {
+        KernelSymbolizer {
+            one_profile: true,
+            ..KernelSymbolizer::default()
+        }
+    }
+
+    /// The caller has copied out the names it needs: a one-profile symbolizer lets its table go.
+    pub fn names_taken(&mut self) {
+        if self.one_profile {
+            self.text_start = self.text_start();
+            self.table = None;
+        }
+    }
+
     /// Makes sure the table is current, then names each of `addresses`. Reloads at most once per
     /// call when an address misses, because a module or BPF program may have appeared since.
     pub fn symbolize<'s>(
@@ -480,13 +502,36 @@ impl KernelSymbolizer {
 
     /// Start of kernel text as far as the table knows, for the pprof kernel mapping.
     pub fn text_start(&self) -> u64 {
-        self.table.as_ref().map_or(0, KernelSymbols::lowest_address)
+        self.table
+            .as_ref()
+            .map_or(self.text_start, KernelSymbols::lowest_address)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_one_profile_symbolizer_lets_its_table_go_once_the_names_are_taken() {
+        // The live /proc/kallsyms: its addresses read as zero without CAP_SYSLOG, which
+        // changes the figures, not what is kept.
+        let mut kernel = KernelSymbolizer::one_profile();
+        kernel.symbolize(&[]).expect("reading /proc/kallsyms");
+        let text_start = kernel.text_start();
+        assert!(kernel.table.is_some());
+        kernel.names_taken();
+        assert!(kernel.table.is_none(), "the table outlived the names");
+        assert_eq!(kernel.text_start(), text_start);
+
+        let mut daemon = KernelSymbolizer::default();
+        daemon.symbolize(&[]).expect("reading /proc/kallsyms");
+        daemon.names_taken();
+        assert!(
+            daemon.table.is_some(),
+            "the daemon's table is reused every window"
+        );
+    }
 
     fn parse(text: &str) -> KernelSymbols {
         KernelSymbols::parse(text.as_bytes(), Path::new("fixture")).unwrap()

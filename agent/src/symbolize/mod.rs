@@ -118,6 +118,8 @@ pub fn symbolize(
             })
             .collect()
     };
+    let text_start = kernel.text_start();
+    kernel.names_taken();
     // pprof readers take mapping[0] as the main binary: make it the executable of the most
     // sampled process (its lowest file mapping, where the kernel maps the executable).
     if let Some(pid) = busiest_process(aggregated) {
@@ -134,7 +136,6 @@ pub fn symbolize(
     // Kernel locations hold offsets from `_text`, never absolute addresses: profiles are
     // served to anyone who reaches the API and sent to servers, and an absolute address would
     // hand them the kernel's randomised base (KASLR), read with the CAP_SYSLOG we hold.
-    let text_start = kernel.text_start();
     if !kernel_addresses.is_empty() {
         builder.mappings.push(Mapping {
             start: 0,
