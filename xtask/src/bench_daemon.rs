@@ -2,7 +2,7 @@
 //!
 //! - Steady state: the daemon runs for WINDOWS windows of 10 s at 19 Hz while 2 threads keep
 //!   both CPUs busy and 98 light processes wake every 200 ms (about 100 processes in all). After
-//!   two windows of warm-up, its CPU time comes from /proc/PID/stat (utime + stime) over the
+//!   two windows of warm-up, its CPU time comes from a cgroup of its own (`CpuAccount`) over the
 //!   measured windows, and its RSS from /proc/PID/status every second (median and maximum).
 //! - Store size: the real windows it stored are cycled into 360 windows (one hour) by the
 //!   `store` bench, which compares the store's bytes with the windows' gzipped pprofs.
@@ -21,7 +21,7 @@ use std::{
 use anyhow::{bail, Context, Result};
 
 use crate::{
-    measure::{busy_workload, cpu_seconds, status_kib, verdict, Processes},
+    measure::{busy_workload, status_kib, verdict, CpuAccount, Processes},
     run_command,
 };
 
@@ -84,16 +84,17 @@ pub fn daemon_bench(root: &Path, scorch: &Path, windows: u64) -> Result<String> 
         .spawn()
         .context("starting scorch run")?]);
     let pid = daemon.0[0].id();
+    let account = CpuAccount::of_process(pid)?;
     eprintln!("daemon bench: warming up for 2 windows");
     std::thread::sleep(Duration::from_secs(21));
-    let cpu_before = cpu_seconds(pid)?;
+    let cpu_before = account.cpu_seconds()?;
     let started = Instant::now();
     let mut rss = Vec::new();
     while started.elapsed() < Duration::from_secs(windows * 10) {
         rss.push(status_kib(pid, "VmRSS:")?);
         std::thread::sleep(Duration::from_secs(1));
     }
-    let cpu = cpu_seconds(pid)? - cpu_before;
+    let cpu = account.cpu_seconds()? - cpu_before;
     let elapsed = started.elapsed().as_secs_f64();
     // SIGTERM, so the daemon flushes and closes its store.
     run_command(Command::new("kill").args(["-TERM", &pid.to_string()]))?;

@@ -14,12 +14,13 @@
 //!   warm-up (with a second of kernel work, so its kernel symbols are loaded as on any host),
 //!   its quiet steady RSS (median of one sample a second); then a shell loop starts
 //!   `python3 -c pass` and `/bin/true` as fast as it can, and the daemon's CPU over the churn
-//!   (from `/proc/PID/stat`) and its peak RSS (`VmHWM`, reset as the churn starts, so the
-//!   start-up's BTF parse is reported apart) are taken; then the churn stops, and
+//!   (from a cgroup of its own, to the microsecond: see [`CpuAccount`]) and its peak RSS
+//!   (`VmHWM`, reset as the churn starts, so the start-up's peak is reported apart) are taken; then the churn stops, and
 //!   the RSS a minute later says whether the memory went back. BPF map memory comes from the
 //!   daemon's own `/metrics`.
 //! - **Frequency.** The daemon at 19, 99 and 999 Hz on the busy workload: CPU per second of
-//!   wall time, to show how cost scales with the sampling rate.
+//!   wall time (from its cgroup, as in the churn), to show how cost scales with the sampling
+//!   rate.
 
 use std::{
     fmt::Write as _,
@@ -34,9 +35,9 @@ use anyhow::{bail, Context, Result};
 
 use crate::{
     measure::{
-        bpf_ns_per_run, busy_workload, cpu_seconds, median, path_str, sample_rss, spread,
-        status_field, status_kib, summary_bpf_ns, summary_samples, time_usage, timed,
-        with_bpf_stats, Processes, Usage,
+        bpf_ns_per_run, busy_workload, median, path_str, sample_rss, spread, status_field,
+        status_kib, summary_bpf_ns, summary_samples, time_usage, timed, with_bpf_stats, CpuAccount,
+        Processes, Usage,
     },
     run_command,
 };
@@ -87,7 +88,7 @@ pub struct CaptureRun {
 #[derive(Debug, Default)]
 struct ChurnRun {
     quiet_rss: f64,
-    /// The peak before the churn: the start-up's, aya's parse of the kernel BTF.
+    /// The peak before the churn: start-up and warm-up.
     start_peak_rss: f64,
     /// The peak during the churn alone (VmHWM reset as it starts).
     peak_rss: f64,
@@ -240,9 +241,9 @@ fn start_tool(
     Ok(child)
 }
 
-/// scorch's memory peaks twice: while aya parses the kernel's BTF (all of
-/// /sys/kernel/btf/vmlinux, in `EbpfLoader::new`, which aya 0.14 always does) and while the
-/// profile is symbolised at the end. To show each, this waits until scorch holds its first BPF
+/// scorch's memory could peak twice: while loading its BPF program (unpatched aya 0.14 parsed
+/// all of /sys/kernel/btf/vmlinux then) and while the profile is symbolised at the end. To show
+/// each, this waits until scorch holds its first BPF
 /// program (the loader, and the BTF with it, is gone by then), reads its peak so far (VmHWM)
 /// and resets it (`5` to `/proc/PID/clear_refs`): the peak `/usr/bin/time` then reports is the
 /// one after the load, and the whole process's is the larger of the two. Returns the peak
@@ -314,6 +315,7 @@ fn churn(scorch: &Path, busy: &Path, cpus: usize, dir: &Path, phases: Phases) ->
     let _ = std::fs::remove_dir_all(&store);
     let daemon = start_daemon(scorch, &store, 19)?;
     let pid = daemon.0[0].id();
+    let account = CpuAccount::of_process(pid)?;
     // The busy workload never enters the kernel, and the kernel's symbol table (about 6 MiB)
     // is read at the first kernel frame: without this, a run whose warm-up sampled none had a
     // quiet figure 9 MiB low, and the churn, full of kernel frames, seemed to leave that
@@ -341,16 +343,16 @@ fn churn(scorch: &Path, busy: &Path, cpus: usize, dir: &Path, phases: Phases) ->
         phases.churn,
         path_str(&counter)?
     );
-    // The peak so far is the start-up's (aya parses the whole kernel BTF before loading the
-    // program): read it, then reset VmHWM so the peak read after the churn is the churn's.
+    // The peak so far is the start-up's and the warm-up's: read it, then reset VmHWM so the
+    // peak read after the churn is the churn's.
     let start_peak = status_kib(pid, "VmHWM:")? as f64 / 1024.0;
     std::fs::write(format!("/proc/{pid}/clear_refs"), "5")
         .with_context(|| format!("resetting the peak RSS of {pid}"))?;
-    let cpu_before = cpu_seconds(pid)?;
+    let cpu_before = account.cpu_seconds()?;
     let started = Instant::now();
     let mut churner = Command::new("sh").args(["-c", &script]).spawn()?;
     churner.wait()?;
-    let churn_cpu = cpu_seconds(pid)? - cpu_before;
+    let churn_cpu = account.cpu_seconds()? - cpu_before;
     let churn_seconds = started.elapsed().as_secs_f64();
     let peak = status_kib(pid, "VmHWM:")? as f64 / 1024.0;
     std::thread::sleep(Duration::from_secs(phases.after.saturating_sub(5)));
@@ -388,13 +390,14 @@ fn frequency_curve(
         let store = dir.join(format!("overhead-store-{hz}"));
         let _ = std::fs::remove_dir_all(&store);
         let daemon = start_daemon(scorch, &store, hz)?;
-        let pid = daemon.0[0].id();
-        // One window of warm-up: the first parses the binaries.
+        let account = CpuAccount::of_process(daemon.0[0].id())?;
+        // One window of warm-up: the first parses the binaries. The measured seconds then hold
+        // whole windows, each with its drain.
         std::thread::sleep(Duration::from_secs(11));
-        let before = cpu_seconds(pid)?;
+        let before = account.cpu_seconds()?;
         let started = Instant::now();
         std::thread::sleep(Duration::from_secs(seconds));
-        let cpu = cpu_seconds(pid)? - before;
+        let cpu = account.cpu_seconds()? - before;
         curve.push((hz, 100.0 * cpu / started.elapsed().as_secs_f64()));
         stop(daemon)?;
     }
@@ -537,9 +540,9 @@ fn render(
     writeln!(
         out,
         "scorch's peak after the BPF load: its peak RSS (VmHWM) is reset once it holds its \
-         first BPF program, so this is what sampling and symbolising cost, without aya 0.14's \
-         parse of the whole kernel BTF in `EbpfLoader::new`, which is the whole run's peak \
-         whenever it is the larger."
+         first BPF program, so this is what sampling and symbolising cost, without the start-up \
+         (before aya 0.14 was patched, its parse of the whole kernel BTF in `EbpfLoader::new` \
+         was the whole run's peak: third_party/aya/SCORCH-PATCH.md)."
     )?;
     writeln!(out)?;
     // What scorch built in each run: its CPU follows the unwind tables of whatever else the
@@ -600,8 +603,8 @@ fn render(
         .collect();
     writeln!(
         out,
-        "Each run (MiB): {}. The start-up peak is aya 0.14 parsing the whole kernel BTF before \
-         loading the program; VmHWM is reset as the churn starts, so the churn's peak is its own.",
+        "Each run (MiB): {}. The start-up peak covers start-up and warm-up; VmHWM is reset as \
+         the churn starts, so the churn's peak is its own.",
         per_run.join("; ")
     )?;
     writeln!(out)?;
