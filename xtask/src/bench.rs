@@ -65,6 +65,14 @@ pub fn bench(
         Some("unwind") => unwind_report(root),
         Some("walk") => walk_bench(root, scorch, runs),
         Some("views") => views_report(root),
+        Some("heap") => {
+            let report = crate::bench_heap::heap_report(root, scorch)?;
+            print!("{report}");
+            let path = root.join("target/bench/heap.md");
+            std::fs::write(&path, &report)?;
+            eprintln!("bench: report written to {}", path.display());
+            Ok(())
+        }
         Some("overhead") => {
             let phases = crate::bench_overhead::Phases::standard(seconds);
             let report = crate::bench_overhead::overhead(root, scorch, runs, phases)?;
@@ -73,8 +81,8 @@ pub fn bench(
         }
         Some(other) => {
             bail!(
-                "--only {other:?}: expected record, symbolize, daemon, remote, unwind, walk, views \
-                 or overhead"
+                "--only {other:?}: expected record, symbolize, daemon, remote, unwind, walk, views, \
+                 overhead or heap"
             )
         }
     }

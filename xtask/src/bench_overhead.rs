@@ -35,9 +35,9 @@ use anyhow::{bail, Context, Result};
 
 use crate::{
     measure::{
-        bpf_ns_per_run, busy_workload, median, path_str, sample_rss, spread, status_field,
-        status_kib, summary_bpf_ns, summary_samples, time_usage, timed, with_bpf_stats, CpuAccount,
-        Processes, Usage,
+        bpf_ns_per_run, bpf_run_seconds, busy_workload, median, path_str, sample_rss, spread,
+        status_field, status_kib, summary_bpf_ns, summary_samples, time_usage, timed,
+        with_bpf_stats, CpuAccount, Processes, Usage,
     },
     run_command,
 };
@@ -93,6 +93,8 @@ struct ChurnRun {
     /// The peak during the churn alone (VmHWM reset as it starts).
     peak_rss: f64,
     churn_core_percent: f64,
+    /// Its BPF programs over the churn (run in the sampled tasks, not in its own CPU time).
+    churn_bpf_percent: f64,
     after_rss: f64,
     map_memory_mib: f64,
     processes_started: u64,
@@ -105,7 +107,7 @@ pub fn overhead(root: &Path, scorch: &Path, runs: usize, phases: Phases) -> Resu
     let (captures, churns, frequencies) = with_bpf_stats(|| {
         let mut captures = Vec::new();
         let mut churns = Vec::new();
-        let mut frequencies: Vec<Vec<(u64, f64)>> = Vec::new();
+        let mut frequencies: Vec<Vec<RateCost>> = Vec::new();
         for run in 0..runs {
             eprintln!("overhead: run {} of {runs}", run + 1);
             captures.push(capture(
@@ -322,13 +324,7 @@ fn churn(scorch: &Path, busy: &Path, cpus: usize, dir: &Path, phases: Phases) ->
     // behind. Any host's daemon names kernel frames; a second of reads from /dev/zero early in
     // the warm-up gives this one some.
     std::thread::sleep(Duration::from_secs(2));
-    run_command(Command::new("dd").args([
-        "if=/dev/zero",
-        "of=/dev/null",
-        "bs=64k",
-        "count=400000",
-        "status=none",
-    ]))?;
+    kernel_work()?;
     std::thread::sleep(Duration::from_secs(phases.warm_up.saturating_sub(2)));
     let quiet = sample_rss(
         pid,
@@ -337,22 +333,17 @@ fn churn(scorch: &Path, busy: &Path, cpus: usize, dir: &Path, phases: Phases) ->
     )?;
 
     let counter = dir.join("overhead-churn-count");
-    let script = format!(
-        "n=0; end=$(( $(date +%s) + {} )); while [ $(date +%s) -lt $end ]; do \
-         python3 -c pass; /bin/true; n=$((n + 2)); done; echo $n > {}",
-        phases.churn,
-        path_str(&counter)?
-    );
     // The peak so far is the start-up's and the warm-up's: read it, then reset VmHWM so the
     // peak read after the churn is the churn's.
     let start_peak = status_kib(pid, "VmHWM:")? as f64 / 1024.0;
     std::fs::write(format!("/proc/{pid}/clear_refs"), "5")
         .with_context(|| format!("resetting the peak RSS of {pid}"))?;
     let cpu_before = account.cpu_seconds()?;
+    let bpf_before = bpf_run_seconds(pid)?;
     let started = Instant::now();
-    let mut churner = Command::new("sh").args(["-c", &script]).spawn()?;
-    churner.wait()?;
+    run_churn(phases.churn, &counter)?;
     let churn_cpu = account.cpu_seconds()? - cpu_before;
+    let churn_bpf = bpf_run_seconds(pid)? - bpf_before;
     let churn_seconds = started.elapsed().as_secs_f64();
     let peak = status_kib(pid, "VmHWM:")? as f64 / 1024.0;
     std::thread::sleep(Duration::from_secs(phases.after.saturating_sub(5)));
@@ -364,13 +355,51 @@ fn churn(scorch: &Path, busy: &Path, cpus: usize, dir: &Path, phases: Phases) ->
         start_peak_rss: start_peak,
         peak_rss: peak,
         churn_core_percent: 100.0 * churn_cpu / churn_seconds,
+        churn_bpf_percent: 100.0 * churn_bpf / churn_seconds,
         after_rss: median(after),
         map_memory_mib: map_memory / (1 << 20) as f64,
         processes_started: std::fs::read_to_string(&counter)?.trim().parse()?,
     })
 }
 
-/// (Hz, % of one core) for the daemon at 19, 99 and 999 Hz, in an order that rotates by run.
+/// Starts short-lived processes back to back for `seconds` (`python3 -c pass`, then
+/// `/bin/true`, as a build host or CI runner does), and writes how many to `counter`.
+pub fn run_churn(seconds: u64, counter: &Path) -> Result<()> {
+    let script = format!(
+        "n=0; end=$(( $(date +%s) + {seconds} )); while [ $(date +%s) -lt $end ]; do \
+         python3 -c pass; /bin/true; n=$((n + 2)); done; echo $n > {}",
+        path_str(counter)?
+    );
+    let status = Command::new("sh").args(["-c", &script]).status()?;
+    if !status.success() {
+        bail!("the churn loop exited with {status}");
+    }
+    Ok(())
+}
+
+/// A second of reads from /dev/zero, so the daemon names kernel frames (and loads the kernel's
+/// symbol table) during its warm-up, as on any host: the busy workload never enters the kernel.
+pub fn kernel_work() -> Result<()> {
+    run_command(Command::new("dd").args([
+        "if=/dev/zero",
+        "of=/dev/null",
+        "bs=64k",
+        "count=400000",
+        "status=none",
+    ]))
+}
+
+/// What the daemon costs at one sampling rate, in % of one core.
+#[derive(Debug, Clone, Copy)]
+struct RateCost {
+    hz: u64,
+    /// The daemon's own threads: draining, naming, storing.
+    daemon: f64,
+    /// Its BPF programs, which run in the sampled tasks and so in no process's CPU time.
+    bpf: f64,
+}
+
+/// The daemon's cost at 19, 99 and 999 Hz, in an order that rotates by run.
 fn frequency_curve(
     scorch: &Path,
     busy: &Path,
@@ -378,7 +407,7 @@ fn frequency_curve(
     dir: &Path,
     run: usize,
     phases: Phases,
-) -> Result<Vec<(u64, f64)>> {
+) -> Result<Vec<RateCost>> {
     let mut rates = vec![19, 99, 999];
     rates.rotate_left(run % 3);
     let mut curve = Vec::new();
@@ -390,18 +419,26 @@ fn frequency_curve(
         let store = dir.join(format!("overhead-store-{hz}"));
         let _ = std::fs::remove_dir_all(&store);
         let daemon = start_daemon(scorch, &store, hz)?;
-        let account = CpuAccount::of_process(daemon.0[0].id())?;
+        let pid = daemon.0[0].id();
+        let account = CpuAccount::of_process(pid)?;
         // One window of warm-up: the first parses the binaries. The measured seconds then hold
         // whole windows, each with its drain.
         std::thread::sleep(Duration::from_secs(11));
         let before = account.cpu_seconds()?;
+        let bpf_before = bpf_run_seconds(pid)?;
         let started = Instant::now();
         std::thread::sleep(Duration::from_secs(seconds));
         let cpu = account.cpu_seconds()? - before;
-        curve.push((hz, 100.0 * cpu / started.elapsed().as_secs_f64()));
+        let bpf = bpf_run_seconds(pid)? - bpf_before;
+        let elapsed = started.elapsed().as_secs_f64();
+        curve.push(RateCost {
+            hz,
+            daemon: 100.0 * cpu / elapsed,
+            bpf: 100.0 * bpf / elapsed,
+        });
         stop(daemon)?;
     }
-    curve.sort_by_key(|&(hz, _)| hz);
+    curve.sort_by_key(|cost| cost.hz);
     Ok(curve)
 }
 
@@ -456,7 +493,7 @@ fn render(
     phases: Phases,
     captures: &[CaptureRun],
     churns: &[ChurnRun],
-    frequencies: &[Vec<(u64, f64)>],
+    frequencies: &[Vec<RateCost>],
 ) -> Result<String> {
     let mut out = String::new();
     let command_output = |program: &str, args: &[&str]| -> String {
@@ -487,6 +524,22 @@ fn render(
         out,
         "Medians of {runs} interleaved runs of fresh processes, with the range in brackets \
          (`cargo xtask bench --only overhead`)."
+    )?;
+    writeln!(out)?;
+    // Debug info decides what naming libc costs; `cargo xtask setup` installs it.
+    let libc_debug = command_output(
+        "dpkg-query",
+        &["-W", "-f=${Status}|${Version}", "libc6-dbg"],
+    );
+    writeln!(
+        out,
+        "libc debug info: {}.",
+        match libc_debug.split_once('|') {
+            Some(("install ok installed", version)) => {
+                format!("libc6-dbg {version}")
+            }
+            _ => "not installed".to_owned(),
+        }
     )?;
     writeln!(out)?;
     writeln!(
@@ -575,18 +628,19 @@ fn render(
     writeln!(out)?;
     writeln!(
         out,
-        "| quiet RSS MiB | start-up peak MiB | peak RSS during churn MiB (VmHWM) | CPU during churn, % of a core | RSS {} s after MiB | BPF maps MiB | processes started |",
+        "| quiet RSS MiB | start-up peak MiB | peak RSS during churn MiB (VmHWM) | CPU during churn, % of a core | its BPF programs, % of a core | RSS {} s after MiB | BPF maps MiB | processes started |",
         phases.after
     )?;
-    writeln!(out, "|---|---|---|---|---|---|---|")?;
+    writeln!(out, "|---|---|---|---|---|---|---|---|")?;
     let column = |f: fn(&ChurnRun) -> f64| -> Vec<f64> { churns.iter().map(f).collect() };
     writeln!(
         out,
-        "| {} | {} | {} | {} | {} | {} | {} |",
+        "| {} | {} | {} | {} | {} | {} | {} | {} |",
         spread(&column(|c| c.quiet_rss), 1),
         spread(&column(|c| c.start_peak_rss), 1),
         spread(&column(|c| c.peak_rss), 1),
         spread(&column(|c| c.churn_core_percent), 2),
+        spread(&column(|c| c.churn_bpf_percent), 2),
         spread(&column(|c| c.after_rss), 1),
         spread(&column(|c| c.map_memory_mib), 1),
         spread(&column(|c| c.processes_started as f64), 0),
@@ -614,15 +668,33 @@ fn render(
         phases.per_frequency
     )?;
     writeln!(out)?;
-    writeln!(out, "| Hz | CPU, % of a core |")?;
-    writeln!(out, "|---|---|")?;
+    writeln!(
+        out,
+        "| Hz | daemon CPU, % of a core | BPF programs, % of a core | together |"
+    )?;
+    writeln!(out, "|---|---|---|---|")?;
     for hz in [19, 99, 999] {
-        let values: Vec<f64> = frequencies
-            .iter()
-            .filter_map(|curve| curve.iter().find(|(h, _)| *h == hz).map(|&(_, p)| p))
-            .collect();
-        writeln!(out, "| {hz} | {} |", spread(&values, 2))?;
+        let of = |part: fn(&RateCost) -> f64| -> Vec<f64> {
+            frequencies
+                .iter()
+                .filter_map(|curve| curve.iter().find(|c| c.hz == hz).map(part))
+                .collect()
+        };
+        writeln!(
+            out,
+            "| {hz} | {} | {} | {} |",
+            spread(&of(|c| c.daemon), 2),
+            spread(&of(|c| c.bpf), 2),
+            spread(&of(|c| c.daemon + c.bpf), 2),
+        )?;
     }
+    writeln!(out)?;
+    writeln!(
+        out,
+        "The daemon's CPU comes from a cgroup of its own (to the microsecond); its BPF programs' \
+         from the kernel's `bpf_stats` (`run_time_ns` in their fdinfo), as they run in the \
+         sampled tasks and are in no process's CPU time."
+    )?;
     Ok(out)
 }
 

@@ -5,6 +5,7 @@
 
 mod bench;
 mod bench_daemon;
+mod bench_heap;
 mod bench_overhead;
 mod lint;
 mod measure;
@@ -83,7 +84,8 @@ enum Task {
         /// `walk` (the BPF unwinder's ns per sample and table memory on deep stacks), or
         /// `views` (the UI's timeline over 24 h and a diff of two 1 h ranges), or
         /// `overhead` (record vs perf vs bpftrace, the daemon under process churn, CPU by
-        /// sampling rate: `target/bench/overhead.md`).
+        /// sampling rate: `target/bench/overhead.md`), or `heap` (what holds the daemon's
+        /// heap at its peak under process churn, from heaptrack: `target/bench/heap.md`).
         #[arg(long)]
         only: Option<String>,
         /// Windows of 10 s the daemon bench measures.

@@ -98,6 +98,26 @@ pub fn bpf_ns_per_run(pid: u32) -> Option<f64> {
         .map(|(time, runs)| time / runs)
 }
 
+/// Seconds the BPF programs `pid` holds have run in all, from their fdinfo (needs
+/// [`with_bpf_stats`]). The kernel runs them in whatever task a sample interrupts, so this CPU
+/// is in no process's own figures.
+pub fn bpf_run_seconds(pid: u32) -> Result<f64> {
+    let mut total = 0.0;
+    for entry in std::fs::read_dir(format!("/proc/{pid}/fdinfo"))?.flatten() {
+        let Ok(info) = std::fs::read_to_string(entry.path()) else {
+            continue;
+        };
+        if let Some(ns) = info
+            .lines()
+            .find_map(|l| l.strip_prefix("run_time_ns:"))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+        {
+            total += ns;
+        }
+    }
+    Ok(total / 1e9)
+}
+
 /// The `BPF N ns/sample` of a `scorch record` summary.
 pub fn summary_bpf_ns(summary: &str) -> Option<f64> {
     let (_, rest) = summary.split_once("BPF ")?;

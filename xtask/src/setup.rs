@@ -21,7 +21,9 @@ const BPF_LINKER_VERSION: &str = "0.13.0";
 /// checks (it need not be running), python3-venv holds kubernetes-validate, liblzma-dev links
 /// the unwinder's test against Debian's liblzma (built without frame pointers),
 /// qemu-system-x86 boots the kernel matrix (`vm-test`) whose initramfs holds busybox-static's
-/// busybox, and xz-utils unpacks the kernels' compressed modules.
+/// busybox, xz-utils unpacks the kernels' compressed modules, libc6-dbg is libc's debug info
+/// (the overhead bench's `scorch record` names libc frames from it, as on a host that has it
+/// installed), and heaptrack profiles the daemon's heap (`cargo xtask bench --only heap`).
 const PACKAGES: &[&str] = &[
     "gcc",
     "g++",
@@ -38,6 +40,8 @@ const PACKAGES: &[&str] = &[
     "qemu-system-x86",
     "busybox-static",
     "xz-utils",
+    "libc6-dbg",
+    "heaptrack",
 ];
 
 /// cargo-deb release for `cargo xtask package`; it builds with Rust 1.85 and later.
