@@ -126,7 +126,8 @@ pub fn overhead(root: &Path, scorch: &Path, runs: usize, phases: Phases) -> Resu
         }
         Ok((captures, churns, frequencies))
     })?;
-    let report = render(cpus, runs, phases, &captures, &churns, &frequencies)?;
+    let mut report = render(cpus, runs, phases, &captures, &churns, &frequencies)?;
+    report.push_str(&footprint(root, scorch));
     let path = dir.join("overhead.md");
     std::fs::write(&path, &report)?;
     eprintln!("overhead: report written to {}", path.display());
@@ -471,6 +472,26 @@ fn stop(mut daemon: Processes) -> Result<()> {
         bail!("scorch run exited with {status}");
     }
     Ok(())
+}
+
+/// The binaries' size on disk: the one measured, and the pair `cargo xtask build` ships.
+fn footprint(root: &Path, scorch: &Path) -> String {
+    let mib = |path: &Path| {
+        std::fs::metadata(path).map_or_else(
+            |_| "missing".to_owned(),
+            |m| format!("{:.1} MB", m.len() as f64 / 1e6),
+        )
+    };
+    let dist = root.join("target/dist");
+    format!(
+        "\n## On disk\n\nMeasured: `{}` ({}, with its line tables). Shipped: `target/dist/scorch` \
+         {} (stripped) and `target/dist/scorch.debug` {} beside it (its debug info, compressed, \
+         found through `.gnu_debuglink`).\n",
+        scorch.strip_prefix(root).unwrap_or(scorch).display(),
+        mib(scorch),
+        mib(&dist.join("scorch")),
+        mib(&dist.join("scorch.debug")),
+    )
 }
 
 /// A tool's name, its usage, its BPF ns/sample, its peak RSS after its BPF load.
