@@ -22,7 +22,7 @@ use anyhow::{bail, Context, Result};
 
 use crate::{
     bench_overhead::{kernel_work, run_churn},
-    measure::{busy_workload, path_str, Processes},
+    measure::{busy_workload, command_output, path_str, Processes},
     run_command,
 };
 
@@ -166,18 +166,14 @@ fn peak_sites(printed: &str) -> Vec<Site> {
                 .split_once("/registry/src/")
                 .and_then(|(_, rest)| rest.split_once('/').map(|(_, path)| path))
                 .unwrap_or(location);
-            let frame = format!("`{function}` ({short})");
             if location.starts_with("/rustc/") {
                 continue;
             }
-            if location.starts_with("agent/src/") {
-                if site.scorch.len() < 3 {
-                    site.scorch.push(frame.clone());
-                }
-                site.allocator.get_or_insert(frame);
-            } else {
-                site.allocator.get_or_insert(frame);
+            let frame = format!("`{function}` ({short})");
+            if location.starts_with("agent/src/") && site.scorch.len() < 3 {
+                site.scorch.push(frame.clone());
             }
+            site.allocator.get_or_insert(frame);
         } else if !trimmed.starts_with("in ") && !trimmed.starts_with("and ") {
             function = trimmed;
         }
@@ -201,11 +197,7 @@ fn render(printed: &str, processes: u64, data: &str) -> Result<String> {
     writeln!(
         out,
         "# Heap of `scorch run` under process churn (heaptrack), commit {}",
-        Command::new("git")
-            .args(["rev-parse", "--short", "HEAD"])
-            .output()
-            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
-            .unwrap_or_default()
+        command_output("git", &["rev-parse", "--short", "HEAD"])
     )?;
     writeln!(out)?;
     writeln!(

@@ -15,8 +15,9 @@
 //!   its quiet steady RSS (median of one sample a second); then a shell loop starts
 //!   `python3 -c pass` and `/bin/true` as fast as it can, and the daemon's CPU over the churn
 //!   (from a cgroup of its own, to the microsecond: see [`CpuAccount`]) and its peak RSS
-//!   (`VmHWM`, reset as the churn starts, so the start-up's peak is reported apart) are taken; then the churn stops, and
-//!   the RSS a minute later says whether the memory went back. BPF map memory comes from the
+//!   (`VmHWM`, reset as the churn starts, so the start-up's peak is reported apart) are
+//!   taken; then the churn stops, and the RSS a minute later says whether the memory went
+//!   back. BPF map memory comes from the
 //!   daemon's own `/metrics`.
 //! - **Frequency.** The daemon at 19, 99 and 999 Hz on the busy workload: CPU per second of
 //!   wall time (from its cgroup, as in the churn) and its BPF programs' run time, to show how
@@ -37,9 +38,9 @@ use anyhow::{bail, Context, Result};
 
 use crate::{
     measure::{
-        bpf_ns_per_run, bpf_run_seconds, busy_workload, median, path_str, sample_rss, spread,
-        status_field, status_kib, summary_bpf_ns, summary_samples, time_usage, timed,
-        with_bpf_stats, CpuAccount, Processes, Usage,
+        bpf_ns_per_run, bpf_run_seconds, busy_workload, command_output, median, path_str,
+        sample_rss, spread, status_field, status_kib, summary_bpf_ns, summary_samples, time_usage,
+        timed, with_bpf_stats, CpuAccount, Processes, Usage,
     },
     run_command,
 };
@@ -248,11 +249,11 @@ fn start_tool(
 
 /// scorch's memory could peak twice: while loading its BPF program (unpatched aya 0.14 parsed
 /// all of /sys/kernel/btf/vmlinux then) and while the profile is symbolised at the end. To show
-/// each, this waits until scorch holds its first BPF
-/// program (the loader, and the BTF with it, is gone by then), reads its peak so far (VmHWM)
-/// and resets it (`5` to `/proc/PID/clear_refs`): the peak `/usr/bin/time` then reports is the
-/// one after the load, and the whole process's is the larger of the two. Returns the peak
-/// before the reset, in MiB; `None` (and nothing reset) when no program appeared within 10 s.
+/// each, this waits until scorch holds its first BPF program (the loader is gone by then),
+/// reads its peak so far (VmHWM) and resets it (`5` to `/proc/PID/clear_refs`): the peak
+/// `/usr/bin/time` then reports is the one after the load, and the whole process's is the
+/// larger of the two. Returns the peak before the reset, in MiB; `None` (and nothing reset)
+/// when no program appeared within 10 s.
 fn reset_peak_after_load(child: &std::process::Child) -> Option<f64> {
     let started = Instant::now();
     while started.elapsed() < Duration::from_secs(10) {
@@ -321,7 +322,7 @@ fn churn(scorch: &Path, busy: &Path, cpus: usize, dir: &Path, phases: Phases) ->
     let daemon = start_daemon(scorch, &store, 19)?;
     let pid = daemon.0[0].id();
     let account = CpuAccount::of_process(pid)?;
-    // The busy workload never enters the kernel, and the kernel's symbol table (about 6 MiB)
+    // The busy workload never enters the kernel, and the kernel's symbol table (about 5 MiB)
     // is read at the first kernel frame: without this, a run whose warm-up sampled none had a
     // quiet figure 9 MiB low, and the churn, full of kernel frames, seemed to leave that
     // behind. Any host's daemon names kernel frames; a second of reads from /dev/zero early in
@@ -476,7 +477,7 @@ fn stop(mut daemon: Processes) -> Result<()> {
 
 /// The binaries' size on disk: the one measured, and the pair `cargo xtask build` ships.
 fn footprint(root: &Path, scorch: &Path) -> String {
-    let mib = |path: &Path| {
+    let megabytes = |path: &Path| {
         std::fs::metadata(path).map_or_else(
             |_| "missing".to_owned(),
             |m| format!("{:.1} MB", m.len() as f64 / 1e6),
@@ -488,9 +489,9 @@ fn footprint(root: &Path, scorch: &Path) -> String {
          {} (stripped) and `target/dist/scorch.debug` {} beside it (its debug info, compressed, \
          found through `.gnu_debuglink`).\n",
         scorch.strip_prefix(root).unwrap_or(scorch).display(),
-        mib(scorch),
-        mib(&dist.join("scorch")),
-        mib(&dist.join("scorch.debug")),
+        megabytes(scorch),
+        megabytes(&dist.join("scorch")),
+        megabytes(&dist.join("scorch.debug")),
     )
 }
 
@@ -519,13 +520,6 @@ fn render(
     frequencies: &[Vec<RateCost>],
 ) -> Result<String> {
     let mut out = String::new();
-    let command_output = |program: &str, args: &[&str]| -> String {
-        Command::new(program)
-            .args(args)
-            .output()
-            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
-            .unwrap_or_default()
-    };
     let cpu_model = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
         .and_then(|c| {

@@ -49,6 +49,15 @@ pub fn with_bpf_stats<T>(measure: impl FnOnce() -> Result<T>) -> Result<T> {
     result
 }
 
+/// What `program args` prints, trimmed; empty when it cannot run (for report headers).
+pub fn command_output(program: &str, args: &[&str]) -> String {
+    Command::new(program)
+        .args(args)
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_default()
+}
+
 /// `program args` under `/usr/bin/time -v`.
 pub fn timed(program: &Path, args: &[&str]) -> Command {
     let mut command = Command::new("/usr/bin/time");
@@ -78,11 +87,10 @@ pub fn time_usage(stderr: &str) -> Result<Usage> {
     })
 }
 
-/// Mean run time of the busiest BPF program `pid` holds, from its fdinfo (needs
-/// [`with_bpf_stats`]).
-pub fn bpf_ns_per_run(pid: u32) -> Option<f64> {
-    std::fs::read_dir(format!("/proc/{pid}/fdinfo"))
-        .ok()?
+/// (run_time_ns, run_cnt) of each BPF program `pid` holds, from its fdinfo (the kernel counts
+/// them only under [`with_bpf_stats`]).
+fn bpf_program_stats(pid: u32) -> std::io::Result<Vec<(f64, f64)>> {
+    Ok(std::fs::read_dir(format!("/proc/{pid}/fdinfo"))?
         .flatten()
         .filter_map(|entry| std::fs::read_to_string(entry.path()).ok())
         .filter_map(|info| {
@@ -93,29 +101,25 @@ pub fn bpf_ns_per_run(pid: u32) -> Option<f64> {
             };
             Some((field("run_time_ns:")?, field("run_cnt:")?))
         })
+        .collect())
+}
+
+/// Mean run time of the busiest BPF program `pid` holds (needs [`with_bpf_stats`]).
+pub fn bpf_ns_per_run(pid: u32) -> Option<f64> {
+    bpf_program_stats(pid)
+        .ok()?
+        .into_iter()
         .filter(|&(_, runs)| runs > 0.0)
         .max_by(|a, b| a.1.total_cmp(&b.1))
         .map(|(time, runs)| time / runs)
 }
 
-/// Seconds the BPF programs `pid` holds have run in all, from their fdinfo (needs
-/// [`with_bpf_stats`]). The kernel runs them in whatever task a sample interrupts, so this CPU
-/// is in no process's own figures.
+/// Seconds the BPF programs `pid` holds have run in all (needs [`with_bpf_stats`]). The kernel
+/// runs them in whatever task a sample interrupts, so this CPU is in no process's own figures.
 pub fn bpf_run_seconds(pid: u32) -> Result<f64> {
-    let mut total = 0.0;
-    for entry in std::fs::read_dir(format!("/proc/{pid}/fdinfo"))?.flatten() {
-        let Ok(info) = std::fs::read_to_string(entry.path()) else {
-            continue;
-        };
-        if let Some(ns) = info
-            .lines()
-            .find_map(|l| l.strip_prefix("run_time_ns:"))
-            .and_then(|v| v.trim().parse::<f64>().ok())
-        {
-            total += ns;
-        }
-    }
-    Ok(total / 1e9)
+    let stats = bpf_program_stats(pid)
+        .with_context(|| format!("reading the BPF programs of {pid} from its fdinfo"))?;
+    Ok(stats.iter().map(|&(time, _)| time).sum::<f64>() / 1e9)
 }
 
 /// The `BPF N ns/sample` of a `scorch record` summary.
