@@ -429,10 +429,15 @@ pub struct UnwindEvent {
 pub const EVENT_UNKNOWN_PROCESS: u32 = 0;
 /// [`UnwindEvent::kind`]: a pc in no known mapping (dlopen, a new mapping).
 pub const EVENT_UNKNOWN_PC: u32 = 1;
+/// [`UnwindEvent::kind`]: the process has just exec'd (sent by the exec tracepoint, not rate
+/// limited): its maps are read at once, so a process that lives a few milliseconds is still
+/// captured, and named, after it exits.
+pub const EVENT_EXEC: u32 = 2;
 
 /// Index into the per-CPU `UNWIND_OUTCOMES` array: how each walk of a user stack with tables
 /// ended, and which samples fell back to frame pointers. Each walk adds one to exactly one of
-/// the ends (`Completed` .. `FrameLimit`), and at most one to each fallback.
+/// the ends (`Completed` .. `FrameLimit`), and at most one to each fallback (`NoMapping`,
+/// `TableNotLoaded`, `FramePointerNoRow`).
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum UnwindOutcome {
@@ -451,10 +456,15 @@ pub enum UnwindOutcome {
     NoMapping = 5,
     /// Some frame was in a mapping whose table was not loaded yet: walked with frame pointers.
     TableNotLoaded = 6,
+    /// Some frame was in a described mapping that no row covers (code without CFI that keeps
+    /// frame pointers: V8's builtins in `node`, hand-written assembly): walked with one
+    /// frame-pointer step, checked (the caller's frame above this one, its return address in
+    /// an executable mapping), then with tables again.
+    FramePointerNoRow = 7,
 }
 
 /// Number of [`UnwindOutcome`] kinds; the size of the `UNWIND_OUTCOMES` array.
-pub const UNWIND_OUTCOMES: u32 = 7;
+pub const UNWIND_OUTCOMES: u32 = 8;
 
 impl UnwindOutcome {
     /// All kinds, in index order.
@@ -466,6 +476,7 @@ impl UnwindOutcome {
         UnwindOutcome::FrameLimit,
         UnwindOutcome::NoMapping,
         UnwindOutcome::TableNotLoaded,
+        UnwindOutcome::FramePointerNoRow,
     ];
 
     /// Short name used in summaries, logs and `/metrics` labels.
@@ -478,6 +489,7 @@ impl UnwindOutcome {
             UnwindOutcome::FrameLimit => "frame limit",
             UnwindOutcome::NoMapping => "no mapping",
             UnwindOutcome::TableNotLoaded => "table not loaded",
+            UnwindOutcome::FramePointerNoRow => "frame pointer where no row",
         }
     }
 }

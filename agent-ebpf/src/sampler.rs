@@ -220,8 +220,27 @@ fn try_sample<const TABLES: bool>(ctx: &PerfEventContext) -> Result<(), i64> {
 /// describe the program it was.
 #[raw_tracepoint(tracepoint = "sched_process_exec")]
 pub fn process_exec(_ctx: RawTracePointContext) -> i32 {
-    unwind::forget_process((bpf_get_current_pid_tgid() >> 32) as u32);
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    unwind::forget_process(tgid);
+    if exec_wanted(tgid) {
+        unwind::notify_exec(tgid);
+    }
     0
+}
+
+/// Whether the agent wants to hear of `tgid`'s exec: when the PID filter would sample it.
+/// (This program is attached only with the unwinder, whose agent side reads the events.)
+#[inline(always)]
+fn exec_wanted(tgid: u32) -> bool {
+    let Some(control) = CONTROL.get(0) else {
+        return false;
+    };
+    if control.filter_pids == FILTER_NONE {
+        return true;
+    }
+    // SAFETY: a u8 value, only its presence is read.
+    let listed = unsafe { PID_FILTER.get(tgid) }.is_some();
+    listed != (control.filter_pids == FILTER_DENY)
 }
 
 /// `vm_unmapped_area` (a raw tracepoint): mmap chose where a new mapping of the current

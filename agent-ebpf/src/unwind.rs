@@ -27,9 +27,9 @@ use aya_ebpf::{
 };
 use scorch_common::{
     Bisect, CfaKind, ProcMappings, RbpKind, UnwindEvent, UnwindMapping, UnwindOutcome, UnwindRow,
-    UserStack, EVENT_UNKNOWN_PC, EVENT_UNKNOWN_PROCESS, MAPPING_SEARCH_STEPS, MAPPING_TABLE_LOADED,
-    MAPPING_TABLE_PENDING, MAX_PROC_MAPPINGS, MAX_STACK_DEPTH, MAX_UNWIND_PROCS, UNWIND_OUTCOMES,
-    UNWIND_SEARCH_STEPS,
+    UserStack, EVENT_EXEC, EVENT_UNKNOWN_PC, EVENT_UNKNOWN_PROCESS, MAPPING_SEARCH_STEPS,
+    MAPPING_TABLE_LOADED, MAPPING_TABLE_PENDING, MAX_PROC_MAPPINGS, MAX_STACK_DEPTH,
+    MAX_UNWIND_PROCS, UNWIND_OUTCOMES, UNWIND_SEARCH_STEPS,
 };
 
 /// `BPF_F_MMAPABLE`: the agent writes tables straight into the pool's memory, not one
@@ -89,6 +89,9 @@ pub struct WalkState {
     no_mapping: u32,
     /// Non-zero when some frame fell back to frame pointers for lack of a loaded table.
     table_pending: u32,
+    /// Non-zero when some frame in a described mapping had no row and took a frame-pointer
+    /// step instead.
+    no_row_step: u32,
     /// The frames, and their hash.
     pub stack: UserStack,
 }
@@ -173,6 +176,7 @@ pub fn walk(ctx: &PerfEventContext, tgid: u32, user_mode: bool) -> Option<&'stat
     walk.stop = WALKING;
     walk.no_mapping = 0;
     walk.table_pending = 0;
+    walk.no_row_step = 0;
     walk.stack.len = 0;
     walk.stack.hash = 0xcbf2_9ce4_8422_2325;
 
@@ -196,6 +200,9 @@ pub fn walk(ctx: &PerfEventContext, tgid: u32, user_mode: bool) -> Option<&'stat
     }
     if walk.table_pending != 0 {
         count(UnwindOutcome::TableNotLoaded as u32);
+    }
+    if walk.no_row_step != 0 {
+        count(UnwindOutcome::FramePointerNoRow as u32);
     }
     if known.is_none() {
         notify(tgid, EVENT_UNKNOWN_PROCESS, pc);
@@ -237,10 +244,17 @@ extern "C" fn step(_index: u64, context: *mut c_void) -> i64 {
     let outcome = match mapping {
         Some(m) if m.state == MAPPING_TABLE_LOADED => {
             let row_pc = lookup.wrapping_sub(m.bias);
-            if row_pc > u64::from(u32::MAX) {
+            let outcome = if row_pc > u64::from(u32::MAX) {
                 UnwindOutcome::NoRow as u32
             } else {
                 table_step(walk, m.first_row, m.rows, row_pc as u32)
+            };
+            // Code the binary's CFI leaves out (generated or hand-written, as V8's builtins
+            // inside `node`) often keeps frame pointers: one checked step, then tables again.
+            if outcome == UnwindOutcome::NoRow as u32 {
+                checked_frame_pointer_step(walk, procs)
+            } else {
+                outcome
             }
         }
         Some(m) => {
@@ -328,6 +342,43 @@ fn frame_pointer_step(walk: &mut WalkState) -> u32 {
     if return_address == 0 {
         return UnwindOutcome::Completed as u32;
     }
+    walk.pc = return_address;
+    walk.sp = bp.wrapping_add(16);
+    walk.bp = caller_bp;
+    WALKING
+}
+
+/// A frame-pointer step where no row covers the pc, kept only when it looks like a real
+/// caller: rbp known and not 0, the caller's frame above this one (the stack grows down, so a
+/// walk whose stack pointer only rises cannot loop), and the return address inside one of the
+/// process's executable mappings. Otherwise the walk ends as `NoRow` with the frames it has:
+/// in code without frame pointers rbp is any value, and a caller read through it would be
+/// made up.
+#[inline(always)]
+fn checked_frame_pointer_step(walk: &mut WalkState, procs: &ProcMappings) -> u32 {
+    let bp = walk.bp;
+    if walk.bp_known == 0 || bp == 0 || bp < walk.sp {
+        return UnwindOutcome::NoRow as u32;
+    }
+    let (Some(caller_bp), Some(return_address)) = (read(bp), read(bp.wrapping_add(8))) else {
+        return UnwindOutcome::NoRow as u32;
+    };
+    // The call instruction before the return address must be code this process maps.
+    let call = return_address.wrapping_sub(1);
+    let mut search = MappingSearch {
+        bisect: Bisect::new(procs.count.min(MAX_PROC_MAPPINGS as u32)),
+        pc: call,
+        procs,
+    };
+    repeat(MAPPING_SEARCH_STEPS, probe_mapping, &mut search);
+    let mapped = search
+        .bisect
+        .found()
+        .is_some_and(|i| call < mapping_at(procs, i).end);
+    if return_address == 0 || !mapped {
+        return UnwindOutcome::NoRow as u32;
+    }
+    walk.no_row_step = 1;
     walk.pc = return_address;
     walk.sp = bp.wrapping_add(16);
     walk.bp = caller_bp;
@@ -451,6 +502,23 @@ fn notify(tgid: u32, kind: u32, pc: u64) {
 pub fn forget_process(tgid: u32) {
     let _ = UNWIND_PROCS.remove(tgid);
     let _ = NOTIFIED.remove(tgid);
+}
+
+/// Tells the agent a process has just exec'd, so it reads its maps (and opens its binaries)
+/// while it runs: a compiler's or a test's process may live a few milliseconds, less than the
+/// agent's next look. Not rate limited (one exec is one event) and `NOTIFIED` is left clear,
+/// so the process's first sample still asks again for the libraries loaded since.
+#[inline(always)]
+pub fn notify_exec(tgid: u32) {
+    // A full ring buffer drops the event; the process's first sample asks again.
+    let _ = UNWIND_EVENTS.output::<UnwindEvent>(
+        UnwindEvent {
+            tgid,
+            kind: EVENT_EXEC,
+            pc: 0,
+        },
+        0,
+    );
 }
 
 /// A new mapping of `tgid` went at `start`, for the length in `info`: an executable mapping

@@ -11,6 +11,7 @@ use tracing_subscriber::EnvFilter;
 
 fn main() -> ExitCode {
     scorch::sys::allocator::tune_allocator();
+    scorch::sys::fs::raise_open_file_limit();
     let cli = Cli::parse();
     let filter = EnvFilter::try_from_default_env()
         .or_else(|_| EnvFilter::try_new(&cli.log_level))

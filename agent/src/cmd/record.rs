@@ -12,7 +12,7 @@ use std::{
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::{
-    cmd::session::{Session, DISCOVERY_INTERVAL},
+    cmd::session::{Session, UnwindEvents, DISCOVERY_INTERVAL},
     pipeline::drain::{DrainError, Drainer, Losses},
     pipeline::sampler::{Sampler, SamplerConfig, SamplerError, UnwindCapacity, UnwindMode},
     profile::encode::{self, EncodeOptions, Format},
@@ -90,6 +90,8 @@ pub struct RecordSummary {
     /// Unwind tables loaded for the BPF unwinder (`--unwind auto`): how many (one per build
     /// id), and the bytes of map memory they took.
     pub unwind_tables: Option<(usize, u64)>,
+    /// Captures of exited processes dropped before their samples were named, by reason.
+    pub captures_dropped: Vec<(&'static str, u64)>,
 }
 
 impl std::fmt::Display for RecordSummary {
@@ -112,6 +114,14 @@ impl std::fmt::Display for RecordSummary {
                 .map(|(reason, n)| format!("{reason}: {n}"))
                 .collect();
             write!(f, "; unnamed user frames: {}", parts.join(", "))?;
+        }
+        if !self.captures_dropped.is_empty() {
+            let parts: Vec<String> = self
+                .captures_dropped
+                .iter()
+                .map(|(reason, n)| format!("{reason}: {n}"))
+                .collect();
+            write!(f, "; process captures dropped early: {}", parts.join(", "))?;
         }
         if let Some((tables, bytes)) = self.unwind_tables {
             write!(f, "; unwind tables: {tables}, {} KiB", bytes.div_ceil(1024))?;
@@ -160,14 +170,15 @@ pub async fn record(args: &RecordConfig) -> Result<RecordSummary, RecordError> {
         .take_unwind_maps()
         .map(Unwinder::start)
         .transpose()?;
+    let mut session = Session::new(UserSymbolizer::new(args.symbolize, args.symbol_cache_bytes));
     if let Some(unwinder) = &mut unwinder {
         // `--pid`: their tables are built now, not after their first samples ask for them.
-        unwinder.watch(&args.pids)?;
+        session.keep_captures(unwinder.watch(&args.pids)?);
     }
+    let events = UnwindEvents::new(unwinder.as_ref());
     let started = Instant::now();
     let deadline = tokio::time::Instant::now() + args.duration;
     let mut drainer = Drainer::new(maps, control);
-    let mut session = Session::new(UserSymbolizer::new(args.symbolize, args.symbol_cache_bytes));
     let mut ticker =
         tokio::time::interval_at(tokio::time::Instant::now() + args.window, args.window);
     let mut discover = tokio::time::interval(DISCOVERY_INTERVAL);
@@ -187,15 +198,10 @@ pub async fn record(args: &RecordConfig) -> Result<RecordSummary, RecordError> {
                     unwinder.forget_exited();
                 }
             }
+            _ = events.ready() => poll_unwinder(&mut unwinder, &mut session, false),
             _ = discover.tick() => {
                 session.discover(drainer.active_pids()?);
-                if let Some(unwinder) = &mut unwinder {
-                    // A process the maps have no room for walks by frame pointers (logged and
-                    // counted by the unwinder); the recording goes on, as the daemon's does.
-                    if let Err(err) = unwinder.poll(|_| true) {
-                        tracing::warn!("{err}");
-                    }
-                }
+                poll_unwinder(&mut unwinder, &mut session, true);
             }
         }
     }
@@ -203,7 +209,7 @@ pub async fn record(args: &RecordConfig) -> Result<RecordSummary, RecordError> {
     sampler.flush_logs();
     let unwind_tables = unwinder.as_ref().map(|unwinder| {
         let stats = unwinder.stats();
-        tracing::info!("unwind tables: {stats:?}");
+        tracing::info!("unwind tables: {stats}");
         (stats.tables_loaded, stats.table_bytes)
     });
     let bpf_ns_per_run = sampler
@@ -229,6 +235,13 @@ pub async fn record(args: &RecordConfig) -> Result<RecordSummary, RecordError> {
         .iter()
         .map(|(miss, n)| (miss.as_str(), *n))
         .chain(session.user.fallbacks.iter().map(|(f, n)| (f.as_str(), *n)))
+        .collect();
+    let captures_dropped = session
+        .user
+        .capture_stats()
+        .dropped
+        .iter()
+        .map(|(reason, n)| (reason.as_str(), *n))
         .collect();
     let format = args.format;
     let title = format!(
@@ -256,7 +269,26 @@ pub async fn record(args: &RecordConfig) -> Result<RecordSummary, RecordError> {
         bpf_ns_per_run,
         unnamed_frames,
         unwind_tables,
+        captures_dropped,
     })
+}
+
+/// Reads the unwinder's events: the maps it read go to the session at once (which opens their
+/// files while the processes live), then the tables built go to the BPF side, waiting for
+/// those just asked for with `wait`.
+fn poll_unwinder(unwinder: &mut Option<Unwinder>, session: &mut Session, wait: bool) {
+    let Some(unwinder) = unwinder else {
+        return;
+    };
+    // A process the maps have no room for walks by frame pointers (logged and counted by the
+    // unwinder); the recording goes on, as the daemon's does.
+    let polled = unwinder
+        .poll(|_| true)
+        .map(|captured| session.keep_captures(captured))
+        .and_then(|()| unwinder.install_tables(wait));
+    if let Err(err) = polled {
+        tracing::warn!("{err}");
+    }
 }
 
 /// Fails early, before any BPF is loaded, when the output cannot be written.

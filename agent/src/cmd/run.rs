@@ -32,7 +32,7 @@ use tokio::{
 
 use self::metrics::WindowMetrics;
 use crate::{
-    cmd::session::{Session, DISCOVERY_INTERVAL},
+    cmd::session::{Session, UnwindEvents, DISCOVERY_INTERVAL},
     export::{
         self, debuginfo::DebugFileSender, RemoteConfig, RemoteMetrics, RemoteProtocol, SinkError,
     },
@@ -310,6 +310,7 @@ pub async fn run(config: RunConfig, store: Store) -> Result<(), RunError> {
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut discover = tokio::time::interval(DISCOVERY_INTERVAL);
     discover.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let events = UnwindEvents::new(pipeline.unwinder.as_ref());
     let result = loop {
         tokio::select! {
             biased;
@@ -328,11 +329,12 @@ pub async fn run(config: RunConfig, store: Store) -> Result<(), RunError> {
                     Err(reason) => format!("{sampling}; unhealthy: {reason}"),
                 });
             }
+            _ = events.ready() => pipeline.load_unwind_tables(false),
             _ = discover.tick() => match drainer.active_pids() {
                 Ok(pids) => {
                     let new = pipeline.session.discover(pids);
                     pipeline.target(&new, &mut sampler);
-                    pipeline.load_unwind_tables();
+                    pipeline.load_unwind_tables(true);
                 }
                 Err(err) => break Err(err.into()),
             },
@@ -404,15 +406,22 @@ struct Pipeline {
 }
 
 impl Pipeline {
-    /// Loads the tables of processes the BPF side asked about, except those relabelling drops.
-    fn load_unwind_tables(&mut self) {
+    /// Loads the tables of processes the BPF side asked about, except those relabelling drops;
+    /// the maps read on the way are kept by the session before anything waits (`wait`: for
+    /// the tables just asked for, at most 20 ms).
+    fn load_unwind_tables(&mut self, wait: bool) {
         let Some(unwinder) = &mut self.unwinder else {
             return;
         };
         let labeler = &mut self.labeler;
         let can_drop = labeler.can_drop();
         let wanted = |pid| !can_drop || !matches!(*labeler.outcome(pid), Outcome::Dropped { .. });
-        if let Err(err) = unwinder.poll(wanted) {
+        let session = &mut self.session;
+        let polled = unwinder
+            .poll(wanted)
+            .map(|captured| session.keep_captures(captured))
+            .and_then(|()| unwinder.install_tables(wait));
+        if let Err(err) = polled {
             tracing::warn!("{err}");
         }
     }
@@ -579,6 +588,8 @@ impl Pipeline {
             .set_symbol_cache(cache.bytes, cache.hits, cache.misses);
         self.metrics
             .set_mapped_file_faults(crate::sys::sigbus::faults());
+        self.metrics
+            .set_process_captures(&self.session.user.capture_stats());
         self.metrics.set_store_bytes(self.store.disk_bytes());
         Ok(())
     }

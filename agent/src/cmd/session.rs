@@ -3,13 +3,17 @@
 
 use std::{
     collections::{HashMap, HashSet},
+    os::fd::OwnedFd,
     path::Path,
     time::Duration,
 };
 
+use tokio::io::unix::AsyncFd;
+
 use crate::{
     pipeline::{aggregate::Aggregated, drain::RawWindow},
-    symbolize::user::UserSymbolizer,
+    symbolize::{maps::ProcessMaps, user::UserSymbolizer},
+    unwind::loader::Unwinder,
 };
 
 /// How often the current window's new processes are looked for, to read their maps while they
@@ -62,9 +66,23 @@ impl Session {
     fn capture(&mut self, pids: &[u32]) {
         self.user.capture(pids.iter().copied());
         for &pid in pids {
-            if let Ok(comm) = std::fs::read_to_string(format!("/proc/{pid}/comm")) {
-                self.proc_comms.insert(pid, comm.trim_end().to_owned());
-            }
+            self.read_comm(pid);
+        }
+    }
+
+    /// Keeps the maps the unwinder read when a process exec'd or was first sampled: for a
+    /// process that lives a few milliseconds, the only capture there is.
+    pub(crate) fn keep_captures(&mut self, captured: Vec<(u32, ProcessMaps)>) {
+        for (pid, maps) in captured {
+            self.user.keep_capture(pid, maps);
+            self.read_comm(pid);
+            self.seen_this_window.insert(pid);
+        }
+    }
+
+    fn read_comm(&mut self, pid: u32) {
+        if let Ok(comm) = std::fs::read_to_string(format!("/proc/{pid}/comm")) {
+            self.proc_comms.insert(pid, comm.trim_end().to_owned());
         }
     }
 
@@ -73,8 +91,11 @@ impl Session {
         pids.sort_unstable();
         pids.dedup();
         // Read maps again at the end of the window: libraries loaded since discovery count.
-        // A process that exited keeps what discovery captured.
+        // A process that exited keeps what discovery captured, until its samples are named;
+        // one that exited unsampled is forgotten now.
         self.capture(&pids);
+        self.user.mark_sampled(&pids);
+        self.user.note_exits();
         self.seen_this_window.clear();
         self.windows += 1;
         tracing::info!(
@@ -88,5 +109,42 @@ impl Session {
         // windows' samples, and these take the maps read now, as the daemon's windows do.
         let user = &self.user;
         self.aggregated.add(window, |tgid| user.maps_version(tgid));
+    }
+}
+
+/// The unwinder's event ring buffer as something to await: readable as soon as a process execs
+/// or is first sampled, so its maps are read while it runs rather than at the next discovery
+/// tick, which a 20 ms process does not live to see.
+pub(crate) struct UnwindEvents(Option<AsyncFd<OwnedFd>>);
+
+impl UnwindEvents {
+    pub(crate) fn new(unwinder: Option<&Unwinder>) -> Self {
+        let fd = unwinder.and_then(|unwinder| {
+            unwinder
+                .events_fd()
+                .and_then(|fd| {
+                    // SAFETY: an `OwnedFd` is open and returns the same descriptor from
+                    // `as_raw_fd` until the `AsyncFd` that owns it drops it.
+                    unsafe { AsyncFd::register(fd) }.map_err(std::io::Error::from)
+                })
+                .map_err(|err| {
+                    // The 200 ms discovery still reads them, later.
+                    tracing::warn!("waiting on the unwinder's events: {err}");
+                })
+                .ok()
+        });
+        UnwindEvents(fd)
+    }
+
+    /// Waits until an event is there to read (forever without the unwinder). The caller then
+    /// reads every event queued ([`Unwinder::poll`]), so the readiness is cleared here.
+    pub(crate) async fn ready(&self) {
+        match &self.0 {
+            Some(fd) => match fd.readable().await {
+                Ok(mut guard) => guard.clear_ready(),
+                Err(_) => std::future::pending().await,
+            },
+            None => std::future::pending().await,
+        }
     }
 }

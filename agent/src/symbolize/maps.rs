@@ -222,6 +222,11 @@ impl MapsHistory {
             .expect("a history holds at least one capture")
     }
 
+    /// Every capture kept, oldest first.
+    pub fn versions(&self) -> &[ProcessMaps] {
+        &self.versions
+    }
+
     /// The latest capture's version.
     pub fn version(&self) -> u32 {
         self.first + (self.versions.len() as u32 - 1)

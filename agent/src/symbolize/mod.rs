@@ -5,6 +5,7 @@
 //! is data for the reader (and for servers that symbolise later), never an error.
 
 pub mod address;
+pub mod captures;
 pub mod elf;
 pub mod hints;
 pub mod kernel;

@@ -20,8 +20,10 @@ use std::{
     path::{Path, PathBuf},
     rc::Rc,
     sync::Arc,
+    time::Instant,
 };
 
+use super::captures::{process_alive, CaptureStats, Captures};
 use super::elf::{
     DwarfLimits, DwarfOptions, ElfFile, ElfMiss, FileData, OverBudget, ResolvedFrame,
 };
@@ -276,10 +278,6 @@ impl ElfCache {
     }
 }
 
-/// Most file handles kept open for processes that may exit before their samples are named;
-/// well under the default soft limit of 1024 descriptors.
-const MAX_HELD_FILES: usize = 512;
-
 /// How many lookups may touch mapped DWARF before its pages are released from this process's
 /// RSS: often enough that a large binary's debug info never all counts at once, rarely enough
 /// that refaulting from the page cache costs little.
@@ -328,15 +326,14 @@ impl OverBudgetFiles {
 /// Process maps, perf maps and ELF files, kept across windows within a byte budget.
 pub struct UserSymbolizer {
     mode: SymbolizeMode,
-    /// Maps captured per process, each version its samples may still need.
-    maps: HashMap<u32, MapsHistory>,
+    /// Maps captured per process, each version its samples may still need, and handles on
+    /// the files they map, kept past the process's exit until its samples are named.
+    captures: Captures,
     /// JIT symbol maps per process (`/tmp/perf-PID.map`), read on first need.
     perf_maps: HashMap<u32, Option<PerfMap>>,
     cache: ElfCache,
     /// The vdso image, identical in every process of this kernel, read from our own memory.
     vdso: Option<Option<Rc<ElfFile>>>,
-    /// Open handles on code files of processes seen, not parsed yet, by (device, inode).
-    held: HashMap<(u64, u64), (std::fs::File, PathBuf, i64)>,
     /// Lookups so far; every [`RELEASE_PAGES_EVERY`] the mapped pages they touched are let go.
     lookups: u64,
     /// Build ids by mapped file, for `--symbolize none`, which parses nothing else.
@@ -393,7 +390,7 @@ impl UserSymbolizer {
     pub fn new(mode: SymbolizeMode, cache_bytes: usize) -> Self {
         UserSymbolizer {
             mode,
-            maps: HashMap::new(),
+            captures: Captures::default(),
             perf_maps: HashMap::new(),
             cache: ElfCache::new(cache_bytes),
             vdso: None,
@@ -401,7 +398,6 @@ impl UserSymbolizer {
             collect_binaries: None,
             new_binaries: Vec::new(),
             new_binaries_dropped: 0,
-            held: HashMap::new(),
             lookups: 0,
             misses: BTreeMap::new(),
             fallbacks: BTreeMap::new(),
@@ -484,47 +480,55 @@ impl UserSymbolizer {
                 continue;
             }
             match ProcessMaps::read(pid) {
-                Ok(maps) => {
-                    // Open (not parse) the code files now, while /proc/PID/map_files and
-                    // /proc/PID/root still lead to them: a short-lived process may be gone by
-                    // the time its samples are symbolised. Only the files its samples turn out
-                    // to hit are parsed, later.
-                    if self.mode == SymbolizeMode::Local {
-                        for entry in maps
-                            .entries()
-                            .iter()
-                            .filter(|e| e.executable && e.is_file())
-                        {
-                            self.hold_file(pid, entry);
-                        }
-                    }
-                    match self.maps.entry(pid) {
-                        std::collections::hash_map::Entry::Occupied(mut history) => {
-                            if history.get_mut().capture(maps) {
-                                tracing::debug!(pid, "code unmapped: a new version of its maps");
-                            }
-                        }
-                        std::collections::hash_map::Entry::Vacant(slot) => {
-                            slot.insert(MapsHistory::new(maps));
-                        }
-                    }
-                }
+                Ok(maps) => self.keep_capture(pid, maps),
                 Err(err) => tracing::debug!("{err}"),
             }
         }
     }
 
-    /// Forgets processes that no longer exist (their maps and perf maps) and the earlier
-    /// versions of the maps of those that do. Call after their samples were symbolised.
-    pub fn forget_exited(&mut self) {
-        let alive = |pid: &u32| Path::new(&format!("/proc/{pid}")).exists();
-        self.maps.retain(|pid, _| alive(pid));
-        for history in self.maps.values_mut() {
-            history.forget_earlier();
+    /// Keeps maps of `pid` read just now (by [`UserSymbolizer::capture`], or by the unwinder
+    /// when the process exec'd or was first sampled), and opens the files they map.
+    pub fn keep_capture(&mut self, pid: u32, maps: ProcessMaps) {
+        // Open (not parse) the code files now, while /proc/PID/map_files and /proc/PID/root
+        // still lead to them: a short-lived process may be gone by the time its samples are
+        // symbolised. Only the files its samples turn out to hit are parsed, later.
+        if self.mode == SymbolizeMode::Local {
+            for entry in maps
+                .entries()
+                .iter()
+                .filter(|e| e.executable && e.is_file())
+            {
+                self.hold_file(pid, entry);
+            }
         }
-        self.perf_maps.retain(|pid, _| alive(pid));
-        // Held handles only bridge the gap between capture and symbolisation.
-        self.held.clear();
+        if self.captures.insert(pid, maps) {
+            tracing::debug!(pid, "code unmapped: a new version of its maps");
+        }
+    }
+
+    /// Marks the processes a drained window sampled: their captures outlive them.
+    pub fn mark_sampled(&mut self, pids: &[u32]) {
+        self.captures.mark_sampled(pids);
+    }
+
+    /// Notes the captured processes that exited, drops those never sampled, and keeps the
+    /// others within their bounds ([`CaptureLimits`](super::captures::CaptureLimits)). For a recording, which names its
+    /// samples at the end: call once a window.
+    pub fn note_exits(&mut self) {
+        self.captures.note_exits(Instant::now(), process_alive);
+    }
+
+    /// What the captures hold and what they dropped early.
+    pub fn capture_stats(&self) -> CaptureStats {
+        self.captures.stats()
+    }
+
+    /// Forgets processes that no longer exist (their maps, perf maps and file handles) and the
+    /// earlier versions of the maps of those that do. Call after their samples were
+    /// symbolised.
+    pub fn forget_exited(&mut self) {
+        self.captures.forget_exited(process_alive);
+        self.perf_maps.retain(|pid, _| process_alive(*pid));
     }
 
     /// Changes the byte budget for parsed files; takes effect at the next `enforce_budget`.
@@ -567,37 +571,37 @@ impl UserSymbolizer {
 
     /// Keeps an open handle on the file behind `entry`, unless it is cached or held already.
     fn hold_file(&mut self, pid: u32, entry: &MapEntry) {
-        let id = (entry.dev, entry.inode);
-        if self.held.contains_key(&id)
-            || self.held.len() >= MAX_HELD_FILES
-            || self.cache.by_inode.contains_key(&id)
+        if self.cache.by_inode.contains_key(&(entry.dev, entry.inode))
+            || !self.captures.wants_file(entry)
         {
             return;
         }
-        if let Ok((file, path, mtime)) = open_mapped(pid, entry) {
-            self.held.insert(id, (file, path, mtime));
+        if let Ok(file) = open_mapped(pid, entry) {
+            self.captures.hold_file(pid, entry, file);
         }
     }
 
     /// The latest captured maps of `pid`.
     pub fn maps(&self, pid: u32) -> Option<&ProcessMaps> {
-        self.maps.get(&pid).map(MapsHistory::latest)
+        self.captures.history(pid).map(MapsHistory::latest)
     }
 
     /// The maps of `pid` that were latest at `version` (see [`MapsHistory`]).
     pub fn maps_at(&self, pid: u32, version: u32) -> Option<&ProcessMaps> {
-        self.maps.get(&pid).map(|history| history.at(version))
+        self.captures
+            .history(pid)
+            .map(|history| history.at(version))
     }
 
     /// The version of the latest captured maps of `pid`: what its samples drained now keep.
     pub fn maps_version(&self, pid: u32) -> u32 {
-        self.maps.get(&pid).map_or(0, MapsHistory::version)
+        self.captures.history(pid).map_or(0, MapsHistory::version)
     }
 
     /// A process's maps as if discovered, for tests of what reads them.
     #[cfg(test)]
     pub(crate) fn insert_maps(&mut self, pid: u32, maps: ProcessMaps) {
-        self.maps.insert(pid, MapsHistory::new(maps));
+        self.captures.insert(pid, maps);
     }
 
     /// The parsed file behind `entry` of process `pid`, from the cache or opened now.
@@ -644,7 +648,7 @@ impl UserSymbolizer {
         entry: &MapEntry,
     ) -> Result<(ElfFile, CacheKey, i64), UserMiss> {
         let id = (entry.dev, entry.inode);
-        let (handle, path, mtime) = match self.held.remove(&id) {
+        let (handle, path, mtime) = match self.captures.take_file(entry.dev, entry.inode) {
             Some(held) => held,
             None => open_mapped(pid, entry)?,
         };
@@ -842,7 +846,11 @@ impl UserSymbolizer {
         address: u64,
         is_return_address: bool,
     ) -> UserFrame {
-        let Some(maps) = self.maps.get(&pid).map(|history| history.at(version)) else {
+        let Some(maps) = self
+            .captures
+            .history(pid)
+            .map(|history| history.at(version))
+        else {
             return UserFrame {
                 mapping: None,
                 frames: Err(UserMiss::NoMaps),

@@ -6,6 +6,34 @@ use std::{
     path::Path,
 };
 
+/// Raises this process's soft limit on open files to its hard limit (at most 65,536): the
+/// symbolizer keeps a handle on the binaries of processes that may exit before their samples
+/// are named, up to 2,048 of them, and systemd's default soft limit is 1,024. Returns the
+/// soft limit now in force.
+pub fn raise_open_file_limit() -> u64 {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes the struct it is given.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        return 0;
+    }
+    let wanted = limit.rlim_max.min(65_536);
+    if wanted > limit.rlim_cur {
+        let raised = libc::rlimit {
+            rlim_cur: wanted,
+            rlim_max: limit.rlim_max,
+        };
+        // SAFETY: setrlimit reads the struct it is given; raising the soft limit up to the
+        // hard one needs no privilege.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+            return wanted;
+        }
+    }
+    limit.rlim_cur
+}
+
 /// This host's name, as the kernel knows it.
 pub fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")

@@ -135,6 +135,29 @@ pub struct LoaderStats {
     pub processes_without_room: u64,
 }
 
+impl std::fmt::Display for LoaderStats {
+    /// In words, as the recording's summary line: `3 tables loaded (241 KiB), 1 unavailable,
+    /// 12 processes, 0 evicted, 40 events`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} tables loaded ({} KiB, {} rows), {} unavailable, {} evicted; {} processes \
+             described, {} events",
+            self.tables_loaded,
+            self.table_bytes.div_ceil(1024),
+            self.rows_used,
+            self.tables_unavailable,
+            self.tables_evicted,
+            self.processes,
+            self.events
+        )?;
+        if self.processes_without_room > 0 {
+            write!(f, ", {} found no room", self.processes_without_room)?;
+        }
+        Ok(())
+    }
+}
+
 /// The pool's memory, shared with the BPF map (`BPF_F_MMAPABLE`). Only the pages a table is
 /// written to are mapped, and only while it is written: the kernel maps every page of a
 /// mapping of a BPF array at `mmap` time, so a mapping of the whole pool kept open would count
@@ -236,6 +259,8 @@ pub struct Unwinder {
     without_room_total: u64,
     /// When the full map was last reported: once a minute at most, not on every poll.
     reported_full: Option<std::time::Instant>,
+    /// Whether tables were asked for since the last [`Unwinder::install_tables`].
+    requested: bool,
 }
 
 /// How often a full `UNWIND_PROCS` is reported in the log.
@@ -275,6 +300,7 @@ impl Unwinder {
             without_room: HashSet::new(),
             without_room_total: 0,
             reported_full: None,
+            requested: false,
         };
         unwinder.load_vdso()?;
         Ok(unwinder)
@@ -296,8 +322,15 @@ impl Unwinder {
 
     /// Reads the BPF side's events, describes the processes they name when `wanted` says so
     /// (the daemon's relabelling drops some: they get no tables), and loads the tables the
-    /// worker finished. Cheap when nothing happened; call it often (every 200 ms).
-    pub fn poll(&mut self, mut wanted: impl FnMut(u32) -> bool) -> Result<(), LoaderError> {
+    /// worker finished. Returns the maps it read, one capture per process, for the symbolizer
+    /// to keep at once: for a process that lives a few milliseconds this is the only read
+    /// there is, and its files must be opened before it exits. Then call
+    /// [`Unwinder::install_tables`]. Cheap when nothing happened; call it when
+    /// [`Unwinder::events_fd`] is readable, and every 200 ms.
+    pub fn poll(
+        &mut self,
+        mut wanted: impl FnMut(u32) -> bool,
+    ) -> Result<Vec<(u32, ProcessMaps)>, LoaderError> {
         self.clock += 1;
         let mut pids = HashSet::new();
         while let Some(item) = self.maps.events.next() {
@@ -309,25 +342,51 @@ impl Unwinder {
                 self.events += 1;
             }
         }
-        let mut requested = false;
         let pids: Vec<u32> = pids
             .into_iter()
             .filter(|pid| !self.without_room.contains(pid) && wanted(*pid))
             .collect();
-        for pid in pids {
-            requested |= self.placed(|unwinder| unwinder.scan(pid))?;
-        }
-        self.install_built(requested)
+        self.scan_all(&pids)
     }
 
     /// Describes `pids` now, before the BPF side asks (`record --pid`), so their first samples
-    /// find their tables.
-    pub fn watch(&mut self, pids: &[u32]) -> Result<(), LoaderError> {
-        let mut requested = false;
-        for &pid in pids {
-            requested |= self.placed(|unwinder| unwinder.scan(pid))?;
-        }
+    /// find their tables. Returns the maps read, as [`Unwinder::poll`] does.
+    pub fn watch(&mut self, pids: &[u32]) -> Result<Vec<(u32, ProcessMaps)>, LoaderError> {
+        let captured = self.scan_all(pids)?;
+        self.install_tables(true)?;
+        Ok(captured)
+    }
+
+    /// Installs the tables the worker finished, and rewrites the processes that use them.
+    /// With `wait`, when tables were asked for since the last install, waits for them a
+    /// little (at most 20 ms), so their processes get whole stacks one poll sooner; the poll
+    /// an event wakes does not wait, so the next event's process is read without delay.
+    pub fn install_tables(&mut self, wait: bool) -> Result<(), LoaderError> {
+        // Without `wait`, the flag stays for the next poll that waits.
+        let requested = wait && std::mem::take(&mut self.requested);
         self.install_built(requested)
+    }
+
+    /// A descriptor of the event ring buffer, readable when the BPF side has written an event:
+    /// the caller polls as soon as a process execs or is first sampled, not at its next tick.
+    pub fn events_fd(&self) -> std::io::Result<std::os::fd::OwnedFd> {
+        std::os::fd::AsFd::as_fd(&self.maps.events).try_clone_to_owned()
+    }
+
+    /// Reads each process's maps and describes it; the tables it asks for are installed by
+    /// [`Unwinder::install_tables`].
+    fn scan_all(&mut self, pids: &[u32]) -> Result<Vec<(u32, ProcessMaps)>, LoaderError> {
+        let mut captured = Vec::with_capacity(pids.len());
+        for &pid in pids {
+            // A process that is gone, or whose maps cannot be read, keeps frame pointers.
+            let Ok(maps) = ProcessMaps::read(pid) else {
+                continue;
+            };
+            let requested = self.placed(|unwinder| unwinder.scan(pid, &maps))?;
+            self.requested |= requested;
+            captured.push((pid, maps));
+        }
+        Ok(captured)
     }
 
     /// Runs `describe`, which writes `pid`'s mappings to `UNWIND_PROCS`. When the map has no
@@ -446,13 +505,9 @@ impl Unwinder {
         stats
     }
 
-    /// Reads a process's maps, asks for the tables it lacks, and describes it to BPF.
-    /// Returns whether a table was asked for.
-    fn scan(&mut self, pid: u32) -> Result<bool, LoaderError> {
-        // A process that is gone, or whose maps cannot be read, keeps frame pointers.
-        let Ok(maps) = ProcessMaps::read(pid) else {
-            return Ok(false);
-        };
+    /// Asks for the tables a process's maps lack, and describes it to BPF. Returns whether a
+    /// table was asked for.
+    fn scan(&mut self, pid: u32, maps: &ProcessMaps) -> Result<bool, LoaderError> {
         let mut requested = false;
         let mut mappings = Vec::new();
         // The agent itself keeps frame-pointer walks (its mappings are described without

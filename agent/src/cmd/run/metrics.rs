@@ -1,7 +1,7 @@
 //! The window loop's own metrics: what each window sampled and lost, how long draining and
 //! symbolising took, what became of it in the store, the BPF filter, and the symbol cache.
 
-use std::{sync::atomic::AtomicU64, time::Duration};
+use std::{collections::BTreeMap, sync::atomic::AtomicU64, time::Duration};
 
 use prometheus_client::{
     metrics::{
@@ -16,6 +16,7 @@ use crate::{
     metrics::{LabeledCounter, Registry},
     pipeline::drain::Losses,
     store::ErrorReason,
+    symbolize::captures::{CaptureDrop, CaptureStats},
 };
 
 #[derive(Debug)]
@@ -48,6 +49,15 @@ pub struct WindowMetrics {
     bpf_run_count: Counter,
     bpf_run_reported: (Duration, u64),
     bpf_map_memory: Gauge<u64, AtomicU64>,
+    /// Processes whose maps are captured (alive, or exited with samples not named yet), the
+    /// bytes those take, and the open handles on their files.
+    process_captures: Gauge<u64, AtomicU64>,
+    process_capture_bytes: Gauge<u64, AtomicU64>,
+    process_capture_files: Gauge<u64, AtomicU64>,
+    /// Captures dropped before their samples were named, by the bound that dropped them, and
+    /// the totals at the last report.
+    process_captures_dropped: LabeledCounter,
+    process_captures_dropped_reported: BTreeMap<CaptureDrop, u64>,
 }
 
 impl WindowMetrics {
@@ -159,6 +169,31 @@ impl WindowMetrics {
                 Unit::Bytes,
                 Gauge::default(),
             ),
+            process_captures: registry.register(
+                "process_captures",
+                "Processes whose maps are kept for naming their frames: alive, or exited with \
+                 samples not named yet",
+                Gauge::default(),
+            ),
+            process_capture_bytes: registry.register_with_unit(
+                "process_capture",
+                "Estimated memory of the captured process maps",
+                Unit::Bytes,
+                Gauge::default(),
+            ),
+            process_capture_files: registry.register(
+                "process_capture_files",
+                "Open handles on mapped files kept so a process that exits (or a binary deleted) \
+                 can still be named",
+                Gauge::default(),
+            ),
+            process_captures_dropped: registry.register(
+                "process_captures_dropped",
+                "Captures of exited processes (or file handles) dropped before their samples \
+                 were named, by the bound that dropped them",
+                LabeledCounter::new("reason", CaptureDrop::ALL.map(CaptureDrop::as_str)),
+            ),
+            process_captures_dropped_reported: BTreeMap::new(),
         }
     }
 
@@ -230,6 +265,21 @@ impl WindowMetrics {
         }
         if let Some(bytes) = map_memory {
             self.bpf_map_memory.set(bytes);
+        }
+    }
+
+    /// What the process captures hold, and their cumulative early drops.
+    pub fn set_process_captures(&mut self, stats: &CaptureStats) {
+        self.process_captures.set(stats.processes as u64);
+        self.process_capture_bytes.set(stats.bytes as u64);
+        self.process_capture_files.set(stats.files as u64);
+        for (&reason, &total) in &stats.dropped {
+            let before = self
+                .process_captures_dropped_reported
+                .insert(reason, total)
+                .unwrap_or(0);
+            self.process_captures_dropped
+                .inc_by(reason.as_str(), total.saturating_sub(before));
         }
     }
 
