@@ -15,7 +15,7 @@ use crate::run_command;
 const BPF_LINKER_VERSION: &str = "0.13.0";
 
 /// Debian packages: gcc builds the test workloads, golang-go provides `go tool pprof` (the
-/// reference pprof reader), linux-perf is the peer profiler, bpftrace the second peer, time
+/// reference pprof reader), nodejs runs the JavaScript workload, linux-perf is the peer profiler, bpftrace the second peer, time
 /// gives `/usr/bin/time -v` for the benchmark's RSS figures, util-linux has setpriv and
 /// unshare, chromium runs headless for the UI test, systemd has `systemd-analyze` for the unit
 /// checks (it need not be running), python3-venv holds kubernetes-validate, liblzma-dev links
@@ -28,6 +28,7 @@ const PACKAGES: &[&str] = &[
     "gcc",
     "g++",
     "golang-go",
+    "nodejs",
     "linux-perf",
     "bpftrace",
     "time",

@@ -949,3 +949,25 @@ fn copies_of_a_binary_share_one_table_by_build_id() -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// Hand-written assembly without CFI that keeps a frame pointer, inside a binary whose table
+/// describes everything else: the walk finds the mapping's table, no row for the pc, takes one
+/// checked frame-pointer step and goes back to the table for the callers built without frame
+/// pointers. Counted as its own outcome, so a binary that needs it shows in the summary.
+#[test]
+fn assembly_without_cfi_that_keeps_frame_pointers_is_walked_to_main() -> anyhow::Result<()> {
+    let program = build_no_fp("nocfi.c", "nocfi", &[])?;
+    let recording = record(&program, &["30"], 4, &[])?;
+    recording.assert_whole(
+        |s| s.frames.first().is_some_and(|f| f == "asm_spin"),
+        &["asm_spin", "spin_caller", "run", "main"],
+        150,
+    )?;
+    let steps = summary_count(&recording.summary, "frame pointer where no row");
+    anyhow::ensure!(
+        steps > 150,
+        "{steps} frame-pointer steps where no row counted: {}",
+        recording.summary
+    );
+    Ok(())
+}
