@@ -1,6 +1,6 @@
 //! The UI's views over a day of windows: the timeline (per-window totals, no stack read) and a
-//! diff of two one-hour ranges (two merges and the differential flame graph), as the HTTP
-//! routes run them.
+//! diff of two one-hour ranges (two merges and the differential flame graph, icicle and
+//! classic), as the HTTP routes run them.
 //!
 //! `cargo bench -p scorch --bench views [-- DIR]` writes 24 h of 10 s windows (8,640, from
 //! `store::fixtures::synthetic_window`: 50 processes of 20 stacks each per window, replaced
@@ -14,7 +14,7 @@ use std::{
 };
 
 use scorch::{
-    profile::diff,
+    profile::{diff, encode::svg::Orientation},
     serve::http::{MAX_DRAWN_STACKS, MAX_QUERY_STACKS},
     store::{
         fixtures::synthetic_window, QueryLimits, Retention, Store, TimeRange, TimelineRequest,
@@ -126,26 +126,31 @@ fn main() {
         from: at(end - h * 3600),
         to: at(end - (h - 1) * 3600),
     };
-    let (median, max, bytes) = time(&mut || {
-        let store = Store::open_read_only(&dir).expect("opening the store");
-        // As the server runs it: its stack cap, and the flame graph of the heaviest stacks.
-        let limits = || QueryLimits::new(MAX_QUERY_STACKS, Duration::from_secs(20));
-        let base = store
-            .query_within(hour(2), &|_| true, limits())
-            .expect("merging an hour");
-        let target = store
-            .query_within(hour(1), &|_| true, limits())
-            .expect("merging an hour");
-        diff::svg(&base, &target, "bench", Some(MAX_DRAWN_STACKS))
-            .expect("drawing")
-            .len()
-    });
-    println!(
-        "views: diff of two 1 h ranges (360 windows each, merged, differential flame graph SVG of \
-         {} KiB): median {median:.0} ms of {RUNS}, max {max:.0} ms ({}: at most 300 ms)",
-        bytes >> 10,
-        verdict(median <= 300.0)
-    );
+    // Both orientations: the icicle is the default, the classic was the only one before it;
+    // the drawing differs only in where each row goes, so the two should cost the same.
+    for orientation in [Orientation::Icicle, Orientation::Classic] {
+        let (median, max, bytes) = time(&mut || {
+            let store = Store::open_read_only(&dir).expect("opening the store");
+            // As the server runs it: its stack cap, and the flame graph of the heaviest stacks.
+            let limits = || QueryLimits::new(MAX_QUERY_STACKS, Duration::from_secs(20));
+            let base = store
+                .query_within(hour(2), &|_| true, limits())
+                .expect("merging an hour");
+            let target = store
+                .query_within(hour(1), &|_| true, limits())
+                .expect("merging an hour");
+            diff::svg(&base, &target, "bench", Some(MAX_DRAWN_STACKS), orientation)
+                .expect("drawing")
+                .len()
+        });
+        println!(
+            "views: diff of two 1 h ranges (360 windows each, merged, differential flame graph SVG \
+             of {} KiB, {}): median {median:.0} ms of {RUNS}, max {max:.0} ms ({}: at most 300 ms)",
+            bytes >> 10,
+            orientation.name(),
+            verdict(median <= 300.0)
+        );
+    }
     let (median, max, _) = time(&mut || {
         let store = Store::open_read_only(&dir).expect("opening the store");
         // As the server runs it: its stack cap, and the flame graph of the heaviest stacks.

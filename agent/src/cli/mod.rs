@@ -15,7 +15,7 @@ use crate::{
     },
     parse::{duration, selector::Selector, timespec::parse_range},
     pipeline::sampler::UnwindMode,
-    profile::encode::Format,
+    profile::encode::{svg::Orientation, Format},
     symbolize::user::SymbolizeMode,
 };
 
@@ -89,6 +89,10 @@ pub struct RecordArgs {
     /// `.txt`, anything else pprof.
     #[arg(long, value_enum)]
     pub format: Option<Format>,
+    /// Which way a flame graph (`svg`) grows: `icicle`, the root on top (deep stacks never
+    /// push it off the first screen), or `classic`, the root at the bottom.
+    #[arg(long, value_enum, default_value = "icicle")]
+    pub orientation: Orientation,
     /// How often the kernel maps are drained while recording, so they never fill up.
     #[arg(long, default_value = "10s", value_parser = parse_duration, allow_hyphen_values = true)]
     pub window: Duration,
@@ -127,6 +131,7 @@ impl RecordArgs {
             include_idle: self.include_idle,
             output: self.output.clone(),
             format: self.output_format(),
+            orientation: self.orientation,
             window: self.window,
             symbolize: self.symbolize,
             symbol_cache_bytes: (self.symbol_cache_mb as usize) << 20,
@@ -159,6 +164,10 @@ pub struct QueryArgs {
     /// Output format; by default from the output's extension, or `top` on standard output.
     #[arg(long, value_enum)]
     pub format: Option<Format>,
+    /// Which way a flame graph (`svg`) grows: `icicle`, the root on top (deep stacks never
+    /// push it off the first screen), or `classic`, the root at the bottom.
+    #[arg(long, value_enum, default_value = "icicle")]
+    pub orientation: Orientation,
     /// Compare with this baseline range (start), and write what changed from it to the range
     /// above: a differential flame graph (svg), `go tool pprof -diff_base`'s profile (pprof),
     /// each function's change in share (top), or `stack base target` lines (folded).
@@ -199,6 +208,7 @@ impl QueryArgs {
             selector_text: self.selector.clone(),
             output: self.output.clone(),
             format,
+            orientation: self.orientation,
         })
     }
 
@@ -371,5 +381,28 @@ mod tests {
             panic!("not record")
         };
         assert_eq!(args.output_format(), Format::Pprof);
+    }
+
+    #[test]
+    fn flame_graphs_are_icicles_unless_classic_is_asked_for() {
+        let record = |extra: &[&str]| {
+            let line = [&["scorch", "record", "-o", "x.svg"], extra].concat();
+            match Cli::try_parse_from(line).unwrap().command {
+                Command::Record(args) => args.resolve().orientation,
+                _ => panic!("not record"),
+            }
+        };
+        assert_eq!(record(&[]), Orientation::Icicle);
+        assert_eq!(record(&["--orientation", "classic"]), Orientation::Classic);
+        let query = |extra: &[&str]| {
+            let line = [&["scorch", "query", "-o", "x.svg"], extra].concat();
+            match Cli::try_parse_from(line).unwrap().command {
+                Command::Query(args) => args.resolve().unwrap().orientation,
+                _ => panic!("not query"),
+            }
+        };
+        assert_eq!(query(&[]), Orientation::Icicle);
+        assert_eq!(query(&["--orientation", "classic"]), Orientation::Classic);
+        assert!(Cli::try_parse_from(["scorch", "query", "--orientation", "sideways"]).is_err());
     }
 }

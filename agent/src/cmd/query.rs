@@ -13,7 +13,7 @@ use crate::{
     parse::selector::{Selector, SelectorError},
     parse::timespec::TimeError,
     profile::diff,
-    profile::encode::{self, EncodeOptions, Format},
+    profile::encode::{self, svg::Orientation, EncodeOptions, Format},
     store::{Store, StoreError, TimeRange},
     sys::fs::{hostname, write_atomically},
 };
@@ -38,6 +38,8 @@ pub struct QueryConfig {
     pub output: Option<PathBuf>,
     /// In which format.
     pub format: Format,
+    /// Which way a flame graph grows ([`Format::Svg`]).
+    pub orientation: Orientation,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -76,6 +78,7 @@ pub fn query(args: &QueryConfig) -> Result<String, QueryError> {
         title: &title,
         top_limit: None,
         max_stacks: None,
+        orientation: args.orientation,
     };
     let bytes = match args.base {
         None => encode::encode(format, &profile, options)?,
@@ -83,7 +86,7 @@ pub fn query(args: &QueryConfig) -> Result<String, QueryError> {
             let base = store.query(range, &|labels| args.selector.matches(labels))?;
             match format {
                 Format::Pprof => diff::pprof(&base, &profile),
-                Format::Svg => diff::svg(&base, &profile, &title, None)?,
+                Format::Svg => diff::svg(&base, &profile, &title, None, args.orientation)?,
                 Format::Top => diff::render_top(&diff::top(&base, &profile), None).into_bytes(),
                 Format::Folded => diff::pairs(&base, &profile)
                     .iter()

@@ -15,7 +15,7 @@ use crate::{
     cmd::session::{Session, UnwindEvents, DISCOVERY_INTERVAL},
     pipeline::drain::{DrainError, Drainer, Losses},
     pipeline::sampler::{Sampler, SamplerConfig, SamplerError, UnwindCapacity, UnwindMode},
-    profile::encode::{self, EncodeOptions, Format},
+    profile::encode::{self, svg::Orientation, EncodeOptions, Format},
     symbolize::{
         self,
         kernel::KernelSymbolizer,
@@ -41,6 +41,8 @@ pub struct RecordConfig {
     pub output: PathBuf,
     /// In which format.
     pub format: Format,
+    /// Which way a flame graph grows ([`Format::Svg`]).
+    pub orientation: Orientation,
     /// How often the kernel maps are drained.
     pub window: Duration,
     /// Name user frames here, or leave that to a server.
@@ -254,6 +256,7 @@ pub async fn record(args: &RecordConfig) -> Result<RecordSummary, RecordError> {
         title: &title,
         top_limit: None,
         max_stacks: None,
+        orientation: args.orientation,
     };
     let bytes = encode::encode(format, &profile, options)?;
     write_output(&args.output, &bytes)?;

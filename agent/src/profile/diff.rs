@@ -19,7 +19,12 @@ use std::{
 
 use serde::Serialize;
 
-use super::encode::{folded::fold, pprof as encode_pprof, svg::SvgError, top::top as top_table};
+use super::encode::{
+    folded::fold,
+    pprof as encode_pprof,
+    svg::{inferno_options, Orientation, SvgError},
+    top::top as top_table,
+};
 use super::{Labels, Profile, Sample};
 use crate::pprof as pb;
 
@@ -106,25 +111,24 @@ pub fn folded_heaviest(base: &Profile, target: &Profile, max_stacks: usize) -> V
 }
 
 /// The differential flame graph, titled `title`, of at most `max_stacks` stacks when given
-/// ([`folded_heaviest`]).
+/// ([`folded_heaviest`]), growing as `orientation` says.
 pub fn svg(
     base: &Profile,
     target: &Profile,
     title: &str,
     max_stacks: Option<usize>,
+    orientation: Orientation,
 ) -> Result<Vec<u8>, SvgError> {
     let lines = match max_stacks {
         Some(max) => folded_heaviest(base, target, max),
         None => folded(base, target),
     };
     if lines.is_empty() {
-        return super::encode::svg::encode(target, title, max_stacks);
+        return super::encode::svg::encode(target, title, max_stacks, orientation);
     }
-    let mut options = inferno::flamegraph::Options::default();
-    options.title = title.to_owned();
+    let mut options = inferno_options(title, orientation, "samples (both ranges, normalised)");
     options.subtitle =
         Some("width: both ranges, each normalised to the same total; red grew, blue shrank".into());
-    options.count_name = "samples (both ranges, normalised)".to_owned();
     let mut svg = Vec::new();
     inferno::flamegraph::from_lines(&mut options, lines.iter().map(String::as_str), &mut svg)
         .map_err(|e| SvgError::new(e.to_string()))?;
@@ -290,7 +294,7 @@ pub fn pprof_message(base: &Profile, target: &Profile) -> pb::Profile {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::profile::sample_profile;
+    use crate::profile::{encode::svg::layout, sample_profile};
 
     /// The sample profile with every sample's process renamed and counts multiplied.
     fn process(comm: &str, times: u64) -> Profile {
@@ -353,8 +357,11 @@ mod tests {
 
     #[test]
     fn svg_colours_growth_red_and_shrinkage_blue() {
-        let svg =
-            String::from_utf8(svg(&process("a", 2), &process("b", 1), "t", None).unwrap()).unwrap();
+        let draw = |orientation| {
+            let svg = svg(&process("a", 2), &process("b", 1), "t", None, orientation);
+            String::from_utf8(svg.unwrap()).unwrap()
+        };
+        let svg = draw(Orientation::Icicle);
         // Bounded to one stack, the others are summed into the lighter-stacks line: the
         // totals of both ranges stay.
         let (base, target) = (process("a", 2), process("b", 1));
@@ -376,6 +383,23 @@ mod tests {
         // inferno writes each frame's fill as rgb(r,g,b): pure blue hue and pure red hue.
         assert!(svg.contains("rgb(100,100,255)"), "no shrinking frame");
         assert!(svg.contains("rgb(255,100,100)"), "no growing frame");
+    }
+
+    #[test]
+    fn svg_grows_down_from_the_root_unless_classic() {
+        let draw = |orientation| {
+            let svg = svg(&process("a", 2), &process("b", 1), "t", None, orientation);
+            String::from_utf8(svg.unwrap()).unwrap()
+        };
+        let icicle = draw(Orientation::Icicle);
+        let root = layout::y_of(&icicle, "all");
+        // Under the title, the subtitle and the details line; the processes one row below.
+        assert!(root < 120.0, "root at {root}");
+        assert_eq!(layout::y_of(&icicle, "a"), root + 16.0);
+        let classic = draw(Orientation::Classic);
+        let root = layout::y_of(&classic, "all");
+        assert!(layout::height(&classic) - root < 60.0, "root at {root}");
+        assert_eq!(layout::y_of(&classic, "b"), root - 16.0);
     }
 
     #[test]

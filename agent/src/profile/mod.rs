@@ -40,7 +40,10 @@ pub struct Mapping {
     pub path: String,
     /// Lowercase hex GNU build id.
     pub build_id: Option<String>,
-    /// True when at least one location in this mapping was given a function name.
+    /// True when the symboliser looked for this mapping's function names (kallsyms read, the
+    /// ELF file read, anonymous code no perf map names), even if some addresses stayed
+    /// unnamed: pprof then asks no symbol server for them. False when it could not look
+    /// (`--symbolize none`, a file it could not read).
     pub has_functions: bool,
     /// ... a source file name.
     pub has_filenames: bool,

@@ -4,10 +4,11 @@
 //! | route | answer |
 //! |---|---|
 //! | `GET /` | the UI (`ui/index.html`, self-contained: no network, no CDN) |
-//! | `GET /api/v1/profile?from=&to=&match=&format=` | the merged profile: `pprof` (default; gzipped protobuf, so `go tool pprof URL` works), `svg` (inferno flame graph), `folded`, or `top` (pprof `-top` text) |
+//! | `GET /api/v1/profile?from=&to=&match=&format=&orientation=` | the merged profile: `pprof` (default; gzipped protobuf, so `go tool pprof URL` works), `svg` (inferno flame graph: `orientation=icicle`, the default, root on top, or `classic`), `folded`, or `top` (pprof `-top` text) |
 //! | `GET /api/v1/top?from=&to=&match=&limit=` | the top-functions table as JSON, for the UI |
 //! | `GET /api/v1/series?from=&to=&match=` | the label sets with samples in the range, as JSON |
 //! | `/api/v1/timeline`, `/api/v1/diff`, `/api/v1/labels` | the UI's timeline, differential profiles and label names: [`super::views`] |
+//! | `GET, POST /symbolz` | the symbol service `go tool pprof URL` asks for names a profile lacks ([`super::symbolz`]): the names the store holds for those addresses |
 //! | `GET /metrics` | Prometheus (OpenMetrics text) |
 //! | `GET /healthz` | `200 ok`, or `503` and the reason |
 //!
@@ -34,7 +35,8 @@ use std::{
 };
 
 use axum::{
-    extract::{Query, Request, State},
+    body::Body,
+    extract::{Query, RawQuery, Request, State},
     http::{header, HeaderValue, StatusCode},
     middleware::{self, Next},
     response::{Html, IntoResponse, Response},
@@ -49,12 +51,13 @@ use serde::Deserialize;
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 
 use super::guard::AllowedHosts;
+use super::symbolz::{self, SymbolzError};
 
 use crate::{
     metrics::{Health, Registry},
     parse::selector::{Selector, SelectorError},
     parse::timespec::{self, TimeError},
-    profile::encode::{self, EncodeOptions, Format},
+    profile::encode::{self, svg::Orientation, EncodeOptions, Format},
     profile::Profile,
     store::{Labels, QueryLimits, Store, StoreError, TimeRange},
 };
@@ -201,6 +204,7 @@ pub struct QueryParams {
     pub selector: Option<String>,
     pub format: Option<String>,
     pub limit: Option<String>,
+    pub orientation: Option<String>,
 }
 
 /// A query with its parameters checked.
@@ -211,6 +215,8 @@ pub struct ParsedQuery {
     pub format: Format,
     /// Rows of the top table, at most.
     pub limit: Option<usize>,
+    /// Which way a flame graph grows.
+    pub orientation: Orientation,
 }
 
 /// The span a query without `from` covers.
@@ -259,11 +265,21 @@ impl QueryParams {
                 ApiError::bad("limit", format!("{text:?} is not a number of rows"))
             })?),
         };
+        let orientation = match self.orientation.as_deref().map(str::trim) {
+            None | Some("") => Orientation::default(),
+            Some(text) => Orientation::from_name(text).ok_or_else(|| {
+                ApiError::bad(
+                    "orientation",
+                    format!("{text:?} is not one of icicle, classic"),
+                )
+            })?,
+        };
         Ok(ParsedQuery {
             range: TimeRange { from, to },
             selector,
             format,
             limit,
+            orientation,
         })
     }
 }
@@ -373,6 +389,7 @@ pub fn router(state: Arc<HttpState>) -> Router {
         .route("/api/v1/top", get(top))
         .route("/api/v1/series", get(series))
         .merge(super::views::routes())
+        .route("/symbolz", get(symbolz_get).post(symbolz_post))
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
         .layer(middleware::from_fn_with_state(state.clone(), guard))
@@ -430,8 +447,7 @@ async fn profile(
 ) -> Result<Response, ApiError> {
     let (query, profile, turn) = query_store(&state, params).await?;
     let title = flame_graph_title(&query);
-    let format = query.format;
-    let limit = query.limit;
+    let (format, limit, orientation) = (query.format, query.limit, query.orientation);
     // Encoding a large merge is CPU work too, and a flame graph's text can take several times
     // the merge's memory: off the async threads, and still in the query's turn.
     let response = tokio::task::spawn_blocking(move || -> Result<Response, ApiError> {
@@ -440,6 +456,7 @@ async fn profile(
             title: &title,
             top_limit: limit,
             max_stacks: Some(MAX_DRAWN_STACKS),
+            orientation,
         };
         let bytes = encode::encode(format, &profile, options)
             .map_err(|e| ApiError::Encode(e.to_string()))?;
@@ -503,6 +520,69 @@ async fn series(
     json(&matching)
 }
 
+/// `GET /symbolz`: `num_symbols`, or, with addresses as the query string (`?0x1+0x2`), their
+/// names, as Go's server answers both.
+async fn symbolz_get(
+    State(state): State<Arc<HttpState>>,
+    RawQuery(query): RawQuery,
+) -> Result<Response, ApiError> {
+    match symbolz::parse_addresses(query.unwrap_or_default().as_bytes()) {
+        Ok(addresses) => symbolz_answer(&state, addresses).await,
+        Err(refusal) => Ok(symbolz_refusal(refusal)),
+    }
+}
+
+/// `POST /symbolz`: the body's addresses (`0x1+0x2`), read within [`symbolz::MAX_BODY_BYTES`]
+/// and [`symbolz::BODY_READ_TIMEOUT`] before the query's turn is taken.
+async fn symbolz_post(
+    State(state): State<Arc<HttpState>>,
+    body: Body,
+) -> Result<Response, ApiError> {
+    use http_body_util::{BodyExt, LengthLimitError, Limited};
+    let read = Limited::new(body, symbolz::MAX_BODY_BYTES).collect();
+    let body = match tokio::time::timeout(symbolz::BODY_READ_TIMEOUT, read).await {
+        Ok(Ok(collected)) => collected.to_bytes(),
+        Ok(Err(error)) if error.downcast_ref::<LengthLimitError>().is_some() => {
+            return Ok(symbolz_refusal(SymbolzError::BodyTooLarge))
+        }
+        Ok(Err(error)) => return Ok(symbolz_refusal(SymbolzError::Body(error.to_string()))),
+        Err(_) => return Ok(symbolz_refusal(SymbolzError::SlowBody)),
+    };
+    match symbolz::parse_addresses(&body) {
+        Ok(addresses) => symbolz_answer(&state, addresses).await,
+        Err(refusal) => Ok(symbolz_refusal(refusal)),
+    }
+}
+
+/// The names the store holds for `addresses` (none asked: only `num_symbols`), in a query's
+/// turn and on the blocking pool: the lookup scans the stored locations.
+async fn symbolz_answer(
+    state: &HttpState,
+    addresses: std::collections::BTreeSet<u64>,
+) -> Result<Response, ApiError> {
+    let _turn = state.query_turn().await?;
+    let dir = state.store_dir.clone();
+    let answer = tokio::task::spawn_blocking(move || -> Result<String, ApiError> {
+        let store = Store::open_read_only(&dir)?;
+        let limits = QueryLimits::new(MAX_QUERY_STACKS, QUERY_TIMEOUT);
+        let names = store.names_at(&addresses, limits)?;
+        let symbols = usize::from(!names.is_empty() || store.has_user_names()?);
+        Ok(symbolz::format_answer(symbols, &names))
+    })
+    .await??;
+    Ok((
+        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        answer,
+    )
+        .into_response())
+}
+
+fn symbolz_refusal(refusal: SymbolzError) -> Response {
+    let status = StatusCode::from_u16(refusal.status()).unwrap_or(StatusCode::BAD_REQUEST);
+    tracing::debug!("HTTP: refused /symbolz: {refusal}");
+    (status, format!("{refusal}\n")).into_response()
+}
+
 pub(super) fn json(value: &impl serde::Serialize) -> Result<Response, ApiError> {
     let body = serde_json::to_vec(value).map_err(|e| ApiError::Encode(e.to_string()))?;
     Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
@@ -544,6 +624,7 @@ mod tests {
                 "match" => params.selector = value,
                 "format" => params.format = value,
                 "limit" => params.limit = value,
+                "orientation" => params.orientation = value,
                 _ => panic!("{key}"),
             }
         }
@@ -565,6 +646,7 @@ mod tests {
         assert!(query.selector.is_empty());
         assert_eq!(query.format, Format::Pprof);
         assert_eq!(query.limit, None);
+        assert_eq!(query.orientation, Orientation::Icicle);
         // Empty values, as an HTML form sends them, are defaults too.
         let query = params(&[("from", ""), ("match", ""), ("format", "")])
             .parse(now())
@@ -581,9 +663,11 @@ mod tests {
             ("match", r#"{comm="nginx"}"#),
             ("format", "SVG"),
             ("limit", "20"),
+            ("orientation", "classic"),
         ])
         .parse(now())
         .unwrap();
+        assert_eq!(query.orientation, Orientation::Classic);
         assert_eq!(query.range.from, now() - Duration::from_secs(3600));
         assert_eq!(query.range.to, now() - Duration::from_secs(1800));
         assert_eq!(query.selector.to_string(), r#"{comm="nginx"}"#);
@@ -623,6 +707,9 @@ mod tests {
         assert_eq!(param, "format");
         assert!(message.contains("\"png\""), "{message}");
         assert_eq!(bad_param(&[("limit", "-1")]).0, "limit");
+        let (param, message) = bad_param(&[("orientation", "upside-down")]);
+        assert_eq!(param, "orientation");
+        assert!(message.contains("icicle, classic"), "{message}");
 
         let error = params(&[("format", "png")]).parse(now()).unwrap_err();
         assert_eq!(error.status(), StatusCode::BAD_REQUEST);
@@ -703,6 +790,32 @@ mod tests {
         .unwrap()
     }
 
+    /// A POST of `body` to `path` over a real socket: status and body.
+    async fn post(address: std::net::SocketAddr, path: &str, body: Vec<u8>) -> (u16, String) {
+        let path = path.to_owned();
+        tokio::task::spawn_blocking(move || {
+            use std::io::{Read, Write};
+            let mut stream = std::net::TcpStream::connect(address).unwrap();
+            write!(
+                stream,
+                "POST {path} HTTP/1.1\r\nHost: localhost\r\nContent-Length: {}\r\n\
+                 Connection: close\r\n\r\n",
+                body.len()
+            )
+            .unwrap();
+            // The server may answer, and close, before it has read an oversized body.
+            let _ = stream.write_all(&body);
+            let mut response = Vec::new();
+            let _ = stream.read_to_end(&mut response);
+            let response = String::from_utf8_lossy(&response).into_owned();
+            let (head, body) = response.split_once("\r\n\r\n").unwrap();
+            let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+            (status, body.to_owned())
+        })
+        .await
+        .unwrap()
+    }
+
     /// The routes that need no store, through `serve` on a loopback socket, then shutdown.
     #[tokio::test]
     async fn metrics_health_ui_and_bad_requests() {
@@ -750,6 +863,25 @@ mod tests {
         assert!(body.contains("<html") && !body.contains("{{WINDOW_SECONDS}}"));
 
         assert_eq!(get(address, "/nope").await.0, 404);
+
+        // The symbol service refuses a bad request before it looks for the store.
+        let (status, body) = post(address, "/symbolz", b"0x401000+main".to_vec()).await;
+        assert_eq!(status, 400, "{body}");
+        assert!(
+            body.contains("word 2") && body.contains("\"main\""),
+            "{body}"
+        );
+        let huge = vec![b'1'; symbolz::MAX_BODY_BYTES + 1];
+        let (status, body) = post(address, "/symbolz", huge).await;
+        assert_eq!(status, 413, "{body}");
+        assert!(body.contains("over 1048576 bytes"), "{body}");
+        let (status, _, body) = get(address, "/symbolz?0x1+zz").await;
+        assert_eq!(status, 400, "{body}");
+        // A good one reaches the store, which is missing here.
+        let (status, body) = post(address, "/symbolz", b"0x401000".to_vec()).await;
+        assert_eq!(status, 503, "{body}");
+        assert!(body.contains("no store"), "{body}");
+        assert_eq!(get(address, "/symbolz").await.0, 503);
 
         // The views' routes: the same 400s naming the parameter, and the same guard.
         for (path, param) in [

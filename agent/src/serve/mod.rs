@@ -2,4 +2,5 @@
 
 pub mod guard;
 pub mod http;
+pub mod symbolz;
 pub mod views;

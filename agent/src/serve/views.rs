@@ -5,7 +5,7 @@
 //! | route | answer |
 //! |---|---|
 //! | `GET /api/v1/timeline?from=&to=&match=&step=&group_by=&limit=` | CPU seconds per step, one series per value of the `group_by` label (the `limit` largest, at most [`MAX_TIMELINE_SERIES`], the rest as "other"), as JSON; read from per-window totals, no stack merged |
-//! | `GET /api/v1/diff?base_from=&base_to=&from=&to=&match=&format=` | the change from the base range to the range: `pprof` (default; what `go tool pprof -diff_base` builds), `svg` (differential flame graph, both ranges normalised), `top` (change in share per function, text) or `json` (the same table) |
+//! | `GET /api/v1/diff?base_from=&base_to=&from=&to=&match=&format=&orientation=` | the change from the base range to the range: `pprof` (default; what `go tool pprof -diff_base` builds), `svg` (differential flame graph, both ranges normalised; `orientation` as for the profile's), `top` (change in share per function, text) or `json` (the same table) |
 //! | `GET /api/v1/labels?from=&to=` | the label names of the series in the range, as JSON |
 
 use std::{sync::Arc, time::SystemTime};
@@ -22,7 +22,7 @@ use serde::Deserialize;
 use super::http::{json, ApiError, HttpState, QueryParams, MAX_QUERY_STACKS, QUERY_TIMEOUT};
 use crate::{
     parse::duration::parse_duration,
-    profile::{diff, Profile},
+    profile::{diff, encode::svg::Orientation, Profile},
     store::{Labels, QueryLimits, Store, TimeRange, TimelineRequest},
 };
 
@@ -202,6 +202,7 @@ pub struct DiffParams {
     pub selector: Option<String>,
     pub format: Option<String>,
     pub limit: Option<String>,
+    pub orientation: Option<String>,
 }
 
 /// What a diff answers in.
@@ -221,6 +222,8 @@ pub struct ParsedDiff {
     pub selector: crate::parse::selector::Selector,
     pub format: DiffFormat,
     pub limit: Option<usize>,
+    /// Which way the flame graph grows.
+    pub orientation: Orientation,
 }
 
 impl DiffParams {
@@ -237,6 +240,7 @@ impl DiffParams {
             to: self.to.clone(),
             selector: self.selector.clone(),
             limit: self.limit.clone(),
+            orientation: self.orientation.clone(),
             ..QueryParams::default()
         }
         .parse(now)?;
@@ -275,6 +279,7 @@ impl DiffParams {
             selector: target.selector,
             format,
             limit: target.limit,
+            orientation: target.orientation,
         })
     }
 }
@@ -333,6 +338,7 @@ async fn diff_route(
                     &target,
                     &diff_title(&query),
                     Some(super::http::MAX_DRAWN_STACKS),
+                    query.orientation,
                 )
                 .map_err(|e| ApiError::Encode(e.to_string()))?;
                 ([(header::CONTENT_TYPE, "image/svg+xml")], svg).into_response()
@@ -465,6 +471,7 @@ mod tests {
                 "from" => params.from = value,
                 "match" => params.selector = value,
                 "format" => params.format = value,
+                "orientation" => params.orientation = value,
                 _ => panic!("{key}"),
             }
         }
@@ -481,6 +488,13 @@ mod tests {
         assert_eq!(query.target.from, now() - Duration::from_secs(3600));
         assert_eq!(query.target.to, now());
         assert_eq!(query.format, DiffFormat::Svg);
+        assert_eq!(query.orientation, Orientation::Icicle);
+        let classic = diff_params(&[("orientation", "classic")]).parse(now());
+        assert_eq!(classic.unwrap().orientation, Orientation::Classic);
+        assert_eq!(
+            diff_error(diff_params(&[("orientation", "sideways")])).0,
+            "orientation"
+        );
         assert_eq!(
             diff_params(&[]).parse(now()).unwrap().format,
             DiffFormat::Pprof

@@ -20,13 +20,15 @@
 //! (a window's transaction and the id caches that keep it small), `reader` (merging windows
 //! back into a `Profile`), `timeline` (CPU per step and label from each window's per-series
 //! totals, no stack read), `retention` (age, size, garbage), `cursor` (what the remote
-//! sinks read back) and `codec` (the byte formats inside rows). This file opens a store and
+//! sinks read back), `names` (the names stored for user addresses, which the symbol service
+//! answers from) and `codec` (the byte formats inside rows). This file opens a store and
 //! refuses what is not one.
 
 mod codec;
 mod cursor;
 #[doc(hidden)]
 pub mod fixtures;
+mod names;
 mod reader;
 mod retention;
 mod schema;

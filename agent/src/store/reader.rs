@@ -270,7 +270,10 @@ impl<'a> Reader<'a> {
         self.string(id).map(Some)
     }
 
-    fn function(&mut self, id: i64) -> Result<(String, String, Option<String>), StoreError> {
+    pub(super) fn function(
+        &mut self,
+        id: i64,
+    ) -> Result<(String, String, Option<String>), StoreError> {
         if let Some(f) = self.functions.get(&id) {
             return Ok(f.clone());
         }

@@ -144,7 +144,8 @@ pub fn symbolize(
             file_offset: 0,
             path: "[kernel.kallsyms]".to_owned(),
             build_id: kernel_build_id(),
-            has_functions: !kernel_names.is_empty(),
+            // kallsyms was read: what it did not name, nothing else will.
+            has_functions: true,
             has_filenames: false,
             has_line_numbers: false,
             has_inline_frames: false,
@@ -266,6 +267,10 @@ fn user_location(
         return index;
     }
     let frame = user.symbolize_at(pid, version, address, depth > 0);
+    let tried = frame
+        .frames
+        .as_ref()
+        .map_or_else(|miss| miss.is_conclusive(), |_| true);
     let lines: Vec<Line> = match frame.frames {
         Ok(frames) => frames
             .into_iter()
@@ -280,7 +285,9 @@ fn user_location(
     };
     if let Some(m) = mapping {
         let mapping = &mut builder.mappings[m];
-        mapping.has_functions |= !lines.is_empty();
+        // pprof asks a symbol server (`/symbolz`) for every mapping without `has_functions`
+        // that holds an unnamed address: the flag says the names were looked for, not found.
+        mapping.has_functions |= tried;
         mapping.has_filenames |= lines.iter().any(|l| l.file.is_some());
         mapping.has_line_numbers |= lines.iter().any(|l| l.line > 0);
         mapping.has_inline_frames |= lines.len() > 1;

@@ -54,6 +54,21 @@ pub enum UserMiss {
 }
 
 impl UserMiss {
+    /// True when the symboliser looked and nothing else could do better: the ELF file was
+    /// read and holds no name for the address, or the code is anonymous memory no perf map
+    /// names. False when it could not look (a file unreadable or replaced, `--symbolize none`,
+    /// no maps), so a reader such as pprof may still ask a symbol server.
+    pub fn is_conclusive(self) -> bool {
+        match self {
+            UserMiss::Anonymous | UserMiss::NotLoaded | UserMiss::NoSymbol => true,
+            UserMiss::NoMaps
+            | UserMiss::Unmapped
+            | UserMiss::UnreadableFile
+            | UserMiss::BinaryReplaced
+            | UserMiss::NotSymbolized => false,
+        }
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             UserMiss::NoMaps => "process gone before its maps were read",

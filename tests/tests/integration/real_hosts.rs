@@ -110,7 +110,20 @@ fn node_with_a_perf_map_keeps_its_javascript_callers_like_perf() -> Result<()> {
     );
     let script = workload_source("calltree.js");
     let script = script.to_str().context("workload path is not UTF-8")?;
-    let workload = Workload::start(node, &["--perf-basic-prof", script, "30"])?;
+    // --perf-basic-prof also turns on V8's log, which goes to `isolate-*-v8.log` in the
+    // working directory unless told otherwise.
+    let v8_log = work_dir().join("node-v8.log");
+    let logfile = format!("--logfile={}", v8_log.display());
+    let workload = Workload::start(
+        node,
+        &[
+            "--perf-basic-prof",
+            "--no-logfile-per-isolate",
+            &logfile,
+            script,
+            "30",
+        ],
+    )?;
     // Past start-up, into main.
     std::thread::sleep(Duration::from_millis(1500));
     let pid = workload.pid();

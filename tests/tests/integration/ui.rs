@@ -140,12 +140,14 @@ fn graph_shows(name: &str) -> String {
     )
 }
 
-/// The names of the frames one level above the root (`all`): the process names.
+/// The names of the frames one level from the root (`all`): the process names. Levels are
+/// told apart by their distance from the root's row, so either orientation reads the same.
 pub(crate) const PROCESS_FRAMES: &str =
     "(() => { const d = document.getElementById('flame').contentDocument; \
      const gs = [...d.querySelectorAll('#frames > g')]; \
      const y = (g) => parseFloat(g.querySelector('rect').getAttribute('y')); \
-     const levels = [...new Set(gs.map(y))].sort((a, b) => b - a); \
+     const root = y(gs.find((g) => g.querySelector('title').textContent.startsWith('all '))); \
+     const levels = [...new Set(gs.map(y))].sort((a, b) => Math.abs(a - root) - Math.abs(b - root)); \
      return JSON.stringify(gs.filter((g) => y(g) === levels[1]) \
        .map((g) => g.querySelector('title').textContent.split(' (')[0]).sort()); })()";
 

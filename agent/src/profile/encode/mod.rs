@@ -66,6 +66,8 @@ pub struct EncodeOptions<'a> {
     /// The heaviest stacks drawn or folded ([`Format::Svg`], [`Format::Folded`]), the rest
     /// summed into one; `None` for all.
     pub max_stacks: Option<usize>,
+    /// Which way the flame graph grows ([`Format::Svg`]): an icicle unless asked otherwise.
+    pub orientation: svg::Orientation,
 }
 
 /// `profile` in `format`, as the bytes a file or a response holds.
@@ -80,7 +82,12 @@ pub fn encode(
             Some(max) => folded::encode_heaviest(profile, max).into_bytes(),
             None => folded::encode(profile).into_bytes(),
         },
-        Format::Svg => svg::encode(profile, options.title, options.max_stacks)?,
+        Format::Svg => svg::encode(
+            profile,
+            options.title,
+            options.max_stacks,
+            options.orientation,
+        )?,
         Format::Top => top::render(&top::top(profile), options.top_limit).into_bytes(),
     })
 }
