@@ -82,7 +82,7 @@ pub fn bench(
         Some(other) => {
             bail!(
                 "--only {other:?}: expected record, symbolize, daemon, remote, unwind, walk, views, \
-                 overhead or heap"
+                 overhead, heap or churn"
             )
         }
     }

@@ -135,6 +135,75 @@ pub fn overhead(root: &Path, scorch: &Path, runs: usize, phases: Phases) -> Resu
     Ok(report)
 }
 
+/// The churn phase alone, for a change that touches the daemon's bookkeeping: `runs` runs of
+/// `scorch`, each followed by one of `baseline` (a daemon built from an earlier commit) when
+/// given, so both see the same machine state; medians side by side in
+/// `target/bench/churn.md`.
+pub fn churn_ab(
+    root: &Path,
+    scorch: &Path,
+    baseline: Option<&Path>,
+    runs: usize,
+    phases: Phases,
+) -> Result<String> {
+    let dir = root.join("target/bench");
+    let busy = busy_workload(root, &dir)?;
+    let cpus = std::thread::available_parallelism()?.get();
+    let (candidate, base) = with_bpf_stats(|| {
+        let mut candidate = Vec::new();
+        let mut base = Vec::new();
+        for run in 0..runs {
+            // Alternate who goes first, so neither always meets the other's leftovers.
+            let order: Vec<(bool, &Path)> = match baseline {
+                Some(b) if run % 2 == 1 => vec![(false, b), (true, scorch)],
+                Some(b) => vec![(true, scorch), (false, b)],
+                None => vec![(true, scorch)],
+            };
+            for (is_candidate, binary) in order {
+                eprintln!("churn: run {} of {runs}, {}", run + 1, binary.display());
+                let figures = churn(binary, &busy, cpus, &dir, phases)?;
+                if is_candidate {
+                    candidate.push(figures);
+                } else {
+                    base.push(figures);
+                }
+            }
+        }
+        Ok((candidate, base))
+    })?;
+    let mut out = String::new();
+    writeln!(
+        out,
+        "# `scorch run` under process churn: {} s, commit {}, {}",
+        phases.churn,
+        command_output("git", &["rev-parse", "--short", "HEAD"]),
+        command_output("date", &["-u", "+%Y-%m-%d"]),
+    )?;
+    writeln!(out)?;
+    writeln!(
+        out,
+        "Medians of {runs} runs of fresh processes, {} (`cargo xtask bench --only churn`).",
+        if baseline.is_some() {
+            "each followed or preceded by a run of the baseline"
+        } else {
+            "no baseline given"
+        }
+    )?;
+    writeln!(out)?;
+    match baseline {
+        Some(b) => {
+            let b = format!("baseline `{}`", b.display());
+            let this = format!("`{}`", scorch.display());
+            churn_table(&mut out, phases, &[(&this, &candidate), (&b, &base)])?
+        }
+        None => churn_table(&mut out, phases, &[("", &candidate)])?,
+    }
+    let path = dir.join("churn.md");
+    std::fs::write(&path, &out)?;
+    eprintln!("churn: report written to {}", path.display());
+    Ok(out)
+}
+
 /// How a capture run puts the three tools beside each other.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Together {
@@ -643,42 +712,7 @@ fn render(
         phases.churn
     )?;
     writeln!(out)?;
-    writeln!(
-        out,
-        "| quiet RSS MiB | start-up peak MiB | peak RSS during churn MiB (VmHWM) | CPU during churn, % of a core | its BPF programs, % of a core | RSS {} s after MiB | BPF maps MiB | processes started |",
-        phases.after
-    )?;
-    writeln!(out, "|---|---|---|---|---|---|---|---|")?;
-    let column = |f: fn(&ChurnRun) -> f64| -> Vec<f64> { churns.iter().map(f).collect() };
-    writeln!(
-        out,
-        "| {} | {} | {} | {} | {} | {} | {} | {} |",
-        spread(&column(|c| c.quiet_rss), 1),
-        spread(&column(|c| c.start_peak_rss), 1),
-        spread(&column(|c| c.peak_rss), 1),
-        spread(&column(|c| c.churn_core_percent), 2),
-        spread(&column(|c| c.churn_bpf_percent), 2),
-        spread(&column(|c| c.after_rss), 1),
-        spread(&column(|c| c.map_memory_mib), 1),
-        spread(&column(|c| c.processes_started as f64), 0),
-    )?;
-    writeln!(out)?;
-    let per_run: Vec<String> = churns
-        .iter()
-        .map(|c| {
-            format!(
-                "quiet {:.1}, start-up {:.1}, churn {:.1}, after {:.1}",
-                c.quiet_rss, c.start_peak_rss, c.peak_rss, c.after_rss
-            )
-        })
-        .collect();
-    writeln!(
-        out,
-        "Each run (MiB): {}. The start-up peak covers start-up and warm-up; VmHWM is reset as \
-         the churn starts, so the churn's peak is its own.",
-        per_run.join("; ")
-    )?;
-    writeln!(out)?;
+    churn_table(&mut out, phases, &[("", churns)])?;
     writeln!(
         out,
         "## `scorch run` CPU by sampling rate ({} s per rate, every CPU busy)",
@@ -713,6 +747,67 @@ fn render(
          sampled tasks and are in no process's CPU time."
     )?;
     Ok(out)
+}
+
+/// The churn table, one row per (label, runs) and each run's RSS figures below it.
+fn churn_table(out: &mut String, phases: Phases, rows: &[(&str, &[ChurnRun])]) -> Result<()> {
+    let labelled = rows.iter().any(|(label, _)| !label.is_empty());
+    let (head, rule) = if labelled {
+        ("| daemon ", "|---")
+    } else {
+        ("", "")
+    };
+    writeln!(
+        out,
+        "{head}| quiet RSS MiB | start-up peak MiB | peak RSS during churn MiB (VmHWM) | CPU during churn, % of a core | its BPF programs, % of a core | RSS {} s after MiB | BPF maps MiB | processes started |",
+        phases.after
+    )?;
+    writeln!(out, "{rule}|---|---|---|---|---|---|---|---|")?;
+    for (label, churns) in rows {
+        let column = |f: fn(&ChurnRun) -> f64| -> Vec<f64> { churns.iter().map(f).collect() };
+        let label = if labelled {
+            format!("| {label} ")
+        } else {
+            String::new()
+        };
+        writeln!(
+            out,
+            "{label}| {} | {} | {} | {} | {} | {} | {} | {} |",
+            spread(&column(|c| c.quiet_rss), 1),
+            spread(&column(|c| c.start_peak_rss), 1),
+            spread(&column(|c| c.peak_rss), 1),
+            spread(&column(|c| c.churn_core_percent), 2),
+            spread(&column(|c| c.churn_bpf_percent), 2),
+            spread(&column(|c| c.after_rss), 1),
+            spread(&column(|c| c.map_memory_mib), 1),
+            spread(&column(|c| c.processes_started as f64), 0),
+        )?;
+    }
+    writeln!(out)?;
+    for (label, churns) in rows {
+        let per_run: Vec<String> = churns
+            .iter()
+            .map(|c| {
+                format!(
+                    "quiet {:.1}, start-up {:.1}, churn {:.1}, after {:.1}",
+                    c.quiet_rss, c.start_peak_rss, c.peak_rss, c.after_rss
+                )
+            })
+            .collect();
+        let whose = if label.is_empty() {
+            String::new()
+        } else {
+            format!(" of {label}")
+        };
+        writeln!(
+            out,
+            "Each run{whose} (MiB): {}. The start-up peak covers start-up and warm-up; VmHWM is \
+             reset as the churn starts, so the churn's peak is its own.",
+            per_run.join("; ")
+        )?;
+        writeln!(out)?;
+    }
+    Ok(())
 }
 
 /// The first child of `pid`.

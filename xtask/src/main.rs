@@ -18,7 +18,7 @@ use std::{
     process::Command,
 };
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, ensure, Context, Result};
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -85,12 +85,19 @@ enum Task {
         /// `views` (the UI's timeline over 24 h and a diff of two 1 h ranges), or
         /// `overhead` (record vs perf vs bpftrace, the daemon under process churn, CPU by
         /// sampling rate: `target/bench/overhead.md`), or `heap` (what holds the daemon's
-        /// heap at its peak under process churn, from heaptrack: `target/bench/heap.md`).
+        /// heap at its peak under process churn, from heaptrack: `target/bench/heap.md`), or
+        /// `churn` (the daemon under process churn alone, beside `--baseline`:
+        /// `target/bench/churn.md`).
         #[arg(long)]
         only: Option<String>,
         /// Windows of 10 s the daemon bench measures.
         #[arg(long, default_value_t = 30)]
         daemon_windows: u64,
+        /// With `--only churn`: a scorch binary built from an earlier commit, run in turn with
+        /// this one (e.g. from `git worktree add /tmp/base REV && cd /tmp/base && cargo xtask
+        /// build`: `/tmp/base/target/release/scorch`).
+        #[arg(long)]
+        baseline: Option<PathBuf>,
     },
 }
 
@@ -133,6 +140,7 @@ fn main() -> Result<()> {
             runs,
             only,
             daemon_windows,
+            baseline,
         } => {
             if only.as_deref() == Some("unwind") {
                 return bench::unwind_report(&root);
@@ -142,6 +150,14 @@ fn main() -> Result<()> {
             }
             setup::setup()?;
             let scorch = build(&root)?;
+            if only.as_deref() == Some("churn") {
+                let phases = bench_overhead::Phases::standard(seconds);
+                let report =
+                    bench_overhead::churn_ab(&root, &scorch, baseline.as_deref(), runs, phases)?;
+                print!("{report}");
+                return Ok(());
+            }
+            ensure!(baseline.is_none(), "--baseline is for --only churn");
             bench::bench(
                 &root,
                 &scorch,
