@@ -429,10 +429,6 @@ pub struct UnwindEvent {
 pub const EVENT_UNKNOWN_PROCESS: u32 = 0;
 /// [`UnwindEvent::kind`]: a pc in no known mapping (dlopen, a new mapping).
 pub const EVENT_UNKNOWN_PC: u32 = 1;
-/// [`UnwindEvent::kind`]: the process has just exec'd (sent by the exec tracepoint, not rate
-/// limited): its maps are read at once, so a process that lives a few milliseconds is still
-/// captured, and named, after it exits.
-pub const EVENT_EXEC: u32 = 2;
 
 /// Index into the per-CPU `UNWIND_OUTCOMES` array: how each walk of a user stack with tables
 /// ended, and which samples fell back to frame pointers. Each walk adds one to exactly one of

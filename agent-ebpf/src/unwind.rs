@@ -27,9 +27,9 @@ use aya_ebpf::{
 };
 use scorch_common::{
     Bisect, CfaKind, ProcMappings, RbpKind, UnwindEvent, UnwindMapping, UnwindOutcome, UnwindRow,
-    UserStack, EVENT_EXEC, EVENT_UNKNOWN_PC, EVENT_UNKNOWN_PROCESS, MAPPING_SEARCH_STEPS,
-    MAPPING_TABLE_LOADED, MAPPING_TABLE_PENDING, MAX_PROC_MAPPINGS, MAX_STACK_DEPTH,
-    MAX_UNWIND_PROCS, UNWIND_OUTCOMES, UNWIND_SEARCH_STEPS,
+    UserStack, EVENT_UNKNOWN_PC, EVENT_UNKNOWN_PROCESS, MAPPING_SEARCH_STEPS, MAPPING_TABLE_LOADED,
+    MAPPING_TABLE_PENDING, MAX_PROC_MAPPINGS, MAX_STACK_DEPTH, MAX_UNWIND_PROCS, UNWIND_OUTCOMES,
+    UNWIND_SEARCH_STEPS,
 };
 
 /// `BPF_F_MMAPABLE`: the agent writes tables straight into the pool's memory, not one
@@ -502,23 +502,6 @@ fn notify(tgid: u32, kind: u32, pc: u64) {
 pub fn forget_process(tgid: u32) {
     let _ = UNWIND_PROCS.remove(tgid);
     let _ = NOTIFIED.remove(tgid);
-}
-
-/// Tells the agent a process has just exec'd, so it reads its maps (and opens its binaries)
-/// while it runs: a compiler's or a test's process may live a few milliseconds, less than the
-/// agent's next look. Not rate limited (one exec is one event) and `NOTIFIED` is left clear,
-/// so the process's first sample still asks again for the libraries loaded since.
-#[inline(always)]
-pub fn notify_exec(tgid: u32) {
-    // A full ring buffer drops the event; the process's first sample asks again.
-    let _ = UNWIND_EVENTS.output::<UnwindEvent>(
-        UnwindEvent {
-            tgid,
-            kind: EVENT_EXEC,
-            pc: 0,
-        },
-        0,
-    );
 }
 
 /// A new mapping of `tgid` went at `start`, for the length in `info`: an executable mapping

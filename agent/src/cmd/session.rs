@@ -70,7 +70,7 @@ impl Session {
         }
     }
 
-    /// Keeps the maps the unwinder read when a process exec'd or was first sampled: for a
+    /// Keeps the maps the unwinder read when a process was first sampled (or asked again): for a
     /// process that lives a few milliseconds, the only capture there is.
     pub(crate) fn keep_captures(&mut self, captured: Vec<(u32, ProcessMaps)>) {
         for (pid, maps) in captured {
@@ -112,9 +112,9 @@ impl Session {
     }
 }
 
-/// The unwinder's event ring buffer as something to await: readable as soon as a process execs
-/// or is first sampled, so its maps are read while it runs rather than at the next discovery
-/// tick, which a 20 ms process does not live to see.
+/// The unwinder's event ring buffer as something to await: readable as soon as a process is
+/// first sampled, so its maps are read while it runs rather than at the next discovery tick,
+/// which a 20 ms process does not live to see.
 pub(crate) struct UnwindEvents(Option<AsyncFd<OwnedFd>>);
 
 impl UnwindEvents {

@@ -2,9 +2,9 @@
 //! samples may still need, [`MapsHistory`]) and open handles on the files it maps.
 //!
 //! A process on a build or CI host may live 20 ms, less than one look of the agent's periodic
-//! discovery; it is captured when first seen instead (at exec, or at its first sample, through
-//! the unwinder's events), and the capture outlives it until the window holding its samples
-//! has been named. A handle keeps the mapped inode readable after the process exits, even when
+//! discovery; it is captured when first seen instead (at its first sample, which the BPF side
+//! reports at once through the unwinder's events), and the capture outlives it until the
+//! window holding its samples has been named. A handle keeps the mapped inode readable after the process exits, even when
 //! the binary was deleted (a test binary, a compiler's temporary).
 //!
 //! Captures of exited processes are bounded three ways, oldest exit first, each counted by

@@ -368,7 +368,7 @@ impl Unwinder {
     }
 
     /// A descriptor of the event ring buffer, readable when the BPF side has written an event:
-    /// the caller polls as soon as a process execs or is first sampled, not at its next tick.
+    /// the caller polls as soon as a process is first sampled, not at its next tick.
     pub fn events_fd(&self) -> std::io::Result<std::os::fd::OwnedFd> {
         std::os::fd::AsFd::as_fd(&self.maps.events).try_clone_to_owned()
     }
