@@ -126,19 +126,24 @@ fn main() {
         from: at(end - h * 3600),
         to: at(end - (h - 1) * 3600),
     };
+    // The store opened fresh and the two hours merged, as the server does per request: its
+    // stack cap, and the flame graph of the heaviest stacks.
+    let two_hours = || {
+        let store = Store::open_read_only(&dir).expect("opening the store");
+        let limits = || QueryLimits::new(MAX_QUERY_STACKS, Duration::from_secs(20));
+        let base = store
+            .query_within(hour(2), &|_| true, limits())
+            .expect("merging an hour");
+        let target = store
+            .query_within(hour(1), &|_| true, limits())
+            .expect("merging an hour");
+        (base, target)
+    };
     // Both orientations: the icicle is the default, the classic was the only one before it;
     // the drawing differs only in where each row goes, so the two should cost the same.
     for orientation in [Orientation::Icicle, Orientation::Classic] {
         let (median, max, bytes) = time(&mut || {
-            let store = Store::open_read_only(&dir).expect("opening the store");
-            // As the server runs it: its stack cap, and the flame graph of the heaviest stacks.
-            let limits = || QueryLimits::new(MAX_QUERY_STACKS, Duration::from_secs(20));
-            let base = store
-                .query_within(hour(2), &|_| true, limits())
-                .expect("merging an hour");
-            let target = store
-                .query_within(hour(1), &|_| true, limits())
-                .expect("merging an hour");
+            let (base, target) = two_hours();
             diff::svg(&base, &target, "bench", Some(MAX_DRAWN_STACKS), orientation)
                 .expect("drawing")
                 .len()
@@ -147,20 +152,12 @@ fn main() {
             "views: diff of two 1 h ranges (360 windows each, merged, differential flame graph SVG \
              of {} KiB, {}): median {median:.0} ms of {RUNS}, max {max:.0} ms ({}: at most 300 ms)",
             bytes >> 10,
-            orientation.name(),
+            format!("{orientation:?}").to_lowercase(),
             verdict(median <= 300.0)
         );
     }
     let (median, max, _) = time(&mut || {
-        let store = Store::open_read_only(&dir).expect("opening the store");
-        // As the server runs it: its stack cap, and the flame graph of the heaviest stacks.
-        let limits = || QueryLimits::new(MAX_QUERY_STACKS, Duration::from_secs(20));
-        let base = store
-            .query_within(hour(2), &|_| true, limits())
-            .expect("merging an hour");
-        let target = store
-            .query_within(hour(1), &|_| true, limits())
-            .expect("merging an hour");
+        let (base, target) = two_hours();
         diff::pprof(&base, &target).len()
     });
     println!(

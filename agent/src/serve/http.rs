@@ -267,7 +267,7 @@ impl QueryParams {
         };
         let orientation = match self.orientation.as_deref().map(str::trim) {
             None | Some("") => Orientation::default(),
-            Some(text) => Orientation::from_name(text).ok_or_else(|| {
+            Some(text) => <Orientation as clap::ValueEnum>::from_str(text, true).map_err(|_| {
                 ApiError::bad(
                     "orientation",
                     format!("{text:?} is not one of icicle, classic"),

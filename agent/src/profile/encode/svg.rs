@@ -28,25 +28,6 @@ pub enum Orientation {
     Classic,
 }
 
-impl Orientation {
-    /// The name `--orientation` and the API's `orientation=` take.
-    pub fn name(self) -> &'static str {
-        match self {
-            Orientation::Icicle => "icicle",
-            Orientation::Classic => "classic",
-        }
-    }
-
-    /// The orientation called `text` (as [`Orientation::name`] writes it), if any.
-    pub fn from_name(text: &str) -> Option<Orientation> {
-        match text {
-            "icicle" => Some(Orientation::Icicle),
-            "classic" => Some(Orientation::Classic),
-            _ => None,
-        }
-    }
-}
-
 /// inferno's options for every flame graph scorch draws, merged or differential: the title,
 /// the orientation, and the count's name.
 pub(crate) fn inferno_options(
@@ -194,14 +175,18 @@ mod tests {
 
     #[test]
     fn icicle_is_the_default() {
+        use clap::ValueEnum;
         assert_eq!(Orientation::default(), Orientation::Icicle);
-        for orientation in [Orientation::Icicle, Orientation::Classic] {
-            assert_eq!(
-                Orientation::from_name(orientation.name()),
-                Some(orientation)
-            );
-        }
-        assert_eq!(Orientation::from_name("upside-down"), None);
+        // The names `--orientation` and the API's `orientation=` take.
+        assert_eq!(
+            Orientation::from_str("classic", true),
+            Ok(Orientation::Classic)
+        );
+        assert_eq!(
+            Orientation::from_str("icicle", true),
+            Ok(Orientation::Icicle)
+        );
+        assert!(Orientation::from_str("upside-down", true).is_err());
     }
 
     #[test]
