@@ -12,6 +12,8 @@ use super::address::FileOffset;
 pub enum MapsError {
     #[error("reading {path}: {source}")]
     Read { path: PathBuf, source: io::Error },
+    #[error("{path}: larger than {limit} bytes (a process with that many mappings is not named)")]
+    TooLarge { path: PathBuf, limit: usize },
     #[error("{path}: line {line}: {reason}")]
     Parse {
         path: PathBuf,
@@ -19,6 +21,13 @@ pub enum MapsError {
         reason: &'static str,
     },
 }
+
+/// The first read's buffer for `/proc/PID/maps`: Debian's python3 has 43 lines (4.5 KiB),
+/// a JVM or a browser a few hundred.
+const MAPS_READ_START: usize = 32 << 10;
+
+/// The most of `/proc/PID/maps` read: 100,000 lines of 80 bytes.
+const MAPS_READ_LIMIT: usize = 8 << 20;
 
 /// This process's vDSO image: the kernel maps the same one into every 64-bit process, so the
 /// agent reads its own copy rather than another process's memory (which that process could
@@ -127,12 +136,36 @@ pub struct ProcessMaps {
 
 impl ProcessMaps {
     /// Reads `/proc/PID/maps`.
+    ///
+    /// Read at every process's first sample (a build host starts hundreds a second), so the
+    /// read is sized for the common case: one buffer of [`MAPS_READ_START`] bytes takes a
+    /// typical process's maps in one `read`, where growing from empty took three or four,
+    /// each of which walks the mappings in the kernel again. A process decides how long its
+    /// maps are (up to 65,530 mappings, each with a path of up to 4 KiB): past
+    /// [`MAPS_READ_LIMIT`] the read stops with an error rather than holding it all.
     pub fn read(pid: u32) -> Result<Self, MapsError> {
+        use std::io::Read;
         let path = PathBuf::from(format!("/proc/{pid}/maps"));
-        let text = std::fs::read_to_string(&path).map_err(|source| MapsError::Read {
+        let read_err = |source| MapsError::Read {
             path: path.clone(),
             source,
-        })?;
+        };
+        let file = std::fs::File::open(&path).map_err(read_err)?;
+        let mut bytes = Vec::with_capacity(MAPS_READ_START);
+        file.take(MAPS_READ_LIMIT as u64 + 1)
+            .read_to_end(&mut bytes)
+            .map_err(read_err)?;
+        if bytes.len() > MAPS_READ_LIMIT {
+            return Err(MapsError::TooLarge {
+                path,
+                limit: MAPS_READ_LIMIT,
+            });
+        }
+        // A file name need not be UTF-8, and the rest of a line is ASCII: such a name is
+        // kept with replacement characters (the file is opened through `map_files` by its
+        // address range, or by a path whose inode is checked, so a mangled name opens
+        // nothing else), where failing the read left the whole process unnamed.
+        let text = String::from_utf8_lossy(&bytes);
         Ok(ProcessMaps {
             entries: parse_maps(&text, &path)?,
         })
