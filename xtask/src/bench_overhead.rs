@@ -440,7 +440,8 @@ fn churn(scorch: &Path, busy: &Path, cpus: usize, dir: &Path, phases: Phases) ->
 ///
 /// The distribution's interpreter, by its path: `python3` from `PATH` was, on these machines,
 /// a pyenv shim (a bash script that starts three more processes, then a libpython built with
-/// line tables that took 3.7 MiB of the daemon's heap to name its frames), so the same bench measured a different workload on each machine.
+/// line tables that took 3.7 MiB of the daemon's heap to name its frames), so the same bench
+/// measured a different workload on each machine.
 pub fn run_churn(seconds: u64, counter: &Path) -> Result<()> {
     let script = format!(
         "n=0; end=$(( $(date +%s) + {seconds} )); while [ $(date +%s) -lt $end ]; do \
