@@ -243,6 +243,9 @@ fn test(root: &Path, filter: Option<&str>) -> Result<()> {
     command
         .current_dir(root)
         .env("SCORCH_BIN", &scorch)
+        // A failing test's error, not a backtrace of where it was returned, is what the end
+        // of a long log must show; panics keep theirs (RUST_BACKTRACE).
+        .env("RUST_LIB_BACKTRACE", "0")
         .args(["test", "--package", "scorch-tests", "--"])
         .args(["--test-threads=1", "--nocapture"]);
     if let Some(filter) = filter {
