@@ -94,6 +94,9 @@ pub struct RecordSummary {
     pub unwind_tables: Option<(usize, u64)>,
     /// Captures of exited processes dropped before their samples were named, by reason.
     pub captures_dropped: Vec<(&'static str, u64)>,
+    /// Samples whose frame-pointer walk ended in glibc's start code and got the frames a
+    /// table walk found below it.
+    pub start_completed: u64,
 }
 
 impl std::fmt::Display for RecordSummary {
@@ -124,6 +127,13 @@ impl std::fmt::Display for RecordSummary {
                 .map(|(reason, n)| format!("{reason}: {n}"))
                 .collect();
             write!(f, "; process captures dropped early: {}", parts.join(", "))?;
+        }
+        if self.start_completed > 0 {
+            write!(
+                f,
+                "; start frames completed from table walks: {}",
+                self.start_completed
+            )?;
         }
         if let Some((tables, bytes)) = self.unwind_tables {
             write!(f, "; unwind tables: {tables}, {} KiB", bytes.div_ceil(1024))?;
@@ -273,6 +283,7 @@ pub async fn record(args: &RecordConfig) -> Result<RecordSummary, RecordError> {
         unnamed_frames,
         unwind_tables,
         captures_dropped,
+        start_completed: session.user.entry_completions(),
     })
 }
 

@@ -590,6 +590,8 @@ impl Pipeline {
             .set_mapped_file_faults(crate::sys::sigbus::faults());
         self.metrics
             .set_process_captures(&self.session.user.capture_stats());
+        self.metrics
+            .set_start_frames_completed(self.session.user.entry_completions());
         self.metrics.set_store_bytes(self.store.disk_bytes());
         Ok(())
     }

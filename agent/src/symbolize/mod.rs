@@ -7,6 +7,7 @@
 pub mod address;
 pub mod captures;
 pub mod elf;
+pub mod entry;
 pub mod hints;
 pub mod kernel;
 pub mod maps;
@@ -153,11 +154,19 @@ pub fn symbolize(
         builder.kernel_mapping = Some(builder.mappings.len() - 1);
     }
 
-    let mut stacks: Vec<_> = aggregated.stacks.iter().collect();
+    // Walks that frame pointers ended in glibc's start code get the frames a table walk of
+    // the same binaries found below it (see `entry`).
+    let mut stacks = user.complete_entry_chains(
+        aggregated
+            .stacks
+            .iter()
+            .map(|(stack, &count)| (stack.clone(), count)),
+    );
     // Deterministic output: same input, same bytes.
-    stacks.sort_by(|a, b| a.0.cmp(b.0));
+    stacks.sort_by(|a, b| a.0.cmp(&b.0));
     let mut samples = Vec::with_capacity(stacks.len());
-    for (stack, &count) in stacks {
+    for (stack, count) in &stacks {
+        let (stack, count) = (stack, *count);
         let mut locations = Vec::new();
         match &stack.kernel {
             Stack::Frames(frames) => {

@@ -27,7 +27,9 @@ use super::captures::{process_alive, CaptureStats, Captures};
 use super::elf::{
     DwarfLimits, DwarfOptions, ElfFile, ElfMiss, FileData, OverBudget, ResolvedFrame,
 };
+use super::entry::{EntryChains, ProcessFrames, Spot};
 use super::maps::{own_vdso, MapEntry, MapsHistory, ProcessMaps};
+use crate::pipeline::aggregate::StackSample;
 use crate::sys::allocator::release_free_memory;
 use crate::sys::hex::to_hex;
 use crate::sys::untrusted;
@@ -373,6 +375,8 @@ pub struct UserSymbolizer {
     dwarf_skips: u64,
     /// The agent's own executable, by (`dev_t`, inode): named from its symbol table only.
     own_executable: Option<(u64, u64)>,
+    /// The frames below glibc's start code, learned from table walks (see `entry`).
+    entry_chains: EntryChains,
 }
 
 /// A binary seen for the first time, with the file a server needs to symbolise it.
@@ -424,6 +428,7 @@ impl UserSymbolizer {
                 .ok()
                 .map(|meta| (meta.dev(), meta.ino())),
             dwarf_skips: 0,
+            entry_chains: EntryChains::default(),
         }
     }
 
@@ -606,6 +611,23 @@ impl UserSymbolizer {
         self.captures
             .history(pid)
             .map(|history| history.at(version))
+    }
+
+    /// `stacks` with the frames below glibc's start code given to walks that stopped there,
+    /// merged (see [`super::entry`]).
+    pub fn complete_entry_chains(
+        &mut self,
+        stacks: impl IntoIterator<Item = (StackSample, u64)>,
+    ) -> Vec<(StackSample, u64)> {
+        let mut chains = std::mem::take(&mut self.entry_chains);
+        let completed = chains.complete(stacks, self);
+        self.entry_chains = chains;
+        completed
+    }
+
+    /// Samples whose stacks got the frames below glibc's start code, since start.
+    pub fn entry_completions(&self) -> u64 {
+        self.entry_chains.completed
     }
 
     /// The version of the latest captured maps of `pid`: what its samples drained now keep.
@@ -1185,6 +1207,46 @@ fn namespace_pid(pid: u32) -> Option<u32> {
         .last()?
         .parse()
         .ok()
+}
+
+/// What [`EntryChains`] needs, from the captured maps and the files they name.
+impl ProcessFrames for UserSymbolizer {
+    fn spot(&self, pid: u32, version: u32, address: u64) -> Option<Spot> {
+        let (_, entry) = self.maps_at(pid, version)?.find(address)?;
+        (entry.is_file() && entry.executable)
+            .then(|| (entry.dev, entry.inode, entry.file_offset(address).0))
+    }
+
+    fn entry(&mut self, pid: u32, version: u32) -> Option<Spot> {
+        // The executable is the first file mapped: the kernel maps it before the loader.
+        let entry = self
+            .maps_at(pid, version)?
+            .entries()
+            .iter()
+            .find(|e| e.is_file())?
+            .clone();
+        let elf = self.elf(pid, &entry).ok()?;
+        Some((entry.dev, entry.inode, elf.entry_offset()?.0))
+    }
+
+    fn address(&self, pid: u32, version: u32, (dev, inode, offset): Spot) -> Option<u64> {
+        self.maps_at(pid, version)?
+            .entries()
+            .iter()
+            .find(|e| {
+                e.executable
+                    && (e.dev, e.inode) == (dev, inode)
+                    && (e.offset..e.offset + (e.end - e.start)).contains(&offset)
+            })
+            .map(|e| e.start + (offset - e.offset))
+    }
+
+    fn function(&mut self, pid: u32, version: u32, address: u64) -> Option<String> {
+        // Not `symbolize_at`: a place asked about here is named again, and counted, when
+        // its location is built.
+        let frames = self.resolve(pid, version, address, true).frames.ok()?;
+        frames.into_iter().last().map(|frame| frame.function)
+    }
 }
 
 #[cfg(test)]

@@ -220,6 +220,27 @@ fn record_short_lived(program: &Path, delete: bool) -> Result<(f64, f64, i64, St
         total > 150,
         "only {total} samples of shortlived over {runs} runs: {summary}"
     );
+    // The first samples of each process are walked by frame pointers alone, which end in
+    // glibc's start code (built without them); a table walk goes on to `_start`. Both must
+    // end the same, or a flame graph splits the program into two towers.
+    let bottoms = |bottom: &str| -> i64 {
+        samples
+            .iter()
+            .filter(|s| s.comm == "shortlived" && s.frames.iter().any(|f| f == "main"))
+            .filter(|s| s.frames.last().is_some_and(|f| f == bottom))
+            .map(|s| s.count)
+            .sum()
+    };
+    let (stopped, whole) = (bottoms("__libc_start_call_main"), bottoms("_start"));
+    println!(
+        "samples through main ({tag}): {whole} end at _start, {stopped} in glibc's start code"
+    );
+    ensure!(
+        stopped == 0 && whole > 0,
+        "{stopped} samples through main end at __libc_start_call_main, {whole} at _start \
+         ({summary}):\n{}",
+        show(&samples, "shortlived")
+    );
     Ok((share, perf_share, total, show(&samples, "shortlived")))
 }
 

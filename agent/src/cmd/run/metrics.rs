@@ -41,8 +41,7 @@ pub struct WindowMetrics {
     /// the difference, so the loop can hand over the cache's totals as they are.
     symbol_cache_reported: (u64, u64),
     /// Pages of mapped files read after the file shrank, and the total at the last report.
-    mapped_file_faults: Counter,
-    mapped_file_faults_reported: u64,
+    mapped_file_faults: RunningTotal,
     /// The BPF program's run time and count (`kernel.bpf_stats_enabled`), and the totals at
     /// the last report.
     bpf_run_time: Counter<f64, AtomicU64>,
@@ -58,6 +57,9 @@ pub struct WindowMetrics {
     /// the totals at the last report.
     process_captures_dropped: LabeledCounter,
     process_captures_dropped_reported: BTreeMap<CaptureDrop, u64>,
+    /// Samples whose frame-pointer walk ended in glibc's start code and got the frames a table
+    /// walk found below it, and the total at the last report.
+    start_frames_completed: RunningTotal,
 }
 
 impl WindowMetrics {
@@ -143,13 +145,12 @@ impl WindowMetrics {
                 Counter::default(),
             ),
             symbol_cache_reported: (0, 0),
-            mapped_file_faults: registry.register(
+            mapped_file_faults: RunningTotal::new(registry.register(
                 "mapped_file_faults",
                 "Pages of a mapped binary or debug file read after the file shrank: read as zeros \
                  (SIGBUS handled) instead of stopping the daemon",
                 Counter::default(),
-            ),
-            mapped_file_faults_reported: 0,
+            )),
             bpf_run_time: registry.register_with_unit(
                 "bpf_run_time",
                 "Time the kernel spent in the sampling program, while kernel.bpf_stats_enabled \
@@ -194,6 +195,12 @@ impl WindowMetrics {
                 LabeledCounter::new("reason", CaptureDrop::ALL.map(CaptureDrop::as_str)),
             ),
             process_captures_dropped_reported: BTreeMap::new(),
+            start_frames_completed: RunningTotal::new(registry.register(
+                "start_frames_completed_samples",
+                "Samples whose frame-pointer walk ended in glibc's start code and were given \
+                 the frames below it that table walks of the same libc found",
+                Counter::default(),
+            )),
         }
     }
 
@@ -283,11 +290,36 @@ impl WindowMetrics {
         }
     }
 
+    /// The cumulative count of samples completed below glibc's start code.
+    pub fn set_start_frames_completed(&mut self, total: u64) {
+        self.start_frames_completed.set(total);
+    }
+
     /// The process's cumulative count of pages mapped over a shrunk file.
     pub fn set_mapped_file_faults(&mut self, total: u64) {
-        self.mapped_file_faults
-            .inc_by(total.saturating_sub(self.mapped_file_faults_reported));
-        self.mapped_file_faults_reported = self.mapped_file_faults_reported.max(total);
+        self.mapped_file_faults.set(total);
+    }
+}
+
+/// A counter fed from a running total kept elsewhere: it advances by the difference, so a
+/// caller hands over the total as it is.
+#[derive(Debug)]
+struct RunningTotal {
+    counter: Counter,
+    reported: u64,
+}
+
+impl RunningTotal {
+    fn new(counter: Counter) -> RunningTotal {
+        RunningTotal {
+            counter,
+            reported: 0,
+        }
+    }
+
+    fn set(&mut self, total: u64) {
+        self.counter.inc_by(total.saturating_sub(self.reported));
+        self.reported = self.reported.max(total);
     }
 }
 
@@ -391,7 +423,7 @@ mod tests {
     }
 
     #[test]
-    fn mapped_file_faults_follow_the_process_total() {
+    fn running_totals_become_counters() {
         let mut registry = Registry::new();
         let mut metrics = WindowMetrics::register(&mut registry);
         assert_eq!(
@@ -401,9 +433,13 @@ mod tests {
         metrics.set_mapped_file_faults(3);
         metrics.set_mapped_file_faults(3);
         metrics.set_mapped_file_faults(5);
+        metrics.set_start_frames_completed(7);
+        metrics.set_start_frames_completed(9);
+        let text = registry.encode();
+        assert_eq!(value(&text, "scorch_mapped_file_faults_total"), 5.0);
         assert_eq!(
-            value(&registry.encode(), "scorch_mapped_file_faults_total"),
-            5.0
+            value(&text, "scorch_start_frames_completed_samples_total"),
+            9.0
         );
     }
 }

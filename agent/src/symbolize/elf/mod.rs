@@ -232,6 +232,8 @@ pub struct ElfFile {
     pub build_id: Option<String>,
     /// `.gnu_debuglink`: the separate debug file's name and the CRC-32 of its contents.
     pub debuglink: Option<(String, u32)>,
+    /// `e_entry`: where an executable starts (`_start`); 0 in most libraries.
+    entry: u64,
     segments: Vec<LoadSegment>,
     symbols: SymbolTable,
     dwarf: Option<Dwarf>,
@@ -324,6 +326,7 @@ impl ElfFile {
         Ok(ElfFile {
             build_id,
             debuglink,
+            entry: file.entry(),
             segments,
             symbols,
             dwarf,
@@ -427,6 +430,15 @@ impl ElfFile {
             .iter()
             .find(|s| offset.0 >= s.file_offset && offset.0 - s.file_offset < s.file_size)
             .map(|s| ElfAddress(offset.0 - s.file_offset + s.address))
+    }
+
+    /// The file offset of the entry point (`e_entry`), when a `PT_LOAD` segment holds it.
+    pub fn entry_offset(&self) -> Option<FileOffset> {
+        let entry = self.entry;
+        self.segments
+            .iter()
+            .find(|s| entry >= s.address && entry - s.address < s.file_size)
+            .map(|s| FileOffset(entry - s.address + s.file_offset))
     }
 
     /// The function levels at `address`, innermost (inlined) first. DWARF first; the symbol
