@@ -29,6 +29,7 @@ pub mod profile;
 pub mod pipeline;
 pub mod symbolize;
 pub mod unwind;
+pub mod runtimes;
 pub mod labels;
 pub mod store;
 pub mod export;

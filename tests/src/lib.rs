@@ -1091,6 +1091,7 @@ fn dechunk(mut data: &[u8]) -> Result<Vec<u8>> {
 }
 
 /// Fake Pyroscope and Parca servers for the remote sink's tests.
+pub mod debian;
 pub mod fake_kubernetes;
 pub mod fake_remote;
 

@@ -3,6 +3,7 @@
 
 pub mod allocator;
 pub mod backoff;
+pub mod btf;
 pub mod fs;
 pub mod hex;
 pub mod notify;

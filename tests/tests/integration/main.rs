@@ -10,6 +10,7 @@ mod known_call_tree;
 mod kubernetes;
 mod labels;
 mod pprof_url;
+mod python;
 mod privileges;
 mod real_hosts;
 mod remote;

@@ -1,0 +1,388 @@
+//! CPython interpreters: recognising one in a binary, and what the BPF walk needs of it.
+//!
+//! A binary is an interpreter when it defines `Py_Version` and `_PyRuntime` (Debian's
+//! `python3.X` links libpython in; an embedder maps `libpython3.X.so`). From the binary
+//! alone, never the process, this reads:
+//! - the version (`Py_Version`, `PY_VERSION_HEX`), 3.11 to 3.14;
+//! - the offsets of the thread state, frames, code objects and strings (`offsets`), checked
+//!   against the binary's own `PyCode_Type`;
+//! - the eval loop's address ranges: `_PyEval_EvalFrameDefault` and the parts GCC split off
+//!   it (`.cold`; in 3.14 most of the loop), found as the unnamed `.eh_frame` ranges its
+//!   direct jumps land in;
+//! - where the thread-state key (`autoTSSkey`) is, from `PyGILState_GetThisThreadState`'s
+//!   code: the walk finds a thread's state through it whether or not the thread holds the
+//!   GIL (3.12+'s `_Py_tss_tstate` is cleared while a thread runs without it, as `hashlib`
+//!   does on large inputs).
+
+pub mod offsets;
+
+use std::{fmt, ops::Range};
+
+use super::{
+    image::{Image, ImageError, Symbol},
+    x86::{first_argument, jumps_out, FirstArgument},
+};
+pub use offsets::{CodeOffsets, EntryMark, Offsets};
+
+/// Why a binary that defines CPython's symbols is not walked.
+#[derive(Debug, thiserror::Error)]
+pub enum PythonError {
+    #[error(transparent)]
+    Image(#[from] ImageError),
+    #[error("Python {0}: versions 3.11 to 3.14 are walked")]
+    Unsupported(Version),
+    #[error("Python older than 3.11 (no Py_Version): versions 3.11 to 3.14 are walked")]
+    TooOld,
+    #[error("Python {version}: no {symbol} symbol")]
+    Missing {
+        version: Version,
+        symbol: &'static str,
+    },
+    #[error("Python {version}: {0}", .source)]
+    DebugOffsets {
+        version: Version,
+        source: offsets::DebugOffsetsError,
+    },
+    #[error(
+        "Python {version}: the code object's {field} is at {binary} in this binary's PyCode_Type, \
+         {expected} in the offsets for this version"
+    )]
+    CodeMismatch {
+        version: Version,
+        field: &'static str,
+        binary: u64,
+        expected: u64,
+    },
+    #[error("Python {version}: PyCode_Type has no {0} member", .field)]
+    NoMember {
+        version: Version,
+        field: &'static str,
+    },
+    #[error(
+        "Python {version}: the thread-state key could not be read from \
+         PyGILState_GetThisThreadState's code"
+    )]
+    NoThreadKey { version: Version },
+}
+
+/// `PY_VERSION_HEX`, split.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Version {
+    pub major: u8,
+    pub minor: u8,
+    pub micro: u8,
+    pub hex: u64,
+}
+
+impl Version {
+    pub fn from_hex(hex: u64) -> Version {
+        Version {
+            major: (hex >> 24) as u8,
+            minor: (hex >> 16) as u8,
+            micro: (hex >> 8) as u8,
+            hex,
+        }
+    }
+}
+
+impl fmt::Display for Version {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}.{}", self.major, self.minor, self.micro)
+    }
+}
+
+/// A CPython interpreter binary, as the walk needs it. Addresses are the binary's own (ELF
+/// addresses); the process adds its load bias.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Interpreter {
+    pub version: Version,
+    /// `_PyRuntime`.
+    pub runtime: Symbol,
+    /// `_PyEval_EvalFrameDefault` and its split-off parts.
+    pub eval: Vec<Range<u64>>,
+    /// The `int` pthread key of `autoTSSkey`, inside `_PyRuntime`.
+    pub thread_key: u64,
+    /// `PyCode_Type`: a frame's code object has it as its type, or the frame is not walked.
+    pub code_type: u64,
+    /// `_Py_NoneStruct`: a 3.13+ entry frame's code.
+    pub none: u64,
+    pub offsets: Offsets,
+}
+
+/// `PyTypeObject` on x86-64: `tp_basicsize` and `tp_members`, stable since 3.0.
+const TP_BASICSIZE: u64 = 32;
+const TP_MEMBERS: u64 = 240;
+/// `PyMemberDef`: `name` at 0, `offset` at 16, 40 bytes each.
+const MEMBER_SIZE: u64 = 40;
+const MEMBER_OFFSET: u64 = 16;
+/// More members than a code object has ends the read: a table without its terminator.
+const MAX_MEMBERS: u64 = 64;
+/// `Py_tss_t` is `{ int _is_initialized; pthread_key_t _key; }`.
+const TSS_KEY: u64 = 4;
+
+fn symbol(image: &Image, version: Version, name: &'static str) -> Result<Symbol, PythonError> {
+    image.symbol(name).ok_or(PythonError::Missing {
+        version,
+        symbol: name,
+    })
+}
+
+/// The interpreter in `image`, `Ok(None)` when it is not one (it does not define
+/// `Py_Version`, `_PyRuntime` and `_PyEval_EvalFrameDefault`).
+pub fn interpreter(image: &Image) -> Result<Option<Interpreter>, PythonError> {
+    let (Some(runtime), Some(eval)) = (
+        image.symbol("_PyRuntime"),
+        image.symbol("_PyEval_EvalFrameDefault"),
+    ) else {
+        return Ok(None);
+    };
+    let version = Version::from_hex(
+        image
+            .symbol("Py_Version")
+            .map(|s| image.u64_at("Py_Version", s.address))
+            .ok_or(PythonError::TooOld)??
+            // `Py_Version` is an `unsigned long`; its value fits 32 bits.
+            & 0xffff_ffff,
+    );
+    if version.major != 3 || !(11..=14).contains(&version.minor) {
+        return Err(PythonError::Unsupported(version));
+    }
+    let offsets = match offsets::static_offsets(version) {
+        Some(offsets) => offsets,
+        None => {
+            let table = image.bytes_at("_PyRuntime", runtime.address, runtime.size.min(4096))?;
+            offsets::debug_offsets(table, version)
+                .map_err(|source| PythonError::DebugOffsets { version, source })?
+        }
+    };
+    let code_type = symbol(image, version, "PyCode_Type")?;
+    check_code_offsets(image, version, code_type.address, &offsets.code)?;
+    let thread_key = thread_key(image, version, runtime)?;
+    let none = symbol(image, version, "_Py_NoneStruct")?.address;
+    Ok(Some(Interpreter {
+        version,
+        runtime,
+        eval: eval_ranges(image, eval)?,
+        thread_key,
+        code_type: code_type.address,
+        none,
+        offsets,
+    }))
+}
+
+/// Checks `expected` against `PyCode_Type`'s `tp_basicsize` and `tp_members` in the binary.
+fn check_code_offsets(
+    image: &Image,
+    version: Version,
+    code_type: u64,
+    expected: &CodeOffsets,
+) -> Result<(), PythonError> {
+    let mismatch = |field, binary: u64, expected: u16| {
+        (binary != u64::from(expected)).then_some(PythonError::CodeMismatch {
+            version,
+            field,
+            binary,
+            expected: u64::from(expected),
+        })
+    };
+    let basicsize = image.u64_at("PyCode_Type.tp_basicsize", code_type + TP_BASICSIZE)?;
+    if let Some(err) = mismatch(
+        "co_code_adaptive (tp_basicsize)",
+        basicsize,
+        expected.code_adaptive,
+    ) {
+        return Err(err);
+    }
+    let members = image.pointer_at("PyCode_Type.tp_members", code_type + TP_MEMBERS)?;
+    let mut found = Vec::new();
+    for i in 0..MAX_MEMBERS {
+        let member = members + i * MEMBER_SIZE;
+        let name = image.pointer_at("PyMemberDef.name", member)?;
+        if name == 0 {
+            break;
+        }
+        let name = image.c_str_at("PyMemberDef.name", name, 64)?;
+        let offset = image.u64_at("PyMemberDef.offset", member + MEMBER_OFFSET)?;
+        found.push((name, offset));
+    }
+    for (field, expected) in [
+        ("co_argcount", expected.argcount),
+        ("co_firstlineno", expected.firstlineno),
+        ("co_filename", expected.filename),
+        ("co_name", expected.name),
+        ("co_qualname", expected.qualname),
+        ("co_linetable", expected.linetable),
+    ] {
+        let binary = found
+            .iter()
+            .find(|(name, _)| *name == field.as_bytes())
+            .map(|&(_, offset)| offset)
+            .ok_or(PythonError::NoMember { version, field })?;
+        if let Some(err) = mismatch(field, binary, expected) {
+            return Err(err);
+        }
+    }
+    Ok(())
+}
+
+/// The address of `autoTSSkey`'s pthread key, read from `PyGILState_GetThisThreadState`:
+/// it loads the key and tail-calls `pthread_getspecific` (3.11 to 3.13), or passes the
+/// key's `Py_tss_t` to `PyThread_tss_get` (3.14). The key lies in `_PyRuntime`.
+fn thread_key(image: &Image, version: Version, runtime: Symbol) -> Result<u64, PythonError> {
+    let function = symbol(image, version, "PyGILState_GetThisThreadState")?;
+    let code = image.code("PyGILState_GetThisThreadState", function)?;
+    let key = match first_argument(code, function.address) {
+        Some(FirstArgument::Loaded(address)) => address,
+        Some(FirstArgument::Address(tss)) => tss + TSS_KEY,
+        None => return Err(PythonError::NoThreadKey { version }),
+    };
+    let inside = runtime.address..runtime.address + runtime.size;
+    if !inside.contains(&key) || !inside.contains(&(key + 3)) {
+        return Err(PythonError::NoThreadKey { version });
+    }
+    Ok(key)
+}
+
+/// `_PyEval_EvalFrameDefault`'s range and those of its split-off parts: the `.eh_frame`
+/// ranges its direct jumps land in that no symbol names (a jump into a named function is a
+/// tail call).
+fn eval_ranges(image: &Image, eval: Symbol) -> Result<Vec<Range<u64>>, PythonError> {
+    let own = eval.address..eval.address + eval.size;
+    let code = image.code("_PyEval_EvalFrameDefault", eval)?;
+    let named: Vec<Range<u64>> = image
+        .symbols()
+        .filter(|(_, s)| s.size > 0)
+        .map(|(_, s)| s.address..s.address + s.size)
+        .collect();
+    let fdes = image.fde_ranges();
+    let mut ranges = vec![own.clone()];
+    for target in jumps_out(code, eval.address) {
+        if named.iter().any(|r| r.contains(&target)) {
+            continue;
+        }
+        // FDEs are sorted by start and do not overlap.
+        let at = fdes.partition_point(|r| r.start <= target);
+        let Some(fde) = at.checked_sub(1).map(|i| &fdes[i]) else {
+            continue;
+        };
+        if fde.contains(&target)
+            && !named.iter().any(|r| r.start < fde.end && fde.start < r.end)
+            && !ranges.contains(fde)
+        {
+            ranges.push(fde.clone());
+        }
+    }
+    ranges.sort_by_key(|r| r.start);
+    Ok(ranges)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Debian 12's own interpreter, which these machines run.
+    #[test]
+    fn debian_12s_python_3_11() {
+        let data = std::fs::read("/usr/bin/python3.11").expect("Debian 12's /usr/bin/python3.11");
+        let image = Image::parse(&data).unwrap();
+        let interpreter = interpreter(&image).unwrap().expect("an interpreter");
+        assert_eq!(
+            (interpreter.version.major, interpreter.version.minor),
+            (3, 11)
+        );
+        assert_eq!(
+            interpreter.offsets,
+            offsets::static_offsets(interpreter.version).unwrap()
+        );
+        // The key is `_PyRuntime.autoTSSkey._key`.
+        assert_eq!(interpreter.thread_key, interpreter.runtime.address + 0x254);
+        // The hot loop, and the cold part GCC split off it (reached by its jumps).
+        let eval = image.symbol("_PyEval_EvalFrameDefault").unwrap();
+        assert_eq!(interpreter.eval.len(), 2, "{:x?}", interpreter.eval);
+        assert!(interpreter
+            .eval
+            .contains(&(eval.address..eval.address + eval.size)));
+        let cold = interpreter
+            .eval
+            .iter()
+            .find(|r| r.start != eval.address)
+            .unwrap();
+        assert!(cold.end - cold.start > 1024, "{cold:x?}");
+    }
+
+    #[test]
+    fn not_an_interpreter() {
+        let data = std::fs::read("/lib/x86_64-linux-gnu/libc.so.6").unwrap();
+        assert_eq!(interpreter(&Image::parse(&data).unwrap()).unwrap(), None);
+    }
+
+    /// A 3.13 table with one offset beyond its structure is refused, as is one whose version
+    /// differs from `Py_Version`; the good one reads.
+    #[test]
+    fn debug_offsets_are_checked() {
+        // Python 3.13.5's table as Debian 13's python3.13 holds it, the slots the walk reads.
+        let mut table = vec![0u8; 1024];
+        table[..8].copy_from_slice(b"xdebugpy");
+        let mut put =
+            |at: usize, value: u64| table[at..at + 8].copy_from_slice(&value.to_le_bytes());
+        put(8, 0x030d05f0);
+        for (at, value) in [
+            (152, 304),
+            (184, 72),
+            (224, 80),
+            (232, 8),
+            (240, 0),
+            (248, 56),
+            (264, 70),
+            (272, 208),
+            (280, 112),
+            (288, 120),
+            (296, 128),
+            (304, 136),
+            (312, 68),
+            (320, 52),
+            (344, 200),
+            (512, 40),
+            (520, 16),
+            (528, 32),
+            (536, 64),
+            (544, 32),
+            (552, 16),
+            (560, 40),
+        ] {
+            put(at, value);
+        }
+        let version = Version::from_hex(0x030d05f0);
+        let offsets = offsets::debug_offsets(&table, version).unwrap();
+        assert_eq!(offsets.current_frame, 72);
+        assert_eq!(
+            offsets.entry,
+            EntryMark::CStackOwner {
+                offset: 70,
+                value: 3
+            }
+        );
+        assert_eq!(offsets.code.code_adaptive, 200);
+        assert_eq!(offsets.unicode_data, 40);
+
+        let other = Version::from_hex(0x030d06f0);
+        assert!(matches!(
+            offsets::debug_offsets(&table, other),
+            Err(offsets::DebugOffsetsError::VersionMismatch { .. })
+        ));
+        let mut bad = table.clone();
+        bad[264..272].copy_from_slice(&90u64.to_le_bytes());
+        assert!(matches!(
+            offsets::debug_offsets(&bad, version),
+            Err(offsets::DebugOffsetsError::OutOfRange {
+                field: "interpreter_frame.owner",
+                ..
+            })
+        ));
+        bad[..8].copy_from_slice(b"notdebug");
+        assert_eq!(
+            offsets::debug_offsets(&bad, version),
+            Err(offsets::DebugOffsetsError::NoCookie)
+        );
+    }
+}

@@ -1,0 +1,157 @@
+//! The few x86-64 instruction patterns the runtime readers recognise in compiled code, on
+//! the iced-x86 decoder.
+//!
+//! Compiled code is read linearly from a function's start: the functions read here are
+//! small, or only their direct branches are wanted, and GCC and Clang keep jump tables out
+//! of `.text`.
+
+use iced_x86::{Decoder, DecoderOptions, FlowControl, Instruction, Mnemonic, OpKind, Register};
+
+/// The instructions of `code`, which starts at address `ip`; an undecodable byte ends them.
+pub fn instructions(code: &[u8], ip: u64) -> impl Iterator<Item = Instruction> + '_ {
+    let mut decoder = Decoder::with_ip(64, code, ip, DecoderOptions::NONE);
+    std::iter::from_fn(move || {
+        if !decoder.can_decode() {
+            return None;
+        }
+        let instruction = decoder.decode();
+        (!instruction.is_invalid()).then_some(instruction)
+    })
+}
+
+/// What a function puts in its first argument register (`rdi`) before its first call or
+/// tail jump.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FirstArgument {
+    /// A 32-bit value loaded from this address (`mov edi, [address]`).
+    Loaded(u64),
+    /// This address itself (`mov edi, imm`, `lea rdi, [rip + x]`).
+    Address(u64),
+}
+
+/// The absolute address of a memory operand with no base register other than `rip` and no
+/// index: a global's address.
+fn global_operand(instruction: &Instruction) -> Option<u64> {
+    if instruction.memory_index() != Register::None {
+        return None;
+    }
+    match instruction.memory_base() {
+        Register::RIP => Some(instruction.ip_rel_memory_address()),
+        Register::None if instruction.memory_segment() == Register::DS => {
+            Some(instruction.memory_displacement64())
+        }
+        _ => None,
+    }
+}
+
+/// What the function at `ip` puts in `rdi` (or `edi`) before its first call or
+/// unconditional jump, following the fall-through path; `None` when it is not one of the
+/// [`FirstArgument`] forms or the function returns first.
+pub fn first_argument(code: &[u8], ip: u64) -> Option<FirstArgument> {
+    let mut argument = None;
+    for instruction in instructions(code, ip).take(64) {
+        match instruction.flow_control() {
+            FlowControl::Call
+            | FlowControl::UnconditionalBranch
+            | FlowControl::IndirectBranch
+            | FlowControl::IndirectCall => return argument,
+            FlowControl::Return | FlowControl::Exception | FlowControl::Interrupt => return None,
+            _ => {}
+        }
+        if instruction.op_count() == 0 || instruction.op0_kind() != OpKind::Register {
+            continue;
+        }
+        let target = instruction.op0_register();
+        if !matches!(
+            target,
+            Register::EDI | Register::RDI | Register::DI | Register::DIL
+        ) {
+            continue;
+        }
+        argument = match (instruction.mnemonic(), instruction.op1_kind()) {
+            (Mnemonic::Mov, OpKind::Memory) if target == Register::EDI => {
+                global_operand(&instruction).map(FirstArgument::Loaded)
+            }
+            (Mnemonic::Lea, OpKind::Memory) if target == Register::RDI => {
+                global_operand(&instruction).map(FirstArgument::Address)
+            }
+            (
+                Mnemonic::Mov,
+                OpKind::Immediate32 | OpKind::Immediate32to64 | OpKind::Immediate64,
+            ) => Some(FirstArgument::Address(instruction.immediate(1))),
+            // Anything else written to the register: not a form known here.
+            _ => None,
+        };
+    }
+    None
+}
+
+/// The targets of the direct jumps (conditional or not, never calls) in `code`, which
+/// starts at `ip`, that leave `code`: where a compiler put a function's split-off parts.
+pub fn jumps_out(code: &[u8], ip: u64) -> Vec<u64> {
+    let end = ip + code.len() as u64;
+    let mut targets: Vec<u64> = instructions(code, ip)
+        .filter(|i| {
+            matches!(
+                i.flow_control(),
+                FlowControl::UnconditionalBranch | FlowControl::ConditionalBranch
+            ) && matches!(i.op0_kind(), OpKind::NearBranch64)
+        })
+        .map(|i| i.near_branch_target())
+        .filter(|&target| !(ip..end).contains(&target))
+        .collect();
+    targets.sort_unstable();
+    targets.dedup();
+    targets
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_key_loaded_from_a_global_before_a_tail_jump() {
+        // cmpl $0,0x563d50(%rip); je +0; mov 0x563d50(%rip),%edi; jmp +0
+        let code = [
+            0x48, 0x83, 0x3d, 0x50, 0x3d, 0x56, 0x00, 0x00, // cmpq $0,0x563d50(%rip)
+            0x0f, 0x84, 0x00, 0x00, 0x00, 0x00, // je
+            0x8b, 0x3d, 0x50, 0x3d, 0x56, 0x00, // mov 0x563d50(%rip),%edi
+            0xe9, 0x00, 0x00, 0x00, 0x00, // jmp
+        ];
+        let ip = 0x4f_7c30;
+        // rip of the mov's end is ip + 20.
+        assert_eq!(
+            first_argument(&code, ip),
+            Some(FirstArgument::Loaded(ip + 20 + 0x56_3d50))
+        );
+    }
+
+    #[test]
+    fn an_address_given_as_an_immediate() {
+        // mov $0xba10e0,%edi; jmp
+        let code = [0xbf, 0xe0, 0x10, 0xba, 0x00, 0xe9, 0, 0, 0, 0];
+        assert_eq!(
+            first_argument(&code, 0x1000),
+            Some(FirstArgument::Address(0xba_10e0))
+        );
+        // A function that returns before any call has no argument to give.
+        assert_eq!(first_argument(&[0x31, 0xc0, 0xc3], 0x1000), None);
+        // rdi computed from another register: unknown.
+        assert_eq!(
+            first_argument(&[0x48, 0x89, 0xc7, 0xe9, 0, 0, 0, 0], 0x1000),
+            None
+        );
+    }
+
+    #[test]
+    fn jumps_that_leave_the_function() {
+        // je -0x100 (out), jmp +2 (in), jmp +0x1000 (out)
+        let code = [
+            0x0f, 0x84, 0x00, 0xff, 0xff, 0xff, // je ip+6-0x100
+            0xeb, 0x00, // jmp ip+8
+            0xe9, 0x00, 0x10, 0x00, 0x00, // jmp ip+13+0x1000
+        ];
+        let ip = 0x10_000;
+        assert_eq!(jumps_out(&code, ip), [ip + 6 - 0x100, ip + 13 + 0x1000]);
+    }
+}
