@@ -62,14 +62,21 @@ fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
             };
-            // Two workers, so HTTP requests are answered while the window loop's task runs on
-            // the other; symbolising and store reads go to the blocking pool, not to either.
+            // The HTTP server and the pod watch run on two workers of their own; store reads
+            // go to their blocking pool.
             let mut builder = tokio::runtime::Builder::new_multi_thread();
             builder.worker_threads(2).max_blocking_threads(4);
-            let Some(runtime) = runtime(&mut builder) else {
+            let Some(services) = runtime(&mut builder) else {
                 return ExitCode::FAILURE;
             };
-            match runtime.block_on(run::run(config, store)) {
+            // The window loop runs on this thread, with its own event driver: the unwinder's
+            // ring buffer, the timers and the signals wake it directly. On the shared
+            // runtime a worker woke first and then woke this thread, for every new process.
+            let Some(window_loop) = runtime(&mut tokio::runtime::Builder::new_current_thread())
+            else {
+                return ExitCode::FAILURE;
+            };
+            match window_loop.block_on(run::run(config, store, services.handle().clone())) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(err) => {
                     eprintln!("scorch: {err}");

@@ -160,16 +160,26 @@ pub fn preflight(config: &RunConfig) -> Result<Store, RunError> {
     Ok(Store::open(&config.store, config.retention)?)
 }
 
-/// Runs until SIGINT or SIGTERM, then flushes the partial window and returns.
-pub async fn run(config: RunConfig, store: Store) -> Result<(), RunError> {
+/// Runs until SIGINT or SIGTERM, then flushes the partial window and returns. The window
+/// loop runs on the caller's runtime; the HTTP server and the pod watch on `services`, so a
+/// window being symbolised never holds up a request.
+pub async fn run(
+    config: RunConfig,
+    store: Store,
+    services: tokio::runtime::Handle,
+) -> Result<(), RunError> {
     let mut sigint = signal(SignalKind::interrupt()).map_err(RunError::Signals)?;
     let mut sigterm = signal(SignalKind::terminate()).map_err(RunError::Signals)?;
-    let listener = tokio::net::TcpListener::bind(config.http_address)
+    // Bound on `services`, whose event driver then serves it.
+    let address = config.http_address;
+    let listener = services
+        .spawn(tokio::net::TcpListener::bind(address))
         .await
-        .map_err(|source| RunError::Listen {
-            address: config.http_address,
-            source,
-        })?;
+        .map_err(|err| RunError::Listen {
+            address,
+            source: io::Error::other(err),
+        })?
+        .map_err(|source| RunError::Listen { address, source })?;
     let mut registry = Registry::new();
     let window_metrics = WindowMetrics::register(&mut registry);
     let unwind_metrics = UnwindMetrics::register(&mut registry);
@@ -184,7 +194,7 @@ pub async fn run(config: RunConfig, store: Store) -> Result<(), RunError> {
         config.window,
         AllowedHosts::new(config.http_address, &config.http_allowed_hosts),
     ));
-    let http_task = tokio::spawn(http::serve(listener, http_state, async move {
+    let http_task = services.spawn(http::serve(listener, http_state, async move {
         let mut stopped = http_stopped;
         let _ = stopped.wait_for(|&stop| stop).await;
     }));
@@ -195,7 +205,10 @@ pub async fn run(config: RunConfig, store: Store) -> Result<(), RunError> {
     // In a cluster, pods are named from the API server; elsewhere this is off, quietly.
     match Kubernetes::from_environment() {
         Ok(Some(kubernetes)) => {
-            kubernetes.start();
+            {
+                let _on_services = services.enter();
+                kubernetes.start();
+            }
             registry.watch_kubernetes(Box::new(kubernetes.clone()));
             tracing::info!("naming pods from the Kubernetes API server");
             labeler = labeler.with_pods(move |uid, container_id| {
