@@ -512,4 +512,133 @@ mod pod {
     unsafe impl aya::Pod for super::UserStack {}
     // SAFETY: see above.
     unsafe impl aya::Pod for super::UnwindEvent {}
+    // SAFETY: see above.
+    unsafe impl aya::Pod for super::PythonProc {}
+}
+
+/// Most address ranges of one interpreter's eval loop: the function and the parts the
+/// compiler split off it (`.cold`).
+pub const PYTHON_EVAL_RANGES: usize = 4;
+
+/// Most processes with a CPython interpreter the walk knows at once (`PYTHON_PROCS`).
+pub const MAX_PYTHON_PROCS: u32 = 4096;
+
+/// [`PythonProc::entry_kind`]: 3.11's `is_entry` byte marks an eval call's first frame, which
+/// is emitted and ends that call's chain.
+pub const PYTHON_ENTRY_IS_ENTRY: u8 = 0;
+/// [`PythonProc::entry_kind`]: 3.12+'s shim frame, whose `owner` byte is
+/// [`PythonProc::entry_value`] (`FRAME_OWNED_BY_CSTACK`), ends the chain and is not emitted.
+pub const PYTHON_ENTRY_CSTACK_OWNER: u8 = 1;
+
+/// [`PythonProc::tstate_cframe`] when the thread state holds the running frame itself.
+pub const PYTHON_NO_CFRAME: u16 = u16::MAX;
+
+/// A process's CPython interpreter, as the BPF walk reads it: addresses in the process (the
+/// binary's plus its load bias), offsets from the start of each structure. Written by the
+/// agent into `PYTHON_PROCS`, keyed by tgid.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PythonProc {
+    /// The eval loop's ranges, `[start, end)`, in the first `eval_count` slots.
+    pub eval_start: [u64; PYTHON_EVAL_RANGES],
+    pub eval_end: [u64; PYTHON_EVAL_RANGES],
+    /// `autoTSSkey`'s `int` pthread key.
+    pub thread_key: u64,
+    /// `PyCode_Type`: a frame whose code object has another type is not named.
+    pub code_type: u64,
+    /// Bits of a frame's code reference that are address (3.14 tags the low ones).
+    pub code_mask: u64,
+    pub eval_count: u32,
+    /// glibc: a key's value is at `fs_base + ((key + specific_bias) << specific_shift) +
+    /// specific_value`, for keys below `specific_keys`.
+    pub specific_keys: u32,
+    pub specific_bias: u32,
+    pub specific_shift: u32,
+    pub specific_value: u32,
+    /// `PyThreadState.cframe` (3.11, 3.12), or [`PYTHON_NO_CFRAME`].
+    pub tstate_cframe: u16,
+    /// The running frame, in the `_PyCFrame` or in the thread state.
+    pub current_frame: u16,
+    pub frame_code: u16,
+    pub frame_previous: u16,
+    pub frame_instr: u16,
+    /// `tp_basicsize` of code objects: where the bytecode starts.
+    pub code_adaptive: u16,
+    /// The entry marker's byte offset in a frame.
+    pub entry_offset: u16,
+    /// [`PYTHON_ENTRY_IS_ENTRY`] or [`PYTHON_ENTRY_CSTACK_OWNER`].
+    pub entry_kind: u8,
+    pub entry_value: u8,
+    /// Explicit padding so the layout has no uninitialised bytes.
+    pub _reserved: u32,
+}
+
+/// Index into the per-CPU `PYTHON_COUNTS` array: Python frames the walk emitted, and why a
+/// Python chain stopped early. The native walk goes on after any of these.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum PythonCount {
+    /// Python frames emitted.
+    Frames = 0,
+    /// The thread's state could not be found (no key value, a read fault): the eval loop's
+    /// frames stay native.
+    NoThreadState = 1,
+    /// A frame could not be read: the chain ends there.
+    FrameReadFault = 2,
+    /// A frame's code is not a code object: emitted as an unknown code object.
+    UnknownCode = 3,
+    /// The stack had no room for more frames.
+    FrameLimit = 4,
+}
+
+/// Number of [`PythonCount`] kinds; the size of the `PYTHON_COUNTS` array.
+pub const PYTHON_COUNTS: u32 = 5;
+
+impl PythonCount {
+    /// All kinds, in index order.
+    pub const ALL: [PythonCount; PYTHON_COUNTS as usize] = [
+        PythonCount::Frames,
+        PythonCount::NoThreadState,
+        PythonCount::FrameReadFault,
+        PythonCount::UnknownCode,
+        PythonCount::FrameLimit,
+    ];
+
+    /// Short name used in summaries, logs and `/metrics` labels.
+    pub const fn name(self) -> &'static str {
+        match self {
+            PythonCount::Frames => "frames",
+            PythonCount::NoThreadState => "thread state not found",
+            PythonCount::FrameReadFault => "frame read fault",
+            PythonCount::UnknownCode => "unknown code object",
+            PythonCount::FrameLimit => "frame limit",
+        }
+    }
+}
+
+/// Set in a user stack word that is a Python frame, not a pc (user addresses on x86-64 are
+/// below 2^47).
+pub const PYTHON_FRAME: u64 = 1 << 63;
+/// The code object's address in a Python frame word: bits 0-46.
+pub const PYTHON_CODE_MASK: u64 = (1 << 47) - 1;
+/// The instruction's offset (code units from the bytecode's start, at most `u16::MAX`) in a
+/// Python frame word: bits 47-62.
+pub const PYTHON_INSTR_SHIFT: u32 = 47;
+
+/// A Python frame as a user stack word: its code object and instruction.
+pub const fn python_frame_word(code: u64, instr: u64) -> u64 {
+    let instr = if instr > u16::MAX as u64 {
+        u16::MAX as u64
+    } else {
+        instr
+    };
+    PYTHON_FRAME | (instr << PYTHON_INSTR_SHIFT) | (code & PYTHON_CODE_MASK)
+}
+
+/// The code object's address and the instruction offset of a Python frame word.
+pub const fn python_frame_parts(word: u64) -> (u64, u16) {
+    (
+        word & PYTHON_CODE_MASK,
+        ((word >> PYTHON_INSTR_SHIFT) & 0xffff) as u16,
+    )
 }

@@ -17,6 +17,8 @@
 #![cfg_attr(target_arch = "bpf", allow(internal_features))]
 
 #[cfg(target_arch = "bpf")]
+mod python;
+#[cfg(target_arch = "bpf")]
 mod sampler;
 #[cfg(target_arch = "bpf")]
 mod unwind;

@@ -15,6 +15,8 @@
 
 use core::ffi::c_void;
 
+use crate::python;
+
 use aya_ebpf::{
     bindings::{pt_regs, BPF_NOEXIST},
     helpers::{
@@ -26,10 +28,10 @@ use aya_ebpf::{
     programs::PerfEventContext,
 };
 use scorch_common::{
-    Bisect, CfaKind, ProcMappings, RbpKind, UnwindEvent, UnwindMapping, UnwindOutcome, UnwindRow,
-    UserStack, EVENT_UNKNOWN_PC, EVENT_UNKNOWN_PROCESS, MAPPING_SEARCH_STEPS, MAPPING_TABLE_LOADED,
-    MAPPING_TABLE_PENDING, MAX_PROC_MAPPINGS, MAX_STACK_DEPTH, MAX_UNWIND_PROCS, UNWIND_OUTCOMES,
-    UNWIND_SEARCH_STEPS,
+    Bisect, CfaKind, ProcMappings, PythonProc, RbpKind, UnwindEvent, UnwindMapping, UnwindOutcome,
+    UnwindRow, UserStack, EVENT_UNKNOWN_PC, EVENT_UNKNOWN_PROCESS, MAPPING_SEARCH_STEPS,
+    MAPPING_TABLE_LOADED, MAPPING_TABLE_PENDING, MAX_PROC_MAPPINGS, MAX_STACK_DEPTH,
+    MAX_UNWIND_PROCS, UNWIND_OUTCOMES, UNWIND_SEARCH_STEPS,
 };
 
 /// `BPF_F_MMAPABLE`: the agent writes tables straight into the pool's memory, not one
@@ -92,6 +94,12 @@ pub struct WalkState {
     /// Non-zero when some frame in a described mapping had no row and took a frame-pointer
     /// step instead.
     no_row_step: u32,
+    /// Non-zero once the walk looked for the thread's Python frames (`python`).
+    pub python_started: u32,
+    /// Explicit padding so the layout has no uninitialised bytes.
+    _reserved: u32,
+    /// The next Python frame to emit, at the next eval-loop frame; 0 when there is none.
+    pub python_frame: u64,
     /// The frames, and their hash.
     pub stack: UserStack,
 }
@@ -101,6 +109,8 @@ pub struct WalkState {
 struct LoopContext {
     state: *mut WalkState,
     procs: *const ProcMappings,
+    /// The process's CPython interpreter, or null.
+    python: *const PythonProc,
 }
 
 /// The search for the mapping holding `pc` (mappings are sorted by start).
@@ -123,7 +133,11 @@ struct RowSearch {
 
 /// Runs `callback` up to `iterations` times over `context`, until it returns 1.
 #[inline(always)]
-fn repeat<T>(iterations: u32, callback: extern "C" fn(u64, *mut c_void) -> i64, context: &mut T) {
+pub(crate) fn repeat<T>(
+    iterations: u32,
+    callback: extern "C" fn(u64, *mut c_void) -> i64,
+    context: &mut T,
+) {
     // SAFETY: the callback has the signature bpf_loop calls and casts the context back to the
     // `T` it is given here, which outlives the call.
     unsafe {
@@ -177,6 +191,8 @@ pub fn walk(ctx: &PerfEventContext, tgid: u32, user_mode: bool) -> Option<&'stat
     walk.no_mapping = 0;
     walk.table_pending = 0;
     walk.no_row_step = 0;
+    walk.python_started = 0;
+    walk.python_frame = 0;
     walk.stack.len = 0;
     walk.stack.hash = 0xcbf2_9ce4_8422_2325;
 
@@ -185,10 +201,15 @@ pub fn walk(ctx: &PerfEventContext, tgid: u32, user_mode: bool) -> Option<&'stat
         Some(procs) => procs,
         None => NO_MAPPINGS.get_ptr(0)?,
     };
+    let python = python::process(tgid);
     repeat(
         MAX_STACK_DEPTH as u32,
         step,
-        &mut LoopContext { state, procs },
+        &mut LoopContext {
+            state,
+            procs,
+            python,
+        },
     );
     if walk.stop == WALKING {
         walk.stop = UnwindOutcome::FrameLimit as u32;
@@ -218,17 +239,30 @@ extern "C" fn step(_index: u64, context: *mut c_void) -> i64 {
     let context = unsafe { &*(context as *const LoopContext) };
     // SAFETY: as above; this CPU's walk state.
     let (walk, procs) = unsafe { (&mut *context.state, &*context.procs) };
-    let len = walk.stack.len as usize;
-    let Some(slot) = walk.stack.pcs.get_mut(len) else {
-        walk.stop = UnwindOutcome::FrameLimit as u32;
-        return 1;
-    };
     let pc = walk.pc;
-    *slot = pc;
-    walk.stack.len = len as u32 + 1;
-    walk.stack.hash = (walk.stack.hash ^ pc).wrapping_mul(0x0000_0100_0000_01b3);
-
     let lookup = if walk.return_address != 0 { pc - 1 } else { pc };
+    // An eval-loop frame of a CPython process stands for the Python frames it runs.
+    let python_frames = if context.python.is_null() {
+        0
+    } else {
+        // SAFETY: a map value `walk` looked up for this process.
+        let python = unsafe { &*context.python };
+        if python::in_eval_loop(python, lookup) {
+            python::emit(walk, python)
+        } else {
+            0
+        }
+    };
+    if python_frames == 0 {
+        let len = walk.stack.len as usize;
+        let Some(slot) = walk.stack.pcs.get_mut(len) else {
+            walk.stop = UnwindOutcome::FrameLimit as u32;
+            return 1;
+        };
+        *slot = pc;
+        walk.stack.len = len as u32 + 1;
+        walk.stack.hash = (walk.stack.hash ^ pc).wrapping_mul(0x0000_0100_0000_01b3);
+    }
     walk.return_address = 1;
     let mut search = MappingSearch {
         bisect: Bisect::new(procs.count.min(MAX_PROC_MAPPINGS as u32)),
@@ -501,6 +535,7 @@ fn notify(tgid: u32, kind: u32, pc: u64) {
 #[inline(always)]
 pub fn forget_process(tgid: u32) {
     let _ = UNWIND_PROCS.remove(tgid);
+    python::forget(tgid);
     let _ = NOTIFIED.remove(tgid);
 }
 
@@ -552,7 +587,13 @@ pub fn mapping_placed(tgid: u32, start: u64, info: *const u64) {
 /// failure was a collision (`true`) or another error.
 #[inline(always)]
 pub fn store_stack(stacks: &HashMap<i32, UserStack>, walk: &mut WalkState) -> Result<i32, bool> {
-    let hash = walk.stack.hash ^ u64::from(walk.stack.len);
+    // The frames' hash carries a word's high bits (a Python frame's instruction offset, in
+    // bits 47-62) only into its own high bits; the id is the low ones, so they are mixed
+    // down first (MurmurHash3's finaliser), or stacks differing in a line would collide.
+    let mut hash = walk.stack.hash ^ u64::from(walk.stack.len);
+    hash ^= hash >> 33;
+    hash = hash.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    hash ^= hash >> 33;
     let id = (hash & 0x7fff_ffff) as i32;
     // SAFETY: only the hash is read; a concurrent writer of the same key writes the same hash.
     if let Some(existing) = unsafe { stacks.get(id) } {

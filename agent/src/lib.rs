@@ -23,13 +23,14 @@ pub mod pprof {
 pub mod sys;
 pub mod metrics;
 pub mod parse;
+// Language runtimes, read from their binaries (pure, like the parsers).
+pub mod runtimes;
 // The data model and its encoders.
 pub mod profile;
 // The stages, in the order data passes them.
 pub mod pipeline;
 pub mod symbolize;
 pub mod unwind;
-pub mod runtimes;
 pub mod labels;
 pub mod store;
 pub mod export;

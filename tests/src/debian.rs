@@ -76,3 +76,47 @@ pub fn unpacked_package(suite: &str, package: &str) -> Result<PathBuf> {
     ensure!(root.is_dir(), "{} was not unpacked", deb.display());
     Ok(root)
 }
+
+/// py-spy, the reference Python profiler: its static binary from its PyPI wheel, cached.
+pub fn py_spy() -> Result<PathBuf> {
+    const VERSION: &str = "0.4.3";
+    let dir = Path::new("/var/cache/scorch-tests/py-spy").join(VERSION);
+    let binary = dir.join("py-spy");
+    if binary.exists() {
+        return Ok(binary);
+    }
+    std::fs::create_dir_all(&dir)?;
+    run_tool(
+        Command::new("/usr/bin/python3")
+            .args([
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--only-binary=:all:",
+                "--platform",
+                "manylinux_2_5_x86_64",
+                &format!("py-spy=={VERSION}"),
+                "-d",
+            ])
+            .arg(&dir),
+    )
+    .context("downloading py-spy's wheel from PyPI")?;
+    let wheel = std::fs::read_dir(&dir)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.extension().is_some_and(|e| e == "whl"))
+        .context("no py-spy wheel downloaded")?;
+    // A wheel is a zip; the binary is its only script.
+    let unpacked = dir.join("wheel");
+    run_tool(
+        Command::new("/usr/bin/python3")
+            .args(["-m", "zipfile", "-e"])
+            .arg(&wheel)
+            .arg(&unpacked),
+    )?;
+    let script = unpacked.join(format!("py_spy-{VERSION}.data/scripts/py-spy"));
+    ensure!(script.exists(), "{} has no py-spy binary", wheel.display());
+    std::fs::copy(&script, &binary)?;
+    run_tool(Command::new("chmod").arg("755").arg(&binary))?;
+    Ok(binary)
+}

@@ -18,7 +18,9 @@ const BPF_LINKER_VERSION: &str = "0.13.0";
 /// reference pprof reader), nodejs runs the JavaScript workload, linux-perf is the peer profiler, bpftrace the second peer, time
 /// gives `/usr/bin/time -v` for the benchmark's RSS figures, util-linux has setpriv and
 /// unshare, chromium runs headless for the UI test, systemd has `systemd-analyze` for the unit
-/// checks (it need not be running), python3-venv holds kubernetes-validate, liblzma-dev links
+/// checks (it need not be running), python3-venv holds kubernetes-validate, python3-pip
+/// fetches py-spy's wheel (the Python tests' reference) and python3.11 is the interpreter they
+/// profile, liblzma-dev links
 /// the unwinder's test against Debian's liblzma (built without frame pointers),
 /// qemu-system-x86 boots the kernel matrix (`vm-test`) whose initramfs holds busybox-static's
 /// busybox, xz-utils unpacks the kernels' compressed modules, libc6-dbg is libc's debug info
@@ -37,6 +39,7 @@ const PACKAGES: &[&str] = &[
     "systemd",
     "python3",
     "python3-venv",
+    "python3-pip",
     "liblzma-dev",
     "qemu-system-x86",
     "busybox-static",

@@ -183,14 +183,26 @@ pub async fn record(args: &RecordConfig) -> Result<RecordSummary, RecordError> {
         .map(Unwinder::start)
         .transpose()?;
     let mut session = Session::new(UserSymbolizer::new(args.symbolize, args.symbol_cache_bytes));
+    let mut waited = false;
     if let Some(unwinder) = &mut unwinder {
-        // `--pid`: their tables are built now, not after their first samples ask for them.
+        // `--pid`: their tables are built now, not after their first samples ask for them,
+        // and the recording starts once they are loaded: a walk without them loses the stack
+        // (a binary without frame pointers) or its Python frames.
         session.keep_captures(unwinder.watch(&args.pids)?);
+        if !args.pids.is_empty() {
+            unwinder.wait_for_tables(WATCHED_TABLES_WAIT)?;
+            session.take_python(unwinder);
+            waited = true;
+        }
     }
     let events = UnwindEvents::new(unwinder.as_ref());
     let started = Instant::now();
     let deadline = tokio::time::Instant::now() + args.duration;
     let mut drainer = Drainer::new(maps, control);
+    if waited {
+        // What was sampled while the tables loaded is not part of the recording.
+        drainer.drain_window()?;
+    }
     let mut ticker =
         tokio::time::interval_at(tokio::time::Instant::now() + args.window, args.window);
     let mut discover = tokio::time::interval(DISCOVERY_INTERVAL);
@@ -303,7 +315,11 @@ fn poll_unwinder(unwinder: &mut Option<Unwinder>, session: &mut Session, wait: b
     if let Err(err) = polled {
         tracing::warn!("{err}");
     }
+    session.take_python(unwinder);
 }
+
+/// Longest `record --pid` waits for the watched processes' tables before it starts.
+const WATCHED_TABLES_WAIT: Duration = Duration::from_secs(5);
 
 /// Fails early, before any BPF is loaded, when the output cannot be written.
 pub fn check_output_writable(path: &Path) -> Result<(), RecordError> {

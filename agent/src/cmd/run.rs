@@ -437,6 +437,7 @@ impl Pipeline {
         if let Err(err) = polled {
             tracing::warn!("{err}");
         }
+        session.take_python(unwinder);
     }
 
     /// Passes the binaries this window met first to the debug-info upload.

@@ -80,6 +80,14 @@ impl Session {
         }
     }
 
+    /// Hands the symbolizer the processes whose Python frames the unwinder walks, or no
+    /// longer does.
+    pub(crate) fn take_python(&mut self, unwinder: &mut Unwinder) {
+        for (pid, process) in unwinder.take_python_changes() {
+            self.user.set_python(pid, process);
+        }
+    }
+
     fn read_comm(&mut self, pid: u32) {
         if let Ok(comm) = std::fs::read_to_string(format!("/proc/{pid}/comm")) {
             self.proc_comms.insert(pid, comm.trim_end().to_owned());

@@ -23,8 +23,9 @@ use aya::maps::{HashMap as BpfHashMap, MapData, MapError, PerCpuArray, StackTrac
 
 use super::maps::SamplerMaps;
 use scorch_common::{
-    Comm, Control, Loss, StackKey, UnwindOutcome, UserStack, LOSS_KINDS, MAX_STACK_DEPTH,
-    STACK_ABSENT, STACK_LOST_COLLISION, UNWIND_OUTCOMES, UNWIND_TABLES,
+    Comm, Control, Loss, PythonCount, StackKey, UnwindOutcome, UserStack, LOSS_KINDS,
+    MAX_STACK_DEPTH, PYTHON_COUNTS, STACK_ABSENT, STACK_LOST_COLLISION, UNWIND_OUTCOMES,
+    UNWIND_TABLES,
 };
 
 /// Longest a single BPF run may take before the drain gives up waiting on it. Runs take
@@ -87,6 +88,8 @@ pub struct Losses {
     /// How walks with unwind tables ended, by [`UnwindOutcome`]: not losses, except the early
     /// stops, but reported beside them.
     pub unwind: [u64; UNWIND_OUTCOMES as usize],
+    /// Python frames walked, and why Python chains stopped early, by [`PythonCount`].
+    pub python: [u64; PYTHON_COUNTS as usize],
 }
 
 impl Losses {
@@ -98,6 +101,16 @@ impl Losses {
         for (mine, theirs) in self.unwind.iter_mut().zip(other.unwind) {
             *mine += theirs;
         }
+        for (mine, theirs) in self.python.iter_mut().zip(other.python) {
+            *mine += theirs;
+        }
+    }
+
+    /// Python frames walked, then early stops by reason, as `/metrics` labels them.
+    pub fn python_counts(&self) -> impl Iterator<Item = (&'static str, u64)> + '_ {
+        PythonCount::ALL
+            .into_iter()
+            .map(|kind| (kind.name(), self.python[kind as usize]))
     }
 
     /// Walks with unwind tables by [`UnwindOutcome`], as `/metrics` labels them.
@@ -173,6 +186,23 @@ impl Losses {
                 .collect();
             text.push_str(&format!("; unwind: {}", outcomes.join(", ")));
         }
+        if self.python.iter().any(|&n| n > 0) {
+            let stops: Vec<String> = self
+                .python_counts()
+                .skip(1)
+                .filter(|(_, n)| *n > 0)
+                .map(|(name, n)| format!("{name}: {n}"))
+                .collect();
+            text.push_str(&format!(
+                "; python: {} frames, stops: {}",
+                self.python[PythonCount::Frames as usize],
+                if stops.is_empty() {
+                    "none".to_owned()
+                } else {
+                    stops.join(", ")
+                }
+            ));
+        }
         text
     }
 }
@@ -205,6 +235,8 @@ pub struct Drainer {
     previous_losses: [u64; LOSS_KINDS as usize],
     /// Cumulative unwind outcome counters at the previous drain.
     previous_unwind: [u64; UNWIND_OUTCOMES as usize],
+    /// Cumulative Python counters at the previous drain.
+    previous_python: [u64; PYTHON_COUNTS as usize],
 }
 
 fn map_err(action: &'static str, map: &'static str) -> impl FnOnce(MapError) -> DrainError {
@@ -224,6 +256,7 @@ impl Drainer {
             window_start: SystemTime::now(),
             previous_losses: [0; LOSS_KINDS as usize],
             previous_unwind: [0; UNWIND_OUTCOMES as usize],
+            previous_python: [0; PYTHON_COUNTS as usize],
         }
     }
 
@@ -348,6 +381,11 @@ impl Drainer {
             losses.unwind[i] = total.saturating_sub(self.previous_unwind[i]);
         }
         self.previous_unwind = unwind;
+        let python = sum_per_cpu(&self.maps.python_counts, "PYTHON_COUNTS_MAP")?;
+        for (i, total) in python.iter().enumerate() {
+            losses.python[i] = total.saturating_sub(self.previous_python[i]);
+        }
+        self.previous_python = python;
 
         let start = std::mem::replace(&mut self.window_start, end);
         Ok(RawWindow {

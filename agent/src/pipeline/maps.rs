@@ -2,7 +2,7 @@
 //! contract between the two stages, so neither imports the other's internals.
 
 use aya::maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf, StackTraceMap};
-use scorch_common::{Comm, Control, ProcMappings, RunSeq, StackKey, UserStack};
+use scorch_common::{Comm, Control, ProcMappings, PythonProc, RunSeq, StackKey, UserStack};
 
 /// The maps of one generation, taken out of the loaded program.
 pub struct GenerationMaps {
@@ -20,6 +20,9 @@ pub struct SamplerMaps {
     pub losses: PerCpuArray<MapData, u64>,
     /// How walks with unwind tables ended, per `scorch_common::UnwindOutcome`; cumulative.
     pub unwind_outcomes: PerCpuArray<MapData, u64>,
+    /// Python frames the walk emitted and why chains stopped, per
+    /// `scorch_common::PythonCount`; cumulative.
+    pub python_counts: PerCpuArray<MapData, u64>,
     pub generations: [GenerationMaps; 2],
 }
 
@@ -33,4 +36,6 @@ pub struct UnwindMaps {
     pub procs: BpfHashMap<MapData, u32, ProcMappings>,
     /// Unknown processes and pcs, from the program.
     pub events: RingBuf<MapData>,
+    /// Processes running a CPython interpreter, and how to walk its frames.
+    pub python_procs: BpfHashMap<MapData, u32, PythonProc>,
 }

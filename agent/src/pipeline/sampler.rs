@@ -196,7 +196,24 @@ impl Sampler {
             }
         };
         let pool_rows = capacity.pool_rows;
+        // Python frames are walked through the thread's `fs` base, whose place in the task
+        // the kernel's BTF gives; without it they stay native frames.
+        let task_fsbase: u32 = if tables {
+            crate::sys::btf::task_fsbase_offset().unwrap_or_else(|err| {
+                tracing::warn!("Python frames not walked: {err}");
+                0
+            })
+        } else {
+            0
+        };
+        let python_procs = if tables && task_fsbase != 0 {
+            capacity.processes.min(scorch_common::MAX_PYTHON_PROCS)
+        } else {
+            1
+        };
         let mut ebpf = EbpfLoader::new()
+            .override_global("TASK_FSBASE", &task_fsbase, true)
+            .map_max_entries("PYTHON_PROCS", python_procs)
             .map_max_entries("COUNTS_0", count_entries)
             .map_max_entries("COUNTS_1", count_entries)
             .map_max_entries("COMMS_0", comm_entries)
@@ -472,6 +489,7 @@ fn take_maps(ebpf: &mut Ebpf) -> Result<SamplerMaps, SamplerError> {
         run_seq: take(ebpf, "RUN_SEQ")?,
         losses: take::<PerCpuArray<MapData, u64>>(ebpf, "LOSSES")?,
         unwind_outcomes: take(ebpf, "UNWIND_OUTCOMES_COUNT")?,
+        python_counts: take(ebpf, "PYTHON_COUNTS_MAP")?,
         generations: [gen0, gen1],
     })
 }
@@ -487,6 +505,7 @@ fn take_unwind_maps(ebpf: &mut Ebpf, pool_rows: u32) -> Result<UnwindMaps, Sampl
         pool_rows,
         procs: take(ebpf, "UNWIND_PROCS")?,
         events: take(ebpf, "UNWIND_EVENTS")?,
+        python_procs: take(ebpf, "PYTHON_PROCS")?,
     })
 }
 

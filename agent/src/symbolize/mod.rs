@@ -11,6 +11,7 @@ pub mod entry;
 pub mod hints;
 pub mod kernel;
 pub mod maps;
+pub mod python;
 pub mod user;
 
 use std::{collections::HashMap, time::Duration};
@@ -22,6 +23,7 @@ use crate::{
 };
 use kernel::{KernelFrame, KernelSymbolizer};
 use maps::MapEntry;
+use scorch_common::{python_frame_parts, PYTHON_FRAME};
 use user::UserSymbolizer;
 
 /// Where a location lives, for deduplication.
@@ -29,6 +31,8 @@ use user::UserSymbolizer;
 enum LocationKey {
     Kernel(u64),
     User(Option<MappingIndex>, u64),
+    /// A Python frame word of a process (its code object's address is the process's own).
+    Python(u32, u64),
     /// A placeholder for a stack that could not be recorded.
     Lost {
         kernel: bool,
@@ -266,6 +270,17 @@ fn user_location(
     depth: usize,
 ) -> LocationIndex {
     let (pid, version) = (stack.tgid, stack.maps_version);
+    if address & PYTHON_FRAME != 0 {
+        return builder.location(LocationKey::Python(pid, address), || {
+            let (code, instr) = python_frame_parts(address);
+            Location {
+                mapping: None,
+                address: 0,
+                lines: vec![user.python_line(pid, code, instr)],
+                kernel: false,
+            }
+        });
+    }
     let entry = user
         .maps_at(pid, version)
         .and_then(|maps| maps.find(address))

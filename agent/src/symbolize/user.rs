@@ -29,6 +29,7 @@ use super::elf::{
 };
 use super::entry::{EntryChains, ProcessFrames, Spot};
 use super::maps::{own_vdso, MapEntry, MapsHistory, ProcessMaps};
+use super::python::{PythonNames, PythonProcess};
 use crate::pipeline::aggregate::StackSample;
 use crate::sys::allocator::release_free_memory;
 use crate::sys::hex::to_hex;
@@ -377,6 +378,8 @@ pub struct UserSymbolizer {
     own_executable: Option<(u64, u64)>,
     /// The frames below glibc's start code, learned from table walks (see `entry`).
     entry_chains: EntryChains,
+    /// Python frames' names, from the processes' memory (see `python`).
+    python: PythonNames,
 }
 
 /// A binary seen for the first time, with the file a server needs to symbolise it.
@@ -429,6 +432,7 @@ impl UserSymbolizer {
                 .map(|meta| (meta.dev(), meta.ino())),
             dwarf_skips: 0,
             entry_chains: EntryChains::default(),
+            python: PythonNames::default(),
         }
     }
 
@@ -548,6 +552,7 @@ impl UserSymbolizer {
     /// symbolised.
     pub fn forget_exited(&mut self) {
         self.captures.forget_exited(process_alive);
+        self.python.end_window(process_alive);
         self.perf_maps.retain(|pid, _| process_alive(*pid));
     }
 
@@ -623,6 +628,22 @@ impl UserSymbolizer {
         let completed = chains.complete(stacks, self);
         self.entry_chains = chains;
         completed
+    }
+
+    /// Notes that `pid` runs a CPython interpreter (or, with `None`, does not): its Python
+    /// frames are named with it.
+    pub fn set_python(&mut self, pid: u32, process: Option<PythonProcess>) {
+        self.python.set_process(pid, process);
+    }
+
+    /// The line of a Python frame of `pid`: its code object at `code`, `instr` code units in.
+    pub fn python_line(&mut self, pid: u32, code: u64, instr: u16) -> crate::profile::Line {
+        self.python.line(pid, code, instr)
+    }
+
+    /// Python frames named and left unknown, since start.
+    pub fn python_stats(&self) -> (u64, u64) {
+        (self.python.named, self.python.unknown)
     }
 
     /// Samples whose stacks got the frames below glibc's start code, since start.

@@ -6,6 +6,7 @@ pub mod backoff;
 pub mod btf;
 pub mod fs;
 pub mod hex;
+pub mod memory;
 pub mod notify;
 pub mod privileges;
 pub mod sigbus;

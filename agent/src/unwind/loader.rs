@@ -28,16 +28,23 @@ use std::{
 use aya::maps::MapError;
 use object::{Object, ObjectSegment, SegmentFlags};
 use scorch_common::{
-    ProcMappings, UnwindEvent, UnwindMapping, UnwindRow, MAPPING_NO_TABLE, MAPPING_TABLE_LOADED,
-    MAPPING_TABLE_PENDING, MAX_PROC_MAPPINGS,
+    ProcMappings, PythonProc, UnwindEvent, UnwindMapping, UnwindRow, MAPPING_NO_TABLE,
+    MAPPING_TABLE_LOADED, MAPPING_TABLE_PENDING, MAX_PROC_MAPPINGS, PYTHON_ENTRY_CSTACK_OWNER,
+    PYTHON_ENTRY_IS_ENTRY, PYTHON_EVAL_RANGES, PYTHON_NO_CFRAME,
 };
 
 use super::{pool::RowPool, UnwindTable};
 use crate::{
     pipeline::maps::UnwindMaps,
+    runtimes::{
+        image::Image,
+        libc::{specific_layout, SpecificLayout},
+        python::{interpreter, EntryMark, Interpreter},
+    },
     symbolize::{
         elf::FileData,
         maps::{own_vdso, MapEntry, ProcessMaps},
+        python::PythonProcess,
         user::open_mapped,
     },
 };
@@ -87,6 +94,25 @@ struct Built {
     base: u64,
     segments: Vec<Segment>,
     build_id: Option<Box<[u8]>>,
+}
+
+/// What a binary is to the runtime walks, found before its table is built (in
+/// milliseconds, where the table takes a tenth of a second for an interpreter), so a
+/// process's Python frames are walked from its first samples on.
+#[derive(Debug, Clone)]
+struct FileRuntime {
+    runtime: Runtime,
+    /// Its executable segments, for the load bias of a mapping of it.
+    segments: Vec<Segment>,
+}
+
+/// What a binary is to the runtime walks.
+#[derive(Debug, Clone)]
+enum Runtime {
+    /// A CPython interpreter (the executable, or libpython).
+    Python(Box<Interpreter>),
+    /// glibc, with where a thread's pthread key values are.
+    Libc(SpecificLayout),
 }
 
 /// Where a file's table stands.
@@ -233,7 +259,13 @@ impl AsFdRaw for aya::maps::MapFd {
 const BUILD_WAIT: std::time::Duration = std::time::Duration::from_millis(20);
 
 type BuildRequest = (FileKey, std::fs::File, PathBuf);
-type BuildResult = (FileKey, Option<Built>);
+
+/// What the worker sends back for a file: first what it is to the runtime walks, then its
+/// table.
+enum BuildResult {
+    Runtime(FileKey, Option<FileRuntime>),
+    Table(FileKey, Option<Built>),
+}
 
 /// Keeps the BPF unwinder's maps current; see the module documentation.
 pub struct Unwinder {
@@ -261,6 +293,12 @@ pub struct Unwinder {
     reported_full: Option<std::time::Instant>,
     /// Whether tables were asked for since the last [`Unwinder::install_tables`].
     requested: bool,
+    /// The binaries that are CPython interpreters or glibc.
+    runtimes: HashMap<FileKey, FileRuntime>,
+    /// Processes whose Python frames the BPF side walks, as the symbolizer names them.
+    python: HashMap<u32, PythonProcess>,
+    /// Changes to `python` the symbolizer has not taken yet.
+    python_changes: Vec<(u32, Option<PythonProcess>)>,
 }
 
 /// How often a full `UNWIND_PROCS` is reported in the log.
@@ -277,8 +315,17 @@ impl Unwinder {
             .spawn(move || {
                 // Ends when the unwinder (the sender) is dropped.
                 for (key, file, path) in inbox {
-                    let built = build(&file, &path);
-                    if outbox.send((key, built)).is_err() {
+                    let data = FileData::map_file(&file, &path)
+                        .map_err(|err| {
+                            tracing::debug!("unwind table for {}: {err}", path.display())
+                        })
+                        .ok();
+                    let runtime = data.as_ref().and_then(|data| runtime(data.bytes(), &path));
+                    if outbox.send(BuildResult::Runtime(key, runtime)).is_err() {
+                        break;
+                    }
+                    let built = data.and_then(|data| build_from(data.bytes(), &path));
+                    if outbox.send(BuildResult::Table(key, built)).is_err() {
                         break;
                     }
                 }
@@ -301,6 +348,9 @@ impl Unwinder {
             without_room_total: 0,
             reported_full: None,
             requested: false,
+            runtimes: HashMap::new(),
+            python: HashMap::new(),
+            python_changes: Vec::new(),
         };
         unwinder.load_vdso()?;
         Ok(unwinder)
@@ -431,12 +481,12 @@ impl Unwinder {
         while requested && self.building() > 0 {
             let left = deadline.saturating_duration_since(std::time::Instant::now());
             match self.results.recv_timeout(left) {
-                Ok((key, built)) => self.install(key, built, &mut changed)?,
+                Ok(result) => self.finished(result, &mut changed)?,
                 Err(_) => break,
             }
         }
-        while let Ok((key, built)) = self.results.try_recv() {
-            self.install(key, built, &mut changed)?;
+        while let Ok(result) = self.results.try_recv() {
+            self.finished(result, &mut changed)?;
         }
         if !changed.is_empty() {
             let pids: Vec<u32> = self
@@ -452,6 +502,17 @@ impl Unwinder {
             for pid in pids {
                 self.placed(|unwinder| unwinder.write(pid).map(|()| false))?;
             }
+        }
+        Ok(())
+    }
+
+    /// Installs tables as the worker finishes them until none is being built, or `limit`
+    /// has passed.
+    pub fn wait_for_tables(&mut self, limit: std::time::Duration) -> Result<(), LoaderError> {
+        let deadline = std::time::Instant::now() + limit;
+        while self.building() > 0 && std::time::Instant::now() < deadline {
+            // Waits up to `BUILD_WAIT` for a result.
+            self.install_built(true)?;
         }
         Ok(())
     }
@@ -483,7 +544,17 @@ impl Unwinder {
         for pid in gone {
             self.procs.remove(&pid);
             let _ = self.maps.procs.remove(&pid);
+            if self.python.remove(&pid).is_some() {
+                let _ = self.maps.python_procs.remove(&pid);
+                self.python_changes.push((pid, None));
+            }
         }
+    }
+
+    /// The processes that started or stopped running a CPython interpreter the BPF side walks
+    /// since the last call, for the symbolizer.
+    pub fn take_python_changes(&mut self) -> Vec<(u32, Option<PythonProcess>)> {
+        std::mem::take(&mut self.python_changes)
     }
 
     pub fn stats(&self) -> LoaderStats {
@@ -564,6 +635,24 @@ impl Unwinder {
                 self.files.insert(key, state);
                 sent
             }
+        }
+    }
+
+    /// Takes what the worker sent for a file.
+    fn finished(
+        &mut self,
+        result: BuildResult,
+        changed: &mut HashSet<FileKey>,
+    ) -> Result<(), LoaderError> {
+        match result {
+            BuildResult::Runtime(file, runtime) => {
+                if let Some(runtime) = runtime {
+                    self.runtimes.insert(file, runtime);
+                    changed.insert(file);
+                }
+                Ok(())
+            }
+            BuildResult::Table(file, built) => self.install(file, built, changed),
         }
     }
 
@@ -688,7 +777,55 @@ impl Unwinder {
         self.maps
             .procs
             .insert(pid, value, 0)
-            .map_err(|source| LoaderError::Procs { pid, source })
+            .map_err(|source| LoaderError::Procs { pid, source })?;
+        self.write_python(pid);
+        Ok(())
+    }
+
+    /// Writes (or removes) `pid`'s interpreter in `PYTHON_PROCS`: when it maps a CPython
+    /// interpreter and glibc, both with loaded tables. A full map leaves the process's Python
+    /// frames unwalked (its eval loop shows as native frames), as does any other failure.
+    fn write_python(&mut self, pid: u32) {
+        let described = self.python_proc(pid);
+        let before = self.python.get(&pid).copied();
+        match described {
+            Some((value, process)) => {
+                if self.maps.python_procs.insert(pid, value, 0).is_err() {
+                    return;
+                }
+                if before != Some(process) {
+                    self.python.insert(pid, process);
+                    self.python_changes.push((pid, Some(process)));
+                }
+            }
+            None if before.is_some() => {
+                let _ = self.maps.python_procs.remove(&pid);
+                self.python.remove(&pid);
+                self.python_changes.push((pid, None));
+            }
+            None => {}
+        }
+    }
+
+    /// `pid`'s interpreter as the BPF side and the symbolizer need it.
+    fn python_proc(&self, pid: u32) -> Option<(PythonProc, PythonProcess)> {
+        let mappings = self.procs.get(&pid)?;
+        let (mut python, mut libc) = (None, None);
+        for mapping in mappings {
+            let Some(file) = mapping.key.and_then(|key| self.runtimes.get(&key)) else {
+                continue;
+            };
+            match &file.runtime {
+                Runtime::Python(interpreter) => {
+                    if let Some(bias) = load_bias(mapping, &file.segments) {
+                        python = Some((interpreter, bias));
+                    }
+                }
+                Runtime::Libc(layout) => libc = Some(*layout),
+            }
+        }
+        let ((interpreter, bias), layout) = (python?, libc?);
+        Some(python_value(interpreter, bias, &layout))
     }
 
     fn describe(&self, mapping: &ProcMapping) -> UnwindMapping {
@@ -727,33 +864,15 @@ impl Unwinder {
     }
 }
 
-/// Builds one table, on the worker thread. `None` when the binary has none the BPF side can
-/// use; why is logged, as it is data about the binary, not a fault of the agent.
-fn build(file: &std::fs::File, path: &Path) -> Option<Built> {
-    let data = FileData::map_file(file, path)
-        .map_err(|err| tracing::debug!("unwind table for {}: {err}", path.display()))
-        .ok()?;
-    build_from(data.bytes(), path)
-}
-
-/// [`build`] for an ELF image in memory.
+/// Builds one table, on the worker thread, from an ELF image in memory. `None` when the
+/// binary has none the BPF side can use; why is logged, as it is data about the binary, not a
+/// fault of the agent.
 fn build_from(bytes: &[u8], path: &Path) -> Option<Built> {
     let table = UnwindTable::build(path, bytes)
         .map_err(|err| tracing::debug!("unwind table for {}: {err}", path.display()))
         .ok()?;
     let elf = object::File::parse(bytes).ok()?;
-    let segments = elf
-        .segments()
-        .filter(|s| matches!(s.flags(), SegmentFlags::Elf { p_flags } if p_flags & object::elf::PF_X != 0))
-        .map(|s| {
-            let (offset, file_size) = s.file_range();
-            Segment {
-                offset,
-                address: s.address(),
-                file_size,
-            }
-        })
-        .collect();
+    let segments = executable_segments(&elf);
     tracing::debug!(
         "unwind table for {}: {} rows",
         path.display(),
@@ -765,4 +884,113 @@ fn build_from(bytes: &[u8], path: &Path) -> Option<Built> {
         segments,
         build_id: elf.build_id().ok().flatten().map(Box::from),
     })
+}
+
+/// The executable `PT_LOAD` segments of `elf`.
+fn executable_segments(elf: &object::File) -> Vec<Segment> {
+    elf.segments()
+        .filter(|s| matches!(s.flags(), SegmentFlags::Elf { p_flags } if p_flags & object::elf::PF_X != 0))
+        .map(|s| {
+            let (offset, file_size) = s.file_range();
+            Segment {
+                offset,
+                address: s.address(),
+                file_size,
+            }
+        })
+        .collect()
+}
+
+/// Whether the binary is a CPython interpreter or glibc; a CPython that cannot be walked is
+/// logged with why, once per binary.
+fn runtime(bytes: &[u8], path: &Path) -> Option<FileRuntime> {
+    let runtime = file_runtime(bytes, path)?;
+    Some(FileRuntime {
+        runtime,
+        segments: executable_segments(&object::File::parse(bytes).ok()?),
+    })
+}
+
+fn file_runtime(bytes: &[u8], path: &Path) -> Option<Runtime> {
+    let image = Image::parse(bytes).ok()?;
+    match interpreter(&image) {
+        Ok(Some(interpreter)) => {
+            tracing::info!(
+                "{}: CPython {}, its Python frames walked",
+                path.display(),
+                interpreter.version
+            );
+            return Some(Runtime::Python(Box::new(interpreter)));
+        }
+        Ok(None) => {}
+        Err(err) => {
+            tracing::warn!("{}: Python frames not walked: {err}", path.display());
+            return None;
+        }
+    }
+    image.symbol("pthread_getspecific")?;
+    match specific_layout(&image) {
+        Ok(layout) => Some(Runtime::Libc(layout)),
+        Err(err) => {
+            tracing::warn!(
+                "{}: Python frames of processes using this libc not walked: {err}",
+                path.display()
+            );
+            None
+        }
+    }
+}
+
+/// What the process adds to a binary's ELF addresses: its load bias, from the executable
+/// segment one of its mappings holds.
+fn load_bias(mapping: &ProcMapping, segments: &[Segment]) -> Option<u64> {
+    let segment = segments
+        .iter()
+        .find(|s| s.offset & !0xfff <= mapping.offset && mapping.offset < s.offset + s.file_size)?;
+    Some(
+        mapping
+            .start
+            .wrapping_sub(mapping.offset)
+            .wrapping_add(segment.offset)
+            .wrapping_sub(segment.address),
+    )
+}
+
+/// The `PYTHON_PROCS` value of an interpreter loaded at `bias`, and what naming needs.
+fn python_value(
+    interpreter: &Interpreter,
+    bias: u64,
+    layout: &SpecificLayout,
+) -> (PythonProc, PythonProcess) {
+    let offsets = &interpreter.offsets;
+    let mut value = PythonProc {
+        thread_key: interpreter.thread_key.wrapping_add(bias),
+        code_type: interpreter.code_type.wrapping_add(bias),
+        code_mask: !offsets.code_tag_bits,
+        specific_keys: layout.first_block,
+        specific_bias: layout.index_bias as u32,
+        specific_shift: layout.entry_shift,
+        specific_value: layout.value_offset as u32,
+        tstate_cframe: offsets.tstate_cframe.unwrap_or(PYTHON_NO_CFRAME),
+        current_frame: offsets.current_frame,
+        frame_code: offsets.frame_code,
+        frame_previous: offsets.frame_previous,
+        frame_instr: offsets.frame_instr,
+        code_adaptive: offsets.code.code_adaptive,
+        ..PythonProc::default()
+    };
+    (value.entry_kind, value.entry_offset, value.entry_value) = match offsets.entry {
+        EntryMark::IsEntry(offset) => (PYTHON_ENTRY_IS_ENTRY, offset, 1),
+        EntryMark::CStackOwner { offset, value } => (PYTHON_ENTRY_CSTACK_OWNER, offset, value),
+    };
+    for (i, range) in interpreter.eval.iter().take(PYTHON_EVAL_RANGES).enumerate() {
+        value.eval_start[i] = range.start.wrapping_add(bias);
+        value.eval_end[i] = range.end.wrapping_add(bias);
+        value.eval_count = i as u32 + 1;
+    }
+    let process = PythonProcess {
+        code_type: value.code_type,
+        offsets: *offsets,
+    };
+    (value, process)
 }

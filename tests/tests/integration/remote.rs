@@ -583,10 +583,21 @@ fn debug_info_reaches_parca(name: &str, signed_urls: bool) -> Result<()> {
     let written = metric(&daemon.address, "scorch_windows_written_total")?;
     wait_windows(&daemon, written, 3.0)?;
     wait_drained(&daemon, &fake, Duration::from_secs(30))?;
-    let uploaded = metric_series(
-        &daemon.address,
-        r#"scorch_debuginfo_uploads_total{result="uploaded"}"#,
-    )?;
+    // An upload may still be under way: the counter and the server's view are compared once
+    // they have settled (the counter moves when the server has finished an upload).
+    let finished_uploads = || fake.debuginfo().values().filter(|u| u.finished).count() as f64;
+    let settle = Instant::now() + Duration::from_secs(15);
+    let (uploaded, finished) = loop {
+        let uploaded = metric_series(
+            &daemon.address,
+            r#"scorch_debuginfo_uploads_total{result="uploaded"}"#,
+        )?;
+        let finished = finished_uploads();
+        if (uploaded >= 1.0 && uploaded == finished) || Instant::now() > settle {
+            break (uploaded, finished);
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
     let bytes = metric(&daemon.address, "scorch_debuginfo_uploaded_bytes_total")?;
     let (status, _, stderr) = daemon.stop()?;
     ensure!(
@@ -629,9 +640,8 @@ fn debug_info_reaches_parca(name: &str, signed_urls: bool) -> Result<()> {
         );
     }
     let uploads = fake.debuginfo();
-    let finished = uploads.values().filter(|u| u.finished).count();
     ensure!(
-        uploaded >= 1.0 && uploaded == finished as f64,
+        uploaded >= 1.0 && uploaded == finished,
         "scorch counts {uploaded} uploads, the server finished {finished}"
     );
     let sizes: i64 = uploads
