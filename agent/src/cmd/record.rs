@@ -318,8 +318,10 @@ fn poll_unwinder(unwinder: &mut Option<Unwinder>, session: &mut Session, wait: b
     session.take_python(unwinder);
 }
 
-/// Longest `record --pid` waits for the watched processes' tables before it starts.
-const WATCHED_TABLES_WAIT: Duration = Duration::from_secs(5);
+/// Longest `record --pid` waits for the watched processes' tables before it starts: long
+/// enough for an interpreter's (a tenth of a second when warm), short enough that a recording
+/// asked to start now does not miss what the process does in its first seconds.
+const WATCHED_TABLES_WAIT: Duration = Duration::from_secs(1);
 
 /// Fails early, before any BPF is loaded, when the output cannot be written.
 pub fn check_output_writable(path: &Path) -> Result<(), RecordError> {
