@@ -527,7 +527,8 @@ pub const MAX_PYTHON_PROCS: u32 = 4096;
 /// is emitted and ends that call's chain.
 pub const PYTHON_ENTRY_IS_ENTRY: u8 = 0;
 /// [`PythonProc::entry_kind`]: 3.12+'s shim frame, whose `owner` byte is
-/// [`PythonProc::entry_value`] (`FRAME_OWNED_BY_CSTACK`), ends the chain and is not emitted.
+/// [`PythonProc::entry_value`] (`FRAME_OWNED_BY_CSTACK` on 3.12 and 3.13,
+/// `FRAME_OWNED_BY_INTERPRETER` on 3.14), ends the chain and is not emitted.
 pub const PYTHON_ENTRY_CSTACK_OWNER: u8 = 1;
 
 /// [`PythonProc::tstate_cframe`] when the thread state holds the running frame itself.

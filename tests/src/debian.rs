@@ -77,6 +77,40 @@ pub fn unpacked_package(suite: &str, package: &str) -> Result<PathBuf> {
     Ok(root)
 }
 
+/// Where root filesystems are kept between runs.
+pub const ROOTS: &str = "/var/cache/scorch-tests/roots";
+
+/// A minimal root filesystem of `suite` with `packages` installed (debootstrap's `minbase`,
+/// about a minute from the mirror), built once per machine and kept: programs of that
+/// release run in it with `chroot`, as in a container, and scorch reaches their files through
+/// `/proc/PID/root`.
+pub fn root_filesystem(suite: &str, packages: &[&str]) -> Result<PathBuf> {
+    let name = format!("{suite}-{}", packages.join("-"));
+    let root = Path::new(ROOTS).join(&name);
+    if root.join(".scorch-complete").exists() {
+        return Ok(root);
+    }
+    std::fs::create_dir_all(ROOTS)?;
+    // Built aside and renamed, so a run cut short never leaves a half root that looks whole.
+    let building = Path::new(ROOTS).join(format!("{name}.building"));
+    let _ = std::fs::remove_dir_all(&building);
+    run_tool(
+        Command::new("debootstrap")
+            .args([
+                "--variant=minbase",
+                &format!("--include={}", packages.join(",")),
+            ])
+            .arg(suite)
+            .arg(&building)
+            .arg(MIRROR),
+    )
+    .with_context(|| format!("debootstrap {suite} with {packages:?}"))?;
+    std::fs::write(building.join(".scorch-complete"), packages.join("\n"))?;
+    let _ = std::fs::remove_dir_all(&root);
+    std::fs::rename(&building, &root)?;
+    Ok(root)
+}
+
 /// py-spy, the reference Python profiler: its static binary from its PyPI wheel, cached.
 pub fn py_spy() -> Result<PathBuf> {
     const VERSION: &str = "0.4.3";

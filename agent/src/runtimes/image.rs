@@ -3,7 +3,10 @@
 use std::{cell::OnceCell, collections::HashMap, ops::Range};
 
 use gimli::{BaseAddresses, CieOrFde, EhFrame, LittleEndian, UnwindSection};
-use object::{Object, ObjectSection, ObjectSymbol, RelocationFlags, SectionKind, SymbolKind};
+use object::{
+    Object, ObjectSection, ObjectSymbol, ObjectSymbolTable, RelocationFlags, RelocationTarget,
+    SectionKind, SymbolKind,
+};
 
 /// Why an image could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -26,10 +29,15 @@ pub struct Symbol {
 pub struct Image<'a> {
     file: object::File<'a>,
     symbols: HashMap<&'a str, Symbol>,
-    /// `R_X86_64_RELATIVE` relocations by address, read at the first pointer asked for.
+    /// What the dynamic loader writes at each relocated address, less the load bias: read at
+    /// the first pointer asked for.
     relative: OnceCell<HashMap<u64, u64>>,
 }
 
+/// `R_X86_64_64`: the word is a symbol's address plus the addend.
+const R_X86_64_64: u32 = 1;
+/// `R_X86_64_GLOB_DAT`: a GOT slot holding a symbol's address.
+const R_X86_64_GLOB_DAT: u32 = 6;
 /// `R_X86_64_RELATIVE`: the word is the load bias plus the addend.
 const R_X86_64_RELATIVE: u32 = 8;
 
@@ -107,18 +115,33 @@ impl<'a> Image<'a> {
     }
 
     /// The pointer stored at `address`, as the loader leaves it less the load bias: a
-    /// position-independent file keeps it in a relative relocation, not in the data.
+    /// position-independent file keeps it in a relocation, not in the data. A relative one, or
+    /// one to a symbol this file defines (a library's GOT slot for its own exported global),
+    /// taken as bound to this file's definition: another object interposing it is not seen.
     pub fn pointer_at(&self, what: &'static str, address: u64) -> Result<u64, ImageError> {
-        let relative = self.relative.get_or_init(|| {
+        let relocated = self.relative.get_or_init(|| {
+            let symbols = self.file.dynamic_symbol_table();
             self.file
                 .dynamic_relocations()
                 .into_iter()
                 .flatten()
-                .filter(|(_, r)| matches!(r.flags(), RelocationFlags::Elf { r_type } if r_type == R_X86_64_RELATIVE))
-                .map(|(at, r)| (at, r.addend() as u64))
+                .filter_map(|(at, r)| {
+                    let RelocationFlags::Elf { r_type } = r.flags() else {
+                        return None;
+                    };
+                    match (r_type, r.target()) {
+                        (R_X86_64_RELATIVE, _) => Some((at, r.addend() as u64)),
+                        (R_X86_64_GLOB_DAT | R_X86_64_64, RelocationTarget::Symbol(index)) => {
+                            let symbol = symbols.as_ref()?.symbol_by_index(index).ok()?;
+                            (!symbol.is_undefined())
+                                .then(|| (at, symbol.address().wrapping_add(r.addend() as u64)))
+                        }
+                        _ => None,
+                    }
+                })
                 .collect()
         });
-        match relative.get(&address) {
+        match relocated.get(&address) {
             Some(&target) => Ok(target),
             None => self.u64_at(what, address),
         }

@@ -19,28 +19,43 @@ pub fn instructions(code: &[u8], ip: u64) -> impl Iterator<Item = Instruction> +
     })
 }
 
+/// Where a value lies: at a fixed address, or `offset` bytes past the address a pointer
+/// slot holds (a shared library reaches its own exported globals through its GOT).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Place {
+    Fixed(u64),
+    Pointed { slot: u64, offset: u64 },
+}
+
 /// What a function puts in its first argument register (`rdi`) before its first call or
 /// tail jump.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FirstArgument {
-    /// A 32-bit value loaded from this address (`mov edi, [address]`).
-    Loaded(u64),
-    /// This address itself (`mov edi, imm`, `lea rdi, [rip + x]`).
-    Address(u64),
+    /// A 32-bit value loaded from this place (`mov edi, [address]`).
+    Loaded(Place),
+    /// This place's address itself (`mov edi, imm`, `lea rdi, [rip + x]`, or
+    /// `mov rax, [rip + got]; lea rdi, [rax + x]`).
+    Address(Place),
 }
 
-/// The absolute address of a memory operand with no base register other than `rip` and no
-/// index: a global's address.
-fn global_operand(instruction: &Instruction) -> Option<u64> {
+/// The place a memory operand names: a global (no base but `rip`, no index), or a fixed
+/// offset from a register that holds a pointer loaded from a global slot.
+fn operand_place(instruction: &Instruction, slots: &[(Register, u64)]) -> Option<Place> {
     if instruction.memory_index() != Register::None {
         return None;
     }
     match instruction.memory_base() {
-        Register::RIP => Some(instruction.ip_rel_memory_address()),
+        Register::RIP => Some(Place::Fixed(instruction.ip_rel_memory_address())),
         Register::None if instruction.memory_segment() == Register::DS => {
-            Some(instruction.memory_displacement64())
+            Some(Place::Fixed(instruction.memory_displacement64()))
         }
-        _ => None,
+        base => slots
+            .iter()
+            .find(|(register, _)| *register == base)
+            .map(|&(_, slot)| Place::Pointed {
+                slot,
+                offset: instruction.memory_displacement64(),
+            }),
     }
 }
 
@@ -49,6 +64,8 @@ fn global_operand(instruction: &Instruction) -> Option<u64> {
 /// [`FirstArgument`] forms or the function returns first.
 pub fn first_argument(code: &[u8], ip: u64) -> Option<FirstArgument> {
     let mut argument = None;
+    // 64-bit registers holding a pointer loaded from a global slot, and that slot.
+    let mut slots: Vec<(Register, u64)> = Vec::new();
     for instruction in instructions(code, ip).take(64) {
         match instruction.flow_control() {
             FlowControl::Call
@@ -66,19 +83,36 @@ pub fn first_argument(code: &[u8], ip: u64) -> Option<FirstArgument> {
             target,
             Register::EDI | Register::RDI | Register::DI | Register::DIL
         ) {
+            // Whatever else writes a register ends what it held.
+            let full = target.full_register();
+            slots.retain(|(register, _)| *register != full);
+            if instruction.mnemonic() == Mnemonic::Mov
+                && instruction.op1_kind() == OpKind::Memory
+                && target.is_gpr64()
+            {
+                if let Some(Place::Fixed(slot)) = operand_place(&instruction, &[]) {
+                    slots.push((target, slot));
+                }
+            }
             continue;
         }
         argument = match (instruction.mnemonic(), instruction.op1_kind()) {
             (Mnemonic::Mov, OpKind::Memory) if target == Register::EDI => {
-                global_operand(&instruction).map(FirstArgument::Loaded)
+                operand_place(&instruction, &slots).map(FirstArgument::Loaded)
             }
             (Mnemonic::Lea, OpKind::Memory) if target == Register::RDI => {
-                global_operand(&instruction).map(FirstArgument::Address)
+                operand_place(&instruction, &slots).map(FirstArgument::Address)
             }
+            (Mnemonic::Mov, OpKind::Register) if target == Register::RDI => slots
+                .iter()
+                .find(|(register, _)| *register == instruction.op1_register())
+                .map(|&(_, slot)| FirstArgument::Address(Place::Pointed { slot, offset: 0 })),
             (
                 Mnemonic::Mov,
                 OpKind::Immediate32 | OpKind::Immediate32to64 | OpKind::Immediate64,
-            ) => Some(FirstArgument::Address(instruction.immediate(1))),
+            ) => Some(FirstArgument::Address(Place::Fixed(
+                instruction.immediate(1),
+            ))),
             // Anything else written to the register: not a form known here.
             _ => None,
         };
@@ -122,7 +156,7 @@ mod tests {
         // rip of the mov's end is ip + 20.
         assert_eq!(
             first_argument(&code, ip),
-            Some(FirstArgument::Loaded(ip + 20 + 0x56_3d50))
+            Some(FirstArgument::Loaded(Place::Fixed(ip + 20 + 0x56_3d50)))
         );
     }
 
@@ -132,7 +166,7 @@ mod tests {
         let code = [0xbf, 0xe0, 0x10, 0xba, 0x00, 0xe9, 0, 0, 0, 0];
         assert_eq!(
             first_argument(&code, 0x1000),
-            Some(FirstArgument::Address(0xba_10e0))
+            Some(FirstArgument::Address(Place::Fixed(0xba_10e0)))
         );
         // A function that returns before any call has no argument to give.
         assert_eq!(first_argument(&[0x31, 0xc0, 0xc3], 0x1000), None);
@@ -141,6 +175,31 @@ mod tests {
             first_argument(&[0x48, 0x89, 0xc7, 0xe9, 0, 0, 0, 0], 0x1000),
             None
         );
+    }
+
+    #[test]
+    fn a_global_reached_through_a_pointer_slot() {
+        // libpython3.11.so's PyGILState_GetThisThreadState: the address of _PyRuntime from its
+        // GOT slot, then the key's Py_tss_t inside it.
+        let code = [
+            0x48, 0x8b, 0x05, 0x09, 0xd8, 0x1a, 0x00, // mov 0x1ad809(%rip),%rax
+            0x48, 0x83, 0xb8, 0x48, 0x02, 0x00, 0x00, 0x00, // cmpq $0x0,0x248(%rax)
+            0x74, 0x0f, // je
+            0x48, 0x8d, 0xb8, 0x50, 0x02, 0x00, 0x00, // lea 0x250(%rax),%rdi
+            0xe9, 0xf3, 0x3b, 0xe6, 0xff, // jmp PyThread_tss_get@plt
+        ];
+        let ip = 0x29_6520;
+        assert_eq!(
+            first_argument(&code, ip),
+            Some(FirstArgument::Address(Place::Pointed {
+                slot: 0x44_3d30,
+                offset: 0x250
+            }))
+        );
+        // The register overwritten in between: unknown.
+        let mut clobbered = code.to_vec();
+        clobbered.splice(17..17, [0x31, 0xc0]); // xor %eax,%eax
+        assert_eq!(first_argument(&clobbered, ip), None);
     }
 
     #[test]

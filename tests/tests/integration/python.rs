@@ -1,19 +1,68 @@
 //! CPython interpreters as the distributions ship them: Debian 12's python3.11 (the host's),
 //! Debian 13's python3.13 and unstable's python3.14, recognised from their binaries with
-//! what the BPF walk needs.
+//! what the BPF walk needs, and profiled: the newer two run in debootstrap roots of their
+//! releases, as in a container, so their files are reached through `/proc/PID/root`.
 
 use anyhow::{ensure, Context, Result};
 use scorch::runtimes::{
     image::Image,
     python::{interpreter, EntryMark},
 };
-use scorch_tests::debian::unpacked_package;
+use scorch_tests::debian::{root_filesystem, unpacked_package};
+
+/// An interpreter to profile: the host's, or one in a root filesystem of another release.
+struct Interpreter {
+    binary: &'static str,
+    root: Option<std::path::PathBuf>,
+}
+
+impl Interpreter {
+    /// Debian 12's own, on this host.
+    fn python311() -> Interpreter {
+        Interpreter {
+            binary: "/usr/bin/python3.11",
+            root: None,
+        }
+    }
+
+    /// `package` from Debian `suite`, in a root of that release.
+    fn debian(suite: &str, package: &'static str) -> Result<Interpreter> {
+        Ok(Interpreter {
+            binary: package,
+            root: Some(root_filesystem(suite, &[package])?),
+        })
+    }
+
+    /// The interpreter running `workload` (a file of `tests/workloads`) with `args`.
+    fn spawn(&self, workload: &str, args: &[&str]) -> Result<std::process::Child> {
+        let source = scorch_tests::workload_source(workload);
+        let mut command = match &self.root {
+            None => {
+                let mut command = std::process::Command::new(self.binary);
+                command.arg(&source);
+                command
+            }
+            Some(root) => {
+                let inside = format!("/tmp/scorch-{workload}");
+                std::fs::copy(&source, root.join(inside.trim_start_matches('/')))?;
+                // chroot(8) execs the interpreter: the PID is the interpreter's.
+                let mut command = std::process::Command::new("chroot");
+                command.arg(root).arg(self.binary).arg(inside);
+                command
+            }
+        };
+        Ok(command.args(args).spawn()?)
+    }
+}
 
 struct Expected {
     minor: u8,
     /// FRAME_OWNED_BY_CSTACK and where `owner` is (3.11 marks entry frames otherwise).
     entry: EntryMark,
     code_tag_bits: u64,
+    /// Whether GCC split a cold part off the eval loop (the position-independent library
+    /// build keeps it whole).
+    split: bool,
 }
 
 fn check(binary: &std::path::Path, expected: Expected) -> Result<()> {
@@ -38,7 +87,11 @@ fn check(binary: &std::path::Path, expected: Expected) -> Result<()> {
     let eval = image
         .symbol("_PyEval_EvalFrameDefault")
         .context("eval symbol")?;
-    ensure!(found.eval.len() == 2, "{:x?}", found.eval);
+    ensure!(
+        found.eval.len() == if expected.split { 2 } else { 1 },
+        "{:x?}",
+        found.eval
+    );
     ensure!(
         found
             .eval
@@ -52,7 +105,7 @@ fn check(binary: &std::path::Path, expected: Expected) -> Result<()> {
         .filter(|r| r.start != eval.address)
         .map(|r| r.end - r.start)
         .sum();
-    ensure!(split > 2048, "{:x?}", found.eval);
+    ensure!(split > 2048 || !expected.split, "{:x?}", found.eval);
     Ok(())
 }
 
@@ -64,6 +117,19 @@ fn distribution_interpreters_are_recognised_from_their_binaries() -> Result<()> 
             minor: 11,
             entry: EntryMark::IsEntry(68),
             code_tag_bits: 0,
+            split: true,
+        },
+    )?;
+    // The shared library embedders link (and `--enable-shared` builds run): it reaches
+    // `_PyRuntime` through its GOT.
+    let shared = unpacked_package("bookworm", "libpython3.11")?;
+    check(
+        &shared.join("usr/lib/x86_64-linux-gnu/libpython3.11.so.1.0"),
+        Expected {
+            minor: 11,
+            entry: EntryMark::IsEntry(68),
+            code_tag_bits: 0,
+            split: false,
         },
     )?;
     let trixie = unpacked_package("trixie", "python3.13-minimal")?;
@@ -76,6 +142,7 @@ fn distribution_interpreters_are_recognised_from_their_binaries() -> Result<()> 
                 value: 3,
             },
             code_tag_bits: 0,
+            split: true,
         },
     )?;
     let sid = unpacked_package("sid", "python3.14-minimal")?;
@@ -85,9 +152,10 @@ fn distribution_interpreters_are_recognised_from_their_binaries() -> Result<()> 
             minor: 14,
             entry: EntryMark::CStackOwner {
                 offset: 74,
-                value: 4,
+                value: 3,
             },
             code_tag_bits: 7,
+            split: true,
         },
     )?;
     Ok(())
@@ -114,21 +182,31 @@ fn py_spy_stacks(text: &str) -> Vec<(Vec<String>, u64)> {
         .collect()
 }
 
-/// Debian 12's python3.11 running the call tree, recorded by scorch and by py-spy side by side:
-/// each function's share of samples within 3 points of py-spy's, stacks whole from the leaf to
-/// `<module>` and the interpreter's start, and the hottest line the same.
 #[test]
-fn python_call_tree_is_named_like_py_spy() -> Result<()> {
-    let script = scorch_tests::workload_source("calltree.py");
+fn python311_call_tree_is_named_like_py_spy() -> Result<()> {
+    call_tree_like_py_spy(&Interpreter::python311(), "311")
+}
+
+#[test]
+fn python313_call_tree_is_named_like_py_spy() -> Result<()> {
+    call_tree_like_py_spy(&Interpreter::debian("trixie", "python3.13")?, "313")
+}
+
+#[test]
+fn python314_call_tree_is_named_like_py_spy() -> Result<()> {
+    call_tree_like_py_spy(&Interpreter::debian("sid", "python3.14")?, "314")
+}
+
+/// The interpreter running the call tree, recorded by scorch and by py-spy side by side: each
+/// function's share of samples within 3 points of py-spy's, stacks whole from the leaf to
+/// `<module>` and the interpreter's start, and the hottest line the same.
+fn call_tree_like_py_spy(interpreter: &Interpreter, tag: &str) -> Result<()> {
     let py_spy = scorch_tests::debian::py_spy()?;
-    let mut python = std::process::Command::new("/usr/bin/python3.11")
-        .arg(&script)
-        .arg("26")
-        .spawn()?;
+    let mut python = interpreter.spawn("calltree.py", &["26"])?;
     let _kill = scorch_tests::KillOnDrop(python.id());
     std::thread::sleep(std::time::Duration::from_millis(500));
     let pid = python.id();
-    let raw = scorch_tests::work_dir().join("py-spy-calltree.txt");
+    let raw = scorch_tests::work_dir().join(format!("py-spy-calltree-{tag}.txt"));
     let mut spy = std::process::Command::new(&py_spy)
         .args([
             "record",
@@ -146,7 +224,7 @@ fn python_call_tree_is_named_like_py_spy() -> Result<()> {
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()?;
-    let path = scorch_tests::work_dir().join("python-calltree.pb.gz");
+    let path = scorch_tests::work_dir().join(format!("python-calltree-{tag}.pb.gz"));
     let output = scorch_tests::record_pid_to(pid, 20, &path, &[])?;
     let report = scorch_tests::parse_record_output(&output)?;
     let profile = scorch_tests::read_pprof(&path)?;
@@ -246,6 +324,170 @@ fn python_call_tree_is_named_like_py_spy() -> Result<()> {
     ensure!(
         hottest == spy_hottest,
         "hottest line: scorch {hottest:?}, py-spy {spy_hottest:?}"
+    );
+    Ok(())
+}
+
+#[test]
+fn python311_threads_hashlib_and_deep_recursion() -> Result<()> {
+    shapes(&Interpreter::python311(), "311")
+}
+
+#[test]
+fn python313_threads_hashlib_and_deep_recursion() -> Result<()> {
+    shapes(&Interpreter::debian("trixie", "python3.13")?, "313")
+}
+
+#[test]
+fn python314_threads_hashlib_and_deep_recursion() -> Result<()> {
+    shapes(&Interpreter::debian("sid", "python3.14")?, "314")
+}
+
+/// The Python functions of a sample, leaf first: frames whose file is Python source.
+fn python_functions(sample: &scorch_tests::DetailedSample) -> Vec<&str> {
+    sample
+        .frames
+        .iter()
+        .filter(|f| f.lines.iter().any(|l| l.file.ends_with(".py")))
+        .filter_map(|f| f.function())
+        .collect()
+}
+
+/// `tests/workloads/pyshapes.py`: three threads, each in a function of its own, are told
+/// apart; `hashlib.sha256`'s samples are one stack from libcrypto up through the Python
+/// callers to the thread's start; a recursion 200 deep is whole or counted as truncated, and
+/// its frames never name a wrong caller.
+fn shapes(interpreter: &Interpreter, tag: &str) -> Result<()> {
+    let mut python = interpreter.spawn("pyshapes.py", &["14"])?;
+    let _kill = scorch_tests::KillOnDrop(python.id());
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let (profile, report) =
+        scorch_tests::record_pid(python.id(), 10, &format!("python-shapes-{tag}"))?;
+    let _ = python.wait();
+    println!("scorch: {}", report.summary);
+    let samples = scorch_tests::detailed_samples(&profile);
+    let total: i64 = samples.iter().map(|s| s.count).sum();
+    ensure!(total > 1000, "only {total} samples: {}", report.summary);
+    let threads: [(&str, &[&str]); 3] = [
+        ("hashing", &["hash_loop"]),
+        ("recursion", &["recursion_main", "recurse", "deep_leaf"]),
+        ("main", &["main_spin"]),
+    ];
+    let mut per_thread = [0i64; 3];
+    for sample in &samples {
+        let functions = python_functions(sample);
+        let which: Vec<usize> = (0..3)
+            .filter(|&i| threads[i].1.iter().any(|f| functions.contains(f)))
+            .collect();
+        ensure!(
+            which.len() <= 1,
+            "one stack holds the functions of two threads: {functions:?}"
+        );
+        if let Some(&i) = which.first() {
+            per_thread[i] += sample.count;
+        }
+    }
+    println!("per thread (hashing, recursion, main): {per_thread:?} of {total}");
+    for (i, (name, _)) in threads.iter().enumerate() {
+        ensure!(
+            per_thread[i] as f64 >= 0.1 * total as f64,
+            "the {name} thread has {} of {total} samples: {}",
+            per_thread[i],
+            report.summary
+        );
+    }
+    // hashlib: libcrypto's frames, then the Python caller, then the thread's start.
+    let hashing: Vec<_> = samples
+        .iter()
+        .filter(|s| python_functions(s).contains(&"hash_loop"))
+        .collect();
+    let in_crypto = |frame: &scorch_tests::Frame| {
+        frame
+            .mapping
+            .as_ref()
+            .is_some_and(|m| m.filename.contains("libcrypto"))
+    };
+    let whole_hashes: i64 = hashing
+        .iter()
+        .filter(|s| {
+            let crypto = s.frames.iter().position(in_crypto);
+            let caller = s
+                .frames
+                .iter()
+                .position(|f| f.function() == Some("hash_loop"));
+            let start = s
+                .frames
+                .iter()
+                .position(|f| f.function() == Some("start_thread"));
+            matches!((crypto, caller, start), (Some(c), Some(h), Some(t)) if c < h && h < t)
+        })
+        .map(|s| s.count)
+        .sum();
+    let hashing_total: i64 = hashing.iter().map(|s| s.count).sum();
+    ensure!(
+        whole_hashes as f64 >= 0.5 * hashing_total as f64,
+        "{whole_hashes} of the hashing thread's {hashing_total} samples run libcrypto under \
+         hash_loop under start_thread"
+    );
+    // Recursion: the frames between the leaf and the thread's start are `recurse`, then its
+    // true callers in order; a stack that stops short is one the summary counts.
+    let callers = [
+        "recursion_main",
+        "Thread.run",
+        "Thread._bootstrap_inner",
+        "Thread._bootstrap",
+    ];
+    let mut cut_short = 0;
+    for sample in samples
+        .iter()
+        .filter(|s| python_functions(s).contains(&"recurse"))
+    {
+        let functions = python_functions(sample);
+        let mut rest = functions.as_slice();
+        if rest.first() == Some(&"deep_leaf") {
+            rest = &rest[1..];
+        }
+        let depth = rest.iter().take_while(|f| **f == "recurse").count();
+        let below = &rest[depth..];
+        ensure!(
+            callers.starts_with(below),
+            "recursion's callers are wrong: {below:?} under {depth} recurse frames"
+        );
+        if below.is_empty() {
+            cut_short += sample.count;
+        } else {
+            ensure!(depth == 200, "a whole stack with {depth} recurse frames");
+        }
+    }
+    let truncated: i64 = report
+        .summary
+        .split("truncated stacks: ")
+        .nth(1)
+        .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    ensure!(
+        cut_short <= truncated,
+        "{cut_short} recursion samples stop short, {truncated} counted as truncated: {}",
+        report.summary
+    );
+    // The main thread: whole down to the interpreter's start.
+    let main: i64 = samples
+        .iter()
+        .filter(|s| {
+            let functions = python_functions(s);
+            functions.contains(&"main_spin")
+                && functions.last() == Some(&"<module>")
+                && s.frames
+                    .iter()
+                    .any(|f| f.function() == Some("Py_BytesMain"))
+        })
+        .map(|s| s.count)
+        .sum();
+    ensure!(
+        main as f64 >= 0.95 * per_thread[2] as f64,
+        "{main} of the main thread's {} samples reach <module> and Py_BytesMain",
+        per_thread[2]
     );
     Ok(())
 }

@@ -20,7 +20,7 @@ use std::{fmt, ops::Range};
 
 use super::{
     image::{Image, ImageError, Symbol},
-    x86::{first_argument, jumps_out, FirstArgument},
+    x86::{first_argument, jumps_out, FirstArgument, Place},
 };
 pub use offsets::{CodeOffsets, EntryMark, Offsets};
 
@@ -227,13 +227,22 @@ fn check_code_offsets(
 
 /// The address of `autoTSSkey`'s pthread key, read from `PyGILState_GetThisThreadState`:
 /// it loads the key and tail-calls `pthread_getspecific` (3.11 to 3.13), or passes the
-/// key's `Py_tss_t` to `PyThread_tss_get` (3.14). The key lies in `_PyRuntime`.
+/// key's `Py_tss_t` to `PyThread_tss_get` (3.14, and every shared `libpython`, which reaches
+/// `_PyRuntime` through its GOT slot). The key lies in `_PyRuntime`.
 fn thread_key(image: &Image, version: Version, runtime: Symbol) -> Result<u64, PythonError> {
     let function = symbol(image, version, "PyGILState_GetThisThreadState")?;
     let code = image.code("PyGILState_GetThisThreadState", function)?;
+    let resolve = |place: Place| -> Result<u64, PythonError> {
+        Ok(match place {
+            Place::Fixed(address) => address,
+            Place::Pointed { slot, offset } => image
+                .pointer_at("the GOT slot PyGILState_GetThisThreadState reads", slot)?
+                .wrapping_add(offset),
+        })
+    };
     let key = match first_argument(code, function.address) {
-        Some(FirstArgument::Loaded(address)) => address,
-        Some(FirstArgument::Address(tss)) => tss + TSS_KEY,
+        Some(FirstArgument::Loaded(place)) => resolve(place)?,
+        Some(FirstArgument::Address(tss)) => resolve(tss)?.wrapping_add(TSS_KEY),
         None => return Err(PythonError::NoThreadKey { version }),
     };
     let inside = runtime.address..runtime.address + runtime.size;

@@ -15,8 +15,8 @@ pub enum EntryMark {
     /// 3.11: `is_entry` (a bool at this offset) is set on the eval call's first Python frame,
     /// which is emitted; the chain of that call ends after it.
     IsEntry(u16),
-    /// 3.12 and later: a shim frame whose `owner` (a byte at `offset`) is
-    /// `FRAME_OWNED_BY_CSTACK` (`value`) ends the chain and is not emitted.
+    /// 3.12 and later: the shim frame the eval loop pushes on entry, whose `owner` (a byte at
+    /// `offset`) is `value`, ends the chain and is not emitted.
     CStackOwner { offset: u16, value: u8 },
 }
 
@@ -150,7 +150,10 @@ struct Slots {
     free_threaded: usize,
     /// (field, slot, size slot)
     fields: [(&'static str, usize, usize); 16],
-    frame_owner_cstack: u8,
+    /// The `owner` of the shim frame the eval loop pushes on entry: `FRAME_OWNED_BY_CSTACK` (3)
+    /// on 3.12 and 3.13; on 3.14 `FRAME_OWNED_BY_INTERPRETER`, also 3 (3.14 renumbered the
+    /// owners, and its `FRAME_OWNED_BY_CSTACK`, 4, is no longer what `ceval.c` sets).
+    entry_frame_owner: u8,
     code_tag_bits: u64,
 }
 
@@ -175,14 +178,14 @@ const SLOTS_3_13: Slots = Slots {
         ("unicode_object.state", 544, 536),
         ("unicode_object.length", 552, 536),
     ],
-    frame_owner_cstack: 3,
+    entry_frame_owner: 3,
     code_tag_bits: 0,
 };
 
 /// 3.14's (`Include/internal/pycore_debug_offsets.h`): the interpreter state gained
 /// `threads_main` and two generation counters, the frame `stackpointer` and `tlbc_index`,
-/// the code object `co_tlbc`, and a set object came before the dict; `FRAME_OWNED_BY_CSTACK`
-/// became 4.
+/// the code object `co_tlbc`, and a set object came before the dict; the eval loop's entry
+/// frame is owned `FRAME_OWNED_BY_INTERPRETER`, 3 (`FRAME_OWNED_BY_CSTACK` became 4).
 const SLOTS_3_14: Slots = Slots {
     free_threaded: 16,
     fields: [
@@ -203,7 +206,7 @@ const SLOTS_3_14: Slots = Slots {
         ("unicode_object.state", 624, 616),
         ("unicode_object.length", 632, 616),
     ],
-    frame_owner_cstack: 4,
+    entry_frame_owner: 3,
     code_tag_bits: 7,
 };
 
@@ -271,7 +274,7 @@ pub fn debug_offsets(table: &[u8], version: Version) -> Result<Offsets, DebugOff
         frame_instr: instr_ptr,
         entry: EntryMark::CStackOwner {
             offset: owner,
-            value: slots.frame_owner_cstack,
+            value: slots.entry_frame_owner,
         },
         code_tag_bits: slots.code_tag_bits,
         code: CodeOffsets {
