@@ -226,6 +226,7 @@ pub fn emit(walk: &mut WalkState, python: &PythonProc) -> u32 {
     };
     repeat(MAX_STACK_DEPTH as u32, chain_step, &mut chain);
     walk.python_frame = chain.frame;
+    walk.python_frames += chain.emitted;
     if chain.emitted > 0 {
         if let Some(counter) = PYTHON_COUNTS_MAP.get_ptr_mut(PythonCount::Frames as u32) {
             // SAFETY: this CPU's slot; the program cannot run twice at once on one CPU.

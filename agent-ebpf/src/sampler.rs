@@ -160,7 +160,12 @@ fn try_sample<const TABLES: bool>(ctx: &PerfEventContext) -> Result<(), i64> {
     let user_stack_id = if TABLES && control.unwind == UNWIND_TABLES {
         match unwind::walk(ctx, tgid, user_mode) {
             None => STACK_ABSENT,
-            Some(walk) => match unwind::store_stack(generation.user_stacks, walk) {
+            Some(walk) => match unwind::store_stack(
+                generation.user_stacks,
+                walk,
+                tgid,
+                u32::from(control.generation != 0),
+            ) {
                 Ok(id) => id,
                 Err(true) => {
                     count_loss(Loss::UserStackCollision);

@@ -18,7 +18,7 @@ use core::ffi::c_void;
 use crate::python;
 
 use aya_ebpf::{
-    bindings::{pt_regs, BPF_NOEXIST},
+    bindings::{pt_regs, BPF_NOEXIST, BPF_RB_NO_WAKEUP},
     helpers::{
         bpf_get_current_task_btf, bpf_ktime_get_ns, bpf_loop, bpf_probe_read_kernel,
         bpf_probe_read_user, bpf_task_pt_regs,
@@ -29,9 +29,9 @@ use aya_ebpf::{
 };
 use scorch_common::{
     Bisect, CfaKind, ProcMappings, PythonProc, RbpKind, UnwindEvent, UnwindMapping, UnwindOutcome,
-    UnwindRow, UserStack, EVENT_UNKNOWN_PC, EVENT_UNKNOWN_PROCESS, MAPPING_SEARCH_STEPS,
-    MAPPING_TABLE_LOADED, MAPPING_TABLE_PENDING, MAX_PROC_MAPPINGS, MAX_STACK_DEPTH,
-    MAX_UNWIND_PROCS, UNWIND_OUTCOMES, UNWIND_SEARCH_STEPS,
+    UnwindRow, UserStack, EVENT_PYTHON_STACK, EVENT_UNKNOWN_PC, EVENT_UNKNOWN_PROCESS,
+    MAPPING_SEARCH_STEPS, MAPPING_TABLE_LOADED, MAPPING_TABLE_PENDING, MAX_PROC_MAPPINGS,
+    MAX_STACK_DEPTH, MAX_UNWIND_PROCS, UNWIND_OUTCOMES, UNWIND_SEARCH_STEPS,
 };
 
 /// `BPF_F_MMAPABLE`: the agent writes tables straight into the pool's memory, not one
@@ -96,8 +96,8 @@ pub struct WalkState {
     no_row_step: u32,
     /// Non-zero once the walk looked for the thread's Python frames (`python`).
     pub python_started: u32,
-    /// Explicit padding so the layout has no uninitialised bytes.
-    _reserved: u32,
+    /// Python frames emitted so far.
+    pub python_frames: u32,
     /// The next Python frame to emit, at the next eval-loop frame; 0 when there is none.
     pub python_frame: u64,
     /// The frames, and their hash.
@@ -192,6 +192,7 @@ pub fn walk(ctx: &PerfEventContext, tgid: u32, user_mode: bool) -> Option<&'stat
     walk.table_pending = 0;
     walk.no_row_step = 0;
     walk.python_started = 0;
+    walk.python_frames = 0;
     walk.python_frame = 0;
     walk.stack.len = 0;
     walk.stack.hash = 0xcbf2_9ce4_8422_2325;
@@ -583,10 +584,15 @@ pub fn mapping_placed(tgid: u32, start: u64, info: *const u64) {
     }
 }
 
-/// Inserts the walked stack into a generation's stack map; returns its id, or whether the
-/// failure was a collision (`true`) or another error.
+/// Inserts the walked stack of `tgid` into generation `generation`'s stack map; returns its id,
+/// or whether the failure was a collision (`true`) or another error.
 #[inline(always)]
-pub fn store_stack(stacks: &HashMap<i32, UserStack>, walk: &mut WalkState) -> Result<i32, bool> {
+pub fn store_stack(
+    stacks: &HashMap<i32, UserStack>,
+    walk: &mut WalkState,
+    tgid: u32,
+    generation: u32,
+) -> Result<i32, bool> {
     // The frames' hash carries a word's high bits (a Python frame's instruction offset, in
     // bits 47-62) only into its own high bits; the id is the low ones, so they are mixed
     // down first (MurmurHash3's finaliser), or stacks differing in a line would collide.
@@ -606,7 +612,20 @@ pub fn store_stack(stacks: &HashMap<i32, UserStack>, walk: &mut WalkState) -> Re
     // The stored hash is the mixed one, so a later sample compares like with like.
     walk.stack.hash = hash;
     match stacks.insert(id, &walk.stack, u64::from(BPF_NOEXIST)) {
-        Ok(()) => Ok(id),
+        Ok(()) => {
+            if walk.python_frames > 0 {
+                // A new stack with Python frames: the agent reads its code objects soon, not
+                // at the window's end, when the process may be gone. No wakeup: these come in
+                // bursts (every stack is new again each window), and its 200 ms poll reads them.
+                let event = UnwindEvent {
+                    tgid,
+                    kind: EVENT_PYTHON_STACK,
+                    pc: (u64::from(generation) << 32) | u64::from(id as u32),
+                };
+                let _ = UNWIND_EVENTS.output::<UnwindEvent>(event, u64::from(BPF_RB_NO_WAKEUP));
+            }
+            Ok(id)
+        }
         // Another CPU stored a stack under this id in between: the same one, or a collision.
         // SAFETY: as above.
         Err(_) => match unsafe { stacks.get(id) } {

@@ -81,10 +81,14 @@ impl Session {
     }
 
     /// Hands the symbolizer the processes whose Python frames the unwinder walks, or no
-    /// longer does.
+    /// longer does, and has it read the code objects of the new Python stacks now.
     pub(crate) fn take_python(&mut self, unwinder: &mut Unwinder) {
         for (pid, process) in unwinder.take_python_changes() {
             self.user.set_python(pid, process);
+        }
+        // After the processes: a new one's first stacks come with it.
+        for (pid, code) in unwinder.take_python_code() {
+            self.user.capture_python_code(pid, code);
         }
     }
 

@@ -38,4 +38,7 @@ pub struct UnwindMaps {
     pub events: RingBuf<MapData>,
     /// Processes running a CPython interpreter, and how to walk its frames.
     pub python_procs: BpfHashMap<MapData, u32, PythonProc>,
+    /// Second handles on the two generations' `USER_STACKS` (the drain holds the first): the
+    /// Python stacks the program reports new are read through them while the window runs.
+    pub user_stacks: Option<[BpfHashMap<MapData, i32, UserStack>; 2]>,
 }

@@ -1,6 +1,6 @@
 //! Sampler: load the BPF program and attach it to a CPU-clock perf event on every online CPU.
 
-use std::{io, path::PathBuf};
+use std::{io, os::fd::AsFd, path::PathBuf};
 
 use aya::{
     maps::{Array, HashMap as BpfHashMap, Map, MapData, MapError, PerCpuArray, StackTraceMap},
@@ -10,7 +10,7 @@ use aya::{
     },
     Ebpf, EbpfError, EbpfLoader,
 };
-use scorch_common::{Control, MAX_COMMS, MAX_COUNT_KEYS, MAX_STACK_DEPTH};
+use scorch_common::{Control, UserStack, MAX_COMMS, MAX_COUNT_KEYS, MAX_STACK_DEPTH};
 
 use super::maps::{GenerationMaps, SamplerMaps, UnwindMaps};
 
@@ -25,6 +25,11 @@ pub enum SamplerError {
     MissingProgram,
     #[error("BPF map {0} is missing from the object")]
     MissingMap(&'static str),
+    #[error("a second descriptor of BPF map {name}: {source}")]
+    Duplicate {
+        name: &'static str,
+        source: io::Error,
+    },
     #[error("BPF map {name}: {source}")]
     Map {
         name: &'static str,
@@ -234,6 +239,24 @@ impl Sampler {
             }
         };
 
+        // Taken before `take_maps` moves the maps out; only the unwinder needs them.
+        let python_stacks = if tables {
+            match (
+                duplicate_user_stacks(&ebpf, "USER_STACKS_0"),
+                duplicate_user_stacks(&ebpf, "USER_STACKS_1"),
+            ) {
+                (Ok(first), Ok(second)) => Some([first, second]),
+                (Err(err), _) | (_, Err(err)) => {
+                    tracing::warn!(
+                        "Python frames are named at the window's end only (a process that \
+                         exits before it goes unnamed): {err}"
+                    );
+                    None
+                }
+            }
+        } else {
+            None
+        };
         let mut maps = take_maps(&mut ebpf)?;
         let control = Control {
             generation: 0,
@@ -287,7 +310,7 @@ impl Sampler {
             exec.attach("sched_process_exec")
                 .map_err(SamplerError::ExecTracepoint)?;
             mapping_hook_refused = attach_mapping_placed(&mut ebpf);
-            Some(take_unwind_maps(&mut ebpf, pool_rows)?)
+            Some(take_unwind_maps(&mut ebpf, pool_rows, python_stacks)?)
         } else {
             None
         };
@@ -494,7 +517,28 @@ fn take_maps(ebpf: &mut Ebpf) -> Result<SamplerMaps, SamplerError> {
     })
 }
 
-fn take_unwind_maps(ebpf: &mut Ebpf, pool_rows: u32) -> Result<UnwindMaps, SamplerError> {
+/// A second handle on the user stack map `name`, on a duplicated descriptor.
+fn duplicate_user_stacks(
+    ebpf: &Ebpf,
+    name: &'static str,
+) -> Result<BpfHashMap<MapData, i32, UserStack>, SamplerError> {
+    let Some(Map::HashMap(data)) = ebpf.map(name) else {
+        return Err(SamplerError::MissingMap(name));
+    };
+    let fd = data
+        .fd()
+        .as_fd()
+        .try_clone_to_owned()
+        .map_err(|source| SamplerError::Duplicate { name, source })?;
+    let data = MapData::from_fd(fd).map_err(|source| SamplerError::Map { name, source })?;
+    BpfHashMap::try_from(Map::HashMap(data)).map_err(|source| SamplerError::Map { name, source })
+}
+
+fn take_unwind_maps(
+    ebpf: &mut Ebpf,
+    pool_rows: u32,
+    user_stacks: Option<[BpfHashMap<MapData, i32, UserStack>; 2]>,
+) -> Result<UnwindMaps, SamplerError> {
     let name = "UNWIND_ROWS";
     let rows = match ebpf.take_map(name).ok_or(SamplerError::MissingMap(name))? {
         Map::Array(data) => data,
@@ -506,6 +550,7 @@ fn take_unwind_maps(ebpf: &mut Ebpf, pool_rows: u32) -> Result<UnwindMaps, Sampl
         procs: take(ebpf, "UNWIND_PROCS")?,
         events: take(ebpf, "UNWIND_EVENTS")?,
         python_procs: take(ebpf, "PYTHON_PROCS")?,
+        user_stacks,
     })
 }
 

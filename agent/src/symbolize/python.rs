@@ -62,6 +62,21 @@ impl PythonNames {
         }
     }
 
+    /// Reads the code object at `code` in `pid` now, while the process runs, unless it was
+    /// read this window: the BPF side reports each new stack's code objects, so a process
+    /// that exits before the window ends is named from what was read here.
+    pub fn capture(&mut self, pid: u32, code: u64) {
+        let Some(process) = self.processes.get(&pid).copied() else {
+            return;
+        };
+        if self.code.len() >= MAX_CODE {
+            return;
+        }
+        self.code
+            .entry((pid, code))
+            .or_insert_with(|| read_code(pid, code, &process));
+    }
+
     /// Forgets what was read: called once a window, so a reused address is read again.
     pub fn end_window(&mut self, alive: impl Fn(u32) -> bool) {
         self.code.clear();

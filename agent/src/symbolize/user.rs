@@ -636,6 +636,12 @@ impl UserSymbolizer {
         self.python.set_process(pid, process);
     }
 
+    /// Reads the code object at `code` in `pid` now, while the process runs (see
+    /// [`PythonNames::capture`](super::python::PythonNames::capture)).
+    pub fn capture_python_code(&mut self, pid: u32, code: u64) {
+        self.python.capture(pid, code);
+    }
+
     /// The line of a Python frame of `pid`: its code object at `code`, `instr` code units in.
     pub fn python_line(&mut self, pid: u32, code: u64, instr: u16) -> crate::profile::Line {
         self.python.line(pid, code, instr)

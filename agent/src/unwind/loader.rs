@@ -28,9 +28,10 @@ use std::{
 use aya::maps::MapError;
 use object::{Object, ObjectSegment, SegmentFlags};
 use scorch_common::{
-    ProcMappings, PythonProc, UnwindEvent, UnwindMapping, UnwindRow, MAPPING_NO_TABLE,
-    MAPPING_TABLE_LOADED, MAPPING_TABLE_PENDING, MAX_PROC_MAPPINGS, PYTHON_ENTRY_CSTACK_OWNER,
-    PYTHON_ENTRY_IS_ENTRY, PYTHON_EVAL_RANGES, PYTHON_NO_CFRAME,
+    python_frame_parts, ProcMappings, PythonProc, UnwindEvent, UnwindMapping, UnwindRow,
+    EVENT_PYTHON_STACK, MAPPING_NO_TABLE, MAPPING_TABLE_LOADED, MAPPING_TABLE_PENDING,
+    MAX_PROC_MAPPINGS, PYTHON_ENTRY_CSTACK_OWNER, PYTHON_ENTRY_IS_ENTRY, PYTHON_EVAL_RANGES,
+    PYTHON_FRAME, PYTHON_NO_CFRAME,
 };
 
 use super::{pool::RowPool, UnwindTable};
@@ -299,7 +300,14 @@ pub struct Unwinder {
     python: HashMap<u32, PythonProcess>,
     /// Changes to `python` the symbolizer has not taken yet.
     python_changes: Vec<(u32, Option<PythonProcess>)>,
+    /// Code objects of new Python stacks (process, address), for the symbolizer to read
+    /// while their processes run.
+    python_code: HashSet<(u32, u64)>,
 }
+
+/// Most code objects remembered for the symbolizer between two takes: a poll reads at most
+/// a ring buffer's worth of stacks, but nothing here grows without bound if none takes them.
+const MAX_PYTHON_CODE: usize = 65_536;
 
 /// How often a full `UNWIND_PROCS` is reported in the log.
 const FULL_REPORT_INTERVAL: std::time::Duration = std::time::Duration::from_secs(60);
@@ -351,6 +359,7 @@ impl Unwinder {
             runtimes: HashMap::new(),
             python: HashMap::new(),
             python_changes: Vec::new(),
+            python_code: HashSet::new(),
         };
         unwinder.load_vdso()?;
         Ok(unwinder)
@@ -383,15 +392,21 @@ impl Unwinder {
     ) -> Result<Vec<(u32, ProcessMaps)>, LoaderError> {
         self.clock += 1;
         let mut pids = HashSet::new();
+        let mut python_stacks = HashSet::new();
         while let Some(item) = self.maps.events.next() {
             if item.len() >= std::mem::size_of::<UnwindEvent>() {
                 // SAFETY: the program writes whole `UnwindEvent`s; the length was checked,
                 // and read_unaligned needs no alignment.
                 let event: UnwindEvent = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
-                pids.insert(event.tgid);
-                self.events += 1;
+                if event.kind == EVENT_PYTHON_STACK {
+                    python_stacks.insert((event.tgid, event.pc));
+                } else {
+                    pids.insert(event.tgid);
+                    self.events += 1;
+                }
             }
         }
+        self.read_python_stacks(python_stacks);
         let pids: Vec<u32> = pids
             .into_iter()
             .filter(|pid| !self.without_room.contains(pid) && wanted(*pid))
@@ -549,6 +564,37 @@ impl Unwinder {
                 self.python_changes.push((pid, None));
             }
         }
+    }
+
+    /// Notes the code objects of the new Python stacks the BPF side stored (`stacks`: the
+    /// events' process, and generation and id): the symbolizer reads them while their
+    /// processes run. A stack its window's drain already took is gone from the map, and named
+    /// by then.
+    fn read_python_stacks(&mut self, stacks: HashSet<(u32, u64)>) {
+        let Some(maps) = &self.maps.user_stacks else {
+            return;
+        };
+        for (tgid, stack) in stacks {
+            let map = &maps[(stack >> 32) as usize & 1];
+            let Ok(walked) = map.get(&(stack as u32 as i32), 0) else {
+                continue;
+            };
+            let len = (walked.len as usize).min(walked.pcs.len());
+            for &word in &walked.pcs[..len] {
+                if word & PYTHON_FRAME == 0 || self.python_code.len() >= MAX_PYTHON_CODE {
+                    continue;
+                }
+                let (code, _) = python_frame_parts(word);
+                if code != 0 {
+                    self.python_code.insert((tgid, code));
+                }
+            }
+        }
+    }
+
+    /// The code objects (process, address) of Python stacks stored since the last call.
+    pub fn take_python_code(&mut self) -> HashSet<(u32, u64)> {
+        std::mem::take(&mut self.python_code)
     }
 
     /// The processes that started or stopped running a CPython interpreter the BPF side walks
