@@ -21,6 +21,7 @@ use crate::{
     labels::relabel::{self, RuleConfig},
     pipeline::sampler::UnwindMode,
     symbolize::user::SymbolizeMode,
+    unwind::PythonMode,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -92,6 +93,10 @@ pub struct RunArgs {
     /// each; the others walk by frame pointers [default: 8192].
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=65536))]
     pub unwind_processes: Option<u32>,
+    /// `auto` (name the Python functions of CPython 3.11 to 3.14 processes) or `off`
+    /// [default: auto].
+    #[arg(long, value_enum)]
+    pub python: Option<PythonMode>,
     /// A label added to every series, `NAME=VALUE` (repeatable; adds to `[external-labels]`).
     #[arg(long = "external-label", value_parser = parse_external_label)]
     pub external_label: Vec<(String, String)>,
@@ -146,6 +151,7 @@ struct FileConfig {
     include_idle: Option<bool>,
     unwind: Option<String>,
     unwind_processes: Option<u32>,
+    python: Option<String>,
     /// `[[relabel]]` tables: Prometheus relabel_config rules, in order.
     relabel: Option<Vec<RuleConfig>>,
     /// `[external-labels]`: added to every series.
@@ -239,6 +245,10 @@ fn apply_file(config: &mut RunConfig, text: &str, path: &Path) -> Result<(), Con
             ));
         }
         config.unwind_processes = processes;
+    }
+    if let Some(mode) = file.python {
+        config.python = <PythonMode as clap::ValueEnum>::from_str(&mode, false)
+            .map_err(|_| value("python", format!("{mode:?}: expected auto or off")))?;
     }
     if let Some(rules) = file.relabel {
         // Checked now, so a bad rule stops startup with its number and field.
@@ -334,6 +344,9 @@ fn apply_flags(config: &mut RunConfig, args: &RunArgs) {
     }
     if let Some(processes) = args.unwind_processes {
         config.unwind_processes = processes;
+    }
+    if let Some(mode) = args.python {
+        config.python = mode;
     }
     config
         .external_labels
@@ -461,6 +474,7 @@ mod tests {
             file.include_idle.is_some(),
             file.unwind.is_some(),
             file.unwind_processes.is_some(),
+            file.python.is_some(),
             file.remote_url.is_some(),
             file.remote_protocol.is_some(),
             file.remote_insecure.is_some(),

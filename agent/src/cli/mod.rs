@@ -17,6 +17,7 @@ use crate::{
     pipeline::sampler::UnwindMode,
     profile::encode::{svg::Orientation, Format},
     symbolize::user::SymbolizeMode,
+    unwind::PythonMode,
 };
 
 pub mod config;
@@ -113,6 +114,10 @@ pub struct RecordArgs {
     /// at most 8192; with --pid, at least 16].
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=65536))]
     pub unwind_processes: Option<u32>,
+    /// `auto`: name the Python functions of CPython 3.11 to 3.14 processes, walked in place of
+    /// the interpreter's eval loop; `off`: show the interpreter's C frames only.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub python: PythonMode,
 }
 
 impl RecordArgs {
@@ -137,6 +142,7 @@ impl RecordArgs {
             symbol_cache_bytes: (self.symbol_cache_mb as usize) << 20,
             unwind: self.unwind,
             unwind_processes: self.unwind_processes,
+            python: self.python,
         }
     }
 }

@@ -23,7 +23,10 @@ use crate::{
     },
     sys::fs,
     sys::privileges::{missing_privileges_message, Capabilities},
-    unwind::loader::{LoaderError, Unwinder},
+    unwind::{
+        loader::{LoaderError, Unwinder},
+        PythonMode,
+    },
 };
 
 /// What to record and where to write it, resolved from the command line.
@@ -53,6 +56,8 @@ pub struct RecordConfig {
     pub unwind: UnwindMode,
     /// Processes the unwinder holds at once, when not sized from those running.
     pub unwind_processes: Option<u32>,
+    /// Whether interpreters' Python frames are walked.
+    pub python: PythonMode,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -97,6 +102,9 @@ pub struct RecordSummary {
     /// Samples whose frame-pointer walk ended in glibc's start code and got the frames a
     /// table walk found below it.
     pub start_completed: u64,
+    /// Python frame locations shown as `[python: unknown code object]`: their code object
+    /// could not be read (its process gone before it was, or not a code object).
+    pub python_unnamed: u64,
 }
 
 impl std::fmt::Display for RecordSummary {
@@ -127,6 +135,13 @@ impl std::fmt::Display for RecordSummary {
                 .map(|(reason, n)| format!("{reason}: {n}"))
                 .collect();
             write!(f, "; process captures dropped early: {}", parts.join(", "))?;
+        }
+        if self.python_unnamed > 0 {
+            write!(
+                f,
+                "; python frame locations left unknown: {}",
+                self.python_unnamed
+            )?;
         }
         if self.start_completed > 0 {
             write!(
@@ -180,7 +195,7 @@ pub async fn record(args: &RecordConfig) -> Result<RecordSummary, RecordError> {
     );
     let mut unwinder = sampler
         .take_unwind_maps()
-        .map(Unwinder::start)
+        .map(|maps| Unwinder::start(maps, args.python))
         .transpose()?;
     let mut session = Session::new(UserSymbolizer::new(args.symbolize, args.symbol_cache_bytes));
     let mut waited = false;
@@ -296,6 +311,7 @@ pub async fn record(args: &RecordConfig) -> Result<RecordSummary, RecordError> {
         unwind_tables,
         captures_dropped,
         start_completed: session.user.entry_completions(),
+        python_unnamed: session.user.python_stats().1,
     })
 }
 

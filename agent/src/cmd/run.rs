@@ -64,6 +64,7 @@ use crate::{
     unwind::{
         loader::{LoaderError, Unwinder},
         metrics::UnwindMetrics,
+        PythonMode,
     },
 };
 
@@ -97,6 +98,8 @@ pub struct RunConfig {
     /// Processes the unwinder describes to the BPF program at once (`--unwind-processes`,
     /// `unwind-processes`); the others walk by frame pointers.
     pub unwind_processes: u32,
+    /// Whether interpreters' Python frames are walked (`--python`, `python`).
+    pub python: PythonMode,
     /// Relabelling rules (config file only: `[[relabel]]`), checked by [`RunConfig::resolve`].
     pub relabel: Vec<RuleConfig>,
     /// Labels added to every series (`[external-labels]`, or `--external-label NAME=VALUE`).
@@ -119,6 +122,7 @@ impl Default for RunConfig {
             include_idle: false,
             unwind: UnwindMode::Auto,
             unwind_processes: UnwindCapacity::DAEMON.processes,
+            python: PythonMode::Auto,
             relabel: Vec::new(),
             external_labels: Labels::new(),
             remote: RemoteConfig::default(),
@@ -271,7 +275,7 @@ pub async fn run(
     let (mut sampler, maps, control) = Sampler::start(&sampler_config)?;
     let unwinder = sampler
         .take_unwind_maps()
-        .map(Unwinder::start)
+        .map(|maps| Unwinder::start(maps, config.python))
         .transpose()?;
     // Loading parsed the kernel's BTF (tens of MB, freed by now): give those pages back, or a
     // daemon's RSS would keep them for its whole life.
@@ -543,8 +547,11 @@ impl Pipeline {
             .bpf_cost(sampler.run_stats(), cost::bpf_map_memory().ok());
         if let Some(unwinder) = &mut self.unwinder {
             unwinder.forget_exited();
-            self.unwind_metrics
-                .window_drained(losses.unwind_outcomes(), unwinder.stats());
+            self.unwind_metrics.window_drained(
+                losses.unwind_outcomes(),
+                losses.python_counts(),
+                unwinder.stats(),
+            );
         }
         self.health.sampling_ok_at(Instant::now());
 
@@ -606,6 +613,8 @@ impl Pipeline {
             .set_process_captures(&self.session.user.capture_stats());
         self.metrics
             .set_start_frames_completed(self.session.user.entry_completions());
+        self.metrics
+            .set_python_unnamed(self.session.user.python_stats().1);
         self.metrics.set_store_bytes(self.store.disk_bytes());
         Ok(())
     }

@@ -34,7 +34,7 @@ use scorch_common::{
     PYTHON_FRAME, PYTHON_NO_CFRAME,
 };
 
-use super::{pool::RowPool, UnwindTable};
+use super::{pool::RowPool, PythonMode, UnwindTable};
 use crate::{
     pipeline::maps::UnwindMaps,
     runtimes::{
@@ -160,6 +160,8 @@ pub struct LoaderStats {
     /// Times a process's mappings found no room in `UNWIND_PROCS` (full): it walks by frame
     /// pointers until exits make room.
     pub processes_without_room: u64,
+    /// Processes whose Python frames the BPF side walks.
+    pub python_processes: usize,
 }
 
 impl std::fmt::Display for LoaderStats {
@@ -313,8 +315,9 @@ const MAX_PYTHON_CODE: usize = 65_536;
 const FULL_REPORT_INTERVAL: std::time::Duration = std::time::Duration::from_secs(60);
 
 impl Unwinder {
-    /// Takes over the maps and starts the table builder thread.
-    pub fn start(maps: UnwindMaps) -> Result<Self, LoaderError> {
+    /// Takes over the maps and starts the table builder thread. With [`PythonMode::Off`] no
+    /// binary is looked at for an interpreter, so no process's Python frames are walked.
+    pub fn start(maps: UnwindMaps, python: PythonMode) -> Result<Self, LoaderError> {
         let memory = PoolMemory::new(&maps);
         let (requests, inbox) = mpsc::channel::<BuildRequest>();
         let (outbox, results) = mpsc::channel();
@@ -328,7 +331,10 @@ impl Unwinder {
                             tracing::debug!("unwind table for {}: {err}", path.display())
                         })
                         .ok();
-                    let runtime = data.as_ref().and_then(|data| runtime(data.bytes(), &path));
+                    let runtime = data
+                        .as_ref()
+                        .filter(|_| python == PythonMode::Auto)
+                        .and_then(|data| runtime(data.bytes(), &path));
                     if outbox.send(BuildResult::Runtime(key, runtime)).is_err() {
                         break;
                     }
@@ -611,6 +617,7 @@ impl Unwinder {
             tables_evicted: self.evicted,
             events: self.events,
             processes_without_room: self.without_room_total,
+            python_processes: self.python.len(),
             ..LoaderStats::default()
         };
         stats.tables_loaded = self.tables.len();

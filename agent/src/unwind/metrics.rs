@@ -7,7 +7,7 @@ use prometheus_client::{
     metrics::{counter::Counter, gauge::Gauge},
     registry::Unit,
 };
-use scorch_common::UnwindOutcome;
+use scorch_common::{PythonCount, UnwindOutcome};
 
 use super::loader::LoaderStats;
 use crate::metrics::{LabeledCounter, Registry};
@@ -19,6 +19,9 @@ pub struct UnwindMetrics {
     tables: Gauge<u64, AtomicU64>,
     processes: Gauge<u64, AtomicU64>,
     without_room: Counter<u64, AtomicU64>,
+    python_frames: Counter<u64, AtomicU64>,
+    python_stops: LabeledCounter,
+    python_processes: Gauge<u64, AtomicU64>,
 }
 
 impl UnwindMetrics {
@@ -29,6 +32,15 @@ impl UnwindMetrics {
             tables: Gauge::default(),
             processes: Gauge::default(),
             without_room: Counter::default(),
+            python_frames: Counter::default(),
+            python_stops: LabeledCounter::new(
+                "reason",
+                PythonCount::ALL
+                    .into_iter()
+                    .filter(|&kind| kind != PythonCount::Frames)
+                    .map(PythonCount::name),
+            ),
+            python_processes: Gauge::default(),
         };
         registry.register(
             "unwind_walks",
@@ -59,15 +71,42 @@ impl UnwindMetrics {
              pointers until exits make room",
             metrics.without_room.clone(),
         );
+        registry.register(
+            "python_frames",
+            "Python frames the BPF walk emitted in place of CPython's eval loop",
+            metrics.python_frames.clone(),
+        );
+        registry.register(
+            "python_walk_stops",
+            "Python frame chains that stopped early, by reason: the eval loop's frames stay \
+             native (thread state not found), the chain ends (frame read fault, frame limit), \
+             or a frame is shown as an unknown code object",
+            metrics.python_stops.clone(),
+        );
+        registry.register(
+            "python_processes",
+            "Processes running a CPython interpreter whose Python frames are walked",
+            metrics.python_processes.clone(),
+        );
         metrics
     }
 
-    /// A window was drained: its walks by outcome, and the tables held now.
+    /// A window was drained: its walks by outcome, its Python counts (by
+    /// [`PythonCount::name`]), and the tables held now.
     pub fn window_drained(
         &self,
         outcomes: impl Iterator<Item = (&'static str, u64)>,
+        python: impl Iterator<Item = (&'static str, u64)>,
         stats: LoaderStats,
     ) {
+        for (kind, count) in python {
+            if kind == PythonCount::Frames.name() {
+                self.python_frames.inc_by(count);
+            } else {
+                self.python_stops.inc_by(kind, count);
+            }
+        }
+        self.python_processes.set(stats.python_processes as u64);
         for (outcome, count) in outcomes {
             self.outcomes.inc_by(outcome, count);
         }

@@ -412,9 +412,8 @@ fn shapes(interpreter: &Interpreter, tag: &str) -> Result<()> {
     let whole_hashes: i64 = hashing
         .iter()
         .filter(|s| {
-            let at = |wanted: &dyn Fn(&scorch_tests::Frame) -> bool| {
-                s.frames.iter().position(wanted)
-            };
+            let at =
+                |wanted: &dyn Fn(&scorch_tests::Frame) -> bool| s.frames.iter().position(wanted);
             let crypto = at(&|f| in_library(f, "libcrypto"));
             let caller = at(&|f| f.function() == Some("hash_loop"));
             let bootstrap = at(&|f| f.function() == Some("Thread._bootstrap"));
@@ -563,6 +562,105 @@ fn python_processes_that_start_late_and_exit_mid_window_are_named() -> Result<()
             interpreter.binary,
             report.summary
         );
+    }
+    Ok(())
+}
+
+/// `--python off`: no interpreter is looked for, and the stack is the interpreter's C frames,
+/// as before the Python walk.
+#[test]
+fn python_off_leaves_the_eval_loop_native() -> Result<()> {
+    let mut python = Interpreter::python311().spawn("calltree.py", &["8"])?;
+    let _kill = scorch_tests::KillOnDrop(python.id());
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let path = scorch_tests::work_dir().join("python-off.pb.gz");
+    let output = scorch_tests::record_pid_to(python.id(), 4, &path, &["--python", "off"])?;
+    let report = scorch_tests::parse_record_output(&output)?;
+    let _ = python.wait();
+    println!("scorch: {}", report.summary);
+    ensure!(
+        !report.summary.contains("python:"),
+        "Python frames were walked: {}",
+        report.summary
+    );
+    let samples = scorch_tests::detailed_samples(&scorch_tests::read_pprof(&path)?);
+    let total: i64 = samples.iter().map(|s| s.count).sum();
+    let python_frames: i64 = samples
+        .iter()
+        .filter(|s| !python_functions(s).is_empty())
+        .map(|s| s.count)
+        .sum();
+    let eval: i64 = samples
+        .iter()
+        .filter(|s| {
+            s.frames
+                .iter()
+                .any(|f| f.function() == Some("_PyEval_EvalFrameDefault"))
+        })
+        .map(|s| s.count)
+        .sum();
+    ensure!(total > 500, "only {total} samples");
+    ensure!(
+        python_frames == 0,
+        "{python_frames} samples have Python frames"
+    );
+    ensure!(
+        eval as f64 >= 0.9 * total as f64,
+        "{eval} of {total} samples in the eval loop"
+    );
+    Ok(())
+}
+
+/// The daemon on a python3.14 in a root of its own (the container path): its windows in the
+/// store carry the Python frames, `scorch query` and `go tool pprof` show them, and `/metrics`
+/// counts the walk.
+#[test]
+fn the_daemon_stores_python_frames_and_counts_them() -> Result<()> {
+    let interpreter = Interpreter::debian("sid", "python3.14")?;
+    let mut python = interpreter.spawn("calltree.py", &["30"])?;
+    let _kill = scorch_tests::KillOnDrop(python.id());
+    let store = scorch_tests::work_dir().join("python-daemon-store");
+    let _ = std::fs::remove_dir_all(&store);
+    let daemon = scorch_tests::Daemon::start(&store, &["--window", "2s"])?;
+    let address = daemon.address.clone();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while scorch_tests::metric(&address, "scorch_windows_written_total")? < 3.0 {
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "fewer than 3 windows in 30 s"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    let frames = scorch_tests::metric(&address, "scorch_python_frames_total")?;
+    let processes = scorch_tests::metric(&address, "scorch_python_processes")?;
+    let (status, _, stderr) = daemon.stop()?;
+    ensure!(
+        status.success(),
+        "scorch run exited with {status}:\n{stderr}"
+    );
+    let _ = python.kill();
+    let _ = python.wait();
+    ensure!(
+        frames > 100.0 && processes >= 1.0,
+        "/metrics: {frames} Python frames, {processes} processes"
+    );
+    let output = scorch_tests::work_dir().join("python-daemon-query.pb.gz");
+    scorch_tests::run_scorch(&[
+        "query",
+        "--store",
+        &store.to_string_lossy(),
+        "--since",
+        "1h",
+        "--match",
+        r#"{comm="python3.14"}"#,
+        "-o",
+        &output.to_string_lossy(),
+    ])?;
+    // (`<module>` is there too, but go tool pprof's short names drop `<...>` as C++ template
+    // arguments, and print it as `<unknown>`.)
+    let top = scorch_tests::go_pprof(&["-top", "-cum"], &output)?;
+    for name in ["matmul", "reduce", "run"] {
+        ensure!(top.contains(name), "go tool pprof -top -cum:\n{top}");
     }
     Ok(())
 }

@@ -60,6 +60,7 @@ pub struct WindowMetrics {
     /// Samples whose frame-pointer walk ended in glibc's start code and got the frames a table
     /// walk found below it, and the total at the last report.
     start_frames_completed: RunningTotal,
+    python_unnamed: RunningTotal,
 }
 
 impl WindowMetrics {
@@ -201,6 +202,12 @@ impl WindowMetrics {
                  the frames below it that table walks of the same libc found",
                 Counter::default(),
             )),
+            python_unnamed: RunningTotal::new(registry.register(
+                "python_locations_unnamed",
+                "Python frame locations (code object and line) shown as `[python: unknown code \
+                 object]`: the code object could not be read, or was not one",
+                Counter::default(),
+            )),
         }
     }
 
@@ -293,6 +300,11 @@ impl WindowMetrics {
     /// The cumulative count of samples completed below glibc's start code.
     pub fn set_start_frames_completed(&mut self, total: u64) {
         self.start_frames_completed.set(total);
+    }
+
+    /// The cumulative count of Python frame locations left unnamed.
+    pub fn set_python_unnamed(&mut self, total: u64) {
+        self.python_unnamed.set(total);
     }
 
     /// The process's cumulative count of pages mapped over a shrunk file.
