@@ -551,7 +551,7 @@ pub struct PythonProc {
     pub eval_end: [u64; PYTHON_EVAL_RANGES],
     /// `autoTSSkey`'s `int` pthread key.
     pub thread_key: u64,
-    /// `PyCode_Type`: a frame whose code object has another type is not named.
+    /// `PyCode_Type`: the agent names no frame whose code object has another type.
     pub code_type: u64,
     /// Bits of a frame's code reference that are address (3.14 tags the low ones).
     pub code_mask: u64,
@@ -576,9 +576,14 @@ pub struct PythonProc {
     /// [`PYTHON_ENTRY_IS_ENTRY`] or [`PYTHON_ENTRY_CSTACK_OWNER`].
     pub entry_kind: u8,
     pub entry_value: u8,
-    /// Explicit padding so the layout has no uninitialised bytes.
-    pub _reserved: u32,
+    /// Bytes at the start of a frame that hold every field above: read at once, one read a
+    /// frame. At most [`PYTHON_FRAME_HEADER`].
+    pub frame_header: u32,
 }
+
+/// Most bytes of a frame the walk reads ([`PythonProc::frame_header`]): CPython 3.11 to 3.14
+/// keep the fields it needs in the first 75.
+pub const PYTHON_FRAME_HEADER: usize = 96;
 
 /// Index into the per-CPU `PYTHON_COUNTS` array: Python frames the walk emitted, and why a
 /// Python chain stopped early. The native walk goes on after any of these.
@@ -592,7 +597,8 @@ pub enum PythonCount {
     NoThreadState = 1,
     /// A frame could not be read: the chain ends there.
     FrameReadFault = 2,
-    /// A frame's code is not a code object: emitted as an unknown code object.
+    /// A frame's code reference is null: emitted as an unknown code object. (One that is not
+    /// a code object is found so by the agent, which reads it to name it.)
     UnknownCode = 3,
     /// The stack had no room for more frames.
     FrameLimit = 4,
