@@ -22,6 +22,9 @@
 //!   by `scorch record --pid P -F 499` with `--unwind auto` and `--unwind fp` in alternating
 //!   order, fresh processes: BPF ns per sample from `bpf_stats`, the tables' map memory, and how
 //!   the walks ended (the summary's outcomes show the tables were used).
+//! - The Python walk (`--only python`): BPF cost per sample on a 50-frame Python stack, and
+//!   the daemon's CPU and memory with 20 interpreters, walking on and off, beside py-spy's
+//!   (`bench_python`).
 
 use std::{
     fmt::Write as _,
@@ -73,6 +76,11 @@ pub fn bench(
             eprintln!("bench: report written to {}", path.display());
             Ok(())
         }
+        Some("python") => {
+            let report = crate::bench_python::python_report(root, scorch, runs)?;
+            print!("{report}");
+            Ok(())
+        }
         Some("overhead") => {
             let phases = crate::bench_overhead::Phases::standard(seconds);
             let report = crate::bench_overhead::overhead(root, scorch, runs, phases)?;
@@ -82,7 +90,7 @@ pub fn bench(
         Some(other) => {
             bail!(
                 "--only {other:?}: expected record, symbolize, daemon, remote, unwind, walk, views, \
-                 overhead, heap or churn"
+                 overhead, heap, churn or python"
             )
         }
     }

@@ -27,8 +27,6 @@
 
 use std::{
     fmt::Write as _,
-    io::{Read as _, Write as _},
-    net::TcpStream,
     path::Path,
     process::{Command, Stdio},
     time::{Duration, Instant},
@@ -38,9 +36,9 @@ use anyhow::{bail, Context, Result};
 
 use crate::{
     measure::{
-        bpf_ns_per_run, bpf_run_seconds, busy_workload, command_output, median, path_str,
-        sample_rss, spread, status_field, status_kib, summary_bpf_ns, summary_samples, time_usage,
-        timed, with_bpf_stats, CpuAccount, Processes, Usage,
+        bpf_ns_per_run, bpf_run_seconds, busy_workload, command_output, daemon_metric, median,
+        path_str, sample_rss, spread, status_field, status_kib, summary_bpf_ns, summary_samples,
+        time_usage, timed, with_bpf_stats, CpuAccount, Processes, Usage,
     },
     run_command,
 };
@@ -421,7 +419,7 @@ fn churn(scorch: &Path, busy: &Path, cpus: usize, dir: &Path, phases: Phases) ->
     let peak = status_kib(pid, "VmHWM:")? as f64 / 1024.0;
     std::thread::sleep(Duration::from_secs(phases.after.saturating_sub(5)));
     let after = sample_rss(pid, Duration::from_secs(5), Duration::from_secs(1))?;
-    let map_memory = metric("scorch_bpf_map_memory_bytes").unwrap_or(f64::NAN);
+    let map_memory = daemon_metric(ADDRESS, "scorch_bpf_map_memory_bytes").unwrap_or(f64::NAN);
     stop(daemon)?;
     Ok(ChurnRun {
         quiet_rss: median(quiet),
@@ -823,21 +821,6 @@ fn first_child(pid: u32) -> Option<u32> {
         .next()?
         .parse()
         .ok()
-}
-
-/// A metric's value from the daemon's `/metrics`.
-fn metric(name: &str) -> Result<f64> {
-    let mut stream = TcpStream::connect(ADDRESS)?;
-    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
-    write!(
-        stream,
-        "GET /metrics HTTP/1.1\r\nHost: {ADDRESS}\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut text = String::new();
-    stream.read_to_string(&mut text)?;
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
-        .with_context(|| format!("no {name} in /metrics"))
 }
 
 #[cfg(test)]

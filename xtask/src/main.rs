@@ -7,6 +7,7 @@ mod bench;
 mod bench_daemon;
 mod bench_heap;
 mod bench_overhead;
+mod bench_python;
 mod lint;
 mod measure;
 mod package;
