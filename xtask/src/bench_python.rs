@@ -92,24 +92,27 @@ pub fn python_report(root: &Path, scorch: &Path, runs: usize) -> Result<String> 
     )?;
     writeln!(
         out,
-        "| | CPU, % of a core | RSS, MiB | BPF maps, MiB | RSS + maps, MiB |"
+        "| | CPU, % of a core | RSS, MiB | BPF maps, MiB | RSS + maps, MiB | Python frames/s, \
+         processes walked |"
     )?;
-    writeln!(out, "|---|---|---|---|---|")?;
+    writeln!(out, "|---|---|---|---|---|---|")?;
     for mode in ["auto", "off"] {
         let rows: Vec<&DaemonCost> = daemons.iter().filter(|d| d.mode == mode).collect();
         let column = |f: &dyn Fn(&DaemonCost) -> f64| rows.iter().map(|d| f(d)).collect::<Vec<_>>();
         writeln!(
             out,
-            "| scorch `--python {mode}` | {} | {} | {} | {} |",
+            "| scorch `--python {mode}` | {} | {} | {} | {} | {}, {} |",
             spread(&column(&|d| d.core_percent), 2),
             spread(&column(&|d| d.rss_mib), 1),
             spread(&column(&|d| d.maps_mib), 1),
             spread(&column(&|d| d.rss_mib + d.maps_mib), 1),
+            spread(&column(&|d| d.python_frames), 0),
+            spread(&column(&|d| d.python_processes), 0),
         )?;
     }
     writeln!(
         out,
-        "| {PROCESSES} py-spy at 19 Hz, summed | {} | {} (peak, summed) | | |",
+        "| {PROCESSES} py-spy at 19 Hz, summed | {} | {} (peak, summed) | | | |",
         spread(&spies.iter().map(|s| s.core_percent).collect::<Vec<_>>(), 2),
         spread(&spies.iter().map(|s| s.rss_mib).collect::<Vec<_>>(), 1),
     )?;
@@ -204,6 +207,9 @@ struct DaemonCost {
     core_percent: f64,
     rss_mib: f64,
     maps_mib: f64,
+    /// Python frames walked a second, and processes walked (`/metrics`): the path measured.
+    python_frames: f64,
+    python_processes: f64,
 }
 
 struct SpyCost {
@@ -248,8 +254,13 @@ fn daemon_costs(
             )?);
             let last = daemons.last().expect("pushed");
             eprintln!(
-                "bench: daemon --python {mode}: {:.2}% of a core, RSS {:.1} MiB, maps {:.1} MiB",
-                last.core_percent, last.rss_mib, last.maps_mib
+                "bench: daemon --python {mode}: {:.2}% of a core, RSS {:.1} MiB, maps {:.1} MiB, \
+                 {:.0} Python frames/s from {} processes",
+                last.core_percent,
+                last.rss_mib,
+                last.maps_mib,
+                last.python_frames,
+                last.python_processes
             );
         }
         spies.push(py_spy_run(&py_spy, &pids, &dir, run)?);
@@ -284,6 +295,9 @@ fn daemon_run(scorch: &Path, store: &Path, mode: &'static str) -> Result<DaemonC
     let cpu = account.cpu_seconds()? - before;
     let elapsed = started.elapsed().as_secs_f64();
     let maps = daemon_metric(ADDRESS, "scorch_bpf_map_memory_bytes")? / (1 << 20) as f64;
+    let python_frames =
+        daemon_metric(ADDRESS, "scorch_python_frames_total")? / (WARM_UP + SPAN).as_secs_f64();
+    let python_processes = daemon_metric(ADDRESS, "scorch_python_processes")?;
     let mut daemon = daemon;
     run_command(Command::new("kill").args(["-TERM", &pid.to_string()]))?;
     let status = daemon.0[0].wait()?;
@@ -296,6 +310,8 @@ fn daemon_run(scorch: &Path, store: &Path, mode: &'static str) -> Result<DaemonC
         core_percent: cpu / elapsed * 100.0,
         rss_mib: median(rss),
         maps_mib: maps,
+        python_frames,
+        python_processes,
     })
 }
 

@@ -20,7 +20,7 @@
 //!
 //! Pure: what a process maps and what its frames are named comes through [`ProcessFrames`].
 
-use std::collections::HashMap;
+use std::{borrow::Cow, collections::HashMap};
 
 use crate::pipeline::{aggregate::StackSample, drain::Stack};
 
@@ -82,24 +82,30 @@ pub struct EntryChains {
 
 impl EntryChains {
     /// Learns from `stacks`, then completes those that stopped at `__libc_start_call_main`.
-    /// Stacks that become equal are merged; order is not kept.
-    pub fn complete(
+    /// Stacks that become equal are merged; order is not kept. Only a completed stack is
+    /// copied: the others are handed back as they were lent.
+    pub fn complete<'a>(
         &mut self,
-        stacks: impl IntoIterator<Item = (StackSample, u64)>,
+        stacks: impl IntoIterator<Item = (&'a StackSample, u64)>,
         frames: &mut impl ProcessFrames,
-    ) -> Vec<(StackSample, u64)> {
-        let stacks: Vec<(StackSample, u64)> = stacks.into_iter().collect();
-        for (stack, _) in &stacks {
+    ) -> Vec<(Cow<'a, StackSample>, u64)> {
+        let stacks: Vec<(&StackSample, u64)> = stacks.into_iter().collect();
+        for &(stack, _) in &stacks {
             self.learn(stack, frames);
         }
-        let mut merged: HashMap<StackSample, u64> = HashMap::with_capacity(stacks.len());
-        for (mut stack, count) in stacks {
-            if let Some(below) = self.below(&stack, frames) {
-                if let Stack::Frames(user) = &mut stack.user {
-                    user.extend(below);
+        let mut merged: HashMap<Cow<'a, StackSample>, u64> = HashMap::with_capacity(stacks.len());
+        for (stack, count) in stacks {
+            let stack = match (self.below(stack, frames), &stack.user) {
+                (Some(below), Stack::Frames(user)) => {
+                    let mut completed = stack.clone();
+                    let mut frames = user.clone();
+                    frames.extend(below);
+                    completed.user = Stack::Frames(frames);
                     self.completed += count;
+                    Cow::Owned(completed)
                 }
-            }
+                _ => Cow::Borrowed(stack),
+            };
             *merged.entry(stack).or_insert(0) += count;
         }
         merged.into_iter().collect()
@@ -318,6 +324,19 @@ mod tests {
         }
     }
 
+    /// `EntryChains::complete` on owned stacks, its result owned.
+    fn complete<const N: usize>(
+        chains: &mut EntryChains,
+        stacks: [(StackSample, u64); N],
+        frames: &mut impl ProcessFrames,
+    ) -> Vec<(StackSample, u64)> {
+        chains
+            .complete(stacks.iter().map(|(s, n)| (s, *n)), frames)
+            .into_iter()
+            .map(|(s, n)| (s.into_owned(), n))
+            .collect()
+    }
+
     fn frames_of(stacks: &[(StackSample, u64)], pid: u32) -> Vec<(Vec<u64>, u64)> {
         let mut found: Vec<_> = stacks
             .iter()
@@ -351,7 +370,7 @@ mod tests {
         );
         let stopped = sample(2, &[0x5100_1000, 0x5100_1100, 0x7102_9d90]);
         let mut chains = EntryChains::default();
-        let out = chains.complete([(whole, 3), (stopped, 2)], &mut fake);
+        let out = complete(&mut chains, [(whole, 3), (stopped, 2)], &mut fake);
         assert_eq!(
             frames_of(&out, 2),
             [(
@@ -373,13 +392,14 @@ mod tests {
         let mut fake = Fake::new(&[(1, EXE, 0x7000_0000, 0x5000_0000, 0x20)]);
         let whole = [0x5000_1000, 0x7002_9d90, 0x7002_9e40, 0x5000_0025];
         let mut chains = EntryChains::default();
-        let out = chains.complete(
+        let out = complete(
+            &mut chains,
             [(sample(1, &whole), 3), (sample(1, &whole[..2]), 2)],
             &mut fake,
         );
         assert_eq!(frames_of(&out, 1), [(whole.to_vec(), 5)]);
         // A later window holds only a stopped walk.
-        let out = chains.complete([(sample(1, &whole[..2]), 4)], &mut fake);
+        let out = complete(&mut chains, [(sample(1, &whole[..2]), 4)], &mut fake);
         assert_eq!(frames_of(&out, 1), [(whole.to_vec(), 4)]);
         // Three places named once each (`__libc_start_call_main`'s, `_start`'s to learn, and
         // the whole walk's bottom, which is not); each completion checks the name at the
@@ -399,14 +419,14 @@ mod tests {
         let mut chains = EntryChains::default();
         let whole = sample(1, &[0x5000_1000, 0x7002_9d90, 0x7002_9e40, 0x5000_0025]);
         let other = sample(2, &[0x5100_1000, 0x7102_9d90]);
-        let out = chains.complete([(whole, 1), (other, 1)], &mut fake);
+        let out = complete(&mut chains, [(whole, 1), (other, 1)], &mut fake);
         assert_eq!(
             frames_of(&out, 2),
             [(vec![0x5100_1000, 0x7102_9d90, 0x7102_9e40, 0x5100_0445], 1)]
         );
         // Process 3's executable has other code at its entry point: nothing is given.
         let stranger = sample(3, &[0x5200_1000, 0x7202_9d90]);
-        let out = chains.complete([(stranger, 1)], &mut StrangeStart(fake));
+        let out = complete(&mut chains, [(stranger, 1)], &mut StrangeStart(fake));
         assert_eq!(frames_of(&out, 3), [(vec![0x5200_1000, 0x7202_9d90], 1)]);
         assert_eq!(chains.completed, 1);
     }
@@ -446,7 +466,7 @@ mod tests {
         // A second whole walk through the same place that disagrees: nothing is given.
         let odd = sample(1, &[0x5000_1000, 0x7002_9d90, 0x7002_9e48, 0x5000_0025]);
         let stopped = sample(3, &[0x5200_1000, 0x7202_9d90]);
-        let out = chains.complete([(whole, 1), (odd, 1), (stopped, 1)], &mut fake);
+        let out = complete(&mut chains, [(whole, 1), (odd, 1), (stopped, 1)], &mut fake);
         assert_eq!(frames_of(&out, 3), [(vec![0x5200_1000, 0x7202_9d90], 1)]);
         assert_eq!(chains.completed, 0);
     }
@@ -458,7 +478,8 @@ mod tests {
         let whole = sample(1, &[0x5000_1000, 0x7002_9d90, 0x7002_9e40, 0x5000_0025]);
         let thread = sample(1, &[0x5000_1000, 0x7002_0000]);
         let unmapped = sample(1, &[0x5000_1000, 0x9000_0000]);
-        let out = chains.complete(
+        let out = complete(
+            &mut chains,
             [
                 (whole.clone(), 1),
                 (thread.clone(), 1),

@@ -164,13 +164,13 @@ pub fn symbolize(
         aggregated
             .stacks
             .iter()
-            .map(|(stack, &count)| (stack.clone(), count)),
+            .map(|(stack, &count)| (stack, count)),
     );
     // Deterministic output: same input, same bytes.
     stacks.sort_by(|a, b| a.0.cmp(&b.0));
     let mut samples = Vec::with_capacity(stacks.len());
     for (stack, count) in &stacks {
-        let (stack, count) = (stack, *count);
+        let (stack, count): (&StackSample, u64) = (stack, *count);
         let mut locations = Vec::new();
         match &stack.kernel {
             Stack::Frames(frames) => {

@@ -620,10 +620,10 @@ impl UserSymbolizer {
 
     /// `stacks` with the frames below glibc's start code given to walks that stopped there,
     /// merged (see [`super::entry`]).
-    pub fn complete_entry_chains(
+    pub fn complete_entry_chains<'a>(
         &mut self,
-        stacks: impl IntoIterator<Item = (StackSample, u64)>,
-    ) -> Vec<(StackSample, u64)> {
+        stacks: impl IntoIterator<Item = (&'a StackSample, u64)>,
+    ) -> Vec<(std::borrow::Cow<'a, StackSample>, u64)> {
         let mut chains = std::mem::take(&mut self.entry_chains);
         let completed = chains.complete(stacks, self);
         self.entry_chains = chains;

@@ -896,18 +896,9 @@ impl Unwinder {
             described.state = MAPPING_TABLE_PENDING;
         }
         if let Some(table) = table {
-            // The segment this mapping's file bytes belong to (mappings start on a page).
-            if let Some(segment) = table.segments.iter().find(|s| {
-                s.offset & !0xfff <= mapping.offset && mapping.offset < s.offset + s.file_size
-            }) {
-                // pc - start + offset is the file offset; minus the segment's offset plus its
-                // address is the ELF address; minus the base is the row pc.
-                described.bias = mapping
-                    .start
-                    .wrapping_sub(mapping.offset)
-                    .wrapping_add(segment.offset)
-                    .wrapping_sub(segment.address)
-                    .wrapping_add(table.base);
+            // pc minus the load bias is the ELF address; minus the base is the row pc.
+            if let Some(bias) = load_bias(mapping, &table.segments) {
+                described.bias = bias.wrapping_add(table.base);
                 described.first_row = table.first_row;
                 described.rows = table.rows;
                 described.state = MAPPING_TABLE_LOADED;
