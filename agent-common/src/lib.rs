@@ -576,14 +576,9 @@ pub struct PythonProc {
     /// [`PYTHON_ENTRY_IS_ENTRY`] or [`PYTHON_ENTRY_CSTACK_OWNER`].
     pub entry_kind: u8,
     pub entry_value: u8,
-    /// Bytes at the start of a frame that hold every field above: read at once, one read a
-    /// frame. At most [`PYTHON_FRAME_HEADER`].
-    pub frame_header: u32,
+    /// Explicit padding so the layout has no uninitialised bytes.
+    pub _reserved: u32,
 }
-
-/// Most bytes of a frame the walk reads ([`PythonProc::frame_header`]): CPython 3.11 to 3.14
-/// keep the fields it needs in the first 75.
-pub const PYTHON_FRAME_HEADER: usize = 96;
 
 /// Index into the per-CPU `PYTHON_COUNTS` array: Python frames the walk emitted, and why a
 /// Python chain stopped early. The native walk goes on after any of these.

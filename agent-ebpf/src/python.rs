@@ -15,17 +15,13 @@
 use core::ffi::c_void;
 
 use aya_ebpf::{
-    helpers::{
-        bpf_get_current_task_btf, bpf_probe_read_kernel, bpf_probe_read_user,
-        bpf_probe_read_user_buf,
-    },
+    helpers::{bpf_get_current_task_btf, bpf_probe_read_kernel, bpf_probe_read_user},
     macros::map,
     maps::{HashMap, PerCpuArray},
 };
 use scorch_common::{
     python_frame_word, PythonCount, PythonProc, MAX_PYTHON_PROCS, MAX_STACK_DEPTH, PYTHON_COUNTS,
-    PYTHON_ENTRY_CSTACK_OWNER, PYTHON_ENTRY_IS_ENTRY, PYTHON_EVAL_RANGES, PYTHON_FRAME_HEADER,
-    PYTHON_NO_CFRAME,
+    PYTHON_ENTRY_CSTACK_OWNER, PYTHON_ENTRY_IS_ENTRY, PYTHON_EVAL_RANGES, PYTHON_NO_CFRAME,
 };
 
 use crate::unwind::{repeat, WalkState};
@@ -92,6 +88,12 @@ fn read_u32(address: u64) -> Option<u32> {
     unsafe { bpf_probe_read_user(address as *const u32) }.ok()
 }
 
+#[inline(always)]
+fn read_u8(address: u64) -> Option<u8> {
+    // SAFETY: as above.
+    unsafe { bpf_probe_read_user(address as *const u8) }.ok()
+}
+
 /// The running thread's innermost Python frame, through its thread state; `None` when the
 /// thread has none (not a Python thread, not started) or it could not be read.
 #[inline(always)]
@@ -135,21 +137,7 @@ struct Chain {
     emitted: u32,
 }
 
-/// A little-endian u64 at `at` in a frame's header; 0 past its end.
-#[inline(always)]
-fn header_u64(header: &[u8; PYTHON_FRAME_HEADER], at: u16) -> u64 {
-    let at = at as usize;
-    if at > PYTHON_FRAME_HEADER - 8 {
-        return 0;
-    }
-    // SAFETY: `at + 8` is within the array, checked above.
-    unsafe { core::ptr::read_unaligned(header.as_ptr().add(at) as *const u64) }
-}
-
 /// One Python frame of a [`Chain`]. Returns 1 when the chain of this eval call ends.
-///
-/// The frame's fields are read with one read of its header, not one each: the reads are
-/// what a Python frame costs, and a deep stack has many.
 extern "C" fn chain_step(_index: u64, context: *mut c_void) -> i64 {
     // SAFETY: `emit` passes its `Chain`, whose pointers are map values.
     let chain = unsafe { &mut *(context as *mut Chain) };
@@ -159,33 +147,32 @@ extern "C" fn chain_step(_index: u64, context: *mut c_void) -> i64 {
     if frame == 0 {
         return 1;
     }
-    let mut header = [0u8; PYTHON_FRAME_HEADER];
-    let size = python.frame_header as usize;
-    if size == 0 || size > PYTHON_FRAME_HEADER {
-        chain.frame = 0;
-        return 1;
-    }
-    // SAFETY: bpf_probe_read_user checks the address; a fault is an error, never a crash.
-    if unsafe { bpf_probe_read_user_buf(frame as *const u8, &mut header[..size]) }.is_err() {
+    let Some(previous) = read_u64(frame.wrapping_add(python.frame_previous as u64)) else {
         count(PythonCount::FrameReadFault);
         chain.frame = 0;
         return 1;
-    }
-    let previous = header_u64(&header, python.frame_previous);
-    let marker = header
-        .get(python.entry_offset as usize)
-        .copied()
-        .unwrap_or(0);
+    };
+    let Some(marker) = read_u8(frame.wrapping_add(python.entry_offset as u64)) else {
+        count(PythonCount::FrameReadFault);
+        chain.frame = 0;
+        return 1;
+    };
     // 3.12+: the shim frame the eval loop pushed on entry ends this call's chain.
     if python.entry_kind == PYTHON_ENTRY_CSTACK_OWNER && marker == python.entry_value {
         chain.frame = previous;
         return 1;
     }
-    let code = header_u64(&header, python.frame_code) & python.code_mask;
-    // The agent checks the code object's type when it names it: a frame whose code is not one
-    // is shown as an unknown code object there, never as another function's name.
+    let Some(code) = read_u64(frame.wrapping_add(python.frame_code as u64)) else {
+        count(PythonCount::FrameReadFault);
+        chain.frame = 0;
+        return 1;
+    };
+    let code = code & python.code_mask;
+    // The agent checks the code object's type when it names it (a frame whose code is not
+    // one shows as an unknown code object there, never as another function's name): one read
+    // fewer a frame here, where the reads are what a deep stack costs.
     let word = if code != 0 {
-        let instr = header_u64(&header, python.frame_instr);
+        let instr = read_u64(frame.wrapping_add(python.frame_instr as u64)).unwrap_or(0);
         let start = code.wrapping_add(python.code_adaptive as u64);
         let units = if instr >= start {
             (instr - start) / 2

@@ -1021,7 +1021,6 @@ fn python_value(
         frame_previous: offsets.frame_previous,
         frame_instr: offsets.frame_instr,
         code_adaptive: offsets.code.code_adaptive,
-        frame_header: offsets.frame_header(),
         ..PythonProc::default()
     };
     (value.entry_kind, value.entry_offset, value.entry_value) = match offsets.entry {

@@ -23,7 +23,6 @@ use super::{
     x86::{first_argument, jumps_out, FirstArgument, Place},
 };
 pub use offsets::{CodeOffsets, EntryMark, Offsets};
-use scorch_common::PYTHON_FRAME_HEADER;
 
 /// Why a binary that defines CPython's symbols is not walked.
 #[derive(Debug, thiserror::Error)]
@@ -64,12 +63,6 @@ pub enum PythonError {
          PyGILState_GetThisThreadState's code"
     )]
     NoThreadKey { version: Version },
-    #[error(
-        "Python {version}: a frame's fields span {header} bytes, more than the {} the walk \
-         reads at once",
-        PYTHON_FRAME_HEADER
-    )]
-    FrameLayout { version: Version, header: u32 },
 }
 
 /// `PY_VERSION_HEX`, split.
@@ -162,10 +155,6 @@ pub fn interpreter(image: &Image) -> Result<Option<Interpreter>, PythonError> {
                 .map_err(|source| PythonError::DebugOffsets { version, source })?
         }
     };
-    let header = offsets.frame_header();
-    if header as usize > PYTHON_FRAME_HEADER {
-        return Err(PythonError::FrameLayout { version, header });
-    }
     let code_type = symbol(image, version, "PyCode_Type")?;
     check_code_offsets(image, version, code_type.address, &offsets.code)?;
     let thread_key = thread_key(image, version, runtime)?;

@@ -20,25 +20,6 @@ pub enum EntryMark {
     CStackOwner { offset: u16, value: u8 },
 }
 
-impl Offsets {
-    /// The bytes at a frame's start that hold every field the walk reads.
-    pub fn frame_header(&self) -> u32 {
-        let entry = match self.entry {
-            EntryMark::IsEntry(offset) | EntryMark::CStackOwner { offset, .. } => offset + 1,
-        };
-        [
-            self.frame_code + 8,
-            self.frame_previous + 8,
-            self.frame_instr + 8,
-            entry,
-        ]
-        .into_iter()
-        .map(u32::from)
-        .max()
-        .unwrap_or(0)
-    }
-}
-
 /// Offsets in a code object (`PyCodeObject`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CodeOffsets {
