@@ -243,6 +243,22 @@ pub fn path_str(path: &Path) -> Result<&str> {
         .with_context(|| format!("non-UTF-8 path {}", path.display()))
 }
 
+/// A metric's value from the `/metrics` of the daemon listening on `address`.
+pub fn daemon_metric(address: &str, name: &str) -> Result<f64> {
+    use std::io::{Read as _, Write as _};
+    let mut stream = std::net::TcpStream::connect(address)?;
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(
+        stream,
+        "GET /metrics HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut text = String::new();
+    stream.read_to_string(&mut text)?;
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+        .with_context(|| format!("no {name} in /metrics"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -262,20 +278,4 @@ mod tests {
         assert_eq!(spread(&[3.0, 1.0, 2.0], 1), "2.0 [1.0-3.0]");
         assert_eq!(spread(&[], 1), "n/a");
     }
-}
-
-/// A metric's value from the `/metrics` of the daemon listening on `address`.
-pub fn daemon_metric(address: &str, name: &str) -> Result<f64> {
-    use std::io::{Read as _, Write as _};
-    let mut stream = std::net::TcpStream::connect(address)?;
-    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
-    write!(
-        stream,
-        "GET /metrics HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut text = String::new();
-    stream.read_to_string(&mut text)?;
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
-        .with_context(|| format!("no {name} in /metrics"))
 }
