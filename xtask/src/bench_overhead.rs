@@ -386,7 +386,7 @@ fn churn(scorch: &Path, busy: &Path, cpus: usize, dir: &Path, phases: Phases) ->
         .spawn()?]);
     let store = dir.join("overhead-store");
     let _ = std::fs::remove_dir_all(&store);
-    let daemon = start_daemon(scorch, &store, 19)?;
+    let daemon = start_daemon(scorch, &store, 19, ADDRESS, &[])?;
     let pid = daemon.0[0].id();
     let account = CpuAccount::of_process(pid)?;
     // The busy workload never enters the kernel, and the kernel's symbol table (about 5 MiB)
@@ -494,7 +494,7 @@ fn frequency_curve(
             .spawn()?]);
         let store = dir.join(format!("overhead-store-{hz}"));
         let _ = std::fs::remove_dir_all(&store);
-        let daemon = start_daemon(scorch, &store, hz)?;
+        let daemon = start_daemon(scorch, &store, hz, ADDRESS, &[])?;
         let pid = daemon.0[0].id();
         let account = CpuAccount::of_process(pid)?;
         // One window of warm-up: the first parses the binaries. The measured seconds then hold
@@ -518,15 +518,23 @@ fn frequency_curve(
     Ok(curve)
 }
 
-fn start_daemon(scorch: &Path, store: &Path, hz: u64) -> Result<Processes> {
+/// A fresh `scorch run` at `hz` into `store`, listening on `address`, with `extra` arguments.
+pub fn start_daemon(
+    scorch: &Path,
+    store: &Path,
+    hz: u64,
+    address: &str,
+    extra: &[&str],
+) -> Result<Processes> {
     let child = Command::new(scorch)
         .args([
             "run",
             "--frequency",
             &hz.to_string(),
             "--http-address",
-            ADDRESS,
+            address,
         ])
+        .args(extra)
         .arg("--store")
         .arg(store)
         .stdout(Stdio::null())
@@ -537,7 +545,7 @@ fn start_daemon(scorch: &Path, store: &Path, hz: u64) -> Result<Processes> {
 }
 
 /// SIGTERM, so the daemon flushes and closes its store, and a check that it exited cleanly.
-fn stop(mut daemon: Processes) -> Result<()> {
+pub fn stop(mut daemon: Processes) -> Result<()> {
     let pid = daemon.0[0].id();
     run_command(Command::new("kill").args(["-TERM", &pid.to_string()]))?;
     let status = daemon.0[0].wait()?;

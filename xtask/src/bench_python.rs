@@ -24,11 +24,11 @@ use std::{
 use anyhow::{bail, Context, Result};
 
 use crate::{
+    bench_overhead::{start_daemon, stop},
     measure::{
         command_output, daemon_metric, median, path_str, sample_rss, spread, summary_bpf_ns,
         summary_samples, verdict, with_bpf_stats, CpuAccount, Processes,
     },
-    run_command,
 };
 
 const ADDRESS: &str = "127.0.0.1:17094";
@@ -135,6 +135,15 @@ pub fn python_report(root: &Path, scorch: &Path, runs: usize) -> Result<String> 
     Ok(out)
 }
 
+/// Walking on and off, in an order that alternates by run.
+fn modes(run: usize) -> [&'static str; 2] {
+    if run.is_multiple_of(2) {
+        ["auto", "off"]
+    } else {
+        ["off", "auto"]
+    }
+}
+
 struct WalkCost {
     mode: &'static str,
     ns: f64,
@@ -153,12 +162,7 @@ fn summary_python_frames(summary: &str) -> f64 {
 fn walk_costs(scorch: &Path, script: &Path, runs: usize) -> Result<Vec<WalkCost>> {
     let mut costs = Vec::new();
     for run in 0..runs {
-        let order: [&'static str; 2] = if run % 2 == 0 {
-            ["auto", "off"]
-        } else {
-            ["off", "auto"]
-        };
-        for mode in order {
+        for mode in modes(run) {
             let python = Processes(vec![Command::new(INTERPRETER)
                 .arg(script)
                 .args(["50", "12"])
@@ -241,12 +245,7 @@ fn daemon_costs(
     let mut daemons = Vec::new();
     let mut spies = Vec::new();
     for run in 0..runs {
-        let order: [&'static str; 2] = if run % 2 == 0 {
-            ["auto", "off"]
-        } else {
-            ["off", "auto"]
-        };
-        for mode in order {
+        for mode in modes(run) {
             daemons.push(daemon_run(
                 scorch,
                 &dir.join(format!("store-{run}-{mode}")),
@@ -270,22 +269,7 @@ fn daemon_costs(
 }
 
 fn daemon_run(scorch: &Path, store: &Path, mode: &'static str) -> Result<DaemonCost> {
-    let daemon = Processes(vec![Command::new(scorch)
-        .args([
-            "run",
-            "--frequency",
-            "19",
-            "--http-address",
-            ADDRESS,
-            "--python",
-            mode,
-        ])
-        .arg("--store")
-        .arg(store)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .context("starting scorch run")?]);
+    let daemon = start_daemon(scorch, store, 19, ADDRESS, &["--python", mode])?;
     let pid = daemon.0[0].id();
     let account = CpuAccount::of_process(pid)?;
     std::thread::sleep(WARM_UP);
@@ -298,13 +282,8 @@ fn daemon_run(scorch: &Path, store: &Path, mode: &'static str) -> Result<DaemonC
     let python_frames =
         daemon_metric(ADDRESS, "scorch_python_frames_total")? / (WARM_UP + SPAN).as_secs_f64();
     let python_processes = daemon_metric(ADDRESS, "scorch_python_processes")?;
-    let mut daemon = daemon;
-    run_command(Command::new("kill").args(["-TERM", &pid.to_string()]))?;
-    let status = daemon.0[0].wait()?;
+    stop(daemon).with_context(|| format!("scorch run --python {mode}"))?;
     drop(account);
-    if !status.success() {
-        bail!("scorch run --python {mode} exited with {status}");
-    }
     Ok(DaemonCost {
         mode,
         core_percent: cpu / elapsed * 100.0,

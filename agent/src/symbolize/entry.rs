@@ -95,16 +95,16 @@ impl EntryChains {
         }
         let mut merged: HashMap<Cow<'a, StackSample>, u64> = HashMap::with_capacity(stacks.len());
         for (stack, count) in stacks {
-            let stack = match (self.below(stack, frames), &stack.user) {
-                (Some(below), Stack::Frames(user)) => {
+            let stack = match self.below(stack, frames) {
+                Some(below) => {
                     let mut completed = stack.clone();
-                    let mut frames = user.clone();
-                    frames.extend(below);
-                    completed.user = Stack::Frames(frames);
-                    self.completed += count;
+                    if let Stack::Frames(user) = &mut completed.user {
+                        user.extend(below);
+                        self.completed += count;
+                    }
                     Cow::Owned(completed)
                 }
-                _ => Cow::Borrowed(stack),
+                None => Cow::Borrowed(stack),
             };
             *merged.entry(stack).or_insert(0) += count;
         }

@@ -656,9 +656,24 @@ fn the_daemon_stores_python_frames_and_counts_them() -> Result<()> {
         "-o",
         &output.to_string_lossy(),
     ])?;
-    // (`<module>` is there too, but go tool pprof's short names drop `<...>` as C++ template
-    // arguments, and print it as `<unknown>`.)
-    let top = scorch_tests::go_pprof(&["-top", "-cum"], &output)?;
+    // The names as scorch wrote them.
+    let samples = scorch_tests::detailed_samples(&scorch_tests::read_pprof(&output)?);
+    let total: i64 = samples.iter().map(|s| s.count).sum();
+    let whole: i64 = samples
+        .iter()
+        .filter(|s| {
+            let functions = python_functions(s);
+            functions.contains(&"spin") && functions.last() == Some(&"<module>")
+        })
+        .map(|s| s.count)
+        .sum();
+    ensure!(
+        total > 0 && whole as f64 >= 0.9 * total as f64,
+        "{whole} of {total} stored samples named from spin to <module>"
+    );
+    // And go tool pprof reads them without naming anything itself (`<module>` is there too,
+    // but its short names drop `<...>` as C++ template arguments: `<unknown>`).
+    let top = scorch_tests::go_pprof(&["-symbolize=none", "-top", "-cum"], &output)?;
     for name in ["matmul", "reduce", "run"] {
         ensure!(top.contains(name), "go tool pprof -top -cum:\n{top}");
     }
