@@ -25,6 +25,9 @@
 //! - The Python walk (`--only python`): BPF cost per sample on a 50-frame Python stack, and
 //!   the daemon's CPU and memory with 20 interpreters, walking on and off, beside py-spy's
 //!   (`bench_python`).
+//! - Stripped Go binaries (`--only go`): 10,000 pcs named from `.gopclntab` beside DWARF
+//!   (`agent/benches/gosym.rs`), and the daemon's CPU and memory with 20 distinct stripped Go
+//!   binaries running, against none (`bench_go`).
 
 use std::{
     fmt::Write as _,
@@ -81,6 +84,11 @@ pub fn bench(
             print!("{report}");
             Ok(())
         }
+        Some("go") => {
+            let report = crate::bench_go::go_report(root, scorch, runs)?;
+            print!("{report}");
+            Ok(())
+        }
         Some("overhead") => {
             let phases = crate::bench_overhead::Phases::standard(seconds);
             let report = crate::bench_overhead::overhead(root, scorch, runs, phases)?;
@@ -90,7 +98,7 @@ pub fn bench(
         Some(other) => {
             bail!(
                 "--only {other:?}: expected record, symbolize, daemon, remote, unwind, walk, views, \
-                 overhead, heap, churn or python"
+                 overhead, heap, churn, python or go"
             )
         }
     }

@@ -5,6 +5,7 @@
 
 mod bench;
 mod bench_daemon;
+mod bench_go;
 mod bench_heap;
 mod bench_overhead;
 mod bench_python;
@@ -88,7 +89,9 @@ enum Task {
         /// sampling rate: `target/bench/overhead.md`), or `heap` (what holds the daemon's
         /// heap at its peak under process churn, from heaptrack: `target/bench/heap.md`), or
         /// `churn` (the daemon under process churn alone, beside `--baseline`:
-        /// `target/bench/churn.md`).
+        /// `target/bench/churn.md`), or `python` (the Python walk's cost:
+        /// `target/bench/python.md`), or `go` (stripped Go binaries named from `.gopclntab`
+        /// beside DWARF, and the daemon with 20 of them running: `target/bench/go.md`).
         #[arg(long)]
         only: Option<String>,
         /// Windows of 10 s the daemon bench measures.

@@ -52,6 +52,8 @@ pub enum UserMiss {
     NotLoaded,
     /// Neither DWARF nor the symbol tables cover the address.
     NoSymbol,
+    /// A Go binary whose `.gopclntab`, the only table that could name the address, is corrupt.
+    CorruptGoTable,
     /// `--symbolize none`: left for the server.
     NotSymbolized,
 }
@@ -63,7 +65,10 @@ impl UserMiss {
     /// no maps), so a reader such as pprof may still ask a symbol server.
     pub fn is_conclusive(self) -> bool {
         match self {
-            UserMiss::Anonymous | UserMiss::NotLoaded | UserMiss::NoSymbol => true,
+            UserMiss::Anonymous
+            | UserMiss::NotLoaded
+            | UserMiss::NoSymbol
+            | UserMiss::CorruptGoTable => true,
             UserMiss::NoMaps
             | UserMiss::Unmapped
             | UserMiss::UnreadableFile
@@ -81,6 +86,7 @@ impl UserMiss {
             UserMiss::BinaryReplaced => "binary replaced on disk",
             UserMiss::NotLoaded => "offset outside loaded segments",
             UserMiss::NoSymbol => "no symbol",
+            UserMiss::CorruptGoTable => "corrupt Go symbol table (.gopclntab)",
             UserMiss::NotSymbolized => "not symbolized (--symbolize none)",
         }
     }
@@ -98,6 +104,8 @@ pub enum Fallback {
     /// DWARF in a file would have cost more than a file may (inflated sections, units, ranges):
     /// refused, once per file, and the symbol table named its frames.
     DwarfOverBudget,
+    /// A Go binary's `.gopclntab` failed a lookup; the symbol table named the frame.
+    BadGoTable,
 }
 
 impl Fallback {
@@ -107,6 +115,7 @@ impl Fallback {
             Fallback::BadDebugFile => "unreadable debug file",
             Fallback::BadDwarf => "corrupt DWARF",
             Fallback::DwarfOverBudget => "DWARF over its size limits",
+            Fallback::BadGoTable => "corrupt Go symbol table entry",
         }
     }
 }
@@ -964,14 +973,18 @@ impl UserSymbolizer {
         // The unit index, built by a file's first lookup, may refuse its DWARF too.
         let mut refused = None;
         let frames = elf.and_then(|elf| {
-            let before = elf.dwarf_errors();
+            let before = (elf.dwarf_errors(), elf.go_errors());
             let elf_address = elf.elf_address(file_offset).ok_or(UserMiss::NotLoaded)?;
             let result = elf.resolve(elf_address).map_err(|miss| match miss {
                 ElfMiss::NotLoaded => UserMiss::NotLoaded,
                 ElfMiss::NoSymbol => UserMiss::NoSymbol,
+                ElfMiss::CorruptGoTable => UserMiss::CorruptGoTable,
             });
-            if elf.dwarf_errors() > before {
+            if elf.dwarf_errors() > before.0 {
                 *self.fallbacks.entry(Fallback::BadDwarf).or_insert(0) += 1;
+            }
+            if elf.go_errors() > before.1 && result.is_ok() {
+                *self.fallbacks.entry(Fallback::BadGoTable).or_insert(0) += 1;
             }
             if elf.has_dwarf() {
                 refused = elf.dwarf_refused();
@@ -1039,7 +1052,7 @@ impl UserSymbolizer {
         let (handle, path, _) = open_mapped(pid, entry).ok()?;
         let data = FileData::map_file(&handle, &path).ok()?;
         let file = object::File::parse(data.bytes()).ok()?;
-        let id = to_hex(object::Object::build_id(&file).ok()??);
+        let id = super::elf::build_id(&file, data.bytes())?;
         let Some(limit) = self.collect_binaries else {
             return Some(id);
         };

@@ -89,11 +89,9 @@ pub(super) struct Function {
 impl Converted {
     /// Room for the rows a section of `bytes` usually gives (glibc's `.eh_frame` has a row
     /// per 5 to 6 bytes), so that converting rarely grows the vector.
-    pub fn with_capacity(bytes: usize) -> Self {
-        Converted {
-            rows: Vec::with_capacity((bytes / 4).min(MAX_ROWS)),
-            functions: Vec::with_capacity(bytes / 40),
-        }
+    pub fn reserve_for(&mut self, bytes: usize) {
+        self.rows.reserve((bytes / 4).min(MAX_ROWS));
+        self.functions.reserve(bytes / 40);
     }
 
     /// The pcs the functions so far cover, sorted and disjoint: what a later section may not
@@ -114,7 +112,7 @@ impl Converted {
 }
 
 /// True when `[start, end)` meets any of `ranges` (sorted, disjoint).
-fn overlaps(ranges: &[(u32, u32)], start: u32, end: u32) -> bool {
+pub(super) fn overlaps(ranges: &[(u32, u32)], start: u32, end: u32) -> bool {
     // The last range starting before `end` is also the one reaching furthest.
     let before_end = ranges.partition_point(|range| range.0 < end);
     before_end > 0 && ranges[before_end - 1].1 > start

@@ -926,7 +926,11 @@ fn build_from(bytes: &[u8], path: &Path) -> Option<Built> {
         rows: table.rows().to_vec(),
         base: table.base(),
         segments,
-        build_id: elf.build_id().ok().flatten().map(Box::from),
+        // A Go binary without a GNU build id is keyed by its Go one.
+        build_id: match elf.build_id() {
+            Ok(Some(id)) => Some(Box::from(id)),
+            _ => crate::runtimes::go::build_id(&elf, bytes).map(|id| Box::from(id.as_bytes())),
+        },
     })
 }
 

@@ -4,7 +4,8 @@
 //! maps and keeps each process's mappings current, off the window loop's critical path.
 //!
 //! A table comes from `.eh_frame`, and for code it does not describe, from `.debug_frame` in
-//! the binary or in its separate debug file ([`convert`]); its rows are then sorted and merged,
+//! the binary or in its separate debug file ([`convert`]), and then, in a Go binary, from the
+//! stack-pointer deltas of its `.gopclntab` ([`pcsp`]); its rows are then sorted and merged,
 //! with end-of-function markers before the gaps between functions ([`optimize`]). x86_64
 //! only: the rules name its registers, and other architectures are refused.
 //!
@@ -16,6 +17,7 @@ mod convert;
 pub mod loader;
 pub mod metrics;
 mod optimize;
+mod pcsp;
 mod pool;
 pub mod row;
 
@@ -56,7 +58,7 @@ pub enum UnwindError {
     )]
     CodeTooLarge { path: PathBuf, span: u64 },
     #[error(
-        "{path} has no .eh_frame or .debug_frame with any FDE{}",
+        "{path} has no .eh_frame or .debug_frame with any FDE, nor a Go function table{}",
         if *.debug_file { ", nor has its debug file" } else { "" }
     )]
     NoUnwindInfo { path: PathBuf, debug_file: bool },
@@ -103,7 +105,10 @@ pub struct UnwindStats {
     /// FDEs taken from `.debug_frame` (the binary's, or else its debug file's), for code
     /// `.eh_frame` does not describe.
     pub debug_frame_fdes: usize,
-    /// FDEs left out (unreadable, or outside the executable segments): their code has no row.
+    /// Go functions taken from `.gopclntab`'s stack-pointer deltas, for code no CFI describes.
+    pub go_functions: usize,
+    /// FDEs and Go functions left out (unreadable, or outside the executable segments): their
+    /// code has no row.
     pub fdes_skipped: usize,
     /// Rows DWARF gave, end-of-function markers included, before sorting and merging.
     pub rows_before_merging: usize,
@@ -201,7 +206,20 @@ impl UnwindTable {
         let file = parse(path, elf)?;
         let code = Code::of(&file, path)?;
         let mut converted = Converted::default();
-        let eh_frame = eh_frame(&file, path, &code, &mut converted)?;
+        // In a Go binary, the runtime's functions that start or switch stacks come first:
+        // its CFI (an unstripped build's `.debug_frame`) describes them as ordinary frames,
+        // and a walk through them goes on into another stack's words.
+        let go = match crate::runtimes::go::Pclntab::find(&file, elf) {
+            Ok(table) => table,
+            Err(err) => {
+                tracing::debug!("{}: Go function table refused: {err}", path.display());
+                None
+            }
+        };
+        let go_stops = go.as_ref().map_or(FdeCounts::default(), |table| {
+            pcsp::convert(table, elf, &code, &[], pcsp::Which::Stops, &mut converted)
+        });
+        let eh_frame = eh_frame(&file, path, &code, &converted.covered(), &mut converted)?;
         let claimed = converted.covered();
         let debug_frame = match debug_frame(&file, path, &code, &claimed, &mut converted)? {
             Some(counts) => counts,
@@ -214,7 +232,25 @@ impl UnwindTable {
                 None => FdeCounts::default(),
             },
         };
-        if eh_frame.converted + debug_frame.converted == 0 {
+        // Go's own code has no CFI unless the linker kept `.debug_frame` (unstripped builds):
+        // its pc tables describe every function the runtime can unwind.
+        let claimed = converted.covered();
+        let go = go.as_ref().map_or(FdeCounts::default(), |table| {
+            pcsp::convert(
+                table,
+                elf,
+                &code,
+                &claimed,
+                pcsp::Which::Rest,
+                &mut converted,
+            )
+        });
+        let go = FdeCounts {
+            converted: go.converted + go_stops.converted,
+            skipped: go.skipped + go_stops.skipped,
+            claimed: go.claimed,
+        };
+        if eh_frame.converted + debug_frame.converted + go.converted == 0 {
             return Err(UnwindError::NoUnwindInfo {
                 path: path.to_owned(),
                 debug_file: debug_file.is_some(),
@@ -225,7 +261,8 @@ impl UnwindTable {
         let stats = UnwindStats {
             eh_frame_fdes: eh_frame.converted,
             debug_frame_fdes: debug_frame.converted,
-            fdes_skipped: eh_frame.skipped + debug_frame.skipped,
+            go_functions: go.converted,
+            fdes_skipped: eh_frame.skipped + debug_frame.skipped + go.skipped,
             rows_before_merging,
             rows: rows.len(),
             end_markers: rows
@@ -295,11 +332,12 @@ fn parse<'data>(path: &Path, bytes: &'data [u8]) -> Result<object::File<'data>, 
     Ok(file)
 }
 
-/// Converts the file's `.eh_frame`, the first section into `converted`.
+/// Converts the file's `.eh_frame` FDEs that `claimed` leaves into `converted`.
 fn eh_frame(
     file: &object::File<'_>,
     path: &Path,
     code: &Code,
+    claimed: &[(u32, u32)],
     converted: &mut Converted,
 ) -> Result<FdeCounts, UnwindError> {
     let Some(section) = file.section_by_name(".eh_frame") else {
@@ -307,7 +345,7 @@ fn eh_frame(
     };
     // An allocated section, never compressed.
     let data = section.data().unwrap_or_default();
-    *converted = Converted::with_capacity(data.len());
+    converted.reserve_for(data.len());
     let address_of = |name| file.section_by_name(name).map(|s| s.address());
     // Pointers in `.eh_frame` are mostly pc-relative; text- and data-relative ones need these.
     let mut bases = BaseAddresses::default().set_eh_frame(section.address());
@@ -325,7 +363,7 @@ fn eh_frame(
         path,
         name: ".eh_frame",
     };
-    convert::convert(&source, code, &[], converted)
+    convert::convert(&source, code, claimed, converted)
 }
 
 /// Converts the FDEs of the file's `.debug_frame` that `claimed` leaves; `None` when it has

@@ -5,6 +5,7 @@ mod adversarial;
 mod cli;
 mod counting;
 mod daemon;
+mod go;
 mod kernel_frames;
 mod known_call_tree;
 mod kubernetes;

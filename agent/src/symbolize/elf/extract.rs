@@ -28,7 +28,7 @@ pub enum ExtractError {
         path: PathBuf,
         source: object::read::Error,
     },
-    #[error("{path}: nothing to upload: no .debug_info, .symtab or .dynsym")]
+    #[error("{path}: nothing to upload: no .debug_info, .symtab, .dynsym or .gopclntab")]
     NoSymbols { path: PathBuf },
     #[error("{path}: writing its debug sections: {source}")]
     Write {
@@ -79,9 +79,9 @@ fn is_debug_name(name: &[u8]) -> bool {
 /// header and program headers (the program headers as they are, offsets included: with the
 /// mapping's offset they turn a sampled address into an ELF address), every section header in
 /// its place (so the section indices in symbols and links stay right), but contents only for
-/// DWARF, symbol and string tables, notes (the build id), `.gnu_debuglink` and
-/// `.gnu_debugdata`; every other section is kept as `SHT_NOBITS` with its address and size.
-/// `path` only names the file in errors.
+/// DWARF, symbol and string tables, notes (the build id), `.gnu_debuglink`, `.gnu_debugdata`
+/// and a Go binary's `.gopclntab`; every other section is kept as `SHT_NOBITS` with its
+/// address and size. `path` only names the file in errors.
 ///
 /// An I/O error of `out` is [`ExtractError::Output`]. A kept section aligned beyond
 /// [`MAX_SECTION_ALIGN`], or contents and padding adding up to more than the input plus
@@ -125,7 +125,8 @@ where
         if has_contents
             && (matches!(kind, elf::SHT_SYMTAB | elf::SHT_DYNSYM)
                 || name == b".debug_info"
-                || name == b".zdebug_info")
+                || name == b".zdebug_info"
+                || name == b".gopclntab")
         {
             has_symbols = true;
         }
@@ -166,7 +167,9 @@ where
                 )
                 || (kind == elf::SHT_STRTAB && linked_strings.contains(&index))
                 || name == b".gnu_debuglink"
-                || name == b".gnu_debugdata");
+                || name == b".gnu_debugdata"
+                // What a server names a stripped Go binary from.
+                || name == b".gopclntab");
         let contents = if keep {
             Some(section.data(endian, data).map_err(malformed)?)
         } else {

@@ -1,6 +1,10 @@
 //! What one ELF file knows about its code: `PT_LOAD` segments, symbol tables, GNU build id,
 //! `.gnu_debuglink`, and DWARF with inline frames and file:line (through addr2line).
 //!
+//! A Go binary is named from its `.gopclntab` when DWARF does not cover a pc (Go's stripped
+//! builds keep it: the runtime needs it for its own tracebacks), before its symbol table: the
+//! table gives files, lines and inlined calls, where the symbol table gives a name only.
+//!
 //! Files are memory-mapped and DWARF sections are read in place, so only the pages a lookup
 //! touches become resident, and addr2line parses only the compilation units that hold the
 //! addresses asked for. Compressed sections (zlib, zstd; Debian's debug packages use them) are
@@ -38,6 +42,7 @@ use std::{
 use object::{Object, ObjectSegment};
 
 use super::address::{ElfAddress, FileOffset};
+use crate::runtimes::go::Pclntab;
 use crate::sys;
 use dwarf::Dwarf;
 pub use symtab::demangle;
@@ -209,6 +214,17 @@ pub struct ResolvedFrame {
     pub line: u32,
 }
 
+/// The file's build id in lowercase hex: its GNU build id, or else a Go binary's Go build id
+/// (which `go build` writes where it writes no GNU one), its bytes in hex as Parca Agent keys
+/// it, so that the symbol cache and uploads key stripped Go binaries too.
+pub fn build_id(file: &object::File<'_>, data: &[u8]) -> Option<String> {
+    match file.build_id() {
+        Ok(Some(id)) => Some(crate::sys::hex::to_hex(id)),
+        _ => crate::runtimes::go::build_id(file, data)
+            .map(|id| crate::sys::hex::to_hex(id.as_bytes())),
+    }
+}
+
 /// A `PT_LOAD` segment: which file bytes land at which ELF addresses.
 #[derive(Debug, Clone, Copy)]
 struct LoadSegment {
@@ -224,11 +240,14 @@ pub enum ElfMiss {
     NotLoaded,
     /// Neither DWARF nor the symbol tables cover the address.
     NoSymbol,
+    /// Only the file's `.gopclntab` could have named the address, and it is corrupt.
+    CorruptGoTable,
 }
 
 /// One ELF file's code knowledge.
 pub struct ElfFile {
-    /// Lowercase hex GNU build id.
+    /// Lowercase hex GNU build id; for a Go binary without one, its Go build id's bytes in hex
+    /// (as Parca Agent keys them).
     pub build_id: Option<String>,
     /// `.gnu_debuglink`: the separate debug file's name and the CRC-32 of its contents.
     pub debuglink: Option<(String, u32)>,
@@ -237,6 +256,13 @@ pub struct ElfFile {
     segments: Vec<LoadSegment>,
     symbols: SymbolTable,
     dwarf: Option<Dwarf>,
+    /// A Go binary's `.gopclntab`, read in place from `data[0]`: it names what DWARF does not.
+    go: Option<Pclntab>,
+    /// Why the file's `.gopclntab` was refused, when it has one that is corrupt.
+    go_refused: Option<String>,
+    /// Lookups the `.gopclntab` failed (a corrupt function entry or pc table); each fell back
+    /// to the symbol table.
+    go_errors: std::sync::atomic::AtomicU64,
     /// Why the DWARF of the file (or of its debug file) was refused when it was loaded.
     dwarf_refused: Option<OverBudget>,
     /// The mapped files this entry reads from (the binary, and its debug file when attached).
@@ -281,10 +307,15 @@ impl ElfFile {
             source,
         };
         let file = object::File::parse(data.bytes()).map_err(parse_err)?;
-        let build_id = file
-            .build_id()
-            .map_err(parse_err)?
-            .map(crate::sys::hex::to_hex);
+        let (go, go_refused) = match Pclntab::find(&file, data.bytes()) {
+            Ok(table) => (table, None),
+            Err(err) => {
+                tracing::debug!("{}: its Go symbol table is refused: {err}", path.display());
+                (None, Some(err.to_string()))
+            }
+        };
+        file.build_id().map_err(parse_err)?;
+        let build_id = build_id(&file, data.bytes());
         let debuglink = file
             .gnu_debuglink()
             .ok()
@@ -331,6 +362,9 @@ impl ElfFile {
             symbols,
             dwarf,
             dwarf_refused,
+            go,
+            go_refused,
+            go_errors: 0.into(),
             data: vec![data],
             inflated,
             dwarf_errors: u64::from(dwarf_unreadable).into(),
@@ -424,6 +458,21 @@ impl ElfFile {
         self.dwarf_errors.load(std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// True when the file is a Go binary whose `.gopclntab` is read.
+    pub fn has_go_table(&self) -> bool {
+        self.go.is_some()
+    }
+
+    /// Why the file's `.gopclntab` was refused, if it has a corrupt one.
+    pub fn go_table_refused(&self) -> Option<&str> {
+        self.go_refused.as_deref()
+    }
+
+    /// `.gopclntab` lookups that failed so far (each fell back to the symbol table).
+    pub fn go_errors(&self) -> u64 {
+        self.go_errors.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// The ELF address that `offset` is loaded at, through the `PT_LOAD` segment holding it.
     pub fn elf_address(&self, offset: FileOffset) -> Option<ElfAddress> {
         self.segments
@@ -441,8 +490,8 @@ impl ElfFile {
             .map(|s| FileOffset(entry - s.address + s.file_offset))
     }
 
-    /// The function levels at `address`, innermost (inlined) first. DWARF first; the symbol
-    /// table when DWARF has nothing or fails.
+    /// The function levels at `address`, innermost (inlined) first. DWARF first; then a Go
+    /// binary's `.gopclntab`; the symbol table when neither has anything or both fail.
     pub fn resolve(&self, address: ElfAddress) -> Result<Vec<ResolvedFrame>, ElfMiss> {
         let symbol = self.symbols.lookup(address.0);
         // addr2line probes [address, address + 1): the last address cannot be asked about.
@@ -457,7 +506,41 @@ impl ElfFile {
                 }
             }
         }
-        let name = symbol.ok_or(ElfMiss::NoSymbol)?;
+        if let Some(go) = &self.go {
+            if go.text_range().contains(&address.0) {
+                match go.frames(self.data[0].bytes(), address.0) {
+                    Ok(frames) if !frames.is_empty() => {
+                        return Ok(frames
+                            .into_iter()
+                            .map(|frame| ResolvedFrame {
+                                system_name: frame.function.clone(),
+                                function: frame.function,
+                                file: frame.file,
+                                line: frame.line,
+                            })
+                            .collect());
+                    }
+                    // Outside every function, or in the padding after one's code, where its
+                    // pc tables end: nothing to name, nothing wrong.
+                    Err(
+                        crate::runtimes::go::PclntabError::NoFunction { .. }
+                        | crate::runtimes::go::PclntabError::PcValueEnds { .. },
+                    ) => {}
+                    _ => {
+                        self.go_errors
+                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        if symbol.is_none() {
+                            return Err(ElfMiss::CorruptGoTable);
+                        }
+                    }
+                }
+            }
+        }
+        let name = match symbol {
+            Some(name) => name,
+            None if self.go_refused.is_some() => return Err(ElfMiss::CorruptGoTable),
+            None => return Err(ElfMiss::NoSymbol),
+        };
         Ok(vec![ResolvedFrame {
             function: demangle(name).into_owned(),
             system_name: name.to_owned(),

@@ -1,0 +1,162 @@
+//! A Go binary's `pcsp` tables to rows: the stack-pointer delta Go's `.gopclntab` keeps for
+//! every pc, which its own runtime unwinds with, turned into the rules `.eh_frame` gives other
+//! code. A stripped Go binary has no CFI at all, and its frameless leaves push no frame
+//! pointer: without these rows a frame-pointer walk skips each leaf's caller.
+//!
+//! On x86_64 a Go function's CFA is rsp plus the delta plus the return address's 8 bytes.
+//! Once the function has a frame, its caller's rbp is saved just below the return address
+//! (`PUSHQ BP` since Go 1.21, `MOVQ BP, framesize-8(SP)` before): at CFA - 16. Functions that
+//! start a stack (`runtime.goexit` under every goroutine, `runtime.mstart`, `runtime.rt0_go`)
+//! end the walk; those that switch stacks or write rsp in ways the delta does not describe
+//! (`runtime.systemstack`, `runtime.mcall`, `runtime.morestack`, and whatever Go flags
+//! `SPWRITE`) stop it, as unsupported, rather than walk into another stack's words.
+
+use crate::runtimes::go::{GoFunc, Pclntab};
+
+use super::{
+    convert::{Converted, FdeCounts, Function, MAX_ROWS},
+    row::{self, Cfa, Rbp},
+    Code,
+};
+
+/// Functions at the bottom of a stack: the walk is complete when it reaches one.
+const OUTERMOST: [&str; 4] = [
+    "runtime.goexit",
+    "runtime.mstart",
+    "runtime.rt0_go",
+    "runtime.goexit1",
+];
+
+/// Functions that switch stacks: past them, the words above rsp are another stack's.
+const STACK_SWITCHES: [&str; 5] = [
+    "runtime.systemstack",
+    "runtime.systemstack_switch",
+    "runtime.mcall",
+    "runtime.morestack",
+    "runtime.asmcgocall",
+];
+
+/// Which of a table's functions [`convert`] takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Which {
+    /// Those that start or switch stacks: they take precedence over CFI, which describes them
+    /// as ordinary frames.
+    Stops,
+    /// The others, where no CFI describes them.
+    Rest,
+}
+
+/// Appends the rows of each function of `table` of the kind `which` says that `claimed` (pcs
+/// already covered) leaves, each followed by an end-of-function marker. A function whose
+/// entry or pc table is corrupt is left out and counted as skipped; its code gets no row.
+pub(super) fn convert(
+    table: &Pclntab,
+    data: &[u8],
+    code: &Code,
+    claimed: &[(u32, u32)],
+    which: Which,
+    converted: &mut Converted,
+) -> FdeCounts {
+    let mut counts = FdeCounts::default();
+    for func in table.funcs(data) {
+        let Ok(func) = func else {
+            // Counted once, with the other functions.
+            counts.skipped += usize::from(which == Which::Rest);
+            continue;
+        };
+        if (stop_of(&func).is_some()) != (which == Which::Stops) {
+            continue;
+        }
+        if func.entry >= func.end || !code.covers(func.entry, func.end) {
+            counts.skipped += 1;
+            continue;
+        }
+        let (start, end) = (code.pc(func.entry), code.pc(func.end));
+        if super::convert::overlaps(claimed, start, end) {
+            counts.claimed += 1;
+            continue;
+        }
+        let first_row = converted.rows.len();
+        if !rows_of(table, data, &func, code, &mut converted.rows) {
+            converted.rows.truncate(first_row);
+            counts.skipped += 1;
+            continue;
+        }
+        converted.rows.push(row::no_row(end));
+        converted.functions.push(Function {
+            start,
+            end,
+            first_row,
+            end_row: converted.rows.len(),
+        });
+        counts.converted += 1;
+    }
+    counts
+}
+
+/// Pushes `func`'s rows; false when its pc table cannot be read or the rows would pass
+/// [`MAX_ROWS`].
+fn rows_of(
+    table: &Pclntab,
+    data: &[u8],
+    func: &GoFunc,
+    code: &Code,
+    rows: &mut Vec<scorch_common::UnwindRow>,
+) -> bool {
+    if let Some((cfa, rbp)) = stop_of(func) {
+        rows.push(row::narrow(code.pc(func.entry), cfa, rbp));
+        return true;
+    }
+    let Ok(deltas) = table.sp_deltas(data, func) else {
+        return false;
+    };
+    for (pc, delta) in deltas {
+        if rows.len() >= MAX_ROWS || pc < func.entry || pc >= func.end {
+            return false;
+        }
+        let (cfa, rbp) = rule(delta);
+        rows.push(row::narrow(code.pc(pc), cfa, rbp));
+    }
+    true
+}
+
+/// The one rule of a function the walk stops at: complete at the bottom of a stack,
+/// unsupported where it would leave this stack; `None` for the others.
+fn stop_of(func: &GoFunc) -> Option<(Cfa, Rbp)> {
+    if func.top_frame || OUTERMOST.contains(&func.name) {
+        Some((Cfa::Rsp(8), Rbp::ReturnAddressUndefined))
+    } else if func.spwrite || STACK_SWITCHES.contains(&func.name) {
+        Some((Cfa::Unsupported, Rbp::Unsupported))
+    } else {
+        None
+    }
+}
+
+/// The rule at a pc where the function has moved rsp `delta` bytes below its entry.
+fn rule(delta: i32) -> (Cfa, Rbp) {
+    if delta < 0 {
+        return (Cfa::Unsupported, Rbp::Unsupported);
+    }
+    let cfa = Cfa::Rsp(i64::from(delta) + 8);
+    // A frame holds the caller's rbp first; a function that has not moved rsp has not
+    // touched rbp.
+    let rbp = if delta >= 8 {
+        Rbp::CfaOffset(-16)
+    } else {
+        Rbp::Unchanged
+    };
+    (cfa, rbp)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deltas_become_rsp_rules_with_the_saved_rbp_below_the_return_address() {
+        assert_eq!(rule(0), (Cfa::Rsp(8), Rbp::Unchanged));
+        assert_eq!(rule(8), (Cfa::Rsp(16), Rbp::CfaOffset(-16)));
+        assert_eq!(rule(0x58), (Cfa::Rsp(0x60), Rbp::CfaOffset(-16)));
+        assert_eq!(rule(-8), (Cfa::Unsupported, Rbp::Unsupported));
+    }
+}
