@@ -26,9 +26,10 @@ use scorch_common::{
 
 use crate::unwind::{repeat, WalkState};
 
-/// Processes running a CPython interpreter, written by the agent.
+/// Processes running a CPython interpreter, written by the agent; not preallocated.
 #[map]
-static PYTHON_PROCS: HashMap<u32, PythonProc> = HashMap::with_max_entries(MAX_PYTHON_PROCS, 0);
+static PYTHON_PROCS: HashMap<u32, PythonProc> =
+    HashMap::with_max_entries(MAX_PYTHON_PROCS, crate::BPF_F_NO_PREALLOC);
 
 /// Per-CPU counters indexed by [`PythonCount`]; cumulative, the agent takes differences.
 #[map]

@@ -43,9 +43,11 @@ const BPF_F_MMAPABLE: u32 = 1 << 10;
 #[map]
 static UNWIND_ROWS: Array<UnwindRow> = Array::with_max_entries(1, BPF_F_MMAPABLE);
 
-/// Each known process's executable mappings, written by the agent.
+/// Each known process's executable mappings, written by the agent. Not preallocated: sized for
+/// thousands of processes at 2.5 KiB each, it holds the ones that run (20 MiB up front before).
 #[map]
-static UNWIND_PROCS: HashMap<u32, ProcMappings> = HashMap::with_max_entries(MAX_UNWIND_PROCS, 0);
+static UNWIND_PROCS: HashMap<u32, ProcMappings> =
+    HashMap::with_max_entries(MAX_UNWIND_PROCS, crate::BPF_F_NO_PREALLOC);
 
 /// A process with no mappings yet: every frame takes a frame-pointer step. One zeroed entry.
 #[map]

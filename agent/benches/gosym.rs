@@ -143,15 +143,16 @@ fn main() {
     );
     println!(
         "| named through | file, MB | open, ms | cold pass, ms | open + cold, ms | warm pass, ms | \
-         warm, ns/pc | RSS growth, MiB | of which heap, MiB | peak growth, MiB | named |"
+         warm, ns/pc | RSS growth, MiB | of which heap, MiB | heap after open, MiB | peak growth, \
+         MiB | named |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     for (index, (label, path)) in builds.iter().enumerate() {
         let rows = &runs[index];
         let column = |f: fn(&ChildRun) -> f64| rows.iter().map(f).collect::<Vec<_>>();
         let megabytes = std::fs::metadata(path).map_or(0.0, |m| m.len() as f64 / 1e6);
         println!(
-            "| {label} | {megabytes:.1} | {} | {} | {} | {} | {} | {} | {} | {} | {} of {PCS} |",
+            "| {label} | {megabytes:.1} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} of {PCS} |",
             spread(&column(|r| r.open_ms), 2),
             spread(&column(|r| r.cold_ms), 1),
             spread(&column(|r| r.open_ms + r.cold_ms), 1),
@@ -159,6 +160,7 @@ fn main() {
             spread(&column(|r| r.warm_ms * 1e6 / r.pcs as f64), 0),
             spread(&column(|r| r.rss_growth_mib), 1),
             spread(&column(|r| r.anon_growth_mib), 1),
+            spread(&column(|r| r.anon_open_mib), 1),
             spread(&column(|r| r.peak_growth_mib), 1),
             rows[0].named,
         );
@@ -313,6 +315,8 @@ struct ChildRun {
     peak_growth_mib: f64,
     /// The part of the RSS growth that is heap (`RssAnon`); the rest is mapped file pages.
     anon_growth_mib: f64,
+    /// The heap that `ElfFile::open` alone took.
+    anon_open_mib: f64,
     pcs: usize,
     named: usize,
     has_dwarf: bool,
@@ -354,6 +358,7 @@ fn run_child(binary: &Path, pcs: &Path, names: &Path) -> ChildRun {
         rss_growth_mib: (field("rss_after_kib") - field("rss_before_kib")) / 1024.0,
         peak_growth_mib: (field("hwm_kib") - field("rss_before_kib")) / 1024.0,
         anon_growth_mib: (field("anon_after_kib") - field("anon_before_kib")) / 1024.0,
+        anon_open_mib: (field("anon_open_kib") - field("anon_before_kib")) / 1024.0,
         pcs: field("pcs") as usize,
         named: field("named") as usize,
         has_dwarf: field("has_dwarf") == 1.0,
@@ -389,6 +394,7 @@ fn child(binary: &Path) {
     let start = Instant::now();
     let file = ElfFile::open(binary).expect("opening the Go build");
     let open = start.elapsed();
+    let anon_open = status_kib("RssAnon:");
     let start = Instant::now();
     let mut named = 0;
     for &pc in &pcs {
@@ -418,7 +424,7 @@ fn child(binary: &Path) {
     std::fs::write(&names_path, names).expect("writing the names");
     println!(
         "open_ms={} cold_ms={} warm_ms={} rss_before_kib={rss_before} rss_after_kib={rss_after} \
-         hwm_kib={hwm} anon_before_kib={anon_before} anon_after_kib={anon_after} pcs={} named={named} has_dwarf={} has_go_table={} go_errors={}",
+         hwm_kib={hwm} anon_before_kib={anon_before} anon_open_kib={anon_open} anon_after_kib={anon_after} pcs={} named={named} has_dwarf={} has_go_table={} go_errors={}",
         open.as_secs_f64() * 1e3,
         cold.as_secs_f64() * 1e3,
         warm.as_secs_f64() * 1e3,

@@ -233,7 +233,8 @@ fn own_cpu_seconds() -> Option<f64> {
     cpu_seconds_from_stat(&stat, u64::try_from(ticks_per_second).ok()?)
 }
 
-fn own_rss_bytes() -> Option<u64> {
+/// This process's resident memory (`VmRSS`), in bytes.
+pub fn own_rss_bytes() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     rss_bytes_from_status(&status)
 }

@@ -52,6 +52,12 @@ pub fn go_report(root: &Path, scorch: &Path, runs: usize) -> Result<String> {
     let load_before = load_average();
     let dir = root.join("target/bench/go");
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    // A copy of its own: the bench runs for a quarter of an hour, and a `cargo build` in the
+    // same tree meanwhile would otherwise swap the binary under test between runs.
+    let pinned = dir.join("scorch");
+    std::fs::copy(scorch, &pinned)
+        .with_context(|| format!("copying {} to {}", scorch.display(), pinned.display()))?;
+    let scorch = pinned.as_path();
     let naming = naming_bench(root)?;
     let binaries = build_variants(root, &dir)?;
     let daemons = daemon_costs(scorch, &binaries, &dir, runs)?;
@@ -74,7 +80,7 @@ pub fn go_report(root: &Path, scorch: &Path, runs: usize) -> Result<String> {
     }
     writeln!(
         out,
-        "What the store of each run with the Go processes holds of them (`scorch query --match \
+        "\nWhat the store of each run with the Go processes holds of them (`scorch query --match \
          '{{comm=~\"govariant-.*\"}}' --format folded`), the path measured:\n"
     )?;
     writeln!(
@@ -170,7 +176,7 @@ fn daemon_section(
     writeln!(
         out,
         "\nWith the {PROCESSES} Go processes, against without: RSS {:+.1} MiB, RSS + maps {:+.1} \
-         MiB, symbol cache {:+.1} MiB, CPU {:+.2}% of a core (medians).\n",
+         MiB, symbol cache {:+.1} MiB, CPU {:+.2}% of a core (medians).",
         of(true, &|d| d.rss_mib) - of(false, &|d| d.rss_mib),
         of(true, &|d| d.rss_mib + d.maps_mib) - of(false, &|d| d.rss_mib + d.maps_mib),
         of(true, &|d| d.symbol_cache_mib) - of(false, &|d| d.symbol_cache_mib),

@@ -183,6 +183,7 @@ pub fn run_checks() -> Vec<Item> {
                 format!("CPU clock attached on {} CPUs", sampler.cpus().len()),
                 None,
             ));
+            items.push(footprint(sampler.cpus().len()));
             items.push(match sampler.unwind_refused() {
                 None => {
                     let walked = match sampler.verified_instructions() {
@@ -243,6 +244,41 @@ pub fn run_checks() -> Vec<Item> {
         }
     }
     items
+}
+
+/// The daemon's quiet and busy resident memory in the README's benches (`cargo xtask bench
+/// --only overhead`, `--only go`): what it adds to its maps.
+const DAEMON_RSS_MIB: (u64, u64) = (20, 30);
+
+/// The memory the daemon would take on this host: its BPF maps, as the kernel charges them now
+/// that the program is loaded with the daemon's defaults (sized for this host's CPUs), plus the
+/// resident memory the benches measure.
+fn footprint(cpus: usize) -> Item {
+    match crate::pipeline::cost::bpf_map_memory() {
+        Ok(bytes) => {
+            let maps = bytes >> 20;
+            item(
+                Status::Ok,
+                "expected footprint",
+                format!(
+                    "BPF maps {maps} MiB at the defaults for {cpus} CPUs (the per-process maps \
+                     grow with processes); with the daemon's RSS ({}-{} MiB in the README's \
+                     benches) about {}-{} MiB in all",
+                    DAEMON_RSS_MIB.0,
+                    DAEMON_RSS_MIB.1,
+                    maps + DAEMON_RSS_MIB.0,
+                    maps + DAEMON_RSS_MIB.1
+                ),
+                None,
+            )
+        }
+        Err(err) => item(
+            Status::Warn,
+            "expected footprint",
+            format!("the BPF maps' memory cannot be read from /proc/self/fdinfo: {err}"),
+            None,
+        ),
+    }
 }
 
 /// Whether the binaries of processes that are not this user's can be opened through

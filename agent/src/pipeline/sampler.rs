@@ -443,7 +443,8 @@ fn stack_map_entries(cpus: u64, config: &SamplerConfig) -> u32 {
 /// Counts-map and comm-map sizes: each holds at most one entry per sample of a window, so
 /// twice a window's samples, at least 4096 (a late drain, a burst of new processes), at most
 /// the object's [`MAX_COUNT_KEYS`] and [`MAX_COMMS`]. Both are preallocated hash maps (the
-/// kernel requires it of a perf-event program), whose every entry the kernel allocates and
+/// program inserts into them from the perf NMI, where an allocation can fail and would lose
+/// the sample), whose every entry the kernel allocates and
 /// charges up front; and the agent lists the comm map's keys every discovery tick, a walk over
 /// every bucket. Sized for 256 CPUs they made a 2-CPU `scorch record` allocate 14 MiB and
 /// scan 32k buckets five times a second for a few hundred samples a window.
@@ -456,11 +457,14 @@ fn per_window_map_entries(cpus: u64, config: &SamplerConfig) -> (u32, u32) {
     )
 }
 
-/// User-stack map size: as [`stack_map_entries`], for user stacks only, and smaller, as a
-/// hash map preallocates its entries (~1 KiB each) where a stack-trace map fills lazily.
+/// User-stack map size: twice a window's samples (a stack is stored once per distinct stack,
+/// so at most once a sample), at least 1024. A hash map preallocates its entries (~1 KiB
+/// each; the program inserts from the perf NMI, where it must not allocate): a floor of 4096
+/// cost a quiet 2-CPU host 8.8 MiB for the 760 entries two windows can fill. A full map
+/// loses the stack and counts it (`user stack error`).
 fn user_stack_map_entries(cpus: u64, config: &SamplerConfig) -> u32 {
     let per_window = cpus * config.frequency_hz * config.window_secs.max(1);
-    (per_window * 2).next_power_of_two().clamp(4096, 65_536) as u32
+    (per_window * 2).next_power_of_two().clamp(1024, 65_536) as u32
 }
 
 /// Attaches `mapping_placed` to the `vm_unmapped_area` tracepoint, which tells the BPF side
@@ -623,6 +627,9 @@ mod tests {
         assert_eq!(stack_map_entries(2, &config), 8192);
         assert_eq!(stack_map_entries(32, &config), 131_072);
         assert_eq!(stack_map_entries(4096, &config), 262_144);
+        // 2 CPUs: 380 samples a window, twice that, to a power of two.
+        assert_eq!(user_stack_map_entries(2, &config), 1024);
+        assert_eq!(user_stack_map_entries(64, &config), 32_768);
     }
 
     #[test]

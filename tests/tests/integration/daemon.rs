@@ -164,6 +164,19 @@ fn metrics_report_what_the_bpf_side_costs() -> Result<()> {
     ensure!(per_run < 1e-3, "{per_run} s per run");
     // The counts and stack maps of both generations, at least.
     ensure!(maps > 1e6, "{maps} bytes of BPF maps");
+    // The footprint is the daemon's RSS, read from /proc here, plus the maps.
+    let footprint = metric(&address, "scorch_footprint_bytes")?;
+    let status = std::fs::read_to_string(format!("/proc/{}/status", daemon.pid()))?;
+    let rss = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
+        .context("VmRSS")?
+        * 1024.0;
+    ensure!(
+        (footprint - maps - rss).abs() < 0.25 * rss,
+        "footprint {footprint} is not maps {maps} + RSS {rss}"
+    );
     println!(
         "bpf cost: {runs} runs, {:.0} ns each; {:.1} MiB of maps",
         per_run * 1e9,

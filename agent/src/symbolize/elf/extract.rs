@@ -365,6 +365,44 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn a_stripped_go_binary_keeps_its_function_table() {
+        // The fuzz seed: `go build -ldflags="-s -w"`, so no symbol table and no DWARF; a
+        // server names it from `.gopclntab` alone.
+        let path =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/seeds/gopclntab/go1.19-stripped");
+        let original = std::fs::read(&path).unwrap();
+        let extracted = write_debug(&original, &path, Vec::new()).unwrap();
+        let before = object::File::parse(&original[..]).unwrap();
+        let after = object::File::parse(&extracted[..]).unwrap();
+        let table = |file: &object::File<'_>| {
+            file.section_by_name(".gopclntab")
+                .expect("a .gopclntab")
+                .data()
+                .unwrap()
+                .to_vec()
+        };
+        assert!(!table(&before).is_empty());
+        assert_eq!(table(&after), table(&before));
+        assert!(extracted.len() < original.len() / 2, "{}", extracted.len());
+        // And it names the program's function, as the binary itself does.
+        let named = |bytes: &[u8]| {
+            let file = object::File::parse(bytes).unwrap();
+            let table = crate::runtimes::go::Pclntab::find(&file, bytes)
+                .unwrap()
+                .expect("the table is found");
+            let work = table
+                .funcs(bytes)
+                .filter_map(Result::ok)
+                .find(|f| f.name == "main.work")
+                .expect("main.work")
+                .entry;
+            table.frames(bytes, work + 4).unwrap()[0].function.clone()
+        };
+        assert_eq!(named(&extracted), "main.work");
+        assert_eq!(named(&original), "main.work");
+    }
+
+    #[test]
     fn keeps_only_what_a_symboliser_reads() {
         let dir = tempfile::tempdir().unwrap();
         let binary = build_program(dir.path());
