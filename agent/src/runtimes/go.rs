@@ -796,12 +796,17 @@ impl Pclntab {
     /// in a PIE); else by the `runtime.pclntab` symbol; else (no section headers to trust, or
     /// an externally linked binary that merged the table into `.data.rel.ro`) by scanning the
     /// non-executable PT_LOAD segments for a header that reads back whole. Ok(None) when the
-    /// file is not Go (an ELF file with section headers but no Go section is not scanned).
+    /// file is not Go (an ELF file with section headers but no Go section is not looked into).
     /// Also finds `go:func.*` for inline trees (1.18+): by symbol, or through the moduledata
     /// whose first word is the table's address and whose slices agree with the header; without
     /// it frames resolve without inlined levels and `inline_trees()` says false.
     pub fn find(file: &object::File<'_>, data: &[u8]) -> Result<Option<Pclntab>> {
         if file.format() != object::BinaryFormat::Elf {
+            return Ok(None);
+        }
+        // Asked of every binary a process maps: most are not Go, and their symbol tables (a
+        // hundred thousand symbols in libLLVM) are not read for Go's names.
+        if file.sections().next().is_some() && !has_go_section(file) {
             return Ok(None);
         }
         let segments = load_segments(file);
@@ -825,7 +830,6 @@ impl Pclntab {
         };
         let table = match section.or_else(by_symbol) {
             Some(((start, len), address)) => Table::parse(data, start, len, address, symbols.text)?,
-            None if file.sections().next().is_some() && !has_go_section(file) => return Ok(None),
             None => match scan_for_table(data, &segments, symbols.text) {
                 Some(table) => table,
                 None => return Ok(None),
