@@ -13,7 +13,7 @@
 
 use std::{
     fmt,
-    sync::{Arc, Mutex, OnceLock, PoisonError},
+    sync::{atomic::AtomicU64, Arc, Mutex, OnceLock, PoisonError},
     time::{Duration, Instant},
 };
 
@@ -23,7 +23,7 @@ use prometheus_client::{
     metrics::{
         counter::{ConstCounter, Counter},
         family::Family,
-        gauge::ConstGauge,
+        gauge::{ConstGauge, Gauge},
         MetricType,
     },
     registry::{Metric, Unit},
@@ -82,6 +82,14 @@ impl Registry {
     pub fn register<M: Metric + Clone>(&mut self, name: &str, help: &str, metric: M) -> M {
         self.scorch.register(name, help, metric.clone());
         metric
+    }
+
+    /// Adds `scorch_footprint_bytes`: this process's resident memory, read at each scrape, plus
+    /// `map_memory` (the BPF maps' kernel memory, which no RSS counts and a memory cgroup
+    /// charges all the same), so the two are never from different moments' RSS.
+    pub fn register_footprint(&mut self, map_memory: Gauge<u64, AtomicU64>) {
+        self.scorch
+            .register_collector(Box::new(FootprintCollector(map_memory)));
     }
 
     /// Adds `metric` as `scorch_<name>_<unit>`.
@@ -192,6 +200,29 @@ impl Collector for KubernetesCollector {
             errors.metric_type(),
         )?;
         errors.encode(metric)
+    }
+}
+
+/// `scorch_footprint_bytes`, read at scrape time: see [`Registry::register_footprint`].
+#[derive(Debug)]
+struct FootprintCollector(Gauge<u64, AtomicU64>);
+
+impl Collector for FootprintCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), fmt::Error> {
+        let maps = self.0.get();
+        // Before the first window has read the maps, or without /proc, there is no whole.
+        let (Some(rss), true) = (own_rss_bytes(), maps > 0) else {
+            return Ok(());
+        };
+        let gauge = ConstGauge::new(rss + maps);
+        let metric = encoder.encode_descriptor(
+            "footprint",
+            "The daemon's whole memory: its resident memory plus the kernel memory of its BPF \
+             maps, which its RSS does not count and a memory cgroup charges all the same",
+            Some(&Unit::Bytes),
+            gauge.metric_type(),
+        )?;
+        gauge.encode(metric)
     }
 }
 

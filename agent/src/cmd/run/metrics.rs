@@ -48,7 +48,6 @@ pub struct WindowMetrics {
     bpf_run_count: Counter,
     bpf_run_reported: (Duration, u64),
     bpf_map_memory: Gauge<u64, AtomicU64>,
-    footprint: Gauge<u64, AtomicU64>,
     /// Processes whose maps are captured (alive, or exited with samples not named yet), the
     /// bytes those take, and the open handles on their files.
     process_captures: Gauge<u64, AtomicU64>,
@@ -166,19 +165,16 @@ impl WindowMetrics {
                 Counter::default(),
             ),
             bpf_run_reported: (Duration::ZERO, 0),
-            bpf_map_memory: registry.register_with_unit(
-                "bpf_map_memory",
-                "Kernel memory charged to the BPF maps the daemon holds (their memlock)",
-                Unit::Bytes,
-                Gauge::default(),
-            ),
-            footprint: registry.register_with_unit(
-                "footprint",
-                "The daemon's whole memory: its resident memory plus the kernel memory of its \
-                 BPF maps, which its RSS does not count and a memory cgroup charges all the same",
-                Unit::Bytes,
-                Gauge::default(),
-            ),
+            bpf_map_memory: {
+                let gauge = registry.register_with_unit(
+                    "bpf_map_memory",
+                    "Kernel memory charged to the BPF maps the daemon holds (their memlock)",
+                    Unit::Bytes,
+                    Gauge::default(),
+                );
+                registry.register_footprint(gauge.clone());
+                gauge
+            },
             process_captures: registry.register(
                 "process_captures",
                 "Processes whose maps are kept for naming their frames: alive, or exited with \
@@ -287,9 +283,6 @@ impl WindowMetrics {
         }
         if let Some(bytes) = map_memory {
             self.bpf_map_memory.set(bytes);
-            if let Some(rss) = crate::metrics::own_rss_bytes() {
-                self.footprint.set(rss + bytes);
-            }
         }
     }
 
