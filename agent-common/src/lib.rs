@@ -341,9 +341,18 @@ pub fn last_at_or_below<K: PartialOrd>(
     search.found()
 }
 
-/// Rows the shared row pool (`UNWIND_ROWS`) holds: 8 Mi rows of 8 bytes, 64 MiB, the bound on
-/// the unwind tables of the whole machine. The agent sizes the map at load time.
+/// Rows the row pools (`UNWIND_ROWS`) may hold together by default: 8 Mi rows of 8 bytes,
+/// 64 MiB, the ceiling on the unwind tables of the whole machine. The pools are created as
+/// tables need them, so a host holds only what its processes' tables take.
 pub const UNWIND_POOL_ROWS: u32 = 8 << 20;
+
+/// Row pools `UNWIND_ROWS` can point at (its outer array's entries). Pools double in size as
+/// they are added, from `MIN_POOL_ROWS`, so 64 of them reach far past any ceiling; the rest
+/// is room for pools given back and created again.
+pub const MAX_ROW_POOLS: u32 = 64;
+
+/// Rows of the smallest pool: 64 Ki rows, 512 KiB.
+pub const MIN_POOL_ROWS: u32 = 64 << 10;
 
 /// Executable mappings one process may have described to the unwinder. Processes with more
 /// (many libraries) keep the `MAX_PROC_MAPPINGS` the agent chose; pcs in the others fall back
@@ -363,7 +372,7 @@ pub const MAPPING_NO_TABLE: u32 = 0;
 /// `UnwindMapping::state`: the table is being built or waits for room: frame pointers, counted
 /// as [`UnwindOutcome::TableNotLoaded`].
 pub const MAPPING_TABLE_PENDING: u32 = 1;
-/// `UnwindMapping::state`: the rows are in `UNWIND_ROWS[first_row..first_row + rows]`.
+/// `UnwindMapping::state`: the rows are in `UNWIND_ROWS[pool][first_row..first_row + rows]`.
 pub const MAPPING_TABLE_LOADED: u32 = 2;
 
 /// One executable mapping of a process, as the BPF unwinder sees it.
@@ -377,14 +386,14 @@ pub struct UnwindMapping {
     /// Subtracted (wrapping) from an absolute pc to give the table's row pc: the load bias,
     /// the segment's file-offset-to-address shift and the table's base in one number.
     pub bias: u64,
-    /// First row of the table in `UNWIND_ROWS`.
+    /// First row of the table in its pool.
     pub first_row: u32,
     /// Rows in the table.
     pub rows: u32,
     /// One of `MAPPING_NO_TABLE`, `MAPPING_TABLE_PENDING`, `MAPPING_TABLE_LOADED`.
     pub state: u32,
-    /// Explicit padding so the layout has no uninitialised bytes.
-    pub _reserved: u32,
+    /// The pool holding the table: its index in `UNWIND_ROWS`.
+    pub pool: u32,
 }
 
 /// A process's executable mappings, sorted by `start`, in the first `count` slots.

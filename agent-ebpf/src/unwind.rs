@@ -1,10 +1,10 @@
 //! The user-stack walk with unwind tables (`Control::unwind == UNWIND_TABLES`).
 //!
 //! Per frame: find the process's mapping holding the pc (`UNWIND_PROCS`), binary-search its
-//! table's rows in the shared pool (`UNWIND_ROWS`), compute the CFA and read the return address
-//! and the saved rbp from the stack. Code without a loaded table (JIT, anonymous memory, a
-//! table still being built) takes a frame-pointer step instead, and the walk goes back to tables
-//! at the next frame. Each walk ends with one counted [`UnwindOutcome`]; a walk that cannot
+//! table's rows in the pool that holds them (`UNWIND_ROWS`), compute the CFA and read the
+//! return address and the saved rbp from the stack. Code without a loaded table (JIT,
+//! anonymous memory, a table still being built) takes a frame-pointer step instead, and the
+//! walk goes back to tables at the next frame. Each walk ends with one counted [`UnwindOutcome`]; a walk that cannot
 //! finish keeps the frames it found, never a guessed caller.
 //!
 //! Every loop is a `bpf_loop` (5.17+) callback: one frame per iteration of the walk, one probe
@@ -19,11 +19,12 @@ use crate::python;
 
 use aya_ebpf::{
     bindings::{pt_regs, BPF_NOEXIST, BPF_RB_NO_WAKEUP},
+    btf_maps,
     helpers::{
         bpf_get_current_task_btf, bpf_ktime_get_ns, bpf_loop, bpf_probe_read_kernel,
         bpf_probe_read_user, bpf_task_pt_regs,
     },
-    macros::map,
+    macros::{btf_map, map},
     maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
     programs::PerfEventContext,
 };
@@ -31,24 +32,44 @@ use scorch_common::{
     Bisect, CfaKind, ProcMappings, PythonProc, RbpKind, UnwindEvent, UnwindMapping, UnwindOutcome,
     UnwindRow, UserStack, EVENT_PYTHON_STACK, EVENT_UNKNOWN_PC, EVENT_UNKNOWN_PROCESS,
     MAPPING_SEARCH_STEPS, MAPPING_TABLE_LOADED, MAPPING_TABLE_PENDING, MAX_PROC_MAPPINGS,
-    MAX_STACK_DEPTH, MAX_UNWIND_PROCS, UNWIND_OUTCOMES, UNWIND_SEARCH_STEPS,
+    MAX_ROW_POOLS, MAX_STACK_DEPTH, MAX_UNWIND_PROCS, UNWIND_OUTCOMES, UNWIND_SEARCH_STEPS,
 };
 
-/// `BPF_F_MMAPABLE`: the agent writes tables straight into the pool's memory, not one
-/// syscall per row.
-const BPF_F_MMAPABLE: u32 = 1 << 10;
+/// A row pool's flags. `BPF_F_MMAPABLE`: the agent writes tables straight into the pool's
+/// memory, not one syscall per row. `BPF_F_INNER_MAP`: pools of any size fit the outer array
+/// (the template's one entry is not a bound); the price is that a row lookup is a helper call
+/// the verifier cannot inline, measured by `cargo xtask bench --only walk`.
+const POOL_FLAGS: usize = (1 << 10) | (1 << 12);
 
-/// The shared row pool: every loaded table is a range of it, allocated by the agent. Sized at
-/// load time (`UNWIND_POOL_ROWS` by default).
-#[map]
-static UNWIND_ROWS: Array<UnwindRow> = Array::with_max_entries(1, BPF_F_MMAPABLE);
+/// A row pool: an array of rows the agent creates, sizes and maps into its memory.
+type RowPool = btf_maps::Array<UnwindRow, 1, POOL_FLAGS>;
 
-/// Each known process's executable mappings, written by the agent. Still preallocated (20 MiB
-/// at 8192 processes): without preallocation, the test of a process map without room
+/// The row pools: every loaded table is a range of one of them (`UnwindMapping::pool`). The
+/// agent adds pools as tables need room, up to a ceiling (`UNWIND_POOL_ROWS` rows by default),
+/// and gives back the ones left empty, so the memory follows what the processes' tables take
+/// rather than the ceiling. One more lookup per frame than a single array, none per probe.
+#[btf_map]
+static UNWIND_ROWS: btf_maps::ArrayOfMaps<RowPool, { MAX_ROW_POOLS as usize }> =
+    btf_maps::ArrayOfMaps::new();
+
+/// A process map: each known process's executable mappings, written by the agent.
+/// Preallocated (2.5 KiB a process), as it was when it was a single map: without
+/// preallocation, the test of a map without room
 /// (`unwind::a_process_without_room_in_the_process_map_walks_by_frame_pointers_and_others_go_on`)
 /// found one sample in about seven with no walk outcome counted, unexplained yet.
-#[map]
-static UNWIND_PROCS: HashMap<u32, ProcMappings> = HashMap::with_max_entries(MAX_UNWIND_PROCS, 0);
+type ProcMap = btf_maps::HashMap<u32, ProcMappings, 1, 0>;
+
+/// The process map, in the one slot of an outer array: the agent creates it at a size for the
+/// processes running, and when it fills, replaces it with one twice as large holding the same
+/// processes, up to a ceiling (`--unwind-processes`). One more lookup per sample.
+#[btf_map]
+static UNWIND_PROCS: btf_maps::ArrayOfMaps<ProcMap, 1> = btf_maps::ArrayOfMaps::new();
+
+/// The process map in use.
+#[inline(always)]
+fn procs() -> Option<&'static ProcMap> {
+    UNWIND_PROCS.get(0)
+}
 
 /// A process with no mappings yet: every frame takes a frame-pointer step. One zeroed entry.
 #[map]
@@ -124,9 +145,10 @@ struct MappingSearch {
     procs: *const ProcMappings,
 }
 
-/// The search for the row covering `pc` among `rows` from `first_row` of the pool.
+/// The search for the row covering `pc` among `rows` from `first_row` of `pool`.
 #[repr(C)]
 struct RowSearch {
+    pool: &'static RowPool,
     bisect: Bisect,
     first_row: u32,
     pc: u32,
@@ -200,7 +222,7 @@ pub fn walk(ctx: &PerfEventContext, tgid: u32, user_mode: bool) -> Option<&'stat
     walk.stack.len = 0;
     walk.stack.hash = 0xcbf2_9ce4_8422_2325;
 
-    let known = UNWIND_PROCS.get_ptr(tgid);
+    let known = procs().and_then(|procs| procs.get_ptr(tgid));
     let procs = match known {
         Some(procs) => procs,
         None => NO_MAPPINGS.get_ptr(0)?,
@@ -285,7 +307,7 @@ extern "C" fn step(_index: u64, context: *mut c_void) -> i64 {
             let outcome = if row_pc > u64::from(u32::MAX) {
                 UnwindOutcome::NoRow as u32
             } else {
-                table_step(walk, m.first_row, m.rows, row_pc as u32)
+                table_step(walk, m, row_pc as u32)
             };
             // Code the binary's CFI leaves out (generated or hand-written, as V8's builtins
             // inside `node`) often keeps frame pointers: one checked step, then tables again.
@@ -337,7 +359,7 @@ extern "C" fn probe_row(_index: u64, context: *mut c_void) -> i64 {
     let Some(probe) = search.bisect.probe() else {
         return 1;
     };
-    let Some(row) = UNWIND_ROWS.get(search.first_row.wrapping_add(probe)) else {
+    let Some(row) = search.pool.get(search.first_row.wrapping_add(probe)) else {
         search.failed = 1;
         return 1;
     };
@@ -423,11 +445,17 @@ fn checked_frame_pointer_step(walk: &mut WalkState, procs: &ProcMappings) -> u32
     WALKING
 }
 
-/// The caller by the row that covers `row_pc` in `rows` rows from `first_row` of the pool.
+/// The caller by the row of `mapping`'s table that covers `row_pc`.
 #[inline(always)]
-fn table_step(walk: &mut WalkState, first_row: u32, rows: u32, row_pc: u32) -> u32 {
+fn table_step(walk: &mut WalkState, mapping: &UnwindMapping, row_pc: u32) -> u32 {
+    // A pool given back after the mapping was read: no row, as for a table being replaced.
+    let Some(pool) = UNWIND_ROWS.get(mapping.pool) else {
+        return UnwindOutcome::NoRow as u32;
+    };
+    let first_row = mapping.first_row;
     let mut search = RowSearch {
-        bisect: Bisect::new(rows),
+        pool,
+        bisect: Bisect::new(mapping.rows),
         first_row,
         pc: row_pc,
         failed: 0,
@@ -436,7 +464,7 @@ fn table_step(walk: &mut WalkState, first_row: u32, rows: u32, row_pc: u32) -> u
     let (0, Some(index)) = (search.failed, search.bisect.found()) else {
         return UnwindOutcome::NoRow as u32;
     };
-    let Some(row) = UNWIND_ROWS.get(first_row.wrapping_add(index)) else {
+    let Some(row) = pool.get(first_row.wrapping_add(index)) else {
         return UnwindOutcome::NoRow as u32;
     };
     let rbp_kind = row.rbp_kind();
@@ -538,7 +566,9 @@ fn notify(tgid: u32, kind: u32, pc: u64) {
 /// sample asks the agent again.
 #[inline(always)]
 pub fn forget_process(tgid: u32) {
-    let _ = UNWIND_PROCS.remove(tgid);
+    if let Some(procs) = procs() {
+        let _ = procs.remove(tgid);
+    }
     python::forget(tgid);
     let _ = NOTIFIED.remove(tgid);
 }
@@ -552,7 +582,10 @@ pub fn forget_process(tgid: u32) {
 /// agent read its maps at most once per `NOTIFY_INTERVAL_NS`.
 #[inline(always)]
 pub fn mapping_placed(tgid: u32, start: u64, info: *const u64) {
-    let Some(procs) = UNWIND_PROCS.get_ptr(tgid) else {
+    let Some(map) = procs() else {
+        return;
+    };
+    let Some(procs) = map.get_ptr(tgid) else {
         return;
     };
     // An error (`-ENOMEM`) instead of an address, or nothing placed.
@@ -583,7 +616,7 @@ pub fn mapping_placed(tgid: u32, start: u64, info: *const u64) {
         .found()
         .is_some_and(|i| mapping_at(procs, i).end > start)
     {
-        let _ = UNWIND_PROCS.remove(tgid);
+        let _ = map.remove(tgid);
     }
 }
 

@@ -93,6 +93,10 @@ pub struct RunArgs {
     /// each; the others walk by frame pointers [default: 8192].
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=65536))]
     pub unwind_processes: Option<u32>,
+    /// Ceiling on the unwind tables' BPF row pools, in MiB: pools are added as tables need
+    /// them, and past the ceiling the least recently used tables are evicted [default: 64].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub unwind_pool_mib: Option<u32>,
     /// `auto` (name the Python functions of CPython 3.11 to 3.14 processes) or `off`
     /// [default: auto].
     #[arg(long, value_enum)]
@@ -151,6 +155,7 @@ struct FileConfig {
     include_idle: Option<bool>,
     unwind: Option<String>,
     unwind_processes: Option<u32>,
+    unwind_pool_mib: Option<u32>,
     python: Option<String>,
     /// `[[relabel]]` tables: Prometheus relabel_config rules, in order.
     relabel: Option<Vec<RuleConfig>>,
@@ -245,6 +250,15 @@ fn apply_file(config: &mut RunConfig, text: &str, path: &Path) -> Result<(), Con
             ));
         }
         config.unwind_processes = processes;
+    }
+    if let Some(mib) = file.unwind_pool_mib {
+        if !(1..=4096).contains(&mib) {
+            return Err(value(
+                "unwind-pool-mib",
+                format!("{mib}: expected 1 to 4096"),
+            ));
+        }
+        config.unwind_pool_mib = mib;
     }
     if let Some(mode) = file.python {
         config.python = <PythonMode as clap::ValueEnum>::from_str(&mode, false)
@@ -344,6 +358,9 @@ fn apply_flags(config: &mut RunConfig, args: &RunArgs) {
     }
     if let Some(processes) = args.unwind_processes {
         config.unwind_processes = processes;
+    }
+    if let Some(mib) = args.unwind_pool_mib {
+        config.unwind_pool_mib = mib;
     }
     if let Some(mode) = args.python {
         config.python = mode;
@@ -474,6 +491,7 @@ mod tests {
             file.include_idle.is_some(),
             file.unwind.is_some(),
             file.unwind_processes.is_some(),
+            file.unwind_pool_mib.is_some(),
             file.python.is_some(),
             file.remote_url.is_some(),
             file.remote_protocol.is_some(),

@@ -114,6 +114,11 @@ pub struct RecordArgs {
     /// at most 8192; with --pid, at least 16].
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=65536))]
     pub unwind_processes: Option<u32>,
+    /// Ceiling on the unwind tables' BPF row pools, in MiB: pools are added as the tables of
+    /// the processes sampled need them, and past the ceiling the least recently used tables
+    /// are evicted (counted; their code walks by frame pointers).
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub unwind_pool_mib: u32,
     /// `auto`: name the Python functions of CPython 3.11 to 3.14 processes, walked in place of
     /// the interpreter's eval loop; `off`: show the interpreter's C frames only.
     #[arg(long, value_enum, default_value = "auto")]
@@ -142,6 +147,7 @@ impl RecordArgs {
             symbol_cache_bytes: (self.symbol_cache_mb as usize) << 20,
             unwind: self.unwind,
             unwind_processes: self.unwind_processes,
+            unwind_pool_mib: self.unwind_pool_mib,
             python: self.python,
         }
     }

@@ -56,6 +56,8 @@ pub struct RecordConfig {
     pub unwind: UnwindMode,
     /// Processes the unwinder holds at once, when not sized from those running.
     pub unwind_processes: Option<u32>,
+    /// Ceiling on the unwind tables' row pools, in MiB.
+    pub unwind_pool_mib: u32,
     /// Whether interpreters' Python frames are walked.
     pub python: PythonMode,
 }
@@ -180,8 +182,9 @@ pub async fn record(args: &RecordConfig) -> Result<RecordSummary, RecordError> {
         window_secs: args.window.as_secs().max(1),
         deny_list: false,
         unwind: args.unwind,
-        unwind_capacity: UnwindCapacity::capture(&args.pids, running_processes())
-            .with_processes(args.unwind_processes),
+        unwind_capacity: UnwindCapacity::capture(&args.pids, crate::sys::running_processes())
+            .with_processes(args.unwind_processes)
+            .with_pool_mib(args.unwind_pool_mib),
     };
     let mut sigint = signal(SignalKind::interrupt()).map_err(RecordError::Signals)?;
     let mut sigterm = signal(SignalKind::terminate()).map_err(RecordError::Signals)?;
@@ -351,19 +354,5 @@ fn write_output(path: &Path, bytes: &[u8]) -> Result<(), RecordError> {
     fs::write_atomically(path, bytes).map_err(|e| RecordError::Output {
         path: path.to_owned(),
         reason: e.to_string(),
-    })
-}
-
-/// How many processes exist now (the numeric entries of `/proc`), to size the unwinder's maps.
-fn running_processes() -> usize {
-    std::fs::read_dir("/proc").map_or(0, |entries| {
-        entries
-            .filter_map(Result::ok)
-            .filter(|e| {
-                e.file_name()
-                    .to_str()
-                    .is_some_and(|n| n.parse::<u32>().is_ok())
-            })
-            .count()
     })
 }

@@ -98,6 +98,9 @@ pub struct RunConfig {
     /// Processes the unwinder describes to the BPF program at once (`--unwind-processes`,
     /// `unwind-processes`); the others walk by frame pointers.
     pub unwind_processes: u32,
+    /// Ceiling on the unwind tables' row pools, in MiB (`--unwind-pool-mib`,
+    /// `unwind-pool-mib`).
+    pub unwind_pool_mib: u32,
     /// Whether interpreters' Python frames are walked (`--python`, `python`).
     pub python: PythonMode,
     /// Relabelling rules (config file only: `[[relabel]]`), checked by [`RunConfig::resolve`].
@@ -122,6 +125,7 @@ impl Default for RunConfig {
             include_idle: false,
             unwind: UnwindMode::Auto,
             unwind_processes: UnwindCapacity::DAEMON.processes,
+            unwind_pool_mib: UnwindCapacity::DAEMON.pool_mib(),
             python: PythonMode::Auto,
             relabel: Vec::new(),
             external_labels: Labels::new(),
@@ -248,7 +252,8 @@ pub async fn run(
         unwind_capacity: UnwindCapacity {
             processes: config.unwind_processes,
             ..UnwindCapacity::DAEMON
-        },
+        }
+        .with_pool_mib(config.unwind_pool_mib),
     };
     // Before BPF is loaded: a bad remote configuration (URL, secret files, CA file) fails the
     // start with its reason.

@@ -2,7 +2,7 @@
 //! contract between the two stages, so neither imports the other's internals.
 
 use aya::maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf, StackTraceMap};
-use scorch_common::{Comm, Control, ProcMappings, PythonProc, RunSeq, StackKey, UserStack};
+use scorch_common::{Comm, Control, PythonProc, RunSeq, StackKey, UserStack};
 
 /// The maps of one generation, taken out of the loaded program.
 pub struct GenerationMaps {
@@ -29,11 +29,16 @@ pub struct SamplerMaps {
 /// The maps through which the agent gives the BPF unwinder its tables and process mappings
 /// (see `unwind::loader`).
 pub struct UnwindMaps {
-    /// The row pool, an array the agent maps into its memory (`BPF_F_MMAPABLE`).
+    /// The row pools' outer array (`BPF_MAP_TYPE_ARRAY_OF_MAPS`): the agent creates each pool
+    /// and puts it here.
     pub rows: MapData,
-    /// Rows the pool holds (its `max_entries`).
+    /// Rows all pools may hold together: the ceiling.
     pub pool_rows: u32,
-    pub procs: BpfHashMap<MapData, u32, ProcMappings>,
+    /// The process map's outer array (`BPF_MAP_TYPE_ARRAY_OF_MAPS`, one slot): the agent
+    /// creates the map and replaces it with a larger one when it fills.
+    pub procs: MapData,
+    /// Processes the process map may grow to hold: the ceiling.
+    pub processes: u32,
     /// Unknown processes and pcs, from the program.
     pub events: RingBuf<MapData>,
     /// Processes running a CPython interpreter, and how to walk its frames.

@@ -67,28 +67,30 @@ pub struct SamplerConfig {
     pub unwind_capacity: UnwindCapacity,
 }
 
-/// How much the unwinder's maps hold, fixed when the program loads: the kernel allocates and
-/// zeroes all of it up front (a preallocated hash map, an mmapable array), and that is most of
-/// what starting the sampler costs.
+/// Bytes of an unwind row.
+const ROW_BYTES: u64 = std::mem::size_of::<scorch_common::UnwindRow>() as u64;
+
+/// How much the unwinder's maps hold. The process map is fixed when the program loads (the
+/// kernel allocates and zeroes a preallocated hash map up front); the row pools are created as
+/// tables need them, up to `pool_rows`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct UnwindCapacity {
-    /// Rows of the table pool (`UNWIND_ROWS`), 8 bytes each.
+    /// Rows all row pools (`UNWIND_ROWS`) may hold together, 8 bytes each: the ceiling.
     pub pool_rows: u32,
     /// Processes whose mappings the program holds at once (`UNWIND_PROCS`, 2.5 KiB each).
     pub processes: u32,
 }
 
 impl UnwindCapacity {
-    /// The daemon's: the whole machine, for good (64 MiB of rows, 8192 processes).
+    /// The daemon's: the whole machine, for good (up to 64 MiB of rows, 8192 processes).
     pub const DAEMON: UnwindCapacity = UnwindCapacity {
         pool_rows: scorch_common::UNWIND_POOL_ROWS,
         processes: scorch_common::MAX_UNWIND_PROCS,
     };
 
-    /// A one-shot capture's: a recording builds tables only for the processes its samples
-    /// meet, so a quarter of the daemon's pool (16 MiB: the tables of a few hundred distinct
-    /// binaries) and room for the processes alive now twice over. `pids` (`--pid`) bounds the
-    /// processes instead; `running` is how many processes exist when it starts.
+    /// A one-shot capture's: the daemon's ceiling on rows (pools cost only what the tables
+    /// sampled take), and room for the processes alive now twice over. `pids` (`--pid`)
+    /// bounds the processes instead; `running` is how many processes exist when it starts.
     pub fn capture(pids: &[u32], running: usize) -> UnwindCapacity {
         let wanted = if pids.is_empty() {
             running.saturating_mul(2).max(1024)
@@ -96,10 +98,23 @@ impl UnwindCapacity {
             pids.len().max(16)
         };
         UnwindCapacity {
-            pool_rows: scorch_common::UNWIND_POOL_ROWS / 4,
+            pool_rows: scorch_common::UNWIND_POOL_ROWS,
             processes: u32::try_from(wanted)
                 .unwrap_or(u32::MAX)
                 .min(scorch_common::MAX_UNWIND_PROCS),
+        }
+    }
+
+    /// The ceiling on the row pools, in MiB.
+    pub fn pool_mib(self) -> u32 {
+        ((u64::from(self.pool_rows) * ROW_BYTES) >> 20) as u32
+    }
+
+    /// This capacity, with a ceiling of `mib` MiB on the row pools (`--unwind-pool-mib`).
+    pub fn with_pool_mib(self, mib: u32) -> UnwindCapacity {
+        UnwindCapacity {
+            pool_rows: ((u64::from(mib) << 20) / ROW_BYTES).min(u64::from(u32::MAX)) as u32,
+            ..self
         }
     }
 
@@ -227,8 +242,6 @@ impl Sampler {
             .map_max_entries("STACKS_1", stack_entries)
             .map_max_entries("USER_STACKS_0", user_stack_entries)
             .map_max_entries("USER_STACKS_1", user_stack_entries)
-            .map_max_entries("UNWIND_ROWS", pool_rows)
-            .map_max_entries("UNWIND_PROCS", capacity.processes)
             .map_max_entries("NOTIFIED", capacity.processes)
             .load(BPF_OBJECT)?;
         let logger = match aya_log::EbpfLogger::init(&mut ebpf) {
@@ -310,7 +323,12 @@ impl Sampler {
             exec.attach("sched_process_exec")
                 .map_err(SamplerError::ExecTracepoint)?;
             mapping_hook_refused = attach_mapping_placed(&mut ebpf);
-            Some(take_unwind_maps(&mut ebpf, pool_rows, python_stacks)?)
+            Some(take_unwind_maps(
+                &mut ebpf,
+                pool_rows,
+                capacity.processes,
+                python_stacks,
+            )?)
         } else {
             None
         };
@@ -541,17 +559,24 @@ fn duplicate_user_stacks(
 fn take_unwind_maps(
     ebpf: &mut Ebpf,
     pool_rows: u32,
+    processes: u32,
     user_stacks: Option<[BpfHashMap<MapData, i32, UserStack>; 2]>,
 ) -> Result<UnwindMaps, SamplerError> {
     let name = "UNWIND_ROWS";
     let rows = match ebpf.take_map(name).ok_or(SamplerError::MissingMap(name))? {
-        Map::Array(data) => data,
+        Map::ArrayOfMaps(data) => data,
+        _ => return Err(SamplerError::MissingMap(name)),
+    };
+    let name = "UNWIND_PROCS";
+    let procs = match ebpf.take_map(name).ok_or(SamplerError::MissingMap(name))? {
+        Map::ArrayOfMaps(data) => data,
         _ => return Err(SamplerError::MissingMap(name)),
     };
     Ok(UnwindMaps {
         rows,
         pool_rows,
-        procs: take(ebpf, "UNWIND_PROCS")?,
+        procs,
+        processes,
         events: take(ebpf, "UNWIND_EVENTS")?,
         python_procs: take(ebpf, "PYTHON_PROCS")?,
         user_stacks,
@@ -605,7 +630,7 @@ mod tests {
 
     #[test]
     fn a_capture_sizes_the_unwinder_for_its_processes() {
-        let pool = scorch_common::UNWIND_POOL_ROWS / 4;
+        let pool = scorch_common::UNWIND_POOL_ROWS;
         assert_eq!(
             UnwindCapacity::capture(&[42], 300),
             UnwindCapacity {
@@ -618,6 +643,19 @@ mod tests {
         assert_eq!(
             UnwindCapacity::capture(&[], 100_000).processes,
             scorch_common::MAX_UNWIND_PROCS
+        );
+    }
+
+    #[test]
+    fn the_pool_ceiling_is_set_in_mib() {
+        assert_eq!(UnwindCapacity::DAEMON.pool_mib(), 64);
+        let small = UnwindCapacity::DAEMON.with_pool_mib(3);
+        assert_eq!((small.pool_rows, small.pool_mib()), (3 << 17, 3));
+        assert_eq!(small.processes, UnwindCapacity::DAEMON.processes);
+        // The largest ceiling the flag takes, 4 GiB, is 2^29 rows.
+        assert_eq!(
+            UnwindCapacity::DAEMON.with_pool_mib(4096).pool_rows,
+            1 << 29
         );
     }
 

@@ -12,3 +12,17 @@ pub mod privileges;
 pub mod sigbus;
 pub mod time;
 pub mod untrusted;
+
+/// How many processes exist now (the numeric entries of `/proc`), to size the unwinder's maps.
+pub fn running_processes() -> usize {
+    std::fs::read_dir("/proc").map_or(0, |entries| {
+        entries
+            .filter_map(Result::ok)
+            .filter(|e| {
+                e.file_name()
+                    .to_str()
+                    .is_some_and(|n| n.parse::<u32>().is_ok())
+            })
+            .count()
+    })
+}

@@ -20,7 +20,6 @@
 
 use std::{
     collections::{HashMap, HashSet},
-    os::fd::AsRawFd,
     path::{Path, PathBuf},
     sync::mpsc,
 };
@@ -30,11 +29,15 @@ use object::{Object, ObjectSegment, SegmentFlags};
 use scorch_common::{
     python_frame_parts, ProcMappings, PythonProc, UnwindEvent, UnwindMapping, UnwindRow,
     EVENT_PYTHON_STACK, MAPPING_NO_TABLE, MAPPING_TABLE_LOADED, MAPPING_TABLE_PENDING,
-    MAX_PROC_MAPPINGS, PYTHON_ENTRY_CSTACK_OWNER, PYTHON_ENTRY_IS_ENTRY, PYTHON_EVAL_RANGES,
-    PYTHON_FRAME, PYTHON_NO_CFRAME,
+    MAX_PROC_MAPPINGS, MAX_ROW_POOLS, MIN_POOL_ROWS, PYTHON_ENTRY_CSTACK_OWNER,
+    PYTHON_ENTRY_IS_ENTRY, PYTHON_EVAL_RANGES, PYTHON_FRAME, PYTHON_NO_CFRAME,
 };
 
-use super::{pool::RowPool, PythonMode, UnwindTable};
+use super::{
+    kernel_maps::{initial_process_entries, is_full, PoolMaps, ProcMap},
+    pool::RowPools,
+    PythonMode, UnwindTable,
+};
 use crate::{
     pipeline::maps::UnwindMaps,
     runtimes::{
@@ -52,11 +55,21 @@ use crate::{
 
 #[derive(Debug, thiserror::Error)]
 pub enum LoaderError {
-    #[error("mapping the BPF row pool ({bytes} bytes) into memory: {source}")]
+    #[error("mapping a BPF row pool ({bytes} bytes) into memory: {source}")]
     MapPool {
         bytes: usize,
         source: std::io::Error,
     },
+    #[error("creating a BPF row pool of {rows} rows: {source}")]
+    CreatePool { rows: u32, source: MapError },
+    #[error("putting row pool {index} in BPF map UNWIND_ROWS: {source}")]
+    AddPool { index: u32, source: std::io::Error },
+    #[error("row pool {0} does not exist")]
+    NoPool(u32),
+    #[error("creating the BPF process map for {entries} processes: {source}")]
+    CreateProcs { entries: u32, source: MapError },
+    #[error("putting the process map in BPF map UNWIND_PROCS: {source}")]
+    AddProcs { source: std::io::Error },
     #[error("starting the unwind table builder thread: {0}")]
     Worker(std::io::Error),
     #[error("writing process {pid}'s mappings to BPF map UNWIND_PROCS: {source}")]
@@ -128,15 +141,23 @@ enum FileState {
     Loaded(TableKey),
 }
 
-/// A table in the pool.
+/// A table in a pool.
 struct Table {
+    pool: u32,
     first_row: u32,
     rows: u32,
     base: u64,
     segments: Vec<Segment>,
     /// [`Unwinder::clock`] when a process last mapped it.
     last_used: u64,
+    /// Since when no process known maps it: after [`IDLE_TABLE_AGE`] it is evicted, and a
+    /// pool it leaves empty is given back.
+    unused_since: Option<std::time::Instant>,
 }
+
+/// How long a table no process maps stays loaded: long enough that a binary run again and
+/// again (a build, a cron job, a shell loop) keeps its table between runs.
+const IDLE_TABLE_AGE: std::time::Duration = std::time::Duration::from_secs(300);
 
 /// A process's executable mapping, with the table it needs.
 struct ProcMapping {
@@ -154,8 +175,15 @@ pub struct LoaderStats {
     pub rows_used: u64,
     /// Bytes of BPF map memory the loaded tables take.
     pub table_bytes: u64,
+    /// Bytes of the row pools, used or not.
+    pub pool_bytes: u64,
+    /// Row pools that exist.
+    pub pools: usize,
     pub processes: usize,
+    /// Tables evicted for room at the pools' ceiling.
     pub tables_evicted: u64,
+    /// Tables dropped after no process mapped them for a while.
+    pub tables_idle: u64,
     pub events: u64,
     /// Times a process's mappings found no room in `UNWIND_PROCS` (full): it walks by frame
     /// pointers until exits make room.
@@ -170,91 +198,25 @@ impl std::fmt::Display for LoaderStats {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} tables loaded ({} KiB, {} rows), {} unavailable, {} evicted; {} processes \
-             described, {} events",
+            "{} tables loaded ({} KiB, {} rows, in {} row pools of {} KiB), {} unavailable, \
+             {} evicted; {} processes described, {} events",
             self.tables_loaded,
             self.table_bytes.div_ceil(1024),
             self.rows_used,
+            self.pools,
+            self.pool_bytes.div_ceil(1024),
             self.tables_unavailable,
             self.tables_evicted,
             self.processes,
             self.events
         )?;
+        if self.tables_idle > 0 {
+            write!(f, ", {} dropped as idle", self.tables_idle)?;
+        }
         if self.processes_without_room > 0 {
             write!(f, ", {} found no room", self.processes_without_room)?;
         }
         Ok(())
-    }
-}
-
-/// The pool's memory, shared with the BPF map (`BPF_F_MMAPABLE`). Only the pages a table is
-/// written to are mapped, and only while it is written: the kernel maps every page of a
-/// mapping of a BPF array at `mmap` time, so a mapping of the whole pool kept open would count
-/// its 64 MiB in the daemon's RSS, although the memory is the map's own (kernel memory, counted
-/// once in `scorch_bpf_map_memory_bytes`).
-struct PoolMemory {
-    /// The row pool map's descriptor, owned by the [`UnwindMaps`] beside this in [`Unwinder`].
-    fd: i32,
-    len: usize,
-}
-
-impl PoolMemory {
-    fn new(maps: &UnwindMaps) -> Self {
-        PoolMemory {
-            fd: maps.rows.fd().as_fd_raw(),
-            len: maps.pool_rows as usize,
-        }
-    }
-
-    fn write(&mut self, first_row: u32, rows: &[UnwindRow]) -> Result<(), LoaderError> {
-        let first = first_row as usize;
-        assert!(first + rows.len() <= self.len, "row range outside the pool");
-        let row = std::mem::size_of::<UnwindRow>();
-        // SAFETY: sysconf has no preconditions.
-        let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
-        let start = first * row;
-        let end = (first + rows.len()) * row;
-        let map_start = start / page * page;
-        let map_len = end.div_ceil(page) * page - map_start;
-        let map_error = || LoaderError::MapPool {
-            bytes: map_len,
-            source: std::io::Error::last_os_error(),
-        };
-        // SAFETY: a fresh shared mapping of whole pages of the map's fd, inside the pool (the
-        // kernel refuses a range past the map's size); nothing else maps these pages in this
-        // process, and the BPF side reads these rows only once a process mapping points at
-        // them, which is written after this.
-        unsafe {
-            let address = libc::mmap(
-                std::ptr::null_mut(),
-                map_len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                self.fd,
-                map_start as libc::off_t,
-            );
-            if address == libc::MAP_FAILED {
-                return Err(map_error());
-            }
-            let rows_at = address
-                .cast::<u8>()
-                .add(start - map_start)
-                .cast::<UnwindRow>();
-            std::ptr::copy_nonoverlapping(rows.as_ptr(), rows_at, rows.len());
-            libc::munmap(address, map_len);
-        }
-        Ok(())
-    }
-}
-
-/// `MapFd` to a raw fd for `mmap`.
-trait AsFdRaw {
-    fn as_fd_raw(&self) -> i32;
-}
-
-impl AsFdRaw for aya::maps::MapFd {
-    fn as_fd_raw(&self) -> i32 {
-        std::os::fd::AsFd::as_fd(self).as_raw_fd()
     }
 }
 
@@ -273,8 +235,10 @@ enum BuildResult {
 /// Keeps the BPF unwinder's maps current; see the module documentation.
 pub struct Unwinder {
     maps: UnwindMaps,
-    memory: PoolMemory,
-    pool: RowPool,
+    /// The process map the BPF side reads through `UNWIND_PROCS`.
+    procs_map: ProcMap,
+    pool_maps: PoolMaps,
+    pools: RowPools,
     files: HashMap<FileKey, FileState>,
     tables: HashMap<TableKey, Table>,
     procs: HashMap<u32, Vec<ProcMapping>>,
@@ -283,6 +247,8 @@ pub struct Unwinder {
     /// Advances on every [`Unwinder::poll`]: the LRU's time.
     clock: u64,
     evicted: u64,
+    /// Tables dropped as idle.
+    idle: u64,
     events: u64,
     /// The vDSO image's length, when its table is loaded: a process's `[vdso]` mapping of
     /// another length is not the same image (a 32-bit process's) and walks by frame pointers.
@@ -318,7 +284,6 @@ impl Unwinder {
     /// Takes over the maps and starts the table builder thread. With [`PythonMode::Off`] no
     /// binary is looked at for an interpreter, so no process's Python frames are walked.
     pub fn start(maps: UnwindMaps, python: PythonMode) -> Result<Self, LoaderError> {
-        let memory = PoolMemory::new(&maps);
         let (requests, inbox) = mpsc::channel::<BuildRequest>();
         let (outbox, results) = mpsc::channel();
         std::thread::Builder::new()
@@ -345,10 +310,13 @@ impl Unwinder {
                 }
             })
             .map_err(LoaderError::Worker)?;
+        let entries = initial_process_entries(crate::sys::running_processes(), maps.processes);
+        let procs_map = ProcMap::create(&maps.procs, entries)?;
         let mut unwinder = Unwinder {
-            pool: RowPool::new(maps.pool_rows),
+            procs_map,
+            pools: RowPools::new(MAX_ROW_POOLS, maps.pool_rows, MIN_POOL_ROWS),
+            pool_maps: PoolMaps::new(),
             maps,
-            memory,
             files: HashMap::new(),
             tables: HashMap::new(),
             procs: HashMap::new(),
@@ -356,6 +324,7 @@ impl Unwinder {
             results,
             clock: 0,
             evicted: 0,
+            idle: 0,
             events: 0,
             vdso_len: None,
             without_room: HashSet::new(),
@@ -564,10 +533,43 @@ impl Unwinder {
         }
         for pid in gone {
             self.procs.remove(&pid);
-            let _ = self.maps.procs.remove(&pid);
+            let _ = self.procs_map.map.remove(&pid);
             if self.python.remove(&pid).is_some() {
                 let _ = self.maps.python_procs.remove(&pid);
                 self.python_changes.push((pid, None));
+            }
+        }
+        self.evict_idle(std::time::Instant::now());
+    }
+
+    /// Evicts the tables no process has mapped for [`IDLE_TABLE_AGE`] (never the vDSO's), so
+    /// the pools follow what the processes running need, not the most they ever needed.
+    fn evict_idle(&mut self, now: std::time::Instant) {
+        let mapped: HashSet<&TableKey> = self
+            .procs
+            .values()
+            .flatten()
+            .filter_map(|mapping| match self.files.get(&mapping.key?) {
+                Some(FileState::Loaded(table)) => Some(table),
+                _ => None,
+            })
+            .collect();
+        let mut idle = Vec::new();
+        for (key, table) in &mut self.tables {
+            if mapped.contains(key) || *key == TableKey::File(VDSO) {
+                table.unused_since = None;
+                continue;
+            }
+            let since = *table.unused_since.get_or_insert(now);
+            if now.duration_since(since) >= IDLE_TABLE_AGE {
+                idle.push(key.clone());
+            }
+        }
+        for key in idle {
+            // No process maps it, so no process map is rewritten: this cannot fail.
+            self.idle += 1;
+            if let Err(error) = self.evict(key, false) {
+                tracing::debug!("evicting an idle unwind table: {error}");
             }
         }
     }
@@ -612,9 +614,12 @@ impl Unwinder {
     pub fn stats(&self) -> LoaderStats {
         let mut stats = LoaderStats {
             processes: self.procs.len(),
-            rows_used: u64::from(self.pool.used()),
-            table_bytes: u64::from(self.pool.used()) * std::mem::size_of::<UnwindRow>() as u64,
+            rows_used: self.pools.used(),
+            table_bytes: self.pools.used() * std::mem::size_of::<UnwindRow>() as u64,
+            pool_bytes: self.pools.capacity() * std::mem::size_of::<UnwindRow>() as u64,
+            pools: self.pools.count(),
             tables_evicted: self.evicted,
+            tables_idle: self.idle,
             events: self.events,
             processes_without_room: self.without_room_total,
             python_processes: self.python.len(),
@@ -732,34 +737,54 @@ impl Unwinder {
             return Ok(());
         }
         let len = u32::try_from(built.rows.len()).unwrap_or(u32::MAX);
-        if len == 0 || len > self.pool.capacity() {
+        if len == 0 || u64::from(len) > self.pools.ceiling() {
             self.files.insert(file, FileState::Unavailable);
             return Ok(());
         }
-        let first_row = loop {
-            if let Some(first) = self.pool.allocate(len) {
-                break first;
+        // Room in a pool; else a new pool, within the ceiling; else the least recently used
+        // tables go until there is room.
+        let (pool, first_row) = loop {
+            if let Some(place) = self.pools.allocate(len) {
+                break place;
+            }
+            if let Some((index, rows)) = self.pools.next_pool(len) {
+                match self.pool_maps.create(&self.maps.rows, index, rows) {
+                    Ok(()) => {
+                        self.pools.add(index, rows);
+                        continue;
+                    }
+                    // The kernel's memory limits refuse it: evict instead, as at the ceiling.
+                    Err(error) if self.pools.count() > 0 => {
+                        tracing::warn!("{error}; evicting unwind tables for room instead");
+                    }
+                    Err(error) => {
+                        self.files.insert(file, FileState::Unavailable);
+                        return Err(error);
+                    }
+                }
             }
             let Some(victim) = self.least_recently_used() else {
                 self.files.insert(file, FileState::Unavailable);
                 return Ok(());
             };
-            self.evict(victim)?;
+            self.evict(victim, true)?;
         };
-        if let Err(error) = self.memory.write(first_row, &built.rows) {
+        if let Err(error) = self.pool_maps.write(pool, first_row, &built.rows) {
             // The range goes back; the file walks with frame pointers (counted) meanwhile.
-            self.pool.release(first_row, len);
+            self.release(pool, first_row, len);
             self.files.insert(file, FileState::Unavailable);
             return Err(error);
         }
         self.tables.insert(
             key.clone(),
             Table {
+                pool,
                 first_row,
                 rows: len,
                 base: built.base,
                 segments: built.segments,
                 last_used: self.clock,
+                unused_since: None,
             },
         );
         self.files.insert(file, FileState::Loaded(key));
@@ -776,13 +801,14 @@ impl Unwinder {
             .map(|(key, _)| key.clone())
     }
 
-    /// Drops a table: first the mappings that use it fall back to frame pointers, then its
-    /// rows are freed for another table.
-    fn evict(&mut self, key: TableKey) -> Result<(), LoaderError> {
+    /// Drops a table, `for_room` at the pools' ceiling (counted as evicted) or as idle: first
+    /// the mappings that use it fall back to frame pointers, then its rows are freed for
+    /// another table, and a pool it leaves empty is given back.
+    fn evict(&mut self, key: TableKey, for_room: bool) -> Result<(), LoaderError> {
         let Some(table) = self.tables.remove(&key) else {
             return Ok(());
         };
-        self.evicted += 1;
+        self.evicted += u64::from(for_room);
         // Forget its files entirely, so the next process that maps one builds it again.
         let loaded = FileState::Loaded(key);
         let files: HashSet<FileKey> = self
@@ -805,8 +831,16 @@ impl Unwinder {
         for pid in users {
             self.write(pid)?;
         }
-        self.pool.release(table.first_row, table.rows);
+        self.release(table.pool, table.first_row, table.rows);
         Ok(())
+    }
+
+    /// Frees a table's rows; a pool left empty is given back, with its memory.
+    fn release(&mut self, pool: u32, first_row: u32, rows: u32) {
+        if self.pools.release(pool, first_row, rows) {
+            self.pool_maps.remove(&self.maps.rows, pool);
+            self.pools.remove(pool);
+        }
     }
 
     /// Writes a process's mappings, as far as its tables are known, to `UNWIND_PROCS`.
@@ -827,10 +861,18 @@ impl Unwinder {
         chosen.sort_by_key(|m| m.start);
         value.count = chosen.len() as u32;
         value.mappings[..chosen.len()].copy_from_slice(&chosen);
-        self.maps
-            .procs
-            .insert(pid, value, 0)
-            .map_err(|source| LoaderError::Procs { pid, source })?;
+        let mut inserted = self.procs_map.map.insert(pid, value, 0);
+        // Full: a map twice as large, up to the ceiling, and again.
+        if inserted.as_ref().is_err_and(is_full) && self.procs_map.entries < self.maps.processes {
+            let entries = self
+                .procs_map
+                .entries
+                .saturating_mul(2)
+                .min(self.maps.processes);
+            self.procs_map = self.procs_map.replaced(&self.maps.procs, entries)?;
+            inserted = self.procs_map.map.insert(pid, value, 0);
+        }
+        inserted.map_err(|source| LoaderError::Procs { pid, source })?;
         self.write_python(pid);
         Ok(())
     }
@@ -899,6 +941,7 @@ impl Unwinder {
             // pc minus the load bias is the ELF address; minus the base is the row pc.
             if let Some(bias) = load_bias(mapping, &table.segments) {
                 described.bias = bias.wrapping_add(table.base);
+                described.pool = table.pool;
                 described.first_row = table.first_row;
                 described.rows = table.rows;
                 described.state = MAPPING_TABLE_LOADED;

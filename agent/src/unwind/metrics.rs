@@ -1,5 +1,5 @@
 //! The unwinder's `/metrics`: how walks with tables ended, and what the tables take in BPF map
-//! memory (the issue's bound: 64 MiB for the whole machine).
+//! memory and in row pools (64 MiB at most for the whole machine by default).
 
 use std::sync::atomic::AtomicU64;
 
@@ -16,7 +16,9 @@ use crate::metrics::{LabeledCounter, Registry};
 pub struct UnwindMetrics {
     outcomes: LabeledCounter,
     table_bytes: Gauge<u64, AtomicU64>,
+    pool_bytes: Gauge<u64, AtomicU64>,
     tables: Gauge<u64, AtomicU64>,
+    evicted: Counter<u64, AtomicU64>,
     processes: Gauge<u64, AtomicU64>,
     without_room: Counter<u64, AtomicU64>,
     python_frames: Counter<u64, AtomicU64>,
@@ -29,7 +31,9 @@ impl UnwindMetrics {
         let metrics = UnwindMetrics {
             outcomes: LabeledCounter::new("outcome", UnwindOutcome::ALL.map(UnwindOutcome::name)),
             table_bytes: Gauge::default(),
+            pool_bytes: Gauge::default(),
             tables: Gauge::default(),
+            evicted: Counter::default(),
             processes: Gauge::default(),
             without_room: Counter::default(),
             python_frames: Counter::default(),
@@ -55,10 +59,23 @@ impl UnwindMetrics {
             Unit::Bytes,
             metrics.table_bytes.clone(),
         );
+        registry.register_with_unit(
+            "unwind_row_pools",
+            "BPF map memory of the unwind row pools, used or not: they are added as tables \
+             need room, up to the ceiling (--unwind-pool-mib), and given back when emptied",
+            Unit::Bytes,
+            metrics.pool_bytes.clone(),
+        );
         registry.register(
             "unwind_tables_loaded",
-            "Unwind tables loaded into the BPF row pool",
+            "Unwind tables loaded into the BPF row pools",
             metrics.tables.clone(),
+        );
+        registry.register(
+            "unwind_tables_evicted",
+            "Unwind tables evicted for room at the row pools' ceiling (--unwind-pool-mib): \
+             their code walks by frame pointers until a process maps them again",
+            metrics.evicted.clone(),
         );
         registry.register(
             "unwind_processes",
@@ -111,7 +128,12 @@ impl UnwindMetrics {
             self.outcomes.inc_by(outcome, count);
         }
         self.table_bytes.set(stats.table_bytes);
+        self.pool_bytes.set(stats.pool_bytes);
         self.tables.set(stats.tables_loaded as u64);
+        let evicted = self.evicted.get();
+        if stats.tables_evicted > evicted {
+            self.evicted.inc_by(stats.tables_evicted - evicted);
+        }
         self.processes.set(stats.processes as u64);
         let counted = self.without_room.get();
         if stats.processes_without_room > counted {

@@ -14,6 +14,7 @@
 //! table may allocate are capped.
 
 mod convert;
+mod kernel_maps;
 pub mod loader;
 pub mod metrics;
 mod optimize;

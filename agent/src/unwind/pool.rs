@@ -1,10 +1,19 @@
-//! Which rows of the BPF row pool (`UNWIND_ROWS`) are free: every loaded table holds one
-//! contiguous range, so the BPF side needs only a first row and a length per mapping.
+//! Which rows of the BPF row pools (`UNWIND_ROWS`) are free, and when to add or give back a
+//! pool: every loaded table holds one contiguous range of one pool, so the BPF side needs only
+//! a pool, a first row and a length per mapping.
 //!
-//! First fit over a sorted free list, neighbours merged on release: tables come and go in
-//! sizes from a few rows to millions, and a first fit keeps the low end of the pool packed.
+//! Within a pool, first fit over a sorted free list, neighbours merged on release: tables come
+//! and go in sizes from a few rows to millions, and a first fit keeps the low end packed.
+//!
+//! Pools are added as tables need room, each as large as all before it (from
+//! `MIN_POOL_ROWS`, or the table's own size when larger), so a quiet host holds one small pool
+//! and a busy one reaches its tables' size in a few steps, never more than twice what they
+//! took; the sum stays under a ceiling. This is the pure half: the loader creates the maps.
 
 use std::collections::BTreeMap;
+
+/// Rows are 8 bytes and pools are whole pages: a pool's rows are a multiple of 512.
+const PAGE_ROWS: u32 = 512;
 
 /// The free ranges of a pool of `capacity` rows.
 #[derive(Debug)]
@@ -78,9 +87,165 @@ impl RowPool {
     }
 }
 
+/// The pools, by their index in the BPF outer array, and the ceiling on their rows.
+#[derive(Debug)]
+pub struct RowPools {
+    pools: Vec<Option<RowPool>>,
+    /// Rows all pools may hold together.
+    ceiling: u64,
+    min_rows: u32,
+}
+
+impl RowPools {
+    /// No pool yet; at most `slots` at once, `ceiling` rows together, none under `min_rows`.
+    pub fn new(slots: u32, ceiling: u32, min_rows: u32) -> Self {
+        RowPools {
+            pools: (0..slots).map(|_| None).collect(),
+            ceiling: u64::from(ceiling),
+            min_rows: min_rows.max(1),
+        }
+    }
+
+    /// Rows in use, in all pools.
+    pub fn used(&self) -> u64 {
+        self.live().map(|(_, pool)| u64::from(pool.used())).sum()
+    }
+
+    /// Rows the pools hold, used or not: what their maps cost.
+    pub fn capacity(&self) -> u64 {
+        self.live()
+            .map(|(_, pool)| u64::from(pool.capacity()))
+            .sum()
+    }
+
+    pub fn ceiling(&self) -> u64 {
+        self.ceiling
+    }
+
+    /// Pools that exist.
+    pub fn count(&self) -> usize {
+        self.live().count()
+    }
+
+    fn live(&self) -> impl Iterator<Item = (u32, &RowPool)> {
+        self.pools
+            .iter()
+            .enumerate()
+            .filter_map(|(i, pool)| Some((i as u32, pool.as_ref()?)))
+    }
+
+    /// Rows `len` in a pool that exists: (pool, first row); `None` when none has room.
+    /// Lower pools first, so the later ones empty out and can be given back.
+    pub fn allocate(&mut self, len: u32) -> Option<(u32, u32)> {
+        self.pools
+            .iter_mut()
+            .enumerate()
+            .find_map(|(i, pool)| Some((i as u32, pool.as_mut()?.allocate(len)?)))
+    }
+
+    /// The pool to add for a table of `len` rows, (index, rows): as large as all pools
+    /// together, at least `min_rows` and `len`, in whole pages, within the ceiling. `None` when
+    /// the ceiling or the outer array leaves no room for it: then tables are evicted instead.
+    pub fn next_pool(&self, len: u32) -> Option<(u32, u32)> {
+        let slot = self.pools.iter().position(Option::is_none)? as u32;
+        let room = self.ceiling.saturating_sub(self.capacity());
+        let wanted = self
+            .capacity()
+            .max(u64::from(self.min_rows))
+            .max(u64::from(len))
+            .div_ceil(u64::from(PAGE_ROWS))
+            * u64::from(PAGE_ROWS);
+        let rows = wanted
+            .min(room)
+            .min(u64::from(u32::MAX / PAGE_ROWS * PAGE_ROWS));
+        (len > 0 && rows >= u64::from(len)).then_some((slot, rows as u32))
+    }
+
+    /// Pool `index` now exists with `rows` rows (its map was created).
+    pub fn add(&mut self, index: u32, rows: u32) {
+        if let Some(slot) = self.pools.get_mut(index as usize) {
+            *slot = Some(RowPool::new(rows));
+        }
+    }
+
+    /// Gives back a range [`RowPools::allocate`] returned. Returns whether its pool is now
+    /// empty, for the caller to give the pool back too.
+    pub fn release(&mut self, index: u32, start: u32, len: u32) -> bool {
+        match self.pools.get_mut(index as usize).and_then(Option::as_mut) {
+            Some(pool) => {
+                pool.release(start, len);
+                pool.used() == 0
+            }
+            None => false,
+        }
+    }
+
+    /// Pool `index` is gone (its map was removed from the outer array).
+    pub fn remove(&mut self, index: u32) {
+        if let Some(slot) = self.pools.get_mut(index as usize) {
+            *slot = None;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pools_double_from_the_smallest_and_stop_at_the_ceiling() {
+        let mut pools = RowPools::new(4, 10_000, 1000);
+        assert_eq!(pools.allocate(10), None);
+        // The first pool: the smallest, in whole pages.
+        assert_eq!(pools.next_pool(10), Some((0, 1024)));
+        pools.add(0, 1024);
+        assert_eq!(pools.allocate(1000), Some((0, 0)));
+        // The next is as large as all before it.
+        assert_eq!(pools.next_pool(100), Some((1, 1024)));
+        pools.add(1, 1024);
+        // 24 rows are left in the first: the second takes it.
+        assert_eq!(pools.allocate(100), Some((1, 0)));
+        // A table larger than that gets a pool of its own size.
+        assert_eq!(pools.next_pool(5000), Some((2, 5120)));
+        pools.add(2, 5120);
+        assert_eq!(pools.capacity(), 7168);
+        // Only 2832 rows are left under the ceiling.
+        assert_eq!(pools.next_pool(3000), None);
+        assert_eq!(pools.next_pool(2000), Some((3, 2832)));
+        pools.add(3, 2832);
+        // No slot is left.
+        assert_eq!(pools.next_pool(1), None);
+        assert_eq!(pools.count(), 4);
+        assert_eq!(pools.used(), 1100);
+    }
+
+    #[test]
+    fn an_emptied_pool_is_reported_and_its_slot_reused() {
+        let mut pools = RowPools::new(2, 1 << 20, 512);
+        pools.add(0, 512);
+        pools.add(1, 512);
+        let (a, first_a) = pools.allocate(300).unwrap();
+        let (a2, first_a2) = pools.allocate(200).unwrap();
+        let (b, first_b) = pools.allocate(300).unwrap();
+        assert_eq!((a, a2, b), (0, 0, 1));
+        // Pool 0 still holds a table.
+        assert!(!pools.release(a, first_a, 300));
+        assert!(pools.release(a2, first_a2, 200));
+        assert!(pools.release(b, first_b, 300));
+        pools.remove(b);
+        assert_eq!(pools.count(), 1);
+        assert_eq!(pools.capacity(), 512);
+        assert_eq!(pools.used(), 0);
+        assert_eq!(pools.next_pool(600), Some((1, 1024)));
+        // A pool that does not exist frees nothing.
+        assert!(!pools.release(1, 0, 1));
+    }
+
+    #[test]
+    fn no_pool_for_an_empty_table() {
+        let pools = RowPools::new(2, 1 << 20, 512);
+        assert_eq!(pools.next_pool(0), None);
+    }
 
     #[test]
     fn allocates_first_fit_and_merges_on_release() {

@@ -1,0 +1,292 @@
+//! The unwinder's BPF maps that the agent creates while it runs, behind the outer arrays the
+//! program holds: the row pools the tables go in (`UNWIND_ROWS`) and the process map
+//! (`UNWIND_PROCS`). Creating them as the work needs them, instead of at their ceilings when
+//! the program loads, is what keeps a quiet host's map memory small.
+
+use std::os::fd::AsRawFd;
+
+use aya::maps::{MapData, MapError};
+use scorch_common::{ProcMappings, UnwindRow, MAX_ROW_POOLS};
+
+use super::loader::LoaderError;
+
+/// The row pools' maps: each a `BPF_F_MMAPABLE` array the agent creates when the tables need
+/// room, puts in `UNWIND_ROWS` (the outer array, owned by the [`UnwindMaps`] beside this in
+/// [`Unwinder`]) and removes when its last table goes, which frees its memory.
+///
+/// Only the pages a table is written to are mapped into the agent, and only while it is
+/// written: the kernel maps every page of a mapping of a BPF array at `mmap` time, so a
+/// mapping of a whole pool kept open would count it in the daemon's RSS, although the memory
+/// is the map's own (kernel memory, counted once in `scorch_bpf_map_memory_bytes`).
+pub(super) struct PoolMaps {
+    maps: Vec<Option<(MapData, u32)>>,
+}
+
+/// A pool's `map_flags`: `BPF_F_MMAPABLE | BPF_F_INNER_MAP`, as the BPF side's template
+/// declares them (the kernel refuses an inner map whose flags differ).
+const POOL_FLAGS: u32 = (1 << 10) | (1 << 12);
+
+impl PoolMaps {
+    pub(super) fn new() -> Self {
+        PoolMaps {
+            maps: (0..MAX_ROW_POOLS).map(|_| None).collect(),
+        }
+    }
+
+    /// Creates pool `index` with `rows` rows and puts it in the outer array.
+    pub(super) fn create(
+        &mut self,
+        outer: &MapData,
+        index: u32,
+        rows: u32,
+    ) -> Result<(), LoaderError> {
+        let definition = aya_obj::Map::new_from_params(
+            aya_obj::generated::bpf_map_type::BPF_MAP_TYPE_ARRAY as u32,
+            std::mem::size_of::<u32>() as u32,
+            std::mem::size_of::<UnwindRow>() as u32,
+            rows,
+            POOL_FLAGS,
+        );
+        let map = MapData::create(definition, &format!("scorch_rows_{index}"), None)
+            .map_err(|source| LoaderError::CreatePool { rows, source })?;
+        let inner = map.fd().as_fd_raw() as u32;
+        element_command(BPF_MAP_UPDATE_ELEM, outer.fd(), index, Some(&inner))
+            .map_err(|source| LoaderError::AddPool { index, source })?;
+        if let Some(slot) = self.maps.get_mut(index as usize) {
+            *slot = Some((map, rows));
+        }
+        Ok(())
+    }
+
+    /// Takes pool `index` out of the outer array and closes it. A walk that looked the pool up
+    /// before keeps it until the walk ends (the kernel frees an inner map after an RCU grace
+    /// period); no mapping points at it by then, as its tables were evicted first.
+    pub(super) fn remove(&mut self, outer: &MapData, index: u32) {
+        if let Err(source) = element_command(BPF_MAP_DELETE_ELEM, outer.fd(), index, None) {
+            tracing::debug!("removing row pool {index} from UNWIND_ROWS: {source}");
+        }
+        if let Some(slot) = self.maps.get_mut(index as usize) {
+            *slot = None;
+        }
+    }
+
+    pub(super) fn write(
+        &mut self,
+        pool: u32,
+        first_row: u32,
+        rows: &[UnwindRow],
+    ) -> Result<(), LoaderError> {
+        let Some(Some((map, len))) = self.maps.get(pool as usize) else {
+            return Err(LoaderError::NoPool(pool));
+        };
+        let first = first_row as usize;
+        assert!(
+            first + rows.len() <= *len as usize,
+            "row range outside the pool"
+        );
+        let row = std::mem::size_of::<UnwindRow>();
+        // SAFETY: sysconf has no preconditions.
+        let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
+        let start = first * row;
+        let end = (first + rows.len()) * row;
+        let map_start = start / page * page;
+        let map_len = end.div_ceil(page) * page - map_start;
+        let map_error = || LoaderError::MapPool {
+            bytes: map_len,
+            source: std::io::Error::last_os_error(),
+        };
+        // SAFETY: a fresh shared mapping of whole pages of the map's fd, inside the pool (the
+        // kernel refuses a range past the map's size); nothing else maps these pages in this
+        // process, and the BPF side reads these rows only once a process mapping points at
+        // them, which is written after this.
+        unsafe {
+            let address = libc::mmap(
+                std::ptr::null_mut(),
+                map_len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                map.fd().as_fd_raw(),
+                map_start as libc::off_t,
+            );
+            if address == libc::MAP_FAILED {
+                return Err(map_error());
+            }
+            let rows_at = address
+                .cast::<u8>()
+                .add(start - map_start)
+                .cast::<UnwindRow>();
+            std::ptr::copy_nonoverlapping(rows.as_ptr(), rows_at, rows.len());
+            libc::munmap(address, map_len);
+        }
+        Ok(())
+    }
+}
+
+/// The process map: a preallocated hash of [`ProcMappings`] by process, in `UNWIND_PROCS`'s one
+/// slot.
+pub(super) struct ProcMap {
+    pub(super) map: aya::maps::HashMap<MapData, u32, ProcMappings>,
+    /// `map`'s descriptor, which it owns (aya's map types keep theirs to themselves).
+    fd: i32,
+    pub(super) entries: u32,
+}
+
+impl ProcMap {
+    /// An empty map of `entries` processes, not in place yet.
+    fn new(entries: u32) -> Result<Self, LoaderError> {
+        let definition = aya_obj::Map::new_from_params(
+            aya_obj::generated::bpf_map_type::BPF_MAP_TYPE_HASH as u32,
+            std::mem::size_of::<u32>() as u32,
+            std::mem::size_of::<ProcMappings>() as u32,
+            entries,
+            0,
+        );
+        let failed = |source| LoaderError::CreateProcs { entries, source };
+        let data = MapData::create(definition, "scorch_procs", None).map_err(failed)?;
+        let fd = data.fd().as_fd_raw();
+        let map = aya::maps::HashMap::try_from(aya::maps::Map::HashMap(data)).map_err(failed)?;
+        Ok(ProcMap { map, fd, entries })
+    }
+
+    /// Puts this map in `outer`'s slot: the BPF side reads it from its next lookup on.
+    fn put_in(&self, outer: &MapData) -> Result<(), LoaderError> {
+        let inner = self.fd as u32;
+        element_command(BPF_MAP_UPDATE_ELEM, outer.fd(), 0, Some(&inner))
+            .map_err(|source| LoaderError::AddProcs { source })
+    }
+
+    /// An empty map of `entries` processes, in `outer`'s slot.
+    pub(super) fn create(outer: &MapData, entries: u32) -> Result<Self, LoaderError> {
+        let created = ProcMap::new(entries)?;
+        created.put_in(outer)?;
+        Ok(created)
+    }
+
+    /// A map of `entries` processes holding this one's, in its place. A process the BPF side
+    /// forgets while the entries are copied (an exec, a library mapped over its code) is
+    /// deleted from the old map; it is deleted from the new one too once the new one is in
+    /// place, so no process keeps mappings the BPF side dropped.
+    pub(super) fn replaced(&self, outer: &MapData, entries: u32) -> Result<Self, LoaderError> {
+        let mut created = ProcMap::new(entries)?;
+        let pids: Vec<u32> = self.map.keys().filter_map(Result::ok).collect();
+        for &pid in &pids {
+            if let Ok(value) = self.map.get(&pid, 0) {
+                let _ = created.map.insert(pid, value, 0);
+            }
+        }
+        created.put_in(outer)?;
+        for pid in pids {
+            if self.map.get(&pid, 0).is_err() {
+                let _ = created.map.remove(&pid);
+            }
+        }
+        tracing::info!(
+            "BPF process map grown from {} to {entries} processes",
+            self.entries
+        );
+        Ok(created)
+    }
+}
+
+/// The process map's first size: room for the processes running twice over, at least 512
+/// (1.25 MiB), within the ceiling.
+pub(super) fn initial_process_entries(running: usize, ceiling: u32) -> u32 {
+    let wanted = u32::try_from(running.saturating_mul(2))
+        .unwrap_or(u32::MAX)
+        .max(512)
+        .checked_next_power_of_two()
+        .unwrap_or(u32::MAX);
+    wanted.min(ceiling).max(1)
+}
+
+/// Whether a map insert failed for want of room.
+pub(super) fn is_full(error: &MapError) -> bool {
+    matches!(error, MapError::SyscallError(aya::sys::SyscallError { io_error, .. })
+        if io_error.raw_os_error() == Some(libc::E2BIG))
+}
+
+const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
+const BPF_MAP_DELETE_ELEM: libc::c_long = 3;
+
+/// `BPF_MAP_UPDATE_ELEM` (with the inner map's fd) or `BPF_MAP_DELETE_ELEM` (without) of
+/// `index` in the outer array of maps. aya 0.14's `ArrayOfMaps` sets an element but cannot
+/// remove one, and keeps its descriptor to itself.
+fn element_command(
+    command: libc::c_long,
+    map: &aya::maps::MapFd,
+    index: u32,
+    value: Option<&u32>,
+) -> std::io::Result<()> {
+    /// The element commands' part of `union bpf_attr`.
+    #[repr(C)]
+    struct ElementAttr {
+        map_fd: u32,
+        _pad: u32,
+        key: u64,
+        value: u64,
+        flags: u64,
+    }
+    let attr = ElementAttr {
+        map_fd: map.as_fd_raw() as u32,
+        _pad: 0,
+        key: std::ptr::addr_of!(index) as u64,
+        value: value.map_or(0, |value| std::ptr::from_ref(value) as u64),
+        flags: 0,
+    };
+    // SAFETY: the attribute is a valid `bpf_attr` prefix of the size given; its key and value
+    // point at live u32s (an array of maps' key and value are both 4 bytes), and the kernel
+    // reads nothing else.
+    let result = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            command,
+            std::ptr::addr_of!(attr),
+            std::mem::size_of::<ElementAttr>(),
+        )
+    };
+    if result < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// `MapFd` to a raw fd for `mmap`.
+trait AsFdRaw {
+    fn as_fd_raw(&self) -> i32;
+}
+
+impl AsFdRaw for aya::maps::MapFd {
+    fn as_fd_raw(&self) -> i32 {
+        std::os::fd::AsFd::as_fd(self).as_raw_fd()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_process_map_starts_at_twice_the_running_within_the_ceiling() {
+        // A quiet host: the floor.
+        assert_eq!(initial_process_entries(150, 8192), 512);
+        // 700 running: 1400, to a power of two.
+        assert_eq!(initial_process_entries(700, 8192), 2048);
+        assert_eq!(initial_process_entries(100_000, 8192), 8192);
+        // `--unwind-processes 1`.
+        assert_eq!(initial_process_entries(150, 1), 1);
+    }
+
+    #[test]
+    fn only_e2big_means_full() {
+        let error = |code| {
+            MapError::SyscallError(aya::sys::SyscallError {
+                call: "bpf_map_update_elem",
+                io_error: std::io::Error::from_raw_os_error(code),
+            })
+        };
+        assert!(is_full(&error(libc::E2BIG)));
+        assert!(!is_full(&error(libc::ENOMEM)));
+        assert!(!is_full(&MapError::KeyNotFound));
+    }
+}
