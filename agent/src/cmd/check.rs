@@ -251,18 +251,26 @@ pub fn run_checks() -> Vec<Item> {
 const DAEMON_RSS_MIB: (u64, u64) = (20, 30);
 
 /// The memory the daemon would take on this host: its BPF maps, as the kernel charges them now
-/// that the program is loaded with the daemon's defaults (sized for this host's CPUs), plus the
-/// resident memory the benches measure.
+/// that the program is loaded with the daemon's defaults (sized for this host's CPUs), plus
+/// the unwinder's first row pool and process map (created by the daemon, not by this check),
+/// plus the resident memory the benches measure.
 fn footprint(cpus: usize) -> Item {
     match crate::pipeline::cost::bpf_map_memory() {
         Ok(bytes) => {
-            let maps = bytes >> 20;
+            let running = crate::sys::running_processes() as u64;
+            let process_map = (running * 2).next_power_of_two().max(512)
+                * std::mem::size_of::<scorch_common::ProcMappings>() as u64;
+            let first_pool = u64::from(scorch_common::MIN_POOL_ROWS)
+                * std::mem::size_of::<scorch_common::UnwindRow>() as u64;
+            let maps = (bytes + process_map + first_pool) >> 20;
             item(
                 Status::Ok,
                 "expected footprint",
                 format!(
-                    "BPF maps {maps} MiB at the defaults for {cpus} CPUs (the per-process maps \
-                     grow with processes); with the daemon's RSS ({}-{} MiB in the README's \
+                    "BPF maps {maps} MiB at the defaults for {cpus} CPUs and {running} \
+                     processes; the unwinder's row pools and process map grow with the tables \
+                     and processes sampled, up to 64 MiB and 20 MiB more (--unwind-pool-mib, \
+                     --unwind-processes). With the daemon's RSS ({}-{} MiB in the README's \
                      benches) about {}-{} MiB in all",
                     DAEMON_RSS_MIB.0,
                     DAEMON_RSS_MIB.1,

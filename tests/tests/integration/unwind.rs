@@ -701,6 +701,185 @@ fn a_process_without_room_in_the_process_map_walks_by_frame_pointers_and_others_
     )
 }
 
+/// The row pools are created as tables need them, within `--unwind-pool-mib`: a process of
+/// the known call tree and a CPython interpreter (its table alone is 64,575 rows, where the
+/// first pool holds 65,536) need a second pool, under a 1 MiB ceiling nothing is evicted, and
+/// both walk whole with their tables.
+#[test]
+fn row_pools_grow_with_the_tables_within_their_ceiling() -> anyhow::Result<()> {
+    let program = build_no_fp("calltree.c", "pools_calltree", &[])?;
+    let calltree = Workload::start(&program, &["1", "30"])?;
+    let python = Workload::start(
+        std::path::Path::new("/usr/bin/python3.11"),
+        &[
+            "-c",
+            "def pools_spin(n):\n    return sum(i * i for i in range(n))\n\n\
+             while True:\n    pools_spin(10000)\n",
+        ],
+    )?;
+    let path = work_dir().join("pools.pb.gz");
+    let python_pid = python.pid().to_string();
+    let output = record_pid_to(
+        calltree.pid(),
+        4,
+        &path,
+        &["--pid", &python_pid, "--unwind-pool-mib", "1"],
+    )?;
+    drop((calltree, python));
+    let report = parse_record_output(&output)?;
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    anyhow::ensure!(output.status.success(), "the recording failed: {stderr}");
+    let stats = PoolStats::read(&stderr)?;
+    anyhow::ensure!(
+        stats.pools >= 2 && stats.kib <= 1024 && stats.evicted == 0,
+        "expected 2 or more pools within 1024 KiB and nothing evicted: {}",
+        stats.line
+    );
+    let recording = Recording {
+        samples: named_samples(&read_pprof(&path)?),
+        fallbacks: fallback_walks(&report.summary) as i64,
+        summary: report.summary,
+        stderr,
+    };
+    recording.assert_whole(
+        |s| s.frames.first().is_some_and(|f| f.starts_with("leaf_")),
+        &["dispatch", "main"],
+        100,
+    )?;
+    let (named, total) = share_in_order(
+        &recording.samples,
+        |s| s.comm.starts_with("python3"),
+        &["pools_spin", "<module>"],
+    );
+    anyhow::ensure!(
+        total > 100 && named as f64 >= 0.8 * total as f64,
+        "{named} of {total} Python samples show pools_spin called from <module>: {}\n{}",
+        recording.summary,
+        show(recording.samples.iter())
+    );
+    Ok(())
+}
+
+/// The row pools as the recording's last `unwind tables:` line gives them: `... rows, in 2 row
+/// pools of 1024 KiB), 0 unavailable, 1 evicted; ...`.
+struct PoolStats {
+    pools: u64,
+    kib: u64,
+    evicted: u64,
+    line: String,
+}
+
+impl PoolStats {
+    fn read(stderr: &str) -> anyhow::Result<PoolStats> {
+        let line = stderr
+            .lines()
+            .rev()
+            .find(|l| l.contains("unwind tables: "))
+            .with_context(|| format!("no unwind table line: {stderr}"))?;
+        let number_before = |marker: &str| -> Option<u64> {
+            let (before, _) = line.split_once(marker)?;
+            before.rsplit(' ').next()?.parse().ok()
+        };
+        let kib = line
+            .split_once(" row pools of ")
+            .and_then(|(_, after)| after.split(' ').next()?.parse().ok());
+        println!("{line}");
+        match (
+            number_before(" row pools of "),
+            kib,
+            number_before(" evicted"),
+        ) {
+            (Some(pools), Some(kib), Some(evicted)) => Ok(PoolStats {
+                pools,
+                kib,
+                evicted,
+                line: line.to_owned(),
+            }),
+            _ => anyhow::bail!("unreadable unwind table line: {line}"),
+        }
+    }
+}
+
+/// At its ceiling the pools evict the least recently used tables: a known call tree, a CPython
+/// interpreter and perl (tables of 64,575 and 31,356 rows, with their libraries about 140,000
+/// rows) under a 1 MiB ceiling (131,072 rows). Evictions are counted, and an evicted table's
+/// code is walked by frame pointers: a walk may stop early there, but never goes on with rows
+/// of the table that took its place, so every caller the call tree's leaves are given is one
+/// it has.
+#[test]
+fn tables_evicted_at_the_ceiling_are_counted_and_never_walked_with_another_tables_rows(
+) -> anyhow::Result<()> {
+    let program = build_no_fp("calltree.c", "evict_calltree", &[])?;
+    let calltree = Workload::start(&program, &["1", "30"])?;
+    let python = Workload::start(
+        std::path::Path::new("/usr/bin/python3.11"),
+        &["-c", "while True:\n    sum(i * i for i in range(10000))\n"],
+    )?;
+    let perl = Workload::start(
+        std::path::Path::new("/usr/bin/perl"),
+        &["-e", "my $x = 0; while (1) { $x++ }"],
+    )?;
+    let path = work_dir().join("evict.pb.gz");
+    let (python_pid, perl_pid) = (python.pid().to_string(), perl.pid().to_string());
+    let output = record_pid_to(
+        calltree.pid(),
+        4,
+        &path,
+        &[
+            "--pid",
+            &python_pid,
+            "--pid",
+            &perl_pid,
+            "--unwind-pool-mib",
+            "1",
+        ],
+    )?;
+    drop((calltree, python, perl));
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    anyhow::ensure!(output.status.success(), "the recording failed: {stderr}");
+    let stats = PoolStats::read(&stderr)?;
+    anyhow::ensure!(
+        stats.evicted >= 1 && stats.kib <= 1024,
+        "expected evictions within 1024 KiB of pools: {}",
+        stats.line
+    );
+    let samples = named_samples(&read_pprof(&path)?);
+    let callers = [
+        "run_a",
+        "run_b",
+        "run_c",
+        "dispatch",
+        "main",
+        "__libc_start_call_main",
+        "__libc_start_main_impl",
+        "_start",
+    ];
+    let mut leaves = 0;
+    for sample in samples.iter().filter(|s| s.comm == "evict_calltree") {
+        let Some(leaf) = sample.frames.iter().position(|f| f.starts_with("leaf_")) else {
+            continue;
+        };
+        leaves += sample.count;
+        let wrong: Vec<&String> = sample.frames[leaf + 1..]
+            .iter()
+            .filter(|f| !callers.contains(&f.as_str()))
+            .collect();
+        anyhow::ensure!(
+            wrong.is_empty(),
+            "a leaf of the call tree was given callers it does not have, {wrong:?}: {:?} \
+             ({})",
+            sample.frames,
+            stats.line
+        );
+    }
+    anyhow::ensure!(
+        leaves > 100,
+        "only {leaves} samples in the call tree's leaves: {}",
+        stats.line
+    );
+    Ok(())
+}
+
 /// Share of `samples` (of those `relevant`) whose frames, leaf first, hold `path` in that order
 /// (not necessarily adjacent), and the total they are out of.
 fn share_in_order(
