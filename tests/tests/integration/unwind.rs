@@ -880,6 +880,83 @@ fn tables_evicted_at_the_ceiling_are_counted_and_never_walked_with_another_table
     Ok(())
 }
 
+/// The process map starts with room for twice the processes running (at least 512) and grows
+/// when it fills: a workload forks 200 more processes than that after the recording has
+/// started, each waking to spin. The map is replaced by one twice as large, no process finds
+/// it full, and every one of them is walked whole with its tables (frame-pointer fallbacks
+/// aside) after the copy.
+#[test]
+fn the_process_map_grows_past_its_first_size_and_keeps_every_process() -> anyhow::Result<()> {
+    let program = build_no_fp("napper.c", "napper", &[])?;
+    let running = std::fs::read_dir("/proc")?
+        .filter_map(Result::ok)
+        .filter(|e| {
+            e.file_name()
+                .to_str()
+                .is_some_and(|n| n.parse::<u32>().is_ok())
+        })
+        .count();
+    let first = (2 * running).max(512).next_power_of_two();
+    let children = (first + 200).to_string();
+    // The children are forked 1.5 s in: after the recording has sized its maps.
+    let workload = Workload::start(&program, &[&children, "1500", "10"])?;
+    let path = work_dir().join("napper.pb.gz");
+    let output = run_scorch(&[
+        "record",
+        "-F",
+        "999",
+        "--duration",
+        "8s",
+        "--unwind-processes",
+        "8192",
+        "-o",
+        path.to_str().context("non-UTF-8 path")?,
+    ])?;
+    drop(workload);
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    anyhow::ensure!(output.status.success(), "the recording failed: {stderr}");
+    let report = parse_record_output(&output)?;
+    println!("{}", report.summary);
+    let grown = format!("BPF process map grown from {first} to");
+    anyhow::ensure!(
+        stderr.contains(&grown) && !stderr.contains("has no room"),
+        "expected {grown:?} and no process without room: {stderr}"
+    );
+    let recording = Recording {
+        samples: named_samples(&read_pprof(&path)?),
+        fallbacks: fallback_walks(&report.summary) as i64,
+        summary: report.summary,
+        stderr,
+    };
+    let pids: std::collections::HashSet<i64> = recording
+        .samples
+        .iter()
+        .filter(|s| s.comm == "napper")
+        .map(|s| s.pid)
+        .collect();
+    anyhow::ensure!(
+        pids.len() > first,
+        "only {} napper processes sampled, {first} or fewer: {}",
+        pids.len(),
+        recording.summary
+    );
+    // A new process's first samples come before its maps are read, and fall back to frame
+    // pointers (counted, with the rest of the host's in this system-wide recording): one or
+    // two of each process's dozen. A process the copy lost would fall back until read again.
+    let (whole, total) = share_in_order(
+        &recording.samples,
+        |s| s.comm == "napper" && s.frames.iter().any(|f| f == "nap_spin"),
+        &["nap_spin", "child_main", "main"],
+    );
+    anyhow::ensure!(
+        whole + recording.fallbacks >= total && whole as f64 >= 0.7 * total as f64,
+        "{whole} of {total} samples whole, {} fallbacks: {}",
+        recording.fallbacks,
+        recording.summary
+    );
+    Ok(())
+}
+
 /// Share of `samples` (of those `relevant`) whose frames, leaf first, hold `path` in that order
 /// (not necessarily adjacent), and the total they are out of.
 fn share_in_order(
