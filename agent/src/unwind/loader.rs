@@ -61,13 +61,19 @@ pub enum LoaderError {
         source: std::io::Error,
     },
     #[error("creating a BPF row pool of {rows} rows: {source}")]
-    CreatePool { rows: u32, source: MapError },
+    CreatePool {
+        rows: u32,
+        source: super::kernel_maps::InnerMapError,
+    },
     #[error("putting row pool {index} in BPF map UNWIND_ROWS: {source}")]
     AddPool { index: u32, source: std::io::Error },
     #[error("row pool {0} does not exist")]
     NoPool(u32),
     #[error("creating the BPF process map for {entries} processes: {source}")]
-    CreateProcs { entries: u32, source: MapError },
+    CreateProcs {
+        entries: u32,
+        source: super::kernel_maps::InnerMapError,
+    },
     #[error("putting the process map in BPF map UNWIND_PROCS: {source}")]
     AddProcs { source: std::io::Error },
     #[error("starting the unwind table builder thread: {0}")]
