@@ -214,6 +214,13 @@ pub fn sample_rss(pid: u32, length: Duration, every: Duration) -> Result<Vec<f64
     Ok(samples)
 }
 
+/// `/proc/loadavg`'s three averages: on a shared machine, how busy the others kept it.
+pub fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
 pub fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);
     values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
