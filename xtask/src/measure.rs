@@ -70,6 +70,8 @@ pub fn timed(program: &Path, args: &[&str]) -> Command {
 pub struct Usage {
     /// User + system.
     pub cpu_seconds: f64,
+    /// System alone: where `bpf(2)` calls show, apart from the user-space work.
+    pub system_seconds: f64,
     pub max_rss_mib: f64,
 }
 
@@ -81,8 +83,10 @@ pub fn time_usage(stderr: &str) -> Result<Usage> {
             .and_then(|v| v.trim().parse().ok())
             .with_context(|| format!("no `{name}` in /usr/bin/time output:\n{stderr}"))
     };
+    let system_seconds = field("System time (seconds):")?;
     Ok(Usage {
-        cpu_seconds: field("User time (seconds):")? + field("System time (seconds):")?,
+        cpu_seconds: field("User time (seconds):")? + system_seconds,
+        system_seconds,
         max_rss_mib: field("Maximum resident set size (kbytes):")? / 1024.0,
     })
 }
@@ -276,6 +280,7 @@ mod tests {
                       Maximum resident set size (kbytes): 25600\n";
         let usage = time_usage(stderr).unwrap();
         assert!((usage.cpu_seconds - 0.17).abs() < 1e-9);
+        assert!((usage.system_seconds - 0.05).abs() < 1e-9);
         assert_eq!(usage.max_rss_mib, 25.0);
         assert!(time_usage("nothing").is_err());
         let summary = "scorch: 380 samples from 3 processes in 10.00s (1 windows); lost: none; \
