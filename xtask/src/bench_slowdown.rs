@@ -7,8 +7,9 @@
 //! - **Profilers.** None; `perf record -a -g`; `perf record -a --call-graph dwarf`; `scorch
 //!   record` (system-wide, to a file); with `--baseline`, a second scorch built from an
 //!   earlier commit. Each is started first and waited for until it samples (its perf events
-//!   open on every CPU, or scorch's BPF program loaded, plus a second to attach), then the
-//!   workers run, then it is stopped with SIGINT and writes its file into a temporary
+//!   open on every CPU, or scorch's BPF program loaded) and its start-up work is done (its
+//!   CPU use settled: scorch builds every running process's unwind tables as it starts), then
+//!   the workers run, then it is stopped with SIGINT and writes its file into a temporary
 //!   directory. Its CPU time (user + system, start-up and writing included) comes from
 //!   `/usr/bin/time -v`.
 //! - **Rounds.** Every round runs each rate with each profiler once, fresh processes every
@@ -291,9 +292,11 @@ fn one_run(profiler: &Profiler, hz: u64, worker: &Path, dir: &Path, cpus: usize)
     })
 }
 
-/// Waits until the profiler under `wrapper` (`/usr/bin/time` or strace) samples: its perf
-/// events open on every CPU (perf), or its BPF program loaded (scorch, which then attaches
-/// within milliseconds; a second more covers that). Returns the profiler's pid.
+/// Waits until the profiler under `wrapper` (`/usr/bin/time` or strace) samples, and its
+/// start-up work is done: its perf events open on every CPU (perf) or its BPF program loaded
+/// (scorch), then its CPU use settled (scorch builds the unwind tables of every running
+/// process after it attaches, perf reads every process's mappings: a cost of starting, not of
+/// sampling, which the workers should not be measured against). Returns the profiler's pid.
 fn wait_ready(wrapper: &mut Child, cpus: usize) -> Result<u32> {
     let started = Instant::now();
     while started.elapsed() < READY_TIMEOUT {
@@ -301,18 +304,51 @@ fn wait_ready(wrapper: &mut Child, cpus: usize) -> Result<u32> {
             bail!("the profiler exited before it sampled: {status}");
         }
         if let Some(pid) = first_child(wrapper.id()) {
-            if perf_events(pid) >= cpus {
-                std::thread::sleep(Duration::from_millis(200));
-                return Ok(pid);
-            }
-            if holds_bpf_program(pid) {
-                std::thread::sleep(Duration::from_secs(1));
+            if perf_events(pid) >= cpus || holds_bpf_program(pid) {
+                wait_settled(pid);
                 return Ok(pid);
             }
         }
         std::thread::sleep(Duration::from_millis(20));
     }
     bail!("the profiler did not start sampling within {READY_TIMEOUT:?}")
+}
+
+/// Waits (up to [`READY_TIMEOUT`]) until `pid` uses under a tenth of a CPU over a quarter
+/// second, twice in a row.
+fn wait_settled(pid: u32) {
+    const STEP: Duration = Duration::from_millis(250);
+    let started = Instant::now();
+    let mut quiet = 0;
+    let mut before = cpu_ticks(pid);
+    while quiet < 2 && started.elapsed() < READY_TIMEOUT {
+        std::thread::sleep(STEP);
+        let now = cpu_ticks(pid);
+        // Ticks are 10 ms: at most two in 250 ms is under a tenth of a CPU.
+        quiet = if now.saturating_sub(before) <= 2 {
+            quiet + 1
+        } else {
+            0
+        };
+        before = now;
+    }
+}
+
+/// `pid`'s user + system time in clock ticks, from `/proc/PID/stat`; 0 once it is gone.
+fn cpu_ticks(pid: u32) -> u64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0;
+    };
+    // Fields after the command name, which may hold spaces, ends with the last ')'.
+    let Some((_, rest)) = stat.rsplit_once(')') else {
+        return 0;
+    };
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are the 14th and 15th fields; `rest` starts at the 3rd.
+    [11, 12]
+        .iter()
+        .filter_map(|&i| fields.get(i)?.parse::<u64>().ok())
+        .sum()
 }
 
 /// perf event descriptors `pid` holds.
