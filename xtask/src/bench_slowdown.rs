@@ -13,8 +13,9 @@
 //!   directory. Its CPU time (user + system, start-up and writing included) comes from
 //!   `/usr/bin/time -v`.
 //! - **Rounds.** Every round runs each rate with each profiler once, fresh processes every
-//!   time, the profilers' order rotated between rounds so none always follows another's
-//!   leftovers. Medians are reported, the slowdown against the no-profiler runs of the same
+//!   time, the profilers' order rotated between rounds and reversed every other round so none
+//!   always follows another's leftovers; each run's files are deleted and synced before the
+//!   next. Medians are reported, the slowdown against the no-profiler runs of the same
 //!   rate.
 //! - **bpf(2) calls.** One more run of each scorch at 999 Hz under `strace -f -c -e
 //!   trace=bpf`, counting its `bpf` system calls, load included: what the map reads cost in
@@ -147,8 +148,14 @@ pub fn slowdown_report(
     // results[rate][profiler]: one entry per round.
     let mut results = vec![vec![Vec::new(); profilers.len()]; RATES.len()];
     for round in 0..runs {
+        // Rotated, and reversed every other round: rotation alone keeps each profiler after
+        // the same one (scorch after perf's DWARF run, whose hundreds of megabytes were still
+        // being written back).
         let mut order: Vec<usize> = (0..profilers.len()).collect();
         order.rotate_left(round % profilers.len());
+        if round % 2 == 1 {
+            order.reverse();
+        }
         for (r, &hz) in RATES.iter().enumerate() {
             for &p in &order {
                 eprintln!(
@@ -284,6 +291,8 @@ fn one_run(profiler: &Profiler, hz: u64, worker: &Path, dir: &Path, cpus: usize)
         profiler.name()
     );
     let _ = std::fs::remove_dir_all(&scratch);
+    // Written back now, not during the next run.
+    run_command(&mut Command::new("sync"))?;
     let usage = time_usage(&stderr)?;
     Ok(Run {
         work,
