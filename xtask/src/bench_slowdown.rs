@@ -13,8 +13,8 @@
 //!   directory. Its CPU time (user + system, start-up and writing included) comes from
 //!   `/usr/bin/time -v`.
 //! - **Rounds.** Every round runs each rate with each profiler once, fresh processes every
-//!   time, the profilers' order rotated between rounds and reversed every other round so none
-//!   always follows another's leftovers; each run's files are deleted and synced before the
+//!   time, the profilers' order changed between rounds (a different stride through them) so
+//!   none always follows another's leftovers; each run's files are deleted and synced before the
 //!   next. Medians are reported, the slowdown against the no-profiler runs of the same
 //!   rate.
 //! - **bpf(2) calls.** One more run of each scorch at 999 Hz under `strace -f -c -e
@@ -148,14 +148,7 @@ pub fn slowdown_report(
     // results[rate][profiler]: one entry per round.
     let mut results = vec![vec![Vec::new(); profilers.len()]; RATES.len()];
     for round in 0..runs {
-        // Rotated, and reversed every other round: rotation alone keeps each profiler after
-        // the same one (scorch after perf's DWARF run, whose hundreds of megabytes were still
-        // being written back).
-        let mut order: Vec<usize> = (0..profilers.len()).collect();
-        order.rotate_left(round % profilers.len());
-        if round % 2 == 1 {
-            order.reverse();
-        }
+        let order = round_order(profilers.len(), round);
         for (r, &hz) in RATES.iter().enumerate() {
             for &p in &order {
                 eprintln!(
@@ -246,6 +239,24 @@ pub fn slowdown_report(
     std::fs::write(&path, &out).with_context(|| format!("writing {}", path.display()))?;
     eprintln!("bench: report written to {}", path.display());
     Ok(out)
+}
+
+/// The order of `n` profilers in `round`: a different stride through them each round, so
+/// each follows a different one (a rotation keeps every profiler after the same neighbour:
+/// scorch always ran after perf's DWARF run, whose hundreds of megabytes had just pushed
+/// the binaries scorch reads out of the page cache).
+fn round_order(n: usize, round: usize) -> Vec<usize> {
+    let strides: Vec<usize> = (1..n.max(2)).filter(|&k| gcd(k, n) == 1).collect();
+    let stride = strides[round % strides.len()];
+    (0..n).map(|i| (i * stride + round) % n).collect()
+}
+
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
 }
 
 /// Percent of `none`'s work that `work` did not do.
@@ -467,6 +478,24 @@ mod tests {
         let no_errors = "100.00    0.000310           3        97           bpf\n";
         assert_eq!(strace_calls(no_errors, "bpf"), Some(97));
         assert_eq!(strace_calls(summary, "read"), None);
+    }
+
+    #[test]
+    fn rounds_change_who_follows_whom() {
+        // Five profilers (with a baseline) over three rounds, four over two.
+        for (n, rounds, neighbours) in [(5, 3, 3), (4, 2, 2)] {
+            let mut predecessors = std::collections::BTreeSet::new();
+            for round in 0..rounds {
+                let order = round_order(n, round);
+                let mut sorted = order.clone();
+                sorted.sort();
+                assert_eq!(sorted, (0..n).collect::<Vec<_>>(), "{order:?}");
+                let at = order.iter().position(|&p| p == 3).unwrap();
+                predecessors.insert(order[(at + n - 1) % n]);
+            }
+            // Profiler 3 (scorch) followed a different one each round.
+            assert_eq!(predecessors.len(), neighbours, "n {n}: {predecessors:?}");
+        }
     }
 
     #[test]
