@@ -28,6 +28,10 @@
 //! - Stripped Go binaries (`--only go`): 10,000 pcs named from `.gopclntab` beside DWARF
 //!   (`agent/benches/gosym.rs`), and the daemon's CPU and memory with 20 distinct stripped Go
 //!   binaries running, against none (`bench_go`).
+//! - The workload's slowdown (`--only slowdown`): two no-frame-pointer qsort workers' work
+//!   done under no profiler, `perf record -g`, perf's DWARF unwinding and `scorch record` at
+//!   19, 99 and 999 Hz, with each profiler's CPU time and scorch's `bpf` calls
+//!   (`bench_slowdown`, `--baseline` for a scorch of an earlier commit).
 
 use std::{
     fmt::Write as _,
@@ -51,10 +55,18 @@ pub fn bench(
     root: &Path,
     scorch: &Path,
     seconds: u64,
-    runs: usize,
+    runs: Option<usize>,
     only: Option<&str>,
     daemon_windows: u64,
+    baseline: Option<&Path>,
 ) -> Result<()> {
+    if only == Some("slowdown") {
+        let report =
+            crate::bench_slowdown::slowdown_report(root, scorch, baseline, runs.unwrap_or(5))?;
+        print!("{report}");
+        return Ok(());
+    }
+    let runs = runs.unwrap_or(3);
     match only {
         None => {
             record_bench(root, scorch, seconds, runs)?;
@@ -98,7 +110,7 @@ pub fn bench(
         Some(other) => {
             bail!(
                 "--only {other:?}: expected record, symbolize, daemon, remote, unwind, walk, views, \
-                 overhead, heap, churn, python or go"
+                 overhead, heap, churn, python, go or slowdown"
             )
         }
     }

@@ -34,8 +34,8 @@ use anyhow::{bail, ensure, Context, Result};
 use crate::{
     bench_overhead::{start_daemon, stop},
     measure::{
-        command_output, daemon_metric, median, path_str, sample_rss, spread, status_kib,
-        CpuAccount, Processes,
+        command_output, daemon_metric, load_average, median, path_str, sample_rss, spread,
+        status_kib, CpuAccount, Processes,
     },
     run_command,
 };
@@ -183,13 +183,6 @@ fn daemon_section(
         of(true, &|d| d.core_percent) - of(false, &|d| d.core_percent),
     )?;
     Ok(())
-}
-
-/// `/proc/loadavg`'s three averages.
-fn load_average() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_default()
 }
 
 /// The gosym bench's markdown (its progress goes to this terminal).

@@ -338,7 +338,7 @@ fn reset_peak_after_load(child: &std::process::Child) -> Option<f64> {
 }
 
 /// True when one of `pid`'s descriptors is a BPF program.
-fn holds_bpf_program(pid: u32) -> bool {
+pub fn holds_bpf_program(pid: u32) -> bool {
     std::fs::read_dir(format!("/proc/{pid}/fdinfo")).is_ok_and(|entries| {
         entries.flatten().any(|entry| {
             std::fs::read_to_string(entry.path())
@@ -822,7 +822,7 @@ fn churn_table(out: &mut String, phases: Phases, rows: &[(&str, &[ChurnRun])]) -
 }
 
 /// The first child of `pid`.
-fn first_child(pid: u32) -> Option<u32> {
+pub fn first_child(pid: u32) -> Option<u32> {
     std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
         .ok()?
         .split_whitespace()

@@ -9,6 +9,7 @@ mod bench_go;
 mod bench_heap;
 mod bench_overhead;
 mod bench_python;
+mod bench_slowdown;
 mod lint;
 mod measure;
 mod package;
@@ -76,9 +77,10 @@ enum Task {
         /// Seconds per recording (the README's published figures use 60).
         #[arg(long, default_value_t = 60)]
         seconds: u64,
-        /// Recordings, each with scorch and perf side by side.
-        #[arg(long, default_value_t = 3)]
-        runs: usize,
+        /// Recordings, each with scorch and perf side by side (default 3; `slowdown`: rounds,
+        /// default 5).
+        #[arg(long)]
+        runs: Option<usize>,
         /// Run only one part: `record` (scorch record vs perf, BPF cost, kallsyms),
         /// `symbolize`, `daemon` (scorch run steady state, store size, query time),
         /// `remote` (encode+send CPU, RSS with the server down, backlog drain speed),
@@ -91,14 +93,17 @@ enum Task {
         /// `churn` (the daemon under process churn alone, beside `--baseline`:
         /// `target/bench/churn.md`), or `python` (the Python walk's cost:
         /// `target/bench/python.md`), or `go` (stripped Go binaries named from `.gopclntab`
-        /// beside DWARF, and the daemon with 20 of them running: `target/bench/go.md`).
+        /// beside DWARF, and the daemon with 20 of them running: `target/bench/go.md`), or
+        /// `slowdown` (the work two no-frame-pointer workers lose under perf -g, perf's DWARF
+        /// unwinding and scorch at 19, 99 and 999 Hz, and scorch's bpf calls:
+        /// `target/bench/slowdown.md`).
         #[arg(long)]
         only: Option<String>,
         /// Windows of 10 s the daemon bench measures.
         #[arg(long, default_value_t = 30)]
         daemon_windows: u64,
-        /// With `--only churn`: a scorch binary built from an earlier commit, run in turn with
-        /// this one (e.g. from `git worktree add /tmp/base REV && cd /tmp/base && cargo xtask
+        /// With `--only churn` or `slowdown`: a scorch binary built from an earlier commit, run
+        /// in turn with this one (e.g. from `git worktree add /tmp/base REV && cd /tmp/base && cargo xtask
         /// build`: `/tmp/base/target/release/scorch`).
         #[arg(long)]
         baseline: Option<PathBuf>,
@@ -155,13 +160,17 @@ fn main() -> Result<()> {
             setup::setup()?;
             let scorch = build(&root)?;
             if only.as_deref() == Some("churn") {
+                let runs = runs.unwrap_or(3);
                 let phases = bench_overhead::Phases::standard(seconds);
                 let report =
                     bench_overhead::churn_ab(&root, &scorch, baseline.as_deref(), runs, phases)?;
                 print!("{report}");
                 return Ok(());
             }
-            ensure!(baseline.is_none(), "--baseline is for --only churn");
+            ensure!(
+                baseline.is_none() || only.as_deref() == Some("slowdown"),
+                "--baseline is for --only churn or slowdown"
+            );
             bench::bench(
                 &root,
                 &scorch,
@@ -169,6 +178,7 @@ fn main() -> Result<()> {
                 runs,
                 only.as_deref(),
                 daemon_windows,
+                baseline.as_deref(),
             )
         }
     }

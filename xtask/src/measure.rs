@@ -70,6 +70,8 @@ pub fn timed(program: &Path, args: &[&str]) -> Command {
 pub struct Usage {
     /// User + system.
     pub cpu_seconds: f64,
+    /// System alone: where `bpf(2)` calls show, apart from the user-space work.
+    pub system_seconds: f64,
     pub max_rss_mib: f64,
 }
 
@@ -81,8 +83,10 @@ pub fn time_usage(stderr: &str) -> Result<Usage> {
             .and_then(|v| v.trim().parse().ok())
             .with_context(|| format!("no `{name}` in /usr/bin/time output:\n{stderr}"))
     };
+    let system_seconds = field("System time (seconds):")?;
     Ok(Usage {
-        cpu_seconds: field("User time (seconds):")? + field("System time (seconds):")?,
+        cpu_seconds: field("User time (seconds):")? + system_seconds,
+        system_seconds,
         max_rss_mib: field("Maximum resident set size (kbytes):")? / 1024.0,
     })
 }
@@ -214,6 +218,13 @@ pub fn sample_rss(pid: u32, length: Duration, every: Duration) -> Result<Vec<f64
     Ok(samples)
 }
 
+/// `/proc/loadavg`'s three averages: on a shared machine, how busy the others kept it.
+pub fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
 pub fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);
     values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
@@ -269,6 +280,7 @@ mod tests {
                       Maximum resident set size (kbytes): 25600\n";
         let usage = time_usage(stderr).unwrap();
         assert!((usage.cpu_seconds - 0.17).abs() < 1e-9);
+        assert!((usage.system_seconds - 0.05).abs() < 1e-9);
         assert_eq!(usage.max_rss_mib, 25.0);
         assert!(time_usage("nothing").is_err());
         let summary = "scorch: 380 samples from 3 processes in 10.00s (1 windows); lost: none; \

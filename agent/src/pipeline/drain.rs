@@ -12,6 +12,12 @@
 //!    sequence (a full barrier) before it reads the generation;
 //! 3. read `COUNTS_g`, the stacks it references in `STACKS_g`, and `COMMS_g`; delete every entry.
 //!
+//! The hash maps (`COUNTS_g`, `COMMS_g`, `USER_STACKS_g`) are read and emptied with
+//! `BPF_MAP_LOOKUP_AND_DELETE_BATCH` (`sys::bpf_batch`), a few calls per map rather than three
+//! per entry; a kernel without batch operations (before 5.6) gets the per-entry calls, decided
+//! on the first refusal and kept. `STACKS_g` has no batch operations: its referenced stacks
+//! are read one by one, and the ids read are the ids deleted.
+//!
 //! Loss counters are cumulative per CPU; each window reports the difference.
 
 use std::{
@@ -19,9 +25,13 @@ use std::{
     time::{Duration, Instant, SystemTime},
 };
 
-use aya::maps::{HashMap as BpfHashMap, MapData, MapError, PerCpuArray, StackTraceMap};
+use aya::{
+    maps::{HashMap as BpfHashMap, MapData, MapError, PerCpuArray, StackTraceMap},
+    Pod,
+};
 
 use super::maps::SamplerMaps;
+use crate::sys::bpf_batch::{self, BatchError};
 use scorch_common::{
     Comm, Control, Loss, PythonCount, StackKey, UnwindOutcome, UserStack, LOSS_KINDS,
     MAX_STACK_DEPTH, PYTHON_COUNTS, STACK_ABSENT, STACK_LOST_COLLISION, UNWIND_OUTCOMES,
@@ -39,6 +49,12 @@ pub enum DrainError {
         action: &'static str,
         map: &'static str,
         source: MapError,
+    },
+    #[error("{action} BPF map {map}: {source}")]
+    Batch {
+        action: &'static str,
+        map: &'static str,
+        source: BatchError,
     },
     #[error("CPU {cpu} stayed inside the BPF program for over {QUIESCE_TIMEOUT:?}")]
     NotQuiescent { cpu: usize },
@@ -237,6 +253,9 @@ pub struct Drainer {
     previous_unwind: [u64; UNWIND_OUTCOMES as usize],
     /// Cumulative Python counters at the previous drain.
     previous_python: [u64; PYTHON_COUNTS as usize],
+    /// Whether hash maps are read in batches; false once the kernel refused a batch call
+    /// (before 5.6), and then for good: the answer is the kernel's, not the window's.
+    batched: bool,
 }
 
 fn map_err(action: &'static str, map: &'static str) -> impl FnOnce(MapError) -> DrainError {
@@ -257,16 +276,27 @@ impl Drainer {
             previous_losses: [0; LOSS_KINDS as usize],
             previous_unwind: [0; UNWIND_OUTCOMES as usize],
             previous_python: [0; PYTHON_COUNTS as usize],
+            batched: true,
         }
     }
 
     /// Processes sampled so far in the current window, from the comm map the program fills the
     /// first time it sees each one. Lets the agent read a new process's maps right away, so
     /// a process that exits before the window ends is still named.
-    pub fn active_pids(&self) -> Result<Vec<u32>, DrainError> {
+    pub fn active_pids(&mut self) -> Result<Vec<u32>, DrainError> {
         let current = self.control.generation as usize & 1;
-        self.maps.generations[current]
-            .comms
+        let comms = &self.maps.generations[current].comms;
+        if self.batched {
+            let mut pids = Vec::new();
+            match bpf_batch::lookup(comms, batch_capacity(comms), |tgid, _| pids.push(tgid)) {
+                Ok(()) => return Ok(pids),
+                Err(BatchError::Unsupported { source, .. }) => {
+                    stop_batching(&mut self.batched, &source)
+                }
+                Err(source) => return Err(batch_err("listing", "COMMS")(source)),
+            }
+        }
+        comms
             .keys()
             .collect::<Result<_, _>>()
             .map_err(map_err("listing", "COMMS"))
@@ -283,24 +313,33 @@ impl Drainer {
         let end = SystemTime::now();
         self.wait_quiescent()?;
 
+        // The generation is quiescent: each hash map is read and emptied in the same pass.
+        let batched = &mut self.batched;
         let generation = &mut self.maps.generations[old];
         let mut counts: Vec<(StackKey, u64)> = Vec::new();
-        for entry in generation.counts.iter() {
-            counts.push(entry.map_err(map_err("reading", "COUNTS"))?);
+        take_all(batched, &mut generation.counts, "COUNTS", |key, count| {
+            counts.push((key, count))
+        })?;
+        let walked = self.control.unwind == UNWIND_TABLES;
+        let mut user_stacks: HashMap<i32, (Vec<u64>, u32)> = HashMap::new();
+        if walked {
+            take_all(
+                batched,
+                &mut generation.user_stacks,
+                "USER_STACKS",
+                |id, stack: UserStack| {
+                    let len = (stack.len as usize).min(MAX_STACK_DEPTH);
+                    user_stacks.insert(id, (stack.pcs[..len].to_vec(), stack.outcome));
+                },
+            )?;
         }
         let mut stacks: HashMap<i32, Vec<u64>> = HashMap::new();
-        let mut user_stacks: HashMap<i32, (Vec<u64>, u32)> = HashMap::new();
-        let walked = self.control.unwind == UNWIND_TABLES;
         let mut losses = Losses::default();
         let mut samples = Vec::with_capacity(counts.len());
         let mut walk_stops = Vec::new();
         for (key, count) in &counts {
             let user = if walked {
-                let (user, outcome) = resolve_user_stack(
-                    &generation.user_stacks,
-                    &mut user_stacks,
-                    key.user_stack_id,
-                )?;
+                let (user, outcome) = resolve_user_stack(&user_stacks, key.user_stack_id);
                 let reason = UnwindOutcome::ALL.get(outcome as usize).copied();
                 if let (Stack::Frames(frames), Some(reason)) = (&user, reason) {
                     let early = matches!(
@@ -335,47 +374,43 @@ impl Drainer {
             });
         }
         let mut comms = HashMap::new();
-        let mut comm_keys = Vec::new();
-        for entry in generation.comms.iter() {
-            let (tgid, Comm(raw)) = entry.map_err(map_err("reading", "COMMS"))?;
-            let len = raw.iter().position(|&b| b == 0).unwrap_or(raw.len());
-            comms.insert(tgid, String::from_utf8_lossy(&raw[..len]).into_owned());
-            comm_keys.push(tgid);
-        }
-
-        // Empty the generation for its next turn. Keys were collected first: deleting while
-        // iterating a BPF hash map restarts or skips the walk.
-        for (key, _) in &counts {
-            remove_ok(generation.counts.remove(key)).map_err(map_err("clearing", "COUNTS"))?;
-        }
-        let stack_ids: Vec<u32> = generation
-            .stacks
-            .stack_ids()
-            .collect::<Result<_, _>>()
-            .map_err(map_err("listing", "STACKS"))?;
-        for id in stack_ids {
-            remove_ok(generation.stacks.remove(&id)).map_err(map_err("clearing", "STACKS"))?;
-        }
-        for tgid in comm_keys {
-            remove_ok(generation.comms.remove(&tgid)).map_err(map_err("clearing", "COMMS"))?;
-        }
-        if walked {
-            let ids: Vec<i32> = generation
-                .user_stacks
-                .keys()
-                .collect::<Result<_, _>>()
-                .map_err(map_err("listing", "USER_STACKS"))?;
-            for id in ids {
-                remove_ok(generation.user_stacks.remove(&id))
-                    .map_err(map_err("clearing", "USER_STACKS"))?;
-            }
-        }
+        take_all(
+            batched,
+            &mut generation.comms,
+            "COMMS",
+            |tgid, Comm(raw)| {
+                let len = raw.iter().position(|&b| b == 0).unwrap_or(raw.len());
+                comms.insert(tgid, String::from_utf8_lossy(&raw[..len]).into_owned());
+            },
+        )?;
 
         let totals = self.read_loss_totals()?;
         for (i, total) in totals.iter().enumerate() {
             losses.by_kind[i] = total.saturating_sub(self.previous_losses[i]);
         }
         self.previous_losses = totals;
+
+        // Stack-trace maps have no batch operations. Every stack the program stored is one a
+        // count key references, and was resolved above, unless the key itself was dropped
+        // (the counts map was full): only then are the stored ids listed again. A stack left
+        // behind would hold its bucket, and the next window's stacks hashing there would be
+        // lost as collisions.
+        let stacks_map = &mut self.maps.generations[old].stacks;
+        if losses.by_kind[Loss::CountsMapFull as usize] > 0 {
+            let stack_ids: Vec<u32> = stacks_map
+                .stack_ids()
+                .collect::<Result<_, _>>()
+                .map_err(map_err("listing", "STACKS"))?;
+            for id in stack_ids {
+                remove_ok(stacks_map.remove(&id)).map_err(map_err("clearing", "STACKS"))?;
+            }
+        } else {
+            for &id in stacks.keys() {
+                remove_ok(stacks_map.remove(&(id as u32)))
+                    .map_err(map_err("clearing", "STACKS"))?;
+            }
+        }
+
         let unwind = self.read_unwind_totals()?;
         for (i, total) in unwind.iter().enumerate() {
             losses.unwind[i] = total.saturating_sub(self.previous_unwind[i]);
@@ -450,6 +485,56 @@ fn sum_per_cpu<const N: usize>(
     Ok(totals)
 }
 
+fn batch_err(action: &'static str, map: &'static str) -> impl FnOnce(BatchError) -> DrainError {
+    move |source| DrainError::Batch {
+        action,
+        map,
+        source,
+    }
+}
+
+/// Entries of `map` one batch call may return.
+fn batch_capacity<K: Pod, V: Pod>(_: &BpfHashMap<MapData, K, V>) -> usize {
+    let entry = std::mem::size_of::<K>() + std::mem::size_of::<V>();
+    bpf_batch::capacity_for(bpf_batch::BATCH_BYTES, entry)
+}
+
+fn stop_batching(batched: &mut bool, error: &std::io::Error) {
+    tracing::info!("BPF map batch operations unavailable ({error}): reading maps entry by entry");
+    *batched = false;
+}
+
+/// Hands every entry of `map` to `each` and empties it, in batches while `batched` holds;
+/// a refusal of the first batch (nothing was taken) turns batching off and falls back to the
+/// per-entry calls, for this map and every later one.
+fn take_all<K: Pod, V: Pod>(
+    batched: &mut bool,
+    map: &mut BpfHashMap<MapData, K, V>,
+    name: &'static str,
+    mut each: impl FnMut(K, V),
+) -> Result<(), DrainError> {
+    if *batched {
+        let capacity = batch_capacity(map);
+        match bpf_batch::take(map, capacity, &mut each) {
+            Ok(()) => return Ok(()),
+            Err(BatchError::Unsupported { source, .. }) => stop_batching(batched, &source),
+            Err(source) => return Err(batch_err("draining", name)(source)),
+        }
+    }
+    // Keys are collected first: deleting while iterating a BPF hash map restarts or skips
+    // the walk.
+    let mut keys = Vec::new();
+    for entry in map.iter() {
+        let (key, value) = entry.map_err(map_err("reading", name))?;
+        keys.push(key);
+        each(key, value);
+    }
+    for key in &keys {
+        remove_ok(map.remove(key)).map_err(map_err("clearing", name))?;
+    }
+    Ok(())
+}
+
 /// A key deleted by someone else in between is as good as deleted.
 fn remove_ok(result: Result<(), MapError>) -> Result<(), MapError> {
     match result {
@@ -458,36 +543,22 @@ fn remove_ok(result: Result<(), MapError>) -> Result<(), MapError> {
     }
 }
 
-/// As [`resolve_stack`], for a stack the program walked itself; with how its walk ended (an
-/// [`UnwindOutcome`] index; [`UnwindOutcome::Completed`] when there was no walk).
-fn resolve_user_stack(
-    map: &BpfHashMap<MapData, i32, UserStack>,
-    cache: &mut HashMap<i32, (Vec<u64>, u32)>,
-    id: i32,
-) -> Result<(Stack, u32), DrainError> {
+/// As [`resolve_stack`], for a stack the program walked itself (`stacks`: the generation's
+/// `USER_STACKS`, already taken); with how its walk ended (an [`UnwindOutcome`] index;
+/// [`UnwindOutcome::Completed`] when there was no walk).
+fn resolve_user_stack(stacks: &HashMap<i32, (Vec<u64>, u32)>, id: i32) -> (Stack, u32) {
     let completed = UnwindOutcome::Completed as u32;
     if id == STACK_ABSENT {
-        return Ok((Stack::Absent, completed));
+        return (Stack::Absent, completed);
     }
     if id < 0 {
-        return Ok((Stack::Lost, completed));
+        return (Stack::Lost, completed);
     }
-    if let Some((frames, outcome)) = cache.get(&id) {
-        return Ok((Stack::Frames(frames.clone()), *outcome));
-    }
-    match map.get(&id, 0) {
-        Ok(stack) => {
-            let len = (stack.len as usize).min(MAX_STACK_DEPTH);
-            let frames = stack.pcs[..len].to_vec();
-            cache.insert(id, (frames.clone(), stack.outcome));
-            Ok((Stack::Frames(frames), stack.outcome))
-        }
-        Err(MapError::KeyNotFound) => Ok((Stack::Lost, completed)),
-        Err(source) => Err(DrainError::Map {
-            action: "reading",
-            map: "USER_STACKS",
-            source,
-        }),
+    match stacks.get(&id) {
+        Some((frames, outcome)) => (Stack::Frames(frames.clone()), *outcome),
+        // Cannot happen while the generation is quiescent, but a missing stack must not
+        // abort the window.
+        None => (Stack::Lost, completed),
     }
 }
 

@@ -2,6 +2,7 @@
 //! workloads built here. Run through `cargo xtask test`, which runs them one at a time.
 
 mod adversarial;
+mod batch;
 mod cli;
 mod counting;
 mod daemon;

@@ -1,0 +1,506 @@
+//! `cargo xtask bench --only slowdown`: the cost a profiler's workload feels, at 19, 99 and
+//! 999 Hz, beside perf's, written to `target/bench/slowdown.md`.
+//!
+//! - **Workload.** Two processes of `tests/workloads/qsortunits.c`, built `-O2
+//!   -fomit-frame-pointer`, each sorting through libc's qsort for a fixed 8 s and printing
+//!   the sorts it finished: the work a profiler took from them is the work not done.
+//! - **Profilers.** None; `perf record -a -g`; `perf record -a --call-graph dwarf`; `scorch
+//!   record` (system-wide, to a file); with `--baseline`, a second scorch built from an
+//!   earlier commit. Each is started first and waited for until it samples (its perf events
+//!   open on every CPU, or scorch's BPF program loaded) and its start-up work is done (its
+//!   CPU use settled: scorch builds every running process's unwind tables as it starts), then
+//!   the workers run, then it is stopped with SIGINT and writes its file into a temporary
+//!   directory. Its CPU time (user + system, start-up and writing included) comes from
+//!   `/usr/bin/time -v`.
+//! - **Rounds.** Every round runs each rate with each profiler once, fresh processes every
+//!   time, the profilers' order changed between rounds (a different stride through them) so
+//!   none always follows another's leftovers; each run's files are deleted and synced before the
+//!   next. Medians are reported, the slowdown against the no-profiler runs of the same
+//!   rate.
+//! - **bpf(2) calls.** One more run of each scorch at 999 Hz under `strace -f -c -e
+//!   trace=bpf`, counting its `bpf` system calls, load included: what the map reads cost in
+//!   calls, apart from their time.
+//!
+//! System-wide, scorch also builds unwind tables for whatever else the machine runs (a shared
+//! machine's compilers too), in user time; its system time is where the drain's `bpf` calls
+//! show, so the table gives both.
+
+use std::{
+    fmt::Write as _,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, ensure, Context, Result};
+
+use crate::{
+    bench_overhead::{first_child, holds_bpf_program},
+    measure::{command_output, load_average, median, path_str, time_usage, timed, Processes},
+    run_command,
+};
+
+/// Seconds each worker sorts for.
+const WORK_SECONDS: u64 = 8;
+const WORKERS: usize = 2;
+const RATES: [u64; 3] = [19, 99, 999];
+/// Longest a profiler may take to start sampling.
+const READY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// One way of running the workload.
+#[derive(Debug, Clone)]
+enum Profiler {
+    None,
+    PerfFramePointers,
+    PerfDwarf,
+    Scorch { binary: PathBuf, name: String },
+}
+
+impl Profiler {
+    fn name(&self) -> String {
+        match self {
+            Profiler::None => "none".to_owned(),
+            Profiler::PerfFramePointers => "`perf record -a -g`".to_owned(),
+            Profiler::PerfDwarf => "`perf record -a --call-graph dwarf`".to_owned(),
+            Profiler::Scorch { name, .. } => name.clone(),
+        }
+    }
+
+    /// The profiler's command under `/usr/bin/time -v`, writing into `dir`; `None` for none.
+    fn command(&self, hz: u64, dir: &Path) -> Result<Option<Command>> {
+        let hz = hz.to_string();
+        let perf_data = dir.join("perf.data");
+        let perf = |call_graph: &[&str]| -> Result<Command> {
+            let mut args = vec!["record", "-q", "-a", "-F", &hz];
+            args.extend_from_slice(call_graph);
+            args.extend_from_slice(&["-o", path_str(&perf_data)?]);
+            Ok(timed(Path::new("perf"), &args))
+        };
+        Ok(match self {
+            Profiler::None => None,
+            Profiler::PerfFramePointers => Some(perf(&["-g"])?),
+            Profiler::PerfDwarf => Some(perf(&["--call-graph", "dwarf"])?),
+            Profiler::Scorch { binary, .. } => Some(timed(
+                binary,
+                &scorch_args(&hz, path_str(&dir.join("scorch.pb.gz"))?),
+            )),
+        })
+    }
+}
+
+/// `scorch record` at `hz`, longer than any run: SIGINT ends it.
+fn scorch_args<'a>(hz: &'a str, output: &'a str) -> [&'a str; 7] {
+    ["record", "-F", hz, "--duration", "10m", "--output", output]
+}
+
+/// One run's figures.
+#[derive(Debug, Clone, Copy)]
+struct Run {
+    /// Sorts done by all workers.
+    work: f64,
+    /// The profiler's user + system seconds; 0 without one.
+    profiler_cpu: f64,
+    /// The profiler's system seconds alone.
+    profiler_system: f64,
+}
+
+pub fn slowdown_report(
+    root: &Path,
+    scorch: &Path,
+    baseline: Option<&Path>,
+    runs: usize,
+) -> Result<String> {
+    let dir = root.join("target/bench/slowdown");
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    // Copies of their own: a `cargo build` in the tree meanwhile would otherwise swap the
+    // binary under test between rounds.
+    let pin = |binary: &Path, name: &str| -> Result<PathBuf> {
+        let pinned = dir.join(name);
+        std::fs::copy(binary, &pinned)
+            .with_context(|| format!("copying {} to {}", binary.display(), pinned.display()))?;
+        Ok(pinned)
+    };
+    let mut profilers = vec![
+        Profiler::None,
+        Profiler::PerfFramePointers,
+        Profiler::PerfDwarf,
+        Profiler::Scorch {
+            binary: pin(scorch, "scorch")?,
+            name: "`scorch record`".to_owned(),
+        },
+    ];
+    if let Some(baseline) = baseline {
+        profilers.push(Profiler::Scorch {
+            binary: pin(baseline, "scorch-baseline")?,
+            name: "`scorch record`, baseline".to_owned(),
+        });
+    }
+    let worker = dir.join("qsortunits");
+    run_command(
+        Command::new("gcc")
+            .args(["-O2", "-fomit-frame-pointer", "-o"])
+            .arg(&worker)
+            .arg(root.join("tests/workloads/qsortunits.c")),
+    )?;
+    let cpus = std::thread::available_parallelism()?.get();
+    let load_before = load_average();
+
+    // results[rate][profiler]: one entry per round.
+    let mut results = vec![vec![Vec::new(); profilers.len()]; RATES.len()];
+    for round in 0..runs {
+        let order = round_order(profilers.len(), round);
+        for (r, &hz) in RATES.iter().enumerate() {
+            for &p in &order {
+                eprintln!(
+                    "slowdown: round {} of {runs}, {hz} Hz, {}",
+                    round + 1,
+                    profilers[p].name()
+                );
+                results[r][p].push(one_run(&profilers[p], hz, &worker, &dir, cpus)?);
+            }
+        }
+    }
+    let mut calls = Vec::new();
+    for profiler in &profilers {
+        if let Profiler::Scorch { binary, name } = profiler {
+            eprintln!("slowdown: counting {name}'s bpf calls at 999 Hz");
+            calls.push((name.clone(), bpf_calls(binary, 999, &worker, &dir, cpus)?));
+        }
+    }
+    let load_after = load_average();
+
+    let mut out = String::new();
+    writeln!(
+        out,
+        "# The workload's slowdown under each profiler, commit {}, {}\n",
+        command_output("git", &["rev-parse", "--short", "HEAD"]),
+        command_output("date", &["-u", "+%Y-%m-%d"]),
+    )?;
+    writeln!(
+        out,
+        "`cargo xtask bench --only slowdown --runs {runs}{}`: {WORKERS} workers \
+         (`tests/workloads/qsortunits.c`, `-O2 -fomit-frame-pointer`) sorting for {WORK_SECONDS} s \
+         under each profiler; medians of {runs} rounds of fresh processes. {cpus} CPUs, {}; load \
+         average {load_before} at the start, {load_after} at the end (a shared machine: the \
+         load is the other users').\n",
+        if baseline.is_some() {
+            " --baseline ..."
+        } else {
+            ""
+        },
+        command_output("uname", &["-r"]),
+    )?;
+    writeln!(
+        out,
+        "| Hz | profiler | sorts done | slowdown vs none | profiler CPU (s) | of which system |"
+    )?;
+    writeln!(out, "|---|---|---|---|---|---|")?;
+    for (r, hz) in RATES.iter().enumerate() {
+        let none = median(results[r][0].iter().map(|run| run.work).collect());
+        for (p, profiler) in profilers.iter().enumerate() {
+            let work = median(results[r][p].iter().map(|run| run.work).collect());
+            let cpu = median(results[r][p].iter().map(|run| run.profiler_cpu).collect());
+            let system = median(
+                results[r][p]
+                    .iter()
+                    .map(|run| run.profiler_system)
+                    .collect(),
+            );
+            let (slowdown, cpu, system) = match profiler {
+                Profiler::None => Default::default(),
+                _ => (
+                    format!("{:.1}%", slowdown(none, work)),
+                    format!("{cpu:.2}"),
+                    format!("{system:.2}"),
+                ),
+            };
+            writeln!(
+                out,
+                "| {hz} | {} | {work:.0} | {slowdown} | {cpu} | {system} |",
+                profiler.name()
+            )?;
+        }
+    }
+    writeln!(
+        out,
+        "\n`bpf` system calls of one more run at 999 Hz under `strace -f -c -e trace=bpf` (the \
+         program's load included; per second of the {WORK_SECONDS} s the workers ran):\n"
+    )?;
+    writeln!(out, "| profiler | bpf calls | per second |")?;
+    writeln!(out, "|---|---|---|")?;
+    for (name, count) in &calls {
+        writeln!(
+            out,
+            "| {name} | {count} | {:.0} |",
+            *count as f64 / WORK_SECONDS as f64
+        )?;
+    }
+    let path = root.join("target/bench/slowdown.md");
+    std::fs::write(&path, &out).with_context(|| format!("writing {}", path.display()))?;
+    eprintln!("bench: report written to {}", path.display());
+    Ok(out)
+}
+
+/// The order of `n` profilers in `round`: a different stride through them each round, so
+/// each follows a different one (a rotation keeps every profiler after the same neighbour:
+/// scorch always ran after perf's DWARF run, whose hundreds of megabytes had just pushed
+/// the binaries scorch reads out of the page cache).
+fn round_order(n: usize, round: usize) -> Vec<usize> {
+    let strides: Vec<usize> = (1..n.max(2)).filter(|&k| gcd(k, n) == 1).collect();
+    let stride = strides[round % strides.len()];
+    (0..n).map(|i| (i * stride + round) % n).collect()
+}
+
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
+/// Percent of `none`'s work that `work` did not do.
+fn slowdown(none: f64, work: f64) -> f64 {
+    if none > 0.0 {
+        100.0 * (none - work) / none
+    } else {
+        f64::NAN
+    }
+}
+
+/// The workers alone, or under `profiler` at `hz`.
+fn one_run(profiler: &Profiler, hz: u64, worker: &Path, dir: &Path, cpus: usize) -> Result<Run> {
+    let scratch = dir.join("run");
+    // What the previous run wrote: perf's DWARF data at 999 Hz is hundreds of megabytes.
+    let _ = std::fs::remove_dir_all(&scratch);
+    std::fs::create_dir_all(&scratch)?;
+    let Some(mut command) = profiler.command(hz, &scratch)? else {
+        return Ok(Run {
+            work: run_workers(worker)?,
+            profiler_cpu: 0.0,
+            profiler_system: 0.0,
+        });
+    };
+    command.stdout(Stdio::null()).stderr(Stdio::piped());
+    let child = command.spawn().with_context(|| {
+        format!(
+            "starting {} (cargo xtask setup installs it)",
+            profiler.name()
+        )
+    })?;
+    let mut guard = Processes(vec![child]);
+    let pid = wait_ready(&mut guard.0[0], cpus)?;
+    let work = run_workers(worker)?;
+    interrupt(pid)?;
+    let child = guard.0.remove(0);
+    let output = child.wait_with_output()?;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    // perf writes its file on SIGINT, then dies of the signal it caught, to tell its caller.
+    ensure!(
+        output.status.success() || stderr.contains("Command terminated by signal 2"),
+        "{} failed: {stderr}",
+        profiler.name()
+    );
+    let _ = std::fs::remove_dir_all(&scratch);
+    // Written back now, not during the next run.
+    run_command(&mut Command::new("sync"))?;
+    let usage = time_usage(&stderr)?;
+    Ok(Run {
+        work,
+        profiler_cpu: usage.cpu_seconds,
+        profiler_system: usage.system_seconds,
+    })
+}
+
+/// Waits until the profiler under `wrapper` (`/usr/bin/time` or strace) samples, and its
+/// start-up work is done: its perf events open on every CPU (perf) or its BPF program loaded
+/// (scorch), then its CPU use settled (scorch builds the unwind tables of every running
+/// process after it attaches, perf reads every process's mappings: a cost of starting, not of
+/// sampling, which the workers should not be measured against). Returns the profiler's pid.
+fn wait_ready(wrapper: &mut Child, cpus: usize) -> Result<u32> {
+    let started = Instant::now();
+    while started.elapsed() < READY_TIMEOUT {
+        if let Some(status) = wrapper.try_wait()? {
+            bail!("the profiler exited before it sampled: {status}");
+        }
+        if let Some(pid) = first_child(wrapper.id()) {
+            if perf_events(pid) >= cpus || holds_bpf_program(pid) {
+                wait_settled(pid);
+                return Ok(pid);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    bail!("the profiler did not start sampling within {READY_TIMEOUT:?}")
+}
+
+/// Waits (up to [`READY_TIMEOUT`]) until `pid` uses under a tenth of a CPU over a quarter
+/// second, twice in a row.
+fn wait_settled(pid: u32) {
+    const STEP: Duration = Duration::from_millis(250);
+    let started = Instant::now();
+    let mut quiet = 0;
+    let mut before = cpu_ticks(pid);
+    while quiet < 2 && started.elapsed() < READY_TIMEOUT {
+        std::thread::sleep(STEP);
+        let now = cpu_ticks(pid);
+        // Ticks are 10 ms: at most two in 250 ms is under a tenth of a CPU.
+        quiet = if now.saturating_sub(before) <= 2 {
+            quiet + 1
+        } else {
+            0
+        };
+        before = now;
+    }
+}
+
+/// `pid`'s user + system time in clock ticks, from `/proc/PID/stat`; 0 once it is gone.
+fn cpu_ticks(pid: u32) -> u64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0;
+    };
+    // Fields after the command name, which may hold spaces, ends with the last ')'.
+    let Some((_, rest)) = stat.rsplit_once(')') else {
+        return 0;
+    };
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are the 14th and 15th fields; `rest` starts at the 3rd.
+    [11, 12]
+        .iter()
+        .filter_map(|&i| fields.get(i)?.parse::<u64>().ok())
+        .sum()
+}
+
+/// perf event descriptors `pid` holds.
+fn perf_events(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |entries| {
+        entries
+            .flatten()
+            .filter(|entry| {
+                std::fs::read_link(entry.path())
+                    .is_ok_and(|target| target.as_os_str() == "anon_inode:[perf_event]")
+            })
+            .count()
+    })
+}
+
+fn interrupt(pid: u32) -> Result<()> {
+    run_command(Command::new("kill").args(["-INT", &pid.to_string()]))
+}
+
+/// Starts the workers together and returns the sorts they did in all.
+fn run_workers(worker: &Path) -> Result<f64> {
+    let mut workers = Processes(Vec::new());
+    for _ in 0..WORKERS {
+        workers.0.push(
+            Command::new(worker)
+                .arg(WORK_SECONDS.to_string())
+                .stdout(Stdio::piped())
+                .spawn()
+                .with_context(|| format!("starting {}", worker.display()))?,
+        );
+    }
+    let mut total = 0.0;
+    for child in std::mem::take(&mut workers.0) {
+        let output = child.wait_with_output()?;
+        ensure!(
+            output.status.success(),
+            "a worker failed: {}",
+            output.status
+        );
+        let text = String::from_utf8_lossy(&output.stdout);
+        total += text
+            .trim()
+            .parse::<f64>()
+            .with_context(|| format!("a worker printed {text:?}, not a count"))?;
+    }
+    Ok(total)
+}
+
+/// scorch's `bpf` calls over one run at `hz`, counted by strace.
+fn bpf_calls(scorch: &Path, hz: u64, worker: &Path, dir: &Path, cpus: usize) -> Result<u64> {
+    let scratch = dir.join("strace");
+    let _ = std::fs::remove_dir_all(&scratch);
+    std::fs::create_dir_all(&scratch)?;
+    let counts = scratch.join("counts");
+    let output = scratch.join("scorch.pb.gz");
+    let hz = hz.to_string();
+    let child = Command::new("strace")
+        .args(["-f", "-c", "-e", "trace=bpf", "-o", path_str(&counts)?])
+        .arg(scorch)
+        .args(scorch_args(&hz, path_str(&output)?))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("starting strace (apt-get install strace)")?;
+    let mut guard = Processes(vec![child]);
+    let pid = wait_ready(&mut guard.0[0], cpus)?;
+    run_workers(worker)?;
+    interrupt(pid)?;
+    let child = guard.0.remove(0);
+    let result = child.wait_with_output()?;
+    ensure!(
+        result.status.success(),
+        "strace scorch failed: {}",
+        String::from_utf8_lossy(&result.stderr)
+    );
+    let summary = std::fs::read_to_string(&counts)
+        .with_context(|| format!("reading {}", counts.display()))?;
+    let calls = strace_calls(&summary, "bpf")
+        .with_context(|| format!("no bpf line in strace's summary:\n{summary}"))?;
+    let _ = std::fs::remove_dir_all(&scratch);
+    Ok(calls)
+}
+
+/// The `calls` column of `syscall`'s line in a `strace -c` summary.
+fn strace_calls(summary: &str, syscall: &str) -> Option<u64> {
+    summary.lines().find_map(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        if fields.last() != Some(&syscall) || fields.len() < 5 {
+            return None;
+        }
+        fields[3].parse().ok()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strace_summary_parses() {
+        let summary = "% time     seconds  usecs/call     calls    errors syscall\n\
+                       ------ ----------- ----------- --------- --------- ----------------\n\
+                       100.00    1.218534          41     29720        12 bpf\n\
+                       ------ ----------- ----------- --------- --------- ----------------\n\
+                       100.00    1.218534          41     29720        12 total\n";
+        assert_eq!(strace_calls(summary, "bpf"), Some(29720));
+        let no_errors = "100.00    0.000310           3        97           bpf\n";
+        assert_eq!(strace_calls(no_errors, "bpf"), Some(97));
+        assert_eq!(strace_calls(summary, "read"), None);
+    }
+
+    #[test]
+    fn rounds_change_who_follows_whom() {
+        // Five profilers (with a baseline) over three rounds, four over two.
+        for (n, rounds, neighbours) in [(5, 3, 3), (4, 2, 2)] {
+            let mut predecessors = std::collections::BTreeSet::new();
+            for round in 0..rounds {
+                let order = round_order(n, round);
+                let mut sorted = order.clone();
+                sorted.sort();
+                assert_eq!(sorted, (0..n).collect::<Vec<_>>(), "{order:?}");
+                let at = order.iter().position(|&p| p == 3).unwrap();
+                predecessors.insert(order[(at + n - 1) % n]);
+            }
+            // Profiler 3 (scorch) followed a different one each round.
+            assert_eq!(predecessors.len(), neighbours, "n {n}: {predecessors:?}");
+        }
+    }
+
+    #[test]
+    fn slowdown_is_work_lost() {
+        assert!((slowdown(1000.0, 905.0) - 9.5).abs() < 1e-9);
+        assert!(slowdown(0.0, 1.0).is_nan());
+    }
+}
