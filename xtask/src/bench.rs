@@ -74,14 +74,14 @@ pub fn bench(
             daemon_report(root, scorch, daemon_windows)?;
             remote_report(root, scorch)?;
             unwind_report(root)?;
-            walk_bench(root, scorch, runs)
+            walk_bench(root, scorch, None, runs)
         }
         Some("record") => record_bench(root, scorch, seconds, runs),
         Some("symbolize") => symbolize_bench(root),
         Some("daemon") => daemon_report(root, scorch, daemon_windows),
         Some("remote") => remote_report(root, scorch),
         Some("unwind") => unwind_report(root),
-        Some("walk") => walk_bench(root, scorch, runs),
+        Some("walk") => walk_bench(root, scorch, baseline, runs),
         Some("views") => views_report(root),
         Some("heap") => {
             let report = crate::bench_heap::heap_report(root, scorch)?;
@@ -274,7 +274,9 @@ fn record_bench(root: &Path, scorch: &Path, seconds: u64, runs: usize) -> Result
 /// The BPF unwinder's cost per sample on deep stacks through libc, beside frame pointers on
 /// the same process, and its tables' map memory. Targets: mean at most 3 us per sample; the
 /// tables of exe + libc + ld.so + libstdc++ (+ libm, libgcc_s) at most 1 MiB.
-fn walk_bench(root: &Path, scorch: &Path, runs: usize) -> Result<()> {
+/// With `baseline` (a scorch of an earlier commit), its `--unwind auto` runs in turn with the
+/// others: the walk's cost before and after a change, in the same fresh processes.
+fn walk_bench(root: &Path, scorch: &Path, baseline: Option<&Path>, runs: usize) -> Result<()> {
     let dir = root.join("target/bench");
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let workload = dir.join("deepsort");
@@ -289,7 +291,14 @@ fn walk_bench(root: &Path, scorch: &Path, runs: usize) -> Result<()> {
         "| run | mode | BPF ns/sample | samples | unwind tables, map memory | how the walks ended |\n\
          |---|---|---|---|---|---|\n",
     );
-    let mut by_mode: [(&str, Vec<f64>); 2] = [("auto", Vec::new()), ("fp", Vec::new())];
+    // (mode, binary, label, ns per sample)
+    let mut by_mode: Vec<(&str, &Path, &str, Vec<f64>)> = vec![
+        ("auto", scorch, "", Vec::new()),
+        ("fp", scorch, "", Vec::new()),
+    ];
+    if let Some(baseline) = baseline {
+        by_mode.push(("auto", baseline, " (baseline)", Vec::new()));
+    }
     let mut table_kib = Vec::new();
     with_bpf_stats(|| {
         for run in 0..runs {
@@ -299,11 +308,12 @@ fn walk_bench(root: &Path, scorch: &Path, runs: usize) -> Result<()> {
                 .context("starting deepsort")?]);
             let pid = _process.0[0].id().to_string();
             std::thread::sleep(Duration::from_millis(500));
-            let mut modes = [0, 1];
-            modes.rotate_left(run % 2);
+            let mut modes: Vec<usize> = (0..by_mode.len()).collect();
+            let turn = run % modes.len();
+            modes.rotate_left(turn);
             for mode in modes {
-                let name = by_mode[mode].0;
-                let output = Command::new(scorch)
+                let (name, binary, label) = (by_mode[mode].0, by_mode[mode].1, by_mode[mode].2);
+                let output = Command::new(binary)
                     .args(["record", "--unwind", name, "--pid", &pid, "-F", "499"])
                     .args(["--duration", "5s", "--output", path_str(&out)?])
                     .stderr(Stdio::null())
@@ -315,7 +325,7 @@ fn walk_bench(root: &Path, scorch: &Path, runs: usize) -> Result<()> {
                 }
                 let ns = summary_bpf_ns(&summary)
                     .with_context(|| format!("no BPF figure in: {summary}"))?;
-                by_mode[mode].1.push(ns);
+                by_mode[mode].3.push(ns);
                 let field = |prefix: &str| {
                     summary
                         .split("; ")
@@ -333,7 +343,7 @@ fn walk_bench(root: &Path, scorch: &Path, runs: usize) -> Result<()> {
                 }
                 writeln!(
                     report,
-                    "| {} | `--unwind {name}` | {ns:.0} | {} | {tables} | {} |",
+                    "| {} | `--unwind {name}`{label} | {ns:.0} | {} | {tables} | {} |",
                     run + 1,
                     summary_samples(&summary),
                     field("unwind: ")
@@ -342,8 +352,8 @@ fn walk_bench(root: &Path, scorch: &Path, runs: usize) -> Result<()> {
         }
         Ok(())
     })?;
-    let auto = median(by_mode[0].1.clone());
-    let fp = median(by_mode[1].1.clone());
+    let auto = median(by_mode[0].3.clone());
+    let fp = median(by_mode[1].3.clone());
     let kib = median(table_kib);
     writeln!(
         report,
@@ -353,6 +363,14 @@ fn walk_bench(root: &Path, scorch: &Path, runs: usize) -> Result<()> {
         verdict(auto <= 3000.0, "target: at most 3000 ns"),
         verdict(kib <= 1024.0, "target: at most 1 MiB"),
     )?;
+    if let Some((_, binary, _, ns)) = by_mode.get(2) {
+        writeln!(
+            report,
+            "baseline {}: BPF {:.0} ns/sample with tables",
+            binary.display(),
+            median(ns.clone())
+        )?;
+    }
     print!("{report}");
     let path = dir.join("walk-report.md");
     std::fs::write(&path, &report)?;

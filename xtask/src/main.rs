@@ -168,8 +168,8 @@ fn main() -> Result<()> {
                 return Ok(());
             }
             ensure!(
-                baseline.is_none() || only.as_deref() == Some("slowdown"),
-                "--baseline is for --only churn or slowdown"
+                baseline.is_none() || matches!(only.as_deref(), Some("slowdown" | "walk")),
+                "--baseline is for --only churn, slowdown or walk"
             );
             bench::bench(
                 &root,
