@@ -125,8 +125,6 @@ impl PoolMaps {
 /// slot.
 pub(super) struct ProcMap {
     pub(super) map: aya::maps::HashMap<MapData, u32, ProcMappings>,
-    /// `map`'s descriptor, which it owns (aya's map types keep theirs to themselves).
-    fd: i32,
     pub(super) entries: u32,
 }
 
@@ -142,15 +140,14 @@ impl ProcMap {
             "scorch_procs",
         )
         .map_err(failed)?;
-        let fd = data.fd().as_fd_raw();
         let map = aya::maps::HashMap::try_from(aya::maps::Map::HashMap(data))
             .map_err(|source| failed(InnerMapError::Wrap(source)))?;
-        Ok(ProcMap { map, fd, entries })
+        Ok(ProcMap { map, entries })
     }
 
     /// Puts this map in `outer`'s slot: the BPF side reads it from its next lookup on.
     fn put_in(&self, outer: &MapData) -> Result<(), LoaderError> {
-        let inner = self.fd as u32;
+        let inner = aya::maps::IterableMap::map(&self.map).fd().as_fd_raw() as u32;
         element_command(BPF_MAP_UPDATE_ELEM, outer.fd(), 0, Some(&inner))
             .map_err(|source| LoaderError::AddProcs { source })
     }
@@ -190,7 +187,7 @@ impl ProcMap {
 
 /// The process map's first size: room for the processes running twice over, at least 512
 /// (1.25 MiB), within the ceiling.
-pub(super) fn initial_process_entries(running: usize, ceiling: u32) -> u32 {
+pub fn initial_process_entries(running: usize, ceiling: u32) -> u32 {
     let wanted = u32::try_from(running.saturating_mul(2))
         .unwrap_or(u32::MAX)
         .max(512)
@@ -383,8 +380,15 @@ fn value_btf(value_size: u32) -> Vec<u8> {
 
 /// The `bpf(2)` command `command` with `attr`; the descriptor it returns.
 fn bpf<T>(command: libc::c_long, attr: &T) -> std::io::Result<std::os::fd::OwnedFd> {
-    // SAFETY: `attr` is a `bpf_attr` prefix of its size for `command` (the callers'), whose
-    // pointers, if any, are live for the call.
+    let fd = bpf_call(command, attr)?;
+    // SAFETY: a descriptor the kernel just returned, owned by no one else.
+    Ok(unsafe { std::os::fd::FromRawFd::from_raw_fd(fd as i32) })
+}
+
+/// The `bpf(2)` command `command` with `attr`, which its callers lay out as the command's
+/// part of `union bpf_attr` (padding zeroed), with any pointers in it live for the call.
+fn bpf_call<T>(command: libc::c_long, attr: &T) -> std::io::Result<libc::c_long> {
+    // SAFETY: `attr` is a `bpf_attr` prefix of its size for `command`, as the callers promise.
     let result = unsafe {
         libc::syscall(
             libc::SYS_bpf,
@@ -394,10 +398,10 @@ fn bpf<T>(command: libc::c_long, attr: &T) -> std::io::Result<std::os::fd::Owned
         )
     };
     if result < 0 {
-        return Err(std::io::Error::last_os_error());
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(result)
     }
-    // SAFETY: a descriptor the kernel just returned, owned by no one else.
-    Ok(unsafe { std::os::fd::FromRawFd::from_raw_fd(result as i32) })
 }
 
 const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
@@ -428,22 +432,8 @@ fn element_command(
         value: value.map_or(0, |value| std::ptr::from_ref(value) as u64),
         flags: 0,
     };
-    // SAFETY: the attribute is a valid `bpf_attr` prefix of the size given; its key and value
-    // point at live u32s (an array of maps' key and value are both 4 bytes), and the kernel
-    // reads nothing else.
-    let result = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            command,
-            std::ptr::addr_of!(attr),
-            std::mem::size_of::<ElementAttr>(),
-        )
-    };
-    if result < 0 {
-        Err(std::io::Error::last_os_error())
-    } else {
-        Ok(())
-    }
+    // The key and value point at live u32s (an array of maps' key and value are both 4 bytes).
+    bpf_call(command, &attr).map(drop)
 }
 
 /// `MapFd` to a raw fd for `mmap`.

@@ -749,11 +749,13 @@ impl Unwinder {
         }
         // Room in a pool; else a new pool, within the ceiling; else the least recently used
         // tables go until there is room.
+        // A pool the kernel refused is not asked for again in this install.
+        let mut may_grow = true;
         let (pool, first_row) = loop {
             if let Some(place) = self.pools.allocate(len) {
                 break place;
             }
-            if let Some((index, rows)) = self.pools.next_pool(len) {
+            if let Some((index, rows)) = self.pools.next_pool(len).filter(|_| may_grow) {
                 match self.pool_maps.create(&self.maps.rows, index, rows) {
                     Ok(()) => {
                         self.pools.add(index, rows);
@@ -762,6 +764,7 @@ impl Unwinder {
                     // The kernel's memory limits refuse it: evict instead, as at the ceiling.
                     Err(error) if self.pools.count() > 0 => {
                         tracing::warn!("{error}; evicting unwind tables for room instead");
+                        may_grow = false;
                     }
                     Err(error) => {
                         self.files.insert(file, FileState::Unavailable);
@@ -875,8 +878,15 @@ impl Unwinder {
                 .entries
                 .saturating_mul(2)
                 .min(self.maps.processes);
-            self.procs_map = self.procs_map.replaced(&self.maps.procs, entries)?;
-            inserted = self.procs_map.map.insert(pid, value, 0);
+            // A map the kernel will not create leaves this one, full: the process finds no
+            // room, as at the ceiling.
+            match self.procs_map.replaced(&self.maps.procs, entries) {
+                Ok(grown) => {
+                    self.procs_map = grown;
+                    inserted = self.procs_map.map.insert(pid, value, 0);
+                }
+                Err(error) => tracing::warn!("{error}"),
+            }
         }
         inserted.map_err(|source| LoaderError::Procs { pid, source })?;
         self.write_python(pid);

@@ -15,6 +15,7 @@
 
 mod convert;
 mod kernel_maps;
+pub use kernel_maps::initial_process_entries;
 pub mod loader;
 pub mod metrics;
 mod optimize;
