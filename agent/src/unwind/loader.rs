@@ -41,7 +41,7 @@ use super::{
 use crate::{
     pipeline::maps::UnwindMaps,
     runtimes::{
-        image::Image,
+        image::{may_hold_runtime, Image},
         libc::{specific_layout, SpecificLayout},
         python::{interpreter, EntryMark, Interpreter},
     },
@@ -1019,6 +1019,9 @@ fn runtime(bytes: &[u8], path: &Path) -> Option<FileRuntime> {
 }
 
 fn file_runtime(bytes: &[u8], path: &Path) -> Option<Runtime> {
+    if !may_hold_runtime(bytes) {
+        return None;
+    }
     let image = Image::parse(bytes).ok()?;
     match interpreter(&image) {
         Ok(Some(interpreter)) => {
