@@ -5,9 +5,16 @@
 //! feature adds `aya::Pod` impls, which the BPF side must not depend on.
 #![no_std]
 
-/// Deepest stack the kernel records per sample (`PERF_MAX_STACK_DEPTH`). A stack of exactly this
-/// many frames was probably cut short; the agent counts those as truncated.
+/// Deepest stack the kernel records per sample (`PERF_MAX_STACK_DEPTH`): kernel stacks, and
+/// user stacks walked by frame pointers only (`--unwind fp`). A stack of exactly this many
+/// frames was probably cut short; the agent counts those as truncated.
 pub const MAX_STACK_DEPTH: usize = 127;
+
+/// Deepest user stack the program walks itself ([`UserStack`]): native frames and the Python
+/// frames merged into them. Deeper than the kernel's limit, because one Python call takes a
+/// native frame or two besides its own, and a Python service 100 calls deep is ordinary. A
+/// walk that reaches it ends as [`UnwindOutcome::FrameLimit`] and is counted as truncated.
+pub const MAX_USER_STACK_DEPTH: usize = 256;
 
 /// Most entries of each per-generation counts map: distinct (process, user stack, kernel
 /// stack) keys per window. The agent sizes the map to the samples a window can hold, up to
@@ -420,7 +427,7 @@ pub struct UserStack {
     /// early (the last frame's) and why.
     pub outcome: u32,
     /// Instruction pointers, leaf first.
-    pub pcs: [u64; MAX_STACK_DEPTH],
+    pub pcs: [u64; MAX_USER_STACK_DEPTH],
 }
 
 /// What the BPF unwinder tells the agent through the `UNWIND_EVENTS` ring buffer.
@@ -460,7 +467,7 @@ pub enum UnwindOutcome {
     UnsupportedCfa = 2,
     /// Reading the stack failed (a page not present, a corrupt stack).
     ReadFault = 3,
-    /// The stack was deeper than `MAX_STACK_DEPTH` frames: truncated.
+    /// The stack was deeper than `MAX_USER_STACK_DEPTH` frames: truncated.
     FrameLimit = 4,
     /// Some frame was in no known mapping (JIT, anonymous memory, a mapping not read yet):
     /// walked with frame pointers.

@@ -20,8 +20,9 @@ use aya_ebpf::{
     maps::{HashMap, PerCpuArray},
 };
 use scorch_common::{
-    python_frame_word, PythonCount, PythonProc, MAX_PYTHON_PROCS, MAX_STACK_DEPTH, PYTHON_COUNTS,
-    PYTHON_ENTRY_CSTACK_OWNER, PYTHON_ENTRY_IS_ENTRY, PYTHON_EVAL_RANGES, PYTHON_NO_CFRAME,
+    python_frame_word, PythonCount, PythonProc, MAX_PYTHON_PROCS, MAX_USER_STACK_DEPTH,
+    PYTHON_COUNTS, PYTHON_ENTRY_CSTACK_OWNER, PYTHON_ENTRY_IS_ENTRY, PYTHON_EVAL_RANGES,
+    PYTHON_NO_CFRAME,
 };
 
 use crate::unwind::{repeat, WalkState};
@@ -226,7 +227,7 @@ pub fn emit(walk: &mut WalkState, python: &PythonProc) -> u32 {
         frame: walk.python_frame,
         emitted: 0,
     };
-    repeat(MAX_STACK_DEPTH as u32, chain_step, &mut chain);
+    repeat(MAX_USER_STACK_DEPTH as u32, chain_step, &mut chain);
     walk.python_frame = chain.frame;
     walk.python_frames += chain.emitted;
     if chain.emitted > 0 {

@@ -32,7 +32,7 @@ use scorch_common::{
     Bisect, CfaKind, ProcMappings, PythonProc, RbpKind, UnwindEvent, UnwindMapping, UnwindOutcome,
     UnwindRow, UserStack, EVENT_PYTHON_STACK, EVENT_UNKNOWN_PC, EVENT_UNKNOWN_PROCESS,
     MAPPING_SEARCH_STEPS, MAPPING_TABLE_LOADED, MAPPING_TABLE_PENDING, MAX_PROC_MAPPINGS,
-    MAX_ROW_POOLS, MAX_STACK_DEPTH, MAX_UNWIND_PROCS, UNWIND_OUTCOMES, UNWIND_SEARCH_STEPS,
+    MAX_ROW_POOLS, MAX_UNWIND_PROCS, MAX_USER_STACK_DEPTH, UNWIND_OUTCOMES, UNWIND_SEARCH_STEPS,
 };
 
 /// A row pool's flags. `BPF_F_MMAPABLE`: the agent writes tables straight into the pool's
@@ -229,7 +229,7 @@ pub fn walk(ctx: &PerfEventContext, tgid: u32, user_mode: bool) -> Option<&'stat
     };
     let python = python::process(tgid);
     repeat(
-        MAX_STACK_DEPTH as u32,
+        MAX_USER_STACK_DEPTH as u32,
         step,
         &mut LoopContext {
             state,

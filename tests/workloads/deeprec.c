@@ -1,4 +1,5 @@
-/* Recursion deeper than the unwinder's 127-frame limit, hot at the bottom:
+/* Recursion as deep as asked, hot at the bottom (deeper than the unwinder's 256-frame limit by
+ * default):
  *
  *   main -> descend (x DEPTH) -> spin
  *

@@ -107,6 +107,8 @@ pub struct RecordSummary {
     /// Python frame locations shown as `[python: unknown code object]`: their code object
     /// could not be read (its process gone before it was, or not a code object).
     pub python_unnamed: u64,
+    /// The fullest any window left the stack maps: `stacks N of M entries, ...`.
+    pub stack_maps: Option<String>,
 }
 
 impl std::fmt::Display for RecordSummary {
@@ -154,6 +156,9 @@ impl std::fmt::Display for RecordSummary {
         }
         if let Some((tables, bytes)) = self.unwind_tables {
             write!(f, "; unwind tables: {tables}, {} KiB", bytes.div_ceil(1024))?;
+        }
+        if let Some(fill) = &self.stack_maps {
+            write!(f, "; stack maps at their fullest: {fill}")?;
         }
         if let Some(ns) = self.bpf_ns_per_run {
             write!(f, "; BPF {ns:.0} ns/sample")?;
@@ -315,6 +320,7 @@ pub async fn record(args: &RecordConfig) -> Result<RecordSummary, RecordError> {
         captures_dropped,
         start_completed: session.user.entry_completions(),
         python_unnamed: session.user.python_stats().1,
+        stack_maps: aggregated.stack_maps.describe(),
     })
 }
 

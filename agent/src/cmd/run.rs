@@ -544,10 +544,10 @@ impl Pipeline {
     fn window(&mut self, drainer: &mut Drainer, sampler: &mut Sampler) -> Result<(), RunError> {
         let drain_started = Instant::now();
         let raw = drainer.drain_window()?;
-        let (samples, losses) = (raw.total_samples(), raw.losses);
+        let (samples, losses, stack_maps) = (raw.total_samples(), raw.losses, raw.stack_maps);
         self.session.add(raw);
         self.metrics
-            .window_drained(samples, &losses, drain_started.elapsed());
+            .window_drained(samples, &losses, &stack_maps, drain_started.elapsed());
         self.metrics
             .bpf_cost(sampler.run_stats(), cost::bpf_map_memory().ok());
         if let Some(unwinder) = &mut self.unwinder {

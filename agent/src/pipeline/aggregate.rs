@@ -7,7 +7,7 @@ use std::{collections::HashMap, time::SystemTime};
 
 use scorch_common::UnwindOutcome;
 
-use crate::pipeline::drain::{Losses, RawWindow, Stack};
+use crate::pipeline::drain::{Losses, RawWindow, Stack, StackMapFill};
 
 /// The identity of a sampled stack: which process, which user frames, which kernel frames.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -40,6 +40,8 @@ pub struct Aggregated {
     pub comms: HashMap<u32, String>,
     pub losses: Losses,
     pub windows: Vec<WindowTotal>,
+    /// The fullest any window left the stack maps.
+    pub stack_maps: StackMapFill,
 }
 
 impl Aggregated {
@@ -71,6 +73,7 @@ impl Aggregated {
             self.comms.entry(tgid).or_insert(comm);
         }
         self.losses.add(&window.losses);
+        self.stack_maps = self.stack_maps.max(window.stack_maps);
     }
 
     pub fn total_samples(&self) -> u64 {
@@ -112,6 +115,7 @@ mod tests {
             walk_stops: Vec::new(),
             comms: HashMap::from([(7, "work".to_owned())]),
             losses,
+            stack_maps: StackMapFill::default(),
         }
     }
 
@@ -122,6 +126,33 @@ mod tests {
             kernel: Stack::Absent,
             count,
         }
+    }
+
+    #[test]
+    fn the_fullest_window_is_the_stack_maps_fill() {
+        use crate::pipeline::maps::StackEntries;
+        let entries = |stacks, user_stacks| StackEntries {
+            stacks,
+            user_stacks,
+        };
+        let capacity = entries(8192, 1024);
+        let mut agg = Aggregated::default();
+        assert_eq!(agg.stack_maps.describe(), None);
+        for used in [entries(40, 300), entries(75, 120), entries(10, 10)] {
+            let mut raw = window(0, Vec::new());
+            raw.stack_maps = StackMapFill { used, capacity };
+            agg.add(raw, |_| 0);
+        }
+        assert_eq!(
+            agg.stack_maps.describe().as_deref(),
+            Some("stacks 75 of 8192 entries, user stacks 300 of 1024")
+        );
+        // Under --unwind fp the user-stack maps hold one entry and go unmentioned.
+        let fp = StackMapFill {
+            used: entries(75, 0),
+            capacity: entries(8192, 1),
+        };
+        assert_eq!(fp.describe().as_deref(), Some("stacks 75 of 8192 entries"));
     }
 
     #[test]

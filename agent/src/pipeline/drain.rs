@@ -30,12 +30,12 @@ use aya::{
     Pod,
 };
 
-use super::maps::SamplerMaps;
+use super::maps::{SamplerMaps, StackEntries};
 use crate::sys::bpf_batch::{self, BatchError};
 use scorch_common::{
     Comm, Control, Loss, PythonCount, StackKey, UnwindOutcome, UserStack, LOSS_KINDS,
-    MAX_STACK_DEPTH, PYTHON_COUNTS, STACK_ABSENT, STACK_LOST_COLLISION, UNWIND_OUTCOMES,
-    UNWIND_TABLES,
+    MAX_STACK_DEPTH, MAX_USER_STACK_DEPTH, PYTHON_COUNTS, STACK_ABSENT, STACK_LOST_COLLISION,
+    UNWIND_OUTCOMES, UNWIND_TABLES,
 };
 
 /// Longest a single BPF run may take before the drain gives up waiting on it. Runs take
@@ -234,6 +234,53 @@ pub struct RawWindow {
     /// Process names recorded by the BPF program, for processes that may be gone by now.
     pub comms: HashMap<u32, String>,
     pub losses: Losses,
+    /// How full the window left its stack maps; their collisions are in `losses`.
+    pub stack_maps: StackMapFill,
+}
+
+/// The distinct stacks a window stored in each stack map, beside the entries the map holds: a
+/// map near full loses stacks as collisions (`bpf_get_stackid` does not chain a bucket) or
+/// as errors, so the fill says whether the maps are sized for the host's stacks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StackMapFill {
+    pub used: StackEntries,
+    pub capacity: StackEntries,
+}
+
+impl StackMapFill {
+    /// The fuller of two windows' fills, map by map (a recording reports its fullest).
+    pub fn max(self, other: StackMapFill) -> StackMapFill {
+        StackMapFill {
+            used: StackEntries {
+                stacks: self.used.stacks.max(other.used.stacks),
+                user_stacks: self.used.user_stacks.max(other.used.user_stacks),
+            },
+            capacity: StackEntries {
+                stacks: self.capacity.stacks.max(other.capacity.stacks),
+                user_stacks: self.capacity.user_stacks.max(other.capacity.user_stacks),
+            },
+        }
+    }
+
+    /// `kernel stacks 57 of 8192 entries, user stacks 310 of 1024`, or `None` before any
+    /// window.
+    pub fn describe(&self) -> Option<String> {
+        if self.capacity == StackEntries::default() {
+            return None;
+        }
+        let mut text = format!(
+            "stacks {} of {} entries",
+            self.used.stacks, self.capacity.stacks
+        );
+        // One entry: `--unwind fp`, where the program walks no user stack itself.
+        if self.capacity.user_stacks > 1 {
+            text.push_str(&format!(
+                ", user stacks {} of {}",
+                self.used.user_stacks, self.capacity.user_stacks
+            ));
+        }
+        Some(text)
+    }
 }
 
 impl RawWindow {
@@ -328,7 +375,7 @@ impl Drainer {
                 &mut generation.user_stacks,
                 "USER_STACKS",
                 |id, stack: UserStack| {
-                    let len = (stack.len as usize).min(MAX_STACK_DEPTH);
+                    let len = (stack.len as usize).min(MAX_USER_STACK_DEPTH);
                     user_stacks.insert(id, (stack.pcs[..len].to_vec(), stack.outcome));
                 },
             )?;
@@ -362,8 +409,14 @@ impl Drainer {
                 resolve_stack(&generation.stacks, &mut stacks, key.user_stack_id)?
             };
             let kernel = resolve_stack(&generation.stacks, &mut stacks, key.kernel_stack_id)?;
-            let truncated = |s: &Stack| matches!(s, Stack::Frames(f) if f.len() >= MAX_STACK_DEPTH);
-            if truncated(&user) || truncated(&kernel) {
+            // The program's own walk goes deeper than the kernel's stacks.
+            let user_limit = if walked {
+                MAX_USER_STACK_DEPTH
+            } else {
+                MAX_STACK_DEPTH
+            };
+            let truncated = |s: &Stack, limit| matches!(s, Stack::Frames(f) if f.len() >= limit);
+            if truncated(&user, user_limit) || truncated(&kernel, MAX_STACK_DEPTH) {
                 losses.truncated_stacks += count;
             }
             samples.push(RawSample {
@@ -422,6 +475,13 @@ impl Drainer {
         }
         self.previous_python = python;
 
+        let stack_maps = StackMapFill {
+            used: StackEntries {
+                stacks: stacks.len() as u32,
+                user_stacks: user_stacks.len() as u32,
+            },
+            capacity: self.maps.stack_capacity,
+        };
         let start = std::mem::replace(&mut self.window_start, end);
         Ok(RawWindow {
             start,
@@ -430,6 +490,7 @@ impl Drainer {
             walk_stops,
             comms,
             losses,
+            stack_maps,
         })
     }
 

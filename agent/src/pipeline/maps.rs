@@ -13,6 +13,16 @@ pub struct GenerationMaps {
     pub user_stacks: BpfHashMap<MapData, i32, UserStack>,
 }
 
+/// Entries of a generation's two stack maps: the distinct stacks one window stored, or the
+/// most each map holds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StackEntries {
+    /// `STACKS_g` (`bpf_get_stackid`): kernel stacks, and user stacks under `--unwind fp`.
+    pub stacks: u32,
+    /// `USER_STACKS_g`: the user stacks the program walked with tables.
+    pub user_stacks: u32,
+}
+
 /// All maps the drain needs.
 pub struct SamplerMaps {
     pub control: Array<MapData, Control>,
@@ -24,6 +34,8 @@ pub struct SamplerMaps {
     /// `scorch_common::PythonCount`; cumulative.
     pub python_counts: PerCpuArray<MapData, u64>,
     pub generations: [GenerationMaps; 2],
+    /// The entries each generation's stack maps were created with.
+    pub stack_capacity: StackEntries,
 }
 
 /// The maps through which the agent gives the BPF unwinder its tables and process mappings

@@ -12,7 +12,7 @@ use aya::{
 };
 use scorch_common::{Control, UserStack, MAX_COMMS, MAX_COUNT_KEYS, MAX_STACK_DEPTH};
 
-use super::maps::{GenerationMaps, SamplerMaps, UnwindMaps};
+use super::maps::{GenerationMaps, SamplerMaps, StackEntries, UnwindMaps};
 
 /// The BPF object, built by build.rs with aya-build.
 static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/scorch-ebpf"));
@@ -270,7 +270,13 @@ impl Sampler {
         } else {
             None
         };
-        let mut maps = take_maps(&mut ebpf)?;
+        let mut maps = take_maps(
+            &mut ebpf,
+            StackEntries {
+                stacks: stack_entries,
+                user_stacks: user_stack_entries,
+            },
+        )?;
         let control = Control {
             generation: 0,
             filter_pids: if !config.pids.is_empty() {
@@ -476,7 +482,7 @@ fn per_window_map_entries(cpus: u64, config: &SamplerConfig) -> (u32, u32) {
 }
 
 /// User-stack map size: twice a window's samples (a stack is stored once per distinct stack,
-/// so at most once a sample), at least 1024. A hash map preallocates its entries (~1 KiB
+/// so at most once a sample), at least 1024. A hash map preallocates its entries (~2 KiB
 /// each; the program inserts from the perf NMI, where it must not allocate): a floor of 4096
 /// cost a quiet 2-CPU host 8.8 MiB for the 760 entries two windows can fill. A full map
 /// loses the stack and counts it (`user stack error`).
@@ -516,7 +522,7 @@ where
     T::try_from(map).map_err(|source| SamplerError::Map { name, source })
 }
 
-fn take_maps(ebpf: &mut Ebpf) -> Result<SamplerMaps, SamplerError> {
+fn take_maps(ebpf: &mut Ebpf, stack_capacity: StackEntries) -> Result<SamplerMaps, SamplerError> {
     let generation = |ebpf: &mut Ebpf, [counts, stacks, comms, user_stacks]: [&'static str; 4]| {
         let stacks: StackTraceMap<MapData> = take(ebpf, stacks)?;
         Ok::<_, SamplerError>(GenerationMaps {
@@ -536,6 +542,7 @@ fn take_maps(ebpf: &mut Ebpf) -> Result<SamplerMaps, SamplerError> {
         unwind_outcomes: take(ebpf, "UNWIND_OUTCOMES_COUNT")?,
         python_counts: take(ebpf, "PYTHON_COUNTS_MAP")?,
         generations: [gen0, gen1],
+        stack_capacity,
     })
 }
 

@@ -355,8 +355,8 @@ fn python_functions(sample: &scorch_tests::DetailedSample) -> Vec<&str> {
 
 /// `tests/workloads/pyshapes.py`: three threads, each in a function of its own, are told
 /// apart; `hashlib.sha256`'s samples are one stack from libcrypto up through the Python
-/// callers to the thread's start; a recursion 200 deep is whole or counted as truncated, and
-/// its frames never name a wrong caller.
+/// callers to the thread's start; a recursion 200 deep is whole (a stack cut short is counted
+/// as truncated), and its frames never name a wrong caller.
 fn shapes(interpreter: &Interpreter, tag: &str) -> Result<()> {
     let mut python = interpreter.spawn("pyshapes.py", &["14"])?;
     let _kill = scorch_tests::KillOnDrop(python.id());
@@ -442,7 +442,7 @@ fn shapes(interpreter: &Interpreter, tag: &str) -> Result<()> {
         "Thread._bootstrap_inner",
         "Thread._bootstrap",
     ];
-    let mut cut_short = 0;
+    let (mut cut_short, mut recursing) = (0, 0);
     for sample in samples
         .iter()
         .filter(|s| python_functions(s).contains(&"recurse"))
@@ -458,6 +458,7 @@ fn shapes(interpreter: &Interpreter, tag: &str) -> Result<()> {
             callers.starts_with(below),
             "recursion's callers are wrong: {below:?} under {depth} recurse frames"
         );
+        recursing += sample.count;
         if below.is_empty() {
             cut_short += sample.count;
         } else {
@@ -471,6 +472,12 @@ fn shapes(interpreter: &Interpreter, tag: &str) -> Result<()> {
         .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
         .and_then(|n| n.parse().ok())
         .unwrap_or(0);
+    // 205 Python frames and the thread's native ones fit the walk's 256 frames.
+    ensure!(
+        cut_short as f64 <= 0.1 * recursing as f64,
+        "{cut_short} of {recursing} recursion samples stop short of the thread's start: {}",
+        report.summary
+    );
     ensure!(
         cut_short <= truncated,
         "{cut_short} recursion samples stop short, {truncated} counted as truncated: {}",

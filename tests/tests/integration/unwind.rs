@@ -381,6 +381,9 @@ fn summary_count(summary: &str, name: &str) -> u64 {
         .sum()
 }
 
+/// The most user frames the BPF walk records (agent-common's `MAX_USER_STACK_DEPTH`).
+const USER_STACK_LIMIT: usize = 256;
+
 #[test]
 fn recursion_deeper_than_the_limit_is_counted_as_truncated_never_wrong() -> anyhow::Result<()> {
     let program = build_workload("deeprec", &NO_FP)?;
@@ -415,12 +418,12 @@ fn recursion_deeper_than_the_limit_is_counted_as_truncated_never_wrong() -> anyh
     // Cut at the limit, and counted so: as walks that hit the frame limit, and as truncated.
     let at_limit: i64 = samples
         .iter()
-        .filter(|s| user_frames(s).len() == 127)
+        .filter(|s| user_frames(s).len() == USER_STACK_LIMIT)
         .map(|s| s.count)
         .sum();
     assert!(
         at_limit as f64 >= 0.9 * total as f64,
-        "{at_limit} of {total} samples have 127 user frames"
+        "{at_limit} of {total} samples have {USER_STACK_LIMIT} user frames"
     );
     let frame_limit = summary_count(&summary, "frame limit");
     let truncated = summary_count(&summary, "truncated stacks");
@@ -429,6 +432,35 @@ fn recursion_deeper_than_the_limit_is_counted_as_truncated_never_wrong() -> anyh
         "{at_limit} stacks at the limit, but {frame_limit} walks counted at the frame limit and \
          {truncated} truncated: {summary}"
     );
+    Ok(())
+}
+
+#[test]
+fn recursion_just_under_the_limit_is_whole() -> anyhow::Result<()> {
+    // 240 descend frames, spin, main and glibc's three start frames: 245, deeper than the
+    // kernel's 127 and within the walk's 256.
+    let program = build_workload("deeprec", &NO_FP)?;
+    let Recording {
+        samples, summary, ..
+    } = record(&program, &["240", "30"], 3, &[])?;
+    let total: i64 = samples.iter().map(|s| s.count).sum();
+    assert!(total > 100, "only {total} samples");
+    let whole: i64 = samples
+        .iter()
+        .filter(|s| {
+            let descend = s.frames.iter().filter(|f| *f == "descend").count();
+            descend == 241
+                && s.frames.iter().any(|f| f == "main")
+                && s.frames.last().is_some_and(|f| f == "_start")
+        })
+        .map(|s| s.count)
+        .sum();
+    assert!(
+        whole as f64 >= 0.9 * total as f64,
+        "{whole} of {total} samples hold the 241 descend frames down to main and _start: \
+         {summary}"
+    );
+    assert_eq!(summary_count(&summary, "frame limit"), 0, "{summary}");
     Ok(())
 }
 

@@ -6,6 +6,7 @@ use std::{collections::BTreeMap, sync::atomic::AtomicU64, time::Duration};
 use prometheus_client::{
     metrics::{
         counter::Counter,
+        family::Family,
         gauge::Gauge,
         histogram::{exponential_buckets, Histogram},
     },
@@ -14,7 +15,7 @@ use prometheus_client::{
 
 use crate::{
     metrics::{LabeledCounter, Registry},
-    pipeline::drain::Losses,
+    pipeline::drain::{Losses, StackMapFill},
     store::ErrorReason,
     symbolize::captures::{CaptureDrop, CaptureStats},
 };
@@ -61,6 +62,9 @@ pub struct WindowMetrics {
     /// walk found below it, and the total at the last report.
     start_frames_completed: RunningTotal,
     python_unnamed: RunningTotal,
+    /// The distinct stacks the last window stored in each stack map, and the entries each holds.
+    stack_map_entries: Family<[(&'static str, &'static str); 1], Gauge<u64, AtomicU64>>,
+    stack_map_max_entries: Family<[(&'static str, &'static str); 1], Gauge<u64, AtomicU64>>,
 }
 
 impl WindowMetrics {
@@ -212,14 +216,49 @@ impl WindowMetrics {
                  object]`: the code object could not be read, or was not one",
                 Counter::default(),
             )),
+            stack_map_entries: registry.register(
+                "stack_map_entries",
+                "Distinct stacks the last window stored, by stack map (`stacks`: kernel stacks, \
+                 and user stacks under --unwind fp; `user_stacks`: stacks walked with unwind \
+                 tables); a map near its max entries loses stacks as collisions (losses)",
+                Family::default(),
+            ),
+            stack_map_max_entries: registry.register(
+                "stack_map_max_entries",
+                "Entries each stack map holds, by map",
+                Family::default(),
+            ),
         }
     }
 
-    /// A window was drained: its samples, its losses, and how long the drain took.
-    pub fn window_drained(&self, samples: u64, losses: &Losses, drain: Duration) {
+    /// A window was drained: its samples, its losses, how full it left the stack maps, and
+    /// how long the drain took.
+    pub fn window_drained(
+        &self,
+        samples: u64,
+        losses: &Losses,
+        stack_maps: &StackMapFill,
+        drain: Duration,
+    ) {
         self.samples.inc_by(samples);
         for (reason, count) in losses.by_reason() {
             self.losses.inc_by(reason, count);
+        }
+        for (map, used, capacity) in [
+            ("stacks", stack_maps.used.stacks, stack_maps.capacity.stacks),
+            (
+                "user_stacks",
+                stack_maps.used.user_stacks,
+                stack_maps.capacity.user_stacks,
+            ),
+        ] {
+            let label = [("map", map)];
+            self.stack_map_entries
+                .get_or_create(&label)
+                .set(u64::from(used));
+            self.stack_map_max_entries
+                .get_or_create(&label)
+                .set(u64::from(capacity));
         }
         self.drain_seconds.observe(drain.as_secs_f64());
     }
@@ -345,6 +384,7 @@ mod tests {
 
     use super::*;
     use crate::metrics::value_in as value;
+    use crate::pipeline::maps::StackEntries;
 
     #[test]
     fn windows_are_counted() {
@@ -354,8 +394,23 @@ mod tests {
         losses.by_kind[Loss::UserStackCollision as usize] = 2;
         losses.by_kind[Loss::CountsMapFull as usize] = 1;
         losses.truncated_stacks = 5;
-        metrics.window_drained(100, &losses, Duration::from_millis(3));
-        metrics.window_drained(50, &Losses::default(), Duration::from_millis(1));
+        let fill = |stacks, user_stacks| StackMapFill {
+            used: StackEntries {
+                stacks,
+                user_stacks,
+            },
+            capacity: StackEntries {
+                stacks: 8192,
+                user_stacks: 1024,
+            },
+        };
+        metrics.window_drained(100, &losses, &fill(40, 90), Duration::from_millis(3));
+        metrics.window_drained(
+            50,
+            &Losses::default(),
+            &fill(12, 30),
+            Duration::from_millis(1),
+        );
         metrics.window_symbolized(Duration::from_millis(20));
         metrics.window_written();
         metrics.store_write_failed(ErrorReason::DiskFull);
@@ -385,6 +440,19 @@ mod tests {
         assert_eq!(
             value(&text, r#"scorch_losses_total{reason="comm map full"}"#),
             0.0
+        );
+        // The last window's fill, beside what the maps hold.
+        assert_eq!(
+            value(&text, r#"scorch_stack_map_entries{map="stacks"}"#),
+            12.0
+        );
+        assert_eq!(
+            value(&text, r#"scorch_stack_map_entries{map="user_stacks"}"#),
+            30.0
+        );
+        assert_eq!(
+            value(&text, r#"scorch_stack_map_max_entries{map="stacks"}"#),
+            8192.0
         );
         assert_eq!(value(&text, "scorch_drain_duration_seconds_count"), 2.0);
         assert!((value(&text, "scorch_drain_duration_seconds_sum") - 0.004).abs() < 1e-9);
