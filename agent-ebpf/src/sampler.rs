@@ -4,9 +4,10 @@ use core::intrinsics::{atomic_xadd, AtomicOrdering};
 
 use aya_ebpf::{
     bindings::{BPF_F_USER_STACK, BPF_NOEXIST},
+    btf_maps,
     helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid},
-    macros::{map, perf_event, raw_tracepoint},
-    maps::{Array, HashMap, PerCpuArray, StackTrace},
+    macros::{btf_map, map, perf_event, raw_tracepoint},
+    maps::{Array, HashMap, PerCpuArray},
     programs::{tracing::StackIdContext, PerfEventContext, RawTracePointContext},
 };
 use aya_log_ebpf::warn;
@@ -50,10 +51,14 @@ static LOSSES: PerCpuArray<u64> = PerCpuArray::with_max_entries(LOSS_KINDS, 0);
 static COUNTS_0: HashMap<StackKey, u64> = HashMap::with_max_entries(MAX_COUNT_KEYS, 0);
 #[map]
 static COUNTS_1: HashMap<StackKey, u64> = HashMap::with_max_entries(MAX_COUNT_KEYS, 0);
-#[map]
-static STACKS_0: StackTrace = StackTrace::with_max_entries(8192, 0);
-#[map]
-static STACKS_1: StackTrace = StackTrace::with_max_entries(8192, 0);
+/// A generation's stack-trace map (kernel stacks, and user stacks under `--unwind fp`).
+type StackMap = btf_maps::StackTrace<1>;
+/// The two generations' stack-trace maps, by generation. The agent creates each, sized by the
+/// distinct stacks its windows store, and replaces it while its generation is idle: sized at
+/// load time from the samples a window could hold, they took 8 MiB each on a quiet host and
+/// 256 MiB at 999 Hz for a few dozen stacks.
+#[btf_map]
+static STACKS: btf_maps::ArrayOfMaps<StackMap, 2> = btf_maps::ArrayOfMaps::new();
 #[map]
 static COMMS_0: HashMap<u32, Comm> = HashMap::with_max_entries(MAX_COMMS, 0);
 #[map]
@@ -68,7 +73,7 @@ static USER_STACKS_1: HashMap<i32, UserStack> = HashMap::with_max_entries(4096, 
 /// The maps of one generation.
 struct Generation {
     counts: &'static HashMap<StackKey, u64>,
-    stacks: &'static StackTrace,
+    stacks: &'static StackMap,
     comms: &'static HashMap<u32, Comm>,
     user_stacks: &'static HashMap<i32, UserStack>,
 }
@@ -129,17 +134,21 @@ fn try_sample<const TABLES: bool>(ctx: &PerfEventContext) -> Result<(), i64> {
             return Ok(());
         }
     }
+    // The agent fills both slots before it attaches the program.
+    let Some(stacks) = STACKS.get(u32::from(control.generation != 0)) else {
+        return Ok(());
+    };
     let generation = if control.generation == 0 {
         Generation {
             counts: &COUNTS_0,
-            stacks: &STACKS_0,
+            stacks,
             comms: &COMMS_0,
             user_stacks: &USER_STACKS_0,
         }
     } else {
         Generation {
             counts: &COUNTS_1,
-            stacks: &STACKS_1,
+            stacks,
             comms: &COMMS_1,
             user_stacks: &USER_STACKS_1,
         }
@@ -258,7 +267,7 @@ fn bump(count: *mut u64) {
 #[inline(always)]
 fn stack_id(
     ctx: &PerfEventContext,
-    stacks: &StackTrace,
+    stacks: &StackMap,
     flags: u64,
     collision: Loss,
     error: Loss,

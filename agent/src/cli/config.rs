@@ -97,6 +97,10 @@ pub struct RunArgs {
     /// them, and past the ceiling the least recently used tables are evicted [default: 64].
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub unwind_pool_mib: Option<u32>,
+    /// Ceiling on each of the two stack-trace maps, in entries (about 1 KiB each): they grow
+    /// as the distinct stacks stored need, to this at most [default: 65536].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1_048_576))]
+    pub stack_map_entries: Option<u32>,
     /// `auto` (name the Python functions of CPython 3.11 to 3.14 processes) or `off`
     /// [default: auto].
     #[arg(long, value_enum)]
@@ -156,6 +160,7 @@ struct FileConfig {
     unwind: Option<String>,
     unwind_processes: Option<u32>,
     unwind_pool_mib: Option<u32>,
+    stack_map_entries: Option<u32>,
     python: Option<String>,
     /// `[[relabel]]` tables: Prometheus relabel_config rules, in order.
     relabel: Option<Vec<RuleConfig>>,
@@ -260,6 +265,15 @@ fn apply_file(config: &mut RunConfig, text: &str, path: &Path) -> Result<(), Con
         }
         config.unwind_pool_mib = mib;
     }
+    if let Some(entries) = file.stack_map_entries {
+        if !(1..=1_048_576).contains(&entries) {
+            return Err(value(
+                "stack-map-entries",
+                format!("{entries}: expected 1 to 1048576"),
+            ));
+        }
+        config.stack_map_entries = entries;
+    }
     if let Some(mode) = file.python {
         config.python = <PythonMode as clap::ValueEnum>::from_str(&mode, false)
             .map_err(|_| value("python", format!("{mode:?}: expected auto or off")))?;
@@ -361,6 +375,9 @@ fn apply_flags(config: &mut RunConfig, args: &RunArgs) {
     }
     if let Some(mib) = args.unwind_pool_mib {
         config.unwind_pool_mib = mib;
+    }
+    if let Some(entries) = args.stack_map_entries {
+        config.stack_map_entries = entries;
     }
     if let Some(mode) = args.python {
         config.python = mode;
@@ -492,6 +509,7 @@ mod tests {
             file.unwind.is_some(),
             file.unwind_processes.is_some(),
             file.unwind_pool_mib.is_some(),
+            file.stack_map_entries.is_some(),
             file.python.is_some(),
             file.remote_url.is_some(),
             file.remote_protocol.is_some(),

@@ -119,6 +119,11 @@ pub struct RecordArgs {
     /// are evicted (counted; their code walks by frame pointers).
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub unwind_pool_mib: u32,
+    /// Ceiling on each of the two stack-trace maps, in entries (about 1 KiB of kernel memory
+    /// each): a map grows from a quarter of a window's samples as the distinct stacks stored
+    /// need, to this at most; past it stacks are lost as collisions, counted.
+    #[arg(long, default_value_t = 65_536, value_parser = clap::value_parser!(u32).range(1..=1_048_576))]
+    pub stack_map_entries: u32,
     /// `auto`: name the Python functions of CPython 3.11 to 3.14 processes, walked in place of
     /// the interpreter's eval loop; `off`: show the interpreter's C frames only.
     #[arg(long, value_enum, default_value = "auto")]
@@ -148,6 +153,7 @@ impl RecordArgs {
             unwind: self.unwind,
             unwind_processes: self.unwind_processes,
             unwind_pool_mib: self.unwind_pool_mib,
+            stack_map_entries: self.stack_map_entries,
             python: self.python,
         }
     }

@@ -58,6 +58,8 @@ pub struct RecordConfig {
     pub unwind_processes: Option<u32>,
     /// Ceiling on the unwind tables' row pools, in MiB.
     pub unwind_pool_mib: u32,
+    /// Ceiling on each stack-trace map's entries (`--stack-map-entries`).
+    pub stack_map_entries: u32,
     /// Whether interpreters' Python frames are walked.
     pub python: PythonMode,
 }
@@ -190,6 +192,7 @@ pub async fn record(args: &RecordConfig) -> Result<RecordSummary, RecordError> {
         unwind_capacity: UnwindCapacity::capture(&args.pids, crate::sys::running_processes())
             .with_processes(args.unwind_processes)
             .with_pool_mib(args.unwind_pool_mib),
+        stack_entries_ceiling: args.stack_map_entries,
     };
     let mut sigint = signal(SignalKind::interrupt()).map_err(RecordError::Signals)?;
     let mut sigterm = signal(SignalKind::terminate()).map_err(RecordError::Signals)?;

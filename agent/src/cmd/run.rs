@@ -47,6 +47,7 @@ use crate::{
     pipeline::cost,
     pipeline::drain::{DrainError, Drainer},
     pipeline::sampler::{Sampler, SamplerConfig, SamplerError, UnwindCapacity, UnwindMode},
+    pipeline::stack_sizing::DEFAULT_MAX_STACK_ENTRIES,
     profile::{Labels, Profile},
     serve::{
         guard::AllowedHosts,
@@ -101,6 +102,9 @@ pub struct RunConfig {
     /// Ceiling on the unwind tables' row pools, in MiB (`--unwind-pool-mib`,
     /// `unwind-pool-mib`).
     pub unwind_pool_mib: u32,
+    /// Ceiling on each stack-trace map's entries (`--stack-map-entries`,
+    /// `stack-map-entries`).
+    pub stack_map_entries: u32,
     /// Whether interpreters' Python frames are walked (`--python`, `python`).
     pub python: PythonMode,
     /// Relabelling rules (config file only: `[[relabel]]`), checked by [`RunConfig::resolve`].
@@ -126,6 +130,7 @@ impl Default for RunConfig {
             unwind: UnwindMode::Auto,
             unwind_processes: UnwindCapacity::DAEMON.processes,
             unwind_pool_mib: UnwindCapacity::DAEMON.pool_mib(),
+            stack_map_entries: DEFAULT_MAX_STACK_ENTRIES,
             python: PythonMode::Auto,
             relabel: Vec::new(),
             external_labels: Labels::new(),
@@ -254,6 +259,7 @@ pub async fn run(
             ..UnwindCapacity::DAEMON
         }
         .with_pool_mib(config.unwind_pool_mib),
+        stack_entries_ceiling: config.stack_map_entries,
     };
     // Before BPF is loaded: a bad remote configuration (URL, secret files, CA file) fails the
     // start with its reason.

@@ -30,7 +30,7 @@ use aya::{
     Pod,
 };
 
-use super::maps::{SamplerMaps, StackEntries};
+use super::maps::{new_stack_map, SamplerMaps, StackEntries};
 use crate::sys::bpf_batch::{self, BatchError};
 use scorch_common::{
     Comm, Control, Loss, PythonCount, StackKey, UnwindOutcome, UserStack, LOSS_KINDS,
@@ -448,19 +448,51 @@ impl Drainer {
         // (the counts map was full): only then are the stored ids listed again. A stack left
         // behind would hold its bucket, and the next window's stacks hashing there would be
         // lost as collisions.
-        let stacks_map = &mut self.maps.generations[old].stacks;
-        if losses.by_kind[Loss::CountsMapFull as usize] > 0 {
-            let stack_ids: Vec<u32> = stacks_map
-                .stack_ids()
-                .collect::<Result<_, _>>()
-                .map_err(map_err("listing", "STACKS"))?;
-            for id in stack_ids {
-                remove_ok(stacks_map.remove(&id)).map_err(map_err("clearing", "STACKS"))?;
-            }
-        } else {
-            for &id in stacks.keys() {
-                remove_ok(stacks_map.remove(&(id as u32)))
-                    .map_err(map_err("clearing", "STACKS"))?;
+        // The map is sized for the stacks its windows store: one that needs another size is
+        // replaced now, while its generation is idle, and the new one starts empty.
+        let capacity = self.maps.stack_sizing.entries(old);
+        let collisions = losses.by_kind[Loss::KernelStackCollision as usize]
+            + if walked {
+                0
+            } else {
+                losses.by_kind[Loss::UserStackCollision as usize]
+            };
+        let entries = self
+            .maps
+            .stack_sizing
+            .after_window(old, stacks.len() as u32, collisions);
+        let replaced = entries != capacity
+            && match new_stack_map(&self.maps.stacks_outer, old as u32, entries) {
+                Ok(map) => {
+                    tracing::debug!(
+                        "stack-trace map {old}: {} stacks stored, {collisions} lost to \
+                         collisions; {capacity} entries now {entries}",
+                        stacks.len()
+                    );
+                    self.maps.generations[old].stacks = map;
+                    true
+                }
+                Err(error) => {
+                    tracing::warn!("{error}; its map keeps {capacity} entries");
+                    self.maps.stack_sizing.keep(old, capacity);
+                    false
+                }
+            };
+        if !replaced {
+            let stacks_map = &mut self.maps.generations[old].stacks;
+            if losses.by_kind[Loss::CountsMapFull as usize] > 0 {
+                let stack_ids: Vec<u32> = stacks_map
+                    .stack_ids()
+                    .collect::<Result<_, _>>()
+                    .map_err(map_err("listing", "STACKS"))?;
+                for id in stack_ids {
+                    remove_ok(stacks_map.remove(&id)).map_err(map_err("clearing", "STACKS"))?;
+                }
+            } else {
+                for &id in stacks.keys() {
+                    remove_ok(stacks_map.remove(&(id as u32)))
+                        .map_err(map_err("clearing", "STACKS"))?;
+                }
             }
         }
 
@@ -480,7 +512,10 @@ impl Drainer {
                 stacks: stacks.len() as u32,
                 user_stacks: user_stacks.len() as u32,
             },
-            capacity: self.maps.stack_capacity,
+            capacity: StackEntries {
+                stacks: capacity,
+                user_stacks: self.maps.user_stack_entries,
+            },
         };
         let start = std::mem::replace(&mut self.window_start, end);
         Ok(RawWindow {

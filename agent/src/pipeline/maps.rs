@@ -1,8 +1,13 @@
 //! The BPF maps the sampler takes out of the loaded program and hands to the drain: the
 //! contract between the two stages, so neither imports the other's internals.
 
-use aya::maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf, StackTraceMap};
-use scorch_common::{Comm, Control, PythonProc, RunSeq, StackKey, UserStack};
+use aya::maps::{
+    Array, HashMap as BpfHashMap, Map, MapData, MapError, PerCpuArray, RingBuf, StackTraceMap,
+};
+use scorch_common::{Comm, Control, PythonProc, RunSeq, StackKey, UserStack, MAX_STACK_DEPTH};
+
+use super::stack_sizing::StackSizing;
+use crate::sys::inner_maps::{create_inner, set_inner, InnerMapError, BPF_MAP_TYPE_STACK_TRACE};
 
 /// The maps of one generation, taken out of the loaded program.
 pub struct GenerationMaps {
@@ -34,8 +39,48 @@ pub struct SamplerMaps {
     /// `scorch_common::PythonCount`; cumulative.
     pub python_counts: PerCpuArray<MapData, u64>,
     pub generations: [GenerationMaps; 2],
-    /// The entries each generation's stack maps were created with.
-    pub stack_capacity: StackEntries,
+    /// `STACKS`, the array of maps holding each generation's stack-trace map.
+    pub stacks_outer: MapData,
+    /// How many entries each generation's stack-trace map has, and will have.
+    pub stack_sizing: StackSizing,
+    /// The entries of each generation's user-stack map.
+    pub user_stack_entries: u32,
+}
+
+/// Why a stack-trace map could not be created or put in place.
+#[derive(Debug, thiserror::Error)]
+pub enum StackMapError {
+    #[error("creating a stack-trace map of {entries} entries: {source}")]
+    Create { entries: u32, source: InnerMapError },
+    #[error("putting the stack-trace map of generation {generation} in STACKS: {source}")]
+    Place {
+        generation: u32,
+        source: std::io::Error,
+    },
+    #[error("reading the new stack-trace map: {0}")]
+    Wrap(MapError),
+}
+
+/// Creates generation `generation`'s stack-trace map with `entries` entries and puts it in
+/// `STACKS` (`outer`), where the program finds it from its next sample of that generation on:
+/// the caller does this while the generation is idle, so no stack is stored in the map it
+/// replaces.
+pub fn new_stack_map(
+    outer: &MapData,
+    generation: u32,
+    entries: u32,
+) -> Result<StackTraceMap<MapData>, StackMapError> {
+    let data = create_inner(
+        BPF_MAP_TYPE_STACK_TRACE,
+        (MAX_STACK_DEPTH * 8) as u32,
+        entries,
+        0,
+        &format!("scorch_stacks_{generation}"),
+    )
+    .map_err(|source| StackMapError::Create { entries, source })?;
+    set_inner(outer.fd(), generation, data.fd())
+        .map_err(|source| StackMapError::Place { generation, source })?;
+    StackTraceMap::try_from(Map::StackTraceMap(data)).map_err(StackMapError::Wrap)
 }
 
 /// The maps through which the agent gives the BPF unwinder its tables and process mappings

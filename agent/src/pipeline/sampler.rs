@@ -3,7 +3,7 @@
 use std::{io, os::fd::AsFd, path::PathBuf};
 
 use aya::{
-    maps::{Array, HashMap as BpfHashMap, Map, MapData, MapError, PerCpuArray, StackTraceMap},
+    maps::{Array, HashMap as BpfHashMap, Map, MapData, MapError, PerCpuArray},
     programs::{
         perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
         PerfEvent, ProgramError, RawTracePoint,
@@ -12,7 +12,10 @@ use aya::{
 };
 use scorch_common::{Control, UserStack, MAX_COMMS, MAX_COUNT_KEYS, MAX_STACK_DEPTH};
 
-use super::maps::{GenerationMaps, SamplerMaps, StackEntries, UnwindMaps};
+use super::{
+    maps::{new_stack_map, GenerationMaps, SamplerMaps, StackMapError, UnwindMaps},
+    stack_sizing::{StackSizing, DEFAULT_MAX_STACK_ENTRIES},
+};
 
 /// The BPF object, built by build.rs with aya-build.
 static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/scorch-ebpf"));
@@ -37,6 +40,8 @@ pub enum SamplerError {
     },
     #[error("loading the BPF program into the kernel: {0}")]
     Program(ProgramError),
+    #[error(transparent)]
+    StackMap(#[from] StackMapError),
     #[error("attaching to the sched_process_exec raw tracepoint (to forget exec'd processes' unwind tables): {0}")]
     ExecTracepoint(ProgramError),
     #[error("opening the CPU-clock perf event on CPU {cpu}: {source}")]
@@ -65,6 +70,8 @@ pub struct SamplerConfig {
     pub unwind: UnwindMode,
     /// How much the unwinder's maps hold (with [`UnwindMode::Auto`]).
     pub unwind_capacity: UnwindCapacity,
+    /// The most entries each stack-trace map grows to (`--stack-map-entries`).
+    pub stack_entries_ceiling: u32,
 }
 
 /// Bytes of an unwind row.
@@ -149,6 +156,7 @@ impl Default for SamplerConfig {
             deny_list: false,
             unwind: UnwindMode::Auto,
             unwind_capacity: UnwindCapacity::DAEMON,
+            stack_entries_ceiling: DEFAULT_MAX_STACK_ENTRIES,
         }
     }
 }
@@ -197,7 +205,10 @@ impl Sampler {
 
     fn start_as(config: &SamplerConfig) -> Result<(Sampler, SamplerMaps, Control), SamplerError> {
         let cpus = online_cpus()?;
-        let stack_entries = stack_map_entries(cpus.len() as u64, config);
+        let stack_sizing = StackSizing::new(
+            samples_per_window(cpus.len() as u64, config),
+            config.stack_entries_ceiling,
+        );
         let (count_entries, comm_entries) = per_window_map_entries(cpus.len() as u64, config);
         let tables = config.unwind == UnwindMode::Auto;
         // Only user stacks go in these, and only with tables: otherwise one entry each.
@@ -238,8 +249,6 @@ impl Sampler {
             .map_max_entries("COUNTS_1", count_entries)
             .map_max_entries("COMMS_0", comm_entries)
             .map_max_entries("COMMS_1", comm_entries)
-            .map_max_entries("STACKS_0", stack_entries)
-            .map_max_entries("STACKS_1", stack_entries)
             .map_max_entries("USER_STACKS_0", user_stack_entries)
             .map_max_entries("USER_STACKS_1", user_stack_entries)
             .map_max_entries("NOTIFIED", capacity.processes)
@@ -270,13 +279,7 @@ impl Sampler {
         } else {
             None
         };
-        let mut maps = take_maps(
-            &mut ebpf,
-            StackEntries {
-                stacks: stack_entries,
-                user_stacks: user_stack_entries,
-            },
-        )?;
+        let mut maps = take_maps(&mut ebpf, stack_sizing, user_stack_entries)?;
         let control = Control {
             generation: 0,
             filter_pids: if !config.pids.is_empty() {
@@ -455,13 +458,9 @@ impl Sampler {
     }
 }
 
-/// Stack-map size: a stack map keeps one stack per hash bucket and drops a colliding one, so
-/// give it room well beyond the samples one window can hold (user + kernel stack per sample),
-/// within sane kernel-memory bounds (each entry costs ~1 KiB).
-fn stack_map_entries(cpus: u64, config: &SamplerConfig) -> u32 {
-    let per_window = cpus * config.frequency_hz * config.window_secs.max(1);
-    let wanted = (per_window * 2 * 8).next_power_of_two();
-    wanted.clamp(8192, 262_144) as u32
+/// The samples one window can take: every CPU at the frequency for the window's length.
+fn samples_per_window(cpus: u64, config: &SamplerConfig) -> u64 {
+    cpus * config.frequency_hz * config.window_secs.max(1)
 }
 
 /// Counts-map and comm-map sizes: each holds at most one entry per sample of a window, so
@@ -522,9 +521,18 @@ where
     T::try_from(map).map_err(|source| SamplerError::Map { name, source })
 }
 
-fn take_maps(ebpf: &mut Ebpf, stack_capacity: StackEntries) -> Result<SamplerMaps, SamplerError> {
-    let generation = |ebpf: &mut Ebpf, [counts, stacks, comms, user_stacks]: [&'static str; 4]| {
-        let stacks: StackTraceMap<MapData> = take(ebpf, stacks)?;
+fn take_maps(
+    ebpf: &mut Ebpf,
+    stack_sizing: StackSizing,
+    user_stack_entries: u32,
+) -> Result<SamplerMaps, SamplerError> {
+    let name = "STACKS";
+    let stacks_outer = match ebpf.take_map(name).ok_or(SamplerError::MissingMap(name))? {
+        Map::ArrayOfMaps(data) => data,
+        _ => return Err(SamplerError::MissingMap(name)),
+    };
+    let generation = |ebpf: &mut Ebpf, g: u32, [counts, comms, user_stacks]: [&'static str; 3]| {
+        let stacks = new_stack_map(&stacks_outer, g, stack_sizing.entries(g as usize))?;
         Ok::<_, SamplerError>(GenerationMaps {
             counts: take(ebpf, counts)?,
             stacks,
@@ -532,8 +540,8 @@ fn take_maps(ebpf: &mut Ebpf, stack_capacity: StackEntries) -> Result<SamplerMap
             user_stacks: take(ebpf, user_stacks)?,
         })
     };
-    let gen0 = generation(ebpf, ["COUNTS_0", "STACKS_0", "COMMS_0", "USER_STACKS_0"])?;
-    let gen1 = generation(ebpf, ["COUNTS_1", "STACKS_1", "COMMS_1", "USER_STACKS_1"])?;
+    let gen0 = generation(ebpf, 0, ["COUNTS_0", "COMMS_0", "USER_STACKS_0"])?;
+    let gen1 = generation(ebpf, 1, ["COUNTS_1", "COMMS_1", "USER_STACKS_1"])?;
     let control: Array<MapData, Control> = take(ebpf, "CONTROL")?;
     Ok(SamplerMaps {
         control,
@@ -542,7 +550,9 @@ fn take_maps(ebpf: &mut Ebpf, stack_capacity: StackEntries) -> Result<SamplerMap
         unwind_outcomes: take(ebpf, "UNWIND_OUTCOMES_COUNT")?,
         python_counts: take(ebpf, "PYTHON_COUNTS_MAP")?,
         generations: [gen0, gen1],
-        stack_capacity,
+        stacks_outer,
+        stack_sizing,
+        user_stack_entries,
     })
 }
 
@@ -667,11 +677,8 @@ mod tests {
     }
 
     #[test]
-    fn sizes_stack_maps_with_headroom() {
+    fn sizes_user_stack_maps_to_a_window() {
         let config = SamplerConfig::default();
-        assert_eq!(stack_map_entries(2, &config), 8192);
-        assert_eq!(stack_map_entries(32, &config), 131_072);
-        assert_eq!(stack_map_entries(4096, &config), 262_144);
         // 2 CPUs: 380 samples a window, twice that, to a power of two.
         assert_eq!(user_stack_map_entries(2, &config), 1024);
         assert_eq!(user_stack_map_entries(64, &config), 32_768);

@@ -8,6 +8,7 @@ pub mod bpf_batch;
 pub mod btf;
 pub mod fs;
 pub mod hex;
+pub mod inner_maps;
 pub mod memory;
 pub mod notify;
 pub mod privileges;

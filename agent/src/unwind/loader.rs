@@ -63,7 +63,7 @@ pub enum LoaderError {
     #[error("creating a BPF row pool of {rows} rows: {source}")]
     CreatePool {
         rows: u32,
-        source: super::kernel_maps::InnerMapError,
+        source: crate::sys::inner_maps::InnerMapError,
     },
     #[error("putting row pool {index} in BPF map UNWIND_ROWS: {source}")]
     AddPool { index: u32, source: std::io::Error },
@@ -72,7 +72,7 @@ pub enum LoaderError {
     #[error("creating the BPF process map for {entries} processes: {source}")]
     CreateProcs {
         entries: u32,
-        source: super::kernel_maps::InnerMapError,
+        source: crate::sys::inner_maps::InnerMapError,
     },
     #[error("putting the process map in BPF map UNWIND_PROCS: {source}")]
     AddProcs { source: std::io::Error },
