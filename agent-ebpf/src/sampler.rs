@@ -63,19 +63,20 @@ static STACKS: btf_maps::ArrayOfMaps<StackMap, 2> = btf_maps::ArrayOfMaps::new()
 static COMMS_0: HashMap<u32, Comm> = HashMap::with_max_entries(MAX_COMMS, 0);
 #[map]
 static COMMS_1: HashMap<u32, Comm> = HashMap::with_max_entries(MAX_COMMS, 0);
-/// User stacks the program walked itself (`UNWIND_TABLES`), keyed by a hash of their pcs.
-/// Sized at load time like the stack-trace maps.
-#[map]
-static USER_STACKS_0: HashMap<i32, UserStack> = HashMap::with_max_entries(4096, 0);
-#[map]
-static USER_STACKS_1: HashMap<i32, UserStack> = HashMap::with_max_entries(4096, 0);
+/// A generation's map of the user stacks the program walked itself (`UNWIND_TABLES`), keyed
+/// by a hash of their pcs. Preallocated: the program inserts from the perf NMI.
+pub type UserStackMap = btf_maps::HashMap<i32, UserStack, 1, 0>;
+/// The two generations' user-stack maps, by generation; the agent creates and replaces them
+/// as it does `STACKS`'s.
+#[btf_map]
+static USER_STACKS: btf_maps::ArrayOfMaps<UserStackMap, 2> = btf_maps::ArrayOfMaps::new();
 
 /// The maps of one generation.
 struct Generation {
     counts: &'static HashMap<StackKey, u64>,
     stacks: &'static StackMap,
     comms: &'static HashMap<u32, Comm>,
-    user_stacks: &'static HashMap<i32, UserStack>,
+    user_stacks: &'static UserStackMap,
 }
 
 #[perf_event]
@@ -134,8 +135,9 @@ fn try_sample<const TABLES: bool>(ctx: &PerfEventContext) -> Result<(), i64> {
             return Ok(());
         }
     }
-    // The agent fills both slots before it attaches the program.
-    let Some(stacks) = STACKS.get(u32::from(control.generation != 0)) else {
+    // The agent fills every slot before it attaches the program.
+    let slot = u32::from(control.generation != 0);
+    let (Some(stacks), Some(user_stacks)) = (STACKS.get(slot), USER_STACKS.get(slot)) else {
         return Ok(());
     };
     let generation = if control.generation == 0 {
@@ -143,14 +145,14 @@ fn try_sample<const TABLES: bool>(ctx: &PerfEventContext) -> Result<(), i64> {
             counts: &COUNTS_0,
             stacks,
             comms: &COMMS_0,
-            user_stacks: &USER_STACKS_0,
+            user_stacks,
         }
     } else {
         Generation {
             counts: &COUNTS_1,
             stacks,
             comms: &COMMS_1,
-            user_stacks: &USER_STACKS_1,
+            user_stacks,
         }
     };
 

@@ -624,7 +624,7 @@ pub fn mapping_placed(tgid: u32, start: u64, info: *const u64) {
 /// or whether the failure was a collision (`true`) or another error.
 #[inline(always)]
 pub fn store_stack(
-    stacks: &HashMap<i32, UserStack>,
+    stacks: &crate::sampler::UserStackMap,
     walk: &mut WalkState,
     tgid: u32,
     generation: u32,

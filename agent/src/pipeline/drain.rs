@@ -30,7 +30,7 @@ use aya::{
     Pod,
 };
 
-use super::maps::{new_stack_map, SamplerMaps, StackEntries};
+use super::maps::{new_stack_map, new_user_stack_map, SamplerMaps, StackEntries};
 use crate::sys::bpf_batch::{self, BatchError};
 use scorch_common::{
     Comm, Control, Loss, PythonCount, StackKey, UnwindOutcome, UserStack, LOSS_KINDS,
@@ -496,6 +496,26 @@ impl Drainer {
             }
         }
 
+        // The user-stack map, emptied by the take above, likewise; a stack that found it full
+        // is lost as a `user stack error`.
+        let user_capacity = self.maps.user_stack_sizing.entries(old);
+        if walked {
+            let full = losses.by_kind[Loss::UserStackError as usize];
+            let entries =
+                self.maps
+                    .user_stack_sizing
+                    .after_window(old, user_stacks.len() as u32, full);
+            if entries != user_capacity {
+                match new_user_stack_map(&self.maps.user_stacks_outer, old as u32, entries) {
+                    Ok(map) => self.maps.generations[old].user_stacks = map,
+                    Err(error) => {
+                        tracing::warn!("{error}; its map keeps {user_capacity} entries");
+                        self.maps.user_stack_sizing.keep(old, user_capacity);
+                    }
+                }
+            }
+        }
+
         let unwind = self.read_unwind_totals()?;
         for (i, total) in unwind.iter().enumerate() {
             losses.unwind[i] = total.saturating_sub(self.previous_unwind[i]);
@@ -514,7 +534,7 @@ impl Drainer {
             },
             capacity: StackEntries {
                 stacks: capacity,
-                user_stacks: self.maps.user_stack_entries,
+                user_stacks: user_capacity,
             },
         };
         let start = std::mem::replace(&mut self.window_start, end);

@@ -7,7 +7,9 @@ use aya::maps::{
 use scorch_common::{Comm, Control, PythonProc, RunSeq, StackKey, UserStack, MAX_STACK_DEPTH};
 
 use super::stack_sizing::StackSizing;
-use crate::sys::inner_maps::{create_inner, set_inner, InnerMapError, BPF_MAP_TYPE_STACK_TRACE};
+use crate::sys::inner_maps::{
+    create_inner, set_inner, InnerMapError, BPF_MAP_TYPE_HASH, BPF_MAP_TYPE_STACK_TRACE,
+};
 
 /// The maps of one generation, taken out of the loaded program.
 pub struct GenerationMaps {
@@ -43,22 +45,29 @@ pub struct SamplerMaps {
     pub stacks_outer: MapData,
     /// How many entries each generation's stack-trace map has, and will have.
     pub stack_sizing: StackSizing,
-    /// The entries of each generation's user-stack map.
-    pub user_stack_entries: u32,
+    /// `USER_STACKS`, the array of maps holding each generation's user-stack map.
+    pub user_stacks_outer: MapData,
+    /// How many entries each generation's user-stack map has, and will have.
+    pub user_stack_sizing: StackSizing,
 }
 
-/// Why a stack-trace map could not be created or put in place.
+/// Why a stack map could not be created or put in place.
 #[derive(Debug, thiserror::Error)]
 pub enum StackMapError {
-    #[error("creating a stack-trace map of {entries} entries: {source}")]
-    Create { entries: u32, source: InnerMapError },
-    #[error("putting the stack-trace map of generation {generation} in STACKS: {source}")]
+    #[error("creating {map} map of {entries} entries: {source}")]
+    Create {
+        map: &'static str,
+        entries: u32,
+        source: InnerMapError,
+    },
+    #[error("putting generation {generation}'s new map in {map}: {source}")]
     Place {
+        map: &'static str,
         generation: u32,
         source: std::io::Error,
     },
-    #[error("reading the new stack-trace map: {0}")]
-    Wrap(MapError),
+    #[error("reading the new {map} map: {source}")]
+    Wrap { map: &'static str, source: MapError },
 }
 
 /// Creates generation `generation`'s stack-trace map with `entries` entries and puts it in
@@ -70,17 +79,63 @@ pub fn new_stack_map(
     generation: u32,
     entries: u32,
 ) -> Result<StackTraceMap<MapData>, StackMapError> {
-    let data = create_inner(
+    let map = "STACKS";
+    let data = new_inner(
+        map,
+        outer,
+        generation,
         BPF_MAP_TYPE_STACK_TRACE,
-        (MAX_STACK_DEPTH * 8) as u32,
+        MAX_STACK_DEPTH * 8,
+        entries,
+    )?;
+    StackTraceMap::try_from(Map::StackTraceMap(data))
+        .map_err(|source| StackMapError::Wrap { map, source })
+}
+
+/// The same for generation `generation`'s user-stack map, in `USER_STACKS` (`outer`).
+pub fn new_user_stack_map(
+    outer: &MapData,
+    generation: u32,
+    entries: u32,
+) -> Result<BpfHashMap<MapData, i32, UserStack>, StackMapError> {
+    let map = "USER_STACKS";
+    let data = new_inner(
+        map,
+        outer,
+        generation,
+        BPF_MAP_TYPE_HASH,
+        std::mem::size_of::<UserStack>(),
+        entries,
+    )?;
+    BpfHashMap::try_from(Map::HashMap(data)).map_err(|source| StackMapError::Wrap { map, source })
+}
+
+fn new_inner(
+    map: &'static str,
+    outer: &MapData,
+    generation: u32,
+    map_type: u32,
+    value_size: usize,
+    entries: u32,
+) -> Result<MapData, StackMapError> {
+    let data = create_inner(
+        map_type,
+        value_size as u32,
         entries,
         0,
-        &format!("scorch_stacks_{generation}"),
+        &format!("scorch_{}_{generation}", map.to_ascii_lowercase()),
     )
-    .map_err(|source| StackMapError::Create { entries, source })?;
-    set_inner(outer.fd(), generation, data.fd())
-        .map_err(|source| StackMapError::Place { generation, source })?;
-    StackTraceMap::try_from(Map::StackTraceMap(data)).map_err(StackMapError::Wrap)
+    .map_err(|source| StackMapError::Create {
+        map,
+        entries,
+        source,
+    })?;
+    set_inner(outer.fd(), generation, data.fd()).map_err(|source| StackMapError::Place {
+        map,
+        generation,
+        source,
+    })?;
+    Ok(data)
 }
 
 /// The maps through which the agent gives the BPF unwinder its tables and process mappings
@@ -100,7 +155,8 @@ pub struct UnwindMaps {
     pub events: RingBuf<MapData>,
     /// Processes running a CPython interpreter, and how to walk its frames.
     pub python_procs: BpfHashMap<MapData, u32, PythonProc>,
-    /// Second handles on the two generations' `USER_STACKS` (the drain holds the first): the
-    /// Python stacks the program reports new are read through them while the window runs.
-    pub user_stacks: Option<[BpfHashMap<MapData, i32, UserStack>; 2]>,
+    /// A second handle on `USER_STACKS`, the generations' user-stack maps (the drain holds
+    /// the first, and replaces the maps as they need another size): the Python stacks the
+    /// program reports new are read through it while the window runs.
+    pub user_stacks: Option<MapData>,
 }

@@ -10,10 +10,12 @@ use aya::{
     },
     Ebpf, EbpfError, EbpfLoader,
 };
-use scorch_common::{Control, UserStack, MAX_COMMS, MAX_COUNT_KEYS, MAX_STACK_DEPTH};
+use scorch_common::{Control, MAX_COMMS, MAX_COUNT_KEYS, MAX_STACK_DEPTH};
 
 use super::{
-    maps::{new_stack_map, GenerationMaps, SamplerMaps, StackMapError, UnwindMaps},
+    maps::{
+        new_stack_map, new_user_stack_map, GenerationMaps, SamplerMaps, StackMapError, UnwindMaps,
+    },
     stack_sizing::{StackSizing, DEFAULT_MAX_STACK_ENTRIES},
 };
 
@@ -205,18 +207,19 @@ impl Sampler {
 
     fn start_as(config: &SamplerConfig) -> Result<(Sampler, SamplerMaps, Control), SamplerError> {
         let cpus = online_cpus()?;
-        let stack_sizing = StackSizing::new(
-            samples_per_window(cpus.len() as u64, config),
-            config.stack_entries_ceiling,
-        );
+        let samples = samples_per_window(cpus.len() as u64, config);
+        let stack_sizing = StackSizing::stack_trace(samples, config.stack_entries_ceiling);
         let (count_entries, comm_entries) = per_window_map_entries(cpus.len() as u64, config);
         let tables = config.unwind == UnwindMode::Auto;
         // Only user stacks go in these, and only with tables: otherwise one entry each.
-        let user_stack_entries = if tables {
-            user_stack_map_entries(cpus.len() as u64, config)
-        } else {
-            1
-        };
+        let user_stack_sizing = StackSizing::user_stacks(
+            samples,
+            if tables {
+                config.stack_entries_ceiling
+            } else {
+                1
+            },
+        );
         // Without tables the unwinder's maps go unused: one entry each.
         let capacity = if tables {
             config.unwind_capacity
@@ -249,8 +252,6 @@ impl Sampler {
             .map_max_entries("COUNTS_1", count_entries)
             .map_max_entries("COMMS_0", comm_entries)
             .map_max_entries("COMMS_1", comm_entries)
-            .map_max_entries("USER_STACKS_0", user_stack_entries)
-            .map_max_entries("USER_STACKS_1", user_stack_entries)
             .map_max_entries("NOTIFIED", capacity.processes)
             .load(BPF_OBJECT)?;
         let logger = match aya_log::EbpfLogger::init(&mut ebpf) {
@@ -263,12 +264,9 @@ impl Sampler {
 
         // Taken before `take_maps` moves the maps out; only the unwinder needs them.
         let python_stacks = if tables {
-            match (
-                duplicate_user_stacks(&ebpf, "USER_STACKS_0"),
-                duplicate_user_stacks(&ebpf, "USER_STACKS_1"),
-            ) {
-                (Ok(first), Ok(second)) => Some([first, second]),
-                (Err(err), _) | (_, Err(err)) => {
+            match duplicate_outer(&ebpf, "USER_STACKS") {
+                Ok(outer) => Some(outer),
+                Err(err) => {
                     tracing::warn!(
                         "Python frames are named at the window's end only (a process that \
                          exits before it goes unnamed): {err}"
@@ -279,7 +277,7 @@ impl Sampler {
         } else {
             None
         };
-        let mut maps = take_maps(&mut ebpf, stack_sizing, user_stack_entries)?;
+        let mut maps = take_maps(&mut ebpf, stack_sizing, user_stack_sizing)?;
         let control = Control {
             generation: 0,
             filter_pids: if !config.pids.is_empty() {
@@ -480,16 +478,6 @@ fn per_window_map_entries(cpus: u64, config: &SamplerConfig) -> (u32, u32) {
     )
 }
 
-/// User-stack map size: twice a window's samples (a stack is stored once per distinct stack,
-/// so at most once a sample), at least 1024. A hash map preallocates its entries (~2 KiB
-/// each; the program inserts from the perf NMI, where it must not allocate): a floor of 4096
-/// cost a quiet 2-CPU host 8.8 MiB for the 760 entries two windows can fill. A full map
-/// loses the stack and counts it (`user stack error`).
-fn user_stack_map_entries(cpus: u64, config: &SamplerConfig) -> u32 {
-    let per_window = cpus * config.frequency_hz * config.window_secs.max(1);
-    (per_window * 2).next_power_of_two().clamp(1024, 65_536) as u32
-}
-
 /// Attaches `mapping_placed` to the `vm_unmapped_area` tracepoint, which tells the BPF side
 /// that a process mapped something over addresses where it had code: a library unloaded and
 /// another loaded in its place. Without it (a kernel without the tracepoint) such a process
@@ -524,24 +512,22 @@ where
 fn take_maps(
     ebpf: &mut Ebpf,
     stack_sizing: StackSizing,
-    user_stack_entries: u32,
+    user_stack_sizing: StackSizing,
 ) -> Result<SamplerMaps, SamplerError> {
-    let name = "STACKS";
-    let stacks_outer = match ebpf.take_map(name).ok_or(SamplerError::MissingMap(name))? {
-        Map::ArrayOfMaps(data) => data,
-        _ => return Err(SamplerError::MissingMap(name)),
-    };
-    let generation = |ebpf: &mut Ebpf, g: u32, [counts, comms, user_stacks]: [&'static str; 3]| {
-        let stacks = new_stack_map(&stacks_outer, g, stack_sizing.entries(g as usize))?;
+    let stacks_outer = take_outer(ebpf, "STACKS")?;
+    let user_stacks_outer = take_outer(ebpf, "USER_STACKS")?;
+    let generation = |ebpf: &mut Ebpf, g: u32, [counts, comms]: [&'static str; 2]| {
+        let entries = stack_sizing.entries(g as usize);
+        let user_entries = user_stack_sizing.entries(g as usize);
         Ok::<_, SamplerError>(GenerationMaps {
             counts: take(ebpf, counts)?,
-            stacks,
+            stacks: new_stack_map(&stacks_outer, g, entries)?,
             comms: take(ebpf, comms)?,
-            user_stacks: take(ebpf, user_stacks)?,
+            user_stacks: new_user_stack_map(&user_stacks_outer, g, user_entries)?,
         })
     };
-    let gen0 = generation(ebpf, 0, ["COUNTS_0", "COMMS_0", "USER_STACKS_0"])?;
-    let gen1 = generation(ebpf, 1, ["COUNTS_1", "COMMS_1", "USER_STACKS_1"])?;
+    let gen0 = generation(ebpf, 0, ["COUNTS_0", "COMMS_0"])?;
+    let gen1 = generation(ebpf, 1, ["COUNTS_1", "COMMS_1"])?;
     let control: Array<MapData, Control> = take(ebpf, "CONTROL")?;
     Ok(SamplerMaps {
         control,
@@ -552,16 +538,22 @@ fn take_maps(
         generations: [gen0, gen1],
         stacks_outer,
         stack_sizing,
-        user_stack_entries,
+        user_stacks_outer,
+        user_stack_sizing,
     })
 }
 
-/// A second handle on the user stack map `name`, on a duplicated descriptor.
-fn duplicate_user_stacks(
-    ebpf: &Ebpf,
-    name: &'static str,
-) -> Result<BpfHashMap<MapData, i32, UserStack>, SamplerError> {
-    let Some(Map::HashMap(data)) = ebpf.map(name) else {
+/// The array of maps `name`, taken out of the object.
+fn take_outer(ebpf: &mut Ebpf, name: &'static str) -> Result<MapData, SamplerError> {
+    match ebpf.take_map(name).ok_or(SamplerError::MissingMap(name))? {
+        Map::ArrayOfMaps(data) => Ok(data),
+        _ => Err(SamplerError::MissingMap(name)),
+    }
+}
+
+/// A second handle on the array of maps `name`, on a duplicated descriptor.
+fn duplicate_outer(ebpf: &Ebpf, name: &'static str) -> Result<MapData, SamplerError> {
+    let Some(Map::ArrayOfMaps(data)) = ebpf.map(name) else {
         return Err(SamplerError::MissingMap(name));
     };
     let fd = data
@@ -569,26 +561,17 @@ fn duplicate_user_stacks(
         .as_fd()
         .try_clone_to_owned()
         .map_err(|source| SamplerError::Duplicate { name, source })?;
-    let data = MapData::from_fd(fd).map_err(|source| SamplerError::Map { name, source })?;
-    BpfHashMap::try_from(Map::HashMap(data)).map_err(|source| SamplerError::Map { name, source })
+    MapData::from_fd(fd).map_err(|source| SamplerError::Map { name, source })
 }
 
 fn take_unwind_maps(
     ebpf: &mut Ebpf,
     pool_rows: u32,
     processes: u32,
-    user_stacks: Option<[BpfHashMap<MapData, i32, UserStack>; 2]>,
+    user_stacks: Option<MapData>,
 ) -> Result<UnwindMaps, SamplerError> {
-    let name = "UNWIND_ROWS";
-    let rows = match ebpf.take_map(name).ok_or(SamplerError::MissingMap(name))? {
-        Map::ArrayOfMaps(data) => data,
-        _ => return Err(SamplerError::MissingMap(name)),
-    };
-    let name = "UNWIND_PROCS";
-    let procs = match ebpf.take_map(name).ok_or(SamplerError::MissingMap(name))? {
-        Map::ArrayOfMaps(data) => data,
-        _ => return Err(SamplerError::MissingMap(name)),
-    };
+    let rows = take_outer(ebpf, "UNWIND_ROWS")?;
+    let procs = take_outer(ebpf, "UNWIND_PROCS")?;
     Ok(UnwindMaps {
         rows,
         pool_rows,
@@ -674,14 +657,6 @@ mod tests {
             UnwindCapacity::DAEMON.with_pool_mib(4096).pool_rows,
             1 << 29
         );
-    }
-
-    #[test]
-    fn sizes_user_stack_maps_to_a_window() {
-        let config = SamplerConfig::default();
-        // 2 CPUs: 380 samples a window, twice that, to a power of two.
-        assert_eq!(user_stack_map_entries(2, &config), 1024);
-        assert_eq!(user_stack_map_entries(64, &config), 32_768);
     }
 
     #[test]

@@ -1,27 +1,32 @@
-//! How large each generation's stack-trace map is: sized by the distinct stacks the windows
+//! How large each generation's stack maps are: sized by the distinct stacks the windows
 //! store, not by the samples they could hold.
 //!
-//! Pure: the drain hands over each window's fill and collisions, and creates the map this
-//! returns (see `sys::inner_maps`).
+//! Pure: the drain hands over each window's fill and losses, and creates the maps this
+//! returns (see `sys::inner_maps`). Both maps are preallocated (the program stores from the
+//! perf NMI, where it must not allocate), so their size is their kernel memory.
 //!
-//! `bpf_get_stackid` hashes a stack to one bucket and keeps no chain: a stack whose bucket
-//! holds another is lost, counted as a collision. With `d` distinct stacks in `m` buckets
-//! about `d / 2m` of them are lost, so a map is grown to 64 buckets a stack (under 1% lost)
-//! and at once on a collision. It was sized from the samples a window can hold, eight times
-//! over: 8,192 entries (8 MiB a map) on a quiet 2-CPU host whose windows stored 9 to 60
-//! distinct kernel stacks, and 262,144 (256 MiB a map) for the same host at 999 Hz.
+//! - The stack-trace map: `bpf_get_stackid` hashes a stack to one bucket and keeps no chain,
+//!   so a stack whose bucket holds another is lost, counted as a collision. With `d` distinct
+//!   stacks in `m` buckets about `d / 2m` of them are lost: the map is grown to 64 buckets a
+//!   stack (under 1% lost), and at once on a collision. It was sized from the samples a window
+//!   can hold, eight times over: 8,192 entries (8 MiB a map) on a quiet 2-CPU host whose
+//!   windows stored 9 to 60 distinct kernel stacks, and 262,144 (256 MiB a map) at 999 Hz.
+//! - The user-stack map, a hash map of 256-frame stacks (2 KiB each): twice the distinct
+//!   stacks, and doubled when a stack found it full. It was twice a window's samples: 65,536
+//!   entries (128 MiB a map) at 999 Hz, for 551 distinct stacks a window.
 
-/// Each entry: a 127-frame value and the kernel's bucket header, about 1 KiB.
-pub const STACK_ENTRY_BYTES: u64 = 127 * 8 + 24;
-
-/// The smallest map: 1,024 entries (about 1 MiB), room for 16 distinct stacks a window.
+/// The smallest map: 1,024 entries.
 pub const MIN_STACK_ENTRIES: u32 = 1024;
 
-/// The default ceiling (`--stack-map-entries`): 65,536 entries, about 66 MiB a map.
+/// The default ceiling (`--stack-map-entries`): 65,536 entries, about 66 MiB for a
+/// stack-trace map and 130 MiB for a user-stack map.
 pub const DEFAULT_MAX_STACK_ENTRIES: u32 = 65_536;
 
-/// Buckets wanted per distinct stack.
+/// Stack-trace map buckets wanted per distinct stack.
 const BUCKETS_PER_STACK: u64 = 64;
+
+/// User-stack map entries wanted per distinct stack.
+const ENTRIES_PER_USER_STACK: u64 = 2;
 
 /// Windows in a row that need a quarter of a map or less before it shrinks: five minutes of
 /// 10 s windows, so a burst that comes back now and then keeps its room.
@@ -31,20 +36,29 @@ const SHRINK_AFTER_WINDOWS: u32 = 30;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StackSizing {
     ceiling: u32,
+    per_stack: u64,
     entries: [u32; 2],
     roomy_windows: [u32; 2],
 }
 
 impl StackSizing {
-    /// The first size, before any window: a quarter of the samples one window can take (a
-    /// one-shot recording has no time to grow), within [`MIN_STACK_ENTRIES`] and `ceiling`.
-    pub fn new(samples_per_window: u64, ceiling: u32) -> StackSizing {
+    /// A stack-trace map's: at first a quarter of the samples one window can take (a one-shot
+    /// recording has no time to grow), within [`MIN_STACK_ENTRIES`] and `ceiling`.
+    pub fn stack_trace(samples_per_window: u64, ceiling: u32) -> StackSizing {
+        StackSizing::new(samples_per_window / 4, ceiling, BUCKETS_PER_STACK)
+    }
+
+    /// A user-stack map's: at first half the samples one window can take.
+    pub fn user_stacks(samples_per_window: u64, ceiling: u32) -> StackSizing {
+        StackSizing::new(samples_per_window / 2, ceiling, ENTRIES_PER_USER_STACK)
+    }
+
+    fn new(first: u64, ceiling: u32, per_stack: u64) -> StackSizing {
         let ceiling = ceiling.max(1);
-        let first = power_of_two(samples_per_window / 4)
-            .max(MIN_STACK_ENTRIES)
-            .min(ceiling);
+        let first = power_of_two(first).max(MIN_STACK_ENTRIES).min(ceiling);
         StackSizing {
             ceiling,
+            per_stack,
             entries: [first; 2],
             roomy_windows: [0; 2],
         }
@@ -61,17 +75,18 @@ impl StackSizing {
         self.entries[generation & 1] = entries;
     }
 
-    /// After a window of `generation` stored `used` distinct stacks and lost `collisions`:
+    /// After a window of `generation` stored `used` distinct stacks and lost `lost` for want
+    /// of room (collisions, or a full map):
     /// the size its map should have for its next window. Grows at once, to the ceiling at
     /// most; shrinks only after [`SHRINK_AFTER_WINDOWS`] windows in a row that needed a
     /// quarter of it or less.
-    pub fn after_window(&mut self, generation: usize, used: u32, collisions: u64) -> u32 {
+    pub fn after_window(&mut self, generation: usize, used: u32, lost: u64) -> u32 {
         let g = generation & 1;
         let current = self.entries[g];
-        let mut wanted = power_of_two(u64::from(used) * BUCKETS_PER_STACK)
+        let mut wanted = power_of_two(u64::from(used) * self.per_stack)
             .max(MIN_STACK_ENTRIES)
             .min(self.ceiling);
-        if collisions > 0 {
+        if lost > 0 {
             wanted = wanted.max(current.saturating_mul(2)).min(self.ceiling);
         }
         if wanted > current {
@@ -102,18 +117,21 @@ mod tests {
     #[test]
     fn starts_from_a_quarter_of_a_windows_samples() {
         // 2 CPUs at 19 Hz: 380 samples a window; the floor.
-        assert_eq!(StackSizing::new(380, 65_536).entries(0), 1024);
+        assert_eq!(StackSizing::stack_trace(380, 65_536).entries(0), 1024);
         // At 999 Hz: 19,980 samples, 8,192 entries (it was 262,144).
-        assert_eq!(StackSizing::new(19_980, 65_536).entries(1), 8192);
+        assert_eq!(StackSizing::stack_trace(19_980, 65_536).entries(1), 8192);
         // 256 CPUs at 999 Hz: the ceiling.
-        assert_eq!(StackSizing::new(2_557_440, 65_536).entries(0), 65_536);
+        assert_eq!(
+            StackSizing::stack_trace(2_557_440, 65_536).entries(0),
+            65_536
+        );
         // A ceiling below the floor is the ceiling.
-        assert_eq!(StackSizing::new(380, 256).entries(0), 256);
+        assert_eq!(StackSizing::stack_trace(380, 256).entries(0), 256);
     }
 
     #[test]
     fn grows_to_64_buckets_a_stack_and_doubles_on_a_collision() {
-        let mut sizing = StackSizing::new(380, 65_536);
+        let mut sizing = StackSizing::stack_trace(380, 65_536);
         // 10 stacks fit; 60 want 4,096.
         assert_eq!(sizing.after_window(0, 10, 0), 1024);
         assert_eq!(sizing.after_window(0, 60, 0), 4096);
@@ -127,8 +145,21 @@ mod tests {
     }
 
     #[test]
+    fn user_stacks_get_twice_their_distinct_stacks_and_double_when_full() {
+        // 999 Hz on 2 CPUs: half of 19,980 samples.
+        let mut sizing = StackSizing::user_stacks(19_980, 65_536);
+        assert_eq!(sizing.entries(0), 16_384);
+        // 551 distinct stacks a window want 2,048 entries: not a quarter yet, kept.
+        assert_eq!(sizing.after_window(0, 551, 0), 16_384);
+        let mut sizing = StackSizing::user_stacks(380, 65_536);
+        assert_eq!(sizing.after_window(1, 900, 0), 2048);
+        // A stack that found the map full doubles it.
+        assert_eq!(sizing.after_window(1, 1000, 3), 4096);
+    }
+
+    #[test]
     fn shrinks_only_after_five_minutes_of_room() {
-        let mut sizing = StackSizing::new(380, 65_536);
+        let mut sizing = StackSizing::stack_trace(380, 65_536);
         assert_eq!(sizing.after_window(1, 200, 0), 16_384);
         for _ in 1..SHRINK_AFTER_WINDOWS {
             assert_eq!(sizing.after_window(1, 5, 0), 16_384);

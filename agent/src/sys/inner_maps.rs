@@ -228,14 +228,39 @@ const BPF_MAP_DELETE_ELEM: libc::c_long = 3;
 /// Puts `inner` in slot `index` of the array of maps `outer`: the BPF side finds it from its
 /// next lookup on, and a walk that looked up the map before keeps that one to its end.
 pub fn set_inner(outer: &MapFd, index: u32, inner: &MapFd) -> std::io::Result<()> {
-    let inner = inner.as_fd_raw() as u32;
-    element_command(BPF_MAP_UPDATE_ELEM, outer, index, Some(&inner))
+    let mut inner = inner.as_fd_raw() as u32;
+    element_command(BPF_MAP_UPDATE_ELEM, outer, index, Some(&mut inner))
 }
 
 /// Empties slot `index` of the array of maps `outer`; the kernel frees the map that was there
 /// once no program holds it and its last descriptor is closed.
 pub fn clear_inner(outer: &MapFd, index: u32) -> std::io::Result<()> {
     element_command(BPF_MAP_DELETE_ELEM, outer, index, None)
+}
+
+const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
+const BPF_MAP_GET_FD_BY_ID: libc::c_long = 14;
+
+/// A descriptor of the map now in slot `index` of the array of maps `outer` (whose elements
+/// read back as map ids), for reading it from another stage than the one that placed it.
+pub fn inner_map(outer: &MapFd, index: u32) -> std::io::Result<std::os::fd::OwnedFd> {
+    let mut id = 0u32;
+    element_command(BPF_MAP_LOOKUP_ELEM, outer, index, Some(&mut id))?;
+    /// `BPF_MAP_GET_FD_BY_ID`'s part of `union bpf_attr`.
+    #[repr(C)]
+    struct GetFdAttr {
+        map_id: u32,
+        next_id: u32,
+        open_flags: u32,
+    }
+    bpf(
+        BPF_MAP_GET_FD_BY_ID,
+        &GetFdAttr {
+            map_id: id,
+            next_id: 0,
+            open_flags: 0,
+        },
+    )
 }
 
 /// `BPF_MAP_UPDATE_ELEM` (with the inner map's fd) or `BPF_MAP_DELETE_ELEM` (without) of
@@ -245,7 +270,7 @@ fn element_command(
     command: libc::c_long,
     map: &MapFd,
     index: u32,
-    value: Option<&u32>,
+    value: Option<&mut u32>,
 ) -> std::io::Result<()> {
     /// The element commands' part of `union bpf_attr`.
     #[repr(C)]
@@ -260,10 +285,11 @@ fn element_command(
         map_fd: map.as_fd_raw() as u32,
         _pad: 0,
         key: std::ptr::addr_of!(index) as u64,
-        value: value.map_or(0, |value| std::ptr::from_ref(value) as u64),
+        value: value.map_or(0, |value| std::ptr::from_mut(value) as u64),
         flags: 0,
     };
-    // The key and value point at live u32s (an array of maps' key and value are both 4 bytes).
+    // The key and value point at live u32s (an array of maps' key and value are both 4 bytes);
+    // a lookup writes the value.
     bpf_call(command, &attr).map(drop)
 }
 

@@ -24,10 +24,10 @@ use std::{
     sync::mpsc,
 };
 
-use aya::maps::MapError;
+use aya::maps::{MapData, MapError};
 use object::{Object, ObjectSegment, SegmentFlags};
 use scorch_common::{
-    python_frame_parts, ProcMappings, PythonProc, UnwindEvent, UnwindMapping, UnwindRow,
+    python_frame_parts, ProcMappings, PythonProc, UnwindEvent, UnwindMapping, UnwindRow, UserStack,
     EVENT_PYTHON_STACK, MAPPING_NO_TABLE, MAPPING_TABLE_LOADED, MAPPING_TABLE_PENDING,
     MAX_PROC_MAPPINGS, MAX_ROW_POOLS, MIN_POOL_ROWS, PYTHON_ENTRY_CSTACK_OWNER,
     PYTHON_ENTRY_IS_ENTRY, PYTHON_EVAL_RANGES, PYTHON_FRAME, PYTHON_NO_CFRAME,
@@ -38,6 +38,7 @@ use super::{
     pool::RowPools,
     PythonMode, UnwindTable,
 };
+use crate::sys::inner_maps::inner_map;
 use crate::{
     pipeline::maps::UnwindMaps,
     runtimes::{
@@ -585,11 +586,24 @@ impl Unwinder {
     /// processes run. A stack its window's drain already took is gone from the map, and named
     /// by then.
     fn read_python_stacks(&mut self, stacks: HashSet<(u32, u64)>) {
-        let Some(maps) = &self.maps.user_stacks else {
+        let Some(outer) = &self.maps.user_stacks else {
             return;
         };
+        // The generation's map now: the drain replaces a map that needs another size.
+        let mut maps: [Option<aya::maps::HashMap<MapData, i32, UserStack>>; 2] = [None, None];
         for (tgid, stack) in stacks {
-            let map = &maps[(stack >> 32) as usize & 1];
+            let generation = (stack >> 32) as usize & 1;
+            if maps[generation].is_none() {
+                maps[generation] = inner_map(outer.fd(), generation as u32)
+                    .ok()
+                    .and_then(|fd| MapData::from_fd(fd).ok())
+                    .and_then(|data| {
+                        aya::maps::HashMap::try_from(aya::maps::Map::HashMap(data)).ok()
+                    });
+            }
+            let Some(map) = &maps[generation] else {
+                continue;
+            };
             let Ok(walked) = map.get(&(stack as u32 as i32), 0) else {
                 continue;
             };
