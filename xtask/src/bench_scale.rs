@@ -32,7 +32,10 @@
 //!   two, so a stack that reaches `main` was walked with tables. A process first sampled during
 //!   the span has its first walk without one (the walk reports the process, which is then
 //!   described): the processes described during the span are shown beside the stacks that were
-//!   not whole.
+//!   not whole. One process in 500 to 1,000 is never described: sampled between the spawn's
+//!   fork and its exec, it was labelled with the spawner's comm, dropped by the keep rule and
+//!   excluded in the kernel for its life (the labels are cached per pid and start time, which
+//!   an exec keeps); it never shows in the store either.
 //!
 //! With `--runs N` every cell runs N times, the order reversed on every other run, and the
 //! report gives medians [min-max].
@@ -86,12 +89,12 @@ const START_EVERY: Duration = Duration::from_millis(BURST_MS);
 const LLVM_PERIOD_MS: u64 = 200;
 const LLVM_WORK_US: u64 = 20_000;
 /// After the last process started: tables load within a poll of a process's first sample
-/// (libLLVM's within a second or two), and the first window after a binary's first samples
+/// (libLLVM's within half a second), and the first window after a binary's first samples
 /// parses it to name them; two windows leave both behind the measured span.
 const WARM_UP: Duration = Duration::from_secs(20);
 /// Four 10 s windows, each with its drain. At 19 Hz the daemon spends tens of milliseconds a
 /// window, and over two windows its CPU read 0.10% in one run and 0.29% in the next (the
-/// overhead bench); four halve that noise, and the whole grid still runs in about 15 minutes.
+/// overhead bench); four average more of that noise, and the grid still runs in 15 minutes.
 const SPAN: Duration = Duration::from_secs(40);
 /// The daemon's window (its default): the store is queried for the windows that ended in the
 /// span, which started a window earlier.
@@ -760,7 +763,7 @@ fn render(header: &Header, cells: &[Cell], results: &[(Cell, Figures)]) -> Resul
                 large,
                 last - first,
                 "process",
-                &format!("processes ({first} to {last})")
+                &format!("processes ({} to {})", thousands(first), thousands(last))
             )
         )?;
     }
