@@ -32,6 +32,10 @@
 //!   done under no profiler, `perf record -g`, perf's DWARF unwinding and `scorch record` at
 //!   19, 99 and 999 Hz, with each profiler's CPU time and scorch's `bpf` calls
 //!   (`bench_slowdown`, `--baseline` for a scorch of an earlier commit).
+//! - The daemon as the host's work grows (`--only scale`): 100, 500 and 1,000 sleepy
+//!   no-frame-pointer processes among 10, 100 and 300 distinct binaries, and once libLLVM:
+//!   the daemon's CPU, RSS, map memory, tables loaded and evicted, and the share of stacks
+//!   walked whole (`bench_scale`, one run of each cell by default: about 15 minutes).
 
 use std::{
     fmt::Write as _,
@@ -63,6 +67,11 @@ pub fn bench(
     if only == Some("slowdown") {
         let report =
             crate::bench_slowdown::slowdown_report(root, scorch, baseline, runs.unwrap_or(5))?;
+        print!("{report}");
+        return Ok(());
+    }
+    if only == Some("scale") {
+        let report = crate::bench_scale::scale_report(root, scorch, runs.unwrap_or(1))?;
         print!("{report}");
         return Ok(());
     }
@@ -110,7 +119,7 @@ pub fn bench(
         Some(other) => {
             bail!(
                 "--only {other:?}: expected record, symbolize, daemon, remote, unwind, walk, views, \
-                 overhead, heap, churn, python, go or slowdown"
+                 overhead, heap, churn, python, go, slowdown or scale"
             )
         }
     }

@@ -526,6 +526,18 @@ pub fn start_daemon(
     address: &str,
     extra: &[&str],
 ) -> Result<Processes> {
+    start_daemon_logging(scorch, store, hz, address, extra, Stdio::null())
+}
+
+/// As [`start_daemon`], with the daemon's log (its standard error) going to `log`.
+pub fn start_daemon_logging(
+    scorch: &Path,
+    store: &Path,
+    hz: u64,
+    address: &str,
+    extra: &[&str],
+    log: Stdio,
+) -> Result<Processes> {
     let child = Command::new(scorch)
         .args([
             "run",
@@ -538,7 +550,7 @@ pub fn start_daemon(
         .arg("--store")
         .arg(store)
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(log)
         .spawn()
         .context("starting scorch run")?;
     Ok(Processes(vec![child]))

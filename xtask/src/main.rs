@@ -9,6 +9,7 @@ mod bench_go;
 mod bench_heap;
 mod bench_overhead;
 mod bench_python;
+mod bench_scale;
 mod bench_slowdown;
 mod lint;
 mod measure;
@@ -78,7 +79,7 @@ enum Task {
         #[arg(long, default_value_t = 60)]
         seconds: u64,
         /// Recordings, each with scorch and perf side by side (default 3; `slowdown`: rounds,
-        /// default 5).
+        /// default 5; `scale`: runs of each cell, default 1).
         #[arg(long)]
         runs: Option<usize>,
         /// Run only one part: `record` (scorch record vs perf, BPF cost, kallsyms),
@@ -96,7 +97,8 @@ enum Task {
         /// beside DWARF, and the daemon with 20 of them running: `target/bench/go.md`), or
         /// `slowdown` (the work two no-frame-pointer workers lose under perf -g, perf's DWARF
         /// unwinding and scorch at 19, 99 and 999 Hz, and scorch's bpf calls:
-        /// `target/bench/slowdown.md`).
+        /// `target/bench/slowdown.md`), or `scale` (the daemon with 100 to 1,000 processes of
+        /// 10 to 300 distinct binaries, and with libLLVM: `target/bench/scale.md`).
         #[arg(long)]
         only: Option<String>,
         /// Windows of 10 s the daemon bench measures.

@@ -256,8 +256,14 @@ pub fn path_str(path: &Path) -> Result<&str> {
 
 /// A metric's value from the `/metrics` of the daemon listening on `address`.
 pub fn daemon_metric(address: &str, name: &str) -> Result<f64> {
+    metric_value(&metrics_text(address)?, name).with_context(|| format!("no {name} in /metrics"))
+}
+
+/// The `/metrics` page of the daemon listening on `address`, headers included.
+pub fn metrics_text(address: &str) -> Result<String> {
     use std::io::{Read as _, Write as _};
-    let mut stream = std::net::TcpStream::connect(address)?;
+    let mut stream = std::net::TcpStream::connect(address)
+        .with_context(|| format!("connecting to the daemon's /metrics on {address}"))?;
     stream.set_read_timeout(Some(Duration::from_secs(5)))?;
     write!(
         stream,
@@ -265,9 +271,14 @@ pub fn daemon_metric(address: &str, name: &str) -> Result<f64> {
     )?;
     let mut text = String::new();
     stream.read_to_string(&mut text)?;
+    Ok(text)
+}
+
+/// The value of the first line of `text` (a `/metrics` page) that starts with `name`, which
+/// may carry labels: `scorch_unwind_walks_total{outcome="no mapping"}`.
+pub fn metric_value(text: &str, name: &str) -> Option<f64> {
     text.lines()
         .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
-        .with_context(|| format!("no {name} in /metrics"))
 }
 
 #[cfg(test)]
@@ -289,5 +300,18 @@ mod tests {
         assert_eq!(summary_samples(summary), 380);
         assert_eq!(spread(&[3.0, 1.0, 2.0], 1), "2.0 [1.0-3.0]");
         assert_eq!(spread(&[], 1), "n/a");
+    }
+
+    #[test]
+    fn metric_values_are_read_with_their_labels() {
+        let text = "HTTP/1.1 200 OK\r\n\r\n# HELP scorch_samples Samples.\n\
+                    scorch_samples_total 156\n\
+                    scorch_unwind_walks_total{outcome=\"no mapping\"} 90\n\
+                    scorch_unwind_walks_total{outcome=\"completed\"} 77\n";
+        assert_eq!(metric_value(text, "scorch_samples_total"), Some(156.0));
+        let completed = "scorch_unwind_walks_total{outcome=\"completed\"}";
+        assert_eq!(metric_value(text, completed), Some(77.0));
+        assert_eq!(metric_value(text, "scorch_unwind_walks_total"), None);
+        assert_eq!(metric_value(text, "scorch_missing"), None);
     }
 }

@@ -208,12 +208,7 @@ fn ensure_bpf_linker() -> Result<()> {
     // bpf-linker must link against the LLVM inside the nightly rustc, so the bitcode rustc
     // emits is bitcode it understands. Its build finds LLVM through LLVM_PREFIX/lib; the
     // prefix must outlive the build because the binary keeps it as its runpath.
-    let sysroot = Command::new("rustc")
-        .args(["+nightly", "--print", "sysroot"])
-        .output()
-        .context("asking the nightly rustc for its sysroot")?;
-    let sysroot = PathBuf::from(String::from_utf8_lossy(&sysroot.stdout).trim());
-    let llvm = find_rust_llvm(&sysroot.join("lib"))?;
+    let llvm = nightly_llvm()?;
     let major = llvm_major(&llvm)?;
     let prefix = cargo_home().join("scorch-bpf-llvm");
     let lib = prefix.join("lib");
@@ -245,6 +240,24 @@ fn ensure_bpf_linker() -> Result<()> {
                 &format!("llvm-{major}"),
             ]),
     )
+}
+
+/// The nightly toolchain's libLLVM (`cargo xtask setup` installs the toolchain): what
+/// bpf-linker links against, and the largest library `cargo xtask bench --only scale` profiles.
+pub fn nightly_llvm() -> Result<PathBuf> {
+    let sysroot = Command::new("rustc")
+        .args(["+nightly", "--print", "sysroot"])
+        .output()
+        .context("asking the nightly rustc for its sysroot")?;
+    if !sysroot.status.success() {
+        bail!(
+            "`rustc +nightly --print sysroot` failed ({}): install the nightly toolchain with \
+             `cargo xtask setup`",
+            String::from_utf8_lossy(&sysroot.stderr).trim()
+        );
+    }
+    let sysroot = PathBuf::from(String::from_utf8_lossy(&sysroot.stdout).trim());
+    find_rust_llvm(&sysroot.join("lib"))
 }
 
 /// The nightly's `libLLVM.so.<ver>-rust-<ver>-nightly`.

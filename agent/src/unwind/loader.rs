@@ -278,6 +278,12 @@ pub struct Unwinder {
     /// Code objects of new Python stacks (process, address), for the symbolizer to read
     /// while their processes run.
     python_code: HashSet<(u32, u64)>,
+    /// Processes whose maps were read while their dynamic loader was starting them
+    /// ([`still_loading`]), with when: read again at each poll until their libraries show,
+    /// for [`LOADING_RECHECK`] at most. Described from those maps alone, every walk through a
+    /// library fell back to frame pointers until a sample met its pc after the BPF side's
+    /// 250 ms between two reports of a process: in a process waking once a second, minutes.
+    loading: HashMap<u32, std::time::Instant>,
 }
 
 /// Most code objects remembered for the symbolizer between two takes: a poll reads at most
@@ -286,6 +292,11 @@ const MAX_PYTHON_CODE: usize = 65_536;
 
 /// How often a full `UNWIND_PROCS` is reported in the log.
 const FULL_REPORT_INTERVAL: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// How long the maps of a process caught in its dynamic loader's start-up are read again, at
+/// each poll (every 200 ms at most), until they show its libraries: mapping them takes
+/// milliseconds, tens of them from a cold page cache.
+const LOADING_RECHECK: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl Unwinder {
     /// Takes over the maps and starts the table builder thread. With [`PythonMode::Off`] no
@@ -342,6 +353,7 @@ impl Unwinder {
             python: HashMap::new(),
             python_changes: Vec::new(),
             python_code: HashSet::new(),
+            loading: HashMap::new(),
         };
         unwinder.load_vdso()?;
         Ok(unwinder)
@@ -389,6 +401,10 @@ impl Unwinder {
             }
         }
         self.read_python_stacks(python_stacks);
+        let now = std::time::Instant::now();
+        self.loading
+            .retain(|_, since| now.duration_since(*since) < LOADING_RECHECK);
+        pids.extend(self.loading.keys().copied());
         let pids: Vec<u32> = pids
             .into_iter()
             .filter(|pid| !self.without_room.contains(pid) && wanted(*pid))
@@ -687,6 +703,13 @@ impl Unwinder {
             });
         }
         self.procs.insert(pid, mappings);
+        if still_loading(maps) {
+            self.loading
+                .entry(pid)
+                .or_insert_with(std::time::Instant::now);
+        } else {
+            self.loading.remove(&pid);
+        }
         self.write(pid)?;
         Ok(requested)
     }
@@ -1065,6 +1088,20 @@ fn file_runtime(bytes: &[u8], path: &Path) -> Option<Runtime> {
     }
 }
 
+/// Whether `maps` were read while the dynamic loader was starting the process: code from two
+/// files only, the program's and the loader's the kernel mapped, and no library yet. A static
+/// program maps code from one file; a dynamic one, once loaded, from its libraries too. (A
+/// musl program, whose loader is its libc, looks loading: its maps are read a few more times.)
+fn still_loading(maps: &ProcessMaps) -> bool {
+    let files: HashSet<(u64, u64)> = maps
+        .entries()
+        .iter()
+        .filter(|entry| entry.executable && entry.is_file())
+        .map(|entry| (entry.dev, entry.inode))
+        .collect();
+    files.len() == 2
+}
+
 /// What the process adds to a binary's ELF addresses: its load bias, from the executable
 /// segment one of its mappings holds.
 fn load_bias(mapping: &ProcMapping, segments: &[Segment]) -> Option<u64> {
@@ -1117,4 +1154,46 @@ fn python_value(
         offsets: *offsets,
     };
     (value, process)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::symbolize::maps::parse_maps;
+
+    fn maps(text: &str) -> ProcessMaps {
+        ProcessMaps::from_entries(parse_maps(text, Path::new("maps")).unwrap())
+    }
+
+    /// A dozer of `cargo xtask bench --only scale` sampled in ld.so's `init_cpu_features`:
+    /// the kernel has mapped the program and its loader, the loader no library yet.
+    const STARTING: &str = "\
+55d0c5a4e000-55d0c5a4f000 r--p 00000000 fe:00 1310804 /scale/bin/dozer-073
+55d0c5a4f000-55d0c5a50000 r-xp 00001000 fe:00 1310804 /scale/bin/dozer-073
+55d0c5a50000-55d0c5a51000 r--p 00002000 fe:00 1310804 /scale/bin/dozer-073
+7f1efe424000-7f1efe428000 r--p 00000000 00:00 0 [vvar]
+7f1efe42a000-7f1efe42c000 r-xp 00000000 00:00 0 [vdso]
+7f1efe42c000-7f1efe42d000 r--p 00000000 fe:00 325843 /usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2
+7f1efe42d000-7f1efe453000 r-xp 00001000 fe:00 325843 /usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2
+7fff0dbdf000-7fff0dc00000 rw-p 00000000 00:00 0 [stack]
+ffffffffff600000-ffffffffff601000 --xp 00000000 00:00 0 [vsyscall]
+";
+
+    const LIBC: &str = "\
+7f1efe203000-7f1efe229000 r--p 00000000 fe:00 326279 /usr/lib/x86_64-linux-gnu/libc.so.6
+7f1efe229000-7f1efe37f000 r-xp 00026000 fe:00 326279 /usr/lib/x86_64-linux-gnu/libc.so.6
+";
+
+    #[test]
+    fn a_process_whose_loader_has_mapped_no_library_yet_is_still_loading() {
+        assert!(still_loading(&maps(STARTING)));
+        // `from_entries` sorts the lines by address.
+        assert!(!still_loading(&maps(&format!("{STARTING}{LIBC}"))));
+        // A static program: code from one file.
+        let lines: Vec<&str> = STARTING
+            .lines()
+            .filter(|l| !l.contains("ld-linux"))
+            .collect();
+        assert!(!still_loading(&maps(&lines.join("\n"))));
+    }
 }
