@@ -381,6 +381,9 @@ pub const MAPPING_NO_TABLE: u32 = 0;
 pub const MAPPING_TABLE_PENDING: u32 = 1;
 /// `UnwindMapping::state`: the rows are in `UNWIND_ROWS[pool][first_row..first_row + rows]`.
 pub const MAPPING_TABLE_LOADED: u32 = 2;
+/// `UnwindMapping::state`: the table was evicted at the row pools' ceiling: frame pointers,
+/// counted as [`UnwindOutcome::TableEvicted`].
+pub const MAPPING_TABLE_EVICTED: u32 = 3;
 
 /// One executable mapping of a process, as the BPF unwinder sees it.
 #[repr(C)]
@@ -397,7 +400,8 @@ pub struct UnwindMapping {
     pub first_row: u32,
     /// Rows in the table.
     pub rows: u32,
-    /// One of `MAPPING_NO_TABLE`, `MAPPING_TABLE_PENDING`, `MAPPING_TABLE_LOADED`.
+    /// One of `MAPPING_NO_TABLE`, `MAPPING_TABLE_PENDING`, `MAPPING_TABLE_LOADED`,
+    /// `MAPPING_TABLE_EVICTED`.
     pub state: u32,
     /// The pool holding the table: its index in `UNWIND_ROWS`.
     pub pool: u32,
@@ -479,10 +483,13 @@ pub enum UnwindOutcome {
     /// frame-pointer step, checked (the caller's frame above this one, its return address in
     /// an executable mapping), then with tables again.
     FramePointerNoRow = 7,
+    /// Some frame was in a mapping whose table was evicted at the row pools' ceiling: walked
+    /// with frame pointers.
+    TableEvicted = 8,
 }
 
 /// Number of [`UnwindOutcome`] kinds; the size of the `UNWIND_OUTCOMES` array.
-pub const UNWIND_OUTCOMES: u32 = 8;
+pub const UNWIND_OUTCOMES: u32 = 9;
 
 impl UnwindOutcome {
     /// All kinds, in index order.
@@ -495,6 +502,7 @@ impl UnwindOutcome {
         UnwindOutcome::NoMapping,
         UnwindOutcome::TableNotLoaded,
         UnwindOutcome::FramePointerNoRow,
+        UnwindOutcome::TableEvicted,
     ];
 
     /// Short name used in summaries, logs and `/metrics` labels.
@@ -508,6 +516,7 @@ impl UnwindOutcome {
             UnwindOutcome::NoMapping => "no mapping",
             UnwindOutcome::TableNotLoaded => "table not loaded",
             UnwindOutcome::FramePointerNoRow => "frame pointer where no row",
+            UnwindOutcome::TableEvicted => "table evicted",
         }
     }
 }

@@ -31,8 +31,9 @@ use aya_ebpf::{
 use scorch_common::{
     Bisect, CfaKind, ProcMappings, PythonProc, RbpKind, UnwindEvent, UnwindMapping, UnwindOutcome,
     UnwindRow, UserStack, EVENT_PYTHON_STACK, EVENT_UNKNOWN_PC, EVENT_UNKNOWN_PROCESS,
-    MAPPING_SEARCH_STEPS, MAPPING_TABLE_LOADED, MAPPING_TABLE_PENDING, MAX_PROC_MAPPINGS,
-    MAX_ROW_POOLS, MAX_UNWIND_PROCS, MAX_USER_STACK_DEPTH, UNWIND_OUTCOMES, UNWIND_SEARCH_STEPS,
+    MAPPING_SEARCH_STEPS, MAPPING_TABLE_EVICTED, MAPPING_TABLE_LOADED, MAPPING_TABLE_PENDING,
+    MAX_PROC_MAPPINGS, MAX_ROW_POOLS, MAX_UNWIND_PROCS, MAX_USER_STACK_DEPTH, UNWIND_OUTCOMES,
+    UNWIND_SEARCH_STEPS,
 };
 
 /// A row pool's flags. `BPF_F_MMAPABLE`: the agent writes tables straight into the pool's
@@ -115,6 +116,8 @@ pub struct WalkState {
     no_mapping: u32,
     /// Non-zero when some frame fell back to frame pointers for lack of a loaded table.
     table_pending: u32,
+    /// Non-zero when some frame fell back to frame pointers because its table was evicted.
+    table_evicted: u32,
     /// Non-zero when some frame in a described mapping had no row and took a frame-pointer
     /// step instead.
     no_row_step: u32,
@@ -215,6 +218,7 @@ pub fn walk(ctx: &PerfEventContext, tgid: u32, user_mode: bool) -> Option<&'stat
     walk.stop = WALKING;
     walk.no_mapping = 0;
     walk.table_pending = 0;
+    walk.table_evicted = 0;
     walk.no_row_step = 0;
     walk.python_started = 0;
     walk.python_frames = 0;
@@ -247,6 +251,9 @@ pub fn walk(ctx: &PerfEventContext, tgid: u32, user_mode: bool) -> Option<&'stat
     }
     if walk.table_pending != 0 {
         count(UnwindOutcome::TableNotLoaded as u32);
+    }
+    if walk.table_evicted != 0 {
+        count(UnwindOutcome::TableEvicted as u32);
     }
     if walk.no_row_step != 0 {
         count(UnwindOutcome::FramePointerNoRow as u32);
@@ -320,6 +327,8 @@ extern "C" fn step(_index: u64, context: *mut c_void) -> i64 {
         Some(m) => {
             if m.state == MAPPING_TABLE_PENDING {
                 walk.table_pending = 1;
+            } else if m.state == MAPPING_TABLE_EVICTED {
+                walk.table_evicted = 1;
             }
             frame_pointer_step(walk)
         }

@@ -147,10 +147,10 @@ mod tests {
             agg.stack_maps.describe().as_deref(),
             Some("stacks 75 of 8192 entries, user stacks 300 of 1024")
         );
-        // Under --unwind fp the user-stack maps hold one entry and go unmentioned.
+        // Under --unwind fp no user-stack map is used, and none is mentioned.
         let fp = StackMapFill {
             used: entries(75, 0),
-            capacity: entries(8192, 1),
+            capacity: entries(8192, 0),
         };
         assert_eq!(fp.describe().as_deref(), Some("stacks 75 of 8192 entries"));
     }

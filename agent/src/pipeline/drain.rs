@@ -272,8 +272,8 @@ impl StackMapFill {
             "stacks {} of {} entries",
             self.used.stacks, self.capacity.stacks
         );
-        // One entry: `--unwind fp`, where the program walks no user stack itself.
-        if self.capacity.user_stacks > 1 {
+        // None: `--unwind fp`, where the program walks no user stack itself.
+        if self.capacity.user_stacks > 0 {
             text.push_str(&format!(
                 ", user stacks {} of {}",
                 self.used.user_stacks, self.capacity.user_stacks
@@ -534,7 +534,8 @@ impl Drainer {
             },
             capacity: StackEntries {
                 stacks: capacity,
-                user_stacks: user_capacity,
+                // None under `--unwind fp`: the program walks no user stack itself.
+                user_stacks: if walked { user_capacity } else { 0 },
             },
         };
         let start = std::mem::replace(&mut self.window_start, end);

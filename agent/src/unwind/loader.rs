@@ -28,9 +28,10 @@ use aya::maps::{MapData, MapError};
 use object::{Object, ObjectSegment, SegmentFlags};
 use scorch_common::{
     python_frame_parts, ProcMappings, PythonProc, UnwindEvent, UnwindMapping, UnwindRow, UserStack,
-    EVENT_PYTHON_STACK, MAPPING_NO_TABLE, MAPPING_TABLE_LOADED, MAPPING_TABLE_PENDING,
-    MAX_PROC_MAPPINGS, MAX_ROW_POOLS, MIN_POOL_ROWS, PYTHON_ENTRY_CSTACK_OWNER,
-    PYTHON_ENTRY_IS_ENTRY, PYTHON_EVAL_RANGES, PYTHON_FRAME, PYTHON_NO_CFRAME,
+    EVENT_PYTHON_STACK, MAPPING_NO_TABLE, MAPPING_TABLE_EVICTED, MAPPING_TABLE_LOADED,
+    MAPPING_TABLE_PENDING, MAX_PROC_MAPPINGS, MAX_ROW_POOLS, MIN_POOL_ROWS,
+    PYTHON_ENTRY_CSTACK_OWNER, PYTHON_ENTRY_IS_ENTRY, PYTHON_EVAL_RANGES, PYTHON_FRAME,
+    PYTHON_NO_CFRAME,
 };
 
 use super::{
@@ -146,6 +147,9 @@ enum FileState {
     Unavailable,
     /// In the pool, under this key (shared with every file of the same build id).
     Loaded(TableKey),
+    /// Evicted at the pools' ceiling: the processes mapping it walk its code by frame
+    /// pointers, counted; the next process that maps it has it built again.
+    Evicted,
 }
 
 /// A table in a pool.
@@ -563,6 +567,15 @@ impl Unwinder {
             }
         }
         self.evict_idle(std::time::Instant::now());
+        // An evicted file no process maps any more is forgotten: the next one builds it.
+        let mapped: HashSet<FileKey> = self
+            .procs
+            .values()
+            .flatten()
+            .filter_map(|mapping| mapping.key)
+            .collect();
+        self.files
+            .retain(|file, state| *state != FileState::Evicted || mapped.contains(file));
     }
 
     /// Evicts the tables no process has mapped for [`IDLE_TABLE_AGE`] (never the vDSO's), so
@@ -723,8 +736,8 @@ impl Unwinder {
                 }
                 false
             }
-            Some(_) => false,
-            None => {
+            Some(FileState::Building | FileState::Unavailable) => false,
+            Some(FileState::Evicted) | None => {
                 let sent = open_mapped(pid, entry)
                     .ok()
                     .is_some_and(|(file, path, _)| self.requests.send((key, file, path)).is_ok());
@@ -855,7 +868,8 @@ impl Unwinder {
             return Ok(());
         };
         self.evicted += u64::from(for_room);
-        // Forget its files entirely, so the next process that maps one builds it again.
+        // Its files are built again by the next process that maps one. Evicted for room, the
+        // processes mapping them now count their walks through it; idle, none maps them.
         let loaded = FileState::Loaded(key);
         let files: HashSet<FileKey> = self
             .files
@@ -863,7 +877,13 @@ impl Unwinder {
             .filter(|(_, state)| **state == loaded)
             .map(|(file, _)| *file)
             .collect();
-        self.files.retain(|file, _| !files.contains(file));
+        if for_room {
+            for file in &files {
+                self.files.insert(*file, FileState::Evicted);
+            }
+        } else {
+            self.files.retain(|file, _| !files.contains(file));
+        }
         let users: Vec<u32> = self
             .procs
             .iter()
@@ -987,8 +1007,10 @@ impl Unwinder {
             Some(FileState::Loaded(table)) => self.tables.get(table),
             _ => None,
         };
-        if state == Some(&FileState::Building) {
-            described.state = MAPPING_TABLE_PENDING;
+        match state {
+            Some(FileState::Building) => described.state = MAPPING_TABLE_PENDING,
+            Some(FileState::Evicted) => described.state = MAPPING_TABLE_EVICTED,
+            _ => {}
         }
         if let Some(table) = table {
             // pc minus the load bias is the ELF address; minus the base is the row pc.

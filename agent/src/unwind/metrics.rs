@@ -49,7 +49,7 @@ impl UnwindMetrics {
         registry.register(
             "unwind_walks",
             "User stack walks with unwind tables, by how they ended (completed, or the reason \
-             they stopped early); `no mapping` and `table not loaded` count walks that fell \
+             they stopped early); `no mapping`, `table not loaded` and `table evicted` count walks that fell \
              back to frame pointers for some frame",
             metrics.outcomes.clone(),
         );

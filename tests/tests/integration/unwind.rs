@@ -835,7 +835,8 @@ impl PoolStats {
 /// At its ceiling the pools evict the least recently used tables: a known call tree, a CPython
 /// interpreter and perl (tables of 64,575 and 31,356 rows, with their libraries about 140,000
 /// rows) under a 1 MiB ceiling (131,072 rows). Evictions are counted, and an evicted table's
-/// code is walked by frame pointers: a walk may stop early there, but never goes on with rows
+/// code is walked by frame pointers, each such walk counted (`table evicted`): a walk may stop
+/// early there, but never goes on with rows
 /// of the table that took its place, so every caller the call tree's leaves are given is one
 /// it has.
 #[test]
@@ -874,6 +875,17 @@ fn tables_evicted_at_the_ceiling_are_counted_and_never_walked_with_another_table
         stats.evicted >= 1 && stats.kib <= 1024,
         "expected evictions within 1024 KiB of pools: {}",
         stats.line
+    );
+    // The processes still mapping an evicted table walk its code by frame pointers, counted.
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let summary = stdout
+        .lines()
+        .chain(stderr.lines())
+        .find(|l| l.starts_with("scorch: "))
+        .unwrap_or_default();
+    anyhow::ensure!(
+        summary_count(summary, "table evicted") > 0,
+        "no walk counted through an evicted table: {summary}"
     );
     let samples = named_samples(&read_pprof(&path)?);
     let callers = [

@@ -36,6 +36,18 @@ step record-nofp "$SCORCH" record --pid "$workload" --frequency 199 --duration 1
 kill "$workload" 2>/dev/null
 wait "$workload" 2>/dev/null
 
+# Every map ceiling at its least: each stack map holds one stack, the process map one process
+# and the row pools 1 MiB, system-wide beside the call tree without frame pointers and a
+# kernel-heavy reader. The recording must end normally and count what the ceilings cost.
+"$WORKLOADS/calltree_nofp" 1 900 &
+calltree=$!
+"$WORKLOADS/readzero" 900 &
+readzero=$!
+step ceilings "$SCORCH" record --frequency 199 --duration 6s --stack-map-entries 1 \
+    --unwind-processes 1 --unwind-pool-mib 1 --output "$R/ceilings.folded"
+kill "$calltree" "$readzero" 2>/dev/null
+wait "$calltree" "$readzero" 2>/dev/null
+
 # The daemon, system-wide, beside the call tree and a kernel-heavy reader of /dev/zero; then
 # /healthz while it runs, and the store queried back after SIGTERM.
 "$WORKLOADS/calltree" 1 90 &

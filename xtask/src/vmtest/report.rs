@@ -11,10 +11,11 @@ const TOLERANCE: f64 = 0.05;
 const MIN_SAMPLES: u64 = 500;
 
 /// The columns, in order.
-pub const CHECKS: [&str; 6] = [
+pub const CHECKS: [&str; 7] = [
     "scorch check",
     "record: call tree",
     "no frame pointers",
+    "map ceilings",
     "kernel stacks",
     "run + query",
     "/healthz",
@@ -183,6 +184,15 @@ pub fn judge(label: &str, results: &Path, config: Option<&str>) -> Row {
         )),
     });
 
+    outcomes.push(match status("ceilings") {
+        Some(0) => judge_ceilings(&read("ceilings.out")),
+        _ => Outcome::Fail(format!(
+            "scorch record at the least ceilings failed: {} (in {})",
+            last_line(&read("ceilings.out")),
+            shown("ceilings.out")
+        )),
+    });
+
     outcomes.push(match status("query-readzero") {
         Some(0) => judge_kernel_stacks(&read("query-readzero.folded")),
         _ => Outcome::Fail(format!("query failed, see {}", shown("query-readzero.out"))),
@@ -261,6 +271,48 @@ fn judge_check(output: &str, status: Option<i32>, no_btf: bool) -> Outcome {
         return Outcome::Skip(justified.join("; "));
     }
     Outcome::Pass(format!("{lines} OK"))
+}
+
+/// A recording whose maps all sat at their least ceilings: it sampled, its stack maps held
+/// one entry each, and the stacks that found no room were counted as lost, not dropped.
+fn judge_ceilings(output: &str) -> Outcome {
+    let Some(summary) = output.lines().rev().find(|l| l.starts_with("scorch: ")) else {
+        return Outcome::Fail(format!("no summary line: {}", last_line(output)));
+    };
+    let number_after = |label: &str| -> u64 {
+        summary
+            .split(label)
+            .nth(1)
+            .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    };
+    let samples = number_after("scorch: ");
+    let full = number_after("user stack error: ");
+    if samples < 100 {
+        return Outcome::Fail(format!("only {samples} samples: {summary}"));
+    }
+    // `stack maps at their fullest: stacks 1 of 1 entries, user stacks 1 of 1`.
+    let fill = summary
+        .split("stack maps at their fullest: ")
+        .nth(1)
+        .and_then(|rest| rest.split(';').next())
+        .unwrap_or_default();
+    let capacities: Vec<&str> = fill
+        .split(", ")
+        .filter_map(|part| part.split(" of ").nth(1))
+        .collect();
+    if capacities != ["1 entries", "1"] {
+        return Outcome::Fail(format!(
+            "the stack maps were not held to one entry: {summary}"
+        ));
+    }
+    if full == 0 {
+        return Outcome::Fail(format!(
+            "a one-entry user-stack map lost no stack, or did not count it: {summary}"
+        ));
+    }
+    Outcome::Pass(format!("{full} of {samples} user stacks counted lost"))
 }
 
 /// The leaves' shares against 6:3:1, and leaf_a's stacks reaching main.
@@ -388,6 +440,38 @@ mod tests {
             judge_check(&no_hook, Some(0), false),
             Outcome::Fail(_)
         ));
+    }
+
+    #[test]
+    fn ceilings_need_one_entry_maps_and_counted_losses() {
+        let summary = |lost: &str, fill: &str| {
+            format!(
+                "INFO profiling\nscorch: 1180 samples from 9 processes in 6.00s (1 windows); \
+                 lost: {lost}; unwind: completed: 40; wrote x (folded); stack maps at their \
+                 fullest: {fill}; BPF 900 ns/sample\n"
+            )
+        };
+        let one = "stacks 1 of 1 entries, user stacks 1 of 1";
+        assert_eq!(
+            judge_ceilings(&summary(
+                "user stack error: 1100, kernel stack collision: 9",
+                one
+            )),
+            Outcome::Pass("1100 of 1180 user stacks counted lost".into())
+        );
+        // Nothing counted lost, or maps larger than the ceiling asked.
+        assert!(matches!(
+            judge_ceilings(&summary("none", one)),
+            Outcome::Fail(_)
+        ));
+        assert!(matches!(
+            judge_ceilings(&summary(
+                "user stack error: 3",
+                "stacks 1 of 1024 entries, user stacks 1 of 1"
+            )),
+            Outcome::Fail(_)
+        ));
+        assert!(matches!(judge_ceilings("error: no"), Outcome::Fail(_)));
     }
 
     #[test]
