@@ -474,16 +474,7 @@ fn query_named(scorch: &Path, store: &Path) -> Result<Named> {
         processes_named: 0,
     };
     let (mut processes, mut processes_named) = (BTreeSet::new(), BTreeSet::new());
-    for line in text.lines() {
-        let Some((stack, count)) = line.rsplit_once(' ') else {
-            continue;
-        };
-        let Ok(count) = count.parse::<u64>() else {
-            continue;
-        };
-        let mut frames = stack.split(';');
-        let comm = frames.next().unwrap_or_default();
-        let user: Vec<&str> = frames.filter(|f| !f.ends_with("_[k]")).collect();
+    for (comm, user, count) in crate::measure::folded_user_stacks(&text) {
         named.samples += count;
         processes.insert(comm.to_owned());
         if user.iter().any(|f| GOVARIANT_FUNCTIONS.contains(f)) {

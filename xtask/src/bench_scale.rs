@@ -226,16 +226,7 @@ impl Stored {
     /// marked `_[k]`.
     fn from_folded(folded: &str) -> Stored {
         let mut stored = Stored::default();
-        for line in folded.lines() {
-            let Some((stack, count)) = line.rsplit_once(' ') else {
-                continue;
-            };
-            let Ok(count) = count.parse::<u64>() else {
-                continue;
-            };
-            let mut frames = stack.split(';');
-            let comm = frames.next().unwrap_or_default();
-            let user: Vec<&str> = frames.filter(|f| !f.ends_with("_[k]")).collect();
+        for (comm, user, count) in crate::measure::folded_user_stacks(folded) {
             let whole = user.contains(&"main");
             if comm == "llvmwork" {
                 stored.llvm_samples += count;

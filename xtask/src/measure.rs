@@ -225,6 +225,20 @@ pub fn load_average() -> String {
         .unwrap_or_default()
 }
 
+/// The lines of `scorch query --format folded` output (`comm;frame;...;leaf count`, kernel
+/// frames marked `_[k]`): each line's comm, its user frames root first, and its count; lines
+/// that are not one are skipped.
+pub fn folded_user_stacks(text: &str) -> impl Iterator<Item = (&str, Vec<&str>, u64)> {
+    text.lines().filter_map(|line| {
+        let (stack, count) = line.rsplit_once(' ')?;
+        let count = count.parse::<u64>().ok()?;
+        let mut frames = stack.split(';');
+        let comm = frames.next().unwrap_or_default();
+        let user = frames.filter(|f| !f.ends_with("_[k]")).collect();
+        Some((comm, user, count))
+    })
+}
+
 pub fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);
     values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
@@ -284,6 +298,16 @@ pub fn metric_value(text: &str, name: &str) -> Option<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn folded_lines_give_comm_user_frames_and_count() {
+        let text = "work;main;read;vfs_read_[k] 7\nnot a line\nwork;main;spin x\nsh;main 2\n";
+        let lines: Vec<_> = folded_user_stacks(text).collect();
+        assert_eq!(
+            lines,
+            [("work", vec!["main", "read"], 7), ("sh", vec!["main"], 2)]
+        );
+    }
 
     #[test]
     fn time_output_and_summaries_parse() {
