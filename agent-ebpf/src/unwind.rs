@@ -25,7 +25,7 @@ use aya_ebpf::{
         bpf_probe_read_user, bpf_task_pt_regs,
     },
     macros::{btf_map, map},
-    maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
+    maps::{Array, LruHashMap, PerCpuArray, RingBuf},
     programs::PerfEventContext,
 };
 use scorch_common::{
