@@ -64,8 +64,11 @@ static COMMS_0: HashMap<u32, Comm> = HashMap::with_max_entries(MAX_COMMS, 0);
 #[map]
 static COMMS_1: HashMap<u32, Comm> = HashMap::with_max_entries(MAX_COMMS, 0);
 /// A generation's map of the user stacks the program walked itself (`UNWIND_TABLES`), keyed
-/// by a hash of their pcs. Preallocated: the program inserts from the perf NMI.
-pub type UserStackMap = btf_maps::HashMap<i32, UserStack, 1, 0>;
+/// by a hash of their pcs. Not preallocated: a 256-frame stack is 2 KiB, and the map must hold
+/// a whole window's samples when each is a stack of its own (Python stacks carry the
+/// instruction offset of every frame), so its memory follows what it holds. The agent's inner
+/// maps carry the same flag, which the kernel requires of an inner map.
+pub type UserStackMap = btf_maps::HashMap<i32, UserStack, 1, { crate::BPF_F_NO_PREALLOC as usize }>;
 /// The two generations' user-stack maps, by generation; the agent creates and replaces them
 /// as it does `STACKS`'s.
 #[btf_map]

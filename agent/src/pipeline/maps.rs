@@ -8,7 +8,8 @@ use scorch_common::{Comm, Control, PythonProc, RunSeq, StackKey, UserStack, MAX_
 
 use super::stack_sizing::StackSizing;
 use crate::sys::inner_maps::{
-    create_inner, set_inner, InnerMapError, BPF_MAP_TYPE_HASH, BPF_MAP_TYPE_STACK_TRACE,
+    create_inner, set_inner, InnerMapError, BPF_F_NO_PREALLOC, BPF_MAP_TYPE_HASH,
+    BPF_MAP_TYPE_STACK_TRACE,
 };
 
 /// The maps of one generation, taken out of the loaded program.
@@ -87,6 +88,7 @@ pub fn new_stack_map(
         BPF_MAP_TYPE_STACK_TRACE,
         MAX_STACK_DEPTH * 8,
         entries,
+        0,
     )?;
     StackTraceMap::try_from(Map::StackTraceMap(data))
         .map_err(|source| StackMapError::Wrap { map, source })
@@ -106,6 +108,8 @@ pub fn new_user_stack_map(
         BPF_MAP_TYPE_HASH,
         std::mem::size_of::<UserStack>(),
         entries,
+        // Not preallocated, as the program's template (`UserStackMap`) declares.
+        BPF_F_NO_PREALLOC,
     )?;
     BpfHashMap::try_from(Map::HashMap(data)).map_err(|source| StackMapError::Wrap { map, source })
 }
@@ -117,12 +121,13 @@ fn new_inner(
     map_type: u32,
     value_size: usize,
     entries: u32,
+    flags: u32,
 ) -> Result<MapData, StackMapError> {
     let data = create_inner(
         map_type,
         value_size as u32,
         entries,
-        0,
+        flags,
         &format!("scorch_{}_{generation}", map.to_ascii_lowercase()),
     )
     .map_err(|source| StackMapError::Create {

@@ -2,8 +2,7 @@
 //! store, not by the samples they could hold.
 //!
 //! Pure: the drain hands over each window's fill and losses, and creates the maps this
-//! returns (see `sys::inner_maps`). Both maps are preallocated (the program stores from the
-//! perf NMI, where it must not allocate), so their size is their kernel memory.
+//! returns (see `sys::inner_maps`).
 //!
 //! - The stack-trace map: `bpf_get_stackid` hashes a stack to one bucket and keeps no chain,
 //!   so a stack whose bucket holds another is lost, counted as a collision. With `d` distinct
@@ -11,9 +10,15 @@
 //!   stack (under 1% lost), and at once on a collision. It was sized from the samples a window
 //!   can hold, eight times over: 8,192 entries (8 MiB a map) on a quiet 2-CPU host whose
 //!   windows stored 9 to 60 distinct kernel stacks, and 262,144 (256 MiB a map) at 999 Hz.
-//! - The user-stack map, a hash map of 256-frame stacks (2 KiB each): twice the distinct
-//!   stacks, and doubled when a stack found it full. It was twice a window's samples: 65,536
-//!   entries (128 MiB a map) at 999 Hz, for 551 distinct stacks a window.
+//!   Stack-trace maps are always preallocated, so their size is their kernel memory.
+//! - The user-stack map, a hash map of 256-frame stacks (2 KiB each), holds a window's
+//!   samples: a Python stack carries each frame's instruction offset, so nearly every sample
+//!   is a stack of its own, and a map sized by the distinct stacks of quiet windows lost a
+//!   third of a 199 Hz recording's Python samples in its first window. It is not
+//!   preallocated, so its kernel memory is the stacks it holds (and 16 bytes a bucket): it
+//!   starts at a window's samples and never goes below them, and doubles when a stack found
+//!   it full (a window can run long). Preallocated, it took 128 MiB a map at 999 Hz for 551
+//!   distinct native stacks a window.
 
 /// The smallest map: 1,024 entries.
 pub const MIN_STACK_ENTRIES: u32 = 1024;
@@ -37,6 +42,8 @@ const SHRINK_AFTER_WINDOWS: u32 = 30;
 pub struct StackSizing {
     ceiling: u32,
     per_stack: u64,
+    /// The least a map is shrunk to.
+    floor: u32,
     entries: [u32; 2],
     roomy_windows: [u32; 2],
 }
@@ -45,12 +52,14 @@ impl StackSizing {
     /// A stack-trace map's: at first a quarter of the samples one window can take (a one-shot
     /// recording has no time to grow), within [`MIN_STACK_ENTRIES`] and `ceiling`.
     pub fn stack_trace(samples_per_window: u64, ceiling: u32) -> StackSizing {
-        StackSizing::new(samples_per_window / 4, ceiling, BUCKETS_PER_STACK)
+        let mut sizing = StackSizing::new(samples_per_window / 4, ceiling, BUCKETS_PER_STACK);
+        sizing.floor = MIN_STACK_ENTRIES.min(sizing.ceiling);
+        sizing
     }
 
-    /// A user-stack map's: at first half the samples one window can take.
+    /// A user-stack map's: the samples one window can take, and never less.
     pub fn user_stacks(samples_per_window: u64, ceiling: u32) -> StackSizing {
-        StackSizing::new(samples_per_window / 2, ceiling, ENTRIES_PER_USER_STACK)
+        StackSizing::new(samples_per_window, ceiling, ENTRIES_PER_USER_STACK)
     }
 
     fn new(first: u64, ceiling: u32, per_stack: u64) -> StackSizing {
@@ -59,6 +68,7 @@ impl StackSizing {
         StackSizing {
             ceiling,
             per_stack,
+            floor: first,
             entries: [first; 2],
             roomy_windows: [0; 2],
         }
@@ -84,7 +94,7 @@ impl StackSizing {
         let g = generation & 1;
         let current = self.entries[g];
         let mut wanted = power_of_two(u64::from(used) * self.per_stack)
-            .max(MIN_STACK_ENTRIES)
+            .max(self.floor)
             .min(self.ceiling);
         if lost > 0 {
             wanted = wanted.max(current.saturating_mul(2)).min(self.ceiling);
@@ -145,16 +155,22 @@ mod tests {
     }
 
     #[test]
-    fn user_stacks_get_twice_their_distinct_stacks_and_double_when_full() {
-        // 999 Hz on 2 CPUs: half of 19,980 samples.
+    fn user_stacks_hold_a_windows_samples_and_double_when_full() {
+        // 999 Hz on 2 CPUs: 19,980 samples, each possibly a stack of its own.
         let mut sizing = StackSizing::user_stacks(19_980, 65_536);
-        assert_eq!(sizing.entries(0), 16_384);
-        // 551 distinct stacks a window want 2,048 entries: not a quarter yet, kept.
-        assert_eq!(sizing.after_window(0, 551, 0), 16_384);
+        assert_eq!(sizing.entries(0), 32_768);
+        // 551 distinct stacks a window never shrink it below the samples, however long.
+        for _ in 0..SHRINK_AFTER_WINDOWS * 2 {
+            assert_eq!(sizing.after_window(0, 551, 0), 32_768);
+        }
+        // 2 CPUs at 19 Hz: the floor of 1,024.
         let mut sizing = StackSizing::user_stacks(380, 65_536);
+        assert_eq!(sizing.entries(1), 1024);
         assert_eq!(sizing.after_window(1, 900, 0), 2048);
         // A stack that found the map full doubles it.
         assert_eq!(sizing.after_window(1, 1000, 3), 4096);
+        // Within the ceiling (1 without tables).
+        assert_eq!(StackSizing::user_stacks(19_980, 1).entries(0), 1);
     }
 
     #[test]

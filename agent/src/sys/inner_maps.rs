@@ -13,6 +13,8 @@ const BPF_BTF_LOAD: libc::c_long = 18;
 pub const BPF_MAP_TYPE_HASH: u32 = 1;
 pub const BPF_MAP_TYPE_ARRAY: u32 = 2;
 pub const BPF_MAP_TYPE_STACK_TRACE: u32 = 7;
+/// A hash map that allocates its entries as they are added.
+pub const BPF_F_NO_PREALLOC: u32 = 1;
 
 /// Creates a map to go in one of the program's outer arrays, keyed by `u32`, with a BTF
 /// description of its key and value.
