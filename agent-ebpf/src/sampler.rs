@@ -247,7 +247,17 @@ fn try_sample<const TABLES: bool>(ctx: &PerfEventContext) -> Result<(), i64> {
 /// for processes that mostly are never sampled at 19 Hz.
 #[raw_tracepoint(tracepoint = "sched_process_exec")]
 pub fn process_exec(_ctx: RawTracePointContext) -> i32 {
-    unwind::forget_process((bpf_get_current_pid_tgid() >> 32) as u32);
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    unwind::forget_process(tgid);
+    // A process relabelling dropped (in the deny list) runs another program now, which the
+    // agent judges again at its next sample: a shell or launcher forked, sampled before its
+    // exec and dropped by its parent's name, would otherwise stay dropped. An allow list is
+    // the user's pids and keeps them across an exec.
+    if let Some(control) = CONTROL.get(0) {
+        if control.filter_pids == FILTER_DENY {
+            let _ = PID_FILTER.remove(&tgid);
+        }
+    }
     0
 }
 

@@ -98,6 +98,9 @@ struct ChurnRun {
     churn_bpf_percent: f64,
     after_rss: f64,
     map_memory_mib: f64,
+    /// Of the maps, the unwinder's row pools (NaN for a build without the gauge): the part
+    /// that grows with the distinct binaries the churn runs.
+    row_pools_mib: f64,
     processes_started: u64,
 }
 
@@ -420,6 +423,7 @@ fn churn(scorch: &Path, busy: &Path, cpus: usize, dir: &Path, phases: Phases) ->
     std::thread::sleep(Duration::from_secs(phases.after.saturating_sub(5)));
     let after = sample_rss(pid, Duration::from_secs(5), Duration::from_secs(1))?;
     let map_memory = daemon_metric(ADDRESS, "scorch_bpf_map_memory_bytes").unwrap_or(f64::NAN);
+    let row_pools = daemon_metric(ADDRESS, "scorch_unwind_row_pools_bytes").unwrap_or(f64::NAN);
     stop(daemon)?;
     Ok(ChurnRun {
         quiet_rss: median(quiet),
@@ -429,6 +433,7 @@ fn churn(scorch: &Path, busy: &Path, cpus: usize, dir: &Path, phases: Phases) ->
         churn_bpf_percent: 100.0 * churn_bpf / churn_seconds,
         after_rss: median(after),
         map_memory_mib: map_memory / (1 << 20) as f64,
+        row_pools_mib: row_pools / (1 << 20) as f64,
         processes_started: std::fs::read_to_string(&counter)?.trim().parse()?,
     })
 }
@@ -782,10 +787,10 @@ fn churn_table(out: &mut String, phases: Phases, rows: &[(&str, &[ChurnRun])]) -
     };
     writeln!(
         out,
-        "{head}| quiet RSS MiB | start-up peak MiB | peak RSS during churn MiB (VmHWM) | CPU during churn, % of a core | its BPF programs, % of a core | RSS {} s after MiB | BPF maps MiB | processes started |",
+        "{head}| quiet RSS MiB | start-up peak MiB | peak RSS during churn MiB (VmHWM) | CPU during churn, % of a core | its BPF programs, % of a core | RSS {} s after MiB | BPF maps MiB | of which unwind row pools MiB | processes started |",
         phases.after
     )?;
-    writeln!(out, "{rule}|---|---|---|---|---|---|---|---|")?;
+    writeln!(out, "{rule}|---|---|---|---|---|---|---|---|---|")?;
     for (label, churns) in rows {
         let column = |f: fn(&ChurnRun) -> f64| -> Vec<f64> { churns.iter().map(f).collect() };
         let label = if labelled {
@@ -795,7 +800,7 @@ fn churn_table(out: &mut String, phases: Phases, rows: &[(&str, &[ChurnRun])]) -
         };
         writeln!(
             out,
-            "{label}| {} | {} | {} | {} | {} | {} | {} | {} |",
+            "{label}| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             spread(&column(|c| c.quiet_rss), 1),
             spread(&column(|c| c.start_peak_rss), 1),
             spread(&column(|c| c.peak_rss), 1),
@@ -803,6 +808,7 @@ fn churn_table(out: &mut String, phases: Phases, rows: &[(&str, &[ChurnRun])]) -
             spread(&column(|c| c.churn_bpf_percent), 2),
             spread(&column(|c| c.after_rss), 1),
             spread(&column(|c| c.map_memory_mib), 1),
+            spread(&column(|c| c.row_pools_mib), 1),
             spread(&column(|c| c.processes_started as f64), 0),
         )?;
     }

@@ -153,8 +153,10 @@ pub struct Labeler {
     node: String,
     rules: Vec<Rule>,
     external: Labels,
-    /// pid -> (process start time, outcome). The start time tells a reused pid apart.
-    cache: HashMap<u32, (u64, Arc<Outcome>)>,
+    /// pid -> (process start time and name, outcome). The start time tells a reused pid
+    /// apart, the name an exec (a child forked, sampled and judged by its parent's name before
+    /// it ran its own program; the BPF deny list forgets a process at exec for the same reason).
+    cache: HashMap<u32, (Identity, Arc<Outcome>)>,
     /// Resolves a pod UID and container id to names, when running in Kubernetes.
     pods: Option<PodLookup>,
     /// Invalid label names rules produced, reported once per rule.
@@ -189,12 +191,14 @@ impl Labeler {
             .any(|r| matches!(r.action, relabel::Action::Keep | relabel::Action::Drop))
     }
 
-    /// The outcome for `pid`: computed on first sight, then cached for the process's life.
+    /// The outcome for `pid`: computed on first sight, then cached until the process exits or
+    /// runs another program.
     pub fn outcome(&mut self, pid: u32) -> Arc<Outcome> {
-        let started = start_time(pid);
-        if let Some((cached_start, outcome)) = self.cache.get(&pid) {
+        let identity = Identity::read(pid);
+        let started = identity.started;
+        if let Some((cached, outcome)) = self.cache.get(&pid) {
             // An exited process (start 0) keeps what was computed while it ran.
-            if started == 0 || *cached_start == started {
+            if started == 0 || *cached == identity {
                 return outcome.clone();
             }
         }
@@ -232,7 +236,7 @@ impl Labeler {
                 p.container.is_none() && process.cgroup_facts.container_id.is_some()
             });
         if started != 0 && !pod_pending {
-            self.cache.insert(pid, (started, outcome.clone()));
+            self.cache.insert(pid, (identity, outcome.clone()));
         }
         outcome
     }
@@ -243,7 +247,7 @@ impl Labeler {
             .cache
             .keys()
             .copied()
-            .filter(|pid| start_time(*pid) == 0)
+            .filter(|pid| Identity::read(*pid).started == 0)
             .collect();
         for pid in &exited {
             self.cache.remove(pid);
@@ -252,15 +256,33 @@ impl Labeler {
     }
 }
 
-/// A process's start time (field 22 of /proc/PID/stat, clock ticks since boot); 0 when gone.
-fn start_time(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|stat| {
-            let rest = stat.rsplit_once(')')?.1;
-            rest.split_whitespace().nth(19)?.parse().ok()
+/// What tells one program run by a pid from another: the process's start time (field 22 of
+/// /proc/PID/stat, clock ticks since boot; 0 when gone) and its name (field 2, which an exec
+/// sets), from one read.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+struct Identity {
+    started: u64,
+    comm: String,
+}
+
+impl Identity {
+    fn read(pid: u32) -> Identity {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|stat| Identity::parse(&stat))
+            .unwrap_or_default()
+    }
+
+    /// From the text of /proc/PID/stat. The name may hold spaces and parentheses: it runs
+    /// from the first `(` to the last `)`.
+    fn parse(stat: &str) -> Option<Identity> {
+        let (head, rest) = stat.rsplit_once(')')?;
+        let comm = head.split_once('(')?.1;
+        Some(Identity {
+            started: rest.split_whitespace().nth(19)?.parse().ok()?,
+            comm: comm.to_owned(),
         })
-        .unwrap_or(0)
+    }
 }
 
 #[cfg(test)]
@@ -327,5 +349,54 @@ mod tests {
         let mut labeler = Labeler::new("n".into(), rules, Labels::new());
         assert!(labeler.can_drop());
         assert_eq!(*labeler.outcome(me), Outcome::Dropped { rule: 1 });
+    }
+
+    #[test]
+    fn identity_reads_the_start_and_a_name_with_parentheses() {
+        let stat = "42 (a) b)) S 1 42 42 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 \
+                    1000 100 18446744073709551615";
+        assert_eq!(
+            Identity::parse(stat),
+            Some(Identity {
+                started: 987_654,
+                comm: "a) b)".into()
+            })
+        );
+        assert_eq!(Identity::parse("42 (cut"), None);
+        assert_eq!(Identity::parse("42 (x) S 1"), None);
+    }
+
+    /// A child judged by its parent's name before its exec is judged again by its own after.
+    #[test]
+    fn a_process_is_judged_again_after_it_execs() {
+        use std::io::Write;
+        let rules = relabel::compile(&[relabel::RuleConfig {
+            source_labels: vec!["comm".into()],
+            regex: Some("sleep".into()),
+            action: Some("keep".into()),
+            ..Default::default()
+        }])
+        .unwrap();
+        let mut labeler = Labeler::new("n".into(), rules, Labels::new());
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", "read line; exec sleep 30"])
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        assert_eq!(*labeler.outcome(pid), Outcome::Dropped { rule: 1 });
+        writeln!(child.stdin.as_mut().unwrap(), "go").unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while Identity::read(pid).comm != "sleep" {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the child never ran sleep"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let kept = matches!(*labeler.outcome(pid), Outcome::Keep(_));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(kept, "still dropped by the name it had before its exec");
     }
 }
