@@ -339,16 +339,21 @@ mod tests {
         assert_eq!(labels["pid"], me.to_string());
         assert_eq!(labels["env"], "test");
         assert!(labels.keys().all(|k| !k.starts_with("__")));
-        let rules = relabel::compile(&[relabel::RuleConfig {
-            source_labels: vec!["comm".into()],
-            regex: Some("no-such-command".into()),
-            action: Some("keep".into()),
-            ..Default::default()
-        }])
-        .unwrap();
+        let rules = keep_comm("no-such-command");
         let mut labeler = Labeler::new("n".into(), rules, Labels::new());
         assert!(labeler.can_drop());
         assert_eq!(*labeler.outcome(me), Outcome::Dropped { rule: 1 });
+    }
+
+    /// One rule: keep the processes whose name matches `regex`.
+    fn keep_comm(regex: &str) -> Vec<Rule> {
+        relabel::compile(&[relabel::RuleConfig {
+            source_labels: vec!["comm".into()],
+            regex: Some(regex.into()),
+            action: Some("keep".into()),
+            ..Default::default()
+        }])
+        .unwrap()
     }
 
     #[test]
@@ -370,13 +375,7 @@ mod tests {
     #[test]
     fn a_process_is_judged_again_after_it_execs() {
         use std::io::Write;
-        let rules = relabel::compile(&[relabel::RuleConfig {
-            source_labels: vec!["comm".into()],
-            regex: Some("sleep".into()),
-            action: Some("keep".into()),
-            ..Default::default()
-        }])
-        .unwrap();
+        let rules = keep_comm("sleep");
         let mut labeler = Labeler::new("n".into(), rules, Labels::new());
         let mut child = std::process::Command::new("sh")
             .args(["-c", "read line; exec sleep 30"])
