@@ -22,7 +22,8 @@ fn build_proto() -> anyhow::Result<()> {
 }
 
 /// The remote sinks' APIs (see proto/ for their upstreams): message types for Pyroscope's push
-/// API, which scorch speaks as connect over HTTP/1.1, and tonic clients for Parca's services.
+/// API, which scorch speaks as connect over HTTP/1.1, and tonic clients for Parca's services
+/// and OTLP's `ProfilesService` (whose messages the OTLP/HTTP client sends as well).
 fn build_remote_protos() -> anyhow::Result<()> {
     let proto_dir = "../proto";
     let files = [
@@ -30,8 +31,18 @@ fn build_remote_protos() -> anyhow::Result<()> {
         "types/v1/types.proto",
         "parca/profilestore/v1alpha1/profilestore.proto",
         "parca/debuginfo/v1alpha1/debuginfo.proto",
+        // opentelemetry-proto v1.11.0 (proto/opentelemetry/VERSION.md): the profiles signal.
+        "opentelemetry/proto/collector/profiles/v1development/profiles_service.proto",
     ];
     for file in files {
+        println!("cargo:rerun-if-changed={proto_dir}/{file}");
+    }
+    // Imported by the profiles service's files, so not listed above.
+    for file in [
+        "opentelemetry/proto/profiles/v1development/profiles.proto",
+        "opentelemetry/proto/common/v1/common.proto",
+        "opentelemetry/proto/resource/v1/resource.proto",
+    ] {
         println!("cargo:rerun-if-changed={proto_dir}/{file}");
     }
     let descriptors = protox::compile(files, [proto_dir]).context("compiling the remote protos")?;

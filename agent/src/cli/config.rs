@@ -17,7 +17,7 @@ use serde::Deserialize;
 use crate::{
     cli::{parse_duration, parse_frequency},
     cmd::run::RunConfig,
-    export::RemoteProtocol,
+    export::{RemoteCompression, RemoteProtocol},
     labels::relabel::{self, RuleConfig},
     pipeline::sampler::UnwindMode,
     symbolize::user::SymbolizeMode,
@@ -112,7 +112,8 @@ pub struct RunArgs {
     /// meanwhile. `https://host`, `http://host:4040`, or `host:7070` (TLS) [default: none].
     #[arg(long)]
     pub remote_url: Option<String>,
-    /// The remote's API: `pyroscope` or `parca` [default: pyroscope].
+    /// The remote's API: `pyroscope`, `parca`, `otlp` (OTLP profiles over gRPC) or `otlp-http`
+    /// (OTLP over HTTP/protobuf) [default: pyroscope].
     #[arg(long, value_enum)]
     pub remote_protocol: Option<RemoteProtocol>,
     /// Plaintext to the remote instead of TLS [default: false].
@@ -141,6 +142,17 @@ pub struct RunArgs {
     /// [default: true].
     #[arg(long, num_args = 0..=1, default_missing_value = "true")]
     pub remote_upload_debuginfo: Option<bool>,
+    /// With `otlp` and `otlp-http`: a header (gRPC metadata) sent with every request,
+    /// `NAME=VALUE` (repeatable; adds to `remote-headers`).
+    #[arg(long = "remote-header", value_parser = parse_header)]
+    pub remote_header: Vec<(String, String)>,
+    /// With `otlp` and `otlp-http`: a header whose value is a secret, read from a file,
+    /// `NAME=PATH` (repeatable; adds to `remote-header-files`).
+    #[arg(long = "remote-header-file", value_parser = parse_header_file)]
+    pub remote_header_file: Vec<(String, PathBuf)>,
+    /// With `otlp` and `otlp-http`: `gzip` or `none` [default: gzip].
+    #[arg(long, value_enum)]
+    pub remote_compression: Option<RemoteCompression>,
 }
 
 /// The config file: the same keys as the flags, kebab-case.
@@ -176,6 +188,9 @@ struct FileConfig {
     remote_ca_file: Option<PathBuf>,
     remote_timeout: Option<String>,
     remote_upload_debuginfo: Option<bool>,
+    remote_headers: Option<BTreeMap<String, String>>,
+    remote_header_files: Option<BTreeMap<String, PathBuf>>,
+    remote_compression: Option<String>,
 }
 
 /// Defaults, then the file `args.config` names, then the flags.
@@ -305,7 +320,7 @@ fn apply_file(config: &mut RunConfig, text: &str, path: &Path) -> Result<(), Con
             .map_err(|_| {
                 value(
                     "remote-protocol",
-                    format!("{protocol:?}: expected pyroscope or parca"),
+                    format!("{protocol:?}: expected pyroscope, parca, otlp or otlp-http"),
                 )
             })?;
     }
@@ -332,6 +347,25 @@ fn apply_file(config: &mut RunConfig, text: &str, path: &Path) -> Result<(), Con
     }
     if let Some(upload) = file.remote_upload_debuginfo {
         config.remote.upload_debuginfo = upload;
+    }
+    for (name, header) in file.remote_headers.unwrap_or_default() {
+        check_header_name(&name).map_err(|e| value("remote-headers", e))?;
+        config.remote.headers.push((name, header));
+    }
+    for (name, path) in file.remote_header_files.unwrap_or_default() {
+        check_header_name(&name).map_err(|e| value("remote-header-files", e))?;
+        config.remote.header_files.push((name, path));
+    }
+    if let Some(compression) = file.remote_compression {
+        config.remote.compression =
+            <RemoteCompression as clap::ValueEnum>::from_str(&compression, false).map_err(
+                |_| {
+                    value(
+                        "remote-compression",
+                        format!("{compression:?}: expected gzip or none"),
+                    )
+                },
+            )?;
     }
     Ok(())
 }
@@ -415,6 +449,50 @@ fn apply_flags(config: &mut RunConfig, args: &RunArgs) {
     if let Some(upload) = args.remote_upload_debuginfo {
         config.remote.upload_debuginfo = upload;
     }
+    config
+        .remote
+        .headers
+        .extend(args.remote_header.iter().cloned());
+    config
+        .remote
+        .header_files
+        .extend(args.remote_header_file.iter().cloned());
+    if let Some(compression) = args.remote_compression {
+        config.remote.compression = compression;
+    }
+}
+
+/// A request header's name as HTTP/2 (and so gRPC) carries it: lowercase token characters.
+/// Upper case is refused rather than folded, so the name sent is the name written.
+fn check_header_name(name: &str) -> Result<(), String> {
+    let valid = !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-_.".contains(&b));
+    if !valid {
+        return Err(format!(
+            "{name:?} is not a header name (lowercase letters, digits, '-', '_', '.')"
+        ));
+    }
+    Ok(())
+}
+
+/// `NAME=VALUE`, a request header.
+pub fn parse_header(text: &str) -> Result<(String, String), String> {
+    let (name, value) = text
+        .split_once('=')
+        .ok_or_else(|| format!("{text:?}: expected NAME=VALUE"))?;
+    check_header_name(name)?;
+    Ok((name.to_owned(), value.to_owned()))
+}
+
+/// `NAME=PATH`, a request header whose value is read from a file.
+pub fn parse_header_file(text: &str) -> Result<(String, PathBuf), String> {
+    let (name, path) = text
+        .split_once('=')
+        .ok_or_else(|| format!("{text:?}: expected NAME=PATH"))?;
+    check_header_name(name)?;
+    Ok((name.to_owned(), PathBuf::from(path)))
 }
 
 /// `NAME=VALUE`, with a valid Prometheus label name.
@@ -521,6 +599,9 @@ mod tests {
             file.remote_ca_file.is_some(),
             file.remote_timeout.is_some(),
             file.remote_upload_debuginfo.is_some(),
+            file.remote_headers.is_some(),
+            file.remote_header_files.is_some(),
+            file.remote_compression.is_some(),
         ];
         assert!(keys.iter().all(|&k| k), "{file:?}");
         let mut config = RunConfig::default();
@@ -537,6 +618,8 @@ mod tests {
             basic_auth_password_file: None,
             tenant: None,
             ca_file: None,
+            headers: Vec::new(),
+            header_files: Vec::new(),
             ..config.remote
         };
         assert_eq!(config, RunConfig::default());

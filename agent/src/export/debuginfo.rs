@@ -735,7 +735,7 @@ mod tests {
             ..Default::default()
         })
         .unwrap();
-        let connection = parca::Connection::new(&settings).unwrap();
+        let connection = parca::Connection::new(&settings, "parca").unwrap();
         Shared {
             client: DebuginfoServiceClient::with_interceptor(
                 connection.channel,

@@ -13,7 +13,7 @@ use std::{
 use tokio::sync::{oneshot, watch};
 
 use super::{
-    debuginfo, encode_window, parca, pyroscope, ClientSettings, Endpoint, RemoteConfig,
+    debuginfo, encode_window, otlp, parca, pyroscope, ClientSettings, Endpoint, RemoteConfig,
     RemoteMetrics, RemoteProtocol, SendError, SinkError,
 };
 use crate::{
@@ -64,16 +64,18 @@ pub fn delay_after(backoff: &mut Backoff, error: &SendError, unit: f64) -> Durat
     }
 }
 
-/// A prepared request of either protocol, sent as is on every retry.
+/// A prepared request of any protocol, sent as is on every retry.
 enum Request {
     Pyroscope(pyroscope::Request),
     Parca(parca::Request),
+    Otlp(otlp::Request),
 }
 
 /// The protocol client.
 enum Client {
     Pyroscope(pyroscope::Client),
     Parca(parca::Client),
+    Otlp(otlp::Client),
 }
 
 impl Client {
@@ -82,6 +84,8 @@ impl Client {
         Ok(match protocol {
             RemoteProtocol::Pyroscope => Client::Pyroscope(pyroscope::Client::new(settings)?),
             RemoteProtocol::Parca => Client::Parca(parca::Client::new(settings)?),
+            RemoteProtocol::Otlp => Client::Otlp(otlp::Client::new(settings, true)?),
+            RemoteProtocol::OtlpHttp => Client::Otlp(otlp::Client::new(settings, false)?),
         })
     }
 
@@ -99,14 +103,28 @@ impl Client {
                 .into_iter()
                 .map(Request::Parca)
                 .collect(),
+            Client::Otlp(client) => client
+                .prepare(profile)
+                .into_iter()
+                .map(Request::Otlp)
+                .collect(),
         }
     }
 
-    /// Sends one request; the bytes that went on the wire.
-    async fn send(&mut self, request: &Request) -> Result<u64, SendError> {
+    /// Sends one request; the bytes that went on the wire, and what the server rejected of
+    /// a request it took (OTLP's partial success).
+    async fn send(
+        &mut self,
+        request: &Request,
+    ) -> Result<(u64, Option<otlp::PartialSuccess>), SendError> {
         match (self, request) {
-            (Client::Pyroscope(client), Request::Pyroscope(request)) => client.send(request).await,
-            (Client::Parca(client), Request::Parca(request)) => client.send(request).await,
+            (Client::Pyroscope(client), Request::Pyroscope(request)) => {
+                client.send(request).await.map(|bytes| (bytes, None))
+            }
+            (Client::Parca(client), Request::Parca(request)) => {
+                client.send(request).await.map(|bytes| (bytes, None))
+            }
+            (Client::Otlp(client), Request::Otlp(request)) => client.send(request).await,
             // Our own mistake, not the server's, but the same outcome as a refusal: sending
             // it again cannot help, so the window is skipped.
             _ => Err(SendError::Rejected {
@@ -365,8 +383,23 @@ impl Sender {
         for (index, request) in requests.iter().enumerate() {
             loop {
                 match self.client.send(request).await {
-                    Ok(bytes) => {
+                    Ok((bytes, partial)) => {
                         self.metrics.sent_bytes(bytes);
+                        if let Some(partial) = partial {
+                            // Kept in part: sending again cannot help, the spec says, so
+                            // the rest stands as delivered and the loss is said and counted.
+                            self.metrics.profiles_rejected(partial.rejected_profiles);
+                            tracing::warn!(
+                                "remote sink: {} rejected {} profiles of window {id} ({}, \
+                                 request {} of {}): {}",
+                                self.endpoint,
+                                partial.rejected_profiles,
+                                humantime::format_rfc3339_seconds(range.from),
+                                index + 1,
+                                requests.len(),
+                                partial.message
+                            );
+                        }
                         if let Some(since) = self.failing_since.take() {
                             tracing::info!(
                                 "remote sink: {} accepts profiles again (failing for {:.0?})",

@@ -20,6 +20,7 @@ pub struct RemoteMetrics {
     failures: LabeledCounter,
     windows_rejected: Counter,
     windows_dropped: Counter,
+    profiles_rejected: Counter,
     queue_windows: Gauge<u64, AtomicU64>,
     queue_age: Gauge<f64, AtomicU64>,
     debuginfo_uploads: LabeledCounter,
@@ -31,7 +32,7 @@ impl RemoteMetrics {
         RemoteMetrics {
             windows_sent: registry.register(
                 "remote_windows_sent",
-                "Windows the remote server (Pyroscope or Parca) accepted",
+                "Windows the remote server (Pyroscope, Parca or OTLP) accepted",
                 Counter::default(),
             ),
             sent_bytes: registry.register_with_unit(
@@ -59,6 +60,12 @@ impl RemoteMetrics {
             windows_dropped: registry.register(
                 "remote_windows_dropped",
                 "Windows the store's retention deleted before they could be sent",
+                Counter::default(),
+            ),
+            profiles_rejected: registry.register(
+                "remote_profiles_rejected",
+                "Profiles an OTLP receiver took the request of but rejected (its partial \
+                 success); not sent again",
                 Counter::default(),
             ),
             queue_windows: registry.register(
@@ -114,6 +121,11 @@ impl RemoteMetrics {
         self.windows_dropped.inc_by(windows);
     }
 
+    /// An OTLP receiver rejected `profiles` of a request it otherwise took.
+    pub fn profiles_rejected(&self, profiles: u64) {
+        self.profiles_rejected.inc_by(profiles);
+    }
+
     /// Windows waiting to be sent, and how old the oldest is.
     pub fn set_queue(&self, windows: u64, oldest_age_seconds: f64) {
         self.queue_windows.set(windows);
@@ -145,6 +157,7 @@ mod tests {
         metrics.failed(FailureReason::Throttled);
         metrics.window_rejected();
         metrics.windows_dropped(3);
+        metrics.profiles_rejected(2);
         metrics.set_queue(12, 120.5);
         let text = registry.encode();
         assert_eq!(value(&text, "scorch_remote_windows_sent_total"), 1.0);
@@ -165,6 +178,7 @@ mod tests {
         }
         assert_eq!(value(&text, "scorch_remote_windows_rejected_total"), 1.0);
         assert_eq!(value(&text, "scorch_remote_windows_dropped_total"), 3.0);
+        assert_eq!(value(&text, "scorch_remote_profiles_rejected_total"), 2.0);
         assert_eq!(value(&text, "scorch_remote_queue_windows"), 12.0);
         assert_eq!(value(&text, "scorch_remote_queue_age_seconds"), 120.5);
     }

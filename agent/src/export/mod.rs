@@ -27,6 +27,7 @@
 pub mod debuginfo;
 mod delivery;
 mod metrics;
+pub mod otlp;
 pub mod parca;
 pub mod pyroscope;
 mod series;
@@ -37,7 +38,7 @@ use std::{path::PathBuf, time::Duration};
 pub use delivery::{cursor_name, delay_after, parse_retry_after, spawn, SinkHandle};
 pub use metrics::RemoteMetrics;
 pub use series::{encode_window, label_name, split_by_series, RequestBuilder, Series};
-pub use settings::{endpoint, ClientSettings, Credentials, Endpoint, Secret};
+pub use settings::{endpoint, ClientSettings, Credentials, Endpoint, ExtraHeader, Secret};
 
 // For the debug-info upload, which retries its steps as the sender does.
 use crate::{store::StoreError, sys::backoff::Backoff};
@@ -78,6 +79,10 @@ pub enum RemoteProtocol {
     Pyroscope,
     /// Parca: `parca.profilestore.v1alpha1.ProfileStoreService/WriteRaw`, gRPC.
     Parca,
+    /// OpenTelemetry: `ProfilesService/Export` of OTLP profiles, gRPC (a Collector's 4317).
+    Otlp,
+    /// OpenTelemetry: `POST /v1development/profiles`, HTTP/protobuf (a Collector's 4318).
+    OtlpHttp,
 }
 
 impl RemoteProtocol {
@@ -85,8 +90,24 @@ impl RemoteProtocol {
         match self {
             RemoteProtocol::Pyroscope => "pyroscope",
             RemoteProtocol::Parca => "parca",
+            RemoteProtocol::Otlp => "otlp",
+            RemoteProtocol::OtlpHttp => "otlp-http",
         }
     }
+
+    /// Whether the protocol is OTLP, which alone takes extra headers and a compression.
+    pub fn is_otlp(self) -> bool {
+        matches!(self, RemoteProtocol::Otlp | RemoteProtocol::OtlpHttp)
+    }
+}
+
+/// How the OTLP sink compresses its requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum RemoteCompression {
+    /// gzip, which every OTLP receiver takes (`grpc-encoding` or `Content-Encoding`).
+    #[default]
+    Gzip,
+    None,
 }
 
 /// The `remote-*` keys, resolved. Secrets are named by file, read when the sink starts.
@@ -109,6 +130,12 @@ pub struct RemoteConfig {
     /// Parca with `--symbolize none`: upload the debug info of the binaries profiled, for the
     /// server to name their frames (see [`debuginfo`]).
     pub upload_debuginfo: bool,
+    /// OTLP: headers (gRPC metadata) sent with every request, (name, value).
+    pub headers: Vec<(String, String)>,
+    /// OTLP: headers whose values are secrets, read from these files when the sink starts.
+    pub header_files: Vec<(String, PathBuf)>,
+    /// OTLP: how requests are compressed.
+    pub compression: RemoteCompression,
 }
 
 impl Default for RemoteConfig {
@@ -124,6 +151,9 @@ impl Default for RemoteConfig {
             ca_file: None,
             timeout: Duration::from_secs(10),
             upload_debuginfo: true,
+            headers: Vec::new(),
+            header_files: Vec::new(),
+            compression: RemoteCompression::Gzip,
         }
     }
 }

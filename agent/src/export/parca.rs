@@ -75,12 +75,10 @@ pub struct Connection {
 
 impl Connection {
     /// Connects lazily (the first call connects), so a server that is down at start is only
-    /// a failed first send.
-    pub fn new(settings: &ClientSettings) -> Result<Connection, SinkError> {
-        let client_error = |message: String| SinkError::Client {
-            protocol: "parca",
-            message,
-        };
+    /// a failed first send. `protocol` names the client in errors (the OTLP sink's gRPC
+    /// transport is built here too).
+    pub fn new(settings: &ClientSettings, protocol: &'static str) -> Result<Connection, SinkError> {
+        let client_error = |message: String| SinkError::Client { protocol, message };
         let mut endpoint = Endpoint::from_shared(settings.endpoint.base.clone())
             .map_err(|e| client_error(e.to_string()))?
             // No channel-wide timeout: each call sets its own deadline (grpc-timeout, which
@@ -126,7 +124,7 @@ impl Connection {
 
 impl Client {
     pub fn new(settings: &ClientSettings) -> Result<Client, SinkError> {
-        let connection = Connection::new(settings)?;
+        let connection = Connection::new(settings, "parca")?;
         Ok(Client {
             inner: ProfileStoreServiceClient::with_interceptor(
                 connection.channel.clone(),

@@ -4,7 +4,7 @@
 
 use std::{path::Path, time::Duration};
 
-use super::{RemoteConfig, SinkError};
+use super::{RemoteCompression, RemoteConfig, SinkError};
 
 /// A secret read from a file: never printed, in logs, errors or `Debug`.
 #[derive(Clone)]
@@ -119,6 +119,20 @@ pub struct ClientSettings {
     /// PEM roots replacing the system's, when given.
     pub ca_pem: Option<Vec<u8>>,
     pub timeout: Duration,
+    /// OTLP: the extra headers, in the order configured.
+    pub headers: Vec<ExtraHeader>,
+    /// OTLP: how requests are compressed.
+    pub compression: RemoteCompression,
+}
+
+/// A header sent with every request (OTLP's `remote-headers`, `remote-header-files`).
+#[derive(Debug, Clone)]
+pub struct ExtraHeader {
+    pub name: String,
+    /// Kept as a [`Secret`] either way, so no header value is ever printed.
+    pub value: Secret,
+    /// Read from a file: marked sensitive on the wire too (HTTP/2 never indexes it).
+    pub secret: bool,
 }
 
 impl ClientSettings {
@@ -204,12 +218,38 @@ impl ClientSettings {
             })?),
             None => None,
         };
+        if !config.protocol.is_otlp()
+            && (!config.headers.is_empty() || !config.header_files.is_empty())
+        {
+            return Err(SinkError::Config(format!(
+                "remote-headers and remote-header-files are for the otlp protocols, not {}",
+                config.protocol.name()
+            )));
+        }
+        let mut headers: Vec<ExtraHeader> = config
+            .headers
+            .iter()
+            .map(|(name, value)| ExtraHeader {
+                name: name.clone(),
+                value: Secret(value.clone()),
+                secret: false,
+            })
+            .collect();
+        for (name, path) in &config.header_files {
+            headers.push(ExtraHeader {
+                name: name.clone(),
+                value: Secret::read("a remote header", path)?,
+                secret: true,
+            });
+        }
         Ok(ClientSettings {
             endpoint,
             credentials,
             tenant: config.tenant.clone().filter(|t| !t.is_empty()),
             ca_pem,
             timeout: config.timeout,
+            headers,
+            compression: config.compression,
         })
     }
 }
