@@ -10,7 +10,11 @@
 //!   nobody listens on for DOWN_SECONDS, its RSS read every second. Then the stand-in starts
 //!   and the time until the queue is empty gives the drain speed against real time.
 //!
-//! Without arguments (plain `cargo bench`) only the first figure is measured.
+//! - OTLP against pprof: the same windows as OTLP export requests (one dictionary per request)
+//!   and as the pprofs the other sinks send (one per series): bytes per window plain and
+//!   gzipped, and the thread CPU time to encode (and gzip), median of 30.
+//!
+//! Without arguments (plain `cargo bench`) only the first and last figures are measured.
 
 use std::{
     path::Path,
@@ -23,8 +27,8 @@ use std::{
 };
 
 use scorch::{
-    export::{self, pyroscope, ClientSettings, RemoteConfig, RemoteProtocol},
-    profile::{Labels, Line, Location, Mapping, Profile, Sample},
+    export::{self, otlp, pyroscope, ClientSettings, RemoteConfig, RemoteProtocol},
+    profile::{encode, Labels, Line, Location, Mapping, Profile, Sample},
     store::{Retention, Store, WindowId},
 };
 
@@ -48,6 +52,8 @@ fn main() {
     server.listen();
     encode_and_send(&server, STACKS_PER_SERIES);
     encode_and_send(&server, TYPICAL_STACKS_PER_SERIES);
+    otlp_against_pprof(STACKS_PER_SERIES);
+    otlp_against_pprof(TYPICAL_STACKS_PER_SERIES);
     let [scorch, work] = args.as_slice() else {
         println!(
             "remote: server-down hour skipped, needs SCORCH_BIN WORK_DIR (cargo xtask bench --only remote)"
@@ -290,6 +296,89 @@ fn encode_and_send(server: &StandIn, stacks_per_series: usize) {
         cpu[0].as_secs_f64() * 1e3,
         cpu[cpu.len() - 1].as_secs_f64() * 1e3,
         verdict(median <= Duration::from_millis(50)),
+    );
+}
+
+/// What one encoding of a window costs: bytes plain and gzipped, CPU to encode and to gzip.
+#[derive(Default)]
+struct Encoded {
+    plain: usize,
+    gzipped: usize,
+    encode: Duration,
+    gzip: Duration,
+}
+
+/// The pprofs the Pyroscope and Parca sinks send: one per series.
+fn encode_pprof(profile: &Profile) -> Encoded {
+    let mut out = Encoded::default();
+    let started = thread_cpu();
+    let plain: Vec<Vec<u8>> = export::split_by_series(profile)
+        .iter()
+        .map(|series| {
+            prost::Message::encode_to_vec(&encode::pprof::samples_message(profile, &series.samples))
+        })
+        .collect();
+    out.encode = thread_cpu() - started;
+    let started = thread_cpu();
+    for bytes in &plain {
+        out.plain += bytes.len();
+        out.gzipped += encode::pprof::gzip_fast(bytes).len();
+    }
+    out.gzip = thread_cpu() - started;
+    out
+}
+
+/// The OTLP sink's requests, gzipped at the same level as the pprofs.
+fn encode_otlp(profile: &Profile) -> Encoded {
+    let options = otlp::convert::ConvertOptions {
+        host_name: "bench-host".into(),
+        max_bytes: 2 << 20,
+    };
+    let mut out = Encoded::default();
+    let started = thread_cpu();
+    let plain: Vec<Vec<u8>> = otlp::convert::window_requests(profile, &options)
+        .iter()
+        .map(prost::Message::encode_to_vec)
+        .collect();
+    out.encode = thread_cpu() - started;
+    let started = thread_cpu();
+    for bytes in &plain {
+        out.plain += bytes.len();
+        out.gzipped += encode::pprof::gzip_fast(bytes).len();
+    }
+    out.gzip = thread_cpu() - started;
+    out
+}
+
+fn otlp_against_pprof(stacks_per_series: usize) {
+    let median = |mut v: Vec<Duration>| {
+        v.sort();
+        v[v.len() / 2].as_secs_f64() * 1e3
+    };
+    let (mut pprof, mut otlp) = (Vec::new(), Vec::new());
+    for i in 0..31 {
+        let profile = synthetic_window(SystemTime::now(), i, stacks_per_series);
+        // The first of each warms the allocator.
+        let (p, o) = (encode_pprof(&profile), encode_otlp(&profile));
+        if i > 0 {
+            pprof.push(p);
+            otlp.push(o);
+        }
+    }
+    let line = |name: &str, runs: Vec<Encoded>| {
+        format!(
+            "{name} {:.0} KiB plain, {:.0} KiB gzipped, encode {:.1} ms + gzip {:.1} ms",
+            runs[0].plain as f64 / 1024.0,
+            runs[0].gzipped as f64 / 1024.0,
+            median(runs.iter().map(|r| r.encode).collect()),
+            median(runs.iter().map(|r| r.gzip).collect()),
+        )
+    };
+    println!(
+        "remote: OTLP against pprof, one window of {SERIES} series ({} stacks of {DEPTH}          frames), median CPU of 30: {}; {}",
+        SERIES * stacks_per_series,
+        line("pprof per series", pprof),
+        line("OTLP", otlp),
     );
 }
 

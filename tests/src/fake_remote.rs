@@ -1,10 +1,11 @@
-//! Fake Pyroscope and Parca servers on loopback, for the remote sink's tests.
+//! Fake Pyroscope, Parca and OTLP servers on loopback, for the remote sink's tests.
 //!
 //! Written from the upstream protos (field numbers below, independently of the agent's
 //! generated code, so a wrong field number in scorch shows up here): Pyroscope's
 //! `push.v1.PusherService/Push` as connect unary over HTTP/1.1, Parca's
 //! `parca.profilestore.v1alpha1.ProfileStoreService/WriteRaw` as gRPC over HTTP/2 (hyper, with
-//! the gRPC framing done by hand). Every request is decoded and every profile in it kept.
+//! the gRPC framing done by hand), and OTLP profiles over gRPC or HTTP (`fake_otlp`, from the
+//! pinned upstream protos). Every request is decoded and every profile in it kept.
 //!
 //! Faults are queued: each request takes the next one (an error status, a 429 with
 //! Retry-After, an answer slower than the client's timeout, a connection reset), and
@@ -38,6 +39,10 @@ use prost::Message;
 pub enum Protocol {
     Pyroscope,
     Parca,
+    /// OTLP profiles over gRPC: `ProfilesService/Export`.
+    Otlp,
+    /// OTLP profiles over HTTP/1.1: `POST /v1development/profiles`.
+    OtlpHttp,
 }
 
 /// What the next request gets instead of a plain success.
@@ -53,6 +58,8 @@ pub enum Fault {
     Slow(Duration),
     /// Close the connection in the middle of the request, with a TCP reset.
     Reset,
+    /// OTLP: take the request, answering a partial success that rejects this many profiles.
+    Partial(i64),
 }
 
 /// One profile the server received (accepted or not).
@@ -210,7 +217,7 @@ impl FakeRemote {
                     let io = TokioIo::new(stream);
                     let mut killed = killed;
                     match protocol {
-                        Protocol::Pyroscope => {
+                        Protocol::Pyroscope | Protocol::OtlpHttp => {
                             let connection = hyper::server::conn::http1::Builder::new()
                                 .serve_connection(io, service);
                             tokio::select! {
@@ -219,7 +226,7 @@ impl FakeRemote {
                                 _ = stop.wait_for(|&g| g != generation) => {}
                             }
                         }
-                        Protocol::Parca => {
+                        Protocol::Parca | Protocol::Otlp => {
                             let connection =
                                 hyper::server::conn::http2::Builder::new(TokioExecutor::new())
                                     .serve_connection(io, service);
@@ -349,6 +356,8 @@ async fn handle(
     let decoded = match protocol {
         Protocol::Pyroscope => decode_push(&parts, &body),
         Protocol::Parca => decode_write_raw(&parts, &body),
+        Protocol::Otlp => crate::fake_otlp::decode_grpc(&parts, &body),
+        Protocol::OtlpHttp => crate::fake_otlp::decode_http(&parts, &body),
     };
     let mut received = match decoded {
         Ok(received) => received,
@@ -357,18 +366,46 @@ async fn handle(
             log(&state, at, &parts.headers, "malformed");
             return Ok(match protocol {
                 Protocol::Pyroscope => connect_error(400, "invalid_argument", &format!("{err:#}")),
-                Protocol::Parca => grpc_status(3, &format!("{err:#}"), None),
+                Protocol::Parca | Protocol::Otlp => grpc_status(3, &format!("{err:#}"), None),
+                Protocol::OtlpHttp => otlp_http_error(400, &format!("{err:#}"), None),
             });
         }
     };
     let (answer, response) = match (protocol, &fault) {
-        (Protocol::Parca, Some(Fault::Slow(_))) if past_deadline => (
+        (Protocol::Parca | Protocol::Otlp, Some(Fault::Slow(_))) if past_deadline => (
             "deadline exceeded".to_owned(),
             grpc_status(4, "fake: deadline exceeded", None),
         ),
         (_, None | Some(Fault::Slow(_)) | Some(Fault::Reset)) => {
-            ("ok".to_owned(), success(protocol))
+            ("ok".to_owned(), success(protocol, None))
         }
+        (_, Some(Fault::Partial(rejected))) => {
+            ("partial".to_owned(), success(protocol, Some(*rejected)))
+        }
+        (Protocol::Otlp, Some(Fault::Status(code))) => (
+            format!("grpc {code}"),
+            grpc_status(*code, "fake: failing on purpose", None),
+        ),
+        // As a Collector asks for a wait: UNAVAILABLE with RetryInfo in the status details.
+        (Protocol::Otlp, Some(Fault::RetryAfter(seconds))) => ("grpc 14".to_owned(), {
+            let mut response = grpc_status(14, "fake: come back later", None);
+            let details =
+                crate::fake_otlp::retry_info_details(14, "fake: come back later", *seconds);
+            if let Ok(value) = details.parse() {
+                response
+                    .headers_mut()
+                    .insert("grpc-status-details-bin", value);
+            }
+            response
+        }),
+        (Protocol::OtlpHttp, Some(Fault::Status(status))) => (
+            status.to_string(),
+            otlp_http_error(*status, "fake: failing on purpose", None),
+        ),
+        (Protocol::OtlpHttp, Some(Fault::RetryAfter(seconds))) => (
+            "503".to_owned(),
+            otlp_http_error(503, "fake: come back later", Some(*seconds)),
+        ),
         (Protocol::Pyroscope, Some(Fault::Status(400))) => (
             "400".to_owned(),
             connect_error(400, "invalid_argument", "fake: this profile is refused"),
@@ -399,7 +436,7 @@ async fn handle(
             grpc_status(8, "fake: slow down", Some(*seconds)),
         ),
     };
-    let accepted = answer == "ok";
+    let accepted = answer == "ok" || answer == "partial";
     for r in &mut received {
         r.accepted = accepted;
         r.answer = answer.clone();
@@ -450,8 +487,36 @@ fn empty(status: StatusCode) -> Response<Body> {
     response
 }
 
-fn success(protocol: Protocol) -> Response<Body> {
+/// A plain success; OTLP's carries its response message (a partial success when `rejected`).
+fn success(protocol: Protocol, rejected: Option<i64>) -> Response<Body> {
     match protocol {
+        Protocol::Otlp => {
+            let message = crate::fake_otlp::response(rejected);
+            let mut frame = vec![0];
+            frame.extend_from_slice(&(message.len() as u32).to_be_bytes());
+            frame.extend_from_slice(&message);
+            let mut trailers = HeaderMap::new();
+            trailers.insert("grpc-status", hyper::header::HeaderValue::from_static("0"));
+            let mut response = Response::new(GrpcBody {
+                data: Some(Bytes::from(frame)),
+                trailers: Some(trailers),
+            });
+            response.headers_mut().insert(
+                "content-type",
+                hyper::header::HeaderValue::from_static("application/grpc"),
+            );
+            response
+        }
+        Protocol::OtlpHttp => {
+            let mut response = empty(StatusCode::OK);
+            response.headers_mut().insert(
+                "content-type",
+                hyper::header::HeaderValue::from_static("application/x-protobuf"),
+            );
+            *response.body_mut() =
+                GrpcBody::data(Bytes::from(crate::fake_otlp::response(rejected)));
+            response
+        }
         // PushResponse is empty: an empty protobuf body.
         Protocol::Pyroscope => {
             let mut response = empty(StatusCode::OK);
@@ -476,6 +541,26 @@ fn success(protocol: Protocol) -> Response<Body> {
             response
         }
     }
+}
+
+/// An OTLP/HTTP error: the status, a `google.rpc.Status` body, `Retry-After` when asked.
+fn otlp_http_error(status: u16, message: &str, retry_after: Option<u64>) -> Response<Body> {
+    let mut response = empty(StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST));
+    response.headers_mut().insert(
+        "content-type",
+        hyper::header::HeaderValue::from_static("application/x-protobuf"),
+    );
+    if let Some(seconds) = retry_after {
+        if let Ok(value) = seconds.to_string().parse() {
+            response.headers_mut().insert("retry-after", value);
+        }
+    }
+    // gRPC's code for the status, as the OTLP spec maps them (only the message is read).
+    let code = if status >= 500 { 14 } else { 3 };
+    *response.body_mut() = GrpcBody::data(Bytes::from(crate::fake_otlp::http_error_body(
+        code, message,
+    )));
+    response
 }
 
 fn connect_error(status: u16, code: &str, message: &str) -> Response<Body> {

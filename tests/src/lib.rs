@@ -1093,6 +1093,7 @@ fn dechunk(mut data: &[u8]) -> Result<Vec<u8>> {
 /// Fake Pyroscope and Parca servers for the remote sink's tests.
 pub mod debian;
 pub mod fake_kubernetes;
+pub mod fake_otlp;
 pub mod fake_remote;
 
 /// A cgroup the test made, removed (after its processes are gone) when dropped.

@@ -23,7 +23,7 @@ use scorch_tests::{
     gnu_build_id, go_pprof, http_get, metric, run_tool, section_names, work_dir, Daemon, Workload,
 };
 
-fn fresh_dir(name: &str) -> Result<PathBuf> {
+pub(crate) fn fresh_dir(name: &str) -> Result<PathBuf> {
     let dir = work_dir().join(name);
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir)?;
@@ -31,7 +31,7 @@ fn fresh_dir(name: &str) -> Result<PathBuf> {
 }
 
 /// Waits until `condition` holds, polling; fails after `limit` with `what`.
-fn wait_until(
+pub(crate) fn wait_until(
     limit: Duration,
     what: &str,
     mut condition: impl FnMut() -> Result<bool>,
@@ -50,7 +50,7 @@ fn wait_until(
 }
 
 /// Waits until the daemon has written `windows` more windows than `from`.
-fn wait_windows(daemon: &Daemon, from: f64, windows: f64) -> Result<f64> {
+pub(crate) fn wait_windows(daemon: &Daemon, from: f64, windows: f64) -> Result<f64> {
     let mut now = 0.0;
     wait_until(Duration::from_secs(30), "windows to be written", || {
         now = metric(&daemon.address, "scorch_windows_written_total")?;
@@ -62,7 +62,7 @@ fn wait_windows(daemon: &Daemon, from: f64, windows: f64) -> Result<f64> {
 /// Waits until the sink has nothing queued and the server has taken everything written.
 /// Waits until the sink's cursor in the store has reached the newest window: everything
 /// written so far was delivered (the queue gauge alone can lag a window just written).
-fn wait_drained(daemon: &Daemon, fake: &FakeRemote, limit: Duration) -> Result<()> {
+pub(crate) fn wait_drained(daemon: &Daemon, fake: &FakeRemote, limit: Duration) -> Result<()> {
     let name = cursor_of(fake)?;
     wait_until(limit, "the remote queue to drain", || {
         let store = Store::open_read_only(&daemon.store)?;
@@ -75,10 +75,12 @@ fn wait_drained(daemon: &Daemon, fake: &FakeRemote, limit: Duration) -> Result<(
 }
 
 /// The sink's cursor name for `fake`.
-fn cursor_of(fake: &FakeRemote) -> Result<String> {
+pub(crate) fn cursor_of(fake: &FakeRemote) -> Result<String> {
     let protocol = match fake.protocol {
         Protocol::Pyroscope => RemoteProtocol::Pyroscope,
         Protocol::Parca => RemoteProtocol::Parca,
+        Protocol::Otlp => RemoteProtocol::Otlp,
+        Protocol::OtlpHttp => RemoteProtocol::OtlpHttp,
     };
     Ok(export::cursor_name(
         protocol,
@@ -86,7 +88,7 @@ fn cursor_of(fake: &FakeRemote) -> Result<String> {
     ))
 }
 
-fn start_ns(time: SystemTime) -> i64 {
+pub(crate) fn start_ns(time: SystemTime) -> i64 {
     time.duration_since(UNIX_EPOCH)
         .map(|d| d.as_nanos() as i64)
         .unwrap_or(0)
@@ -187,7 +189,7 @@ fn refused_windows(fake: &FakeRemote, answer: &str) -> BTreeSet<i64> {
         .collect()
 }
 
-fn calltree() -> Result<Workload> {
+pub(crate) fn calltree() -> Result<Workload> {
     let program = build_workload("calltree", &["-O2", "-fno-omit-frame-pointer", "-g"])?;
     Workload::start(&program, &["1", "120"])
 }
@@ -762,11 +764,13 @@ fn the_readme_configs_deliver() -> Result<()> {
     for (protocol, fake_protocol) in [
         ("pyroscope", Protocol::Pyroscope),
         ("parca", Protocol::Parca),
+        ("otlp", Protocol::Otlp),
+        ("otlp-http", Protocol::OtlpHttp),
     ] {
         let fake = FakeRemote::start(fake_protocol)?;
         // Pyroscope's block has a scheme; Parca's is `host:port` with remote-insecure.
         let url = match fake_protocol {
-            Protocol::Pyroscope => fake.url(),
+            Protocol::Pyroscope | Protocol::Otlp | Protocol::OtlpHttp => fake.url(),
             Protocol::Parca => fake.address.to_string(),
         };
         let config = dir.join(format!("{protocol}.toml"));

@@ -260,7 +260,7 @@ impl Client {
                 call.set_timeout(*timeout);
                 match inner.export(call).await {
                     Ok(response) => response.into_inner(),
-                    Err(status) => return Err(parca::classify_status(&status)),
+                    Err(status) => return Err(classify_status(&status)),
                 }
             }
             (Transport::Http { http, url, headers }, Request::Http(body)) => {
@@ -322,14 +322,72 @@ async fn send_http(
     )
 }
 
-/// `google.rpc.Status`, as much of it as the log needs (field numbers from
-/// googleapis google/rpc/status.proto).
+/// A gRPC failure as Parca's client classifies it, waiting what the receiver asked for: OTLP
+/// receivers (the Collector) ask through a `RetryInfo` in the status details rather than a
+/// `retry-after` header.
+fn classify_status(status: &Status) -> SendError {
+    match parca::classify_status(status) {
+        SendError::Retryable {
+            reason,
+            message,
+            retry_after: None,
+        } => SendError::Retryable {
+            reason,
+            message,
+            retry_after: retry_info_delay(status.details()),
+        },
+        other => other,
+    }
+}
+
+/// The delay of the `google.rpc.RetryInfo` among a status's details, if one is there.
+fn retry_info_delay(details: &[u8]) -> Option<std::time::Duration> {
+    const RETRY_INFO: &str = "type.googleapis.com/google.rpc.RetryInfo";
+    let status = RpcStatus::decode(details).ok()?;
+    let info = status
+        .details
+        .iter()
+        .find(|any| any.type_url == RETRY_INFO)?;
+    let delay = RetryInfo::decode(&info.value[..]).ok()?.retry_delay?;
+    let seconds = u64::try_from(delay.seconds).ok()?;
+    let nanos = u32::try_from(delay.nanos).ok()?;
+    Some(std::time::Duration::new(seconds, nanos.min(999_999_999)))
+}
+
+/// `google.rpc.Status` and `google.rpc.RetryInfo`, as much as the sink reads (field numbers
+/// from googleapis google/rpc/status.proto and error_details.proto).
 #[derive(Clone, PartialEq, prost::Message)]
 struct RpcStatus {
     #[prost(int32, tag = "1")]
     code: i32,
     #[prost(string, tag = "2")]
     message: String,
+    #[prost(message, repeated, tag = "3")]
+    details: Vec<RpcAny>,
+}
+
+/// `google.protobuf.Any`.
+#[derive(Clone, PartialEq, prost::Message)]
+struct RpcAny {
+    #[prost(string, tag = "1")]
+    type_url: String,
+    #[prost(bytes = "vec", tag = "2")]
+    value: Vec<u8>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct RetryInfo {
+    #[prost(message, optional, tag = "1")]
+    retry_delay: Option<ProtoDuration>,
+}
+
+/// `google.protobuf.Duration`.
+#[derive(Clone, PartialEq, prost::Message)]
+struct ProtoDuration {
+    #[prost(int64, tag = "1")]
+    seconds: i64,
+    #[prost(int32, tag = "2")]
+    nanos: i32,
 }
 
 /// The partial success of a response, when it says something: an empty one means full
@@ -385,6 +443,45 @@ mod tests {
             partial_success(&response(0, "deprecated field")).map(|p| p.rejected_profiles),
             Some(0)
         );
+    }
+
+    #[test]
+    fn a_retry_info_sets_the_wait() {
+        let details = RpcStatus {
+            code: 14,
+            message: "later".into(),
+            details: vec![
+                RpcAny {
+                    type_url: "type.googleapis.com/google.rpc.DebugInfo".into(),
+                    value: vec![1, 2],
+                },
+                RpcAny {
+                    type_url: "type.googleapis.com/google.rpc.RetryInfo".into(),
+                    value: RetryInfo {
+                        retry_delay: Some(ProtoDuration {
+                            seconds: 3,
+                            nanos: 500_000_000,
+                        }),
+                    }
+                    .encode_to_vec(),
+                },
+            ],
+        }
+        .encode_to_vec();
+        let status = Status::with_details(tonic::Code::Unavailable, "later", details.into());
+        match classify_status(&status) {
+            SendError::Retryable {
+                reason: FailureReason::Unavailable,
+                retry_after,
+                ..
+            } => assert_eq!(retry_after, Some(std::time::Duration::from_millis(3500))),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(retry_info_delay(b"not a status"), None);
+        assert_eq!(retry_info_delay(&[]), None);
+        // Refusals stay refusals, whatever the details say.
+        let refused = Status::invalid_argument("bad");
+        assert_eq!(classify_status(&refused).reason(), FailureReason::Rejected);
     }
 
     #[test]

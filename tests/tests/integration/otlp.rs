@@ -1,0 +1,317 @@
+//! The OTLP sink against the fake OTLP receiver (`scorch_tests::fake_otlp`, generated from the
+//! pinned upstream protos), over gRPC and over HTTP: down at start, a wait asked for (503 with
+//! `Retry-After`, or UNAVAILABLE with a RetryInfo), a partial success, then up; every window
+//! arrives once, the dictionaries are well formed (the receiver checks every request), the
+//! resource attributes of a systemd unit's process and of a container's name them, and the
+//! function shares `go tool pprof` reads from what arrived are those of the local store.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use anyhow::{ensure, Context, Result};
+use scorch::{
+    export,
+    profile::encode,
+    store::{Store, WindowId},
+};
+use scorch_tests::{
+    build_workload,
+    fake_remote::{FakeRemote, Fault, Protocol, Received},
+    go_pprof, metric, Cgroup, Daemon, Workload,
+};
+
+use crate::remote::{cursor_of, fresh_dir, start_ns, wait_drained, wait_until, wait_windows};
+
+const CONTAINER: &str = "7e2d4c1b0a9f8e7d6c5b4a3928170615f4e3d2c1b0a9f8e7d6c5b4a392817061";
+
+/// The delivered windows (id, start) up to the sink's cursor.
+fn delivered_windows(store_dir: &Path, fake: &FakeRemote) -> Result<Vec<(WindowId, i64)>> {
+    let store = Store::open_read_only(store_dir)?;
+    let cursor = store.cursor(&cursor_of(fake)?)?;
+    Ok(store
+        .windows_after(WindowId::NONE, 1 << 20)?
+        .into_iter()
+        .filter(|(id, _)| *id <= cursor)
+        .map(|(id, range)| (id, start_ns(range.from)))
+        .collect())
+}
+
+/// Every series of every delivered window reached the receiver exactly once (by window start
+/// and `process.pid`); returns the windows checked.
+fn check_every_window_once(store_dir: &Path, fake: &FakeRemote) -> Result<usize> {
+    let store = Store::open_read_only(store_dir)?;
+    let mut copies: BTreeMap<(i64, String), usize> = BTreeMap::new();
+    for r in fake.received().iter().filter(|r| r.accepted) {
+        let pid = r.labels.get("process.pid").cloned().unwrap_or_default();
+        *copies.entry((r.start_ns, pid)).or_default() += 1;
+    }
+    let windows = delivered_windows(store_dir, fake)?;
+    for &(id, start) in &windows {
+        let profile = store
+            .window_profile(id)?
+            .with_context(|| format!("window {id} gone from the store"))?;
+        for series in export::split_by_series(&profile) {
+            let pid = series.labels.get("pid").cloned().unwrap_or_default();
+            let n = copies.get(&(start, pid.clone())).copied().unwrap_or(0);
+            ensure!(
+                n == 1,
+                "window {id} (start {start}), pid {pid}: {n} copies reached the receiver"
+            );
+        }
+    }
+    ensure!(
+        fake.protocol_errors().is_empty(),
+        "{:?}",
+        fake.protocol_errors()
+    );
+    Ok(windows.len())
+}
+
+/// `go tool pprof -top`'s flat samples per function of `files`.
+fn flat_by_function(files: &[PathBuf]) -> Result<BTreeMap<String, i64>> {
+    let (last, rest) = files.split_last().context("no profiles")?;
+    let mut args = vec![
+        "-top",
+        "-nodecount=1000",
+        "-symbolize=none",
+        "-sample_index=samples",
+    ];
+    let rest: Vec<String> = rest
+        .iter()
+        .map(|p| p.to_string_lossy().into_owned())
+        .collect();
+    args.extend(rest.iter().map(String::as_str));
+    let top = go_pprof(&args, last)?;
+    let mut flat = BTreeMap::new();
+    let mut table = false;
+    for line in top.lines() {
+        if line.trim_start().starts_with("flat") {
+            table = true;
+            continue;
+        }
+        let words: Vec<&str> = line.split_whitespace().collect();
+        if !table || words.len() < 6 {
+            continue;
+        }
+        let samples: i64 = words[0].parse().with_context(|| format!("{line:?}"))?;
+        flat.insert(words[5..].join(" "), samples);
+    }
+    ensure!(!flat.is_empty(), "no functions in:\n{top}");
+    Ok(flat)
+}
+
+/// The function shares of `pid`'s profiles as received equal those of the same windows read
+/// from the local store, both as `go tool pprof` reads them.
+fn shares_match_the_store(store_dir: &Path, fake: &FakeRemote, pid: u32, dir: &Path) -> Result<()> {
+    let windows = delivered_windows(store_dir, fake)?;
+    let starts: BTreeSet<i64> = windows.iter().map(|w| w.1).collect();
+    let store = Store::open_read_only(store_dir)?;
+    let (mut local, mut received) = (Vec::new(), Vec::new());
+    for &(id, start) in &windows {
+        let profile = store.window_profile(id)?.context("window gone")?;
+        for series in export::split_by_series(&profile) {
+            if series.labels.get("pid") == Some(&pid.to_string()) {
+                let path = dir.join(format!("local-{start}.pb"));
+                std::fs::write(
+                    &path,
+                    encode::pprof::encode_samples(&profile, &series.samples),
+                )?;
+                local.push(path);
+            }
+        }
+    }
+    let pid_text = pid.to_string();
+    for (i, r) in fake
+        .received()
+        .iter()
+        .filter(|r| r.accepted && starts.contains(&r.start_ns))
+        .filter(|r| r.labels.get("process.pid") == Some(&pid_text))
+        .enumerate()
+    {
+        let path = dir.join(format!("received-{i}.pb"));
+        std::fs::write(&path, &r.pprof)?;
+        received.push(path);
+    }
+    ensure!(
+        local.len() == received.len() && local.len() >= 5,
+        "{} windows of pid {pid} in the store, {} received",
+        local.len(),
+        received.len()
+    );
+    let (local, received) = (flat_by_function(&local)?, flat_by_function(&received)?);
+    ensure!(
+        local == received,
+        "flat samples by function differ:\nstore    {local:?}\nreceived {received:?}"
+    );
+    ensure!(
+        local.keys().any(|f| f.starts_with("leaf_")),
+        "the workload's functions are missing: {local:?}"
+    );
+    Ok(())
+}
+
+/// The resource of `pid`'s profiles (the same in every window).
+fn resource_of(fake: &FakeRemote, pid: u32) -> Result<BTreeMap<String, String>> {
+    let pid = pid.to_string();
+    let received: Vec<Received> = fake
+        .received()
+        .into_iter()
+        .filter(|r| r.labels.get("process.pid") == Some(&pid))
+        .collect();
+    let first = received.first().context("no profile of the process")?;
+    ensure!(
+        received.iter().all(|r| r.labels == first.labels),
+        "the resource of pid {pid} changed between windows"
+    );
+    Ok(first.labels.clone())
+}
+
+fn otlp_delivers(name: &str, protocol: Protocol) -> Result<()> {
+    let unified = Path::new("/sys/fs/cgroup/unified");
+    let systemd_v1 = Path::new("/sys/fs/cgroup/systemd");
+    ensure!(
+        unified.join("cgroup.procs").exists() && systemd_v1.join("cgroup.procs").exists(),
+        "this test needs the hybrid cgroup layout (v2 at {} and the v1 name=systemd hierarchy)",
+        unified.display()
+    );
+    let dir = fresh_dir(name)?;
+    let secret = dir.join("api-key");
+    std::fs::write(&secret, "otlp-key-4242\n")?;
+    // A process in a systemd service's cgroup and one in a docker container's.
+    let program = build_workload("calltree", &["-O2", "-fno-omit-frame-pointer", "-g"])?;
+    let (svc_bin, dock_bin) = (dir.join("otlpsvc"), dir.join("otlpdock"));
+    std::fs::copy(&program, &svc_bin)?;
+    std::fs::copy(&program, &dock_bin)?;
+    let svc = Workload::start(&svc_bin, &["1", "120"])?;
+    let dock = Workload::start(&dock_bin, &["1", "120"])?;
+    let unit = format!("scorch-{name}.service");
+    let service_cgroup = Cgroup::create(unified, &format!("/system.slice/{unit}"))?;
+    service_cgroup.add(svc.pid())?;
+    let docker_cgroup = Cgroup::create(
+        systemd_v1,
+        &format!("/system.slice/docker-{CONTAINER}.scope"),
+    )?;
+    docker_cgroup.add(dock.pid())?;
+
+    // Down at start.
+    let port = FakeRemote::free_port()?;
+    let mut fake = FakeRemote::down_on(protocol, port)?;
+    let (protocol_name, compression) = match protocol {
+        Protocol::Otlp => ("otlp", "gzip"),
+        _ => ("otlp-http", "none"),
+    };
+    let store = dir.join("store");
+    let daemon = Daemon::start(
+        &store,
+        &[
+            "--window",
+            "1s",
+            "--remote-url",
+            &fake.url(),
+            "--remote-protocol",
+            protocol_name,
+            "--remote-compression",
+            compression,
+            "--remote-timeout",
+            "1s",
+            "--remote-header",
+            "x-team=payments",
+            "--remote-header-file",
+            &format!("api-key={}", secret.display()),
+        ],
+    )?;
+    let written = wait_windows(&daemon, 0.0, 3.0)?;
+    ensure!(metric(&daemon.address, "scorch_remote_windows_sent_total")? == 0.0);
+    fake.up()?;
+    wait_drained(&daemon, &fake, Duration::from_secs(40))?;
+
+    // A wait asked for, then a request kept in part.
+    fake.inject([Fault::RetryAfter(2), Fault::Partial(1)]);
+    wait_until(Duration::from_secs(30), "the faults to be used", || {
+        Ok(fake.faults_left() == 0)
+    })?;
+    wait_windows(&daemon, written, 2.0)?;
+    wait_drained(&daemon, &fake, Duration::from_secs(30))?;
+    ensure!(metric(&daemon.address, "scorch_remote_profiles_rejected_total")? == 1.0);
+    ensure!(metric(&daemon.address, "scorch_remote_windows_rejected_total")? == 0.0);
+    let (status, _, stderr) = daemon.stop()?;
+    ensure!(
+        status.success(),
+        "scorch run exited with {status}:\n{stderr}"
+    );
+    ensure!(
+        !stderr.contains("otlp-key-4242"),
+        "the secret header shows in the log"
+    );
+    ensure!(
+        stderr.contains("rejected 1 profiles") && stderr.contains("rejecting profiles on purpose"),
+        "the partial success was not logged:\n{stderr}"
+    );
+
+    let requests = fake.requests();
+    for request in &requests {
+        let header = |name: &str| request.headers.get(name).and_then(|v| v.to_str().ok());
+        ensure!(
+            header("api-key") == Some("otlp-key-4242"),
+            "api-key {:?}",
+            header("api-key")
+        );
+        ensure!(
+            header("x-team") == Some("payments"),
+            "x-team {:?}",
+            header("x-team")
+        );
+    }
+    let asked = match protocol {
+        Protocol::Otlp => "grpc 14",
+        _ => "503",
+    };
+    let throttled = requests
+        .iter()
+        .position(|r| r.answer == asked)
+        .with_context(|| format!("no {asked} answered"))?;
+    let waited = requests[throttled + 1].at - requests[throttled].at;
+    ensure!(
+        waited >= Duration::from_millis(1900),
+        "retried {waited:?} after being asked to wait 2 s"
+    );
+
+    let checked = check_every_window_once(&store, &fake)?;
+    ensure!(checked >= 6, "only {checked} windows checked");
+
+    let service = resource_of(&fake, svc.pid())?;
+    let get = |r: &BTreeMap<String, String>, key: &str| r.get(key).cloned().unwrap_or_default();
+    ensure!(get(&service, "service.name") == unit, "{service:?}");
+    ensure!(get(&service, "systemd_unit") == unit, "{service:?}");
+    ensure!(!service.contains_key("container.id"), "{service:?}");
+    ensure!(
+        get(&service, "process.executable.path").ends_with("/otlpsvc")
+            && get(&service, "process.executable.name") == "otlpsvc",
+        "{service:?}"
+    );
+    ensure!(!get(&service, "host.name").is_empty(), "{service:?}");
+    let container = resource_of(&fake, dock.pid())?;
+    ensure!(
+        get(&container, "container.id") == CONTAINER,
+        "{container:?}"
+    );
+    // No pod and no unit: the service is named by the conventions' fallback, or the comm
+    // scorch's labels default to.
+    ensure!(!get(&container, "service.name").is_empty(), "{container:?}");
+
+    shares_match_the_store(&store, &fake, svc.pid(), &dir)?;
+    Ok(())
+}
+
+#[test]
+fn otlp_grpc_receives_every_window_with_its_resource() -> Result<()> {
+    otlp_delivers("otlp-grpc", Protocol::Otlp)
+}
+
+#[test]
+fn otlp_http_receives_every_window_with_its_resource() -> Result<()> {
+    otlp_delivers("otlp-http", Protocol::OtlpHttp)
+}
