@@ -108,8 +108,9 @@ pub struct RunArgs {
     /// A label added to every series, `NAME=VALUE` (repeatable; adds to `[external-labels]`).
     #[arg(long = "external-label", value_parser = parse_external_label)]
     pub external_label: Vec<(String, String)>,
-    /// Also send every window to this Pyroscope or Parca server; the local store is the spool
-    /// meanwhile. `https://host`, `http://host:4040`, or `host:7070` (TLS) [default: none].
+    /// Also send every window to this Pyroscope, Parca or OTLP server; the local store is the
+    /// spool meanwhile. `https://host`, `http://host:4040`, or `host:7070` (TLS)
+    /// [default: none].
     #[arg(long)]
     pub remote_url: Option<String>,
     /// The remote's API: `pyroscope`, `parca`, `otlp` (OTLP profiles over gRPC) or `otlp-http`
@@ -557,6 +558,52 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
 mod tests {
     use super::*;
     use crate::export::RemoteConfig;
+
+    #[test]
+    fn otlp_keys_come_from_the_file_and_the_flags() {
+        let mut config = RunConfig::default();
+        apply_file(
+            &mut config,
+            "remote-protocol = \"otlp-http\"\nremote-compression = \"none\"\n\
+             remote-headers = { \"x-team\" = \"a\" }\n\
+             remote-header-files = { \"api-key\" = \"/etc/k\" }\n",
+            Path::new("x.toml"),
+        )
+        .unwrap();
+        apply_flags(
+            &mut config,
+            &RunArgs {
+                remote_header: vec![parse_header("x-env=prod").unwrap()],
+                ..RunArgs::default()
+            },
+        );
+        let remote = &config.remote;
+        assert_eq!(remote.protocol, RemoteProtocol::OtlpHttp);
+        assert_eq!(remote.compression, RemoteCompression::None);
+        assert_eq!(
+            remote.headers,
+            [
+                ("x-team".into(), "a".into()),
+                ("x-env".into(), "prod".into())
+            ]
+        );
+        assert_eq!(
+            remote.header_files,
+            [("api-key".into(), PathBuf::from("/etc/k"))]
+        );
+        // Header names as HTTP/2 carries them: refused, not folded.
+        assert!(parse_header("X-Team=a").is_err());
+        assert!(parse_header_file("api key=/k").is_err());
+        assert!(parse_header("novalue").is_err());
+        let mut config = RunConfig::default();
+        let error = apply_file(
+            &mut config,
+            "remote-headers = { \"Bad Name\" = \"a\" }\n",
+            Path::new("x.toml"),
+        )
+        .unwrap_err();
+        assert!(error.to_string().contains("remote-headers"), "{error}");
+    }
 
     #[test]
     fn reference_file_documents_the_defaults() {

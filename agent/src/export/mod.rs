@@ -1,8 +1,9 @@
 //! Remote sinks: the windows `scorch run` writes to the local store, sent to a Pyroscope or
-//! Parca server as well.
+//! Parca server, or an OTLP profiles receiver (an OpenTelemetry Collector), as well.
 //!
 //! ```text
 //! store (the spool) -> window_profile -> split_by_series -> encode (pprof) -> pyroscope | parca
+//!                                                        -> otlp::convert -> otlp (gRPC | HTTP)
 //! ```
 //!
 //! The local store is the spool: the sender reads the windows after its cursor, oldest first,
@@ -10,7 +11,7 @@
 //! that is away, or a restart of scorch, loses nothing; windows wait on disk, bounded by the
 //! store's retention (a window retention deletes before it was sent is counted as dropped).
 //!
-//! Delivery policy, the same for both protocols ([`SendError`] classifies each failure):
+//! Delivery policy, the same for every protocol ([`SendError`] classifies each failure):
 //! every request has a timeout; connection errors, timeouts, 408, 429, 5xx (and the matching
 //! connect and gRPC codes), and authentication refusals (a credential being fixed) are retried
 //! with exponential backoff and jitter, waiting at least what `Retry-After` asks; any other
@@ -22,7 +23,8 @@
 //!
 //! This file is the surface (configuration, errors, what a failure means); `delivery.rs` the
 //! sender, `series.rs` a window split into series and requests, `settings.rs` the URL, TLS and
-//! credentials, `metrics.rs` what the sink reports; a module per protocol, and `debuginfo.rs`.
+//! credentials, `metrics.rs` what the sink reports; a module per protocol (`otlp/` a folder:
+//! its clients, and `convert.rs`, the pure window-to-OTLP conversion), and `debuginfo.rs`.
 
 pub mod debuginfo;
 mod delivery;

@@ -305,6 +305,48 @@ mod tests {
     }
 
     #[test]
+    fn extra_headers_are_for_otlp_and_their_files_are_secrets() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("api-key");
+        std::fs::write(&path, "k3y-value\n").unwrap();
+        let config = RemoteConfig {
+            url: Some("http://127.0.0.1:4318".into()),
+            protocol: crate::export::RemoteProtocol::OtlpHttp,
+            headers: vec![("x-team".into(), "payments".into())],
+            header_files: vec![("api-key".into(), path.clone())],
+            ..RemoteConfig::default()
+        };
+        let settings = ClientSettings::new(&config).unwrap();
+        let headers: Vec<_> = settings
+            .headers
+            .iter()
+            .map(|h| (h.name.as_str(), h.value.expose(), h.secret))
+            .collect();
+        assert_eq!(
+            headers,
+            [
+                ("x-team", "payments", false),
+                ("api-key", "k3y-value", true)
+            ]
+        );
+        assert!(!format!("{settings:?}").contains("k3y-value"));
+        // Another protocol would ignore them: refused rather than silently dropped.
+        let parca = RemoteConfig {
+            protocol: crate::export::RemoteProtocol::Parca,
+            ..config.clone()
+        };
+        assert!(matches!(
+            ClientSettings::new(&parca),
+            Err(SinkError::Config(_))
+        ));
+        std::fs::write(&path, "").unwrap();
+        assert!(matches!(
+            ClientSettings::new(&config),
+            Err(SinkError::EmptySecret { .. })
+        ));
+    }
+
+    #[test]
     fn secrets_are_trimmed_and_never_shown() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("token");
