@@ -315,3 +315,85 @@ fn otlp_grpc_receives_every_window_with_its_resource() -> Result<()> {
 fn otlp_http_receives_every_window_with_its_resource() -> Result<()> {
     otlp_delivers("otlp-http", Protocol::OtlpHttp)
 }
+
+/// The sink alone, without BPF: windows written to a store after it started reach the receiver
+/// once each, with every sample of every series.
+fn stored_windows_arrive(name: &str, protocol: Protocol) -> Result<()> {
+    let dir = fresh_dir(name)?;
+    let store_dir = dir.join("store");
+    let mut store = Store::open(&store_dir, scorch::store::Retention::default())?;
+    let fake = FakeRemote::start(protocol)?;
+    let config = export::RemoteConfig {
+        url: Some(fake.url()),
+        protocol: match protocol {
+            Protocol::Otlp => export::RemoteProtocol::Otlp,
+            _ => export::RemoteProtocol::OtlpHttp,
+        },
+        timeout: Duration::from_secs(5),
+        ..export::RemoteConfig::default()
+    };
+    let mut registry = scorch::metrics::Registry::new();
+    let metrics = std::sync::Arc::new(export::RemoteMetrics::register(&mut registry));
+    let handle = export::spawn(
+        &config,
+        &store_dir,
+        scorch::store::Retention::default(),
+        metrics,
+        None,
+    )?;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_secs();
+    let mut expected: BTreeMap<(i64, String), u64> = BTreeMap::new();
+    for i in 0..5 {
+        let window = scorch::store::fixtures::synthetic_window(now - 60 + i * 10, 10, 6, 12);
+        store.write_window(&window)?;
+        for sample in &window.samples {
+            *expected
+                .entry((start_ns(window.start), sample.pid.to_string()))
+                .or_default() += sample.count;
+        }
+    }
+    wait_until(Duration::from_secs(30), "the windows to arrive", || {
+        let errors = fake.protocol_errors();
+        ensure!(
+            errors.is_empty(),
+            "the receiver refused requests: {errors:?}"
+        );
+        Ok(fake.received().len() >= expected.len())
+    })?;
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?
+        .block_on(handle.stop(Duration::from_secs(5)));
+    let mut got: BTreeMap<(i64, String), u64> = BTreeMap::new();
+    for r in fake.received() {
+        ensure!(r.accepted, "a request was refused: {}", r.answer);
+        let pid = r.labels.get("process.pid").cloned().unwrap_or_default();
+        let profile = <scorch::pprof::Profile as prost::Message>::decode(&r.pprof[..])?;
+        let samples: i64 = profile.sample.iter().map(|s| s.value[0]).sum();
+        ensure!(
+            got.insert((r.start_ns, pid.clone()), samples as u64)
+                .is_none(),
+            "window {} of pid {pid} arrived twice",
+            r.start_ns
+        );
+    }
+    ensure!(
+        fake.protocol_errors().is_empty(),
+        "{:?}",
+        fake.protocol_errors()
+    );
+    ensure!(got == expected, "received {got:?}\nstored {expected:?}");
+    Ok(())
+}
+
+#[test]
+fn otlp_grpc_sink_sends_stored_windows() -> Result<()> {
+    stored_windows_arrive("otlp-grpc-stored", Protocol::Otlp)
+}
+
+#[test]
+fn otlp_http_sink_sends_stored_windows() -> Result<()> {
+    stored_windows_arrive("otlp-http-stored", Protocol::OtlpHttp)
+}
