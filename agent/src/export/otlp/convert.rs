@@ -215,7 +215,7 @@ const PROFILE_ID_NAMESPACE: uuid::Uuid =
 
 /// A series' labels as resource attributes: the semantic conventions where one exists
 /// (`process.pid` as an integer), the rest under their own names.
-pub fn resource_attributes(labels: &Labels, host_name: &str) -> Vec<KeyValue> {
+fn resource_attributes(labels: &Labels, host_name: &str) -> Vec<KeyValue> {
     let mut attributes: Vec<KeyValue> = Vec::new();
     let mut put = |key: &str, value: any_value::Value| {
         if !attributes.iter().any(|a| a.key == key) {
