@@ -5,12 +5,12 @@
 //! index outside its table, a `service.name` on every resource), and turns each profile back
 //! into a pprof for `go tool pprof` and the comparisons of the tests.
 
-use std::{collections::BTreeMap, io::Read as _};
+use std::collections::BTreeMap;
 
 use anyhow::{ensure, Context, Result};
 use prost::Message;
 
-use crate::fake_remote::Received;
+use crate::fake_remote::{gunzip, header, Received};
 
 /// The generated messages, nested as their packages are (the generated code refers to its
 /// imports by relative path).
@@ -69,22 +69,6 @@ use proto::opentelemetry::proto::{
 pub const GRPC_PATH: &str =
     "/opentelemetry.proto.collector.profiles.v1development.ProfilesService/Export";
 pub const HTTP_PATH: &str = "/v1development/profiles";
-
-fn header<'a>(parts: &'a hyper::http::request::Parts, name: &str) -> &'a str {
-    parts
-        .headers
-        .get(name)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("")
-}
-
-fn gunzip(bytes: &[u8]) -> Result<Vec<u8>> {
-    let mut out = Vec::new();
-    flate2::read::GzDecoder::new(bytes)
-        .read_to_end(&mut out)
-        .context("gunzipping")?;
-    Ok(out)
-}
 
 /// A gRPC Export: one length-prefixed message, gzipped when its flag says so (and then
 /// `grpc-encoding: gzip` must say which compression).
@@ -465,14 +449,13 @@ fn to_pprof(d: &ProfilesDictionary, profile: &Profile) -> scorch::pprof::Profile
 }
 
 /// The success answer's message: empty, or a partial success rejecting `rejected` profiles.
-pub fn response(rejected: Option<i64>) -> Vec<u8> {
+pub fn response(rejected: Option<i64>) -> ExportProfilesServiceResponse {
     ExportProfilesServiceResponse {
         partial_success: rejected.map(|rejected| ExportProfilesPartialSuccess {
             rejected_profiles: rejected,
             error_message: "fake: rejecting profiles on purpose".into(),
         }),
     }
-    .encode_to_vec()
 }
 
 /// `google.rpc.Status` and `google.rpc.RetryInfo` (googleapis google/rpc/status.proto,

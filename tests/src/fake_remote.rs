@@ -490,31 +490,16 @@ fn empty(status: StatusCode) -> Response<Body> {
 /// A plain success; OTLP's carries its response message (a partial success when `rejected`).
 fn success(protocol: Protocol, rejected: Option<i64>) -> Response<Body> {
     match protocol {
-        Protocol::Otlp => {
-            let message = crate::fake_otlp::response(rejected);
-            let mut frame = vec![0];
-            frame.extend_from_slice(&(message.len() as u32).to_be_bytes());
-            frame.extend_from_slice(&message);
-            let mut trailers = HeaderMap::new();
-            trailers.insert("grpc-status", hyper::header::HeaderValue::from_static("0"));
-            let mut response = Response::new(GrpcBody {
-                data: Some(Bytes::from(frame)),
-                trailers: Some(trailers),
-            });
-            response.headers_mut().insert(
-                "content-type",
-                hyper::header::HeaderValue::from_static("application/grpc"),
-            );
-            response
-        }
+        Protocol::Otlp => grpc_ok(&crate::fake_otlp::response(rejected)),
         Protocol::OtlpHttp => {
             let mut response = empty(StatusCode::OK);
             response.headers_mut().insert(
                 "content-type",
                 hyper::header::HeaderValue::from_static("application/x-protobuf"),
             );
-            *response.body_mut() =
-                GrpcBody::data(Bytes::from(crate::fake_otlp::response(rejected)));
+            *response.body_mut() = GrpcBody::data(Bytes::from(
+                crate::fake_otlp::response(rejected).encode_to_vec(),
+            ));
             response
         }
         // PushResponse is empty: an empty protobuf body.
@@ -694,7 +679,7 @@ struct ParcaSample {
     raw_profile: Vec<u8>,
 }
 
-fn header<'a>(parts: &'a hyper::http::request::Parts, name: &str) -> &'a str {
+pub(crate) fn header<'a>(parts: &'a hyper::http::request::Parts, name: &str) -> &'a str {
     parts
         .headers
         .get(name)
@@ -813,7 +798,7 @@ fn label_map(pairs: &[LabelPair]) -> Result<BTreeMap<String, String>> {
     Ok(labels)
 }
 
-fn gunzip(bytes: &[u8]) -> Result<Vec<u8>> {
+pub(crate) fn gunzip(bytes: &[u8]) -> Result<Vec<u8>> {
     let mut out = Vec::new();
     flate2::read::GzDecoder::new(bytes)
         .read_to_end(&mut out)

@@ -8,7 +8,7 @@
 
 use std::{io::Write as _, time::SystemTime};
 
-use reqwest::header::{HeaderMap, HeaderValue, AUTHORIZATION, CONTENT_ENCODING, CONTENT_TYPE};
+use reqwest::header::{HeaderMap, HeaderValue, CONTENT_ENCODING, CONTENT_TYPE};
 
 use super::{
     classify_http_status, label_name, parse_retry_after,
@@ -60,7 +60,7 @@ impl Client {
         .map_err(|e| client_error(e.to_string()))?;
         let http = settings.http_client("pyroscope", Some(settings.timeout))?;
 
-        let mut headers = HeaderMap::new();
+        let mut headers = settings.auth_headers("pyroscope")?;
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/proto"));
         headers.insert(CONTENT_ENCODING, HeaderValue::from_static("gzip"));
         headers.insert("connect-protocol-version", HeaderValue::from_static("1"));
@@ -69,19 +69,6 @@ impl Client {
             "connect-timeout-ms",
             HeaderValue::from(settings.timeout.as_millis().min(u128::from(u32::MAX)) as u64),
         );
-        if let Some(value) = settings.credentials.authorization() {
-            let mut value = HeaderValue::from_str(&value).map_err(|_| {
-                client_error("the credentials hold characters a header cannot carry".into())
-            })?;
-            value.set_sensitive(true);
-            headers.insert(AUTHORIZATION, value);
-        }
-        if let Some(tenant) = &settings.tenant {
-            let value = HeaderValue::from_str(tenant).map_err(|_| {
-                client_error(format!("remote-tenant {tenant:?} is not a header value"))
-            })?;
-            headers.insert("x-scope-orgid", value);
-        }
         Ok(Client {
             http,
             push_url,

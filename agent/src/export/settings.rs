@@ -163,6 +163,32 @@ impl ClientSettings {
         builder.build().map_err(|e| client_error(e.to_string()))
     }
 
+    /// The credentials (`Authorization`, marked sensitive so nothing prints it) and tenant
+    /// (`X-Scope-OrgID`) as HTTP headers, for the clients over HTTP. `protocol` names the
+    /// client in errors.
+    pub fn auth_headers(
+        &self,
+        protocol: &'static str,
+    ) -> Result<reqwest::header::HeaderMap, SinkError> {
+        use reqwest::header::{HeaderMap, HeaderValue, AUTHORIZATION};
+        let client_error = |message: String| SinkError::Client { protocol, message };
+        let mut headers = HeaderMap::new();
+        if let Some(value) = self.credentials.authorization() {
+            let mut value = HeaderValue::from_str(&value).map_err(|_| {
+                client_error("the credentials hold characters a header cannot carry".into())
+            })?;
+            value.set_sensitive(true);
+            headers.insert(AUTHORIZATION, value);
+        }
+        if let Some(tenant) = &self.tenant {
+            let value = HeaderValue::from_str(tenant).map_err(|_| {
+                client_error(format!("remote-tenant {tenant:?} is not a header value"))
+            })?;
+            headers.insert("x-scope-orgid", value);
+        }
+        Ok(headers)
+    }
+
     pub fn new(config: &RemoteConfig) -> Result<ClientSettings, SinkError> {
         let url = config
             .url

@@ -225,16 +225,15 @@ fn otlp_delivers(name: &str, protocol: Protocol) -> Result<()> {
     )?;
     let written = wait_windows(&daemon, 0.0, 3.0)?;
     ensure!(metric(&daemon.address, "scorch_remote_windows_sent_total")? == 0.0);
-    fake.up()?;
-    wait_drained(&daemon, &fake, Duration::from_secs(40))?;
-
-    // A wait asked for, then a request kept in part.
+    // Then up, asking first for a wait (503 with Retry-After, or UNAVAILABLE with a
+    // RetryInfo), then keeping a request in part.
     fake.inject([Fault::RetryAfter(2), Fault::Partial(1)]);
+    fake.up()?;
     wait_until(Duration::from_secs(30), "the faults to be used", || {
         Ok(fake.faults_left() == 0)
     })?;
     wait_windows(&daemon, written, 2.0)?;
-    wait_drained(&daemon, &fake, Duration::from_secs(30))?;
+    wait_drained(&daemon, &fake, Duration::from_secs(40))?;
     ensure!(metric(&daemon.address, "scorch_remote_profiles_rejected_total")? == 1.0);
     ensure!(metric(&daemon.address, "scorch_remote_windows_rejected_total")? == 0.0);
     let (status, _, stderr) = daemon.stop()?;

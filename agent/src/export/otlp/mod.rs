@@ -17,7 +17,7 @@ pub mod convert;
 use std::{io::Write as _, time::SystemTime};
 
 use prost::Message as _;
-use reqwest::header::{HeaderMap, HeaderName, HeaderValue, AUTHORIZATION, CONTENT_ENCODING};
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_ENCODING};
 use tonic::{
     codec::CompressionEncoding,
     metadata::{Ascii, AsciiMetadataKey, MetadataValue},
@@ -190,26 +190,13 @@ impl Client {
             let url = reqwest::Url::parse(&format!("{}{HTTP_PATH}", settings.endpoint.base))
                 .map_err(|e| client_error(e.to_string()))?;
             let http = settings.http_client(protocol, Some(settings.timeout))?;
-            let mut headers = HeaderMap::new();
+            let mut headers = settings.auth_headers(protocol)?;
             headers.insert(
                 reqwest::header::CONTENT_TYPE,
                 HeaderValue::from_static("application/x-protobuf"),
             );
             if gzip {
                 headers.insert(CONTENT_ENCODING, HeaderValue::from_static("gzip"));
-            }
-            if let Some(value) = settings.credentials.authorization() {
-                let mut value = HeaderValue::from_str(&value).map_err(|_| {
-                    client_error("the credentials hold characters a header cannot carry".into())
-                })?;
-                value.set_sensitive(true);
-                headers.insert(AUTHORIZATION, value);
-            }
-            if let Some(tenant) = &settings.tenant {
-                let value = HeaderValue::from_str(tenant).map_err(|_| {
-                    client_error(format!("remote-tenant {tenant:?} is not a header value"))
-                })?;
-                headers.insert("x-scope-orgid", value);
             }
             for header in &settings.headers {
                 let name = HeaderName::from_bytes(header.name.as_bytes())
