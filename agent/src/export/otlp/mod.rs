@@ -126,14 +126,18 @@ enum Transport {
 
 pub struct Client {
     transport: Transport,
+    /// The host's name for series whose labels lost `node`, and the request size.
     options: ConvertOptions,
+    /// HTTP bodies are gzipped when preparing (once, not per retry); gRPC's by tonic.
     gzip: bool,
 }
 
 /// Adds the credentials, tenant and extra headers to every gRPC call.
 #[derive(Clone)]
 pub struct Metadata {
+    /// `authorization` and `x-scope-orgid`, as the Parca client sends them.
     credentials: parca::Credentialed,
+    /// `remote-headers` and `remote-header-files`, the latter marked sensitive.
     extra: Vec<(AsciiMetadataKey, MetadataValue<Ascii>)>,
 }
 
