@@ -375,7 +375,8 @@ fn otlp_against_pprof(stacks_per_series: usize) {
         )
     };
     println!(
-        "remote: OTLP against pprof, one window of {SERIES} series ({} stacks of {DEPTH}          frames), median CPU of 30: {}; {}",
+        "remote: OTLP against pprof, one window of {SERIES} series ({} stacks of {DEPTH} \
+         frames), median CPU of 30: {}; {}",
         SERIES * stacks_per_series,
         line("pprof per series", pprof),
         line("OTLP", otlp),
