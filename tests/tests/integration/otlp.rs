@@ -136,7 +136,7 @@ fn shares_match_the_store(store_dir: &Path, fake: &FakeRemote, pid: u32, dir: &P
         received.push(path);
     }
     ensure!(
-        local.len() == received.len() && local.len() >= 5,
+        local.len() == received.len() && local.len() >= 4,
         "{} windows of pid {pid} in the store, {} received",
         local.len(),
         received.len()
