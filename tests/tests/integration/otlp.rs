@@ -232,7 +232,8 @@ fn otlp_delivers(name: &str, protocol: Protocol) -> Result<()> {
     wait_until(Duration::from_secs(30), "the faults to be used", || {
         Ok(fake.faults_left() == 0)
     })?;
-    wait_windows(&daemon, written, 2.0)?;
+    // Three more than were written while it was down: six at least are checked below.
+    wait_windows(&daemon, written, 3.0)?;
     wait_drained(&daemon, &fake, Duration::from_secs(40))?;
     ensure!(metric(&daemon.address, "scorch_remote_profiles_rejected_total")? == 1.0);
     ensure!(metric(&daemon.address, "scorch_remote_windows_rejected_total")? == 0.0);
