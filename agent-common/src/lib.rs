@@ -521,6 +521,190 @@ impl UnwindOutcome {
     }
 }
 
+/// Off-CPU time: the knobs the `sched_switch` program reads (`OFF_CPU_CONTROL`, one entry),
+/// written by the agent before it attaches the program.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OffCpuControl {
+    /// The sampling parameter N: a block of d ns is recorded with probability
+    /// `1 - exp(-d / N)` ([`off_cpu_probability`]).
+    pub mean_ns: u64,
+    /// Blocks shorter than this are never recorded.
+    pub min_ns: u64,
+    /// Most events each CPU may send per second; the rest are counted
+    /// ([`OffCpuCount::OverCap`]).
+    pub events_per_cpu_second: u32,
+    /// The agent's own process: its threads are never recorded.
+    pub agent_tgid: u32,
+}
+
+/// Deepest kernel stack kept for a block: where it blocked, from `__schedule` down to the
+/// system call entry. Blocking paths are 10 to 30 frames deep; a deeper one is cut (and
+/// counted as truncated).
+pub const OFF_CPU_KERNEL_DEPTH: usize = 48;
+
+/// Most threads the program follows between their switch-out and switch-in
+/// (`OFF_CPU_THREADS`); a thread beyond it is counted ([`OffCpuCount::ThreadsFull`]).
+pub const MAX_OFF_CPU_THREADS: u32 = 16_384;
+
+/// Distinct user stacks kept for blocked threads (`OFF_CPU_USER_STACKS`, an LRU map: threads
+/// blocked in one place share one entry).
+pub const OFF_CPU_USER_STACKS: u32 = 1_024;
+
+/// `OffCpuThread::state`'s bit for a switch-out the scheduler forced (preemption); the low
+/// bits are the task's `__state` as the tracepoint passed it.
+pub const OFF_CPU_PREEMPTED: u32 = 1 << 31;
+
+/// `TASK_DEAD`: the last switch-out of an exiting thread, which never comes back.
+pub const TASK_DEAD: u32 = 0x80;
+
+/// A thread the program saw switch out: when, how, and its stacks at that moment (the user
+/// stack does not change while the thread is off the CPU). The value of `OFF_CPU_THREADS`,
+/// keyed by thread id, for every CPU (a thread may wake on another CPU than it slept on).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct OffCpuThread {
+    /// `bpf_ktime_get_ns` at switch-out; 0 while the thread runs.
+    pub start_ns: u64,
+    /// The user registers the user stack was walked from, to reuse the walk when the thread
+    /// next blocks at the same place (pc, sp and rbp all equal).
+    pub pc: u64,
+    pub sp: u64,
+    pub bp: u64,
+    /// Key of the user stack in `OFF_CPU_USER_STACKS`; 0 for none (a kernel thread).
+    pub user_stack: u64,
+    pub tgid: u32,
+    /// The switched-out state: `__state`, with [`OFF_CPU_PREEMPTED`].
+    pub state: u32,
+    /// Frames in `kernel`.
+    pub kernel_len: u32,
+    pub _pad: u32,
+    /// The thread's name (`comm` of the thread, not of the process).
+    pub comm: [u8; 16],
+    /// Kernel return addresses, leaf first.
+    pub kernel: [u64; OFF_CPU_KERNEL_DEPTH],
+}
+
+/// One recorded block, sent through the `OFF_CPU_EVENTS` ring buffer at switch-in.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct OffCpuEvent {
+    pub tgid: u32,
+    pub tid: u32,
+    /// As [`OffCpuThread::state`].
+    pub state: u32,
+    /// Frames in `kernel`.
+    pub kernel_len: u32,
+    /// How long the thread was off the CPU, ns.
+    pub duration_ns: u64,
+    /// The probability it was recorded with, in units of 2^-32 ([`off_cpu_probability`]):
+    /// the agent scales the duration by its inverse.
+    pub probability: u64,
+    /// The thread's name.
+    pub comm: [u8; 16],
+    pub kernel: [u64; OFF_CPU_KERNEL_DEPTH],
+    /// The user stack; `len` 0 when there is none or it was no longer kept.
+    pub user: UserStack,
+}
+
+/// Index into the per-CPU `OFF_CPU_COUNTS` array: what became of the blocks the program saw.
+/// Cumulative; the agent takes differences.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OffCpuCount {
+    /// Blocks sent to the agent.
+    Recorded = 0,
+    /// Blocks over the per-second cap: not sent, counted here.
+    OverCap = 1,
+    /// Their blocked time, ns (unscaled).
+    OverCapNs = 2,
+    /// Blocks lost to a full ring buffer (the agent read too slowly).
+    RingFull = 3,
+    /// Switch-outs not followed: the thread map was full.
+    ThreadsFull = 4,
+    /// Blocks sent without a user stack: its entry had been evicted while the thread slept.
+    UserStackEvicted = 5,
+    /// Blocks shorter than the minimum.
+    BelowMinimum = 6,
+    /// Switch-outs whose user stack was walked (not reused).
+    Walks = 7,
+}
+
+/// Number of [`OffCpuCount`] kinds.
+pub const OFF_CPU_COUNTS: u32 = 8;
+
+/// `2^(-k/16)` in units of 2^-32, k = 0..=16: [`off_cpu_probability`] interpolates between
+/// them.
+const EXP2_NEG_SIXTEENTHS: [u64; 17] = [
+    0x100000000,
+    0xf5257d15,
+    0xeac0c6e8,
+    0xe0ccdeec,
+    0xd744fccb,
+    0xce248c15,
+    0xc5672a11,
+    0xbd08a39f,
+    0xb504f334,
+    0xad583eea,
+    0xa5fed6aa,
+    0x9ef53261,
+    0x9837f052,
+    0x91c3d374,
+    0x8b95c1e4,
+    0x85aac368,
+    0x80000000,
+];
+
+/// Largest sampling parameter [`off_cpu_probability`] takes (about 18 minutes).
+pub const MAX_OFF_CPU_MEAN_NS: u64 = 1 << 40;
+
+/// `log2(e)` in 16.16 fixed point.
+const LOG2_E_16: u64 = 94_548;
+
+/// The probability, in units of 2^-32 (2^32 = certain), that a block of `duration_ns` is
+/// recorded: `1 - exp(-duration_ns / mean_ns)`, the chance that a Poisson process of one
+/// point per `mean_ns` of blocked time puts a point in it. Long blocks are always recorded,
+/// short ones seldom, and the agent divides each recorded duration by this same value, so the
+/// totals are unbiased whatever the rounding here. Integer arithmetic only (the BPF side
+/// has no floating point): `exp(-x) = 2^(-x log2 e)`, the fraction from a table of
+/// sixteenths, interpolated (within 0.02% of the true value).
+#[inline(always)]
+pub const fn off_cpu_probability(duration_ns: u64, mean_ns: u64) -> u64 {
+    const ONE: u64 = 1 << 32;
+    if mean_ns == 0 || duration_ns >= mean_ns.saturating_mul(32) {
+        return ONE;
+    }
+    // x = d / N in 16.16: d < 32 N <= 2^45 (the agent keeps N under
+    // [`MAX_OFF_CPU_MEAN_NS`]), so the shift fits; the BPF target has no 128-bit division.
+    if mean_ns > MAX_OFF_CPU_MEAN_NS {
+        return ONE;
+    }
+    // Short blocks (x < 1/4): the series 1 - exp(-x) = x - x^2/2 + x^3/6 - x^4/24, with x in
+    // units of 2^-32, keeps its precision where 16.16 would round x to a few units and the
+    // table's interpolation error would be large beside p. d < N / 4 <= 2^38, so d << 24
+    // fits.
+    if duration_ns.saturating_mul(4) < mean_ns {
+        let x = ((duration_ns << 24) / mean_ns) << 8;
+        let square = (x * x) >> 32;
+        let cube = (square * x) >> 32;
+        let fourth = (cube * x) >> 32;
+        return x - square / 2 + cube / 6 - fourth / 24;
+    }
+    let x = (duration_ns << 16) / mean_ns;
+    let y = (x * LOG2_E_16) >> 16;
+    let whole = y >> 16;
+    if whole >= 33 {
+        return ONE;
+    }
+    let fraction = y & 0xffff;
+    let index = (fraction >> 12) as usize;
+    let rest = fraction & 0xfff;
+    let high = EXP2_NEG_SIXTEENTHS[index & 15];
+    let low = EXP2_NEG_SIXTEENTHS[(index & 15) + 1];
+    let survive = (high - (((high - low) * rest) >> 12)) >> whole;
+    ONE - survive
+}
+
 #[cfg(feature = "user")]
 mod pod {
     // Each type is plain `#[repr(C)]` integers with no padding and no invalid bit patterns, so
@@ -545,6 +729,12 @@ mod pod {
     unsafe impl aya::Pod for super::UnwindEvent {}
     // SAFETY: see above.
     unsafe impl aya::Pod for super::PythonProc {}
+    // SAFETY: see above.
+    unsafe impl aya::Pod for super::OffCpuControl {}
+    // SAFETY: see above; explicit padding.
+    unsafe impl aya::Pod for super::OffCpuThread {}
+    // SAFETY: see above.
+    unsafe impl aya::Pod for super::OffCpuEvent {}
 }
 
 /// Most address ranges of one interpreter's eval loop: the function and the parts the

@@ -25,6 +25,8 @@
 pub(crate) const BPF_F_NO_PREALLOC: u32 = 1;
 
 #[cfg(target_arch = "bpf")]
+mod off_cpu;
+#[cfg(target_arch = "bpf")]
 mod python;
 #[cfg(target_arch = "bpf")]
 mod sampler;

@@ -25,12 +25,12 @@ const E2BIG: i32 = 7;
 
 /// Single entry: generation, PID filter switch, idle switch. Written only by the agent.
 #[map]
-static CONTROL: Array<Control> = Array::with_max_entries(1, 0);
+pub(crate) static CONTROL: Array<Control> = Array::with_max_entries(1, 0);
 
 /// PIDs (tgids) that `Control::filter_pids` selects (allow list) or excludes (deny list).
 /// Value unused. Written by the agent only, so not preallocated.
 #[map]
-static PID_FILTER: HashMap<u32, u8> =
+pub(crate) static PID_FILTER: HashMap<u32, u8> =
     HashMap::with_max_entries(MAX_PID_FILTER, crate::BPF_F_NO_PREALLOC);
 
 /// Per-CPU count of samples the PID filter discarded before any stack was walked.

@@ -89,9 +89,16 @@ static NOTIFIED: LruHashMap<u32, u64> = LruHashMap::with_max_entries(MAX_UNWIND_
 #[map]
 static UNWIND_OUTCOMES_COUNT: PerCpuArray<u64> = PerCpuArray::with_max_entries(UNWIND_OUTCOMES, 0);
 
-/// Per-CPU walk state.
+/// Per-CPU walk state: slot [`WALK_SAMPLE`] for the perf-event sampler, [`WALK_OFF_CPU`] for
+/// the `sched_switch` program, so that one can never overwrite a walk of the other on the
+/// same CPU.
 #[map]
-static WALK: PerCpuArray<WalkState> = PerCpuArray::with_max_entries(1, 0);
+static WALK: PerCpuArray<WalkState> = PerCpuArray::with_max_entries(2, 0);
+
+/// [`WALK`]'s slot for the perf-event sampler.
+pub const WALK_SAMPLE: u32 = 0;
+/// [`WALK`]'s slot for the off-CPU program.
+pub const WALK_OFF_CPU: u32 = 1;
 
 const NOTIFY_INTERVAL_NS: u64 = 250_000_000;
 
@@ -187,6 +194,13 @@ fn user_regs(ctx: &PerfEventContext, user_mode: bool) -> Option<(u64, u64, u64)>
         let regs = unsafe { &(*ctx.ctx).regs };
         return Some((regs.rip, regs.rsp, regs.rbp));
     }
+    current_user_regs()
+}
+
+/// The current task's saved user registers (pc, sp, rbp), from its kernel stack's `pt_regs`;
+/// `None` for kernel threads.
+#[inline(always)]
+pub fn current_user_regs() -> Option<(u64, u64, u64)> {
     // SAFETY: helpers with no memory arguments; the result is checked before use.
     let regs = unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) } as *const pt_regs;
     if regs.is_null() {
@@ -202,11 +216,20 @@ fn user_regs(ctx: &PerfEventContext, user_mode: bool) -> Option<(u64, u64, u64)>
 /// has no user stack.
 #[inline(always)]
 pub fn walk(ctx: &PerfEventContext, tgid: u32, user_mode: bool) -> Option<&'static mut WalkState> {
-    let (pc, sp, bp) = user_regs(ctx, user_mode)?;
+    walk_from(user_regs(ctx, user_mode)?, tgid, WALK_SAMPLE)
+}
+
+/// Walks the current task's user stack from registers (pc, sp, rbp) into `WALK`'s `slot`.
+#[inline(always)]
+pub fn walk_from(
+    (pc, sp, bp): (u64, u64, u64),
+    tgid: u32,
+    slot: u32,
+) -> Option<&'static mut WalkState> {
     if pc == 0 {
         return None;
     }
-    let state = WALK.get_ptr_mut(0)?;
+    let state = WALK.get_ptr_mut(slot)?;
     // SAFETY: this CPU's slot; the program cannot run twice at once on one CPU.
     let walk = unsafe { &mut *state };
     walk.pc = pc;
@@ -629,6 +652,19 @@ pub fn mapping_placed(tgid: u32, start: u64, info: *const u64) {
     }
 }
 
+/// The walked stack's identity: the frames' hash carries a word's high bits (a Python frame's
+/// instruction offset, in bits 47-62) only into its own high bits, and ids are the low ones,
+/// so they are mixed down first (MurmurHash3's finaliser), or stacks differing in a line
+/// would collide.
+#[inline(always)]
+pub fn mixed_hash(walk: &WalkState) -> u64 {
+    let mut hash = walk.stack.hash ^ u64::from(walk.stack.len);
+    hash ^= hash >> 33;
+    hash = hash.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    hash ^= hash >> 33;
+    hash
+}
+
 /// Inserts the walked stack of `tgid` into generation `generation`'s stack map; returns its id,
 /// or whether the failure was a collision (`true`) or another error.
 #[inline(always)]
@@ -638,13 +674,7 @@ pub fn store_stack(
     tgid: u32,
     generation: u32,
 ) -> Result<i32, bool> {
-    // The frames' hash carries a word's high bits (a Python frame's instruction offset, in
-    // bits 47-62) only into its own high bits; the id is the low ones, so they are mixed
-    // down first (MurmurHash3's finaliser), or stacks differing in a line would collide.
-    let mut hash = walk.stack.hash ^ u64::from(walk.stack.len);
-    hash ^= hash >> 33;
-    hash = hash.wrapping_mul(0xff51_afd7_ed55_8ccd);
-    hash ^= hash >> 33;
+    let hash = mixed_hash(walk);
     let id = (hash & 0x7fff_ffff) as i32;
     // SAFETY: only the hash is read; a concurrent writer of the same key writes the same hash.
     if let Some(existing) = unsafe { stacks.get(id) } {

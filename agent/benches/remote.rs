@@ -179,6 +179,7 @@ fn synthetic_window(start: SystemTime, seed: u64, stacks_per_series: usize) -> P
         start,
         duration: Duration::from_secs(10),
         period_ns: 52_631_578,
+        sample_type: scorch::profile::SampleType::Cpu,
         mappings,
         locations,
         samples,

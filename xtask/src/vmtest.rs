@@ -60,6 +60,7 @@ const WORKLOADS: &[(&str, &str, &[&str])] = &[
         "readzero.c",
         &["-O2", "-fno-omit-frame-pointer", "-g"],
     ),
+    ("blocker", "blocker.c", &["-O2", "-g", "-pthread"]),
 ];
 
 const INIT: &str = include_str!("vmtest/init.sh");

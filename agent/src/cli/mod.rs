@@ -14,7 +14,7 @@ use crate::{
         record::RecordConfig,
     },
     parse::{duration, selector::Selector, timespec::parse_range},
-    pipeline::sampler::UnwindMode,
+    pipeline::{off_cpu::OffCpuSettings, sampler::UnwindMode},
     profile::encode::{svg::Orientation, Format},
     symbolize::user::SymbolizeMode,
     unwind::PythonMode,
@@ -128,6 +128,23 @@ pub struct RecordArgs {
     /// the interpreter's eval loop; `off`: show the interpreter's C frames only.
     #[arg(long, value_enum, default_value = "auto")]
     pub python: PythonMode,
+    /// Record off-CPU time instead of CPU samples: where threads wait (sleep, I/O, locks,
+    /// preemption) and for how long, from the scheduler's `sched_switch`. The profile's values
+    /// are nanoseconds blocked, labelled `state` (sleeping, disk, preempted) and `thread`.
+    #[arg(long)]
+    pub off_cpu: bool,
+    /// Off-CPU sampling: a block of d is recorded with probability 1 - exp(-d / this), and
+    /// counts d divided by that probability (so totals are unbiased estimates): about one
+    /// event per this much blocked time.
+    #[arg(long, default_value = "10ms", value_parser = parse_duration, requires = "off_cpu")]
+    pub off_cpu_mean: Duration,
+    /// Off-CPU: blocks shorter than this are left out entirely (0: none).
+    #[arg(long, default_value = "0s", value_parser = parse_block_time, requires = "off_cpu")]
+    pub off_cpu_min: Duration,
+    /// Off-CPU: most blocks the kernel side sends per second; the rest are counted in the
+    /// summary with their blocked time, never silently dropped.
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(1..=1_000_000), requires = "off_cpu")]
+    pub off_cpu_max_events: u32,
 }
 
 impl RecordArgs {
@@ -155,6 +172,11 @@ impl RecordArgs {
             unwind_pool_mib: self.unwind_pool_mib,
             stack_map_entries: self.stack_map_entries,
             python: self.python,
+            off_cpu: self.off_cpu.then_some(OffCpuSettings {
+                mean: self.off_cpu_mean,
+                min: self.off_cpu_min,
+                max_events_per_second: self.off_cpu_max_events,
+            }),
         }
     }
 }
@@ -239,6 +261,11 @@ impl QueryArgs {
 /// A window or a recording's length: the one duration grammar
 /// ([`parse::duration`](crate::parse::duration)), longer than zero and at most a year. Zero is
 /// refused: a profile of nothing is always a mistake.
+/// A block length: a duration, zero allowed.
+fn parse_block_time(text: &str) -> Result<Duration, String> {
+    duration::parse_duration(text)
+}
+
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let duration = duration::parse_duration(text)?;
     if duration.is_zero() {

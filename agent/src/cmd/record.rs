@@ -9,13 +9,18 @@ use std::{
     time::{Duration, Instant},
 };
 
+use scorch_common::OffCpuCount;
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::{
     cmd::session::{Session, UnwindEvents, DISCOVERY_INTERVAL},
     pipeline::drain::{DrainError, Drainer, Losses},
+    pipeline::off_cpu::{OffCpuCounts, OffCpuError, OffCpuReader, OffCpuSettings},
     pipeline::sampler::{Sampler, SamplerConfig, SamplerError, UnwindCapacity, UnwindMode},
-    profile::encode::{self, svg::Orientation, EncodeOptions, Format},
+    profile::{
+        encode::{self, svg::Orientation, EncodeOptions, Format},
+        SampleType,
+    },
     symbolize::{
         self,
         kernel::KernelSymbolizer,
@@ -62,6 +67,8 @@ pub struct RecordConfig {
     pub stack_map_entries: u32,
     /// Whether interpreters' Python frames are walked.
     pub python: PythonMode,
+    /// Record off-CPU time, sampled so, instead of CPU samples.
+    pub off_cpu: Option<OffCpuSettings>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -82,6 +89,8 @@ pub enum RecordError {
     Signals(io::Error),
     #[error("loading unwind tables: {0}")]
     Unwind(#[from] LoaderError),
+    #[error("reading off-CPU counters: {0}")]
+    OffCpu(#[from] OffCpuError),
 }
 
 /// What a recording produced, for the one-line summary.
@@ -111,14 +120,25 @@ pub struct RecordSummary {
     pub python_unnamed: u64,
     /// The fullest any window left the stack maps: `stacks N of M entries, ...`.
     pub stack_maps: Option<String>,
+    /// With `--off-cpu`: what became of the blocks seen, and the off-CPU program's mean run
+    /// time when kernel.bpf_stats_enabled was on.
+    pub off_cpu: Option<(OffCpuCounts, Option<f64>)>,
 }
 
 impl std::fmt::Display for RecordSummary {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Off-CPU values are nanoseconds, not samples: the blocks, and the time they add up to.
+        let counted = match &self.off_cpu {
+            Some((counts, _)) => format!(
+                "{} off-CPU blocks ({:.3}s blocked, estimated)",
+                counts.get(OffCpuCount::Recorded),
+                self.samples as f64 / 1e9
+            ),
+            None => format!("{} samples", self.samples),
+        };
         write!(
             f,
-            "scorch: {} samples from {} processes in {:.2}s ({} windows); lost: {}; wrote {} ({})",
-            self.samples,
+            "scorch: {counted} from {} processes in {:.2}s ({} windows); lost: {}; wrote {} ({})",
             self.processes,
             self.duration.as_secs_f64(),
             self.windows.len(),
@@ -165,6 +185,12 @@ impl std::fmt::Display for RecordSummary {
         if let Some(ns) = self.bpf_ns_per_run {
             write!(f, "; BPF {ns:.0} ns/sample")?;
         }
+        if let Some((counts, ns)) = &self.off_cpu {
+            write!(f, "; off-CPU: {}", counts.describe())?;
+            if let Some(ns) = ns {
+                write!(f, "; off-CPU BPF {ns:.0} ns/switch")?;
+            }
+        }
         Ok(())
     }
 }
@@ -193,6 +219,7 @@ pub async fn record(args: &RecordConfig) -> Result<RecordSummary, RecordError> {
             .with_processes(args.unwind_processes)
             .with_pool_mib(args.unwind_pool_mib),
         stack_entries_ceiling: args.stack_map_entries,
+        off_cpu: args.off_cpu,
     };
     let mut sigint = signal(SignalKind::interrupt()).map_err(RecordError::Signals)?;
     let mut sigterm = signal(SignalKind::terminate()).map_err(RecordError::Signals)?;
@@ -222,6 +249,11 @@ pub async fn record(args: &RecordConfig) -> Result<RecordSummary, RecordError> {
         }
     }
     let events = UnwindEvents::new(unwinder.as_ref());
+    let mut off_cpu = sampler.take_off_cpu_maps().map(OffCpuReader::new);
+    // The ring buffer holds about 1,600 blocks: read it often enough that the cap's 10,000
+    // a second never fill it.
+    let mut off_cpu_tick = tokio::time::interval(OFF_CPU_READ_INTERVAL);
+    let mut last_read = std::time::SystemTime::now();
     let started = Instant::now();
     let deadline = tokio::time::Instant::now() + args.duration;
     let mut drainer = Drainer::new(maps, control);
@@ -249,6 +281,9 @@ pub async fn record(args: &RecordConfig) -> Result<RecordSummary, RecordError> {
                 }
             }
             _ = events.ready() => poll_unwinder(&mut unwinder, &mut session, false),
+            _ = off_cpu_tick.tick(), if off_cpu.is_some() => {
+                read_blocks(&mut off_cpu, &mut session, &mut last_read);
+            }
             _ = discover.tick() => {
                 session.discover(drainer.active_pids()?);
                 poll_unwinder(&mut unwinder, &mut session, true);
@@ -256,6 +291,12 @@ pub async fn record(args: &RecordConfig) -> Result<RecordSummary, RecordError> {
         }
     }
     session.add(drainer.drain_window()?);
+    read_blocks(&mut off_cpu, &mut session, &mut last_read);
+    let off_cpu_counts = off_cpu.as_ref().map(OffCpuReader::counts).transpose()?;
+    let off_cpu_ns_per_run = sampler
+        .off_cpu_run_stats()
+        .filter(|(_, runs)| *runs > 0)
+        .map(|(time, runs)| time.as_nanos() as f64 / runs as f64);
     sampler.flush_logs();
     let unwind_tables = unwinder.as_ref().map(|unwinder| {
         let stats = unwinder.stats();
@@ -269,14 +310,26 @@ pub async fn record(args: &RecordConfig) -> Result<RecordSummary, RecordError> {
     drop(sampler);
     let duration = started.elapsed();
 
-    let profile = symbolize::symbolize(
-        &session.aggregated,
+    // With --off-cpu the profile is the blocks' (the CPU samples only fed the unwinder).
+    let (aggregated, period_ns) = match args.off_cpu {
+        Some(_) => (&session.blocks, 1),
+        None => (&session.aggregated, 1_000_000_000 / args.frequency),
+    };
+    let mut profile = symbolize::symbolize(
+        aggregated,
         &mut KernelSymbolizer::one_profile(),
         &mut session.user,
-        1_000_000_000 / args.frequency,
+        period_ns,
         |pid| session.proc_comms.get(&pid).cloned(),
     )?;
-    for hint in symbolize::hints::stack_hints(&session.aggregated, &session.user) {
+    if let Some(settings) = args.off_cpu {
+        let control = settings.control(1, 0);
+        profile.sample_type = SampleType::OffCpu {
+            mean_ns: control.mean_ns,
+            min_ns: control.min_ns,
+        };
+    }
+    for hint in symbolize::hints::stack_hints(aggregated, &session.user) {
         tracing::warn!("{hint}");
     }
     let unnamed_frames = session
@@ -294,12 +347,20 @@ pub async fn record(args: &RecordConfig) -> Result<RecordSummary, RecordError> {
         .map(|(reason, n)| (reason.as_str(), *n))
         .collect();
     let format = args.format;
-    let title = format!(
-        "scorch on {}: {:.0}s, {} samples",
-        fs::hostname(),
-        duration.as_secs_f64(),
-        profile.total_samples()
-    );
+    let title = match args.off_cpu {
+        Some(_) => format!(
+            "scorch off-CPU on {}: {:.0}s, {:.3}s blocked (estimated)",
+            fs::hostname(),
+            duration.as_secs_f64(),
+            profile.total_samples() as f64 / 1e9
+        ),
+        None => format!(
+            "scorch on {}: {:.0}s, {} samples",
+            fs::hostname(),
+            duration.as_secs_f64(),
+            profile.total_samples()
+        ),
+    };
     let options = EncodeOptions {
         title: &title,
         top_limit: None,
@@ -308,11 +369,15 @@ pub async fn record(args: &RecordConfig) -> Result<RecordSummary, RecordError> {
     };
     let bytes = encode::encode(format, &profile, options)?;
     write_output(&args.output, &bytes)?;
-    let aggregated = &session.aggregated;
     Ok(RecordSummary {
         samples: aggregated.total_samples(),
         processes: aggregated.processes(),
-        windows: aggregated.windows.iter().map(|w| w.samples).collect(),
+        windows: session
+            .aggregated
+            .windows
+            .iter()
+            .map(|w| w.samples)
+            .collect(),
         losses: aggregated.losses,
         output: args.output.clone(),
         format,
@@ -324,7 +389,26 @@ pub async fn record(args: &RecordConfig) -> Result<RecordSummary, RecordError> {
         start_completed: session.user.entry_completions(),
         python_unnamed: session.user.python_stats().1,
         stack_maps: aggregated.stack_maps.describe(),
+        off_cpu: off_cpu_counts.map(|counts| (counts, off_cpu_ns_per_run)),
     })
+}
+
+/// How often `record --off-cpu` reads the blocks' ring buffer.
+const OFF_CPU_READ_INTERVAL: Duration = Duration::from_millis(50);
+
+/// Reads the blocks recorded since the last read into `blocks`.
+fn read_blocks(
+    reader: &mut Option<OffCpuReader>,
+    session: &mut Session,
+    last_read: &mut std::time::SystemTime,
+) {
+    let Some(reader) = reader else {
+        return;
+    };
+    let now = std::time::SystemTime::now();
+    let read = reader.read();
+    session.add_blocks(*last_read, now, read);
+    *last_read = now;
 }
 
 /// Reads the unwinder's events: the maps it read go to the session at once (which opens their

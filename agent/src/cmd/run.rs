@@ -260,6 +260,7 @@ pub async fn run(
         }
         .with_pool_mib(config.unwind_pool_mib),
         stack_entries_ceiling: config.stack_map_entries,
+        off_cpu: None,
     };
     // Before BPF is loaded: a bad remote configuration (URL, secret files, CA file) fails the
     // start with its reason.

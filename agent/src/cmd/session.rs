@@ -24,6 +24,8 @@ pub(crate) const DISCOVERY_INTERVAL: Duration = Duration::from_millis(200);
 /// `run` (one profile per window).
 pub(crate) struct Session {
     pub(crate) aggregated: Aggregated,
+    /// Off-CPU blocks (`record --off-cpu`), merged as they are read.
+    pub(crate) blocks: Aggregated,
     pub(crate) user: UserSymbolizer,
     /// Process names read from /proc while the processes were alive: the process's own name,
     /// where the BPF program could only see the sampled thread's.
@@ -38,6 +40,7 @@ impl Session {
     pub(crate) fn new(user: UserSymbolizer) -> Self {
         Session {
             aggregated: Aggregated::default(),
+            blocks: Aggregated::default(),
             user,
             proc_comms: HashMap::new(),
             seen_this_window: HashSet::new(),
@@ -121,6 +124,32 @@ impl Session {
         // windows' samples, and these take the maps read now, as the daemon's windows do.
         let user = &self.user;
         self.aggregated.add(window, |tgid| user.maps_version(tgid));
+    }
+}
+
+impl Session {
+    /// Adds off-CPU blocks read between `start` and `end`; their processes' maps are read now
+    /// if this window has not read them yet (a thread that only sleeps is never sampled on
+    /// the CPU).
+    pub(crate) fn add_blocks(
+        &mut self,
+        start: std::time::SystemTime,
+        end: std::time::SystemTime,
+        blocks: Vec<crate::pipeline::off_cpu::Block>,
+    ) {
+        let mut pids: Vec<u32> = blocks.iter().map(|b| b.tgid).collect();
+        pids.sort_unstable();
+        pids.dedup();
+        let new: Vec<u32> = pids
+            .iter()
+            .copied()
+            .filter(|pid| self.seen_this_window.insert(*pid))
+            .collect();
+        self.capture(&new);
+        self.user.mark_sampled(&pids);
+        let user = &self.user;
+        self.blocks
+            .add_blocks(start, end, blocks, |tgid| user.maps_version(tgid));
     }
 }
 

@@ -7,7 +7,19 @@ use std::{collections::HashMap, time::SystemTime};
 
 use scorch_common::UnwindOutcome;
 
-use crate::pipeline::drain::{Losses, RawWindow, Stack, StackMapFill};
+use crate::pipeline::{
+    drain::{Losses, RawWindow, Stack, StackMapFill},
+    off_cpu::{Block, BlockState},
+};
+
+/// What tells off-CPU samples of one process apart besides their stacks: the `thread` and
+/// `state` labels.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BlockTag {
+    /// The thread's name.
+    pub thread: String,
+    pub state: BlockState,
+}
 
 /// The identity of a sampled stack: which process, which user frames, which kernel frames.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -19,6 +31,8 @@ pub struct StackSample {
     pub maps_version: u32,
     pub user: Stack,
     pub kernel: Stack,
+    /// For off-CPU time: the thread and the state it blocked in; `None` for CPU samples.
+    pub block: Option<BlockTag>,
 }
 
 /// Per-window totals, kept so a run can show that its windows add up.
@@ -60,6 +74,7 @@ impl Aggregated {
                     maps_version: maps_version(sample.tgid),
                     user: sample.user,
                     kernel: sample.kernel,
+                    block: None,
                 })
                 .or_insert(0) += sample.count;
         }
@@ -74,6 +89,37 @@ impl Aggregated {
         }
         self.losses.add(&window.losses);
         self.stack_maps = self.stack_maps.max(window.stack_maps);
+    }
+
+    /// Adds recorded off-CPU blocks read between `start` and `end`; each counts its weight in
+    /// nanoseconds. Their process names are the thread names' processes', from `comms`.
+    pub fn add_blocks(
+        &mut self,
+        start: SystemTime,
+        end: SystemTime,
+        blocks: Vec<Block>,
+        maps_version: impl Fn(u32) -> u32,
+    ) {
+        self.windows.push(WindowTotal {
+            start,
+            end,
+            samples: blocks.len() as u64,
+        });
+        for block in blocks {
+            *self
+                .stacks
+                .entry(StackSample {
+                    tgid: block.tgid,
+                    maps_version: maps_version(block.tgid),
+                    user: block.user,
+                    kernel: block.kernel,
+                    block: Some(BlockTag {
+                        thread: block.thread,
+                        state: block.state,
+                    }),
+                })
+                .or_insert(0) += block.weight_ns;
+        }
     }
 
     pub fn total_samples(&self) -> u64 {
@@ -156,6 +202,48 @@ mod tests {
     }
 
     #[test]
+    fn blocks_add_their_weight_by_thread_and_state() {
+        let block = |thread: &str, state, weight_ns| Block {
+            tgid: 7,
+            tid: 8,
+            thread: thread.to_owned(),
+            state,
+            kernel: Stack::Frames(vec![0xffff_ffff_8100_0000]),
+            user: Stack::Frames(vec![1, 2]),
+            weight_ns,
+            duration_ns: weight_ns / 2,
+        };
+        let mut agg = Aggregated::default();
+        let at = SystemTime::UNIX_EPOCH;
+        agg.add_blocks(
+            at,
+            at + Duration::from_secs(1),
+            vec![
+                block("a", BlockState::Sleeping, 100),
+                block("a", BlockState::Sleeping, 50),
+                block("b", BlockState::Sleeping, 7),
+                block("a", BlockState::Disk, 3),
+            ],
+            |_| 0,
+        );
+        assert_eq!(agg.total_samples(), 160);
+        assert_eq!(agg.stacks.len(), 3);
+        let a = agg
+            .stacks
+            .iter()
+            .find(|(k, _)| {
+                k.block
+                    == Some(BlockTag {
+                        thread: "a".to_owned(),
+                        state: BlockState::Sleeping,
+                    })
+            })
+            .map(|(_, &v)| v);
+        assert_eq!(a, Some(150));
+        assert_eq!(agg.windows.len(), 1);
+    }
+
+    #[test]
     fn merges_equal_stacks_across_windows() {
         let mut agg = Aggregated::default();
         agg.add(
@@ -173,6 +261,7 @@ mod tests {
             maps_version: 0,
             user: Stack::Frames(vec![1, 2]),
             kernel: Stack::Absent,
+            block: None,
         };
         assert_eq!(agg.stacks[&key], 7);
         assert_eq!(agg.processes(), 2);

@@ -16,6 +16,7 @@ use super::{
     maps::{
         new_stack_map, new_user_stack_map, GenerationMaps, SamplerMaps, StackMapError, UnwindMaps,
     },
+    off_cpu::{OffCpuMaps, OffCpuSettings},
     stack_sizing::{StackSizing, DEFAULT_MAX_STACK_ENTRIES},
 };
 
@@ -46,6 +47,10 @@ pub enum SamplerError {
     StackMap(#[from] StackMapError),
     #[error("attaching to the sched_process_exec raw tracepoint (to forget exec'd processes' unwind tables): {0}")]
     ExecTracepoint(ProgramError),
+    #[error("attaching the off-CPU program to the sched_switch raw tracepoint: {0}")]
+    OffCpu(ProgramError),
+    #[error("off-CPU time needs the thread id's place in the kernel's task_struct: {0}")]
+    TaskPid(crate::sys::btf::BtfError),
     #[error("opening the CPU-clock perf event on CPU {cpu}: {source}")]
     Attach { cpu: u32, source: ProgramError },
     #[error("reading {path}: {source}")]
@@ -74,6 +79,8 @@ pub struct SamplerConfig {
     pub unwind_capacity: UnwindCapacity,
     /// The most entries each stack-trace map grows to (`--stack-map-entries`).
     pub stack_entries_ceiling: u32,
+    /// Off-CPU time too (`--off-cpu`): the `sched_switch` program is attached.
+    pub off_cpu: Option<OffCpuSettings>,
 }
 
 /// Bytes of an unwind row.
@@ -159,6 +166,7 @@ impl Default for SamplerConfig {
             unwind: UnwindMode::Auto,
             unwind_capacity: UnwindCapacity::DAEMON,
             stack_entries_ceiling: DEFAULT_MAX_STACK_ENTRIES,
+            off_cpu: None,
         }
     }
 }
@@ -177,6 +185,8 @@ pub struct Sampler {
     unwind_refused: Option<String>,
     /// Why the `vm_unmapped_area` hook could not be attached, when it could not.
     mapping_hook_refused: Option<String>,
+    /// The off-CPU program's maps, until [`Sampler::take_off_cpu_maps`] (with `off_cpu`).
+    off_cpu_maps: Option<OffCpuMaps>,
 }
 
 impl Sampler {
@@ -245,8 +255,17 @@ impl Sampler {
         } else {
             1
         };
+        let task_pid: u32 = match config.off_cpu {
+            Some(_) => crate::sys::btf::task_pid_offset().map_err(SamplerError::TaskPid)?,
+            None => 0,
+        };
+        let (threads, user_stacks, ring_bytes) = off_cpu_map_sizes(config.off_cpu.is_some());
         let mut ebpf = EbpfLoader::new()
             .override_global("TASK_FSBASE", &task_fsbase, true)
+            .override_global("TASK_PID", &task_pid, true)
+            .map_max_entries("OFF_CPU_THREADS", threads)
+            .map_max_entries("OFF_CPU_USER_STACK_MAP", user_stacks)
+            .map_max_entries("OFF_CPU_EVENTS", ring_bytes)
             .map_max_entries("PYTHON_PROCS", python_procs)
             .map_max_entries("COUNTS_0", count_entries)
             .map_max_entries("COUNTS_1", count_entries)
@@ -357,6 +376,10 @@ impl Sampler {
                 )
                 .map_err(|source| SamplerError::Attach { cpu, source })?;
         }
+        let off_cpu_maps = match config.off_cpu {
+            Some(settings) => Some(attach_off_cpu(&mut ebpf, &settings, cpus.len())?),
+            None => None,
+        };
         let sampler = Sampler {
             ebpf,
             cpus,
@@ -365,6 +388,7 @@ impl Sampler {
             program_name,
             unwind_refused: None,
             mapping_hook_refused,
+            off_cpu_maps,
         };
         Ok((sampler, maps, control))
     }
@@ -383,6 +407,18 @@ impl Sampler {
     /// The maps that feed the unwinder its tables, once (`None` with [`UnwindMode::Fp`]).
     pub fn take_unwind_maps(&mut self) -> Option<UnwindMaps> {
         self.unwind_maps.take()
+    }
+
+    /// The off-CPU program's maps, once (`None` without `off_cpu`).
+    pub fn take_off_cpu_maps(&mut self) -> Option<OffCpuMaps> {
+        self.off_cpu_maps.take()
+    }
+
+    /// Cumulative run time and run count of the off-CPU program, when
+    /// `kernel.bpf_stats_enabled` is on.
+    pub fn off_cpu_run_stats(&self) -> Option<(std::time::Duration, u64)> {
+        let info = self.ebpf.program("off_cpu_switch")?.info().ok()?;
+        Some((info.run_time(), info.run_count()))
     }
 
     /// CPUs the program is attached on.
@@ -454,6 +490,65 @@ impl Sampler {
         let program = self.ebpf.program(self.program_name)?;
         program.info().ok()?.verified_instruction_count()
     }
+}
+
+/// Entries of the off-CPU program's thread map and user-stack map, and its ring buffer's
+/// bytes: one of each (and a page) when off-CPU time is not recorded, since the kernel
+/// allocates preallocated maps whole; otherwise room for twice the threads alive now.
+fn off_cpu_map_sizes(enabled: bool) -> (u32, u32, u32) {
+    if !enabled {
+        return (1, 1, 4096);
+    }
+    let threads = std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|text| threads_in_loadavg(&text))
+        .unwrap_or(scorch_common::MAX_OFF_CPU_THREADS / 4);
+    (
+        threads
+            .saturating_mul(2)
+            .clamp(1024, scorch_common::MAX_OFF_CPU_THREADS),
+        scorch_common::OFF_CPU_USER_STACKS,
+        4 << 20,
+    )
+}
+
+/// The threads alive, from `/proc/loadavg`'s fourth field (`running/total`).
+fn threads_in_loadavg(text: &str) -> Option<u32> {
+    text.split_whitespace()
+        .nth(3)?
+        .split('/')
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+/// Loads the off-CPU program, fills its control and attaches it to `sched_switch`.
+fn attach_off_cpu(
+    ebpf: &mut Ebpf,
+    settings: &OffCpuSettings,
+    cpus: usize,
+) -> Result<OffCpuMaps, SamplerError> {
+    let control = settings.control(cpus, std::process::id());
+    let mut array: Array<MapData, scorch_common::OffCpuControl> = take(ebpf, "OFF_CPU_CONTROL")?;
+    array
+        .set(0, control, 0)
+        .map_err(|source| SamplerError::Map {
+            name: "OFF_CPU_CONTROL",
+            source,
+        })?;
+    let program: &mut RawTracePoint = ebpf
+        .program_mut("off_cpu_switch")
+        .ok_or(SamplerError::MissingProgram)?
+        .try_into()
+        .map_err(SamplerError::OffCpu)?;
+    program.load().map_err(SamplerError::OffCpu)?;
+    program
+        .attach("sched_switch")
+        .map_err(SamplerError::OffCpu)?;
+    Ok(OffCpuMaps {
+        events: take(ebpf, "OFF_CPU_EVENTS")?,
+        counts: take(ebpf, "OFF_CPU_COUNTS_MAP")?,
+    })
 }
 
 /// The samples one window can take: every CPU at the frequency for the window's length.
@@ -617,6 +712,16 @@ const _: () = assert!(MAX_STACK_DEPTH == 127);
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn counts_threads_in_loadavg() {
+        assert_eq!(
+            threads_in_loadavg("0.52 0.58 0.59 3/1234 5678\n"),
+            Some(1234)
+        );
+        assert_eq!(threads_in_loadavg("0.52 0.58"), None);
+        assert_eq!(off_cpu_map_sizes(false), (1, 1, 4096));
+    }
 
     #[test]
     fn parses_cpu_lists() {

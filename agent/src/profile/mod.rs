@@ -23,11 +23,26 @@ pub struct Profile {
     pub start: SystemTime,
     /// How long sampling ran.
     pub duration: Duration,
-    /// Nanoseconds of CPU time each sample stands for (1e9 / frequency).
+    /// Nanoseconds of CPU time each sample stands for (1e9 / frequency); 1 for off-CPU
+    /// time, whose sample counts are nanoseconds already.
     pub period_ns: u64,
+    /// What the samples measure.
+    pub sample_type: SampleType,
     pub mappings: Vec<Mapping>,
     pub locations: Vec<Location>,
     pub samples: Vec<Sample>,
+}
+
+/// What a profile's samples measure.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum SampleType {
+    /// CPU samples: each count is one sample of `period_ns` of CPU time.
+    #[default]
+    Cpu,
+    /// Off-CPU time: each count is nanoseconds a thread was blocked, an estimate from
+    /// blocks recorded with probability `1 - exp(-d / mean_ns)` and scaled by its inverse;
+    /// blocks under `min_ns` are left out.
+    OffCpu { mean_ns: u64, min_ns: u64 },
 }
 
 /// A file (or the kernel) mapped into an address range.
@@ -205,6 +220,7 @@ pub(crate) fn sample_profile() -> Profile {
         start: SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000),
         duration: Duration::from_secs(10),
         period_ns: 52_631_578,
+        sample_type: crate::profile::SampleType::Cpu,
         mappings: vec![
             Mapping {
                 start: 0xffffffff81000000,

@@ -124,6 +124,7 @@ impl Store {
             start: from_unix_ns(start),
             duration: Duration::from_nanos(duration.max(0) as u64),
             period_ns: period.max(0) as u64,
+            sample_type: crate::profile::SampleType::Cpu,
             mappings: Vec::new(),
             locations: Vec::new(),
             samples: Vec::new(),

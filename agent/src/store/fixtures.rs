@@ -71,6 +71,7 @@ pub fn synthetic_window(start: u64, seconds: u64, processes: u32, stacks: u32) -
         start: UNIX_EPOCH + Duration::from_secs(start),
         duration: Duration::from_secs(seconds),
         period_ns: 52_631_578,
+        sample_type: crate::profile::SampleType::Cpu,
         mappings: vec![mapping],
         locations,
         samples,

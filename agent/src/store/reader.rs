@@ -56,6 +56,7 @@ impl Store {
             start: from_unix_ns(start),
             duration: Duration::from_nanos(last_end.unwrap_or(start).saturating_sub(start) as u64),
             period_ns: period.unwrap_or(0) as u64,
+            sample_type: crate::profile::SampleType::Cpu,
             mappings: Vec::new(),
             locations: Vec::new(),
             samples: Vec::new(),

@@ -207,6 +207,7 @@ mod tests {
                 tgid: 7,
                 user: Stack::Frames(frames.to_vec()),
                 kernel: Stack::Absent,
+                block: None,
             },
             count,
         );
@@ -223,6 +224,7 @@ mod tests {
                 tgid: 7,
                 user: Stack::Frames(vec![0x5100]),
                 kernel: Stack::Absent,
+                block: None,
             },
             60,
         );

@@ -174,7 +174,18 @@ pub fn symbolize(
         let mut locations = Vec::new();
         match &stack.kernel {
             Stack::Frames(frames) => {
-                for (depth, &address) in frames.iter().enumerate() {
+                // An off-CPU stack was taken inside the scheduler's tracepoint: the frames
+                // above `__schedule` are the BPF program and the tracepoint's plumbing.
+                let first = if stack.block.is_some() {
+                    scheduler_frame(frames, |depth, address| {
+                        kernel_names
+                            .get(&lookup_address(address, depth))
+                            .map(String::as_str)
+                    })
+                } else {
+                    0
+                };
+                for (depth, &address) in frames.iter().enumerate().skip(first) {
                     let name = kernel_names.get(&lookup_address(address, depth)).cloned();
                     let mapping = builder.kernel_mapping;
                     locations.push(builder.location(LocationKey::Kernel(address), || Location {
@@ -201,10 +212,21 @@ pub fn symbolize(
         let comm = comm_of(stack.tgid)
             .or_else(|| aggregated.comms.get(&stack.tgid).cloned())
             .unwrap_or_default();
+        // Off-CPU time keeps the thread and its state apart: `record`'s series labels, and
+        // those two.
+        let labels = match &stack.block {
+            Some(tag) => std::sync::Arc::new(crate::profile::Labels::from([
+                ("comm".to_owned(), comm.clone()),
+                ("pid".to_owned(), stack.tgid.to_string()),
+                ("state".to_owned(), tag.state.as_str().to_owned()),
+                ("thread".to_owned(), tag.thread.clone()),
+            ])),
+            None => std::sync::Arc::default(),
+        };
         samples.push(Sample {
             pid: stack.tgid,
             comm,
-            labels: std::sync::Arc::default(),
+            labels,
             locations,
             count,
         });
@@ -221,10 +243,21 @@ pub fn symbolize(
         start,
         duration,
         period_ns,
+        sample_type: crate::profile::SampleType::Cpu,
         mappings: builder.mappings,
         locations: builder.locations,
         samples,
     })
+}
+
+/// Where an off-CPU kernel stack starts: at `__schedule` (or the first frame when it has
+/// none, as a stack cut short would not).
+fn scheduler_frame<'a>(frames: &[u64], name: impl Fn(usize, u64) -> Option<&'a str>) -> usize {
+    frames
+        .iter()
+        .enumerate()
+        .position(|(depth, &address)| name(depth, address) == Some("__schedule"))
+        .unwrap_or(0)
 }
 
 /// The process with the most samples.
@@ -401,6 +434,22 @@ fn parse_build_id_note(mut notes: &[u8]) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn off_cpu_kernel_stacks_start_at_the_scheduler() {
+        let names = [
+            "",
+            "bpf_trace_run4",
+            "__schedule",
+            "schedule",
+            "do_nanosleep",
+        ];
+        let frames = [10, 11, 12, 13, 14];
+        let name = |depth: usize, _| Some(names[depth]).filter(|n| !n.is_empty());
+        assert_eq!(scheduler_frame(&frames, name), 2);
+        // Without the scheduler's frame (a kernel whose names are unknown), all of it.
+        assert_eq!(scheduler_frame(&frames, |_, _| None), 0);
+    }
 
     #[test]
     fn kernel_addresses_become_offsets_from_text() {

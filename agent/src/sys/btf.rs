@@ -180,12 +180,22 @@ impl<'a> Btf<'a> {
 /// The offset of the thread's `fs` base in `struct task_struct` (`thread.fsbase`), read from
 /// the running kernel's BTF.
 pub fn task_fsbase_offset() -> Result<u32, BtfError> {
-    let path = "/sys/kernel/btf/vmlinux";
-    let data = std::fs::read(path).map_err(|e| BtfError::Read {
-        path: path.to_owned(),
+    task_member_offset(&["thread", "fsbase"])
+}
+
+/// The offset of the thread id in `struct task_struct` (`pid`), for the off-CPU program to
+/// read the id of the task switching in.
+pub fn task_pid_offset() -> Result<u32, BtfError> {
+    task_member_offset(&["pid"])
+}
+
+fn task_member_offset(path: &[&str]) -> Result<u32, BtfError> {
+    let file = "/sys/kernel/btf/vmlinux";
+    let data = std::fs::read(file).map_err(|e| BtfError::Read {
+        path: file.to_owned(),
         reason: e.to_string(),
     })?;
-    Btf::parse(&data)?.member_offset("task_struct", &["thread", "fsbase"])
+    Btf::parse(&data)?.member_offset("task_struct", path)
 }
 
 #[cfg(test)]

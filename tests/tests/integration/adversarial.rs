@@ -864,6 +864,7 @@ fn fill_store(dir: &Path, windows: u64, stacks: u64) -> Result<()> {
             start: UNIX_EPOCH + Duration::from_secs(now - windows + w),
             duration: Duration::from_secs(1),
             period_ns: 1_000_000_000 / 19,
+            sample_type: scorch::profile::SampleType::Cpu,
             mappings: vec![mapping.clone()],
             locations: locations.clone(),
             samples,

@@ -11,6 +11,7 @@ mod kernel_frames;
 mod known_call_tree;
 mod kubernetes;
 mod labels;
+mod off_cpu;
 mod otlp;
 mod pprof_url;
 mod python;

@@ -50,6 +50,7 @@ fn deep_window(start: u64, leaf: &str) -> Profile {
         start: UNIX_EPOCH + Duration::from_secs(start),
         duration: Duration::from_secs(WINDOW_SECONDS),
         period_ns: 1_000_000_000 / 19,
+        sample_type: scorch::profile::SampleType::Cpu,
         mappings: vec![Mapping {
             start: 0x40_0000,
             limit: 0x80_0000,

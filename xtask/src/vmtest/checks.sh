@@ -36,6 +36,15 @@ step record-nofp "$SCORCH" record --pid "$workload" --frequency 199 --duration 1
 kill "$workload" 2>/dev/null
 wait "$workload" 2>/dev/null
 
+# Off-CPU time from the sched_switch hook: threads blocked 60/30/10% of the time in
+# sleep_in_nanosleep, read_from_pipe and wait_for_mutex.
+"$WORKLOADS/blocker" 900 &
+workload=$!
+step off-cpu "$SCORCH" record --pid "$workload" --off-cpu --off-cpu-mean 1ms --duration 8s \
+    --symbolize local --output "$R/off-cpu.folded"
+kill "$workload" 2>/dev/null
+wait "$workload" 2>/dev/null
+
 # Every map ceiling at its least: each stack map holds one stack, the process map one process
 # and the row pools 1 MiB, system-wide beside the call tree without frame pointers and a
 # kernel-heavy reader. The recording must end normally and count what the ceilings cost.

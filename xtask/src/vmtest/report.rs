@@ -11,10 +11,11 @@ const TOLERANCE: f64 = 0.05;
 const MIN_SAMPLES: u64 = 500;
 
 /// The columns, in order.
-pub const CHECKS: [&str; 7] = [
+pub const CHECKS: [&str; 8] = [
     "scorch check",
     "record: call tree",
     "no frame pointers",
+    "off-CPU",
     "map ceilings",
     "kernel stacks",
     "run + query",
@@ -181,6 +182,15 @@ pub fn judge(label: &str, results: &Path, config: Option<&str>) -> Row {
             "scorch record failed: {} (in {})",
             last_line(&read("record-nofp.out")),
             shown("record-nofp.out")
+        )),
+    });
+
+    outcomes.push(match status("off-cpu") {
+        Some(0) => judge_off_cpu(&read("off-cpu.folded")),
+        _ => Outcome::Fail(format!(
+            "scorch record --off-cpu failed: {} (in {})",
+            last_line(&read("off-cpu.out")),
+            shown("off-cpu.out")
         )),
     });
 
@@ -359,6 +369,47 @@ fn judge_call_tree(text: &str) -> Outcome {
     Outcome::Pass(shown)
 }
 
+/// The blocking functions of tests/workloads/blocker.c and their shares of the time the three
+/// spend blocked together: 6 ms, 3 ms and 1 ms of each 10 ms.
+const BLOCKERS: [(&str, f64); 3] = [
+    ("sleep_in_nanosleep", 0.6),
+    ("read_from_pipe", 0.3),
+    ("wait_for_mutex", 0.1),
+];
+
+/// Each blocking function's share of the off-CPU time of the three, within 0.05 (an emulated
+/// machine keeps the workload's 10 ms schedule loosely), under the kernel's sleep.
+fn judge_off_cpu(text: &str) -> Outcome {
+    let stacks = folded(text);
+    let blocked = |function: &str| -> u64 {
+        stacks
+            .iter()
+            .filter(|(f, _)| f.iter().any(|frame| frame == function))
+            .map(|(_, c)| c)
+            .sum()
+    };
+    let times = BLOCKERS.map(|(function, _)| blocked(function));
+    let total: u64 = times.iter().sum();
+    if total == 0 {
+        return Outcome::Fail("no off-CPU time in the blocking functions".to_owned());
+    }
+    let shares = times.map(|t| t as f64 / total as f64);
+    let shown = format!("{:.2}/{:.2}/{:.2}", shares[0], shares[1], shares[2]);
+    if let Some(i) = (0..3).find(|&i| (shares[i] - BLOCKERS[i].1).abs() > 0.05) {
+        return Outcome::Fail(format!(
+            "{} has {:.3} of the blocked time, expected {:.2}: shares {shown}",
+            BLOCKERS[i].0, shares[i], BLOCKERS[i].1
+        ));
+    }
+    let asleep = stacks
+        .iter()
+        .any(|(f, _)| f.iter().any(|frame| frame == "do_nanosleep_[k]"));
+    if !asleep {
+        return Outcome::Fail("no do_nanosleep kernel frame under the sleeps".to_owned());
+    }
+    Outcome::Pass(shown)
+}
+
 /// Most of the /dev/zero reader's samples pass through a named kernel read path.
 fn judge_kernel_stacks(text: &str) -> Outcome {
     let stacks = folded(text);
@@ -494,6 +545,13 @@ mod tests {
 
     #[test]
     fn kernel_stacks_need_named_frames() {
+        let blocked = "blocker;sleep_in_nanosleep;do_nanosleep_[k] 600\n\
+                       blocker;read_from_pipe;pipe_read_[k] 300\n\
+                       blocker;wait_for_mutex;futex_wait_[k] 100\n";
+        assert!(matches!(judge_off_cpu(blocked), Outcome::Pass(_)));
+        let skewed = blocked.replace(" 300", " 600");
+        assert!(matches!(judge_off_cpu(&skewed), Outcome::Fail(_)));
+        assert!(matches!(judge_off_cpu(""), Outcome::Fail(_)));
         let named = "readzero;main;read;entry_SYSCALL_64_[k];vfs_read_[k];read_iter_zero_[k] 90\n\
                      readzero;main 10\n";
         assert!(matches!(judge_kernel_stacks(named), Outcome::Pass(_)));

@@ -17,7 +17,7 @@ use prost::Message;
 
 use crate::{
     pprof as pb,
-    profile::{Labels, Profile, Sample},
+    profile::{Labels, Profile, Sample, SampleType},
 };
 
 /// A hash map with a fast, non-cryptographic hasher: its keys come from our own profile.
@@ -64,11 +64,23 @@ pub fn samples_message(profile: &Profile, samples: &[&Sample]) -> pb::Profile {
         r#type: strings.intern(ty),
         unit: strings.intern(unit),
     };
-    let sample_type = vec![
-        value_type("samples", "count"),
-        value_type("cpu", "nanoseconds"),
-    ];
-    let period_type = Some(value_type("cpu", "nanoseconds"));
+    let off_cpu = matches!(profile.sample_type, SampleType::OffCpu { .. });
+    // Off-CPU time is one value, nanoseconds blocked, as the OpenTelemetry profiler and
+    // Pyroscope (`off_cpu:nanoseconds`) name it; its period is the sampling parameter.
+    let (sample_type, period_type) = if off_cpu {
+        (
+            vec![value_type("off_cpu", "nanoseconds")],
+            Some(value_type("off_cpu", "nanoseconds")),
+        )
+    } else {
+        (
+            vec![
+                value_type("samples", "count"),
+                value_type("cpu", "nanoseconds"),
+            ],
+            Some(value_type("cpu", "nanoseconds")),
+        )
+    };
 
     // Mappings first, since locations refer to them.
     let mut mapping_used = vec![false; profile.mappings.len()];
@@ -129,7 +141,10 @@ pub fn samples_message(profile: &Profile, samples: &[&Sample]) -> pb::Profile {
     let mut label_sets: FastMap<*const Labels, Vec<pb::Label>> = FastMap::default();
     let pid_key = strings.intern("pid");
     let comm_key = strings.intern("comm");
-    let period = profile.period_ns as i64;
+    let period = match profile.sample_type {
+        SampleType::OffCpu { mean_ns, .. } => mean_ns as i64,
+        SampleType::Cpu => profile.period_ns as i64,
+    };
     let sample = samples
         .iter()
         .map(|s| {
@@ -198,7 +213,11 @@ pub fn samples_message(profile: &Profile, samples: &[&Sample]) -> pb::Profile {
             };
             pb::Sample {
                 location_id: location_ids,
-                value: vec![s.count as i64, s.count as i64 * period],
+                value: if off_cpu {
+                    vec![s.count as i64]
+                } else {
+                    vec![s.count as i64, s.count as i64 * period]
+                },
                 label,
             }
         })
@@ -208,18 +227,41 @@ pub fn samples_message(profile: &Profile, samples: &[&Sample]) -> pb::Profile {
         .start
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as i64);
+    // The comment is made here, not borrowed from the profile: it goes last in the table.
+    let mut string_table: Vec<String> = strings.strings.into_iter().map(str::to_owned).collect();
+    let comment = match off_cpu_comment(profile.sample_type) {
+        Some(text) => {
+            string_table.push(text);
+            vec![string_table.len() as i64 - 1]
+        }
+        None => Vec::new(),
+    };
     pb::Profile {
         sample_type,
         sample,
         mapping,
         location,
         function,
-        string_table: strings.strings.into_iter().map(str::to_owned).collect(),
+        string_table,
         time_nanos,
         duration_nanos: profile.duration.as_nanos() as i64,
         period_type,
         period,
+        comment,
         ..Default::default()
+    }
+}
+
+/// The note that tells a reader of an off-CPU profile its values are estimates, and how they
+/// were made.
+fn off_cpu_comment(sample_type: SampleType) -> Option<String> {
+    match sample_type {
+        SampleType::Cpu => None,
+        SampleType::OffCpu { mean_ns, min_ns } => Some(format!(
+            "off-CPU time sampled by duration: a block of d ns was recorded with probability \
+             1 - exp(-d / {mean_ns}) and its value scaled by the inverse (an unbiased estimate, \
+             not a count); blocks under {min_ns} ns left out"
+        )),
     }
 }
 

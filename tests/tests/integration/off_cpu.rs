@@ -1,0 +1,210 @@
+//! Off-CPU time (`record --off-cpu`): threads that block in known functions for shares of the
+//! time they measure themselves, recorded from the scheduler's `sched_switch`.
+
+use std::{
+    collections::{BTreeSet, HashMap},
+    process::{Command, Stdio},
+    time::Duration,
+};
+
+use anyhow::{ensure, Context};
+use scorch::pprof;
+use scorch_tests::*;
+
+/// One sample: its value, function names leaf first, and string labels.
+struct OffCpuSample {
+    value: i64,
+    frames: Vec<String>,
+    labels: HashMap<String, String>,
+}
+
+fn off_cpu_samples(profile: &pprof::Profile) -> Vec<OffCpuSample> {
+    let strings = &profile.string_table;
+    let functions: HashMap<u64, &str> = profile
+        .function
+        .iter()
+        .map(|f| (f.id, strings[f.name as usize].as_str()))
+        .collect();
+    let locations: HashMap<u64, Vec<String>> = profile
+        .location
+        .iter()
+        .map(|l| {
+            let names = l
+                .line
+                .iter()
+                .map(|line| functions.get(&line.function_id).copied().unwrap_or("?"))
+                .map(str::to_owned)
+                .collect();
+            (l.id, names)
+        })
+        .collect();
+    profile
+        .sample
+        .iter()
+        .map(|s| OffCpuSample {
+            value: s.value[0],
+            frames: s
+                .location_id
+                .iter()
+                .flat_map(|id| locations.get(id).cloned().unwrap_or_default())
+                .collect(),
+            labels: s
+                .label
+                .iter()
+                .filter(|l| l.str != 0)
+                .map(|l| {
+                    (
+                        strings[l.key as usize].clone(),
+                        strings[l.str as usize].clone(),
+                    )
+                })
+                .collect(),
+        })
+        .collect()
+}
+
+/// Seconds the recording ran, from its summary (`... in 5.00s (...`).
+fn recorded_seconds(summary: &str) -> anyhow::Result<f64> {
+    let after = summary.split(" in ").nth(1).context("no duration")?;
+    let number = after.split('s').next().context("no duration")?;
+    Ok(number.parse()?)
+}
+
+#[test]
+fn off_cpu_time_goes_to_each_blocking_function_in_its_share() -> anyhow::Result<()> {
+    let program = build_workload("blocker", &["-O2", "-g"])?;
+    let child = Command::new(&program)
+        .arg("9")
+        .stdout(Stdio::piped())
+        .spawn()
+        .context("starting blocker")?;
+    let mut workload = Workload { child };
+    std::thread::sleep(Duration::from_millis(300));
+    let path = work_dir().join("off_cpu.pb.gz");
+    let output = record_pid_to(
+        workload.pid(),
+        6,
+        &path,
+        &["--off-cpu", "--off-cpu-mean", "1ms"],
+    )?;
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    let summary = stdout
+        .lines()
+        .find(|l| l.starts_with("scorch: "))
+        .context("no summary")?;
+    println!("{summary}");
+    let seconds = recorded_seconds(summary)?;
+    // The workload's own measure of the time each function spent blocked, and its length.
+    let status = workload.child.wait()?;
+    ensure!(status.success(), "blocker failed: {status}");
+    let mut truth_text = String::new();
+    std::io::Read::read_to_string(
+        workload.child.stdout.as_mut().context("no stdout")?,
+        &mut truth_text,
+    )?;
+    let truth: HashMap<&str, f64> = truth_text
+        .lines()
+        .filter_map(|l| {
+            let (name, ns) = l.split_once(' ')?;
+            Some((name, ns.parse().ok()?))
+        })
+        .collect();
+    let wall = truth["wall"];
+
+    let profile = read_pprof(&path)?;
+    let strings = &profile.string_table;
+    let sample_type = &profile.sample_type[0];
+    ensure!(
+        profile.sample_type.len() == 1
+            && strings[sample_type.r#type as usize] == "off_cpu"
+            && strings[sample_type.unit as usize] == "nanoseconds",
+        "sample types: {:?}",
+        profile.sample_type
+    );
+    ensure!(profile.period == 1_000_000, "period {}", profile.period);
+    ensure!(
+        profile
+            .comment
+            .iter()
+            .any(|&c| strings[c as usize].contains("1 - exp(-d / 1000000)")),
+        "no note of the sampling in the profile"
+    );
+    let samples = off_cpu_samples(&profile);
+    let with = |function: &str| -> Vec<&OffCpuSample> {
+        samples
+            .iter()
+            .filter(|s| s.frames.iter().any(|f| f == function))
+            .collect()
+    };
+    let cpus = std::thread::available_parallelism()?.get();
+    let mut checked = vec![
+        ("sleep_in_nanosleep", "do_nanosleep", "sleeper"),
+        ("read_from_pipe", "pipe_read", "reader"),
+        ("wait_for_mutex", "futex_wait", "waiter"),
+    ];
+    // The thread that sleeps on CPU 0 and wakes on CPU 1.
+    if cpus >= 2 {
+        checked.push(("sleep_across_cpus", "do_nanosleep", "mover"));
+    }
+    for (function, kernel, thread) in checked {
+        let found = with(function);
+        ensure!(!found.is_empty(), "no off-CPU samples in {function}");
+        let recorded: f64 = found.iter().map(|s| s.value as f64).sum();
+        // Blocked nanoseconds per second of the recording, against the workload's own.
+        let got = recorded / seconds / 1e9;
+        let want = truth[function] / wall;
+        println!("{function}: {got:.4} s/s blocked, the workload measured {want:.4}");
+        ensure!(
+            (got - want).abs() <= want * 0.10,
+            "{function}: {got:.4} s/s off-CPU, the workload measured {want:.4} s/s"
+        );
+        for sample in &found {
+            ensure!(
+                sample.frames.first().map(String::as_str) == Some("__schedule"),
+                "{function}: the kernel stack starts at {:?}, not at __schedule",
+                sample.frames.first()
+            );
+            ensure!(
+                sample.frames.iter().any(|f| f.contains(kernel)),
+                "{function}: no {kernel} in {:?}",
+                sample.frames
+            );
+            ensure!(
+                sample.labels.get("state").map(String::as_str) == Some("sleeping"),
+                "{function}: state {:?}",
+                sample.labels.get("state")
+            );
+            ensure!(
+                sample.labels.get("thread").map(String::as_str) == Some(thread),
+                "{function}: thread {:?}",
+                sample.labels.get("thread")
+            );
+        }
+    }
+
+    // One 2 s block among thousands of 100 us ones: there, with its whole weight (a block
+    // 32 times the mean is always recorded, at its duration).
+    let long: f64 = with("sleep_long").iter().map(|s| s.value as f64).sum();
+    let want = truth["sleep_long"];
+    ensure!(
+        (long - want).abs() <= want * 0.01,
+        "the 2 s block weighs {long} ns, it lasted {want} ns"
+    );
+    ensure!(!with("sleep_short").is_empty(), "no short blocks at all");
+
+    // Threads blocking in the same function are told apart by their names.
+    let resting: BTreeSet<&str> = with("rest")
+        .iter()
+        .filter_map(|s| s.labels.get("thread").map(String::as_str))
+        .collect();
+    ensure!(
+        ["sleeper", "reader", "waiter", "holder", "feeder"]
+            .iter()
+            .all(|t| resting.contains(t)),
+        "threads resting: {resting:?}"
+    );
+
+    let top = go_pprof(&["-top"], &path)?;
+    ensure!(top.contains("Type: off_cpu"), "go tool pprof -top:\n{top}");
+    Ok(())
+}
