@@ -241,9 +241,41 @@ pub fn run_checks() -> Vec<Item> {
                 err.to_string(),
                 Some("fix the failures above first; see `dmesg` for the kernel's reason"),
             ));
+            return items;
         }
     }
+    // After the sampler above is dropped: the two are never loaded at once.
+    items.push(off_cpu_hook());
     items
+}
+
+/// `record --off-cpu`: the `sched_switch` program loads and attaches (with the sampler, as
+/// the command loads it). A kernel where it does not still profiles the CPU.
+fn off_cpu_hook() -> Item {
+    let config = SamplerConfig {
+        off_cpu: Some(crate::pipeline::off_cpu::OffCpuSettings::default()),
+        ..SamplerConfig::default()
+    };
+    match Sampler::start(&config) {
+        Ok((sampler, _, _)) => {
+            let verified = sampler
+                .off_cpu_verified_instructions()
+                .map(|n| format!("; the verifier walked {n} instructions of its 1,000,000"))
+                .unwrap_or_default();
+            item(
+                Status::Ok,
+                "off-CPU hook",
+                format!("sched_switch raw tracepoint attached (record --off-cpu){verified}"),
+                None,
+            )
+        }
+        Err(err) => item(
+            Status::Warn,
+            "off-CPU hook",
+            format!("record --off-cpu cannot run: {err}; CPU profiling is unaffected"),
+            Some("a kernel with the sched_switch tracepoint's prev_state argument (5.18+)"),
+        ),
+    }
 }
 
 /// The daemon's quiet and busy resident memory in the README's benches (`cargo xtask bench

@@ -421,6 +421,12 @@ impl Sampler {
         Some((info.run_time(), info.run_count()))
     }
 
+    /// Instructions the verifier walked to accept the off-CPU program (5.16+).
+    pub fn off_cpu_verified_instructions(&self) -> Option<u32> {
+        let program = self.ebpf.program("off_cpu_switch")?;
+        program.info().ok()?.verified_instruction_count()
+    }
+
     /// CPUs the program is attached on.
     pub fn cpus(&self) -> &[u32] {
         &self.cpus
