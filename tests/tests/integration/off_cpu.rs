@@ -208,3 +208,57 @@ fn off_cpu_time_goes_to_each_blocking_function_in_its_share() -> anyhow::Result<
     ensure!(top.contains("Type: off_cpu"), "go tool pprof -top:\n{top}");
     Ok(())
 }
+
+/// A number in the summary just before `words` (`... 123 over the cap ...`).
+fn count_before(summary: &str, words: &str) -> anyhow::Result<u64> {
+    let before = summary
+        .split(words)
+        .next()
+        .filter(|b| b.len() < summary.len())
+        .with_context(|| format!("no {words:?} in {summary:?}"))?;
+    let number = before.split_whitespace().last().context("no number")?;
+    Ok(number.parse()?)
+}
+
+#[test]
+fn a_storm_of_context_switches_is_capped_and_the_excess_counted() -> anyhow::Result<()> {
+    let program = build_workload("pingpong", &["-O2"])?;
+    let workload = Workload::start(&program, &["30"])?;
+    std::thread::sleep(Duration::from_millis(300));
+    let path = work_dir().join("off_cpu_storm.pb.gz");
+    // Two threads ping-ponging over pipes switch hundreds of thousands of times a second;
+    // with N = 20 us most of their microsecond blocks would be kept, far over 100 a second.
+    let output = record_pid_to(
+        workload.pid(),
+        4,
+        &path,
+        &[
+            "--off-cpu",
+            "--off-cpu-mean",
+            "20us",
+            "--off-cpu-max-events",
+            "100",
+        ],
+    )?;
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    let summary = stdout
+        .lines()
+        .find(|l| l.starts_with("scorch: "))
+        .context("no summary")?;
+    println!("{summary}");
+    let over = count_before(summary, " over the cap")?;
+    let recorded = count_before(summary, " blocks recorded")?;
+    let seconds = recorded_seconds(summary)?;
+    ensure!(over > 1_000, "only {over} blocks counted over the cap");
+    // The cap is per CPU per second, rounded up: at most 100 a second in all, and the
+    // seconds the program was loaded before and after the recording.
+    ensure!(
+        (recorded as f64) <= 100.0 * (seconds + 3.0),
+        "{recorded} blocks sent in {seconds}s under a cap of 100 a second"
+    );
+    ensure!(
+        !read_pprof(&path)?.sample.is_empty(),
+        "no blocks in the profile"
+    );
+    Ok(())
+}
