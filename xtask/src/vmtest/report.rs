@@ -377,8 +377,9 @@ const BLOCKERS: [(&str, f64); 3] = [
     ("wait_for_mutex", 0.1),
 ];
 
-/// Each blocking function's share of the off-CPU time of the three, within 0.05 (an emulated
-/// machine keeps the workload's 10 ms schedule loosely), under the kernel's sleep.
+/// Each blocking function's share of the off-CPU time of the three, within 0.1 (an emulated
+/// machine keeps the workload's 10 ms schedule loosely; the host's integration test holds
+/// each function to 10% of the time the workload measured), under the kernel's sleep.
 fn judge_off_cpu(text: &str) -> Outcome {
     let stacks = folded(text);
     let blocked = |function: &str| -> u64 {
@@ -395,7 +396,7 @@ fn judge_off_cpu(text: &str) -> Outcome {
     }
     let shares = times.map(|t| t as f64 / total as f64);
     let shown = format!("{:.2}/{:.2}/{:.2}", shares[0], shares[1], shares[2]);
-    if let Some(i) = (0..3).find(|&i| (shares[i] - BLOCKERS[i].1).abs() > 0.05) {
+    if let Some(i) = (0..3).find(|&i| (shares[i] - BLOCKERS[i].1).abs() > 0.1) {
         return Outcome::Fail(format!(
             "{} has {:.3} of the blocked time, expected {:.2}: shares {shown}",
             BLOCKERS[i].0, shares[i], BLOCKERS[i].1
