@@ -532,7 +532,8 @@ pub struct OffCpuControl {
     /// Blocks shorter than this are never recorded.
     pub min_ns: u64,
     /// Most events each CPU may send per second; the rest are counted
-    /// ([`OffCpuCount::OverCap`]).
+    /// ([`OffCpuCount::OverCap`]). Each CPU walks at most [`OFF_CPU_WALKS_PER_EVENT`] times
+    /// as many user stacks a second.
     pub events_per_cpu_second: u32,
     /// The agent's own process: its threads are never recorded.
     pub agent_tgid: u32,
@@ -542,6 +543,12 @@ pub struct OffCpuControl {
 /// system call entry. Blocking paths are 10 to 30 frames deep; a deeper one is cut (and
 /// counted as truncated).
 pub const OFF_CPU_KERNEL_DEPTH: usize = 48;
+
+/// User-stack walks a CPU may make each second, per event it may send. Every switch-out is
+/// walked (the stack must be taken while the thread is still current, before the block's
+/// length, and so whether it is recorded, is known); this bounds the walks' cost in a storm of
+/// context switches. A block switched out past it is counted over the cap.
+pub const OFF_CPU_WALKS_PER_EVENT: u64 = 2;
 
 /// Most threads the program follows between their switch-out and switch-in
 /// (`OFF_CPU_THREADS`); a thread beyond it is counted ([`OffCpuCount::ThreadsFull`]).
@@ -566,11 +573,6 @@ pub const TASK_DEAD: u32 = 0x80;
 pub struct OffCpuThread {
     /// `bpf_ktime_get_ns` at switch-out; 0 while the thread runs.
     pub start_ns: u64,
-    /// The user registers the user stack was walked from, to reuse the walk when the thread
-    /// next blocks at the same place (pc, sp and rbp all equal).
-    pub pc: u64,
-    pub sp: u64,
-    pub bp: u64,
     /// Key of the user stack in `OFF_CPU_USER_STACKS`; 0 for none (a kernel thread).
     pub user_stack: u64,
     pub tgid: u32,
@@ -578,7 +580,9 @@ pub struct OffCpuThread {
     pub state: u32,
     /// Frames in `kernel`.
     pub kernel_len: u32,
-    pub _pad: u32,
+    /// 1 when the switch-out came past its CPU's walk budget and its user stack was not
+    /// walked: the block is then counted over the cap, never sent with a stack it lacks.
+    pub unwalked: u32,
     /// The thread's name (`comm` of the thread, not of the process).
     pub comm: [u8; 16],
     /// Kernel return addresses, leaf first.
@@ -626,7 +630,7 @@ pub enum OffCpuCount {
     UserStackEvicted = 5,
     /// Blocks shorter than the minimum.
     BelowMinimum = 6,
-    /// Switch-outs whose user stack was walked (not reused).
+    /// Switch-outs whose user stack was walked.
     Walks = 7,
 }
 

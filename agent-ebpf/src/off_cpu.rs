@@ -7,9 +7,10 @@
 //! OpenTelemetry profiler loses it, their issue 1348). The stacks are taken here because this
 //! is the last moment they can be: at switch-in `current` is still the task leaving, whose
 //! address space is the one mapped, so the woken task's user memory cannot be read, and this
-//! kernel has no kprobes for a hook after the switch. The user stack is walked again only when
-//! the thread blocks at another place than last time (pc, sp, rbp), so a thread that blocks in
-//! a loop costs one walk.
+//! kernel has no kprobes for a hook after the switch. The user stack is walked at every
+//! switch-out (a thread's registers do not tell its callers apart, so a walk cannot be
+//! reused), within a per-CPU budget of walks a second; a block switched out past it is counted
+//! over the cap at switch-in, never sent without its stack.
 //!
 //! At switch-in (the task arriving, `next`), its blocked time d is known: the block is recorded
 //! with probability `1 - exp(-d / N)` (`scorch_common::off_cpu_probability`), sent with that
@@ -31,7 +32,7 @@ use aya_ebpf::{
 use scorch_common::{
     off_cpu_probability, OffCpuControl, OffCpuCount, OffCpuEvent, OffCpuThread, UserStack,
     FILTER_DENY, FILTER_NONE, MAX_OFF_CPU_THREADS, OFF_CPU_COUNTS, OFF_CPU_KERNEL_DEPTH,
-    OFF_CPU_PREEMPTED, OFF_CPU_USER_STACKS, TASK_DEAD,
+    OFF_CPU_PREEMPTED, OFF_CPU_USER_STACKS, OFF_CPU_WALKS_PER_EVENT, TASK_DEAD,
 };
 
 use crate::{
@@ -66,9 +67,13 @@ static OFF_CPU_EVENTS: RingBuf = RingBuf::with_byte_size(1 << 20, 0);
 #[map]
 static OFF_CPU_COUNTS_MAP: PerCpuArray<u64> = PerCpuArray::with_max_entries(OFF_CPU_COUNTS, 0);
 
-/// Per-CPU budget: the second it counts, and the events sent in it.
+/// Per-CPU budgets, one per kind: the second each counts, and what was taken in it.
 #[map]
-static OFF_CPU_BUDGET: PerCpuArray<[u64; 2]> = PerCpuArray::with_max_entries(1, 0);
+static OFF_CPU_BUDGET: PerCpuArray<[u64; 2]> = PerCpuArray::with_max_entries(2, 0);
+/// `OFF_CPU_BUDGET`'s slot for events sent.
+const BUDGET_EVENTS: u32 = 0;
+/// Its slot for user stacks walked.
+const BUDGET_WALKS: u32 = 1;
 
 /// `offsetof(struct task_struct, pid)`, set by the agent from the kernel's BTF before load.
 #[unsafe(no_mangle)]
@@ -159,32 +164,29 @@ fn switch_out(
         )
     };
     entry.kernel_len = if bytes > 0 { (bytes as u32) / 8 } else { 0 };
-    entry.user_stack = user_stack(entry, tgid);
+    user_stack(entry, tgid, now, control);
     entry.start_ns = now;
 }
 
-/// The key of the current task's user stack in `OFF_CPU_USER_STACK_MAP`, walking it unless
-/// the thread blocks where it blocked last time; 0 for none.
+/// Walks the current task's user stack into `OFF_CPU_USER_STACK_MAP` and keys the entry with
+/// it (0 for none), or marks the entry unwalked past this CPU's walk budget. Every switch-out
+/// is walked: its registers do not say where its callers are (two calls of one blocking
+/// function from the same frame block with the same pc, sp and rbp).
 #[inline(always)]
-fn user_stack(entry: &mut OffCpuThread, tgid: u32) -> u64 {
-    let Some((pc, sp, bp)) = unwind::current_user_regs() else {
-        return 0;
+fn user_stack(entry: &mut OffCpuThread, tgid: u32, now: u64, control: &OffCpuControl) {
+    entry.user_stack = 0;
+    entry.unwalked = 0;
+    let Some(regs) = unwind::current_user_regs() else {
+        return;
     };
-    if entry.user_stack != 0
-        && entry.pc == pc
-        && entry.sp == sp
-        && entry.bp == bp
-        // SAFETY: only tested for presence.
-        && unsafe { OFF_CPU_USER_STACK_MAP.get(entry.user_stack) }.is_some()
-    {
-        return entry.user_stack;
+    let walks = u64::from(control.events_per_cpu_second).saturating_mul(OFF_CPU_WALKS_PER_EVENT);
+    if !take_budget(BUDGET_WALKS, now, walks) {
+        entry.unwalked = 1;
+        return;
     }
-    entry.pc = pc;
-    entry.sp = sp;
-    entry.bp = bp;
     count(OffCpuCount::Walks, 1);
-    let Some(walk) = unwind::walk_from((pc, sp, bp), tgid, unwind::WALK_OFF_CPU) else {
-        return 0;
+    let Some(walk) = unwind::walk_from(regs, tgid, unwind::WALK_OFF_CPU) else {
+        return;
     };
     // 0 means "none": a stack hashing to it is stored under 1.
     let key = unwind::mixed_hash(walk).max(1);
@@ -193,9 +195,9 @@ fn user_stack(entry: &mut OffCpuThread, tgid: u32) -> u64 {
     if unsafe { OFF_CPU_USER_STACK_MAP.get(key) }.is_none()
         && OFF_CPU_USER_STACK_MAP.insert(key, &walk.stack, 0).is_err()
     {
-        return 0;
+        return;
     }
-    key
+    entry.user_stack = key;
 }
 
 /// The task arriving on the CPU, `next` (a `struct task_struct *`).
@@ -236,7 +238,9 @@ fn switch_in(next: u64, now: u64, control: &OffCpuControl) {
     if draw >= probability {
         return;
     }
-    if !within_budget(now, control) {
+    if entry.unwalked != 0
+        || !take_budget(BUDGET_EVENTS, now, u64::from(control.events_per_cpu_second))
+    {
         count(OffCpuCount::OverCap, 1);
         count(OffCpuCount::OverCapNs, duration);
         return;
@@ -287,10 +291,10 @@ fn switch_in(next: u64, now: u64, control: &OffCpuControl) {
     count(OffCpuCount::Recorded, 1);
 }
 
-/// Whether this CPU may send one more event this second (and takes it).
+/// Whether this CPU may take one more of `kind` this second (and takes it), `limit` a second.
 #[inline(always)]
-fn within_budget(now: u64, control: &OffCpuControl) -> bool {
-    let Some(budget) = OFF_CPU_BUDGET.get_ptr_mut(0) else {
+fn take_budget(kind: u32, now: u64, limit: u64) -> bool {
+    let Some(budget) = OFF_CPU_BUDGET.get_ptr_mut(kind) else {
         return false;
     };
     // SAFETY: this CPU's slot; the scheduler hook does not nest on one CPU.
@@ -300,7 +304,7 @@ fn within_budget(now: u64, control: &OffCpuControl) -> bool {
         budget[0] = second;
         budget[1] = 0;
     }
-    if budget[1] >= u64::from(control.events_per_cpu_second) {
+    if budget[1] >= limit {
         return false;
     }
     budget[1] += 1;

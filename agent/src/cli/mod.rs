@@ -141,8 +141,9 @@ pub struct RecordArgs {
     /// Off-CPU: blocks shorter than this are left out entirely (0: none).
     #[arg(long, default_value = "0s", value_parser = parse_block_time, requires = "off_cpu")]
     pub off_cpu_min: Duration,
-    /// Off-CPU: most blocks the kernel side sends per second; the rest are counted in the
-    /// summary with their blocked time, never silently dropped.
+    /// Off-CPU: most blocks the kernel side sends per second, and half the user stacks it may
+    /// walk a second; the rest are counted in the summary with their blocked time, never
+    /// silently dropped.
     #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(1..=1_000_000), requires = "off_cpu")]
     pub off_cpu_max_events: u32,
 }

@@ -1,5 +1,6 @@
 //! The one duration grammar of every flag, config key and query parameter: `10s`, `500ms`,
-//! `2m`, `1h30m`, `7d`, `1h 30m`, or a bare number of seconds (`90`, `1.5`).
+//! `2m`, `1h30m`, `7d`, `1h 30m`, `250us` (off-CPU sampling is set in microseconds), or a bare
+//! number of seconds (`90`, `1.5`).
 //!
 //! Callers add their own bounds (a window must be longer than zero, an offset may be zero).
 
@@ -29,10 +30,11 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
             return Err(not_a_duration());
         }
         let unit_end = after
-            .find(|c: char| !c.is_ascii_alphabetic())
+            .find(|c: char| !(c.is_ascii_alphabetic() || c == 'µ'))
             .unwrap_or(after.len());
         let (unit, after) = after.split_at(unit_end);
         let scale = match unit {
+            "us" | "µs" => 0.000_001,
             "ms" => 0.001,
             "s" | "sec" => 1.0,
             "m" | "min" => 60.0,
@@ -41,7 +43,7 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
             "" => return Err(not_a_duration()),
             other => {
                 return Err(format!(
-                    "unknown time unit `{other}` in `{text}`; use ms, s, m, h or d"
+                    "unknown time unit `{other}` in `{text}`; use us, ms, s, m, h or d"
                 ))
             }
         };
@@ -61,6 +63,11 @@ fn seconds(number: &str, scale: f64) -> Option<Duration> {
         return None;
     }
     let value: f64 = number.parse().ok()?;
+    if scale < 1.0 {
+        // Whole nanoseconds, rounded: `20us` as f64 seconds would come back as 19.999 us.
+        let nanos = (value * scale * 1e9).round();
+        return (nanos < u64::MAX as f64).then(|| Duration::from_nanos(nanos as u64));
+    }
     Duration::try_from_secs_f64(value * scale).ok()
 }
 
@@ -75,6 +82,9 @@ mod tests {
         assert_eq!(parse_duration("90"), Ok(secs(90)));
         assert_eq!(parse_duration("1.5"), Ok(Duration::from_millis(1500)));
         assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("20us"), Ok(Duration::from_micros(20)));
+        assert_eq!(parse_duration("1.5µs"), Ok(Duration::from_nanos(1500)));
+        assert_eq!(parse_duration("1ms 250us"), Ok(Duration::from_micros(1250)));
         assert_eq!(parse_duration("2m"), Ok(secs(120)));
         assert_eq!(parse_duration("1h30m"), Ok(secs(5400)));
         assert_eq!(parse_duration("1h 30m"), Ok(secs(5400)));
