@@ -32,6 +32,9 @@
 //!   done under no profiler, `perf record -g`, perf's DWARF unwinding and `scorch record` at
 //!   19, 99 and 999 Hz, with each profiler's CPU time and scorch's `bpf` calls
 //!   (`bench_slowdown`, `--baseline` for a scorch of an earlier commit).
+//! - A context switch's cost with off-CPU on (`--only offcpu`): two threads ping-ponging over
+//!   pipes under no profiler, `scorch record` with and without `--off-cpu`, and perf
+//!   recording every `sched_switch` with its stack (`bench_offcpu`, 5 rounds by default).
 //! - The daemon as the host's work grows (`--only scale`): 100, 500 and 1,000 sleepy
 //!   no-frame-pointer processes among 10, 100 and 300 distinct binaries, and once libLLVM:
 //!   the daemon's CPU, RSS, map memory, tables loaded and evicted, and the share of stacks
@@ -67,6 +70,11 @@ pub fn bench(
     if only == Some("slowdown") {
         let report =
             crate::bench_slowdown::slowdown_report(root, scorch, baseline, runs.unwrap_or(5))?;
+        print!("{report}");
+        return Ok(());
+    }
+    if only == Some("offcpu") {
+        let report = crate::bench_offcpu::offcpu_report(root, scorch, runs.unwrap_or(5))?;
         print!("{report}");
         return Ok(());
     }
@@ -119,7 +127,7 @@ pub fn bench(
         Some(other) => {
             bail!(
                 "--only {other:?}: expected record, symbolize, daemon, remote, unwind, walk, views, \
-                 overhead, heap, churn, python, go, slowdown or scale"
+                 overhead, heap, churn, python, go, slowdown, offcpu or scale"
             )
         }
     }

@@ -245,7 +245,7 @@ pub fn slowdown_report(
 /// each follows a different one (a rotation keeps every profiler after the same neighbour:
 /// scorch always ran after perf's DWARF run, whose hundreds of megabytes had just pushed
 /// the binaries scorch reads out of the page cache).
-fn round_order(n: usize, round: usize) -> Vec<usize> {
+pub(crate) fn round_order(n: usize, round: usize) -> Vec<usize> {
     let strides: Vec<usize> = (1..n.max(2)).filter(|&k| gcd(k, n) == 1).collect();
     let stride = strides[round % strides.len()];
     (0..n).map(|i| (i * stride + round) % n).collect()
@@ -317,7 +317,7 @@ fn one_run(profiler: &Profiler, hz: u64, worker: &Path, dir: &Path, cpus: usize)
 /// (scorch), then its CPU use settled (scorch builds the unwind tables of every running
 /// process after it attaches, perf reads every process's mappings: a cost of starting, not of
 /// sampling, which the workers should not be measured against). Returns the profiler's pid.
-fn wait_ready(wrapper: &mut Child, cpus: usize) -> Result<u32> {
+pub(crate) fn wait_ready(wrapper: &mut Child, cpus: usize) -> Result<u32> {
     let started = Instant::now();
     while started.elapsed() < READY_TIMEOUT {
         if let Some(status) = wrapper.try_wait()? {
@@ -384,7 +384,7 @@ fn perf_events(pid: u32) -> usize {
     })
 }
 
-fn interrupt(pid: u32) -> Result<()> {
+pub(crate) fn interrupt(pid: u32) -> Result<()> {
     run_command(Command::new("kill").args(["-INT", &pid.to_string()]))
 }
 

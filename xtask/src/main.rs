@@ -10,6 +10,7 @@ mod bench_heap;
 mod bench_overhead;
 mod bench_python;
 mod bench_scale;
+mod bench_offcpu;
 mod bench_slowdown;
 mod lint;
 mod measure;
@@ -78,7 +79,7 @@ enum Task {
         /// Seconds per recording (the README's published figures use 60).
         #[arg(long, default_value_t = 60)]
         seconds: u64,
-        /// Recordings, each with scorch and perf side by side (default 3; `slowdown`: rounds,
+        /// Recordings, each with scorch and perf side by side (default 3; `slowdown` and `offcpu`: rounds,
         /// default 5; `scale`: runs of each cell, default 1).
         #[arg(long)]
         runs: Option<usize>,
@@ -97,7 +98,9 @@ enum Task {
         /// beside DWARF, and the daemon with 20 of them running: `target/bench/go.md`), or
         /// `slowdown` (the work two no-frame-pointer workers lose under perf -g, perf's DWARF
         /// unwinding and scorch at 19, 99 and 999 Hz, and scorch's bpf calls:
-        /// `target/bench/slowdown.md`), or `scale` (the daemon with 100 to 1,000 processes of
+        /// `target/bench/slowdown.md`), or `offcpu` (a context switch's cost with `record
+        /// --off-cpu` against without, and against perf recording every switch:
+        /// `target/bench/offcpu.md`), or `scale` (the daemon with 100 to 1,000 processes of
         /// 10 to 300 distinct binaries, and with libLLVM: `target/bench/scale.md`).
         #[arg(long)]
         only: Option<String>,
