@@ -1,20 +1,24 @@
 //! Off-CPU time in the daemon (`off-cpu = true`): stored beside the CPU samples as its own
 //! profile type, queried with `--type off-cpu` and `type=off-cpu`, labelled and relabelled as
-//! CPU samples are.
+//! CPU samples are, and sent to Pyroscope, Parca and OTLP typed `off_cpu`/`nanoseconds`.
 
 use std::{
     collections::HashMap,
+    path::Path,
     process::{Command, Stdio},
     time::Duration,
 };
 
 use anyhow::{ensure, Context, Result};
+use prost::Message as _;
 use scorch::pprof;
 use scorch_tests::{
-    build_workload, go_pprof, http_get, read_pprof, run_scorch, url_encode, Daemon, Workload,
+    build_workload,
+    fake_remote::{FakeRemote, Protocol, Received},
+    go_pprof, http_get, read_pprof, run_scorch, url_encode, Daemon, Workload,
 };
 
-use crate::remote::fresh_dir;
+use crate::remote::{fresh_dir, wait_until};
 
 /// The blocker workload, run for `seconds`, its stdout kept for its own measures.
 fn blocker(seconds: u32) -> Result<Workload> {
@@ -273,4 +277,156 @@ replacement = "storage"
         "off-CPU samples in the CPU profile"
     );
     Ok(())
+}
+
+/// The profiles a fake received, decoded, with their labels.
+fn received_profiles(fake: &FakeRemote) -> Result<Vec<(Received, pprof::Profile)>> {
+    fake.received()
+        .into_iter()
+        .filter(|r| r.accepted)
+        .map(|r| {
+            let plain = if r.pprof.starts_with(&[0x1f, 0x8b]) {
+                let mut out = Vec::new();
+                std::io::Read::read_to_end(
+                    &mut flate2::read::GzDecoder::new(&r.pprof[..]),
+                    &mut out,
+                )?;
+                out
+            } else {
+                r.pprof.clone()
+            };
+            let profile = pprof::Profile::decode(&plain[..])?;
+            Ok((r, profile))
+        })
+        .collect()
+}
+
+/// A daemon with off-CPU on sends to `protocol`'s fake: off-CPU windows arrive typed
+/// `off_cpu`/`nanoseconds` under the name the server files them by, beside the CPU windows,
+/// and `go tool pprof` reads them.
+fn off_cpu_reaches(name: &str, protocol: Protocol, names: Option<(&str, &str)>) -> Result<()> {
+    let dir = fresh_dir(name)?;
+    let fake = FakeRemote::start(protocol)?;
+    let protocol_name = match protocol {
+        Protocol::Pyroscope => "pyroscope",
+        Protocol::Parca => "parca",
+        Protocol::Otlp => "otlp",
+        Protocol::OtlpHttp => "otlp-http",
+    };
+    let mut workload = blocker(6)?;
+    let store = dir.join("store");
+    let url = match protocol {
+        Protocol::Parca => fake.address.to_string(),
+        _ => fake.url(),
+    };
+    let daemon = Daemon::start(
+        &store,
+        &[
+            "--window",
+            "1s",
+            "--off-cpu",
+            "--off-cpu-mean",
+            "1ms",
+            "--remote-url",
+            &url,
+            "--remote-insecure",
+            "--remote-protocol",
+            protocol_name,
+        ],
+    )?;
+    let blocker_pid = workload.pid().to_string();
+    let from_blocker = |r: &Received| {
+        r.labels.get("pid") == Some(&blocker_pid)
+            || r.labels.get("process.pid") == Some(&blocker_pid)
+    };
+    // The blocker sleeps nearly all the time: its CPU samples at 19 Hz may be none at all, so
+    // the CPU profiles looked for are anyone's.
+    wait_until(
+        Duration::from_secs(40),
+        "off-CPU profiles of the blocker, and CPU profiles",
+        || {
+            let profiles = received_profiles(&fake)?;
+            let off = profiles
+                .iter()
+                .any(|(r, p)| is_off_cpu(p) && from_blocker(r));
+            let on = profiles.iter().any(|(_, p)| !is_off_cpu(p));
+            Ok(off && on)
+        },
+    )?;
+    blocker_truth(&mut workload)?;
+    let (status, _, stderr) = daemon.stop()?;
+    ensure!(
+        status.success(),
+        "scorch run exited with {status}:\n{stderr}"
+    );
+    ensure!(
+        fake.protocol_errors().is_empty(),
+        "{:?}",
+        fake.protocol_errors()
+    );
+    let profiles = received_profiles(&fake)?;
+    let mut off_cpu_file = None;
+    for (i, (received, profile)) in profiles.iter().enumerate() {
+        let off = is_off_cpu(profile);
+        if let Some((cpu_name, off_cpu_name)) = names {
+            let want = if off { off_cpu_name } else { cpu_name };
+            ensure!(
+                received.labels.get("__name__").map(String::as_str) == Some(want),
+                "an {} profile named {:?}",
+                if off { "off-CPU" } else { "CPU" },
+                received.labels.get("__name__")
+            );
+        }
+        if off {
+            ensure!(
+                profile.period == 1_000_000,
+                "off-CPU period {}",
+                profile.period
+            );
+            let labelled = samples_of(profile)
+                .iter()
+                .all(|(_, _, l)| l.contains_key("state") && l.contains_key("thread"))
+                || (received.labels.contains_key("state")
+                    && received.labels.contains_key("thread"));
+            ensure!(labelled, "off-CPU samples without state and thread");
+            if off_cpu_file.is_none() && from_blocker(received) {
+                let path = dir.join(format!("off-cpu-{i}.pb"));
+                std::fs::write(&path, &received.pprof)?;
+                off_cpu_file = Some(path);
+            }
+        } else {
+            ensure!(
+                sample_types(profile).first().map(|t| t.0.as_str()) == Some("samples"),
+                "a CPU profile typed {:?}",
+                sample_types(profile)
+            );
+        }
+    }
+    let path = off_cpu_file.context("no off-CPU profile of the blocker")?;
+    let top = go_pprof(&["-top"], Path::new(&path))?;
+    ensure!(top.contains("Type: off_cpu"), "go tool pprof -top:\n{top}");
+    Ok(())
+}
+
+#[test]
+fn off_cpu_windows_reach_pyroscope_typed() -> Result<()> {
+    off_cpu_reaches(
+        "off-cpu-pyroscope",
+        Protocol::Pyroscope,
+        Some(("process_cpu", "off_cpu")),
+    )
+}
+
+#[test]
+fn off_cpu_windows_reach_parca_typed() -> Result<()> {
+    off_cpu_reaches(
+        "off-cpu-parca",
+        Protocol::Parca,
+        Some(("parca_agent_cpu", "parca_agent_off_cpu")),
+    )
+}
+
+#[test]
+fn off_cpu_windows_reach_otlp_as_their_own_profile() -> Result<()> {
+    off_cpu_reaches("off-cpu-otlp", Protocol::Otlp, None)
 }
