@@ -430,3 +430,103 @@ fn off_cpu_windows_reach_parca_typed() -> Result<()> {
 fn off_cpu_windows_reach_otlp_as_their_own_profile() -> Result<()> {
     off_cpu_reaches("off-cpu-otlp", Protocol::Otlp, None)
 }
+
+/// The UI's Profile switch: off-CPU in the flame graph, the table and the status line, the
+/// chosen type stacked on the timeline and the other drawn as a line, the choice kept in the
+/// address; and back.
+#[test]
+fn the_ui_switches_between_on_and_off_cpu() -> Result<()> {
+    use crate::ui::{chromium, eval, wait_until as page_until, GRAPH};
+
+    let dir = fresh_dir("off-cpu-ui")?;
+    let _workload = blocker(60)?;
+    let daemon = Daemon::start(
+        &dir.join("store"),
+        &["--window", "1s", "--off-cpu", "--off-cpu-mean", "1ms"],
+    )?;
+    // Off-CPU windows of the blocker stored: the page has something to show.
+    let selector = url_encode(r#"{comm="blocker"}"#);
+    wait_until(
+        Duration::from_secs(30),
+        "off-CPU windows of the blocker",
+        || {
+            let (status, body) = http_get(
+                &daemon.address,
+                &format!("/api/v1/profile?type=off-cpu&format=folded&match={selector}"),
+            )?;
+            Ok(status == 200 && String::from_utf8_lossy(&body).contains("sleep_in_nanosleep"))
+        },
+    )?;
+    std::thread::sleep(Duration::from_secs(2));
+
+    let browser = chromium(1400, 1100)?;
+    let tab = browser.new_tab()?;
+    tab.navigate_to(&format!("http://{}/", daemon.address))?
+        .wait_until_navigated()?;
+    page_until(
+        &tab,
+        "document.getElementById('status').textContent.includes('of CPU')",
+        "the on-CPU view",
+    )?;
+    // On-CPU first: off-CPU's total is the dashed line.
+    page_until(
+        &tab,
+        "!!document.querySelector('#timeline path.other-kind[data-kind=\"off-cpu\"]')",
+        "the off-CPU line on the on-CPU timeline",
+    )?;
+    eval(
+        &tab,
+        "(() => { const s = document.getElementById('kind'); s.value = 'off-cpu'; \
+         s.dispatchEvent(new Event('change')); return true; })()",
+    )?;
+    page_until(
+        &tab,
+        "document.getElementById('status').textContent.startsWith('off-CPU: ')",
+        "the off-CPU status line",
+    )?;
+    page_until(
+        &tab,
+        &format!(
+            "(() => {{ const d = {GRAPH}; const f = d && d.getElementById('frames'); \
+             return !!f && [...f.querySelectorAll('title')] \
+               .some(t => t.textContent.startsWith('sleep_in_nanosleep ')); }})()"
+        ),
+        "the off-CPU flame graph to show sleep_in_nanosleep",
+    )?;
+    page_until(
+        &tab,
+        "[...document.querySelectorAll('#top td.fn')].some(td => td.textContent === 'sleep_in_nanosleep')",
+        "the top table to list sleep_in_nanosleep",
+    )?;
+    page_until(
+        &tab,
+        "!!document.querySelector('#timeline path.other-kind[data-kind=\"cpu\"]') && \
+         document.getElementById('legend').textContent.includes('threads off-CPU') && \
+         document.querySelectorAll('#timeline g[data-series] rect').length > 0",
+        "the off-CPU timeline with the CPU line",
+    )?;
+    let flame = eval(&tab, "document.getElementById('flame').getAttribute('src')")?;
+    ensure!(flame.contains("type=off-cpu"), "flame graph source {flame}");
+    let address = eval(&tab, "location.search")?;
+    ensure!(address.contains("type=off-cpu"), "the address {address}");
+    // A reload of that address comes back to off-CPU.
+    tab.reload(false, None)?.wait_until_navigated()?;
+    page_until(
+        &tab,
+        "document.getElementById('kind').value === 'off-cpu' && \
+         document.getElementById('status').textContent.startsWith('off-CPU: ')",
+        "off-CPU after a reload",
+    )?;
+    eval(
+        &tab,
+        "(() => { const s = document.getElementById('kind'); s.value = 'cpu'; \
+         s.dispatchEvent(new Event('change')); return true; })()",
+    )?;
+    page_until(
+        &tab,
+        "document.getElementById('status').textContent.includes('of CPU') && \
+         !location.search.includes('type=')",
+        "back to on-CPU",
+    )?;
+    Ok(())
+}
