@@ -388,6 +388,45 @@ mod tests {
     }
 
     #[test]
+    fn each_kind_has_its_own_timeline() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = Store::open(dir.path(), Retention::default()).unwrap();
+        let now = crate::store::fixtures::now_secs() / 10 * 10;
+        let cpu = labelled(now - 50, "a", 1);
+        let mut off_cpu = labelled(now - 50, "a", 1);
+        off_cpu.sample_type = crate::profile::SampleType::OffCpu {
+            mean_ns: 1_000_000,
+            min_ns: 0,
+        };
+        off_cpu.period_ns = 1;
+        for sample in &mut off_cpu.samples {
+            sample.count = 250_000_000;
+        }
+        store.write_window(&cpu).unwrap();
+        store.write_window(&off_cpu).unwrap();
+        let mut request = request(now - 100, now, 10, Some("comm"), 10);
+        let cpu_timeline = store
+            .timeline(&request, &|_| true, QueryLimits::NONE)
+            .unwrap();
+        let cpu_seconds = cpu.total_samples() as f64 * cpu.period_ns as f64 / 1e9;
+        assert_eq!(cpu_timeline.series.len(), 1);
+        assert!((cpu_timeline.series[0].total - cpu_seconds).abs() < 1e-9);
+        request.kind = SampleKind::OffCpu;
+        let off_timeline = store
+            .timeline(&request, &|_| true, QueryLimits::NONE)
+            .unwrap();
+        // Blocked seconds: the values are nanoseconds, the period 1.
+        let blocked = off_cpu.total_samples() as f64 / 1e9;
+        assert!((off_timeline.series[0].total - blocked).abs() < 1e-9);
+        let names = |kind| {
+            store
+                .label_names(request.range, kind, QueryLimits::NONE)
+                .unwrap()
+        };
+        assert_eq!(names(SampleKind::OffCpu), names(SampleKind::Cpu));
+    }
+
+    #[test]
     fn timeline_reads_totals_by_label() {
         let dir = tempfile::tempdir().unwrap();
         let mut store = Store::open(dir.path(), Retention::default()).unwrap();

@@ -507,6 +507,28 @@ fn the_ui_switches_between_on_and_off_cpu() -> Result<()> {
     )?;
     let flame = eval(&tab, "document.getElementById('flame').getAttribute('src')")?;
     ensure!(flame.contains("type=off-cpu"), "flame graph source {flame}");
+    // A baseline: the off-CPU diff, its status line in blocked time.
+    eval(
+        &tab,
+        "(() => { state.base = { from: span.from, to: span.to - 1 }; showRanges(); \
+         showProfile(); return true; })()",
+    )?;
+    page_until(
+        &tab,
+        "document.getElementById('status').textContent.startsWith('comparing off-CPU: ') && \
+         document.getElementById('flame').getAttribute('src').includes('/api/v1/diff?') && \
+         document.getElementById('flame').getAttribute('src').includes('type=off-cpu')",
+        "the off-CPU diff",
+    )?;
+    eval(
+        &tab,
+        "(() => { state.base = null; showRanges(); showProfile(); return true; })()",
+    )?;
+    page_until(
+        &tab,
+        "document.getElementById('status').textContent.startsWith('off-CPU: ')",
+        "the off-CPU view again",
+    )?;
     let address = eval(&tab, "location.search")?;
     ensure!(address.contains("type=off-cpu"), "the address {address}");
     // A reload of that address comes back to off-CPU.
