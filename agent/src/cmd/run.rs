@@ -70,7 +70,8 @@ use crate::{
     },
 };
 
-/// Windows kept in memory while the store refuses writes: 30 minutes at the default window.
+/// Windows kept in memory while the store refuses writes: 30 minutes at the default window
+/// (15 with off-CPU on: its windows wait beside the CPU ones).
 pub const MAX_BUFFERED_WINDOWS: usize = 180;
 /// ...and at most this much memory ([`Profile::heap_bytes`]): on a busy host 180 windows of
 /// thousands of distinct stacks would otherwise hold hundreds of MiB while the disk is full.

@@ -84,9 +84,14 @@ impl SampleKind {
     }
 }
 
-/// The labels off-CPU samples carry besides their process's: the thread's name and the state
-/// it blocked in. The daemon adds them to the process's (relabelled) labels.
-pub const BLOCK_LABELS: [&str; 2] = ["state", "thread"];
+/// The label of the state an off-CPU sample's thread blocked in (`sleeping`, `disk`,
+/// `preempted`).
+pub const STATE_LABEL: &str = "state";
+/// The label of an off-CPU sample's thread name.
+pub const THREAD_LABEL: &str = "thread";
+/// The labels off-CPU samples carry besides their process's. The daemon adds them to the
+/// process's (relabelled) labels.
+pub const BLOCK_LABELS: [&str; 2] = [STATE_LABEL, THREAD_LABEL];
 
 /// A file (or the kernel) mapped into an address range.
 #[derive(Debug, Clone, PartialEq, Eq)]
