@@ -28,7 +28,7 @@ use std::{
 
 use scorch::{
     export::{self, otlp, pyroscope, ClientSettings, RemoteConfig, RemoteProtocol},
-    profile::{encode, Labels, Line, Location, Mapping, Profile, Sample},
+    profile::{encode, Labels, Line, Location, Mapping, Profile, Sample, SampleKind},
     store::{Retention, Store, WindowId},
 };
 
@@ -276,7 +276,9 @@ fn encode_and_send(server: &StandIn, stacks_per_series: usize) {
             .duration_since(std::time::UNIX_EPOCH)
             .expect("after 1970")
             .as_nanos() as i64;
-        let requests = export::encode_window(&profile, || pyroscope::PushBuilder::new(start_ns));
+        let requests = export::encode_window(&profile, || {
+            pyroscope::PushBuilder::new(start_ns, SampleKind::Cpu)
+        });
         for request in &requests {
             wire = runtime.block_on(client.send(request)).expect("sending");
         }
@@ -431,7 +433,8 @@ fn server_down_hour(scorch: &Path, work: &Path, server: StandIn) {
             .expect("reading a window")
             .expect("the last window");
         let read = heap_bytes();
-        let requests = export::encode_window(&profile, || pyroscope::PushBuilder::new(0));
+        let requests =
+            export::encode_window(&profile, || pyroscope::PushBuilder::new(0, SampleKind::Cpu));
         let encoded = heap_bytes();
         drop(profile);
         let kept = heap_bytes();

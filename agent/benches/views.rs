@@ -17,7 +17,8 @@ use scorch::{
     profile::{diff, encode::svg::Orientation},
     serve::http::{MAX_DRAWN_STACKS, MAX_QUERY_STACKS},
     store::{
-        fixtures::synthetic_window, QueryLimits, Retention, Store, TimeRange, TimelineRequest,
+        fixtures::synthetic_window, QueryLimits, Retention, SampleKind, Store, TimeRange,
+        TimelineRequest,
     },
 };
 
@@ -104,6 +105,7 @@ fn main() {
             step_ns: 360 * 1_000_000_000, // 240 points, the UI's default
             group_by: Some("comm".into()),
             limit: 10,
+            kind: SampleKind::Cpu,
         };
         let timeline = store
             .timeline(
@@ -132,10 +134,10 @@ fn main() {
         let store = Store::open_read_only(&dir).expect("opening the store");
         let limits = || QueryLimits::new(MAX_QUERY_STACKS, Duration::from_secs(20));
         let base = store
-            .query_within(hour(2), &|_| true, limits())
+            .query_within(hour(2), SampleKind::Cpu, &|_| true, limits())
             .expect("merging an hour");
         let target = store
-            .query_within(hour(1), &|_| true, limits())
+            .query_within(hour(1), SampleKind::Cpu, &|_| true, limits())
             .expect("merging an hour");
         (base, target)
     };

@@ -15,7 +15,7 @@ use clap::Args;
 use serde::Deserialize;
 
 use crate::{
-    cli::{parse_duration, parse_frequency},
+    cli::{parse_block_time, parse_duration, parse_frequency},
     cmd::run::RunConfig,
     export::{RemoteCompression, RemoteProtocol},
     labels::relabel::{self, RuleConfig},
@@ -105,6 +105,22 @@ pub struct RunArgs {
     /// [default: auto].
     #[arg(long, value_enum)]
     pub python: Option<PythonMode>,
+    /// Also record off-CPU time: where threads wait (sleep, I/O, locks, preemption) and for
+    /// how long, stored beside the CPU samples as its own profile type (`off-cpu`)
+    /// [default: false].
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    pub off_cpu: Option<bool>,
+    /// Off-CPU sampling: a block of d is recorded with probability 1 - exp(-d / this), and
+    /// counts d divided by it: about one event per this much blocked time [default: 10ms].
+    #[arg(long, value_parser = parse_duration)]
+    pub off_cpu_mean: Option<Duration>,
+    /// Off-CPU: blocks shorter than this are left out entirely [default: 0s].
+    #[arg(long, value_parser = parse_block_time)]
+    pub off_cpu_min: Option<Duration>,
+    /// Off-CPU: most blocks the kernel side sends per second; the rest are counted
+    /// (`scorch_off_cpu_blocks_total`) [default: 10000].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub off_cpu_max_events: Option<u32>,
     /// A label added to every series, `NAME=VALUE` (repeatable; adds to `[external-labels]`).
     #[arg(long = "external-label", value_parser = parse_external_label)]
     pub external_label: Vec<(String, String)>,
@@ -175,6 +191,10 @@ struct FileConfig {
     unwind_pool_mib: Option<u32>,
     stack_map_entries: Option<u32>,
     python: Option<String>,
+    off_cpu: Option<bool>,
+    off_cpu_mean: Option<String>,
+    off_cpu_min: Option<String>,
+    off_cpu_max_events: Option<u32>,
     /// `[[relabel]]` tables: Prometheus relabel_config rules, in order.
     relabel: Option<Vec<RuleConfig>>,
     /// `[external-labels]`: added to every series.
@@ -293,6 +313,26 @@ fn apply_file(config: &mut RunConfig, text: &str, path: &Path) -> Result<(), Con
     if let Some(mode) = file.python {
         config.python = <PythonMode as clap::ValueEnum>::from_str(&mode, false)
             .map_err(|_| value("python", format!("{mode:?}: expected auto or off")))?;
+    }
+    if let Some(on) = file.off_cpu {
+        config.off_cpu = on;
+    }
+    if let Some(mean) = file.off_cpu_mean {
+        config.off_cpu_sampling.mean =
+            parse_duration(&mean).map_err(|e| value("off-cpu-mean", e))?;
+    }
+    if let Some(min) = file.off_cpu_min {
+        config.off_cpu_sampling.min =
+            parse_block_time(&min).map_err(|e| value("off-cpu-min", e))?;
+    }
+    if let Some(events) = file.off_cpu_max_events {
+        if !(1..=1_000_000).contains(&events) {
+            return Err(value(
+                "off-cpu-max-events",
+                format!("{events}: expected 1 to 1000000"),
+            ));
+        }
+        config.off_cpu_sampling.max_events_per_second = events;
     }
     if let Some(rules) = file.relabel {
         // Checked now, so a bad rule stops startup with its number and field.
@@ -416,6 +456,18 @@ fn apply_flags(config: &mut RunConfig, args: &RunArgs) {
     }
     if let Some(mode) = args.python {
         config.python = mode;
+    }
+    if let Some(on) = args.off_cpu {
+        config.off_cpu = on;
+    }
+    if let Some(mean) = args.off_cpu_mean {
+        config.off_cpu_sampling.mean = mean;
+    }
+    if let Some(min) = args.off_cpu_min {
+        config.off_cpu_sampling.min = min;
+    }
+    if let Some(events) = args.off_cpu_max_events {
+        config.off_cpu_sampling.max_events_per_second = events;
     }
     config
         .external_labels
@@ -636,6 +688,10 @@ mod tests {
             file.unwind_pool_mib.is_some(),
             file.stack_map_entries.is_some(),
             file.python.is_some(),
+            file.off_cpu.is_some(),
+            file.off_cpu_mean.is_some(),
+            file.off_cpu_min.is_some(),
+            file.off_cpu_max_events.is_some(),
             file.remote_url.is_some(),
             file.remote_protocol.is_some(),
             file.remote_insecure.is_some(),
@@ -670,6 +726,49 @@ mod tests {
             ..config.remote
         };
         assert_eq!(config, RunConfig::default());
+    }
+
+    #[test]
+    fn off_cpu_keys_come_from_the_file_and_the_flags() {
+        let mut config = RunConfig::default();
+        assert!(!config.off_cpu);
+        apply_file(
+            &mut config,
+            "off-cpu = true\noff-cpu-mean = \"5ms\"\noff-cpu-min = \"50us\"\n\
+             off-cpu-max-events = 2000\n",
+            Path::new("x.toml"),
+        )
+        .unwrap();
+        assert!(config.off_cpu);
+        assert_eq!(config.off_cpu_sampling.mean, Duration::from_millis(5));
+        assert_eq!(config.off_cpu_sampling.min, Duration::from_micros(50));
+        assert_eq!(config.off_cpu_sampling.max_events_per_second, 2000);
+        apply_flags(
+            &mut config,
+            &RunArgs {
+                off_cpu_mean: Some(Duration::from_millis(20)),
+                ..RunArgs::default()
+            },
+        );
+        assert_eq!(config.off_cpu_sampling.mean, Duration::from_millis(20));
+        assert_eq!(
+            config.off_cpu_settings().map(|s| s.max_events_per_second),
+            Some(2000)
+        );
+        for (text, key) in [
+            ("off-cpu-mean = \"0s\"\n", "off-cpu-mean"),
+            ("off-cpu-min = \"soon\"\n", "off-cpu-min"),
+            ("off-cpu-max-events = 0\n", "off-cpu-max-events"),
+        ] {
+            let err = apply_file(&mut RunConfig::default(), text, Path::new("x.toml"))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(&format!("key `{key}`")), "{err}");
+        }
+        let err = apply_file(&mut config, "off-cpu = \"yes\"\n", Path::new("x.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("off-cpu"), "{err}");
     }
 
     #[test]

@@ -15,7 +15,10 @@ use crate::{
     },
     parse::{duration, selector::Selector, timespec::parse_range},
     pipeline::{off_cpu::OffCpuSettings, sampler::UnwindMode},
-    profile::encode::{svg::Orientation, Format},
+    profile::{
+        encode::{svg::Orientation, Format},
+        SampleKind,
+    },
     symbolize::user::SymbolizeMode,
     unwind::PythonMode,
 };
@@ -217,6 +220,10 @@ pub struct QueryArgs {
     /// End of the baseline range.
     #[arg(long, requires = "base_from")]
     pub base_to: Option<String>,
+    /// `cpu` (CPU samples) or `off-cpu` (time threads spent blocked, in nanoseconds, from a
+    /// daemon run with `off-cpu = true`).
+    #[arg(long = "type", default_value = "cpu", value_parser = SampleKind::parse)]
+    pub kind: SampleKind,
 }
 
 impl QueryArgs {
@@ -250,6 +257,7 @@ impl QueryArgs {
             output: self.output.clone(),
             format,
             orientation: self.orientation,
+            kind: self.kind,
         })
     }
 
@@ -259,14 +267,14 @@ impl QueryArgs {
     }
 }
 
-/// A window or a recording's length: the one duration grammar
-/// ([`parse::duration`](crate::parse::duration)), longer than zero and at most a year. Zero is
-/// refused: a profile of nothing is always a mistake.
 /// A block length: a duration, zero allowed.
-fn parse_block_time(text: &str) -> Result<Duration, String> {
+pub fn parse_block_time(text: &str) -> Result<Duration, String> {
     duration::parse_duration(text)
 }
 
+/// A window or a recording's length: the one duration grammar
+/// ([`parse::duration`](crate::parse::duration)), longer than zero and at most a year. Zero is
+/// refused: a profile of nothing is always a mistake.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let duration = duration::parse_duration(text)?;
     if duration.is_zero() {

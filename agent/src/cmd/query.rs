@@ -12,9 +12,9 @@ use std::{
 use crate::{
     parse::selector::{Selector, SelectorError},
     parse::timespec::TimeError,
-    profile::diff,
     profile::encode::{self, svg::Orientation, EncodeOptions, Format},
-    store::{Store, StoreError, TimeRange},
+    profile::{diff, SampleKind},
+    store::{QueryLimits, Store, StoreError, TimeRange},
     sys::fs::{hostname, write_atomically},
 };
 
@@ -40,6 +40,8 @@ pub struct QueryConfig {
     pub format: Format,
     /// Which way a flame graph grows ([`Format::Svg`]).
     pub orientation: Orientation,
+    /// CPU samples or off-CPU time.
+    pub kind: SampleKind,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -67,13 +69,29 @@ pub fn query(args: &QueryConfig) -> Result<String, QueryError> {
         return Err(QueryError::BinaryToTerminal);
     }
     let store = Store::open_read_only(&args.store)?;
-    let profile = store.query(args.range, &|labels| args.selector.matches(labels))?;
-    let title = format!(
-        "scorch on {}: {} samples, {}",
-        hostname(),
-        profile.total_samples(),
-        args.selector_text
-    );
+    let merge = |range| {
+        store.query_within(
+            range,
+            args.kind,
+            &|labels| args.selector.matches(labels),
+            QueryLimits::NONE,
+        )
+    };
+    let profile = merge(args.range)?;
+    let title = match args.kind {
+        SampleKind::Cpu => format!(
+            "scorch on {}: {} samples, {}",
+            hostname(),
+            profile.total_samples(),
+            args.selector_text
+        ),
+        SampleKind::OffCpu => format!(
+            "scorch off-CPU on {}: {:.3}s blocked (estimated), {}",
+            hostname(),
+            profile.total_samples() as f64 / 1e9,
+            args.selector_text
+        ),
+    };
     let options = EncodeOptions {
         title: &title,
         top_limit: None,
@@ -83,7 +101,7 @@ pub fn query(args: &QueryConfig) -> Result<String, QueryError> {
     let bytes = match args.base {
         None => encode::encode(format, &profile, options)?,
         Some(range) => {
-            let base = store.query(range, &|labels| args.selector.matches(labels))?;
+            let base = merge(range)?;
             match format {
                 Format::Pprof => diff::pprof(&base, &profile),
                 Format::Svg => diff::svg(&base, &profile, &title, None, args.orientation)?,
@@ -113,9 +131,15 @@ pub fn query(args: &QueryConfig) -> Result<String, QueryError> {
             "standard output".to_owned()
         }
     };
+    let counted = match args.kind {
+        SampleKind::Cpu => format!("{} samples", profile.total_samples()),
+        SampleKind::OffCpu => format!(
+            "{:.3}s off-CPU (estimated)",
+            profile.total_samples() as f64 / 1e9
+        ),
+    };
     Ok(format!(
-        "scorch: {} samples from {} series-stacks; wrote {destination}",
-        profile.total_samples(),
+        "scorch: {counted} from {} series-stacks; wrote {destination}",
         profile.samples.len()
     ))
 }

@@ -46,9 +46,10 @@ use crate::{
     pipeline::aggregate::Aggregated,
     pipeline::cost,
     pipeline::drain::{DrainError, Drainer},
+    pipeline::off_cpu::{OffCpuReader, OffCpuSettings},
     pipeline::sampler::{Sampler, SamplerConfig, SamplerError, UnwindCapacity, UnwindMode},
     pipeline::stack_sizing::DEFAULT_MAX_STACK_ENTRIES,
-    profile::{Labels, Profile},
+    profile::{Labels, Profile, SampleType, BLOCK_LABELS},
     serve::{
         guard::AllowedHosts,
         http::{self, HttpState},
@@ -69,7 +70,8 @@ use crate::{
     },
 };
 
-/// Windows kept in memory while the store refuses writes: 30 minutes at the default window.
+/// Windows kept in memory while the store refuses writes: 30 minutes at the default window
+/// (15 with off-CPU on: its windows wait beside the CPU ones).
 pub const MAX_BUFFERED_WINDOWS: usize = 180;
 /// ...and at most this much memory ([`Profile::heap_bytes`]): on a busy host 180 windows of
 /// thousands of distinct stacks would otherwise hold hundreds of MiB while the disk is full.
@@ -107,6 +109,11 @@ pub struct RunConfig {
     pub stack_map_entries: u32,
     /// Whether interpreters' Python frames are walked (`--python`, `python`).
     pub python: PythonMode,
+    /// Whether off-CPU time is recorded beside the CPU samples (`--off-cpu`, `off-cpu`).
+    pub off_cpu: bool,
+    /// How off-CPU time is sampled (`off-cpu-mean`, `off-cpu-min`, `off-cpu-max-events`),
+    /// when [`RunConfig::off_cpu`] is on.
+    pub off_cpu_sampling: OffCpuSettings,
     /// Relabelling rules (config file only: `[[relabel]]`), checked by [`RunConfig::resolve`].
     pub relabel: Vec<RuleConfig>,
     /// Labels added to every series (`[external-labels]`, or `--external-label NAME=VALUE`).
@@ -132,10 +139,19 @@ impl Default for RunConfig {
             unwind_pool_mib: UnwindCapacity::DAEMON.pool_mib(),
             stack_map_entries: DEFAULT_MAX_STACK_ENTRIES,
             python: PythonMode::Auto,
+            off_cpu: false,
+            off_cpu_sampling: OffCpuSettings::default(),
             relabel: Vec::new(),
             external_labels: Labels::new(),
             remote: RemoteConfig::default(),
         }
+    }
+}
+
+impl RunConfig {
+    /// The off-CPU sampling, when off-CPU time is recorded.
+    pub fn off_cpu_settings(&self) -> Option<OffCpuSettings> {
+        self.off_cpu.then_some(self.off_cpu_sampling)
     }
 }
 
@@ -260,7 +276,7 @@ pub async fn run(
         }
         .with_pool_mib(config.unwind_pool_mib),
         stack_entries_ceiling: config.stack_map_entries,
-        off_cpu: None,
+        off_cpu: config.off_cpu_settings(),
     };
     // Before BPF is loaded: a bad remote configuration (URL, secret files, CA file) fails the
     // start with its reason.
@@ -289,6 +305,20 @@ pub async fn run(
         .take_unwind_maps()
         .map(|maps| Unwinder::start(maps, config.python))
         .transpose()?;
+    let off_cpu = sampler
+        .take_off_cpu_maps()
+        .zip(config.off_cpu_settings())
+        .map(|(maps, settings)| OffCpuSource {
+            reader: OffCpuReader::new(maps),
+            sample_type: {
+                let control = settings.control(1, 0);
+                SampleType::OffCpu {
+                    mean_ns: control.mean_ns,
+                    min_ns: control.min_ns,
+                }
+            },
+            last_read: SystemTime::now(),
+        });
     // Loading parsed the kernel's BTF (tens of MB, freed by now): give those pages back, or a
     // daemon's RSS would keep them for its whole life.
     release_free_memory();
@@ -333,6 +363,7 @@ pub async fn run(
         debug_files_dropped: 0,
         unwinder,
         unwind_metrics,
+        off_cpu,
     };
     let mut ticker =
         tokio::time::interval_at(tokio::time::Instant::now() + config.window, config.window);
@@ -340,6 +371,10 @@ pub async fn run(
     let mut discover = tokio::time::interval(DISCOVERY_INTERVAL);
     discover.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let events = UnwindEvents::new(pipeline.unwinder.as_ref());
+    // The ring buffer holds about 1,600 blocks: read it as often as `record` does, so the
+    // cap's 10,000 a second never fill it.
+    let mut off_cpu_tick = tokio::time::interval(OFF_CPU_READ_INTERVAL);
+    off_cpu_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let result = loop {
         tokio::select! {
             biased;
@@ -359,6 +394,7 @@ pub async fn run(
                 });
             }
             _ = events.ready() => pipeline.load_unwind_tables(false),
+            _ = off_cpu_tick.tick(), if pipeline.off_cpu.is_some() => pipeline.read_blocks(),
             _ = discover.tick() => match drainer.active_pids() {
                 Ok(pids) => {
                     let new = pipeline.session.discover(pids);
@@ -404,6 +440,19 @@ pub async fn run(
     result
 }
 
+/// How often the daemon reads the off-CPU ring buffer.
+const OFF_CPU_READ_INTERVAL: Duration = Duration::from_millis(50);
+
+/// The off-CPU program's output, read between windows (`off-cpu = true`).
+struct OffCpuSource {
+    reader: OffCpuReader,
+    /// What each off-CPU window's values are: its sampling rule travels with it to the store
+    /// and the sinks.
+    sample_type: SampleType,
+    /// When the ring buffer was last read: the next read's blocks happened after it.
+    last_read: SystemTime,
+}
+
 /// The per-window work, and what it keeps between windows.
 struct Pipeline {
     session: Session,
@@ -432,9 +481,22 @@ struct Pipeline {
     /// Feeds the BPF unwinder its tables (`--unwind auto`).
     unwinder: Option<Unwinder>,
     unwind_metrics: UnwindMetrics,
+    /// Off-CPU blocks, when recorded.
+    off_cpu: Option<OffCpuSource>,
 }
 
 impl Pipeline {
+    /// Reads the blocks the off-CPU program sent since the last read into the session.
+    fn read_blocks(&mut self) {
+        let Some(source) = &mut self.off_cpu else {
+            return;
+        };
+        let now = SystemTime::now();
+        let blocks = source.reader.read();
+        self.session.add_blocks(source.last_read, now, blocks);
+        source.last_read = now;
+    }
+
     /// Loads the tables of processes the BPF side asked about, except those relabelling drops;
     /// the maps read on the way are kept by the session before anything waits (`wait`: for
     /// the tables just asked for, at most 20 ms).
@@ -524,6 +586,9 @@ impl Pipeline {
         let mut per_process: std::collections::HashMap<u32, Option<Arc<Labels>>> =
             std::collections::HashMap::new();
         let labeler = &mut self.labeler;
+        // One label set per (process, thread, state) for off-CPU samples.
+        let mut block_series: std::collections::HashMap<(u32, BlockLabels), Arc<Labels>> =
+            std::collections::HashMap::new();
         profile.samples.retain_mut(|sample| {
             let labels = per_process.entry(sample.pid).or_insert_with(|| {
                 match &*labeler.outcome(sample.pid) {
@@ -538,13 +603,24 @@ impl Pipeline {
                     Outcome::Dropped { .. } => None,
                 }
             });
-            match labels {
-                Some(labels) => {
-                    sample.labels = labels.clone();
-                    true
-                }
-                None => false,
-            }
+            let Some(labels) = labels else {
+                return false;
+            };
+            // Off-CPU samples keep their thread and state beside the process's labels; the
+            // process's own `comm` and `pid` come from relabelling, as on-CPU.
+            let block = block_labels(&sample.labels);
+            sample.labels = match block {
+                None => labels.clone(),
+                Some(block) => block_series
+                    .entry((sample.pid, block.clone()))
+                    .or_insert_with(|| {
+                        let mut merged = (**labels).clone();
+                        merged.extend(block);
+                        Arc::new(merged)
+                    })
+                    .clone(),
+            };
+            true
         });
     }
 
@@ -596,6 +672,7 @@ impl Pipeline {
             }
         }
         drop(aggregated);
+        self.off_cpu_window();
 
         self.write_buffered();
         self.session.forget_exited();
@@ -629,6 +706,44 @@ impl Pipeline {
             .set_python_unnamed(self.session.user.python_stats().1);
         self.metrics.set_store_bytes(self.store.disk_bytes());
         Ok(())
+    }
+
+    /// The off-CPU blocks read since the last window, symbolised and labelled as the CPU
+    /// samples are, and buffered as a window of their own type.
+    fn off_cpu_window(&mut self) {
+        let Some(source) = &mut self.off_cpu else {
+            return;
+        };
+        // Up to now: the window's last blocks, not the next one's first.
+        let now = SystemTime::now();
+        let blocks = source.reader.read();
+        let (start, sample_type) = (source.last_read, source.sample_type);
+        source.last_read = now;
+        self.session.add_blocks(start, now, blocks);
+        match source.reader.counts() {
+            Ok(counts) => self.metrics.set_off_cpu(&counts),
+            Err(err) => tracing::warn!("{err}"),
+        }
+        let mut blocks = std::mem::take(&mut self.session.blocks);
+        self.discard_dropped(&mut blocks);
+        let comms = &self.session.proc_comms;
+        // Values are nanoseconds already: a period of 1.
+        match symbolize::symbolize(
+            &blocks,
+            &mut self.kernel,
+            &mut self.session.user,
+            1,
+            |pid| comms.get(&pid).cloned(),
+        ) {
+            Ok(mut profile) => {
+                profile.sample_type = sample_type;
+                self.label(&mut profile);
+                if !profile.samples.is_empty() {
+                    self.buffered.push_back(profile);
+                }
+            }
+            Err(err) => tracing::warn!("symbolizing a window's off-CPU blocks: {err}"),
+        }
     }
 
     /// Writes waiting windows oldest first; stops at the first failure and keeps the rest.
@@ -675,5 +790,41 @@ impl Pipeline {
         }
         self.metrics
             .set_windows_buffered(self.buffered.len() as u64);
+    }
+}
+
+/// An off-CPU sample's own labels, by name.
+type BlockLabels = Vec<(String, String)>;
+
+/// The off-CPU labels (`thread`, `state`) a sample carries, if it is an off-CPU one.
+fn block_labels(labels: &Labels) -> Option<BlockLabels> {
+    let found: Vec<(String, String)> = BLOCK_LABELS
+        .iter()
+        .filter_map(|&name| Some((name.to_owned(), labels.get(name)?.clone())))
+        .collect();
+    (!found.is_empty()).then_some(found)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_off_cpu_samples_carry_block_labels() {
+        let cpu = Labels::from([("comm".to_owned(), "a".to_owned())]);
+        assert_eq!(block_labels(&cpu), None);
+        let off = Labels::from([
+            ("comm".to_owned(), "a".to_owned()),
+            ("pid".to_owned(), "1".to_owned()),
+            ("state".to_owned(), "disk".to_owned()),
+            ("thread".to_owned(), "worker".to_owned()),
+        ]);
+        assert_eq!(
+            block_labels(&off),
+            Some(vec![
+                ("state".to_owned(), "disk".to_owned()),
+                ("thread".to_owned(), "worker".to_owned())
+            ])
+        );
     }
 }

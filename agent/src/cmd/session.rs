@@ -24,7 +24,8 @@ pub(crate) const DISCOVERY_INTERVAL: Duration = Duration::from_millis(200);
 /// `run` (one profile per window).
 pub(crate) struct Session {
     pub(crate) aggregated: Aggregated,
-    /// Off-CPU blocks (`record --off-cpu`), merged as they are read.
+    /// Off-CPU blocks (`record --off-cpu`, `run` with `off-cpu = true`), merged as they are
+    /// read; `run` takes them every window.
     pub(crate) blocks: Aggregated,
     pub(crate) user: UserSymbolizer,
     /// Process names read from /proc while the processes were alive: the process's own name,

@@ -92,14 +92,15 @@ impl Client {
     /// The requests that carry the window `profile`.
     fn prepare(&self, profile: &Profile) -> Vec<Request> {
         let start_ns = unix_ns(profile.start);
+        let kind = profile.sample_type.kind();
         match self {
             Client::Pyroscope(_) => {
-                encode_window(profile, || pyroscope::PushBuilder::new(start_ns))
+                encode_window(profile, || pyroscope::PushBuilder::new(start_ns, kind))
                     .into_iter()
                     .map(Request::Pyroscope)
                     .collect()
             }
-            Client::Parca(_) => encode_window(profile, parca::WriteRawBuilder::default)
+            Client::Parca(_) => encode_window(profile, || parca::WriteRawBuilder::new(kind))
                 .into_iter()
                 .map(Request::Parca)
                 .collect(),

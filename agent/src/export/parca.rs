@@ -23,10 +23,14 @@ use super::{
     },
     ClientSettings, FailureReason, RequestBuilder, SendError, SinkError,
 };
-use crate::profile::Labels;
+use crate::profile::{Labels, SampleKind};
 
 /// The metric name Parca's own agent gives CPU profiles.
 pub const PROFILE_NAME: &str = "parca_agent_cpu";
+/// ... and of off-CPU profiles: Parca names a profile type by `__name__` and the pprof's
+/// sample and period types (`parca_agent_off_cpu:off_cpu:nanoseconds:off_cpu:nanoseconds`), so
+/// another kind of profile needs its own name or it would be filed under CPU's.
+pub const OFF_CPU_PROFILE_NAME: &str = "parca_agent_off_cpu";
 
 /// A WriteRaw ready to send.
 pub struct Request {
@@ -191,9 +195,19 @@ fn code_reason(code: Code) -> FailureReason {
 }
 
 /// Builds a WriteRaw, one series at a time.
-#[derive(Default)]
 pub struct WriteRawBuilder {
+    /// What the window's values measure: its series' `__name__`.
+    kind: SampleKind,
     series: Vec<RawProfileSeries>,
+}
+
+impl WriteRawBuilder {
+    pub fn new(kind: SampleKind) -> WriteRawBuilder {
+        WriteRawBuilder {
+            kind,
+            series: Vec::new(),
+        }
+    }
 }
 
 impl RequestBuilder for WriteRawBuilder {
@@ -209,7 +223,7 @@ impl RequestBuilder for WriteRawBuilder {
     fn add(&mut self, labels: &Labels, pprof: Vec<u8>) {
         self.series.push(RawProfileSeries {
             labels: Some(LabelSet {
-                labels: series_labels(labels),
+                labels: series_labels(labels, self.kind),
             }),
             samples: vec![RawSample { raw_profile: pprof }],
         });
@@ -227,10 +241,15 @@ impl RequestBuilder for WriteRawBuilder {
     }
 }
 
-/// `__name__` and the series' labels with valid names, sorted, without duplicates.
-pub fn series_labels(labels: &Labels) -> Vec<Label> {
+/// `__name__` (the profile type's) and the series' labels with valid names, sorted, without
+/// duplicates.
+pub fn series_labels(labels: &Labels, kind: SampleKind) -> Vec<Label> {
+    let name = match kind {
+        SampleKind::Cpu => PROFILE_NAME,
+        SampleKind::OffCpu => OFF_CPU_PROFILE_NAME,
+    };
     let mut pairs = std::collections::BTreeMap::new();
-    pairs.insert("__name__".to_owned(), PROFILE_NAME.to_owned());
+    pairs.insert("__name__".to_owned(), name.to_owned());
     for (name, value) in labels {
         if !value.is_empty() {
             pairs
@@ -249,9 +268,16 @@ mod tests {
     use super::*;
     use prost::Message as _;
 
+    fn labels_of(pairs: &[(&str, &str)]) -> Labels {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
     #[test]
     fn write_raw_carries_labels_and_profiles() {
-        let mut builder = WriteRawBuilder::default();
+        let mut builder = WriteRawBuilder::new(SampleKind::Cpu);
         let labels: Labels = [("comm", "nginx"), ("pid", "3")]
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -272,6 +298,13 @@ mod tests {
         // series=2 on the wire (tenant=1 is left empty).
         let bytes = request.encode_to_vec();
         assert_eq!(bytes[0], 0x12);
+        let mut builder = WriteRawBuilder::new(SampleKind::OffCpu);
+        builder.add(&labels_of(&[("comm", "nginx")]), vec![1]);
+        let request = builder.finish().message;
+        assert_eq!(
+            request.series[0].labels.as_ref().unwrap().labels[0].value,
+            "parca_agent_off_cpu"
+        );
     }
 
     #[test]

@@ -18,11 +18,23 @@ use super::{
     },
     ClientSettings, FailureReason, RequestBuilder, SendError, SinkError,
 };
-use crate::profile::Labels;
+use crate::profile::{Labels, SampleKind};
 
-/// The metric name Pyroscope files scorch's profiles under (its own agents' name for
+/// The metric name Pyroscope files scorch's CPU profiles under (its own agents' name for
 /// CPU profiles of processes).
 pub const PROFILE_NAME: &str = "process_cpu";
+/// ... and its off-CPU profiles: the name is the profile type's first part, beside the pprof's
+/// own `off_cpu`/`nanoseconds` sample type (`off_cpu:off_cpu:nanoseconds:off_cpu:nanoseconds`
+/// in Pyroscope's profile type list).
+pub const OFF_CPU_PROFILE_NAME: &str = "off_cpu";
+
+/// The `__name__` of a series of `kind`.
+pub fn profile_name(kind: SampleKind) -> &'static str {
+    match kind {
+        SampleKind::Cpu => PROFILE_NAME,
+        SampleKind::OffCpu => OFF_CPU_PROFILE_NAME,
+    }
+}
 
 /// The service name when a series has neither a `service_name` label nor a comm.
 const UNSPECIFIED_SERVICE: &str = "unspecified";
@@ -180,17 +192,20 @@ fn connect_code_reason(code: &str) -> FailureReason {
 /// pass instead of two; the server takes raw profiles gzipped or not).
 pub struct PushBuilder {
     start_ns: i64,
+    /// What the window's values measure: its series' `__name__`.
+    kind: SampleKind,
     body: flate2::write::GzEncoder<Vec<u8>>,
     /// One series' encoding, reused.
     scratch: Vec<u8>,
 }
 
 impl PushBuilder {
-    /// A push of the window that started at `start_ns` (Unix nanoseconds): with the labels,
-    /// what names a series' profile across retries and restarts.
-    pub fn new(start_ns: i64) -> PushBuilder {
+    /// A push of the window of `kind` that started at `start_ns` (Unix nanoseconds): with the
+    /// labels, what names a series' profile across retries and restarts.
+    pub fn new(start_ns: i64, kind: SampleKind) -> PushBuilder {
         PushBuilder {
             start_ns,
+            kind,
             body: flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast()),
             scratch: Vec::new(),
         }
@@ -207,7 +222,7 @@ impl RequestBuilder for PushBuilder {
     }
 
     fn add(&mut self, labels: &Labels, pprof: Vec<u8>) {
-        let labels = series_labels(labels);
+        let labels = series_labels(labels, self.kind);
         let series = RawProfileSeries {
             samples: vec![RawSample {
                 id: sample_id(self.start_ns, &labels).to_string(),
@@ -230,17 +245,17 @@ impl RequestBuilder for PushBuilder {
     }
 }
 
-/// A series' labels as Pyroscope wants them: `__name__`, a non-empty `service_name` (the
-/// series' own when it has one, else its comm), then the others with valid names, sorted and
-/// without duplicates.
-pub fn series_labels(labels: &Labels) -> Vec<LabelPair> {
+/// A series' labels as Pyroscope wants them: `__name__` (the profile type's), a non-empty
+/// `service_name` (the series' own when it has one, else its comm), then the others with
+/// valid names, sorted and without duplicates.
+pub fn series_labels(labels: &Labels, kind: SampleKind) -> Vec<LabelPair> {
     let service = labels
         .get("service_name")
         .or_else(|| labels.get("comm"))
         .filter(|s| !s.is_empty())
         .map_or(UNSPECIFIED_SERVICE, String::as_str);
     let mut pairs = std::collections::BTreeMap::new();
-    pairs.insert("__name__".to_owned(), PROFILE_NAME.to_owned());
+    pairs.insert("__name__".to_owned(), profile_name(kind).to_owned());
     pairs.insert("service_name".to_owned(), service.to_owned());
     for (name, value) in labels {
         if value.is_empty() {
@@ -286,7 +301,10 @@ mod tests {
 
     #[test]
     fn labels_carry_a_service_name_and_the_profile_name() {
-        let pairs = series_labels(&labels(&[("comm", "nginx"), ("pid", "12")]));
+        let pairs = series_labels(
+            &labels(&[("comm", "nginx"), ("pid", "12")]),
+            SampleKind::Cpu,
+        );
         assert_eq!(
             names(&pairs),
             [
@@ -296,22 +314,29 @@ mod tests {
                 ("service_name".into(), "nginx".into()),
             ]
         );
-        let pairs = series_labels(&labels(&[
-            ("comm", "java"),
-            ("service_name", "checkout"),
-            ("k8s.pod", "p-1"),
-        ]));
+        let pairs = series_labels(
+            &labels(&[
+                ("comm", "java"),
+                ("service_name", "checkout"),
+                ("k8s.pod", "p-1"),
+            ]),
+            SampleKind::Cpu,
+        );
         let pairs = names(&pairs);
         assert!(pairs.contains(&("service_name".into(), "checkout".into())));
         assert!(pairs.contains(&("k8s_pod".into(), "p-1".into())));
-        let pairs = series_labels(&labels(&[("comm", "")]));
+        let pairs = series_labels(&labels(&[("comm", "")]), SampleKind::Cpu);
         assert!(names(&pairs).contains(&("service_name".into(), "unspecified".into())));
+        let pairs = series_labels(&labels(&[("comm", "db")]), SampleKind::OffCpu);
+        assert_eq!(pairs[0].name, "__name__");
+        assert_eq!(pairs[0].value, "off_cpu");
+        assert!(names(&pairs).contains(&("service_name".into(), "db".into())));
     }
 
     #[test]
     fn sample_ids_are_stable_per_window_and_series() {
-        let a = series_labels(&labels(&[("comm", "a"), ("pid", "1")]));
-        let b = series_labels(&labels(&[("comm", "a"), ("pid", "2")]));
+        let a = series_labels(&labels(&[("comm", "a"), ("pid", "1")]), SampleKind::Cpu);
+        let b = series_labels(&labels(&[("comm", "a"), ("pid", "2")]), SampleKind::Cpu);
         assert_eq!(sample_id(10, &a), sample_id(10, &a));
         assert_ne!(sample_id(10, &a), sample_id(10, &b));
         assert_ne!(sample_id(10, &a), sample_id(20, &a));
@@ -319,7 +344,7 @@ mod tests {
 
     #[test]
     fn a_push_holds_one_sample_per_series() {
-        let mut builder = PushBuilder::new(5);
+        let mut builder = PushBuilder::new(5, SampleKind::Cpu);
         for comm in ["b", "c"] {
             builder.add(&labels(&[("comm", comm)]), comm.as_bytes().to_vec());
         }

@@ -171,6 +171,17 @@ impl OffCpuCounts {
         self.by_kind[kind as usize]
     }
 
+    /// What became of blocks, each by the name `scorch_off_cpu_blocks_total` gives it in
+    /// its `outcome` label.
+    pub const OUTCOMES: [(OffCpuCount, &'static str); 6] = [
+        (OffCpuCount::Recorded, "recorded"),
+        (OffCpuCount::OverCap, "over_cap"),
+        (OffCpuCount::RingFull, "ring_full"),
+        (OffCpuCount::ThreadsFull, "threads_full"),
+        (OffCpuCount::UserStackEvicted, "user_stack_evicted"),
+        (OffCpuCount::BelowMinimum, "below_minimum"),
+    ];
+
     /// For the summary: what was not recorded, and why.
     pub fn describe(&self) -> String {
         format!(

@@ -45,6 +45,54 @@ pub enum SampleType {
     OffCpu { mean_ns: u64, min_ns: u64 },
 }
 
+impl SampleType {
+    /// Which kind of profile this is, without its sampling parameters.
+    pub fn kind(self) -> SampleKind {
+        match self {
+            SampleType::Cpu => SampleKind::Cpu,
+            SampleType::OffCpu { .. } => SampleKind::OffCpu,
+        }
+    }
+}
+
+/// The two kinds of profile the daemon stores side by side, as users name them
+/// (`query --type`, the API's `type=`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum SampleKind {
+    #[default]
+    Cpu,
+    OffCpu,
+}
+
+impl SampleKind {
+    pub const ALL: [SampleKind; 2] = [SampleKind::Cpu, SampleKind::OffCpu];
+
+    /// The name users type: `cpu`, `off-cpu`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SampleKind::Cpu => "cpu",
+            SampleKind::OffCpu => "off-cpu",
+        }
+    }
+
+    /// The kind a user named, or an error saying which names there are.
+    pub fn parse(text: &str) -> Result<SampleKind, String> {
+        SampleKind::ALL
+            .into_iter()
+            .find(|kind| kind.as_str() == text)
+            .ok_or_else(|| format!("unknown profile type {text:?}: expected cpu or off-cpu"))
+    }
+}
+
+/// The label of the state an off-CPU sample's thread blocked in (`sleeping`, `disk`,
+/// `preempted`).
+pub const STATE_LABEL: &str = "state";
+/// The label of an off-CPU sample's thread name.
+pub const THREAD_LABEL: &str = "thread";
+/// The labels off-CPU samples carry besides their process's. The daemon adds them to the
+/// process's (relabelled) labels.
+pub const BLOCK_LABELS: [&str; 2] = [STATE_LABEL, THREAD_LABEL];
+
 /// A file (or the kernel) mapped into an address range.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Mapping {
@@ -293,6 +341,24 @@ pub(crate) fn sample_profile() -> Profile {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kinds_parse_from_their_names() {
+        for kind in SampleKind::ALL {
+            assert_eq!(SampleKind::parse(kind.as_str()), Ok(kind));
+        }
+        let err = SampleKind::parse("offcpu").unwrap_err();
+        assert!(
+            err.contains("\"offcpu\"") && err.contains("off-cpu"),
+            "{err}"
+        );
+        let off = SampleType::OffCpu {
+            mean_ns: 1,
+            min_ns: 0,
+        };
+        assert_eq!(off.kind(), SampleKind::OffCpu);
+        assert_eq!(SampleType::Cpu.kind(), SampleKind::Cpu);
+    }
 
     #[test]
     fn heap_bytes_grow_with_the_profile() {

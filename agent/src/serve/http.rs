@@ -12,6 +12,9 @@
 //! | `GET /metrics` | Prometheus (OpenMetrics text) |
 //! | `GET /healthz` | `200 ok`, or `503` and the reason |
 //!
+//! The profile, top and series routes take `type=cpu` (the default) or `type=off-cpu`:
+//! which windows they merge (off-CPU values are nanoseconds blocked).
+//!
 //! `from`/`to` take RFC 3339, Unix seconds or `now-15m` ([`crate::parse::timespec`]); without them
 //! the last 15 minutes. `match` is a Prometheus selector ([`crate::parse::selector`]). A bad parameter
 //! is a 400 naming it; a store that cannot be read is a 503 (500 if it is not a scorch store).
@@ -58,7 +61,7 @@ use crate::{
     parse::selector::{Selector, SelectorError},
     parse::timespec::{self, TimeError},
     profile::encode::{self, svg::Orientation, EncodeOptions, Format},
-    profile::Profile,
+    profile::{Profile, SampleKind},
     store::{Labels, QueryLimits, Store, StoreError, TimeRange},
 };
 
@@ -205,6 +208,9 @@ pub struct QueryParams {
     pub format: Option<String>,
     pub limit: Option<String>,
     pub orientation: Option<String>,
+    /// `cpu` (the default) or `off-cpu`: which windows.
+    #[serde(rename = "type")]
+    pub kind: Option<String>,
 }
 
 /// A query with its parameters checked.
@@ -217,6 +223,8 @@ pub struct ParsedQuery {
     pub limit: Option<usize>,
     /// Which way a flame graph grows.
     pub orientation: Orientation,
+    /// CPU samples or off-CPU time.
+    pub kind: SampleKind,
 }
 
 /// The span a query without `from` covers.
@@ -274,13 +282,23 @@ impl QueryParams {
                 )
             })?,
         };
+        let kind = parse_kind(&self.kind)?;
         Ok(ParsedQuery {
             range: TimeRange { from, to },
             selector,
             format,
             limit,
             orientation,
+            kind,
         })
+    }
+}
+
+/// The `type` parameter: `cpu` when absent or empty.
+pub(super) fn parse_kind(text: &Option<String>) -> Result<SampleKind, ApiError> {
+    match text.as_deref().map(str::trim) {
+        None | Some("") => Ok(SampleKind::Cpu),
+        Some(text) => SampleKind::parse(text).map_err(|e| ApiError::bad("type", e)),
     }
 }
 
@@ -432,6 +450,7 @@ async fn query_store(
         let limits = QueryLimits::new(MAX_QUERY_STACKS, QUERY_TIMEOUT);
         let profile = Store::open_read_only(&dir)?.query_within(
             query.range,
+            query.kind,
             &|labels: &Labels| query.selector.matches(labels),
             limits,
         )?;
@@ -477,7 +496,11 @@ async fn profile(
 fn flame_graph_title(query: &ParsedQuery) -> String {
     let from = humantime::format_rfc3339_seconds(query.range.from).to_string();
     let to = humantime::format_rfc3339_seconds(query.range.to).to_string();
-    let mut title = format!("CPU {from} .. {to}");
+    let what = match query.kind {
+        SampleKind::Cpu => "CPU",
+        SampleKind::OffCpu => "Off-CPU",
+    };
+    let mut title = format!("{what} {from} .. {to}");
     if !query.selector.is_empty() {
         title.push(' ');
         title.push_str(&query.selector.to_string());
@@ -510,7 +533,7 @@ async fn series(
     let dir = state.store_dir.clone();
     let matching = tokio::task::spawn_blocking(move || -> Result<Vec<Labels>, ApiError> {
         let query = params.parse(SystemTime::now())?;
-        let all = Store::open_read_only(&dir)?.series(query.range)?;
+        let all = Store::open_read_only(&dir)?.series(query.range, query.kind)?;
         Ok(all
             .into_iter()
             .filter(|labels| query.selector.matches(labels))
@@ -625,6 +648,7 @@ mod tests {
                 "format" => params.format = value,
                 "limit" => params.limit = value,
                 "orientation" => params.orientation = value,
+                "type" => params.kind = value,
                 _ => panic!("{key}"),
             }
         }
@@ -636,6 +660,16 @@ mod tests {
             Err(ApiError::BadParameter { param, message }) => (param, message),
             other => panic!("{pairs:?}: expected a bad parameter, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn the_type_picks_cpu_or_off_cpu_windows() {
+        assert_eq!(params(&[]).parse(now()).unwrap().kind, SampleKind::Cpu);
+        let off = params(&[("type", "off-cpu")]).parse(now()).unwrap();
+        assert_eq!(off.kind, SampleKind::OffCpu);
+        let (param, message) = bad_param(&[("type", "wall")]);
+        assert_eq!(param, "type");
+        assert!(message.contains("\"wall\""), "{message}");
     }
 
     #[test]

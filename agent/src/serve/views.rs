@@ -7,6 +7,9 @@
 //! | `GET /api/v1/timeline?from=&to=&match=&step=&group_by=&limit=` | CPU seconds per step, one series per value of the `group_by` label (the `limit` largest, at most [`MAX_TIMELINE_SERIES`], the rest as "other"), as JSON; read from per-window totals, no stack merged |
 //! | `GET /api/v1/diff?base_from=&base_to=&from=&to=&match=&format=&orientation=` | the change from the base range to the range: `pprof` (default; what `go tool pprof -diff_base` builds), `svg` (differential flame graph, both ranges normalised; `orientation` as for the profile's), `top` (change in share per function, text) or `json` (the same table) |
 //! | `GET /api/v1/labels?from=&to=` | the label names of the series in the range, as JSON |
+//!
+//! Each takes `type=cpu` (the default) or `type=off-cpu`: which windows it reads. Off-CPU
+//! timelines are blocked seconds per step, where CPU timelines are CPU seconds.
 
 use std::{sync::Arc, time::SystemTime};
 
@@ -22,7 +25,7 @@ use serde::Deserialize;
 use super::http::{json, ApiError, HttpState, QueryParams, MAX_QUERY_STACKS, QUERY_TIMEOUT};
 use crate::{
     parse::duration::parse_duration,
-    profile::{diff, encode::svg::Orientation, Profile},
+    profile::{diff, encode::svg::Orientation, Profile, SampleKind},
     store::{Labels, QueryLimits, Store, TimeRange, TimelineRequest},
 };
 
@@ -53,6 +56,9 @@ pub struct TimelineParams {
     pub step: Option<String>,
     pub group_by: Option<String>,
     pub limit: Option<String>,
+    /// `cpu` (the default) or `off-cpu`.
+    #[serde(rename = "type")]
+    pub kind: Option<String>,
 }
 
 /// A label name as Prometheus spells them: `[a-zA-Z_][a-zA-Z0-9_]*`.
@@ -85,6 +91,7 @@ impl TimelineParams {
             from: self.from.clone(),
             to: self.to.clone(),
             selector: self.selector.clone(),
+            kind: self.kind.clone(),
             ..QueryParams::default()
         }
         .parse(now)?;
@@ -147,6 +154,7 @@ impl TimelineParams {
                 step_ns,
                 group_by,
                 limit,
+                kind: query.kind,
             },
             query.selector,
         ))
@@ -185,7 +193,7 @@ async fn labels(
         let query = params.parse(SystemTime::now())?;
         let limits = QueryLimits::new(MAX_QUERY_STACKS, QUERY_TIMEOUT);
         Store::open_read_only(&dir)?
-            .label_names(query.range, limits)
+            .label_names(query.range, query.kind, limits)
             .map_err(ApiError::from)
     })
     .await??;
@@ -203,6 +211,9 @@ pub struct DiffParams {
     pub format: Option<String>,
     pub limit: Option<String>,
     pub orientation: Option<String>,
+    /// `cpu` (the default) or `off-cpu`: which windows both ranges merge.
+    #[serde(rename = "type")]
+    pub kind: Option<String>,
 }
 
 /// What a diff answers in.
@@ -224,6 +235,7 @@ pub struct ParsedDiff {
     pub limit: Option<usize>,
     /// Which way the flame graph grows.
     pub orientation: Orientation,
+    pub kind: SampleKind,
 }
 
 impl DiffParams {
@@ -241,6 +253,7 @@ impl DiffParams {
             selector: self.selector.clone(),
             limit: self.limit.clone(),
             orientation: self.orientation.clone(),
+            kind: self.kind.clone(),
             ..QueryParams::default()
         }
         .parse(now)?;
@@ -280,6 +293,7 @@ impl DiffParams {
             format,
             limit: target.limit,
             orientation: target.orientation,
+            kind: target.kind,
         })
     }
 }
@@ -287,8 +301,12 @@ impl DiffParams {
 /// `CPU diff base .. -> target ..`: on the differential flame graph.
 fn diff_title(query: &ParsedDiff) -> String {
     let time = |t| humantime::format_rfc3339_seconds(t).to_string();
+    let what = match query.kind {
+        SampleKind::Cpu => "CPU",
+        SampleKind::OffCpu => "Off-CPU",
+    };
     let mut title = format!(
-        "CPU change: {} .. {} -> {} .. {}",
+        "{what} change: {} .. {} -> {} .. {}",
         time(query.base.from),
         time(query.base.to),
         time(query.target.from),
@@ -315,6 +333,7 @@ async fn diff_route(
             let limits = QueryLimits::new(MAX_QUERY_STACKS, QUERY_TIMEOUT);
             Ok(store.query_within(
                 range,
+                query.kind,
                 &|labels: &Labels| query.selector.matches(labels),
                 limits,
             )?)

@@ -108,23 +108,33 @@ impl Store {
         // One read transaction for the hundreds of row reads below: without it each one takes
         // and releases the database's file locks. Dropping it ends it (nothing was written).
         let _read = self.connection.unchecked_transaction().map_err(err)?;
-        let window: Option<(i64, i64, i64)> = self
+        let window: Option<(i64, i64, i64, [i64; 3])> = self
             .connection
             .query_row(
-                "SELECT start_ns, duration_ns, period_ns FROM windows WHERE id = ?1",
+                &format!(
+                    "SELECT start_ns, duration_ns, period_ns, {} FROM windows WHERE id = ?1",
+                    self.kind_columns()
+                ),
                 [id],
-                |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)),
+                |row| {
+                    Ok((
+                        row.get(0)?,
+                        row.get(1)?,
+                        row.get(2)?,
+                        [row.get(3)?, row.get(4)?, row.get(5)?],
+                    ))
+                },
             )
             .optional()
             .map_err(err)?;
-        let Some((start, duration, period)) = window else {
+        let Some((start, duration, period, [kind, mean_ns, min_ns])) = window else {
             return Ok(None);
         };
         let mut profile = Profile {
             start: from_unix_ns(start),
             duration: Duration::from_nanos(duration.max(0) as u64),
             period_ns: period.max(0) as u64,
-            sample_type: crate::profile::SampleType::Cpu,
+            sample_type: super::schema::sample_type_of(kind, mean_ns, min_ns),
             mappings: Vec::new(),
             locations: Vec::new(),
             samples: Vec::new(),

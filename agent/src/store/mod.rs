@@ -47,7 +47,7 @@ use schema::{APPLICATION_ID, OLDEST_MIGRATED, SCHEMA_VERSION};
 use writer::IdCache;
 
 pub use crate::parse::timespec::TimeRange;
-pub use crate::profile::Labels;
+pub use crate::profile::{Labels, SampleKind};
 pub use reader::QueryLimits;
 pub use retention::Retention;
 pub use timeline::{Timeline, TimelineRequest, TimelineSeries};
@@ -161,6 +161,9 @@ pub struct Store {
     retention: Retention,
     /// Ids of rows written before, so a window only talks to SQLite about what is new.
     cache: IdCache,
+    /// Whether the windows say their kind (schema 4): a store of an earlier release, opened
+    /// read-only, has CPU windows only.
+    kinds: bool,
 }
 
 impl Store {
@@ -221,6 +224,7 @@ impl Store {
             path,
             retention,
             cache: IdCache::default(),
+            kinds: true,
         })
     }
 
@@ -251,12 +255,38 @@ impl Store {
                 path: path.clone(),
                 source,
             })?;
+        let kinds =
+            schema::windows_have_kinds(&connection).map_err(|source| StoreError::Sqlite {
+                path: path.clone(),
+                source,
+            })?;
         Ok(Store {
             connection,
             path,
             retention: Retention::default(),
             cache: IdCache::default(),
+            kinds,
         })
+    }
+
+    /// SQL over the `windows` table that keeps the windows of `kind` (a store without kinds
+    /// holds CPU windows only).
+    pub(super) fn kind_condition(&self, kind: SampleKind) -> &'static str {
+        match (self.kinds, kind) {
+            (true, SampleKind::Cpu) => "kind = 0",
+            (true, SampleKind::OffCpu) => "kind = 1",
+            (false, SampleKind::Cpu) => "1",
+            (false, SampleKind::OffCpu) => "0",
+        }
+    }
+
+    /// The columns a window's sample type is read from ([`schema::sample_type_of`]).
+    pub(super) fn kind_columns(&self) -> &'static str {
+        if self.kinds {
+            "kind, off_cpu_mean_ns, off_cpu_min_ns"
+        } else {
+            "0, 0, 0"
+        }
     }
 
     fn sqlite(&self, source: rusqlite::Error) -> StoreError {

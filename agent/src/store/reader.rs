@@ -15,26 +15,29 @@ const KERNEL_HALF: u64 = 0xffff_8000_0000_0000;
 use rusqlite::{Connection, OptionalExtension};
 
 use super::codec::{decode_rows, parse_labels, varints};
-use super::{Labels, Store, StoreError, TimeRange};
-use crate::profile::{Line, Location, Mapping, Profile, Sample};
+use super::schema::sample_type_of;
+use super::{Labels, SampleKind, Store, StoreError, TimeRange};
+use crate::profile::{Line, Location, Mapping, Profile, Sample, SampleType};
 use crate::sys::time::{from_unix_ns, unix_ns};
 
 impl Store {
-    /// Merges the windows that start in `range` and the series whose labels `matches` accepts
-    /// into one profile (samples carry `pid` and `comm`).
+    /// Merges the CPU windows that start in `range` and the series whose labels `matches`
+    /// accepts into one profile (samples carry `pid` and `comm`).
     pub fn query(
         &self,
         range: TimeRange,
         matches: &dyn Fn(&Labels) -> bool,
     ) -> Result<Profile, StoreError> {
-        self.query_within(range, matches, QueryLimits::NONE)
+        self.query_within(range, SampleKind::Cpu, matches, QueryLimits::NONE)
     }
 
-    /// [`Store::query`] within `limits`: a query from the network must not hold a blocking
-    /// thread, or memory, without bound (`from=0` over a week of windows).
+    /// [`Store::query`] of the windows of `kind`, within `limits`: a query from the network
+    /// must not hold a blocking thread, or memory, without bound (`from=0` over a week of
+    /// windows).
     pub fn query_within(
         &self,
         range: TimeRange,
+        kind: SampleKind,
         matches: &dyn Fn(&Labels) -> bool,
         limits: QueryLimits,
     ) -> Result<Profile, StoreError> {
@@ -42,13 +45,31 @@ impl Store {
         // One read transaction for every row read (see `window_profile`).
         let _read = self.connection.unchecked_transaction().map_err(err)?;
         let (from, to) = (unix_ns(range.from), unix_ns(range.to));
-        let (windows, first, last_end, period): (i64, Option<i64>, Option<i64>, Option<i64>) = self
+        let condition = self.kind_condition(kind);
+        type Summary = (i64, Option<i64>, Option<i64>, Option<i64>, [Option<i64>; 3]);
+        let (windows, first, last_end, period, [kind_column, mean, min]): Summary = self
             .connection
             .query_row(
-                "SELECT COUNT(*), MIN(start_ns), MAX(start_ns + duration_ns), MAX(period_ns)
-                     FROM windows WHERE start_ns >= ?1 AND start_ns < ?2",
+                &format!(
+                    "SELECT COUNT(*), MIN(start_ns), MAX(start_ns + duration_ns), MAX(period_ns),
+                         {}
+                     FROM windows WHERE start_ns >= ?1 AND start_ns < ?2 AND {condition}",
+                    // The newest sampling rule of the range, when settings changed inside it.
+                    match self.kinds {
+                        true => "MAX(kind), MAX(off_cpu_mean_ns), MAX(off_cpu_min_ns)",
+                        false => "0, 0, 0",
+                    }
+                ),
                 [from, to],
-                |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?)),
+                |row| {
+                    Ok((
+                        row.get(0)?,
+                        row.get(1)?,
+                        row.get(2)?,
+                        row.get(3)?,
+                        [row.get(4)?, row.get(5)?, row.get(6)?],
+                    ))
+                },
             )
             .map_err(err)?;
         let start = first.unwrap_or(from);
@@ -56,7 +77,14 @@ impl Store {
             start: from_unix_ns(start),
             duration: Duration::from_nanos(last_end.unwrap_or(start).saturating_sub(start) as u64),
             period_ns: period.unwrap_or(0) as u64,
-            sample_type: crate::profile::SampleType::Cpu,
+            sample_type: match kind {
+                SampleKind::Cpu => SampleType::Cpu,
+                SampleKind::OffCpu => sample_type_of(
+                    kind_column.unwrap_or(1),
+                    mean.unwrap_or(0),
+                    min.unwrap_or(0),
+                ),
+            },
             mappings: Vec::new(),
             locations: Vec::new(),
             samples: Vec::new(),
@@ -66,7 +94,10 @@ impl Store {
         }
         let mut merged: HashMap<(i64, i64), u64> = HashMap::new();
         self.for_each_window_rows(
-            "window IN (SELECT id FROM windows WHERE start_ns >= ?1 AND start_ns < ?2)",
+            &format!(
+                "window IN (SELECT id FROM windows WHERE start_ns >= ?1 AND start_ns < ?2 \
+                 AND {condition})"
+            ),
             &[from, to],
             |series, stack, value| {
                 *merged.entry((series, stack)).or_insert(0) += value;
@@ -130,11 +161,15 @@ impl Store {
         Ok(())
     }
 
-    /// The label sets of series with samples in windows starting in `range`.
-    pub fn series(&self, range: TimeRange) -> Result<Vec<Labels>, StoreError> {
+    /// The label sets of series with samples in windows of `kind` starting in `range`.
+    pub fn series(&self, range: TimeRange, kind: SampleKind) -> Result<Vec<Labels>, StoreError> {
         let mut ids = HashSet::new();
         self.for_each_window_rows(
-            "window IN (SELECT id FROM windows WHERE start_ns >= ?1 AND start_ns < ?2)",
+            &format!(
+                "window IN (SELECT id FROM windows WHERE start_ns >= ?1 AND start_ns < ?2 \
+                 AND {})",
+                self.kind_condition(kind)
+            ),
             &[unix_ns(range.from), unix_ns(range.to)],
             |series, _, _| {
                 ids.insert(series);
@@ -473,6 +508,105 @@ mod tests {
         Retention,
     };
 
+    /// An off-CPU window of the same time as `window_at(seconds)`: nanoseconds, period 1.
+    fn off_cpu_window_at(seconds: u64) -> Profile {
+        let mut window = window_at(seconds);
+        window.sample_type = SampleType::OffCpu {
+            mean_ns: 10_000_000,
+            min_ns: 1_000,
+        };
+        window.period_ns = 1;
+        for sample in &mut window.samples {
+            sample.count *= 7_000_000;
+        }
+        window
+    }
+
+    #[test]
+    fn cpu_and_off_cpu_windows_are_kept_apart() {
+        let dir = tempfile::tempdir().unwrap();
+        let now = crate::store::fixtures::now_secs();
+        let mut store = Store::open(dir.path(), Retention::default()).unwrap();
+        let (cpu, off_cpu) = (window_at(now - 20), off_cpu_window_at(now - 20));
+        store.write_window(&cpu).unwrap();
+        store.write_window(&off_cpu).unwrap();
+        let read = Store::open_read_only(dir.path()).unwrap();
+        let all = |_: &Labels| true;
+        let got_cpu = read.query(everything(), &all).unwrap();
+        assert_eq!(got_cpu.sample_type, SampleType::Cpu);
+        assert_eq!(got_cpu.period_ns, cpu.period_ns);
+        assert_eq!(named(&got_cpu), named(&cpu));
+        let got_off = read
+            .query_within(everything(), SampleKind::OffCpu, &all, QueryLimits::NONE)
+            .unwrap();
+        assert_eq!(got_off.sample_type, off_cpu.sample_type);
+        assert_eq!(got_off.period_ns, 1);
+        assert_eq!(named(&got_off), named(&off_cpu));
+        // Each window read back for the sinks says its own type.
+        let windows = read
+            .windows_after(crate::store::WindowId::NONE, 10)
+            .unwrap();
+        let types: Vec<SampleType> = windows
+            .iter()
+            .map(|(id, _)| read.window_profile(*id).unwrap().unwrap().sample_type)
+            .collect();
+        assert_eq!(types, [SampleType::Cpu, off_cpu.sample_type]);
+        assert_eq!(
+            read.series(everything(), SampleKind::OffCpu).unwrap().len(),
+            1
+        );
+    }
+
+    /// A store of schema 3 (windows without a kind): read as it is, every window CPU, and
+    /// upgraded by the next writable open, losing nothing.
+    #[test]
+    fn schema_3_stores_are_read_and_migrated() {
+        let dir = tempfile::tempdir().unwrap();
+        let now = crate::store::fixtures::now_secs();
+        let all = |_: &Labels| true;
+        let expected = {
+            let mut store = Store::open(dir.path(), Retention::default()).unwrap();
+            store.write_window(&window_at(now - 30)).unwrap();
+            store.write_window(&window_at(now - 20)).unwrap();
+            store.query(everything(), &all).unwrap()
+        };
+        let path = dir.path().join(crate::store::DATABASE_FILE);
+        rusqlite::Connection::open(&path)
+            .unwrap()
+            .execute_batch(
+                "ALTER TABLE windows DROP COLUMN kind;
+                 ALTER TABLE windows DROP COLUMN off_cpu_mean_ns;
+                 ALTER TABLE windows DROP COLUMN off_cpu_min_ns;
+                 PRAGMA user_version = 3; PRAGMA wal_checkpoint(TRUNCATE);",
+            )
+            .unwrap();
+        let old = Store::open_read_only(dir.path()).unwrap();
+        assert!(!old.kinds);
+        assert_eq!(old.query(everything(), &all).unwrap(), expected);
+        let off = old
+            .query_within(everything(), SampleKind::OffCpu, &all, QueryLimits::NONE)
+            .unwrap();
+        assert!(off.samples.is_empty());
+        let first = old.windows_after(crate::store::WindowId::NONE, 1).unwrap()[0].0;
+        assert_eq!(
+            old.window_profile(first).unwrap().unwrap().sample_type,
+            SampleType::Cpu
+        );
+        drop(old);
+        let mut store = Store::open(dir.path(), Retention::default()).unwrap();
+        assert_eq!(store.verify().unwrap(), 2);
+        assert_eq!(store.query(everything(), &all).unwrap(), expected);
+        store.write_window(&off_cpu_window_at(now - 10)).unwrap();
+        drop(store);
+        let read = Store::open_read_only(dir.path()).unwrap();
+        assert!(read.kinds);
+        assert_eq!(read.query(everything(), &all).unwrap(), expected);
+        let off = read
+            .query_within(everything(), SampleKind::OffCpu, &all, QueryLimits::NONE)
+            .unwrap();
+        assert_eq!(named(&off), named(&off_cpu_window_at(now - 10)));
+    }
+
     #[test]
     fn old_absolute_kernel_addresses_are_not_served() {
         let dir = tempfile::tempdir().unwrap();
@@ -507,6 +641,7 @@ mod tests {
         let too_many = store
             .query_within(
                 everything(),
+                SampleKind::Cpu,
                 &all,
                 QueryLimits::new(0, Duration::from_secs(60)),
             )
@@ -518,6 +653,7 @@ mod tests {
         let late = store
             .query_within(
                 everything(),
+                SampleKind::Cpu,
                 &all,
                 QueryLimits::new(usize::MAX, Duration::ZERO),
             )
@@ -527,6 +663,7 @@ mod tests {
         let bounded = store
             .query_within(
                 everything(),
+                SampleKind::Cpu,
                 &all,
                 QueryLimits::new(1000, Duration::from_secs(60)),
             )
@@ -563,7 +700,7 @@ mod tests {
             .query(everything(), &|l| l.get("comm") != Some(comm))
             .unwrap();
         assert!(filtered.samples.iter().all(|s| &s.comm != comm));
-        let series = read.series(everything()).unwrap();
+        let series = read.series(everything(), SampleKind::Cpu).unwrap();
         assert!(series.iter().any(|l| l.get("comm") == Some(comm)));
         assert_eq!(read.verify().unwrap(), 3);
     }

@@ -6,12 +6,14 @@
 use rusqlite::Connection;
 
 use super::codec::{decode_rows, encode_totals, totals_of_rows};
+use crate::profile::SampleType;
 
 /// `PRAGMA application_id` of a scorch store ("SCOR"): how a SQLite file says what it is.
 pub(super) const APPLICATION_ID: i32 = 0x5343_4f52;
 /// `PRAGMA user_version`: the schema below.
-pub(super) const SCHEMA_VERSION: i32 = 3;
-/// The oldest schema [`migrate`] upgrades (and readers still read): 2 lacks `window_totals`.
+pub(super) const SCHEMA_VERSION: i32 = 4;
+/// The oldest schema [`migrate`] upgrades (and readers still read): 2 lacks `window_totals`,
+/// 2 and 3 lack the windows' `kind` (all their windows are CPU samples).
 pub(super) const OLDEST_MIGRATED: i32 = 2;
 
 const SCHEMA: &str = "
@@ -67,7 +69,10 @@ CREATE TABLE windows (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     start_ns INTEGER NOT NULL,
     duration_ns INTEGER NOT NULL,
-    period_ns INTEGER NOT NULL
+    period_ns INTEGER NOT NULL,
+    kind INTEGER NOT NULL DEFAULT 0,            -- 0 CPU samples, 1 off-CPU nanoseconds
+    off_cpu_mean_ns INTEGER NOT NULL DEFAULT 0, -- off-CPU's sampling rule (see SampleType)
+    off_cpu_min_ns INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX windows_by_start ON windows (start_ns);
 -- One row per window: its (series, stack, value) rows, sorted and delta-encoded as varints
@@ -85,6 +90,15 @@ CREATE TABLE IF NOT EXISTS window_totals (
     window INTEGER PRIMARY KEY, -- windows.id
     totals BLOB NOT NULL        -- varint (series delta, samples) pairs, series ascending
 );
+";
+
+/// Schema 4: what each window's values measure. A window holds one kind of profile; the
+/// daemon writes a CPU window and, with off-CPU on, an off-CPU window for the same time.
+/// Existing windows were all CPU samples: the defaults say so.
+const WINDOW_KINDS: &str = "
+ALTER TABLE windows ADD COLUMN kind INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE windows ADD COLUMN off_cpu_mean_ns INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE windows ADD COLUMN off_cpu_min_ns INTEGER NOT NULL DEFAULT 0;
 ";
 
 /// Creates a new store's tables in an empty database.
@@ -124,12 +138,16 @@ pub(super) fn configure(connection: &Connection) -> rusqlite::Result<()> {
 /// transaction: on failure it is left as it was. Returns the windows backfilled.
 ///
 /// 2 -> 3: `window_totals`, filled from every stored window's rows (nothing is dropped; the
-/// rows themselves are untouched).
+/// rows themselves are untouched). 3 -> 4: the windows' `kind` columns, every existing window
+/// a CPU one.
 pub(super) fn migrate(connection: &Connection, found: i32) -> rusqlite::Result<usize> {
     if found >= SCHEMA_VERSION {
         return Ok(0);
     }
     let tx = connection.unchecked_transaction()?;
+    if !windows_have_kinds(&tx)? {
+        tx.execute_batch(WINDOW_KINDS)?;
+    }
     tx.execute_batch(WINDOW_TOTALS)?;
     let mut backfilled = 0;
     {
@@ -159,4 +177,28 @@ pub(super) fn migrate(connection: &Connection, found: i32) -> rusqlite::Result<u
     tx.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION};"))?;
     tx.commit()?;
     Ok(backfilled)
+}
+
+/// Whether the windows table says each window's kind (schema 4); before it, every window was
+/// a CPU one. Asked of the table rather than the version so a reader opening an older store
+/// read-only knows, as the migration does.
+pub(super) fn windows_have_kinds(connection: &Connection) -> rusqlite::Result<bool> {
+    connection.query_row(
+        "SELECT COUNT(*) FROM pragma_table_info('windows') WHERE name = 'kind'",
+        [],
+        |row| row.get::<_, i64>(0).map(|n| n > 0),
+    )
+}
+
+/// A window's `kind`, `off_cpu_mean_ns` and `off_cpu_min_ns` columns as the profile's sample
+/// type. An unknown kind (a newer scorch's, in a store it migrated) reads as CPU, never as
+/// off-CPU nanoseconds.
+pub(super) fn sample_type_of(kind: i64, mean_ns: i64, min_ns: i64) -> SampleType {
+    match kind {
+        1 => SampleType::OffCpu {
+            mean_ns: mean_ns.max(0) as u64,
+            min_ns: min_ns.max(0) as u64,
+        },
+        _ => SampleType::Cpu,
+    }
 }

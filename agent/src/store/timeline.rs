@@ -1,4 +1,5 @@
-//! The CPU timeline: samples per step of a range, one series per value of a label, read from
+//! The timeline: CPU (or, for off-CPU windows, blocked) seconds per step of a range, one
+//! series per value of a label, read from
 //! each window's per-series totals (`window_totals`) without touching a stack. A day of 10 s
 //! windows is 8,640 short blobs. [`bucket`] is the pure part: windows' totals in, the top
 //! series and "other" out.
@@ -9,7 +10,7 @@ use serde::Serialize;
 
 use super::codec::{decode_rows, for_each_total, totals_of_rows};
 use super::reader::{QueryLimits, Reader};
-use super::{Labels, Store, StoreError, TimeRange};
+use super::{Labels, SampleKind, Store, StoreError, TimeRange};
 use crate::sys::time::unix_ns;
 
 /// What a timeline covers and how it is cut.
@@ -22,6 +23,8 @@ pub struct TimelineRequest {
     pub group_by: Option<String>,
     /// Series kept by total CPU; the rest are summed into one series, "other".
     pub limit: usize,
+    /// Which windows: CPU samples, or off-CPU time (whose values are blocked seconds).
+    pub kind: SampleKind,
 }
 
 /// The answer: `points` are `[unix_seconds, cpu_seconds]`, one per step, in every series.
@@ -145,22 +148,28 @@ impl Store {
     fn for_each_total_in(
         &self,
         range: TimeRange,
+        kind: SampleKind,
         limits: QueryLimits,
         mut each: impl FnMut(i64, i64, i64, u64) -> Result<(), StoreError>,
     ) -> Result<(), StoreError> {
         let err = |e| self.sqlite(e);
         let totals = self.has_totals()?;
+        let condition = self.kind_condition(kind);
         let sql = if totals {
-            "SELECT w.id, w.start_ns, w.period_ns, t.totals FROM windows w
-             JOIN window_totals t ON t.window = w.id
-             WHERE w.start_ns >= ?1 AND w.start_ns < ?2 ORDER BY w.start_ns"
+            format!(
+                "SELECT w.id, w.start_ns, w.period_ns, t.totals FROM windows w
+                 JOIN window_totals t ON t.window = w.id
+                 WHERE w.start_ns >= ?1 AND w.start_ns < ?2 AND {condition} ORDER BY w.start_ns"
+            )
         } else {
-            "SELECT w.id, w.start_ns, w.period_ns, s.rows FROM windows w
-             JOIN window_samples s ON s.window = w.id
-             WHERE w.start_ns >= ?1 AND w.start_ns < ?2 ORDER BY w.start_ns"
+            format!(
+                "SELECT w.id, w.start_ns, w.period_ns, s.rows FROM windows w
+                 JOIN window_samples s ON s.window = w.id
+                 WHERE w.start_ns >= ?1 AND w.start_ns < ?2 AND {condition} ORDER BY w.start_ns"
+            )
         };
         let _read = self.connection.unchecked_transaction().map_err(err)?;
-        let mut statement = self.connection.prepare_cached(sql).map_err(err)?;
+        let mut statement = self.connection.prepare_cached(&sql).map_err(err)?;
         let mut rows = statement
             .query([unix_ns(range.from), unix_ns(range.to)])
             .map_err(err)?;
@@ -216,41 +225,48 @@ impl Store {
         let mut index_of: HashMap<String, usize> = HashMap::new();
         let mut names: Vec<String> = Vec::new();
         let mut contributions: Vec<Contribution> = Vec::new();
-        self.for_each_total_in(request.range, limits, |start, period, series, value| {
-            let group = match group_of.get(&series) {
-                Some(&group) => group,
-                None => {
-                    let group = reader.series(series)?.filter(|l| matches(l)).map(|labels| {
-                        let name = match &request.group_by {
-                            Some(label) => labels.get(label).cloned().unwrap_or_default(),
-                            None => String::new(),
-                        };
-                        *index_of.entry(name.clone()).or_insert_with(|| {
-                            names.push(name);
-                            names.len() - 1
-                        })
-                    });
-                    group_of.insert(series, group);
-                    group
+        self.for_each_total_in(
+            request.range,
+            request.kind,
+            limits,
+            |start, period, series, value| {
+                let group = match group_of.get(&series) {
+                    Some(&group) => group,
+                    None => {
+                        let group = reader.series(series)?.filter(|l| matches(l)).map(|labels| {
+                            let name = match &request.group_by {
+                                Some(label) => labels.get(label).cloned().unwrap_or_default(),
+                                None => String::new(),
+                            };
+                            *index_of.entry(name.clone()).or_insert_with(|| {
+                                names.push(name);
+                                names.len() - 1
+                            })
+                        });
+                        group_of.insert(series, group);
+                        group
+                    }
+                };
+                if let Some(group) = group {
+                    let cpu_ns = value.saturating_mul(period.max(0) as u64);
+                    contributions.push((group, start, cpu_ns));
                 }
-            };
-            if let Some(group) = group {
-                let cpu_ns = value.saturating_mul(period.max(0) as u64);
-                contributions.push((group, start, cpu_ns));
-            }
-            Ok(())
-        })?;
+                Ok(())
+            },
+        )?;
         Ok(bucket(request, &names, contributions))
     }
 
-    /// The label names of the series with samples in windows starting in `range`, sorted.
+    /// The label names of the series with samples in windows of `kind` starting in `range`,
+    /// sorted.
     pub fn label_names(
         &self,
         range: TimeRange,
+        kind: SampleKind,
         limits: QueryLimits,
     ) -> Result<Vec<String>, StoreError> {
         let mut ids = HashSet::new();
-        self.for_each_total_in(range, limits, |_, _, series, _| {
+        self.for_each_total_in(range, kind, limits, |_, _, series, _| {
             ids.insert(series);
             Ok(())
         })?;
@@ -293,6 +309,7 @@ mod tests {
             step_ns: step as i64 * 1_000_000_000,
             group_by: group_by.map(str::to_owned),
             limit,
+            kind: SampleKind::Cpu,
         }
     }
 
@@ -371,6 +388,45 @@ mod tests {
     }
 
     #[test]
+    fn each_kind_has_its_own_timeline() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = Store::open(dir.path(), Retention::default()).unwrap();
+        let now = crate::store::fixtures::now_secs() / 10 * 10;
+        let cpu = labelled(now - 50, "a", 1);
+        let mut off_cpu = labelled(now - 50, "a", 1);
+        off_cpu.sample_type = crate::profile::SampleType::OffCpu {
+            mean_ns: 1_000_000,
+            min_ns: 0,
+        };
+        off_cpu.period_ns = 1;
+        for sample in &mut off_cpu.samples {
+            sample.count = 250_000_000;
+        }
+        store.write_window(&cpu).unwrap();
+        store.write_window(&off_cpu).unwrap();
+        let mut request = request(now - 100, now, 10, Some("comm"), 10);
+        let cpu_timeline = store
+            .timeline(&request, &|_| true, QueryLimits::NONE)
+            .unwrap();
+        let cpu_seconds = cpu.total_samples() as f64 * cpu.period_ns as f64 / 1e9;
+        assert_eq!(cpu_timeline.series.len(), 1);
+        assert!((cpu_timeline.series[0].total - cpu_seconds).abs() < 1e-9);
+        request.kind = SampleKind::OffCpu;
+        let off_timeline = store
+            .timeline(&request, &|_| true, QueryLimits::NONE)
+            .unwrap();
+        // Blocked seconds: the values are nanoseconds, the period 1.
+        let blocked = off_cpu.total_samples() as f64 / 1e9;
+        assert!((off_timeline.series[0].total - blocked).abs() < 1e-9);
+        let names = |kind| {
+            store
+                .label_names(request.range, kind, QueryLimits::NONE)
+                .unwrap()
+        };
+        assert_eq!(names(SampleKind::OffCpu), names(SampleKind::Cpu));
+    }
+
+    #[test]
     fn timeline_reads_totals_by_label() {
         let dir = tempfile::tempdir().unwrap();
         let mut store = Store::open(dir.path(), Retention::default()).unwrap();
@@ -415,6 +471,7 @@ mod tests {
             store
                 .label_names(
                     request(now - 100, now, 10, None, 1).range,
+                    SampleKind::Cpu,
                     QueryLimits::NONE
                 )
                 .unwrap(),

@@ -10,7 +10,7 @@ use super::codec::{
     content_hash, encode_rows, encode_totals, labels_json, put_varint, totals_of_rows,
 };
 use super::{Store, StoreError, TOUCH_EVERY};
-use crate::profile::{Labels, Line, Location, Mapping, Profile};
+use crate::profile::{Labels, Line, Location, Mapping, Profile, SampleType};
 use crate::sys::time::unix_ns;
 
 /// Rows kept in the writer's id caches before they are dropped and refilled from the database.
@@ -89,13 +89,21 @@ impl Store {
             source,
         };
         connection.execute_batch("BEGIN IMMEDIATE").map_err(err)?;
+        let (kind, mean_ns, min_ns) = match profile.sample_type {
+            SampleType::Cpu => (0, 0, 0),
+            SampleType::OffCpu { mean_ns, min_ns } => (1, mean_ns as i64, min_ns as i64),
+        };
         connection
             .execute(
-                "INSERT INTO windows (start_ns, duration_ns, period_ns) VALUES (?1, ?2, ?3)",
+                "INSERT INTO windows (start_ns, duration_ns, period_ns, kind, off_cpu_mean_ns,
+                     off_cpu_min_ns) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
                 params![
                     unix_ns(profile.start),
                     profile.duration.as_nanos() as i64,
-                    profile.period_ns as i64
+                    profile.period_ns as i64,
+                    kind,
+                    mean_ns,
+                    min_ns
                 ],
             )
             .map_err(err)?;

@@ -218,8 +218,11 @@ pub fn symbolize(
             Some(tag) => std::sync::Arc::new(crate::profile::Labels::from([
                 ("comm".to_owned(), comm.clone()),
                 ("pid".to_owned(), stack.tgid.to_string()),
-                ("state".to_owned(), tag.state.as_str().to_owned()),
-                ("thread".to_owned(), tag.thread.clone()),
+                (
+                    crate::profile::STATE_LABEL.to_owned(),
+                    tag.state.as_str().to_owned(),
+                ),
+                (crate::profile::THREAD_LABEL.to_owned(), tag.thread.clone()),
             ])),
             None => std::sync::Arc::default(),
         };

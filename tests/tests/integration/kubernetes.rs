@@ -332,7 +332,7 @@ fn the_daemon_names_pods_from_the_api_server() -> Result<()> {
     };
     let reader = scorch::store::Store::open_read_only(&store)?;
     let series: Vec<_> = reader
-        .series(range)?
+        .series(range, scorch::store::SampleKind::Cpu)?
         .into_iter()
         .filter(|l| l.get("pid") == Some(&pid))
         .collect();

@@ -16,7 +16,7 @@ pub fn all_series(store: &Path) -> Result<Vec<scorch::profile::Labels>> {
         from: std::time::UNIX_EPOCH,
         to: std::time::SystemTime::now() + Duration::from_secs(60),
     };
-    Ok(Store::open_read_only(store)?.series(range)?)
+    Ok(Store::open_read_only(store)?.series(range, scorch::store::SampleKind::Cpu)?)
 }
 
 #[test]

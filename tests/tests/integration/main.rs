@@ -12,6 +12,7 @@ mod known_call_tree;
 mod kubernetes;
 mod labels;
 mod off_cpu;
+mod off_cpu_run;
 mod otlp;
 mod pprof_url;
 mod python;

@@ -3,6 +3,8 @@
 
 use std::{collections::BTreeMap, sync::atomic::AtomicU64, time::Duration};
 
+use scorch_common::OffCpuCount;
+
 use prometheus_client::{
     metrics::{
         counter::Counter,
@@ -16,6 +18,7 @@ use prometheus_client::{
 use crate::{
     metrics::{LabeledCounter, Registry},
     pipeline::drain::{Losses, StackMapFill},
+    pipeline::off_cpu::OffCpuCounts,
     store::ErrorReason,
     symbolize::captures::{CaptureDrop, CaptureStats},
 };
@@ -65,6 +68,13 @@ pub struct WindowMetrics {
     /// The distinct stacks the last window stored in each stack map, and the entries each holds.
     stack_map_entries: Family<[(&'static str, &'static str); 1], Gauge<u64, AtomicU64>>,
     stack_map_max_entries: Family<[(&'static str, &'static str); 1], Gauge<u64, AtomicU64>>,
+    /// What became of the blocks the off-CPU program saw, by outcome; the blocked time of
+    /// those over the cap; the user stacks it walked; and the program's totals at the last
+    /// report (they count from its load).
+    off_cpu_blocks: LabeledCounter,
+    off_cpu_over_cap_seconds: Counter<f64, AtomicU64>,
+    off_cpu_walks: Counter,
+    off_cpu_reported: OffCpuCounts,
 }
 
 impl WindowMetrics {
@@ -228,6 +238,27 @@ impl WindowMetrics {
                 "Entries each stack map holds, by map",
                 Family::default(),
             ),
+            // Registered without off-CPU too: zeros, not missing series, on a daemon without it.
+            off_cpu_blocks: registry.register(
+                "off_cpu_blocks",
+                "Off-CPU blocks the scheduler hook saw, by outcome: recorded (sent, and sampled \
+                 into the off-CPU profile), over_cap (past off-cpu-max-events a second), \
+                 ring_full (the daemon read too slowly), threads_full (no room in the thread \
+                 map), user_stack_evicted (sent without a user stack), below_minimum",
+                LabeledCounter::new("outcome", OffCpuCounts::OUTCOMES.map(|(_, name)| name)),
+            ),
+            off_cpu_over_cap_seconds: registry.register_with_unit(
+                "off_cpu_over_cap",
+                "Blocked time of the off-CPU blocks over the cap, missing from the off-CPU profile",
+                Unit::Seconds,
+                Counter::default(),
+            ),
+            off_cpu_walks: registry.register(
+                "off_cpu_user_stack_walks",
+                "User stacks the off-CPU hook walked at switch-out",
+                Counter::default(),
+            ),
+            off_cpu_reported: OffCpuCounts::default(),
         }
     }
 
@@ -340,6 +371,19 @@ impl WindowMetrics {
         }
     }
 
+    /// The off-CPU program's counters since it was loaded.
+    pub fn set_off_cpu(&mut self, counts: &OffCpuCounts) {
+        let before = self.off_cpu_reported;
+        let new = |kind: OffCpuCount| counts.get(kind).saturating_sub(before.get(kind));
+        for (kind, name) in OffCpuCounts::OUTCOMES {
+            self.off_cpu_blocks.inc_by(name, new(kind));
+        }
+        self.off_cpu_over_cap_seconds
+            .inc_by(new(OffCpuCount::OverCapNs) as f64 / 1e9);
+        self.off_cpu_walks.inc_by(new(OffCpuCount::Walks));
+        self.off_cpu_reported = *counts;
+    }
+
     /// The cumulative count of samples completed below glibc's start code.
     pub fn set_start_frames_completed(&mut self, total: u64) {
         self.start_frames_completed.set(total);
@@ -385,6 +429,39 @@ mod tests {
     use super::*;
     use crate::metrics::value_in as value;
     use crate::pipeline::maps::StackEntries;
+
+    #[test]
+    fn off_cpu_counts_advance_by_what_is_new() {
+        let mut registry = Registry::new();
+        let mut metrics = WindowMetrics::register(&mut registry);
+        // Zeros before any off-CPU window.
+        let text = registry.encode();
+        assert_eq!(
+            value(&text, "scorch_off_cpu_blocks_total{outcome=\"over_cap\"}"),
+            0.0
+        );
+        let mut counts = OffCpuCounts::default();
+        counts.by_kind[OffCpuCount::Recorded as usize] = 10;
+        counts.by_kind[OffCpuCount::OverCap as usize] = 3;
+        counts.by_kind[OffCpuCount::OverCapNs as usize] = 2_000_000_000;
+        counts.by_kind[OffCpuCount::Walks as usize] = 40;
+        metrics.set_off_cpu(&counts);
+        counts.by_kind[OffCpuCount::Recorded as usize] = 15;
+        counts.by_kind[OffCpuCount::RingFull as usize] = 1;
+        metrics.set_off_cpu(&counts);
+        let text = registry.encode();
+        let blocks = |outcome: &str| {
+            value(
+                &text,
+                &format!("scorch_off_cpu_blocks_total{{outcome=\"{outcome}\"}}"),
+            )
+        };
+        assert_eq!(blocks("recorded"), 15.0);
+        assert_eq!(blocks("over_cap"), 3.0);
+        assert_eq!(blocks("ring_full"), 1.0);
+        assert_eq!(value(&text, "scorch_off_cpu_over_cap_seconds_total"), 2.0);
+        assert_eq!(value(&text, "scorch_off_cpu_user_stack_walks_total"), 40.0);
+    }
 
     #[test]
     fn windows_are_counted() {

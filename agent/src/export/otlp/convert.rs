@@ -31,7 +31,9 @@ use super::proto::{
 };
 use crate::{
     export::series::{split_by_series, Series},
-    profile::{Labels, LocationIndex, MappingIndex, Profile},
+    profile::{
+        encode::pprof::off_cpu_comment, Labels, LocationIndex, MappingIndex, Profile, SampleType,
+    },
     symbolize::python::UNKNOWN_CODE,
     sys::time::unix_ns,
 };
@@ -54,6 +56,25 @@ pub const CPU: ProfileType = ProfileType {
     sample: ("samples", "count"),
     period: ("cpu", "nanoseconds"),
 };
+
+/// Off-CPU time, as the OpenTelemetry eBPF profiler sends it: nanoseconds blocked, the period
+/// the sampling parameter (one event per that much blocked time, on average).
+pub const OFF_CPU: ProfileType = ProfileType {
+    sample: ("off_cpu", "nanoseconds"),
+    period: ("off_cpu", "nanoseconds"),
+};
+
+/// The profile attribute that carries an off-CPU profile's sampling rule (pprof's comment):
+/// its values are estimates, and this says how they were made.
+pub const SAMPLING_RULE_ATTRIBUTE: &str = "scorch.off_cpu.sampling_rule";
+
+/// The profile type of a window's samples, and its period.
+pub fn profile_type(profile: &Profile) -> (ProfileType, i64) {
+    match profile.sample_type {
+        SampleType::Cpu => (CPU, profile.period_ns as i64),
+        SampleType::OffCpu { mean_ns, .. } => (OFF_CPU, mean_ns as i64),
+    }
+}
 
 /// The instrumentation scope every profile is filed under.
 const SCOPE_NAME: &str = "scorch";
@@ -93,12 +114,14 @@ pub fn window_requests(
     options: &ConvertOptions,
 ) -> Vec<ExportProfilesServiceRequest> {
     let mut requests = Vec::new();
-    let mut builder = RequestBuilder::new(profile, options);
+    let rule = off_cpu_comment(profile.sample_type);
+    let rule = rule.as_deref();
+    let mut builder = RequestBuilder::new(profile, options, rule);
     for series in split_by_series(profile) {
         builder.add_series(&series);
         if builder.bytes >= options.max_bytes {
             requests.push(builder.finish());
-            builder = RequestBuilder::new(profile, options);
+            builder = RequestBuilder::new(profile, options, rule);
         }
     }
     if !builder.resource_profiles.is_empty() {
@@ -111,6 +134,8 @@ pub fn window_requests(
 struct RequestBuilder<'a> {
     profile: &'a Profile,
     options: &'a ConvertOptions,
+    /// An off-CPU window's sampling rule, an attribute of each of its profiles.
+    rule: Option<&'a str>,
     dictionary: Dictionary<'a>,
     resource_profiles: Vec<ResourceProfiles>,
     /// About how many bytes the request encodes to: what was added to it, each part counted
@@ -119,10 +144,15 @@ struct RequestBuilder<'a> {
 }
 
 impl<'a> RequestBuilder<'a> {
-    fn new(profile: &'a Profile, options: &'a ConvertOptions) -> RequestBuilder<'a> {
+    fn new(
+        profile: &'a Profile,
+        options: &'a ConvertOptions,
+        rule: Option<&'a str>,
+    ) -> RequestBuilder<'a> {
         RequestBuilder {
             profile,
             options,
+            rule,
             dictionary: Dictionary::new(),
             resource_profiles: Vec::new(),
             bytes: 0,
@@ -131,14 +161,20 @@ impl<'a> RequestBuilder<'a> {
 
     fn add_series(&mut self, series: &Series<'a>) {
         let samples = self.samples(series);
+        let (kind, period) = profile_type(self.profile);
+        let attribute_indices = match self.rule {
+            Some(rule) => vec![self.dictionary.attribute(SAMPLING_RULE_ATTRIBUTE, rule)],
+            None => Vec::new(),
+        };
         let profile = OtlpProfile {
-            sample_type: Some(self.dictionary.value_type(CPU.sample)),
+            sample_type: Some(self.dictionary.value_type(kind.sample)),
             samples,
             time_unix_nano: unix_ns(self.profile.start).max(0) as u64,
             duration_nano: self.profile.duration.as_nanos() as u64,
-            period_type: Some(self.dictionary.value_type(CPU.period)),
-            period: self.profile.period_ns as i64,
-            profile_id: profile_id(unix_ns(self.profile.start), &series.labels, CPU).to_vec(),
+            period_type: Some(self.dictionary.value_type(kind.period)),
+            period,
+            profile_id: profile_id(unix_ns(self.profile.start), &series.labels, kind).to_vec(),
+            attribute_indices,
             ..Default::default()
         };
         let resource = ResourceProfiles {
@@ -623,6 +659,52 @@ mod tests {
                 .collect::<std::collections::HashSet<_>>()
                 .len(),
         );
+    }
+
+    #[test]
+    fn an_off_cpu_window_is_its_own_profile_type_with_its_rule() {
+        let cpu = window();
+        let mut off_cpu = window();
+        off_cpu.sample_type = SampleType::OffCpu {
+            mean_ns: 10_000_000,
+            min_ns: 0,
+        };
+        off_cpu.period_ns = 1;
+        let requests = window_requests(&off_cpu, &options());
+        assert_eq!(requests.len(), 1);
+        let request = &requests[0];
+        check_tables(request);
+        let d = request.dictionary.as_ref().unwrap();
+        let text = |i: i32| d.string_table[i as usize].as_str();
+        let cpu_ids: Vec<Vec<u8>> = window_requests(&cpu, &options())[0]
+            .resource_profiles
+            .iter()
+            .map(|r| r.scope_profiles[0].profiles[0].profile_id.clone())
+            .collect();
+        for resource in &request.resource_profiles {
+            let profile = &resource.scope_profiles[0].profiles[0];
+            let types = [profile.sample_type.unwrap(), profile.period_type.unwrap()]
+                .map(|t| (text(t.type_strindex), text(t.unit_strindex)));
+            assert_eq!(types, [("off_cpu", "nanoseconds"); 2]);
+            assert_eq!(profile.period, 10_000_000);
+            assert_eq!(profile.attribute_indices.len(), 1);
+            let rule = &d.attribute_table[profile.attribute_indices[0] as usize];
+            assert_eq!(text(rule.key_strindex), SAMPLING_RULE_ATTRIBUTE);
+            match rule.value.as_ref().and_then(|v| v.value.as_ref()) {
+                Some(any_value::Value::StringValue(text)) => {
+                    assert!(text.contains("1 - exp(-d / 10000000)"), "{text}")
+                }
+                other => panic!("{other:?}"),
+            }
+            // Not the CPU profile of the same series and window.
+            assert!(!cpu_ids.contains(&profile.profile_id));
+        }
+        // A CPU window's profiles carry no rule.
+        for resource in &window_requests(&cpu, &options())[0].resource_profiles {
+            assert!(resource.scope_profiles[0].profiles[0]
+                .attribute_indices
+                .is_empty());
+        }
     }
 
     #[test]

@@ -253,8 +253,8 @@ pub fn samples_message(profile: &Profile, samples: &[&Sample]) -> pb::Profile {
 }
 
 /// The note that tells a reader of an off-CPU profile its values are estimates, and how they
-/// were made.
-fn off_cpu_comment(sample_type: SampleType) -> Option<String> {
+/// were made: pprof's comment, and the OTLP sink's profile attribute.
+pub fn off_cpu_comment(sample_type: SampleType) -> Option<String> {
     match sample_type {
         SampleType::Cpu => None,
         SampleType::OffCpu { mean_ns, min_ns } => Some(format!(
