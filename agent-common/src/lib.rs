@@ -532,8 +532,8 @@ pub struct OffCpuControl {
     /// Blocks shorter than this are never recorded.
     pub min_ns: u64,
     /// Most events each CPU may send per second; the rest are counted
-    /// ([`OffCpuCount::OverCap`]). Each CPU walks at most [`OFF_CPU_WALKS_PER_EVENT`] times
-    /// as many user stacks a second.
+    /// ([`OffCpuCount::OverCap`]). Each CPU takes stacks at most [`OFF_CPU_WALKS_PER_EVENT`] times
+    /// as many switch-outs a second.
     pub events_per_cpu_second: u32,
     /// The agent's own process: its threads are never recorded.
     pub agent_tgid: u32,
@@ -544,10 +544,10 @@ pub struct OffCpuControl {
 /// counted as truncated).
 pub const OFF_CPU_KERNEL_DEPTH: usize = 48;
 
-/// User-stack walks a CPU may make each second, per event it may send. Every switch-out is
-/// walked (the stack must be taken while the thread is still current, before the block's
-/// length, and so whether it is recorded, is known); this bounds the walks' cost in a storm of
-/// context switches. A block switched out past it is counted over the cap.
+/// Switch-outs a CPU may take stacks of each second (a kernel stack and a user walk), per
+/// event it may send. Every switch-out's stacks are taken (while the thread is still current,
+/// before the block's length, and so whether it is recorded, is known); this bounds their cost
+/// in a storm of context switches. A block switched out past it is counted over the cap.
 pub const OFF_CPU_WALKS_PER_EVENT: u64 = 2;
 
 /// Most threads the program follows between their switch-out and switch-in
@@ -580,8 +580,7 @@ pub struct OffCpuThread {
     pub state: u32,
     /// Frames in `kernel`.
     pub kernel_len: u32,
-    /// 1 when the switch-out came past its CPU's walk budget and its user stack was not
-    /// walked: the block is then counted over the cap, never sent with a stack it lacks.
+    /// 1 when the switch-out came past its CPU's budget and its stacks were not taken: the block is then counted over the cap, never sent with a stack it lacks.
     pub unwalked: u32,
     /// The thread's name (`comm` of the thread, not of the process).
     pub comm: [u8; 16],

@@ -72,7 +72,7 @@ static OFF_CPU_COUNTS_MAP: PerCpuArray<u64> = PerCpuArray::with_max_entries(OFF_
 static OFF_CPU_BUDGET: PerCpuArray<[u64; 2]> = PerCpuArray::with_max_entries(2, 0);
 /// `OFF_CPU_BUDGET`'s slot for events sent.
 const BUDGET_EVENTS: u32 = 0;
-/// Its slot for user stacks walked.
+/// Its slot for switch-outs whose stacks were taken.
 const BUDGET_WALKS: u32 = 1;
 
 /// `offsetof(struct task_struct, pid)`, set by the agent from the kernel's BTF before load.
@@ -151,6 +151,18 @@ fn switch_out(
     } else {
         state
     };
+    entry.user_stack = 0;
+    entry.unwalked = 0;
+    // Taking the stacks is most of a switch-out's cost (a kernel stack and a user walk): past
+    // this CPU's budget of them for the second, the block is timed but counted over the cap
+    // at switch-in, never sent without its stacks.
+    let stacks = u64::from(control.events_per_cpu_second).saturating_mul(OFF_CPU_WALKS_PER_EVENT);
+    if !take_budget(BUDGET_WALKS, now, stacks) {
+        entry.unwalked = 1;
+        entry.kernel_len = 0;
+        entry.start_ns = now;
+        return;
+    }
     if let Ok(comm) = bpf_get_current_comm() {
         entry.comm = comm;
     }
@@ -164,26 +176,19 @@ fn switch_out(
         )
     };
     entry.kernel_len = if bytes > 0 { (bytes as u32) / 8 } else { 0 };
-    user_stack(entry, tgid, now, control);
+    user_stack(entry, tgid);
     entry.start_ns = now;
 }
 
 /// Walks the current task's user stack into `OFF_CPU_USER_STACK_MAP` and keys the entry with
-/// it (0 for none), or marks the entry unwalked past this CPU's walk budget. Every switch-out
-/// is walked: its registers do not say where its callers are (two calls of one blocking
-/// function from the same frame block with the same pc, sp and rbp).
+/// it (0 for none). Every switch-out within the budget is walked: its registers do not say
+/// where its callers are (two calls of one blocking function from the same frame block with
+/// the same pc, sp and rbp).
 #[inline(always)]
-fn user_stack(entry: &mut OffCpuThread, tgid: u32, now: u64, control: &OffCpuControl) {
-    entry.user_stack = 0;
-    entry.unwalked = 0;
+fn user_stack(entry: &mut OffCpuThread, tgid: u32) {
     let Some(regs) = unwind::current_user_regs() else {
         return;
     };
-    let walks = u64::from(control.events_per_cpu_second).saturating_mul(OFF_CPU_WALKS_PER_EVENT);
-    if !take_budget(BUDGET_WALKS, now, walks) {
-        entry.unwalked = 1;
-        return;
-    }
     count(OffCpuCount::Walks, 1);
     let Some(walk) = unwind::walk_from(regs, tgid, unwind::WALK_OFF_CPU) else {
         return;
