@@ -5,8 +5,11 @@
  *                    -> run_c -> leaf_c   10%
  *
  * Each leaf runs the same loop body, so CPU shares follow the iteration counts 6:3:1.
- * Usage: calltree [threads] [seconds]. It exits by itself after `seconds` (SIGALRM), so a
- * failed test never leaves it spinning.
+ * Usage: calltree [threads] [seconds] [scale]. It exits by itself after `seconds` (SIGALRM),
+ * so a failed test never leaves it spinning. `scale` multiplies every leaf's count (default 1,
+ * a cycle of about 13 ms here): a cycle close to a multiple of the sampling period aliases
+ * with it, and two samplers at the same rate then see shares apart by 0.08 (0.646 against
+ * 0.567 for leaf_a at 199 Hz); a test that judges shares runs cycles of many periods.
  */
 #include <pthread.h>
 #include <stdlib.h>
@@ -16,6 +19,8 @@ volatile unsigned long sink;
 
 /* A register-only dependency chain: every iteration costs the same few cycles whatever the
  * loop's alignment or the CPU's store-forwarding tricks, so time is proportional to the count. */
+static unsigned long scale = 1;
+
 #define LEAF(name, iterations)                                  \
     __attribute__((noinline)) void name(void) {                 \
         unsigned long x = 1;                                    \
@@ -23,7 +28,7 @@ volatile unsigned long sink;
          * with -mno-omit-leaf-frame-pointer, and an unwinder then  \
          * skips the leaf's caller. */                           \
         __asm__ volatile("" : : "r"(__builtin_frame_address(0))); \
-        for (unsigned long i = 0; i < (iterations); i++) {      \
+        for (unsigned long i = 0; i < (iterations) * scale; i++) { \
             x = x * 6364136223846793005UL + i;                  \
             __asm__ volatile("" : "+r"(x));                     \
         }                                                       \
@@ -55,6 +60,9 @@ static void *thread_main(void *arg) {
 int main(int argc, char **argv) {
     int threads = argc > 1 ? atoi(argv[1]) : 1;
     int seconds = argc > 2 ? atoi(argv[2]) : 30;
+    if (argc > 3 && atoi(argv[3]) > 0) {
+        scale = (unsigned long)atoi(argv[3]);
+    }
     alarm(seconds);
     for (int i = 1; i < threads; i++) {
         pthread_t thread;
