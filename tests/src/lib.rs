@@ -494,6 +494,61 @@ pub struct NamedSample {
     pub comm: String,
 }
 
+/// One sample of a profile whose value is a weight (off-CPU nanoseconds): its value, every
+/// function name leaf first (inlined ones too), and its string labels.
+#[derive(Debug)]
+pub struct OffCpuSample {
+    pub value: i64,
+    pub frames: Vec<String>,
+    pub labels: HashMap<String, String>,
+}
+
+/// Flattens a pprof into [`OffCpuSample`]s.
+pub fn off_cpu_samples(profile: &pprof::Profile) -> Vec<OffCpuSample> {
+    let strings = &profile.string_table;
+    let functions: HashMap<u64, &str> = profile
+        .function
+        .iter()
+        .map(|f| (f.id, strings[f.name as usize].as_str()))
+        .collect();
+    let locations: HashMap<u64, Vec<String>> = profile
+        .location
+        .iter()
+        .map(|l| {
+            let names = l
+                .line
+                .iter()
+                .map(|line| functions.get(&line.function_id).copied().unwrap_or("?"))
+                .map(str::to_owned)
+                .collect();
+            (l.id, names)
+        })
+        .collect();
+    profile
+        .sample
+        .iter()
+        .map(|s| OffCpuSample {
+            value: s.value[0],
+            frames: s
+                .location_id
+                .iter()
+                .flat_map(|id| locations.get(id).cloned().unwrap_or_default())
+                .collect(),
+            labels: s
+                .label
+                .iter()
+                .filter(|l| l.str != 0)
+                .map(|l| {
+                    (
+                        strings[l.key as usize].clone(),
+                        strings[l.str as usize].clone(),
+                    )
+                })
+                .collect(),
+        })
+        .collect()
+}
+
 /// Flattens a pprof into named samples.
 pub fn named_samples(profile: &pprof::Profile) -> Vec<NamedSample> {
     let strings = &profile.string_table;

@@ -8,61 +8,7 @@ use std::{
 };
 
 use anyhow::{ensure, Context};
-use scorch::pprof;
 use scorch_tests::*;
-
-/// One sample: its value, function names leaf first, and string labels.
-#[derive(Debug)]
-struct OffCpuSample {
-    value: i64,
-    frames: Vec<String>,
-    labels: HashMap<String, String>,
-}
-
-fn off_cpu_samples(profile: &pprof::Profile) -> Vec<OffCpuSample> {
-    let strings = &profile.string_table;
-    let functions: HashMap<u64, &str> = profile
-        .function
-        .iter()
-        .map(|f| (f.id, strings[f.name as usize].as_str()))
-        .collect();
-    let locations: HashMap<u64, Vec<String>> = profile
-        .location
-        .iter()
-        .map(|l| {
-            let names = l
-                .line
-                .iter()
-                .map(|line| functions.get(&line.function_id).copied().unwrap_or("?"))
-                .map(str::to_owned)
-                .collect();
-            (l.id, names)
-        })
-        .collect();
-    profile
-        .sample
-        .iter()
-        .map(|s| OffCpuSample {
-            value: s.value[0],
-            frames: s
-                .location_id
-                .iter()
-                .flat_map(|id| locations.get(id).cloned().unwrap_or_default())
-                .collect(),
-            labels: s
-                .label
-                .iter()
-                .filter(|l| l.str != 0)
-                .map(|l| {
-                    (
-                        strings[l.key as usize].clone(),
-                        strings[l.str as usize].clone(),
-                    )
-                })
-                .collect(),
-        })
-        .collect()
-}
 
 /// Seconds the recording ran, from its summary (`... in 5.00s (...`).
 fn recorded_seconds(summary: &str) -> anyhow::Result<f64> {

@@ -15,7 +15,8 @@ use scorch::pprof;
 use scorch_tests::{
     build_workload,
     fake_remote::{FakeRemote, Protocol, Received},
-    go_pprof, http_get, read_pprof, run_scorch, url_encode, Daemon, Workload,
+    go_pprof, http_get, off_cpu_samples, read_pprof, run_scorch, url_encode, Daemon, OffCpuSample,
+    Workload,
 };
 
 use crate::remote::{fresh_dir, wait_until};
@@ -47,52 +48,6 @@ fn blocker_truth(workload: &mut Workload) -> Result<HashMap<String, f64>> {
             Some((name.to_owned(), ns.parse().ok()?))
         })
         .collect())
-}
-
-/// A pprof's samples: (value, function names leaf first, string labels).
-fn samples_of(profile: &pprof::Profile) -> Vec<(i64, Vec<String>, HashMap<String, String>)> {
-    let strings = &profile.string_table;
-    let functions: HashMap<u64, &str> = profile
-        .function
-        .iter()
-        .map(|f| (f.id, strings[f.name as usize].as_str()))
-        .collect();
-    let locations: HashMap<u64, Vec<String>> = profile
-        .location
-        .iter()
-        .map(|l| {
-            let names = l
-                .line
-                .iter()
-                .map(|line| functions.get(&line.function_id).copied().unwrap_or("?"))
-                .map(str::to_owned)
-                .collect();
-            (l.id, names)
-        })
-        .collect();
-    profile
-        .sample
-        .iter()
-        .map(|s| {
-            let frames = s
-                .location_id
-                .iter()
-                .flat_map(|id| locations.get(id).cloned().unwrap_or_default())
-                .collect();
-            let labels = s
-                .label
-                .iter()
-                .filter(|l| l.str != 0)
-                .map(|l| {
-                    (
-                        strings[l.key as usize].clone(),
-                        strings[l.str as usize].clone(),
-                    )
-                })
-                .collect();
-            (s.value[0], frames, labels)
-        })
-        .collect()
 }
 
 /// The (type, unit) of each of a pprof's sample types.
@@ -212,9 +167,9 @@ replacement = "storage"
             .any(|&c| strings[c as usize].contains("1 - exp(-d / 1000000)")),
         "no note of the sampling in the stored profile"
     );
-    let samples = samples_of(&profile);
+    let samples = off_cpu_samples(&profile);
     ensure!(!samples.is_empty(), "no off-CPU samples stored");
-    for (_, frames, labels) in &samples {
+    for OffCpuSample { frames, labels, .. } in &samples {
         ensure!(
             labels.get("comm").map(String::as_str) == Some("blocker"),
             "a process the keep rule dropped was stored: {labels:?} {frames:?}"
@@ -239,8 +194,8 @@ replacement = "storage"
     for function in functions {
         let stored: f64 = samples
             .iter()
-            .filter(|(_, frames, _)| frames.iter().any(|f| f == function))
-            .map(|(value, _, _)| *value as f64)
+            .filter(|s| s.frames.iter().any(|f| f == function))
+            .map(|s| s.value as f64)
             .sum();
         let (got, want) = (stored / wall, truth[function] / wall);
         println!("{function}: {got:.4} of the wall time off-CPU, the workload measured {want:.4}");
@@ -271,9 +226,9 @@ replacement = "storage"
         sample_types(&cpu)
     );
     ensure!(
-        samples_of(&cpu)
+        off_cpu_samples(&cpu)
             .iter()
-            .all(|(_, _, l)| !l.contains_key("state")),
+            .all(|s| !s.labels.contains_key("state")),
         "off-CPU samples in the CPU profile"
     );
     Ok(())
@@ -383,9 +338,9 @@ fn off_cpu_reaches(name: &str, protocol: Protocol, names: Option<(&str, &str)>) 
                 "off-CPU period {}",
                 profile.period
             );
-            let labelled = samples_of(profile)
+            let labelled = off_cpu_samples(profile)
                 .iter()
-                .all(|(_, _, l)| l.contains_key("state") && l.contains_key("thread"))
+                .all(|s| s.labels.contains_key("state") && s.labels.contains_key("thread"))
                 || (received.labels.contains_key("state")
                     && received.labels.contains_key("thread"));
             ensure!(labelled, "off-CPU samples without state and thread");
