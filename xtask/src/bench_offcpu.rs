@@ -25,8 +25,8 @@ use std::{
 use anyhow::{ensure, Context, Result};
 
 use crate::{
-    bench_slowdown::{interrupt, round_order, wait_ready},
-    measure::{command_output, load_average, median, path_str, time_usage, timed, Processes},
+    bench_slowdown::{round_order, under_profiler},
+    measure::{command_output, load_average, median, path_str, time_usage, timed},
     run_command,
 };
 
@@ -212,28 +212,17 @@ fn one_run(
             ..Run::default()
         });
     };
-    command.stdout(Stdio::piped()).stderr(Stdio::piped());
-    let child = command
-        .spawn()
-        .with_context(|| format!("starting {}", profiler.name()))?;
-    let mut guard = Processes(vec![child]);
-    let pid = wait_ready(&mut guard.0[0], cpus)?;
-    let switches_per_second = run_workload(workload)?;
-    interrupt(pid)?;
-    let child = guard.0.remove(0);
-    let output = child.wait_with_output()?;
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    ensure!(
-        output.status.success() || stderr.contains("Command terminated by signal 2"),
-        "{} failed: {stderr}",
-        profiler.name()
-    );
+    // record prints its summary on stdout.
+    command.stdout(Stdio::piped());
+    let (switches_per_second, output) =
+        under_profiler(command, profiler.name(), cpus, || run_workload(workload))?;
+    // Deleted, then what is left written back now, not during the next run.
     let _ = std::fs::remove_dir_all(&scratch);
     run_command(&mut Command::new("sync"))?;
+    let stderr = String::from_utf8_lossy(&output.stderr);
     Ok(Run {
         switches_per_second,
         profiler_cpu: time_usage(&stderr)?.cpu_seconds,
-        // record prints its summary on stdout.
         summary: off_cpu_summary(&String::from_utf8_lossy(&output.stdout)),
     })
 }

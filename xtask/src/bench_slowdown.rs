@@ -281,16 +281,37 @@ fn one_run(profiler: &Profiler, hz: u64, worker: &Path, dir: &Path, cpus: usize)
             profiler_system: 0.0,
         });
     };
-    command.stdout(Stdio::null()).stderr(Stdio::piped());
-    let child = command.spawn().with_context(|| {
-        format!(
-            "starting {} (cargo xtask setup installs it)",
-            profiler.name()
-        )
-    })?;
+    command.stdout(Stdio::null());
+    let (work, output) = under_profiler(command, &profiler.name(), cpus, || run_workers(worker))?;
+    // Deleted, then what is left written back now, not during the next run.
+    let _ = std::fs::remove_dir_all(&scratch);
+    run_command(&mut Command::new("sync"))?;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let usage = time_usage(&stderr)?;
+    Ok(Run {
+        work,
+        profiler_cpu: usage.cpu_seconds,
+        profiler_system: usage.system_seconds,
+    })
+}
+
+/// Runs `work` under the profiler `command` (under `/usr/bin/time -v`, its stderr piped
+/// here): starts it, waits until it samples and has settled, runs `work`, stops it with SIGINT,
+/// and checks it ended well. Returns `work`'s result and the profiler's
+/// output.
+pub(crate) fn under_profiler<T>(
+    mut command: Command,
+    name: &str,
+    cpus: usize,
+    work: impl FnOnce() -> Result<T>,
+) -> Result<(T, std::process::Output)> {
+    command.stderr(Stdio::piped());
+    let child = command
+        .spawn()
+        .with_context(|| format!("starting {name} (cargo xtask setup installs it)"))?;
     let mut guard = Processes(vec![child]);
     let pid = wait_ready(&mut guard.0[0], cpus)?;
-    let work = run_workers(worker)?;
+    let result = work()?;
     interrupt(pid)?;
     let child = guard.0.remove(0);
     let output = child.wait_with_output()?;
@@ -298,18 +319,9 @@ fn one_run(profiler: &Profiler, hz: u64, worker: &Path, dir: &Path, cpus: usize)
     // perf writes its file on SIGINT, then dies of the signal it caught, to tell its caller.
     ensure!(
         output.status.success() || stderr.contains("Command terminated by signal 2"),
-        "{} failed: {stderr}",
-        profiler.name()
+        "{name} failed: {stderr}"
     );
-    let _ = std::fs::remove_dir_all(&scratch);
-    // Written back now, not during the next run.
-    run_command(&mut Command::new("sync"))?;
-    let usage = time_usage(&stderr)?;
-    Ok(Run {
-        work,
-        profiler_cpu: usage.cpu_seconds,
-        profiler_system: usage.system_seconds,
-    })
+    Ok((result, output))
 }
 
 /// Waits until the profiler under `wrapper` (`/usr/bin/time` or strace) samples, and its
