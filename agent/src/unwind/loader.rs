@@ -283,11 +283,12 @@ pub struct Unwinder {
     /// while their processes run.
     python_code: HashSet<(u32, u64)>,
     /// Processes whose maps were read while their dynamic loader was starting them
-    /// ([`still_loading`]), with when: read again at each poll until their libraries show,
-    /// for [`LOADING_RECHECK`] at most. Described from those maps alone, every walk through a
-    /// library fell back to frame pointers until a sample met its pc after the BPF side's
+    /// ([`still_loading`]), with when they were first and last read: read again at a poll
+    /// [`LOADING_REREAD`] after the last read until their libraries show, for
+    /// [`LOADING_RECHECK`] at most, and forgotten once their maps cannot be read. Described
+    /// from those maps alone, every walk through a library fell back to frame pointers until a sample met its pc after the BPF side's
     /// 250 ms between two reports of a process: in a process waking once a second, minutes.
-    loading: HashMap<u32, std::time::Instant>,
+    loading: HashMap<u32, Loading>,
 }
 
 /// Most code objects remembered for the symbolizer between two takes: a poll reads at most
@@ -297,10 +298,23 @@ const MAX_PYTHON_CODE: usize = 65_536;
 /// How often a full `UNWIND_PROCS` is reported in the log.
 const FULL_REPORT_INTERVAL: std::time::Duration = std::time::Duration::from_secs(60);
 
-/// How long the maps of a process caught in its dynamic loader's start-up are read again, at
-/// each poll (every 200 ms at most), until they show its libraries: mapping them takes
+/// How long the maps of a process caught in its dynamic loader's start-up are read again
+/// (every [`LOADING_REREAD`] at most), until they show its libraries: mapping them takes
 /// milliseconds, tens of them from a cold page cache.
 const LOADING_RECHECK: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The least time between two reads of a loading process's maps. Polls come at every event
+/// the BPF side sends, tens a second on a host starting processes: rereading at each one read
+/// a loader's maps 25 times in its last second, most of them after it had exited (the churn
+/// bench's `python3 -c pass`s), for a quarter of the daemon's CPU under churn.
+const LOADING_REREAD: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// A process caught in its dynamic loader's start-up ([`Unwinder::loading`]).
+#[derive(Clone, Copy, Debug)]
+struct Loading {
+    since: std::time::Instant,
+    read: std::time::Instant,
+}
 
 impl Unwinder {
     /// Takes over the maps and starts the table builder thread. With [`PythonMode::Off`] no
@@ -407,8 +421,13 @@ impl Unwinder {
         self.read_python_stacks(python_stacks);
         let now = std::time::Instant::now();
         self.loading
-            .retain(|_, since| now.duration_since(*since) < LOADING_RECHECK);
-        pids.extend(self.loading.keys().copied());
+            .retain(|_, loading| now.duration_since(loading.since) < LOADING_RECHECK);
+        pids.extend(
+            self.loading
+                .iter()
+                .filter(|(_, loading)| now.duration_since(loading.read) >= LOADING_REREAD)
+                .map(|(&pid, _)| pid),
+        );
         let pids: Vec<u32> = pids
             .into_iter()
             .filter(|pid| !self.without_room.contains(pid) && wanted(*pid))
@@ -447,6 +466,8 @@ impl Unwinder {
         for &pid in pids {
             // A process that is gone, or whose maps cannot be read, keeps frame pointers.
             let Ok(maps) = ProcessMaps::read(pid) else {
+                // Gone (or unreadable): nothing will show its libraries.
+                self.loading.remove(&pid);
                 continue;
             };
             let requested = self.placed(|unwinder| unwinder.scan(pid, &maps))?;
@@ -717,9 +738,14 @@ impl Unwinder {
         }
         self.procs.insert(pid, mappings);
         if still_loading(maps) {
+            let now = std::time::Instant::now();
             self.loading
                 .entry(pid)
-                .or_insert_with(std::time::Instant::now);
+                .and_modify(|loading| loading.read = now)
+                .or_insert(Loading {
+                    since: now,
+                    read: now,
+                });
         } else {
             self.loading.remove(&pid);
         }
