@@ -86,7 +86,7 @@ pub struct CaptureRun {
     pub scorch_after_load_rss: Option<f64>,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 struct ChurnRun {
     quiet_rss: f64,
     /// The peak before the churn: start-up and warm-up.
@@ -123,7 +123,7 @@ pub fn overhead(root: &Path, scorch: &Path, runs: usize, phases: Phases) -> Resu
                 phases.capture,
                 Together::InTurn,
             )?);
-            churns.push(churn(scorch, &busy, cpus, &dir, phases)?);
+            churns.push(churn(scorch, &[], &busy, cpus, &dir, phases)?);
             frequencies.push(frequency_curve(scorch, &busy, cpus, &dir, run, phases)?);
         }
         Ok((captures, churns, frequencies))
@@ -138,39 +138,44 @@ pub fn overhead(root: &Path, scorch: &Path, runs: usize, phases: Phases) -> Resu
 
 /// The churn phase alone, for a change that touches the daemon's bookkeeping: `runs` runs of
 /// `scorch`, each followed by one of `baseline` (a daemon built from an earlier commit) when
-/// given, so both see the same machine state; medians side by side in
+/// given, and, with `off_cpu`, by one of `scorch run --off-cpu`, so all see the same machine
+/// state; the first to run changes each round. Medians side by side in
 /// `target/bench/churn.md`.
 pub fn churn_ab(
     root: &Path,
     scorch: &Path,
     baseline: Option<&Path>,
+    off_cpu: bool,
     runs: usize,
     phases: Phases,
 ) -> Result<String> {
     let dir = root.join("target/bench");
     let busy = busy_workload(root, &dir)?;
     let cpus = std::thread::available_parallelism()?.get();
-    let (candidate, base) = with_bpf_stats(|| {
-        let mut candidate = Vec::new();
-        let mut base = Vec::new();
+    let mut daemons: Vec<(String, &Path, &[&str])> =
+        vec![(format!("`{}`", scorch.display()), scorch, &[])];
+    if off_cpu {
+        daemons.push((
+            format!("`{}` with `--off-cpu`", scorch.display()),
+            scorch,
+            &["--off-cpu"],
+        ));
+    }
+    if let Some(b) = baseline {
+        daemons.push((format!("baseline `{}`", b.display()), b, &[]));
+    }
+    let figures = with_bpf_stats(|| {
+        let mut figures: Vec<Vec<ChurnRun>> = vec![Vec::new(); daemons.len()];
         for run in 0..runs {
-            // Alternate who goes first, so neither always meets the other's leftovers.
-            let order: Vec<(bool, &Path)> = match baseline {
-                Some(b) if run % 2 == 1 => vec![(false, b), (true, scorch)],
-                Some(b) => vec![(true, scorch), (false, b)],
-                None => vec![(true, scorch)],
-            };
-            for (is_candidate, binary) in order {
-                eprintln!("churn: run {} of {runs}, {}", run + 1, binary.display());
-                let figures = churn(binary, &busy, cpus, &dir, phases)?;
-                if is_candidate {
-                    candidate.push(figures);
-                } else {
-                    base.push(figures);
-                }
+            // Rotate who goes first, so none always meets another's leftovers.
+            for i in 0..daemons.len() {
+                let d = (i + run) % daemons.len();
+                let (label, binary, extra) = &daemons[d];
+                eprintln!("churn: run {} of {runs}, {label}", run + 1);
+                figures[d].push(churn(binary, extra, &busy, cpus, &dir, phases)?);
             }
         }
-        Ok((candidate, base))
+        Ok(figures)
     })?;
     let mut out = String::new();
     writeln!(
@@ -183,22 +188,26 @@ pub fn churn_ab(
     writeln!(out)?;
     writeln!(
         out,
-        "Medians of {runs} runs of fresh processes, {} (`cargo xtask bench --only churn`).",
-        if baseline.is_some() {
-            "each followed or preceded by a run of the baseline"
+        "Medians of {runs} runs of fresh processes, {} (`cargo xtask bench --only churn{}{}`).",
+        if daemons.len() > 1 {
+            "the daemons in turn, the first changing each round"
         } else {
-            "no baseline given"
-        }
+            "one daemon"
+        },
+        if off_cpu { " --off-cpu" } else { "" },
+        if baseline.is_some() {
+            " --baseline ..."
+        } else {
+            ""
+        },
     )?;
     writeln!(out)?;
-    match baseline {
-        Some(b) => {
-            let b = format!("baseline `{}`", b.display());
-            let this = format!("`{}`", scorch.display());
-            churn_table(&mut out, phases, &[(&this, &candidate), (&b, &base)])?
-        }
-        None => churn_table(&mut out, phases, &[("", &candidate)])?,
-    }
+    let rows: Vec<(&str, &[ChurnRun])> = daemons
+        .iter()
+        .zip(&figures)
+        .map(|((label, _, _), runs)| (label.as_str(), runs.as_slice()))
+        .collect();
+    churn_table(&mut out, phases, &rows)?;
     let path = dir.join("churn.md");
     std::fs::write(&path, &out)?;
     eprintln!("churn: report written to {}", path.display());
@@ -382,14 +391,21 @@ fn finish_tool(result: &mut CaptureRun, name: &str, child: std::process::Child) 
     Ok(())
 }
 
-fn churn(scorch: &Path, busy: &Path, cpus: usize, dir: &Path, phases: Phases) -> Result<ChurnRun> {
+fn churn(
+    scorch: &Path,
+    extra: &[&str],
+    busy: &Path,
+    cpus: usize,
+    dir: &Path,
+    phases: Phases,
+) -> Result<ChurnRun> {
     let total = phases.warm_up + phases.quiet + phases.churn + phases.after + 30;
     let _workload = Processes(vec![Command::new(busy)
         .args([cpus.to_string(), total.to_string()])
         .spawn()?]);
     let store = dir.join("overhead-store");
     let _ = std::fs::remove_dir_all(&store);
-    let daemon = start_daemon(scorch, &store, 19, ADDRESS, &[])?;
+    let daemon = start_daemon(scorch, &store, 19, ADDRESS, extra)?;
     let pid = daemon.0[0].id();
     let account = CpuAccount::of_process(pid)?;
     // The busy workload never enters the kernel, and the kernel's symbol table (about 5 MiB)

@@ -112,6 +112,9 @@ enum Task {
         /// build`: `/tmp/base/target/release/scorch`).
         #[arg(long)]
         baseline: Option<PathBuf>,
+        /// With `--only churn`: also a daemon with `--off-cpu`, in the same rounds.
+        #[arg(long)]
+        off_cpu: bool,
     },
 }
 
@@ -155,6 +158,7 @@ fn main() -> Result<()> {
             only,
             daemon_windows,
             baseline,
+            off_cpu,
         } => {
             if only.as_deref() == Some("unwind") {
                 return bench::unwind_report(&root);
@@ -167,11 +171,18 @@ fn main() -> Result<()> {
             if only.as_deref() == Some("churn") {
                 let runs = runs.unwrap_or(3);
                 let phases = bench_overhead::Phases::standard(seconds);
-                let report =
-                    bench_overhead::churn_ab(&root, &scorch, baseline.as_deref(), runs, phases)?;
+                let report = bench_overhead::churn_ab(
+                    &root,
+                    &scorch,
+                    baseline.as_deref(),
+                    off_cpu,
+                    runs,
+                    phases,
+                )?;
                 print!("{report}");
                 return Ok(());
             }
+            ensure!(!off_cpu, "--off-cpu is for --only churn");
             ensure!(
                 baseline.is_none() || matches!(only.as_deref(), Some("slowdown" | "walk")),
                 "--baseline is for --only churn, slowdown or walk"

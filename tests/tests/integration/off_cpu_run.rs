@@ -507,3 +507,96 @@ fn the_ui_switches_between_on_and_off_cpu() -> Result<()> {
     )?;
     Ok(())
 }
+
+/// A storm of context switches (two threads ping-ponging over pipes, hundreds of thousands a
+/// second) beside a busy worker with a known call tree: the daemon keeps writing its windows,
+/// the per-CPU cap counts the blocks over it, and the worker's on-CPU shares are what they are
+/// without the storm.
+#[test]
+fn a_storm_of_context_switches_keeps_windows_coming_and_on_cpu_shares() -> Result<()> {
+    const LEAVES: [&str; 3] = ["leaf_a", "leaf_b", "leaf_c"];
+    const EXPECTED: [f64; 3] = [0.6, 0.3, 0.1];
+    let dir = fresh_dir("off-cpu-storm")?;
+    let pingpong = build_workload("pingpong", &["-O2"])?;
+    let calltree = build_workload("calltree", &["-O2", "-fno-omit-frame-pointer", "-g"])?;
+    let store = dir.join("store");
+    // A mean of 20 us keeps most microsecond blocks, far over a cap of 100 a second.
+    let daemon = Daemon::start(
+        &store,
+        &[
+            "--window",
+            "2s",
+            "--frequency",
+            "199",
+            "--off-cpu",
+            "--off-cpu-mean",
+            "20us",
+            "--off-cpu-max-events",
+            "100",
+        ],
+    )?;
+    let written_before = scorch_tests::metric(&daemon.address, "scorch_windows_written_total")?;
+    // Cycles of about 130 ms, many sampling periods (see known_call_tree).
+    let worker = Workload::start(&calltree, &["1", "14", "10"])?;
+    let storm = Workload::start(&pingpong, &["12"])?;
+    std::thread::sleep(Duration::from_secs(12));
+    let written = scorch_tests::metric(&daemon.address, "scorch_windows_written_total")?;
+    let (_, metrics) = http_get(&daemon.address, "/metrics")?;
+    let metrics = String::from_utf8(metrics)?;
+    let over_cap = metrics
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(r#"scorch_off_cpu_blocks_total{outcome="over_cap"}"#)?
+                .trim()
+                .parse::<f64>()
+                .ok()
+        })
+        .context("no over-cap count in /metrics")?;
+    let worker_pid = worker.pid();
+    drop(storm);
+    drop(worker);
+    let (status, _, stderr) = daemon.stop()?;
+    ensure!(
+        status.success(),
+        "scorch run exited with {status}:\n{stderr}"
+    );
+    println!(
+        "{} windows written in the storm's 12 s; {over_cap} blocks over the cap",
+        written - written_before
+    );
+    // A window every 2 s: the drain and the store kept up with the storm.
+    ensure!(
+        written - written_before >= 5.0,
+        "only {} windows written in the storm's 12 s:\n{stderr}",
+        written - written_before
+    );
+    ensure!(over_cap > 1_000.0, "only {over_cap} blocks counted over the cap");
+
+    let path = dir.join("storm_cpu.pb.gz");
+    run_scorch(&[
+        "query",
+        "--store",
+        &store.to_string_lossy(),
+        "--from",
+        "0",
+        "--match",
+        &format!(r#"{{pid="{worker_pid}"}}"#),
+        "--output",
+        &path.to_string_lossy(),
+    ])?;
+    let samples = scorch_tests::named_samples(&read_pprof(&path)?);
+    let total: i64 = samples.iter().map(|s| s.count).sum();
+    ensure!(total > 1_000, "only {total} on-CPU samples of the worker");
+    let shares = scorch_tests::leaf_shares(&samples, i64::from(worker_pid), &LEAVES);
+    println!("the worker's shares beside the storm: {shares:.3?} of {total} samples");
+    for i in 0..3 {
+        ensure!(
+            (shares[i] - EXPECTED[i]).abs() < 0.05,
+            "{}: {:.3} beside the storm, {:.3} known",
+            LEAVES[i],
+            shares[i],
+            EXPECTED[i]
+        );
+    }
+    Ok(())
+}
