@@ -560,17 +560,18 @@ fn a_storm_of_context_switches_keeps_windows_coming_and_on_cpu_shares() -> Resul
         status.success(),
         "scorch run exited with {status}:\n{stderr}"
     );
-    println!(
-        "{} windows written in the storm's 12 s; {over_cap} blocks over the cap",
-        written - written_before
-    );
-    // A window every 2 s: the drain and the store kept up with the storm.
+    // The counter counts written profiles: a window writes a CPU one and an off-CPU one.
+    let windows = (written - written_before) / 2.0;
+    println!("{windows} windows written in the storm's 12 s; {over_cap} blocks over the cap");
+    // A window every 2 s (5 or 6 in 12 s, by phase): the drain and the store kept up.
     ensure!(
-        written - written_before >= 5.0,
-        "only {} windows written in the storm's 12 s:\n{stderr}",
-        written - written_before
+        windows >= 4.0,
+        "only {windows} windows written in the storm's 12 s:\n{stderr}"
     );
-    ensure!(over_cap > 1_000.0, "only {over_cap} blocks counted over the cap");
+    ensure!(
+        over_cap > 1_000.0,
+        "only {over_cap} blocks counted over the cap"
+    );
 
     let path = dir.join("storm_cpu.pb.gz");
     run_scorch(&[
