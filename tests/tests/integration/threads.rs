@@ -59,10 +59,10 @@ fn recorded_seconds(stdout: &[u8]) -> Result<f64> {
 }
 
 /// The samples through `cycle`, summed by their `thread` label.
-fn per_thread_in_cycle<'a>(
-    samples: &'a [OffCpuSample],
+fn per_thread_in_cycle(
+    samples: &[OffCpuSample],
     keep: impl Fn(&OffCpuSample) -> bool,
-) -> HashMap<&'a str, f64> {
+) -> HashMap<&str, f64> {
     let mut totals = HashMap::new();
     for sample in samples
         .iter()
