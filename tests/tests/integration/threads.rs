@@ -10,8 +10,8 @@ use std::{
 
 use anyhow::{ensure, Context, Result};
 use scorch_tests::{
-    build_workload, http_get, metric, off_cpu_samples, read_pprof, record_pid_to, url_encode,
-    work_dir, Daemon, OffCpuSample, Workload,
+    build_workload, go_pprof, http_get, metric, off_cpu_samples, read_pprof, record_pid_to,
+    url_encode, work_dir, Daemon, OffCpuSample, Workload,
 };
 
 use crate::remote::fresh_dir;
@@ -124,6 +124,16 @@ fn record_tells_named_threads_apart_on_and_off_cpu() -> Result<()> {
     ensure!(
         cpu.iter().all(|s| s.labels.contains_key("thread")),
         "CPU samples without a thread label"
+    );
+    // As a user reads them: pprof's tags list both threads under `thread`.
+    let tags = go_pprof(&["-tags"], &cpu_path)?;
+    let thread_tags = tags
+        .split("thread:")
+        .nth(1)
+        .with_context(|| format!("no thread tag in go tool pprof -tags:\n{tags}"))?;
+    ensure!(
+        thread_tags.contains("alpha") && thread_tags.contains("beta"),
+        "go tool pprof -tags:\n{tags}"
     );
 
     let off = off_cpu_samples(&read_pprof(&off_path)?);
