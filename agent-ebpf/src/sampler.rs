@@ -201,10 +201,17 @@ fn try_sample<const TABLES: bool>(ctx: &PerfEventContext) -> Result<(), i64> {
             Loss::UserStackError,
         )
     };
+    // The current task is the thread, so its comm is the thread's name; read for every
+    // sample, since it is part of the key (a copy of 16 bytes, no lookup).
+    let thread = bpf_get_current_comm().unwrap_or([0; 16]);
     let key = StackKey {
         tgid,
+        // Zero unless asked for: ids would split every stack by thread, one key per thread
+        // of a pool, for a label few want.
+        tid: if control.thread_ids != 0 { tid } else { 0 },
         user_stack_id,
         kernel_stack_id,
+        thread,
     };
 
     if let Some(count) = generation.counts.get_ptr_mut(key) {
@@ -214,7 +221,7 @@ fn try_sample<const TABLES: bool>(ctx: &PerfEventContext) -> Result<(), i64> {
     // A new key: the first sample of this stack in this window. Every process sampled in a
     // window passes here at least once, so this is where its name is recorded, off the
     // common path.
-    record_comm(generation.comms, tgid);
+    record_comm(generation.comms, tgid, thread);
     match generation.counts.insert(key, 1u64, u64::from(BPF_NOEXIST)) {
         Ok(()) => Ok(()),
         // Another CPU inserted the same key between our lookup and insert.
@@ -321,13 +328,10 @@ fn interrupted_user_mode(ctx: &PerfEventContext) -> bool {
 }
 
 #[inline(always)]
-fn record_comm(comms: &HashMap<u32, Comm>, tgid: u32) {
+fn record_comm(comms: &HashMap<u32, Comm>, tgid: u32, comm: [u8; 16]) {
     if comms.get_ptr(tgid).is_some() {
         return;
     }
-    let Ok(comm) = bpf_get_current_comm() else {
-        return;
-    };
     // -EEXIST means another CPU recorded it first, which is fine.
     if let Err(err) = comms.insert(tgid, Comm(comm), u64::from(BPF_NOEXIST)) {
         if err != -EEXIST {

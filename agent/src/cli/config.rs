@@ -121,6 +121,11 @@ pub struct RunArgs {
     /// (`scorch_off_cpu_blocks_total`) [default: 10000].
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub off_cpu_max_events: Option<u32>,
+    /// Label each sample with its thread's id (`thread_id`, and `__meta_thread_id` for
+    /// relabelling) besides its name (`thread`), keeping threads of one name apart: a series
+    /// per thread [default: false].
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    pub thread_ids: Option<bool>,
     /// A label added to every series, `NAME=VALUE` (repeatable; adds to `[external-labels]`).
     #[arg(long = "external-label", value_parser = parse_external_label)]
     pub external_label: Vec<(String, String)>,
@@ -195,6 +200,7 @@ struct FileConfig {
     off_cpu_mean: Option<String>,
     off_cpu_min: Option<String>,
     off_cpu_max_events: Option<u32>,
+    thread_ids: Option<bool>,
     /// `[[relabel]]` tables: Prometheus relabel_config rules, in order.
     relabel: Option<Vec<RuleConfig>>,
     /// `[external-labels]`: added to every series.
@@ -334,6 +340,9 @@ fn apply_file(config: &mut RunConfig, text: &str, path: &Path) -> Result<(), Con
         }
         config.off_cpu_sampling.max_events_per_second = events;
     }
+    if let Some(on) = file.thread_ids {
+        config.thread_ids = on;
+    }
     if let Some(rules) = file.relabel {
         // Checked now, so a bad rule stops startup with its number and field.
         relabel::compile(&rules).map_err(|e| ConfigError::Relabel {
@@ -468,6 +477,9 @@ fn apply_flags(config: &mut RunConfig, args: &RunArgs) {
     }
     if let Some(events) = args.off_cpu_max_events {
         config.off_cpu_sampling.max_events_per_second = events;
+    }
+    if let Some(on) = args.thread_ids {
+        config.thread_ids = on;
     }
     config
         .external_labels
@@ -692,6 +704,7 @@ mod tests {
             file.off_cpu_mean.is_some(),
             file.off_cpu_min.is_some(),
             file.off_cpu_max_events.is_some(),
+            file.thread_ids.is_some(),
             file.remote_url.is_some(),
             file.remote_protocol.is_some(),
             file.remote_insecure.is_some(),

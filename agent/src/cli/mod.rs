@@ -136,6 +136,10 @@ pub struct RecordArgs {
     /// are nanoseconds blocked, labelled `state` (sleeping, disk, preempted) and `thread`.
     #[arg(long)]
     pub off_cpu: bool,
+    /// Label each sample with its thread's id (`thread_id`) besides its name (`thread`), and
+    /// keep threads of one name apart: one series per thread, so off by default.
+    #[arg(long)]
+    pub thread_ids: bool,
     /// Off-CPU sampling: a block of d is recorded with probability 1 - exp(-d / this), and
     /// counts d divided by that probability (so totals are unbiased estimates): about one
     /// event per this much blocked time.
@@ -181,6 +185,7 @@ impl RecordArgs {
                 min: self.off_cpu_min,
                 max_events_per_second: self.off_cpu_max_events,
             }),
+            thread_ids: self.thread_ids,
         }
     }
 }

@@ -14,6 +14,7 @@ use tokio::signal::unix::{signal, SignalKind};
 
 use crate::{
     cmd::session::{Session, UnwindEvents, DISCOVERY_INTERVAL},
+    pipeline::aggregate::{ThreadsFolded, MAX_THREADS_PER_PROCESS, OTHER_THREADS},
     pipeline::drain::{DrainError, Drainer, Losses},
     pipeline::off_cpu::{OffCpuCounts, OffCpuError, OffCpuReader, OffCpuSettings},
     pipeline::sampler::{Sampler, SamplerConfig, SamplerError, UnwindCapacity, UnwindMode},
@@ -69,6 +70,8 @@ pub struct RecordConfig {
     pub python: PythonMode,
     /// Record off-CPU time, sampled so, instead of CPU samples.
     pub off_cpu: Option<OffCpuSettings>,
+    /// Label samples with their thread's id too (`--thread-ids`).
+    pub thread_ids: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -123,6 +126,8 @@ pub struct RecordSummary {
     /// With `--off-cpu`: what became of the blocks seen, and the off-CPU program's mean run
     /// time when kernel.bpf_stats_enabled was on.
     pub off_cpu: Option<(OffCpuCounts, Option<f64>)>,
+    /// Threads beyond the cap per process, folded into one `thread` value.
+    pub threads_folded: ThreadsFolded,
 }
 
 impl std::fmt::Display for RecordSummary {
@@ -179,6 +184,14 @@ impl std::fmt::Display for RecordSummary {
         if let Some((tables, bytes)) = self.unwind_tables {
             write!(f, "; unwind tables: {tables}, {} KiB", bytes.div_ceil(1024))?;
         }
+        if self.threads_folded.threads > 0 {
+            write!(
+                f,
+                "; threads folded into \"{OTHER_THREADS}\" past {MAX_THREADS_PER_PROCESS} a \
+                 process: {} in {} processes",
+                self.threads_folded.threads, self.threads_folded.processes
+            )?;
+        }
         if let Some(fill) = &self.stack_maps {
             write!(f, "; stack maps at their fullest: {fill}")?;
         }
@@ -220,6 +233,7 @@ pub async fn record(args: &RecordConfig) -> Result<RecordSummary, RecordError> {
             .with_pool_mib(args.unwind_pool_mib),
         stack_entries_ceiling: args.stack_map_entries,
         off_cpu: args.off_cpu,
+        thread_ids: args.thread_ids,
     };
     let mut sigint = signal(SignalKind::interrupt()).map_err(RecordError::Signals)?;
     let mut sigterm = signal(SignalKind::terminate()).map_err(RecordError::Signals)?;
@@ -235,7 +249,10 @@ pub async fn record(args: &RecordConfig) -> Result<RecordSummary, RecordError> {
         .take_unwind_maps()
         .map(|maps| Unwinder::start(maps, args.python))
         .transpose()?;
-    let mut session = Session::new(UserSymbolizer::new(args.symbolize, args.symbol_cache_bytes));
+    let mut session = Session::new(
+        UserSymbolizer::new(args.symbolize, args.symbol_cache_bytes),
+        args.thread_ids,
+    );
     let mut waited = false;
     if let Some(unwinder) = &mut unwinder {
         // `--pid`: their tables are built now, not after their first samples ask for them,
@@ -310,10 +327,19 @@ pub async fn record(args: &RecordConfig) -> Result<RecordSummary, RecordError> {
     drop(sampler);
     let duration = started.elapsed();
 
-    // With --off-cpu the profile is the blocks' (the CPU samples only fed the unwinder).
-    let (aggregated, period_ns) = match args.off_cpu {
-        Some(_) => (&session.blocks, 1),
-        None => (&session.aggregated, 1_000_000_000 / args.frequency),
+    // With --off-cpu the profile is the blocks' (the CPU samples only fed the unwinder). The
+    // recording is one profile: its threads are capped once, over all of it.
+    let (threads_folded, aggregated, period_ns) = match args.off_cpu {
+        Some(_) => (
+            session.blocks.fold_threads(MAX_THREADS_PER_PROCESS),
+            &session.blocks,
+            1,
+        ),
+        None => (
+            session.aggregated.fold_threads(MAX_THREADS_PER_PROCESS),
+            &session.aggregated,
+            1_000_000_000 / args.frequency,
+        ),
     };
     let mut profile = symbolize::symbolize(
         aggregated,
@@ -390,6 +416,7 @@ pub async fn record(args: &RecordConfig) -> Result<RecordSummary, RecordError> {
         python_unnamed: session.user.python_stats().1,
         stack_maps: aggregated.stack_maps.describe(),
         off_cpu: off_cpu_counts.map(|counts| (counts, off_cpu_ns_per_run)),
+        threads_folded,
     })
 }
 

@@ -44,12 +44,13 @@ use crate::{
     },
     metrics::{Health, Registry},
     pipeline::aggregate::Aggregated,
+    pipeline::aggregate::{MAX_THREADS_PER_PROCESS, OTHER_THREADS},
     pipeline::cost,
     pipeline::drain::{DrainError, Drainer},
     pipeline::off_cpu::{OffCpuReader, OffCpuSettings},
     pipeline::sampler::{Sampler, SamplerConfig, SamplerError, UnwindCapacity, UnwindMode},
     pipeline::stack_sizing::DEFAULT_MAX_STACK_ENTRIES,
-    profile::{Labels, Profile, SampleType, BLOCK_LABELS},
+    profile::{Labels, Profile, SampleType, STATE_LABEL, THREAD_ID_LABEL, THREAD_LABEL},
     serve::{
         guard::AllowedHosts,
         http::{self, HttpState},
@@ -114,6 +115,9 @@ pub struct RunConfig {
     /// How off-CPU time is sampled (`off-cpu-mean`, `off-cpu-min`, `off-cpu-max-events`),
     /// when [`RunConfig::off_cpu`] is on.
     pub off_cpu_sampling: OffCpuSettings,
+    /// Whether samples carry their thread's id (`thread_id`, `__meta_thread_id`) besides its
+    /// name (`--thread-ids`, `thread-ids`).
+    pub thread_ids: bool,
     /// Relabelling rules (config file only: `[[relabel]]`), checked by [`RunConfig::resolve`].
     pub relabel: Vec<RuleConfig>,
     /// Labels added to every series (`[external-labels]`, or `--external-label NAME=VALUE`).
@@ -141,6 +145,7 @@ impl Default for RunConfig {
             python: PythonMode::Auto,
             off_cpu: false,
             off_cpu_sampling: OffCpuSettings::default(),
+            thread_ids: false,
             relabel: Vec::new(),
             external_labels: Labels::new(),
             remote: RemoteConfig::default(),
@@ -277,6 +282,7 @@ pub async fn run(
         .with_pool_mib(config.unwind_pool_mib),
         stack_entries_ceiling: config.stack_map_entries,
         off_cpu: config.off_cpu_settings(),
+        thread_ids: config.thread_ids,
     };
     // Before BPF is loaded: a bad remote configuration (URL, secret files, CA file) fails the
     // start with its reason.
@@ -347,7 +353,7 @@ pub async fn run(
         user_symbolizer.collect_new_binaries(export::debuginfo::CHANNEL_CAPACITY);
     }
     let mut pipeline = Pipeline {
-        session: Session::new(user_symbolizer),
+        session: Session::new(user_symbolizer, config.thread_ids),
         kernel: KernelSymbolizer::default(),
         period_ns: 1_000_000_000 / config.frequency,
         store,
@@ -566,6 +572,8 @@ impl Pipeline {
     /// them in BPF, before anything is symbolised: a dropped process's binaries are not
     /// parsed into the cache and its perf map is not read (a busy host's compilers would
     /// otherwise fill the symbol cache of a daemon told to profile one service).
+    /// When rules read a thread's labels, the threads they drop go too (their process stays
+    /// out of the deny list: its other threads are kept).
     fn discard_dropped(&mut self, aggregated: &mut Aggregated) {
         if !self.labeler.can_drop() {
             return;
@@ -573,49 +581,85 @@ impl Pipeline {
         let labeler = &mut self.labeler;
         let mut dropped: std::collections::HashMap<u32, bool> = std::collections::HashMap::new();
         aggregated.stacks.retain(|stack, _| {
-            !*dropped
+            let process = *dropped
                 .entry(stack.tgid)
-                .or_insert_with(|| matches!(*labeler.outcome(stack.tgid), Outcome::Dropped { .. }))
+                .or_insert_with(|| matches!(*labeler.outcome(stack.tgid), Outcome::Dropped { .. }));
+            if process {
+                return false;
+            }
+            !(labeler.reads_threads()
+                && matches!(
+                    *labeler.thread_outcome(stack.tgid, &stack.thread.name, stack.thread.id),
+                    Outcome::Dropped { .. }
+                ))
         });
     }
 
-    /// Gives each sample its series' labels; removes the samples of dropped processes (taken
-    /// before the process was first seen and excluded).
+    /// Caps the window's threads per process (after the dropped ones are gone, so they take
+    /// no place under the cap), counting those folded.
+    fn fold_threads(&mut self, aggregated: &mut Aggregated) {
+        let folded = aggregated.fold_threads(MAX_THREADS_PER_PROCESS);
+        self.metrics.threads_folded(folded.threads);
+    }
+
+    /// Gives each sample its series' labels: its process's and thread's, relabelled, and for
+    /// off-CPU time its `state`. Removes the samples of dropped processes (taken before the
+    /// process was first seen and excluded) and of dropped threads.
     fn label(&mut self, profile: &mut Profile) {
-        // One label set per process, shared by all its samples (None: dropped).
-        let mut per_process: std::collections::HashMap<u32, Option<Arc<Labels>>> =
+        // One outcome per process, then one label set per (process, thread) (None: dropped),
+        // and one per (process, thread, state).
+        let mut per_process: std::collections::HashMap<u32, bool> =
+            std::collections::HashMap::new();
+        let mut per_thread: std::collections::HashMap<ThreadKey, Option<Arc<Labels>>> =
+            std::collections::HashMap::new();
+        let mut per_state: std::collections::HashMap<(ThreadKey, String), Arc<Labels>> =
             std::collections::HashMap::new();
         let labeler = &mut self.labeler;
-        // One label set per (process, thread, state) for off-CPU samples.
-        let mut block_series: std::collections::HashMap<(u32, BlockLabels), Arc<Labels>> =
-            std::collections::HashMap::new();
         profile.samples.retain_mut(|sample| {
-            let labels = per_process.entry(sample.pid).or_insert_with(|| {
-                match &*labeler.outcome(sample.pid) {
-                    Outcome::Keep(labels) => {
-                        let mut labels = labels.clone();
-                        // The name read while the process ran beats a late read of /proc.
-                        if labels.contains_key("comm") && !sample.comm.is_empty() {
-                            labels.insert("comm".to_owned(), sample.comm.clone());
+            let kept = *per_process
+                .entry(sample.pid)
+                .or_insert_with(|| matches!(*labeler.outcome(sample.pid), Outcome::Keep(_)));
+            if !kept {
+                return false;
+            }
+            let (name, id) = thread_of(&sample.labels);
+            let key = (sample.pid, name.to_owned(), id);
+            let labels = per_thread.entry(key.clone()).or_insert_with(|| {
+                let outcome = labeler.thread_outcome(sample.pid, name, id);
+                let mut labels = match &*outcome {
+                    Outcome::Keep(labels) => labels.clone(),
+                    // The folded threads were each kept (`discard_dropped` judged them by
+                    // their own names): a rule dropping the name they share does not drop
+                    // them again; they get their process's labels.
+                    Outcome::Dropped { .. } if name == OTHER_THREADS => {
+                        match &*labeler.outcome(sample.pid) {
+                            Outcome::Keep(labels) => {
+                                let mut labels = labels.clone();
+                                labels.insert(THREAD_LABEL.to_owned(), OTHER_THREADS.to_owned());
+                                labels
+                            }
+                            Outcome::Dropped { .. } => return None,
                         }
-                        Some(Arc::new(labels))
                     }
-                    Outcome::Dropped { .. } => None,
+                    Outcome::Dropped { .. } => return None,
+                };
+                // The name read while the process ran beats a late read of /proc.
+                if labels.contains_key("comm") && !sample.comm.is_empty() {
+                    labels.insert("comm".to_owned(), sample.comm.clone());
                 }
+                Some(Arc::new(labels))
             });
             let Some(labels) = labels else {
                 return false;
             };
-            // Off-CPU samples keep their thread and state beside the process's labels; the
-            // process's own `comm` and `pid` come from relabelling, as on-CPU.
-            let block = block_labels(&sample.labels);
-            sample.labels = match block {
+            // Off-CPU samples keep the state they blocked in beside their thread's labels.
+            sample.labels = match sample.labels.get(STATE_LABEL) {
                 None => labels.clone(),
-                Some(block) => block_series
-                    .entry((sample.pid, block.clone()))
+                Some(state) => per_state
+                    .entry((key, state.clone()))
                     .or_insert_with(|| {
                         let mut merged = (**labels).clone();
-                        merged.extend(block);
+                        merged.insert(STATE_LABEL.to_owned(), state.clone());
                         Arc::new(merged)
                     })
                     .clone(),
@@ -645,6 +689,7 @@ impl Pipeline {
 
         let mut aggregated = std::mem::take(&mut self.session.aggregated);
         self.discard_dropped(&mut aggregated);
+        self.fold_threads(&mut aggregated);
         let symbolize_started = Instant::now();
         let comms = &self.session.proc_comms;
         match symbolize::symbolize(
@@ -726,6 +771,7 @@ impl Pipeline {
         }
         let mut blocks = std::mem::take(&mut self.session.blocks);
         self.discard_dropped(&mut blocks);
+        self.fold_threads(&mut blocks);
         let comms = &self.session.proc_comms;
         // Values are nanoseconds already: a period of 1.
         match symbolize::symbolize(
@@ -793,16 +839,15 @@ impl Pipeline {
     }
 }
 
-/// An off-CPU sample's own labels, by name.
-type BlockLabels = Vec<(String, String)>;
+/// A thread of a process: pid, thread name, thread id.
+type ThreadKey = (u32, String, Option<u32>);
 
-/// The off-CPU labels (`thread`, `state`) a sample carries, if it is an off-CPU one.
-fn block_labels(labels: &Labels) -> Option<BlockLabels> {
-    let found: Vec<(String, String)> = BLOCK_LABELS
-        .iter()
-        .filter_map(|&name| Some((name.to_owned(), labels.get(name)?.clone())))
-        .collect();
-    (!found.is_empty()).then_some(found)
+/// A sample's thread name and id, from the labels symbolising gave it.
+fn thread_of(labels: &Labels) -> (&str, Option<u32>) {
+    (
+        labels.get(THREAD_LABEL).map_or("", String::as_str),
+        labels.get(THREAD_ID_LABEL).and_then(|id| id.parse().ok()),
+    )
 }
 
 #[cfg(test)]
@@ -810,21 +855,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn only_off_cpu_samples_carry_block_labels() {
-        let cpu = Labels::from([("comm".to_owned(), "a".to_owned())]);
-        assert_eq!(block_labels(&cpu), None);
-        let off = Labels::from([
+    fn a_sample_names_its_thread() {
+        let process_only = Labels::from([("comm".to_owned(), "a".to_owned())]);
+        assert_eq!(thread_of(&process_only), ("", None));
+        let cpu = Labels::from([
             ("comm".to_owned(), "a".to_owned()),
-            ("pid".to_owned(), "1".to_owned()),
-            ("state".to_owned(), "disk".to_owned()),
             ("thread".to_owned(), "worker".to_owned()),
+            ("thread_id".to_owned(), "12".to_owned()),
         ]);
-        assert_eq!(
-            block_labels(&off),
-            Some(vec![
-                ("state".to_owned(), "disk".to_owned()),
-                ("thread".to_owned(), "worker".to_owned())
-            ])
-        );
+        assert_eq!(thread_of(&cpu), ("worker", Some(12)));
     }
 }

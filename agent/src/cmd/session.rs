@@ -35,10 +35,13 @@ pub(crate) struct Session {
     seen_this_window: HashSet<u32>,
     /// Windows drained so far, for the log.
     windows: u64,
+    /// Whether blocks keep their thread ids (`thread-ids`; CPU samples get theirs, or not,
+    /// from the BPF side).
+    thread_ids: bool,
 }
 
 impl Session {
-    pub(crate) fn new(user: UserSymbolizer) -> Self {
+    pub(crate) fn new(user: UserSymbolizer, thread_ids: bool) -> Self {
         Session {
             aggregated: Aggregated::default(),
             blocks: Aggregated::default(),
@@ -46,6 +49,7 @@ impl Session {
             proc_comms: HashMap::new(),
             seen_this_window: HashSet::new(),
             windows: 0,
+            thread_ids,
         }
     }
 
@@ -150,7 +154,9 @@ impl Session {
         self.user.mark_sampled(&pids);
         let user = &self.user;
         self.blocks
-            .add_blocks(start, end, blocks, |tgid| user.maps_version(tgid));
+            .add_blocks(start, end, blocks, self.thread_ids, |tgid| {
+                user.maps_version(tgid)
+            });
     }
 }
 

@@ -13,7 +13,7 @@ pub mod relabel;
 
 use std::{collections::HashMap, sync::Arc};
 
-use crate::profile::Labels;
+use crate::profile::{Labels, THREAD_ID_LABEL, THREAD_LABEL};
 use relabel::{Outcome, Rule};
 
 /// The host's name: `NODE_NAME` (set from the downward API in Kubernetes), else the kernel's.
@@ -148,15 +148,43 @@ pub fn discovered_labels(node: &str, process: &ProcessFacts, pod: Option<&PodFac
 /// Names a pod from its UID and a container id (from the cgroup path).
 type PodLookup = Box<dyn Fn(&str, Option<&str>) -> Option<PodFacts> + Send>;
 
+/// The meta label of a sample's thread name, for relabelling rules (the series get it as
+/// `profile::THREAD_LABEL`, `thread`).
+pub const THREAD_META: &str = "__meta_thread";
+/// The meta label of a sample's thread id, with `thread-ids` on (`thread_id` on the series).
+pub const THREAD_ID_META: &str = "__meta_thread_id";
+
+/// The labels a thread adds to its process's discovered ones, meta and default, which
+/// rules may read: what `relabel::dependent_rules` follows.
+const THREAD_SOURCES: [&str; 4] = [THREAD_META, THREAD_ID_META, THREAD_LABEL, THREAD_ID_LABEL];
+
+/// Thread outcomes kept per process: past it they are computed afresh. A process's threads
+/// per window are capped (`pipeline::aggregate::MAX_THREADS_PER_PROCESS`), but a process
+/// naming a thread per job meets new names for its whole life.
+const MAX_THREAD_OUTCOMES: usize = 1024;
+
+/// What the cache keeps of a process.
+struct CachedProcess {
+    /// Tells a reused pid or an exec apart from the process judged.
+    identity: Identity,
+    /// The discovered labels: each thread is relabelled from them, with its own added.
+    discovered: Arc<Labels>,
+    outcome: Arc<Outcome>,
+    /// By (thread name, thread id): each thread's outcome.
+    threads: HashMap<(String, Option<u32>), Arc<Outcome>>,
+}
+
 /// Labels per process: discovery, relabelling and external labels, cached per process.
 pub struct Labeler {
     node: String,
     rules: Vec<Rule>,
+    /// For each rule, whether it depends on a thread's labels (`relabel::dependent_rules`).
+    thread_rules: Vec<bool>,
     external: Labels,
-    /// pid -> (process start time and name, outcome). The start time tells a reused pid
-    /// apart, the name an exec (a child forked, sampled and judged by its parent's name before
-    /// it ran its own program; the BPF deny list forgets a process at exec for the same reason).
-    cache: HashMap<u32, (Identity, Arc<Outcome>)>,
+    /// pid -> what was judged. The start time tells a reused pid apart, the name an exec (a
+    /// child forked, sampled and judged by its parent's name before it ran its own program;
+    /// the BPF deny list forgets a process at exec for the same reason).
+    cache: HashMap<u32, CachedProcess>,
     /// Resolves a pod UID and container id to names, when running in Kubernetes.
     pods: Option<PodLookup>,
     /// Invalid label names rules produced, reported once per rule.
@@ -167,12 +195,19 @@ impl Labeler {
     pub fn new(node: String, rules: Vec<Rule>, external: Labels) -> Labeler {
         Labeler {
             node,
+            thread_rules: relabel::dependent_rules(&rules, &THREAD_SOURCES),
             rules,
             external,
             cache: HashMap::new(),
             pods: None,
             reported: Default::default(),
         }
+    }
+
+    /// Whether a rule reads a thread's labels (`__meta_thread`, `thread`, and their ids):
+    /// then a thread may be dropped while its process is kept.
+    pub fn reads_threads(&self) -> bool {
+        self.thread_rules.iter().any(|&dependent| dependent)
     }
 
     /// Names pods: `lookup(pod_uid, container_id)`.
@@ -192,14 +227,63 @@ impl Labeler {
     }
 
     /// The outcome for `pid`: computed on first sight, then cached until the process exits or
-    /// runs another program.
+    /// runs another program. When rules read a thread's labels, `Dropped` means every thread
+    /// of the process is dropped, and `Keep` that [`Labeler::thread_outcome`] decides.
     pub fn outcome(&mut self, pid: u32) -> Arc<Outcome> {
+        self.process(pid).0
+    }
+
+    /// The outcome for one thread of `pid` (its name, and its id with `thread-ids`): dropped
+    /// with its process; otherwise the rules applied to the process's discovered labels with
+    /// the thread's added, `__meta_thread` and `thread` (and `__meta_thread_id` and
+    /// `thread_id`), so rules can rename or remove `thread` as any other label. Cached with
+    /// the process: call [`Labeler::outcome`] first in a window, which checks that the pid is
+    /// still the process judged.
+    pub fn thread_outcome(&mut self, pid: u32, name: &str, id: Option<u32>) -> Arc<Outcome> {
+        let (process, discovered) = match self.cache.get(&pid) {
+            Some(cached) => {
+                let key = (name.to_owned(), id);
+                if let Some(outcome) = cached.threads.get(&key) {
+                    return outcome.clone();
+                }
+                (cached.outcome.clone(), cached.discovered.clone())
+            }
+            None => self.process(pid),
+        };
+        if matches!(*process, Outcome::Dropped { .. }) {
+            return process;
+        }
+        let mut labels = (*discovered).clone();
+        if !name.is_empty() {
+            labels.insert(THREAD_META.to_owned(), name.to_owned());
+            labels.insert(THREAD_LABEL.to_owned(), name.to_owned());
+        }
+        if let Some(id) = id {
+            labels.insert(THREAD_ID_META.to_owned(), id.to_string());
+            labels.insert(THREAD_ID_LABEL.to_owned(), id.to_string());
+        }
+        let mut invalid = Vec::new();
+        let outcome = relabel::relabel(labels, &self.rules, &mut invalid);
+        let outcome = self.finish(outcome, invalid);
+        if let Some(cached) = self.cache.get_mut(&pid) {
+            if cached.threads.len() >= MAX_THREAD_OUTCOMES {
+                cached.threads.clear();
+            }
+            cached
+                .threads
+                .insert((name.to_owned(), id), outcome.clone());
+        }
+        outcome
+    }
+
+    /// The process's outcome and its discovered labels.
+    fn process(&mut self, pid: u32) -> (Arc<Outcome>, Arc<Labels>) {
         let identity = Identity::read(pid);
         let started = identity.started;
-        if let Some((cached, outcome)) = self.cache.get(&pid) {
+        if let Some(cached) = self.cache.get(&pid) {
             // An exited process (start 0) keeps what was computed while it ran.
-            if started == 0 || *cached == identity {
-                return outcome.clone();
+            if started == 0 || cached.identity == identity {
+                return (cached.outcome.clone(), cached.discovered.clone());
             }
         }
         let process = ProcessFacts::read(pid);
@@ -207,26 +291,14 @@ impl Labeler {
             (Some(lookup), Some(uid)) => lookup(uid, process.cgroup_facts.container_id.as_deref()),
             _ => None,
         };
+        let labels = discovered_labels(&self.node, &process, pod.as_ref());
+        let discovered = Arc::new(labels.clone());
         let mut invalid = Vec::new();
-        let outcome = match relabel::relabel(
-            discovered_labels(&self.node, &process, pod.as_ref()),
-            &self.rules,
-            &mut invalid,
-        ) {
-            Outcome::Keep(mut labels) => {
-                for (name, value) in &self.external {
-                    labels.insert(name.clone(), value.clone());
-                }
-                Outcome::Keep(labels)
-            }
-            dropped => dropped,
-        };
-        for label in invalid {
-            if self.reported.insert((label.rule, label.name.clone())) {
-                tracing::warn!("{label}");
-            }
-        }
-        let outcome = Arc::new(outcome);
+        // Without a thread's labels, and with the rules that read them skipped: what drops
+        // the process drops all its threads (see `relabel::dependent_rules`).
+        let outcome =
+            relabel::relabel_skipping(labels, &self.rules, &self.thread_rules, &mut invalid);
+        let outcome = self.finish(outcome, invalid);
         // A process seen without a start time has exited: do not cache a guess. Nor labels a
         // pod's watch event has not completed yet (a container starts a moment before the
         // API server reports its id): the next window asks again.
@@ -236,9 +308,36 @@ impl Labeler {
                 p.container.is_none() && process.cgroup_facts.container_id.is_some()
             });
         if started != 0 && !pod_pending {
-            self.cache.insert(pid, (identity, outcome.clone()));
+            self.cache.insert(
+                pid,
+                CachedProcess {
+                    identity,
+                    discovered: discovered.clone(),
+                    outcome: outcome.clone(),
+                    threads: HashMap::new(),
+                },
+            );
         }
-        outcome
+        (outcome, discovered)
+    }
+
+    /// A relabelled outcome with the external labels added; the invalid labels the rules
+    /// produced are logged, once per rule and name.
+    fn finish(&mut self, outcome: Outcome, invalid: Vec<relabel::InvalidLabel>) -> Arc<Outcome> {
+        for label in invalid {
+            if self.reported.insert((label.rule, label.name.clone())) {
+                tracing::warn!("{label}");
+            }
+        }
+        Arc::new(match outcome {
+            Outcome::Keep(mut labels) => {
+                for (name, value) in &self.external {
+                    labels.insert(name.clone(), value.clone());
+                }
+                Outcome::Keep(labels)
+            }
+            dropped => dropped,
+        })
     }
 
     /// Forgets processes that have exited; returns their pids.
@@ -343,6 +442,50 @@ mod tests {
         let mut labeler = Labeler::new("n".into(), rules, Labels::new());
         assert!(labeler.can_drop());
         assert_eq!(*labeler.outcome(me), Outcome::Dropped { rule: 1 });
+    }
+
+    /// A rule on the thread's name drops one thread and keeps its process and the other
+    /// threads, which carry `thread` (and `thread_id`) like any discovered label.
+    #[test]
+    fn a_rule_on_the_thread_drops_that_thread_only() {
+        let me = std::process::id();
+        let rules = relabel::compile(&[relabel::RuleConfig {
+            source_labels: vec![THREAD_META.into()],
+            regex: Some("spin.*".into()),
+            action: Some("drop".into()),
+            ..Default::default()
+        }])
+        .unwrap();
+        let mut labeler = Labeler::new("n".into(), rules, Labels::new());
+        assert!(labeler.can_drop() && labeler.reads_threads());
+        // The process is kept: it must not go into the deny list.
+        assert!(matches!(*labeler.outcome(me), Outcome::Keep(_)));
+        assert_eq!(
+            *labeler.thread_outcome(me, "spinner", Some(9)),
+            Outcome::Dropped { rule: 1 }
+        );
+        let Outcome::Keep(labels) = &*labeler.thread_outcome(me, "sleeper", Some(10)) else {
+            panic!("the sleeper was dropped")
+        };
+        assert_eq!(labels[THREAD_LABEL], "sleeper");
+        assert_eq!(labels[THREAD_ID_LABEL], "10");
+        assert!(!labels.contains_key(THREAD_META));
+
+        // Removing `thread` by name reads no thread: one series per process again.
+        let rules = relabel::compile(&[relabel::RuleConfig {
+            regex: Some("thread".into()),
+            action: Some("labeldrop".into()),
+            ..Default::default()
+        }])
+        .unwrap();
+        let mut labeler = Labeler::new("n".into(), rules, Labels::new());
+        assert!(!labeler.reads_threads());
+        labeler.outcome(me);
+        let Outcome::Keep(labels) = &*labeler.thread_outcome(me, "sleeper", None) else {
+            panic!("dropped without a drop rule")
+        };
+        assert!(!labels.contains_key(THREAD_LABEL), "{labels:?}");
+        assert_eq!(labels["pid"], me.to_string());
     }
 
     /// One rule: keep the processes whose name matches `regex`.

@@ -330,9 +330,74 @@ pub enum Outcome {
 /// Applies `rules` in order, then removes the labels whose names start with `__`. Labels a rule
 /// tried to create with invalid names, or over [`MAX_LABEL_BYTES`], are reported in `invalid`
 /// and not set.
-pub fn relabel(mut labels: Labels, rules: &[Rule], invalid: &mut Vec<InvalidLabel>) -> Outcome {
-    for rule in rules {
-        if !rule.apply(&mut labels, invalid) {
+pub fn relabel(labels: Labels, rules: &[Rule], invalid: &mut Vec<InvalidLabel>) -> Outcome {
+    relabel_skipping(labels, rules, &[], invalid)
+}
+
+/// Which of `rules` depend on the labels named `sources`: a rule that reads one of them (its
+/// `source_labels`; for `labelmap`, a name its regex matches), or reads a label that an
+/// earlier dependent rule wrote. A dependent rule whose target is built from captures
+/// (`target_label = "$1"`) could write any label, and makes every later rule that reads a
+/// label dependent. `labeldrop` and `labelkeep` only remove labels, the same whatever the
+/// values, and are never dependent.
+///
+/// The daemon decides per process, with the thread's labels (`__meta_thread`) absent, and
+/// per thread after: with the dependent `keep` and `drop` rules skipped
+/// ([`relabel_skipping`]), every label that a rule reading no thread label sees has the
+/// value it has for every thread of the process, so a process that such a rule drops is
+/// dropped for all its threads, and the deny list stays exact.
+pub fn dependent_rules(rules: &[Rule], sources: &[&str]) -> Vec<bool> {
+    let mut tainted: std::collections::BTreeSet<String> =
+        sources.iter().map(|&name| name.to_owned()).collect();
+    let mut all_tainted = false;
+    rules
+        .iter()
+        .map(|rule| {
+            let reads = match rule.action {
+                Action::LabelDrop | Action::LabelKeep => false,
+                Action::LabelMap => all_tainted || tainted.iter().any(|n| rule.regex.is_match(n)),
+                _ => all_tainted || rule.source_labels.iter().any(|name| tainted.contains(name)),
+            };
+            if !reads {
+                return false;
+            }
+            match rule.action {
+                Action::Replace if rule.target_label.contains('$') => all_tainted = true,
+                Action::Replace | Action::Lowercase | Action::Uppercase | Action::HashMod => {
+                    tainted.insert(rule.target_label.clone());
+                }
+                Action::LabelMap => {
+                    let mapped: Vec<String> = tainted
+                        .iter()
+                        .filter_map(|name| {
+                            let captures = rule.regex.captures(name)?;
+                            let mut target = String::new();
+                            captures.expand(&rule.replacement, &mut target);
+                            Some(target)
+                        })
+                        .collect();
+                    tainted.extend(mapped);
+                }
+                Action::Keep | Action::Drop | Action::LabelDrop | Action::LabelKeep => {}
+            }
+            true
+        })
+        .collect()
+}
+
+/// [`relabel`], with the `keep` and `drop` rules that `skip` marks (by position) passed over:
+/// the per-process decision when rules read a thread's labels (see [`dependent_rules`]).
+/// Every other rule applies as usual.
+pub fn relabel_skipping(
+    mut labels: Labels,
+    rules: &[Rule],
+    skip: &[bool],
+    invalid: &mut Vec<InvalidLabel>,
+) -> Outcome {
+    for (i, rule) in rules.iter().enumerate() {
+        let skipped = skip.get(i).copied().unwrap_or(false)
+            && matches!(rule.action, Action::Keep | Action::Drop);
+        if !skipped && !rule.apply(&mut labels, invalid) {
             return Outcome::Dropped { rule: rule.index };
         }
     }
@@ -398,6 +463,22 @@ pub fn fuzz_one(data: &[u8]) {
         .collect()
     });
     let mut invalid = Vec::new();
+    // The deny list's promise: a process dropped with its thread's labels absent and the
+    // rules reading them skipped is dropped for every thread.
+    let mut process = labels.clone();
+    process.remove("__meta_thread");
+    let dependent = dependent_rules(&rules, &["__meta_thread"]);
+    if let Outcome::Dropped { rule } = relabel_skipping(process, &rules, &dependent, &mut invalid) {
+        for thread in ["worker", "(other threads)"] {
+            let mut labels = labels.clone();
+            labels.insert("__meta_thread".to_owned(), thread.to_owned());
+            let outcome = relabel(labels, &rules, &mut invalid);
+            assert!(
+                matches!(outcome, Outcome::Dropped { .. }),
+                "dropped by rule {rule} per process, kept for thread {thread:?}: {outcome:?}"
+            );
+        }
+    }
     if let Outcome::Keep(kept) = relabel(labels, &rules, &mut invalid) {
         assert!(
             kept.iter()
@@ -645,6 +726,106 @@ mod tests {
         .to_string();
         assert!(message.contains("field `regex`"), "{message}");
         assert!(message.contains("size limit"), "{message}");
+    }
+
+    fn compiled(rules: &[&str]) -> Vec<Rule> {
+        let configs: Vec<RuleConfig> = rules.iter().map(|r| rule(r)).collect();
+        compile(&configs).unwrap()
+    }
+
+    /// A rule depends on a thread's label when it reads it, or reads what a dependent rule
+    /// wrote; removing labels by name never does.
+    #[test]
+    fn dependent_rules_follow_what_the_thread_label_feeds() {
+        let rules = compiled(&[
+            // 1: the process's name only.
+            r#"source_labels = ["__meta_process_comm"]
+               regex = "java"
+               action = "keep""#,
+            // 2: the thread's name into `pool`.
+            r#"source_labels = ["__meta_thread"]
+               regex = "(gc|jit).*"
+               target_label = "pool"
+               replacement = "$1""#,
+            // 3: reads `pool`, which 2 wrote from the thread's name.
+            r#"source_labels = ["pool"]
+               regex = "gc"
+               action = "drop""#,
+            // 4: the process again.
+            r#"source_labels = ["comm"]
+               regex = "java"
+               action = "keep""#,
+            // 5: every meta label mapped, the thread's among them.
+            r#"regex = "__meta_(thread|node)"
+               replacement = "m_$1"
+               action = "labelmap""#,
+            // 6: reads the thread's name as 5 mapped it.
+            r#"source_labels = ["m_thread"]
+               regex = "main"
+               action = "keep""#,
+            // 7: reads what 5 mapped from the node, not the thread.
+            r#"source_labels = ["m_node"]
+               regex = "n1"
+               action = "keep""#,
+            // 8: never: removes by name.
+            r#"regex = "__meta_thread"
+               action = "labeldrop""#,
+            // 9: a target named by the thread: any label may now hold it.
+            r#"source_labels = ["__meta_thread"]
+               regex = "(.+)"
+               target_label = "$1""#,
+            // 10: the process's name, but after 9 it may have been overwritten.
+            r#"source_labels = ["comm"]
+               regex = "java"
+               action = "keep""#,
+        ]);
+        assert_eq!(
+            dependent_rules(&rules, &["__meta_thread", "__meta_thread_id"]),
+            [false, true, true, false, true, true, false, false, true, true]
+        );
+        assert!(dependent_rules(&rules, &[]).iter().all(|&d| !d));
+    }
+
+    /// Per process, with the thread's label absent: the rules reading it are passed over,
+    /// the others still drop; per thread, all apply.
+    #[test]
+    fn a_process_is_dropped_only_by_rules_that_read_no_thread() {
+        let rules = compiled(&[
+            r#"source_labels = ["__meta_thread"]
+               regex = "spin"
+               action = "drop""#,
+            r#"source_labels = ["__meta_process_comm"]
+               regex = "app"
+               action = "keep""#,
+        ]);
+        let dependent = dependent_rules(&rules, &["__meta_thread"]);
+        let mut invalid = Vec::new();
+        let process = |comm: &str| labels(&[("__meta_process_comm", comm), ("comm", comm)]);
+        let thread = |comm: &str, name: &str| {
+            let mut labels = process(comm);
+            labels.insert("__meta_thread".into(), name.into());
+            labels
+        };
+        // Per process: the thread rule skipped, so an `app` process is kept...
+        assert_eq!(
+            relabel_skipping(process("app"), &rules, &dependent, &mut invalid),
+            Outcome::Keep(labels(&[("comm", "app")]))
+        );
+        // ... and another process dropped by rule 2, for all its threads.
+        assert_eq!(
+            relabel_skipping(process("other"), &rules, &dependent, &mut invalid),
+            Outcome::Dropped { rule: 2 }
+        );
+        // Per thread every rule applies: the spinning thread is dropped, the sleeping kept.
+        assert_eq!(
+            relabel(thread("app", "spin"), &rules, &mut invalid),
+            Outcome::Dropped { rule: 1 }
+        );
+        assert_eq!(
+            relabel(thread("app", "sleep"), &rules, &mut invalid),
+            Outcome::Keep(labels(&[("comm", "app")]))
+        );
+        assert!(invalid.is_empty(), "{invalid:?}");
     }
 
     #[test]

@@ -8,20 +8,24 @@ use std::{collections::HashMap, time::SystemTime};
 use scorch_common::UnwindOutcome;
 
 use crate::pipeline::{
-    drain::{Losses, RawWindow, Stack, StackMapFill},
+    drain::{Losses, RawWindow, Stack, StackMapFill, ThreadTag},
     off_cpu::{Block, BlockState},
 };
 
-/// What tells off-CPU samples of one process apart besides their stacks: the `thread` and
-/// `state` labels.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct BlockTag {
-    /// The thread's name.
-    pub thread: String,
-    pub state: BlockState,
-}
+/// Most distinct threads (names, or names and ids with `thread-ids`) of one process an
+/// aggregate keeps apart: a window's in the daemon, the whole recording's in `record`. The
+/// rest are folded into [`OTHER_THREADS`], counted. Each thread is a series in the store and
+/// in every sink, per window: a server that names a thread after each connection or job
+/// (`conn-48213`) would otherwise add a series per connection. 32 keeps the named pools of
+/// ordinary services apart (a JVM's GC, JIT and a few executors; runtimes such as Go's or
+/// tokio's name all their workers alike), and the busiest threads are the ones kept.
+pub const MAX_THREADS_PER_PROCESS: usize = 32;
 
-/// The identity of a sampled stack: which process, which user frames, which kernel frames.
+/// The `thread` value of the threads folded beyond [`MAX_THREADS_PER_PROCESS`].
+pub const OTHER_THREADS: &str = "(other threads)";
+
+/// The identity of a sampled stack: which process and thread, which user frames, which
+/// kernel frames.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct StackSample {
     pub tgid: u32,
@@ -31,8 +35,27 @@ pub struct StackSample {
     pub maps_version: u32,
     pub user: Stack,
     pub kernel: Stack,
-    /// For off-CPU time: the thread and the state it blocked in; `None` for CPU samples.
-    pub block: Option<BlockTag>,
+    /// The thread sampled, or that blocked: the `thread` (and `thread_id`) labels.
+    pub thread: ThreadTag,
+    /// For off-CPU time: the state the thread blocked in (the `state` label); `None` for CPU
+    /// samples.
+    pub block: Option<BlockState>,
+}
+
+/// What [`Aggregated::fold_threads`] folded.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ThreadsFolded {
+    /// Threads folded into [`OTHER_THREADS`], summed over processes.
+    pub threads: u64,
+    /// Processes that had more threads than the cap.
+    pub processes: u64,
+}
+
+impl ThreadsFolded {
+    pub fn add(&mut self, other: ThreadsFolded) {
+        self.threads += other.threads;
+        self.processes += other.processes;
+    }
 }
 
 /// Per-window totals, kept so a run can show that its windows add up.
@@ -74,6 +97,7 @@ impl Aggregated {
                     maps_version: maps_version(sample.tgid),
                     user: sample.user,
                     kernel: sample.kernel,
+                    thread: sample.thread,
                     block: None,
                 })
                 .or_insert(0) += sample.count;
@@ -92,12 +116,13 @@ impl Aggregated {
     }
 
     /// Adds recorded off-CPU blocks read between `start` and `end`; each counts its weight in
-    /// nanoseconds. Their process names are the thread names' processes', from `comms`.
+    /// nanoseconds. Their thread ids are kept with `thread_ids`.
     pub fn add_blocks(
         &mut self,
         start: SystemTime,
         end: SystemTime,
         blocks: Vec<Block>,
+        thread_ids: bool,
         maps_version: impl Fn(u32) -> u32,
     ) {
         self.windows.push(WindowTotal {
@@ -113,10 +138,11 @@ impl Aggregated {
                     maps_version: maps_version(block.tgid),
                     user: block.user,
                     kernel: block.kernel,
-                    block: Some(BlockTag {
-                        thread: block.thread,
-                        state: block.state,
-                    }),
+                    thread: ThreadTag {
+                        name: block.thread,
+                        id: thread_ids.then_some(block.tid),
+                    },
+                    block: Some(block.state),
                 })
                 .or_insert(0) += block.weight_ns;
         }
@@ -124,6 +150,54 @@ impl Aggregated {
 
     pub fn total_samples(&self) -> u64 {
         self.stacks.values().sum()
+    }
+
+    /// Keeps the `cap` busiest threads of each process apart and folds the rest into one,
+    /// [`OTHER_THREADS`] without an id, so a process adds at most `cap + 1` threads to the
+    /// series. Ties go to the name that sorts first, so the same input folds the same way.
+    pub fn fold_threads(&mut self, cap: usize) -> ThreadsFolded {
+        let mut per_process: HashMap<u32, HashMap<&ThreadTag, u64>> = HashMap::new();
+        for (stack, count) in &self.stacks {
+            *per_process
+                .entry(stack.tgid)
+                .or_default()
+                .entry(&stack.thread)
+                .or_insert(0) += count;
+        }
+        let mut folded = ThreadsFolded::default();
+        let mut fold: HashMap<u32, std::collections::HashSet<ThreadTag>> = HashMap::new();
+        for (tgid, threads) in per_process {
+            if threads.len() <= cap {
+                continue;
+            }
+            let mut busiest: Vec<(&ThreadTag, u64)> = threads.into_iter().collect();
+            busiest.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(b.0)));
+            let beyond: std::collections::HashSet<ThreadTag> = busiest[cap..]
+                .iter()
+                .map(|(tag, _)| (*tag).clone())
+                .collect();
+            folded.threads += beyond.len() as u64;
+            folded.processes += 1;
+            fold.insert(tgid, beyond);
+        }
+        if fold.is_empty() {
+            return folded;
+        }
+        let other = ThreadTag {
+            name: OTHER_THREADS.to_owned(),
+            id: None,
+        };
+        let stacks = std::mem::take(&mut self.stacks);
+        for (mut stack, count) in stacks {
+            if fold
+                .get(&stack.tgid)
+                .is_some_and(|beyond| beyond.contains(&stack.thread))
+            {
+                stack.thread = other.clone();
+            }
+            *self.stacks.entry(stack).or_insert(0) += count;
+        }
+        folded
     }
 
     /// Distinct processes sampled.
@@ -168,6 +242,7 @@ mod tests {
     fn sample(tgid: u32, user: &[u64], count: u64) -> RawSample {
         RawSample {
             tgid,
+            thread: ThreadTag::default(),
             user: Stack::Frames(user.to_vec()),
             kernel: Stack::Absent,
             count,
@@ -224,6 +299,7 @@ mod tests {
                 block("b", BlockState::Sleeping, 7),
                 block("a", BlockState::Disk, 3),
             ],
+            false,
             |_| 0,
         );
         assert_eq!(agg.total_samples(), 160);
@@ -231,16 +307,92 @@ mod tests {
         let a = agg
             .stacks
             .iter()
-            .find(|(k, _)| {
-                k.block
-                    == Some(BlockTag {
-                        thread: "a".to_owned(),
-                        state: BlockState::Sleeping,
-                    })
-            })
+            .find(|(k, _)| k.thread.name == "a" && k.block == Some(BlockState::Sleeping))
             .map(|(_, &v)| v);
         assert_eq!(a, Some(150));
         assert_eq!(agg.windows.len(), 1);
+        // Without `thread-ids` no block keeps its id.
+        assert!(agg.stacks.keys().all(|k| k.thread.id.is_none()));
+        agg.add_blocks(at, at, vec![block("a", BlockState::Disk, 1)], true, |_| 0);
+        assert!(agg.stacks.keys().any(|k| k.thread.id == Some(8)));
+    }
+
+    fn threaded(tgid: u32, thread: &str, user: &[u64], count: u64) -> RawSample {
+        RawSample {
+            thread: ThreadTag {
+                name: thread.to_owned(),
+                id: None,
+            },
+            ..sample(tgid, user, count)
+        }
+    }
+
+    /// Threads per process beyond the cap become one, the busiest kept; other processes and
+    /// the total are untouched.
+    #[test]
+    fn threads_beyond_the_cap_are_folded_into_one() {
+        let mut agg = Aggregated::default();
+        let mut samples = vec![threaded(8, "solo", &[1], 5)];
+        for (i, name) in ["w1", "w2", "w3", "w4", "w5"].iter().enumerate() {
+            // w1 busiest (50), w5 least (10); two stacks each.
+            let count = 50 - 10 * i as u64;
+            samples.push(threaded(7, name, &[1, 2], count - 1));
+            samples.push(threaded(7, name, &[1, 3], 1));
+        }
+        agg.add(window(0, samples), |_| 0);
+        let before = agg.total_samples();
+        let folded = agg.fold_threads(3);
+        assert_eq!(
+            folded,
+            ThreadsFolded {
+                threads: 2,
+                processes: 1
+            }
+        );
+        assert_eq!(agg.total_samples(), before);
+        let per_thread = |tgid: u32, name: &str| -> u64 {
+            agg.stacks
+                .iter()
+                .filter(|(k, _)| k.tgid == tgid && k.thread.name == name)
+                .map(|(_, &v)| v)
+                .sum()
+        };
+        assert_eq!(per_thread(7, "w1"), 50);
+        assert_eq!(per_thread(7, "w3"), 30);
+        assert_eq!(per_thread(7, "w4"), 0);
+        assert_eq!(per_thread(7, OTHER_THREADS), 20 + 10);
+        // The folded threads' equal stacks merged: two keys, not four.
+        assert_eq!(
+            agg.stacks
+                .keys()
+                .filter(|k| k.thread.name == OTHER_THREADS)
+                .count(),
+            2
+        );
+        assert_eq!(per_thread(8, "solo"), 5);
+        // At or under the cap nothing changes.
+        assert_eq!(agg.fold_threads(4), ThreadsFolded::default());
+    }
+
+    /// With ids, two threads of one name are two threads for the cap.
+    #[test]
+    fn thread_ids_count_against_the_cap() {
+        let mut agg = Aggregated::default();
+        let with_id = |id, count| RawSample {
+            thread: ThreadTag {
+                name: "pool".to_owned(),
+                id: Some(id),
+            },
+            ..sample(7, &[1], count)
+        };
+        agg.add(window(0, vec![with_id(10, 3), with_id(11, 2)]), |_| 0);
+        assert_eq!(agg.fold_threads(1).threads, 1);
+        let other = agg
+            .stacks
+            .iter()
+            .find(|(k, _)| k.thread.name == OTHER_THREADS)
+            .map(|(k, &v)| (k.thread.id, v));
+        assert_eq!(other, Some((None, 2)));
     }
 
     #[test]
@@ -261,6 +413,7 @@ mod tests {
             maps_version: 0,
             user: Stack::Frames(vec![1, 2]),
             kernel: Stack::Absent,
+            thread: ThreadTag::default(),
             block: None,
         };
         assert_eq!(agg.stacks[&key], 7);

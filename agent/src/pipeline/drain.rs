@@ -72,10 +72,27 @@ pub enum Stack {
     Lost,
 }
 
-/// One (process, user stack, kernel stack) and how often it was sampled in a window.
+/// Which thread of its process a sample or a block is: its name, and its id when thread ids
+/// are recorded (`thread-ids`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ThreadTag {
+    /// The thread's name (its `comm`, which `pthread_setname_np` sets).
+    pub name: String,
+    /// Its id (the kernel's pid of the task), with `thread-ids` on.
+    pub id: Option<u32>,
+}
+
+/// A name as the kernel keeps it (`TASK_COMM_LEN`), NUL-padded.
+pub fn comm_name(comm: &[u8; 16]) -> String {
+    let len = comm.iter().position(|&b| b == 0).unwrap_or(comm.len());
+    String::from_utf8_lossy(&comm[..len]).into_owned()
+}
+
+/// One (process, thread, user stack, kernel stack) and how often it was sampled in a window.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RawSample {
     pub tgid: u32,
+    pub thread: ThreadTag,
     pub user: Stack,
     pub kernel: Stack,
     pub count: u64,
@@ -368,6 +385,7 @@ impl Drainer {
             counts.push((key, count))
         })?;
         let walked = self.control.unwind == UNWIND_TABLES;
+        let thread_ids = self.control.thread_ids != 0;
         let mut user_stacks: HashMap<i32, (Vec<u64>, u32)> = HashMap::new();
         if walked {
             take_all(
@@ -421,6 +439,10 @@ impl Drainer {
             }
             samples.push(RawSample {
                 tgid: key.tgid,
+                thread: ThreadTag {
+                    name: comm_name(&key.thread),
+                    id: thread_ids.then_some(key.tid),
+                },
                 user,
                 kernel,
                 count: *count,
@@ -432,8 +454,7 @@ impl Drainer {
             &mut generation.comms,
             "COMMS",
             |tgid, Comm(raw)| {
-                let len = raw.iter().position(|&b| b == 0).unwrap_or(raw.len());
-                comms.insert(tgid, String::from_utf8_lossy(&raw[..len]).into_owned());
+                comms.insert(tgid, comm_name(&raw));
             },
         )?;
 

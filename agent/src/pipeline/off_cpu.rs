@@ -14,7 +14,7 @@ use scorch_common::{
     OFF_CPU_PREEMPTED,
 };
 
-use super::drain::Stack;
+use super::drain::{comm_name, Stack};
 
 #[derive(Debug, thiserror::Error)]
 pub enum OffCpuError {
@@ -129,12 +129,6 @@ pub struct Block {
     pub weight_ns: u64,
     /// The blocked time itself.
     pub duration_ns: u64,
-}
-
-/// A name as the kernel keeps it, NUL-padded.
-fn comm_name(comm: &[u8; 16]) -> String {
-    let len = comm.iter().position(|&b| b == 0).unwrap_or(comm.len());
-    String::from_utf8_lossy(&comm[..len]).into_owned()
 }
 
 /// The block an event describes.

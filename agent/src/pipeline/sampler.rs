@@ -81,6 +81,9 @@ pub struct SamplerConfig {
     pub stack_entries_ceiling: u32,
     /// Off-CPU time too (`--off-cpu`): the `sched_switch` program is attached.
     pub off_cpu: Option<OffCpuSettings>,
+    /// Keep threads apart by id, not only by name (`thread-ids`): the counts map's keys carry
+    /// the thread id.
+    pub thread_ids: bool,
 }
 
 /// Bytes of an unwind row.
@@ -167,6 +170,7 @@ impl Default for SamplerConfig {
             unwind_capacity: UnwindCapacity::DAEMON,
             stack_entries_ceiling: DEFAULT_MAX_STACK_ENTRIES,
             off_cpu: None,
+            thread_ids: false,
         }
     }
 }
@@ -312,6 +316,7 @@ impl Sampler {
             } else {
                 scorch_common::UNWIND_FP
             },
+            thread_ids: u32::from(config.thread_ids),
         };
         maps.control
             .set(0, control, 0)
@@ -562,7 +567,8 @@ fn samples_per_window(cpus: u64, config: &SamplerConfig) -> u64 {
     cpus * config.frequency_hz * config.window_secs.max(1)
 }
 
-/// Counts-map and comm-map sizes: each holds at most one entry per sample of a window, so
+/// Counts-map and comm-map sizes: each holds at most one entry per sample of a window (the
+/// thread in the counts map's key splits a stack into at most one key per sample too), so
 /// twice a window's samples, at least 4096 (a late drain, a burst of new processes), at most
 /// the object's [`MAX_COUNT_KEYS`] and [`MAX_COMMS`]. Both are preallocated hash maps (the
 /// program inserts into them from the perf NMI, where an allocation can fail and would lose

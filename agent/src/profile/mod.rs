@@ -87,11 +87,10 @@ impl SampleKind {
 /// The label of the state an off-CPU sample's thread blocked in (`sleeping`, `disk`,
 /// `preempted`).
 pub const STATE_LABEL: &str = "state";
-/// The label of an off-CPU sample's thread name.
+/// The label of a sample's thread name (on-CPU and off-CPU).
 pub const THREAD_LABEL: &str = "thread";
-/// The labels off-CPU samples carry besides their process's. The daemon adds them to the
-/// process's (relabelled) labels.
-pub const BLOCK_LABELS: [&str; 2] = [STATE_LABEL, THREAD_LABEL];
+/// The label of a sample's thread id, with `thread-ids` on.
+pub const THREAD_ID_LABEL: &str = "thread_id";
 
 /// A file (or the kernel) mapped into an address range.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -321,6 +321,7 @@ mod tests {
             maps_version: 0,
             user: Stack::Frames(frames.to_vec()),
             kernel: Stack::Absent,
+            thread: Default::default(),
             block: None,
         }
     }

@@ -14,12 +14,16 @@ pub mod maps;
 pub mod python;
 pub mod user;
 
-use std::{collections::HashMap, time::Duration};
+use std::{collections::HashMap, sync::Arc, time::Duration};
 
 use crate::{
     pipeline::aggregate::{Aggregated, StackSample},
-    pipeline::drain::Stack,
-    profile::{Line, Location, LocationIndex, Mapping, MappingIndex, Profile, Sample},
+    pipeline::drain::{Stack, ThreadTag},
+    pipeline::off_cpu::BlockState,
+    profile::{
+        Labels, Line, Location, LocationIndex, Mapping, MappingIndex, Profile, Sample, STATE_LABEL,
+        THREAD_ID_LABEL, THREAD_LABEL,
+    },
 };
 use kernel::{KernelFrame, KernelSymbolizer};
 use maps::MapEntry;
@@ -169,6 +173,9 @@ pub fn symbolize(
     // Deterministic output: same input, same bytes.
     stacks.sort_by(|a, b| a.0.cmp(&b.0));
     let mut samples = Vec::with_capacity(stacks.len());
+    // One label set per (process, thread, state), shared by its samples.
+    let mut label_sets: HashMap<(u32, &ThreadTag, Option<BlockState>), Arc<Labels>> =
+        HashMap::new();
     for (stack, count) in &stacks {
         let (stack, count): (&StackSample, u64) = (stack, *count);
         let mut locations = Vec::new();
@@ -212,20 +219,12 @@ pub fn symbolize(
         let comm = comm_of(stack.tgid)
             .or_else(|| aggregated.comms.get(&stack.tgid).cloned())
             .unwrap_or_default();
-        // Off-CPU time keeps the thread and its state apart: `record`'s series labels, and
-        // those two.
-        let labels = match &stack.block {
-            Some(tag) => std::sync::Arc::new(crate::profile::Labels::from([
-                ("comm".to_owned(), comm.clone()),
-                ("pid".to_owned(), stack.tgid.to_string()),
-                (
-                    crate::profile::STATE_LABEL.to_owned(),
-                    tag.state.as_str().to_owned(),
-                ),
-                (crate::profile::THREAD_LABEL.to_owned(), tag.thread.clone()),
-            ])),
-            None => std::sync::Arc::default(),
-        };
+        // `record`'s series labels (the process), and the sample's own: its thread, and the
+        // state an off-CPU block was in. The daemon takes the sample's own ones over.
+        let labels = label_sets
+            .entry((stack.tgid, &stack.thread, stack.block))
+            .or_insert_with(|| Arc::new(sample_labels(&comm, stack)))
+            .clone();
         samples.push(Sample {
             pid: stack.tgid,
             comm,
@@ -251,6 +250,25 @@ pub fn symbolize(
         locations: builder.locations,
         samples,
     })
+}
+
+/// A sample's labels as `record` writes them: `comm`, `pid`, `thread`, and `thread_id` and
+/// `state` when known.
+fn sample_labels(comm: &str, stack: &StackSample) -> Labels {
+    let mut labels = Labels::from([
+        ("comm".to_owned(), comm.to_owned()),
+        ("pid".to_owned(), stack.tgid.to_string()),
+    ]);
+    if !stack.thread.name.is_empty() {
+        labels.insert(THREAD_LABEL.to_owned(), stack.thread.name.clone());
+    }
+    if let Some(id) = stack.thread.id {
+        labels.insert(THREAD_ID_LABEL.to_owned(), id.to_string());
+    }
+    if let Some(state) = stack.block {
+        labels.insert(STATE_LABEL.to_owned(), state.as_str().to_owned());
+    }
+    labels
 }
 
 /// Where an off-CPU kernel stack starts: at `__schedule` (or the first frame when it has

@@ -20,6 +20,7 @@ mod privileges;
 mod real_hosts;
 mod remote;
 mod symbols;
+mod threads;
 mod ui;
 mod ui_compare;
 mod ui_flame;

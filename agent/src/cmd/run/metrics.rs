@@ -38,6 +38,9 @@ pub struct WindowMetrics {
     samples_filtered: Counter,
     /// Processes in the BPF deny list now.
     processes_excluded: Gauge<u64, AtomicU64>,
+    /// Threads folded into `(other threads)` past the cap per process, summed over
+    /// processes and windows (CPU and off-CPU).
+    threads_folded: Counter,
     symbol_cache_bytes: Gauge<u64, AtomicU64>,
     symbol_cache_hits: Counter,
     symbol_cache_misses: Counter,
@@ -142,6 +145,11 @@ impl WindowMetrics {
                 "processes_excluded",
                 "Processes relabelling dropped that the BPF program skips",
                 Gauge::default(),
+            ),
+            threads_folded: registry.register(
+                "threads_folded",
+                "Threads folded into thread=\"(other threads)\", past the cap of distinct threads per process per window",
+                Counter::default(),
             ),
             symbol_cache_bytes: registry.register_with_unit(
                 "symbol_cache",
@@ -327,6 +335,11 @@ impl WindowMetrics {
         self.processes_excluded.set(processes_excluded);
     }
 
+    /// A window's threads folded past the cap per process.
+    pub fn threads_folded(&self, threads: u64) {
+        self.threads_folded.inc_by(threads);
+    }
+
     /// The symbol cache's size and its cumulative hit and miss counts.
     pub fn set_symbol_cache(&mut self, bytes: u64, hits: u64, misses: u64) {
         self.symbol_cache_bytes.set(bytes);
@@ -495,9 +508,12 @@ mod tests {
         metrics.set_store_bytes(4096);
         metrics.set_windows_buffered(2);
         metrics.window_dropped();
+        metrics.threads_folded(3);
+        metrics.threads_folded(0);
 
         let text = registry.encode();
         assert_eq!(value(&text, "scorch_samples_total"), 150.0);
+        assert_eq!(value(&text, "scorch_threads_folded_total"), 3.0);
         assert_eq!(
             value(
                 &text,
