@@ -1028,6 +1028,14 @@ extern "C" {
     fn libc_kill(pid: i32, signal: i32) -> i32;
 }
 
+/// SIGKILLs the process group `leader` leads (a child spawned with `process_group(0)`), so
+/// the programs it started go with it: `go tool pprof` runs `pprof` as a child, which outlived
+/// a kill of `go` alone, holding the test's descriptors.
+pub fn kill_process_group(leader: u32) {
+    // SAFETY: kill(2) on a process group this test created.
+    unsafe { libc_kill(-(leader as i32), 9) };
+}
+
 /// A metric's value in a Prometheus text exposition, summed over its label sets.
 pub fn metric_total(text: &str, name: &str) -> Result<f64> {
     let mut total = None;

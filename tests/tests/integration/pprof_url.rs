@@ -6,6 +6,7 @@
 
 use std::{
     io::Read,
+    os::unix::process::CommandExt as _,
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
@@ -46,12 +47,13 @@ fn unnamed_jit_samples(samples: &[DetailedSample], pid: u32) -> Vec<&DetailedSam
         .collect()
 }
 
-/// A `go tool pprof -http` the test started: killed and reaped when dropped.
+/// A `go tool pprof -http` the test started in a process group of its own: the group killed
+/// (`go` and the `pprof` it runs) and `go` reaped when dropped.
 struct WebUi(Child);
 
 impl Drop for WebUi {
     fn drop(&mut self) {
-        let _ = self.0.kill();
+        scorch_tests::kill_process_group(self.0.id());
         let _ = self.0.wait();
     }
 }
@@ -196,6 +198,7 @@ fn go_tool_pprof_reads_a_profile_with_unnamed_jit_frames() -> Result<()> {
                 &url,
             ])
             .env("HOME", work_dir())
+            .process_group(0)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
