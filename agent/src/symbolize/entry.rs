@@ -20,7 +20,10 @@
 //!
 //! Pure: what a process maps and what its frames are named comes through [`ProcessFrames`].
 
-use std::{borrow::Cow, collections::HashMap};
+use std::{
+    borrow::Cow,
+    collections::{HashMap, HashSet},
+};
 
 use crate::pipeline::{aggregate::StackSample, drain::Stack};
 
@@ -90,25 +93,59 @@ impl EntryChains {
         frames: &mut impl ProcessFrames,
     ) -> Vec<(Cow<'a, StackSample>, u64)> {
         let stacks: Vec<(&StackSample, u64)> = stacks.into_iter().collect();
+        // A process's stacks share their bottom frames, and what `learn` reads of a stack is
+        // its last few: each distinct bottom is learned from once. A 999 Hz recording holds
+        // thousands of stacks of one process over the same `main`, and learning from each
+        // looked up the same places thousands of times.
+        let mut learned = HashSet::new();
         for &(stack, _) in &stacks {
+            if let Stack::Frames(user) = &stack.user {
+                let read = &user[learned_from(user.len())..];
+                if !learned.insert((stack.tgid, stack.maps_version, read)) {
+                    continue;
+                }
+            }
             self.learn(stack, frames);
         }
-        let mut merged: HashMap<Cow<'a, StackSample>, u64> = HashMap::with_capacity(stacks.len());
+        // What `below` adds depends on the process, its maps and the stack's last frame only.
+        let mut below: HashMap<(u32, u32, u64), Option<Vec<u64>>> = HashMap::new();
+        let mut out = Vec::with_capacity(stacks.len());
+        let mut completed: HashMap<StackSample, u64> = HashMap::new();
         for (stack, count) in stacks {
-            let stack = match self.below(stack, frames) {
-                Some(below) => {
-                    let mut completed = stack.clone();
-                    if let Stack::Frames(user) = &mut completed.user {
-                        user.extend(below);
-                        self.completed += count;
-                    }
-                    Cow::Owned(completed)
-                }
-                None => Cow::Borrowed(stack),
+            let added = match &stack.user {
+                Stack::Frames(user) if user.len() >= 2 => below
+                    .entry((stack.tgid, stack.maps_version, user[user.len() - 1]))
+                    .or_insert_with(|| self.below(stack, frames))
+                    .clone(),
+                _ => None,
             };
-            *merged.entry(stack).or_insert(0) += count;
+            match added {
+                Some(added) => {
+                    let mut whole = stack.clone();
+                    if let Stack::Frames(user) = &mut whole.user {
+                        user.extend(added);
+                    }
+                    self.completed += count;
+                    *completed.entry(whole).or_insert(0) += count;
+                }
+                None => out.push((Cow::Borrowed(stack), count)),
+            }
         }
-        merged.into_iter().collect()
+        if completed.is_empty() {
+            return out;
+        }
+        // A completed stack may equal one walked whole, which ends at the same frame: the two
+        // are merged. Only stacks ending where a completed one ends are looked up.
+        let ends: HashSet<u64> = completed.keys().filter_map(last_user_frame).collect();
+        for (stack, count) in &mut out {
+            if last_user_frame(stack.as_ref()).is_some_and(|end| ends.contains(&end)) {
+                if let Some(more) = completed.remove(stack.as_ref()) {
+                    *count += more;
+                }
+            }
+        }
+        out.extend(completed.into_iter().map(|(s, n)| (Cow::Owned(s), n)));
+        out
     }
 
     /// Whether `address` (a return address) is in `__libc_start_call_main`, remembered by
@@ -138,7 +175,7 @@ impl EntryChains {
         };
         let n = user.len();
         // The leaf (index 0) is not a return address; the bottom has nothing below.
-        for i in n.saturating_sub(MAX_CHAIN_LEN + 1).max(1)..n.saturating_sub(1) {
+        for i in learned_from(n)..n.saturating_sub(1) {
             let Some(spot) = self.is_start_call_main(stack, user[i], frames) else {
                 continue;
             };
@@ -229,6 +266,20 @@ impl EntryChains {
     }
 }
 
+/// The first index of a stack's user frames that [`EntryChains::learn`] reads: the last
+/// [`MAX_CHAIN_LEN`] + 1, never the leaf (not a return address).
+fn learned_from(len: usize) -> usize {
+    len.saturating_sub(MAX_CHAIN_LEN + 1).max(1).min(len)
+}
+
+/// The outermost user frame of a stack, when it has user frames.
+fn last_user_frame(stack: &StackSample) -> Option<u64> {
+    match &stack.user {
+        Stack::Frames(user) => user.last().copied(),
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -253,6 +304,8 @@ mod tests {
     struct Fake {
         processes: HashMap<u32, Process>,
         lookups: usize,
+        /// Places asked for.
+        spots: std::cell::Cell<usize>,
     }
 
     impl Fake {
@@ -273,12 +326,14 @@ mod tests {
                     })
                     .collect(),
                 lookups: 0,
+                spots: std::cell::Cell::new(0),
             }
         }
     }
 
     impl ProcessFrames for Fake {
         fn spot(&self, pid: u32, _: u32, address: u64) -> Option<Spot> {
+            self.spots.set(self.spots.get() + 1);
             let p = self.processes.get(&pid)?;
             if (p.libc..p.libc + 0x10_0000).contains(&address) {
                 Some((LIBC.0, LIBC.1, address - p.libc))
@@ -407,6 +462,54 @@ mod tests {
         // the whole walk's bottom, which is not); each completion checks the name at the
         // executable's entry.
         assert_eq!(fake.lookups, 5);
+    }
+
+    #[test]
+    fn stacks_sharing_their_bottom_are_learned_from_and_completed_once() {
+        // A 999 Hz recording: thousands of stacks of one process over the same `main`, and
+        // the frame-pointer walks of its first samples.
+        let mut fake = Fake::new(&[(1, EXE, 0x7000_0000, 0x5000_0000, 0x20)]);
+        let bottom = [0x5000_1100, 0x7002_9d90, 0x7002_9e40, 0x5000_0025];
+        let whole: Vec<(StackSample, u64)> = (0..2000u64)
+            .map(|leaf| {
+                let mut frames = vec![0x5000_2000 + leaf];
+                frames.extend(bottom);
+                (sample(1, &frames), 1)
+            })
+            .collect();
+        let stopped: Vec<(StackSample, u64)> = (0..500u64)
+            .map(|leaf| {
+                (
+                    sample(1, &[0x5000_2000 + leaf, 0x5000_1100, 0x7002_9d90]),
+                    2,
+                )
+            })
+            .collect();
+        let mut chains = EntryChains::default();
+        let out = chains.complete(
+            whole.iter().chain(&stopped).map(|(s, n)| (s, *n)),
+            &mut fake,
+        );
+        // The stopped walks got the bottom, and merged with the whole walks they now equal.
+        assert_eq!(out.len(), 2000);
+        for (stack, count) in &out {
+            let Stack::Frames(frames) = &stack.user else {
+                panic!("user frames")
+            };
+            assert_eq!(frames[1..], bottom);
+            let leaf = frames[0] - 0x5000_2000;
+            assert_eq!(*count, if leaf < 500 { 3 } else { 1 }, "leaf {leaf}");
+        }
+        assert_eq!(chains.completed, 1000);
+        // Learning named each place once; completing checked the name at the entry once.
+        assert!(fake.lookups <= 6, "{} name lookups", fake.lookups);
+        // And each place was looked up for one stack, not for each of the 2,500 (which took
+        // more than 10,000 lookups).
+        assert!(
+            fake.spots.get() <= 20,
+            "{} places looked up",
+            fake.spots.get()
+        );
     }
 
     #[test]

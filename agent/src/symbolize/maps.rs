@@ -145,29 +145,42 @@ impl ProcessMaps {
     /// [`MAPS_READ_LIMIT`] the read stops with an error rather than holding it all.
     pub fn read(pid: u32) -> Result<Self, MapsError> {
         use std::io::Read;
+        thread_local! {
+            /// The read buffer, kept between reads: one is made at every process's first
+            /// sample, and a fresh 32 KiB allocation each time was freed and coalesced again
+            /// by the allocator at once.
+            static BUFFER: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+        }
         let path = PathBuf::from(format!("/proc/{pid}/maps"));
         let read_err = |source| MapsError::Read {
             path: path.clone(),
             source,
         };
         let file = std::fs::File::open(&path).map_err(read_err)?;
-        let mut bytes = Vec::with_capacity(MAPS_READ_START);
-        file.take(MAPS_READ_LIMIT as u64 + 1)
-            .read_to_end(&mut bytes)
-            .map_err(read_err)?;
-        if bytes.len() > MAPS_READ_LIMIT {
-            return Err(MapsError::TooLarge {
-                path,
-                limit: MAPS_READ_LIMIT,
-            });
-        }
-        // A file name need not be UTF-8, and the rest of a line is ASCII: such a name is
-        // kept with replacement characters (the file is opened through `map_files` by its
-        // address range, or by a path whose inode is checked, so a mangled name opens
-        // nothing else), where failing the read left the whole process unnamed.
-        let text = String::from_utf8_lossy(&bytes);
-        Ok(ProcessMaps {
-            entries: parse_maps(&text, &path)?,
+        BUFFER.with_borrow_mut(|bytes| {
+            bytes.clear();
+            if bytes.capacity() > MAPS_READ_START {
+                // A huge process's maps are not kept for the next, small one.
+                bytes.shrink_to(MAPS_READ_START);
+            }
+            bytes.reserve(MAPS_READ_START);
+            file.take(MAPS_READ_LIMIT as u64 + 1)
+                .read_to_end(bytes)
+                .map_err(read_err)?;
+            if bytes.len() > MAPS_READ_LIMIT {
+                return Err(MapsError::TooLarge {
+                    path: path.clone(),
+                    limit: MAPS_READ_LIMIT,
+                });
+            }
+            // A file name need not be UTF-8, and the rest of a line is ASCII: such a name is
+            // kept with replacement characters (the file is opened through `map_files` by
+            // its address range, or by a path whose inode is checked, so a mangled name
+            // opens nothing else), where failing the read left the whole process unnamed.
+            let text = String::from_utf8_lossy(bytes);
+            Ok(ProcessMaps {
+                entries: parse_maps(&text, &path)?,
+            })
         })
     }
 

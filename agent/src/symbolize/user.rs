@@ -389,7 +389,15 @@ pub struct UserSymbolizer {
     entry_chains: EntryChains,
     /// Python frames' names, from the processes' memory (see `python`).
     python: PythonNames,
+    /// Frames named since the window began, by file place (device, inode, offset): the
+    /// processes of one binary (a churn of short-lived `python3`s, a pool of workers) map it
+    /// at different addresses, and each asked the same file's DWARF about the same code.
+    resolved: HashMap<(u64, u64, u64), Vec<ResolvedFrame>>,
 }
+
+/// Most file places [`UserSymbolizer`] remembers the frames of within a window; past it, it
+/// starts again.
+const MAX_RESOLVED: usize = 16_384;
 
 /// A binary seen for the first time, with the file a server needs to symbolise it.
 pub struct NewBinary {
@@ -441,6 +449,7 @@ impl UserSymbolizer {
                 .map(|meta| (meta.dev(), meta.ino())),
             dwarf_skips: 0,
             entry_chains: EntryChains::default(),
+            resolved: HashMap::new(),
             python: PythonNames::default(),
         }
     }
@@ -573,6 +582,8 @@ impl UserSymbolizer {
     /// Ends a window: evicts parsed files unused for [`IDLE_WINDOWS`] windows and those beyond
     /// the byte budget, and gives the freed memory back to the OS.
     pub fn enforce_budget(&mut self) {
+        // The files may go, or be replaced under the same inode once their processes exit.
+        self.resolved = HashMap::new();
         let idle = self.cache.evict_idle();
         if idle + self.cache.enforce_budget() > 0 {
             release_free_memory();
@@ -901,10 +912,6 @@ impl UserSymbolizer {
         address: u64,
         is_return_address: bool,
     ) -> UserFrame {
-        self.lookups += 1;
-        if self.lookups.is_multiple_of(RELEASE_PAGES_EVERY) {
-            self.release_resident_pages();
-        }
         let frame = self.resolve(pid, maps_version, address, is_return_address);
         if let Err(miss) = &frame.frames {
             *self.misses.entry(*miss).or_insert(0) += 1;
@@ -956,6 +963,18 @@ impl UserSymbolizer {
                 frames: self.jit_frame(pid, address).ok_or(UserMiss::Anonymous),
             };
         }
+        let place = (!vdso).then_some((entry.dev, entry.inode, file_offset.0));
+        if let Some(frames) = place.and_then(|place| self.resolved.get(&place)) {
+            return UserFrame {
+                mapping,
+                frames: Ok(frames.clone()),
+            };
+        }
+        // Counted where a lookup reads the file's mapped pages: a remembered place reads none.
+        self.lookups += 1;
+        if self.lookups.is_multiple_of(RELEASE_PAGES_EVERY) {
+            self.release_resident_pages();
+        }
         // The hot path is a cache hit, which needs only the mapping's identity; the entry is
         // copied only to open a file not seen before.
         let cached = if vdso {
@@ -972,6 +991,7 @@ impl UserSymbolizer {
         };
         // The unit index, built by a file's first lookup, may refuse its DWARF too.
         let mut refused = None;
+        let mut clean = false;
         let frames = elf.and_then(|elf| {
             let before = (elf.dwarf_errors(), elf.go_errors());
             let elf_address = elf.elf_address(file_offset).ok_or(UserMiss::NotLoaded)?;
@@ -989,10 +1009,19 @@ impl UserSymbolizer {
             if elf.has_dwarf() {
                 refused = elf.dwarf_refused();
             }
+            clean = (elf.dwarf_errors(), elf.go_errors()) == before;
             result
         });
         if let (Some(over), false) = (refused, vdso) {
             self.refused_by_index(pid, version, address, over);
+        }
+        // Only a plain answer is remembered: a lookup that met corrupt debug info, or whose
+        // DWARF was refused, is asked again, and counted again.
+        if let (Some(place), Ok(found), None, true) = (place, &frames, refused, clean) {
+            if self.resolved.len() >= MAX_RESOLVED {
+                self.resolved.clear();
+            }
+            self.resolved.insert(place, found.clone());
         }
         UserFrame { mapping, frames }
     }
