@@ -1036,6 +1036,18 @@ pub fn kill_process_group(leader: u32) {
     unsafe { libc_kill(-(leader as i32), 9) };
 }
 
+/// The value of one series of a Prometheus text exposition, named with its labels exactly as
+/// the exposition writes them (`name{label="value"}`); `None` when it is absent.
+pub fn series_value(text: &str, series: &str) -> Option<f64> {
+    text.lines().find_map(|l| {
+        l.strip_prefix(series)?
+            .strip_prefix(' ')?
+            .trim()
+            .parse()
+            .ok()
+    })
+}
+
 /// A metric's value in a Prometheus text exposition, summed over its label sets.
 pub fn metric_total(text: &str, name: &str) -> Result<f64> {
     let mut total = None;

@@ -104,12 +104,8 @@ replacement = "storage"
     std::thread::sleep(Duration::from_secs(3));
     let (_, metrics) = http_get(&daemon.address, "/metrics")?;
     let metrics = String::from_utf8(metrics)?;
-    let value = |series: &str| -> f64 {
-        metrics
-            .lines()
-            .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
-            .unwrap_or(-1.0)
-    };
+    let value =
+        |series: &str| -> f64 { scorch_tests::series_value(&metrics, series).unwrap_or(-1.0) };
     let recorded = value(r#"scorch_off_cpu_blocks_total{outcome="recorded"}"#);
     ensure!(recorded > 100.0, "recorded blocks: {recorded}:\n{metrics}");
     ensure!(
@@ -543,15 +539,11 @@ fn a_storm_of_context_switches_keeps_windows_coming_and_on_cpu_shares() -> Resul
     let written = scorch_tests::metric(&daemon.address, "scorch_windows_written_total")?;
     let (_, metrics) = http_get(&daemon.address, "/metrics")?;
     let metrics = String::from_utf8(metrics)?;
-    let over_cap = metrics
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix(r#"scorch_off_cpu_blocks_total{outcome="over_cap"}"#)?
-                .trim()
-                .parse::<f64>()
-                .ok()
-        })
-        .context("no over-cap count in /metrics")?;
+    let over_cap = scorch_tests::series_value(
+        &metrics,
+        r#"scorch_off_cpu_blocks_total{outcome="over_cap"}"#,
+    )
+    .context("no over-cap count in /metrics")?;
     let worker_pid = worker.pid();
     drop(storm);
     drop(worker);
