@@ -36,9 +36,10 @@ use anyhow::{bail, Context, Result};
 
 use crate::{
     measure::{
-        bpf_ns_per_run, bpf_run_seconds, busy_workload, command_output, daemon_metric, median,
-        path_str, sample_rss, spread, status_field, status_kib, summary_bpf_ns, summary_samples,
-        time_usage, timed, with_bpf_stats, CpuAccount, Processes, Usage,
+        bpf_ns_per_run, bpf_run_seconds, busy_workload, command_output, daemon_metric, first_child,
+        median, path_str, sample_rss, spread, status_field, status_kib, summary_bpf_ns,
+        summary_samples, time_usage, timed, with_bpf_stats, CpuAccount, MapMemoryPeak, Processes,
+        Usage,
     },
     run_command,
 };
@@ -84,6 +85,10 @@ pub struct CaptureRun {
     pub scorch_summary: String,
     /// scorch's peak RSS from its first BPF program on (see [`reset_peak_after_load`]), MiB.
     pub scorch_after_load_rss: Option<f64>,
+    /// The most kernel memory each tool's BPF maps took while it ran, MiB (see
+    /// [`MapMemoryPeak`]); perf has none.
+    pub scorch_maps: Option<f64>,
+    pub bpftrace_maps: Option<f64>,
 }
 
 #[derive(Debug, Default, Clone)]
@@ -291,39 +296,43 @@ pub fn capture(
             result.bpftrace_bpf_ns = children
                 .iter()
                 .find(|(name, _)| *name == "bpftrace")
-                .and_then(|(_, child)| bpftrace_bpf_ns(child));
+                .and_then(|(_, running)| bpftrace_bpf_ns(&running.child));
             for (name, child) in children {
                 finish_tool(&mut result, name, child)?;
             }
         }
         Together::InTurn => {
             for (name, command) in commands {
-                let child = start_tool(name, command, &mut result)?;
+                let running = start_tool(name, command, &mut result)?;
                 if name == "bpftrace" {
                     std::thread::sleep(Duration::from_secs(seconds.saturating_sub(1).max(1)));
-                    result.bpftrace_bpf_ns = bpftrace_bpf_ns(&child);
+                    result.bpftrace_bpf_ns = bpftrace_bpf_ns(&running.child);
                 }
-                finish_tool(&mut result, name, child)?;
+                finish_tool(&mut result, name, running)?;
             }
         }
     }
     Ok(result)
 }
 
-/// Starts a tool; for scorch, also splits its peak RSS at the end of its BPF load.
-fn start_tool(
-    name: &str,
-    mut command: Command,
-    result: &mut CaptureRun,
-) -> Result<std::process::Child> {
+/// A tool while it runs, with the watch on its BPF maps.
+struct Running {
+    child: std::process::Child,
+    maps: MapMemoryPeak,
+}
+
+/// Starts a tool and watches its BPF maps; for scorch, also splits its peak RSS at the end of
+/// its BPF load.
+fn start_tool(name: &str, mut command: Command, result: &mut CaptureRun) -> Result<Running> {
     command.stdout(Stdio::piped()).stderr(Stdio::piped());
     let child = command
         .spawn()
         .with_context(|| format!("starting {name} (cargo xtask setup installs it)"))?;
+    let maps = MapMemoryPeak::watch(child.id());
     if name == "scorch" {
         result.scorch_after_load_rss = reset_peak_after_load(&child);
     }
-    Ok(child)
+    Ok(Running { child, maps })
 }
 
 /// scorch's memory could peak twice: while loading its BPF program (unpatched aya 0.14 parsed
@@ -365,9 +374,10 @@ fn bpftrace_bpf_ns(child: &std::process::Child) -> Option<f64> {
     bpf_ns_per_run(first_child(child.id())?)
 }
 
-/// Waits for a tool and puts its usage (and scorch's summary) in `result`.
-fn finish_tool(result: &mut CaptureRun, name: &str, child: std::process::Child) -> Result<()> {
-    let output = child.wait_with_output()?;
+/// Waits for a tool and puts its usage, its maps' peak (and scorch's summary) in `result`.
+fn finish_tool(result: &mut CaptureRun, name: &str, running: Running) -> Result<()> {
+    let output = running.child.wait_with_output()?;
+    let maps = running.maps.peak();
     if !output.status.success() {
         bail!("{name} failed: {}", String::from_utf8_lossy(&output.stderr));
     }
@@ -379,6 +389,7 @@ fn finish_tool(result: &mut CaptureRun, name: &str, child: std::process::Child) 
             result.scorch_samples = summary_samples(&summary);
             result.scorch_summary = summary;
             result.scorch = usage;
+            result.scorch_maps = maps;
             // `/usr/bin/time` saw the peak after the reset; the whole run's includes the load.
             if let Some(before) = result.scorch_after_load_rss {
                 result.scorch_after_load_rss = Some(usage.max_rss_mib);
@@ -386,7 +397,10 @@ fn finish_tool(result: &mut CaptureRun, name: &str, child: std::process::Child) 
             }
         }
         "perf" => result.perf = usage,
-        _ => result.bpftrace = usage,
+        _ => {
+            result.bpftrace = usage;
+            result.bpftrace_maps = maps;
+        }
     }
     Ok(())
 }
@@ -608,10 +622,11 @@ fn footprint(root: &Path, scorch: &Path) -> String {
     )
 }
 
-/// A tool's name, its usage, its BPF ns/sample, its peak RSS after its BPF load.
+/// A capture table row: the tool, its usage, BPF ns/sample, peak RSS after the load, maps.
 type CaptureRow = (
     &'static str,
     fn(&CaptureRun) -> Usage,
+    fn(&CaptureRun) -> Option<f64>,
     fn(&CaptureRun) -> Option<f64>,
     fn(&CaptureRun) -> Option<f64>,
 );
@@ -680,22 +695,25 @@ fn render(
     writeln!(out)?;
     writeln!(
         out,
-        "| tool | CPU s | peak RSS MiB | peak RSS after the BPF load MiB | BPF ns/sample |"
+        "| tool | CPU s | peak RSS MiB | peak RSS after the BPF load MiB | BPF maps MiB | peak \
+         RSS + maps MiB | BPF ns/sample |"
     )?;
-    writeln!(out, "|---|---|---|---|---|")?;
+    writeln!(out, "|---|---|---|---|---|---|---|")?;
     let rows: [CaptureRow; 3] = [
         (
             "`scorch record`",
             |c| c.scorch,
             |c| c.scorch_bpf_ns,
             |c| c.scorch_after_load_rss,
+            |c| c.scorch_maps,
         ),
-        ("`perf record -g`", |c| c.perf, |_| None, |_| None),
+        ("`perf record -g`", |c| c.perf, |_| None, |_| None, |_| None),
         (
             "bpftrace `profile:hz:19`",
             |c| c.bpftrace,
             |c| c.bpftrace_bpf_ns,
             |_| None,
+            |c| c.bpftrace_maps,
         ),
     ];
     let spread_or_na = |values: Vec<f64>, decimals| {
@@ -705,17 +723,26 @@ fn render(
             spread(&values, decimals)
         }
     };
-    for (name, usage, ns, after_load) in rows {
+    for (name, usage, ns, after_load, maps) in rows {
         let cpu: Vec<f64> = captures.iter().map(|c| usage(c).cpu_seconds).collect();
         let rss: Vec<f64> = captures.iter().map(|c| usage(c).max_rss_mib).collect();
         let after_load: Vec<f64> = captures.iter().filter_map(after_load).collect();
         let ns: Vec<f64> = captures.iter().filter_map(ns).collect();
+        // Per run, so the sum's median is of sums: the RSS and the maps peak at different times,
+        // which makes the sum an upper bound of the footprint.
+        let whole: Vec<f64> = captures
+            .iter()
+            .filter_map(|c| maps(c).map(|m| usage(c).max_rss_mib + m))
+            .collect();
+        let maps: Vec<f64> = captures.iter().filter_map(maps).collect();
         writeln!(
             out,
-            "| {name} | {} | {} | {} | {} |",
+            "| {name} | {} | {} | {} | {} | {} | {} |",
             spread(&cpu, 2),
             spread(&rss, 1),
             spread_or_na(after_load, 1),
+            spread_or_na(maps, 1),
+            spread_or_na(whole, 1),
             spread_or_na(ns, 0),
         )?;
     }
@@ -853,16 +880,6 @@ fn churn_table(out: &mut String, phases: Phases, rows: &[(&str, &[ChurnRun])]) -
         writeln!(out)?;
     }
     Ok(())
-}
-
-/// The first child of `pid`.
-pub fn first_child(pid: u32) -> Option<u32> {
-    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
-        .ok()?
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()
 }
 
 #[cfg(test)]

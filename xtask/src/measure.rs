@@ -295,6 +295,86 @@ pub fn metric_value(text: &str, name: &str) -> Option<f64> {
         .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
 }
 
+/// The first child of `pid`.
+pub fn first_child(pid: u32) -> Option<u32> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// Kernel memory charged to the BPF maps `pid` holds, in MiB: the sum of `memlock:` over the
+/// map descriptors in its fdinfo, each map once however many descriptors refer to it (what
+/// `bpftool map show` reports as `memlock`, and how scorch's `scorch_bpf_map_memory_bytes`
+/// counts its own). A map that only an outer map refers to, its descriptor closed, is not
+/// seen: scorch keeps one for each inner map it creates, bpftrace creates none. `None` when
+/// the fdinfo cannot be listed (the process is gone).
+pub fn bpf_map_memory_mib(pid: u32) -> Option<f64> {
+    let mut seen = std::collections::HashSet::new();
+    let mut total = 0u64;
+    for entry in std::fs::read_dir(format!("/proc/{pid}/fdinfo"))
+        .ok()?
+        .flatten()
+    {
+        // A descriptor closed between the listing and the read is simply gone.
+        let Ok(info) = std::fs::read_to_string(entry.path()) else {
+            continue;
+        };
+        let field = |name: &str| -> Option<u64> {
+            info.lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.trim().parse().ok())
+        };
+        if !info.lines().any(|l| l.starts_with("map_type:")) {
+            continue;
+        }
+        if let (Some(id), Some(memlock)) = (field("map_id:"), field("memlock:")) {
+            if seen.insert(id) {
+                total += memlock;
+            }
+        }
+    }
+    Some(total as f64 / (1 << 20) as f64)
+}
+
+/// The largest BPF map memory a tool held while it ran, polled every 200 ms from a thread:
+/// the maps grow and are replaced while it records (scorch's row pools and stack maps), so one
+/// read at the end would miss the peak. `wrapper` is the `/usr/bin/time` the tool runs under.
+pub struct MapMemoryPeak {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<Option<f64>>,
+}
+
+impl MapMemoryPeak {
+    pub fn watch(wrapper: u32) -> MapMemoryPeak {
+        use std::sync::atomic::Ordering;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stopped = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut peak: Option<f64> = None;
+            while !stopped.load(Ordering::Relaxed) {
+                if let Some(mib) = first_child(wrapper)
+                    .and_then(bpf_map_memory_mib)
+                    .filter(|&mib| mib > 0.0)
+                {
+                    peak = Some(peak.map_or(mib, |p| p.max(mib)));
+                }
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            peak
+        });
+        MapMemoryPeak { stop, thread }
+    }
+
+    /// Stops polling; the peak in MiB, `None` when the tool never held a map.
+    pub fn peak(self) -> Option<f64> {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread.join().ok().flatten()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
