@@ -36,9 +36,9 @@ use anyhow::{bail, Context, Result};
 
 use crate::{
     measure::{
-        bpf_ns_per_run, bpf_run_seconds, busy_workload, command_output, daemon_metric, first_child,
-        median, path_str, sample_rss, spread, status_field, status_kib, summary_bpf_ns,
-        summary_samples, time_usage, timed, with_bpf_stats, CpuAccount, MapMemoryPeak, Processes,
+        bpf_map_memory_mib, bpf_ns_per_run, bpf_run_seconds, busy_workload, command_output,
+        daemon_metric, first_child, median, path_str, sample_rss, spread, status_field, status_kib,
+        summary_bpf_ns, summary_samples, time_usage, timed, with_bpf_stats, CpuAccount, Processes,
         Usage,
     },
     run_command,
@@ -85,8 +85,8 @@ pub struct CaptureRun {
     pub scorch_summary: String,
     /// scorch's peak RSS from its first BPF program on (see [`reset_peak_after_load`]), MiB.
     pub scorch_after_load_rss: Option<f64>,
-    /// The most kernel memory each tool's BPF maps took while it ran, MiB (see
-    /// [`MapMemoryPeak`]); perf has none.
+    /// Kernel memory of each tool's BPF maps a second before it stops, MiB (see
+    /// [`read_before_the_end`]); perf has none.
     pub scorch_maps: Option<f64>,
     pub bpftrace_maps: Option<f64>,
 }
@@ -291,48 +291,60 @@ pub fn capture(
             for (name, command) in commands {
                 children.push((name, start_tool(name, command, &mut result)?));
             }
-            // bpftrace's program cost, read while it still holds the program.
             std::thread::sleep(Duration::from_secs(seconds.saturating_sub(1).max(1)));
-            result.bpftrace_bpf_ns = children
-                .iter()
-                .find(|(name, _)| *name == "bpftrace")
-                .and_then(|(_, running)| bpftrace_bpf_ns(&running.child));
+            for (name, child) in &children {
+                read_before_the_end(&mut result, name, child);
+            }
             for (name, child) in children {
                 finish_tool(&mut result, name, child)?;
             }
         }
         Together::InTurn => {
             for (name, command) in commands {
-                let running = start_tool(name, command, &mut result)?;
-                if name == "bpftrace" {
+                let child = start_tool(name, command, &mut result)?;
+                if name != "perf" {
                     std::thread::sleep(Duration::from_secs(seconds.saturating_sub(1).max(1)));
-                    result.bpftrace_bpf_ns = bpftrace_bpf_ns(&running.child);
+                    read_before_the_end(&mut result, name, &child);
                 }
-                finish_tool(&mut result, name, running)?;
+                finish_tool(&mut result, name, child)?;
             }
         }
     }
     Ok(result)
 }
 
-/// A tool while it runs, with the watch on its BPF maps.
-struct Running {
-    child: std::process::Child,
-    maps: MapMemoryPeak,
-}
-
-/// Starts a tool and watches its BPF maps; for scorch, also splits its peak RSS at the end of
-/// its BPF load.
-fn start_tool(name: &str, mut command: Command, result: &mut CaptureRun) -> Result<Running> {
+/// Starts a tool; for scorch, also splits its peak RSS at the end of its BPF load.
+fn start_tool(
+    name: &str,
+    mut command: Command,
+    result: &mut CaptureRun,
+) -> Result<std::process::Child> {
     command.stdout(Stdio::piped()).stderr(Stdio::piped());
     let child = command
         .spawn()
         .with_context(|| format!("starting {name} (cargo xtask setup installs it)"))?;
-    let maps = MapMemoryPeak::watch(child.id());
     if name == "scorch" {
         result.scorch_after_load_rss = reset_peak_after_load(&child);
     }
-    Ok(Running { child, maps })
+    Ok(child)
+}
+
+/// What a tool holds a second before it stops, while it still holds it: its BPF maps' kernel
+/// memory, and bpftrace's program cost. Read once, not polled: a bench process that woke
+/// through the recording was sampled by `scorch record`, which then named its frames from this
+/// debug build's DWARF and reported that as its own memory and CPU. The maps are read after
+/// the last full window, so scorch's stack maps and row pools have their recording's sizes.
+fn read_before_the_end(result: &mut CaptureRun, name: &str, child: &std::process::Child) {
+    // The child is `/usr/bin/time`; the tool is its child.
+    let maps = first_child(child.id()).and_then(bpf_map_memory_mib);
+    match name {
+        "scorch" => result.scorch_maps = maps,
+        "bpftrace" => {
+            result.bpftrace_maps = maps;
+            result.bpftrace_bpf_ns = bpftrace_bpf_ns(child);
+        }
+        _ => {}
+    }
 }
 
 /// scorch's memory could peak twice: while loading its BPF program (unpatched aya 0.14 parsed
@@ -374,10 +386,9 @@ fn bpftrace_bpf_ns(child: &std::process::Child) -> Option<f64> {
     bpf_ns_per_run(first_child(child.id())?)
 }
 
-/// Waits for a tool and puts its usage, its maps' peak (and scorch's summary) in `result`.
-fn finish_tool(result: &mut CaptureRun, name: &str, running: Running) -> Result<()> {
-    let output = running.child.wait_with_output()?;
-    let maps = running.maps.peak();
+/// Waits for a tool and puts its usage (and scorch's summary) in `result`.
+fn finish_tool(result: &mut CaptureRun, name: &str, child: std::process::Child) -> Result<()> {
+    let output = child.wait_with_output()?;
     if !output.status.success() {
         bail!("{name} failed: {}", String::from_utf8_lossy(&output.stderr));
     }
@@ -389,7 +400,6 @@ fn finish_tool(result: &mut CaptureRun, name: &str, running: Running) -> Result<
             result.scorch_samples = summary_samples(&summary);
             result.scorch_summary = summary;
             result.scorch = usage;
-            result.scorch_maps = maps;
             // `/usr/bin/time` saw the peak after the reset; the whole run's includes the load.
             if let Some(before) = result.scorch_after_load_rss {
                 result.scorch_after_load_rss = Some(usage.max_rss_mib);
@@ -397,10 +407,7 @@ fn finish_tool(result: &mut CaptureRun, name: &str, running: Running) -> Result<
             }
         }
         "perf" => result.perf = usage,
-        _ => {
-            result.bpftrace = usage;
-            result.bpftrace_maps = maps;
-        }
+        _ => result.bpftrace = usage,
     }
     Ok(())
 }
@@ -753,6 +760,13 @@ fn render(
          first BPF program, so this is what sampling and symbolising cost, without the start-up \
          (before aya 0.14 was patched, its parse of the whole kernel BTF in `EbpfLoader::new` \
          was the whole run's peak: third_party/aya/SCORCH-PATCH.md)."
+    )?;
+    writeln!(out)?;
+    writeln!(
+        out,
+        "BPF maps: the kernel memory of the maps each tool held a second before it stopped \
+         (`memlock:` in its fdinfo, each map once; perf has none), which no RSS counts and the \
+         tool's memory cgroup is charged for; RSS + maps adds it to the peak RSS, run by run."
     )?;
     writeln!(out)?;
     // What scorch built in each run: its CPU follows the unwind tables of whatever else the

@@ -339,42 +339,6 @@ pub fn bpf_map_memory_mib(pid: u32) -> Option<f64> {
     Some(total as f64 / (1 << 20) as f64)
 }
 
-/// The largest BPF map memory a tool held while it ran, polled every 200 ms from a thread:
-/// the maps grow and are replaced while it records (scorch's row pools and stack maps), so one
-/// read at the end would miss the peak. `wrapper` is the `/usr/bin/time` the tool runs under.
-pub struct MapMemoryPeak {
-    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    thread: std::thread::JoinHandle<Option<f64>>,
-}
-
-impl MapMemoryPeak {
-    pub fn watch(wrapper: u32) -> MapMemoryPeak {
-        use std::sync::atomic::Ordering;
-        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let stopped = stop.clone();
-        let thread = std::thread::spawn(move || {
-            let mut peak: Option<f64> = None;
-            while !stopped.load(Ordering::Relaxed) {
-                if let Some(mib) = first_child(wrapper)
-                    .and_then(bpf_map_memory_mib)
-                    .filter(|&mib| mib > 0.0)
-                {
-                    peak = Some(peak.map_or(mib, |p| p.max(mib)));
-                }
-                std::thread::sleep(Duration::from_millis(200));
-            }
-            peak
-        });
-        MapMemoryPeak { stop, thread }
-    }
-
-    /// Stops polling; the peak in MiB, `None` when the tool never held a map.
-    pub fn peak(self) -> Option<f64> {
-        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        self.thread.join().ok().flatten()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
