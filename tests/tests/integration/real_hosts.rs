@@ -192,6 +192,16 @@ fn record_short_lived(program: &Path, delete: bool) -> Result<(f64, f64, i64, St
     let tag = if delete { "deleted" } else { "kept" };
     let path = work_dir().join(format!("shortlived-{tag}.pb.gz"));
     let perf_data = work_dir().join(format!("shortlived-{tag}.perf.data"));
+    // A host always has long-lived processes on the same libc, whose table walks teach the
+    // daemon the frames below glibc's start code (see below). A CI machine may have none on
+    // CPU during these 12 s, so one is run here, under another name, from before the
+    // recording (`spawn` returns once it has exec'd) into its first seconds. Started after,
+    // it was once sampled between its fork and its exec: its capture was then the test
+    // binary's, none of its frames were named, and no chain was learned (see the stop notes:
+    // a capture taken before an exec is kept for the program after it).
+    let long_lived = work_dir().join("longlived");
+    std::fs::copy(program, &long_lived)?;
+    let mut long = Command::new(&long_lived).arg("5000").spawn()?;
     let recording = BackgroundRecording::start(&[
         "record",
         "-F",
@@ -202,12 +212,6 @@ fn record_short_lived(program: &Path, delete: bool) -> Result<(f64, f64, i64, St
         path.to_str().context("work directory is not UTF-8")?,
     ])?;
     let mut perf = start_perf(&["-a"], 49, 11, &perf_data)?;
-    // A host always has long-lived processes on the same libc, whose table walks teach the
-    // daemon the frames below glibc's start code (see below). A CI machine may have none on
-    // CPU during these 12 s, so one is run here for the first 3 s, under another name.
-    let long_lived = work_dir().join("longlived");
-    std::fs::copy(program, &long_lived)?;
-    let mut long = Command::new(&long_lived).arg("3000").spawn()?;
     let runs = run_short_lived(program, 10, delete)?;
     ensure!(long.wait()?.success(), "{} failed", long_lived.display());
     let perf_ok = perf.wait()?.success();
