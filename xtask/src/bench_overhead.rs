@@ -37,9 +37,9 @@ use anyhow::{bail, Context, Result};
 use crate::{
     measure::{
         bpf_map_memory_mib, bpf_ns_per_run, bpf_run_seconds, busy_workload, command_output,
-        daemon_metric, first_child, median, path_str, sample_rss, spread, status_field, status_kib,
-        summary_bpf_ns, summary_samples, time_usage, timed, with_bpf_stats, CpuAccount, Processes,
-        Usage,
+        daemon_metric, first_child, holds_bpf_program, median, path_str, sample_rss, spread,
+        status_field, status_kib, summary_bpf_ns, summary_samples, time_usage, timed,
+        with_bpf_stats, CpuAccount, Processes, Usage,
     },
     run_command,
 };
@@ -368,16 +368,6 @@ fn reset_peak_after_load(child: &std::process::Child) -> Option<f64> {
         std::thread::sleep(Duration::from_millis(2));
     }
     None
-}
-
-/// True when one of `pid`'s descriptors is a BPF program.
-pub fn holds_bpf_program(pid: u32) -> bool {
-    std::fs::read_dir(format!("/proc/{pid}/fdinfo")).is_ok_and(|entries| {
-        entries.flatten().any(|entry| {
-            std::fs::read_to_string(entry.path())
-                .is_ok_and(|info| info.lines().any(|l| l.starts_with("prog_type:")))
-        })
-    })
 }
 
 /// bpftrace's BPF ns per run: the child is `/usr/bin/time`; bpftrace is its child, and holds

@@ -35,9 +35,9 @@ use std::{
 use anyhow::{bail, ensure, Context, Result};
 
 use crate::{
-    bench_overhead::holds_bpf_program,
     measure::{
-        command_output, first_child, load_average, median, path_str, time_usage, timed, Processes,
+        command_output, first_child, holds_bpf_program, load_average, median, path_str, time_usage,
+        timed, Processes,
     },
     run_command,
 };

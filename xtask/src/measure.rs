@@ -94,18 +94,40 @@ pub fn time_usage(stderr: &str) -> Result<Usage> {
 /// (run_time_ns, run_cnt) of each BPF program `pid` holds, from its fdinfo (the kernel counts
 /// them only under [`with_bpf_stats`]).
 fn bpf_program_stats(pid: u32) -> std::io::Result<Vec<(f64, f64)>> {
+    Ok(fdinfo_texts(pid)?
+        .iter()
+        .filter_map(|info| {
+            Some((
+                fdinfo_field(info, "run_time_ns:")?,
+                fdinfo_field(info, "run_cnt:")?,
+            ))
+        })
+        .collect())
+}
+
+/// The fdinfo texts of `pid`'s descriptors; one closed between the listing and the read is
+/// simply gone.
+fn fdinfo_texts(pid: u32) -> std::io::Result<Vec<String>> {
     Ok(std::fs::read_dir(format!("/proc/{pid}/fdinfo"))?
         .flatten()
         .filter_map(|entry| std::fs::read_to_string(entry.path()).ok())
-        .filter_map(|info| {
-            let field = |name: &str| -> Option<f64> {
-                info.lines()
-                    .find_map(|l| l.strip_prefix(name))
-                    .and_then(|v| v.trim().parse().ok())
-            };
-            Some((field("run_time_ns:")?, field("run_cnt:")?))
-        })
         .collect())
+}
+
+/// The number after `name` (e.g. `memlock:`) in one fdinfo text.
+fn fdinfo_field<T: std::str::FromStr>(info: &str, name: &str) -> Option<T> {
+    info.lines()
+        .find_map(|l| l.strip_prefix(name))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// True when one of `pid`'s descriptors is a BPF program.
+pub fn holds_bpf_program(pid: u32) -> bool {
+    fdinfo_texts(pid).is_ok_and(|texts| {
+        texts
+            .iter()
+            .any(|info| info.lines().any(|l| l.starts_with("prog_type:")))
+    })
 }
 
 /// Mean run time of the busiest BPF program `pid` holds (needs [`with_bpf_stats`]).
@@ -309,28 +331,17 @@ pub fn first_child(pid: u32) -> Option<u32> {
 /// map descriptors in its fdinfo, each map once however many descriptors refer to it (what
 /// `bpftool map show` reports as `memlock`, and how scorch's `scorch_bpf_map_memory_bytes`
 /// counts its own). A map that only an outer map refers to, its descriptor closed, is not
-/// seen: scorch keeps one for each inner map it creates, bpftrace creates none. `None` when
+/// seen: scorch keeps one for each inner map it creates. `None` when
 /// the fdinfo cannot be listed (the process is gone).
 pub fn bpf_map_memory_mib(pid: u32) -> Option<f64> {
     let mut seen = std::collections::HashSet::new();
     let mut total = 0u64;
-    for entry in std::fs::read_dir(format!("/proc/{pid}/fdinfo"))
-        .ok()?
-        .flatten()
-    {
-        // A descriptor closed between the listing and the read is simply gone.
-        let Ok(info) = std::fs::read_to_string(entry.path()) else {
-            continue;
-        };
-        let field = |name: &str| -> Option<u64> {
-            info.lines()
-                .find_map(|l| l.strip_prefix(name))
-                .and_then(|v| v.trim().parse().ok())
-        };
+    for info in fdinfo_texts(pid).ok()? {
         if !info.lines().any(|l| l.starts_with("map_type:")) {
             continue;
         }
-        if let (Some(id), Some(memlock)) = (field("map_id:"), field("memlock:")) {
+        let id: Option<u64> = fdinfo_field(&info, "map_id:");
+        if let (Some(id), Some(memlock)) = (id, fdinfo_field::<u64>(&info, "memlock:")) {
             if seen.insert(id) {
                 total += memlock;
             }
@@ -342,6 +353,14 @@ pub fn bpf_map_memory_mib(pid: u32) -> Option<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reads_a_number_from_an_fdinfo_text() {
+        let info = "pos:\t0\nflags:\t02000002\nmap_type:\t1\nmemlock:\t2228224\nmap_id:\t77\n";
+        assert_eq!(fdinfo_field::<u64>(info, "memlock:"), Some(2_228_224));
+        assert_eq!(fdinfo_field::<u64>(info, "map_id:"), Some(77));
+        assert_eq!(fdinfo_field::<u64>(info, "run_cnt:"), None);
+    }
 
     #[test]
     fn folded_lines_give_comm_user_frames_and_count() {
