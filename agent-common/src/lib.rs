@@ -438,8 +438,9 @@ pub struct ProcMappings {
     pub mappings: [UnwindMapping; MAX_PROC_MAPPINGS],
 }
 
-/// A user stack the program walked itself, the value of `USER_STACKS_g` (keyed by the low 31
-/// bits of `hash`, which is the counts key's `user_stack_id`).
+/// A user stack the program walked itself, deeper than [`SHORT_USER_STACK_DEPTH`]: the value
+/// of `USER_STACKS_g`, keyed by the low 30 bits of `hash`, which are the counts key's
+/// `user_stack_id` (see [`SHORT_USER_STACK_ID`] for the shorter ones).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct UserStack {
@@ -454,6 +455,79 @@ pub struct UserStack {
     /// Instruction pointers, leaf first.
     pub pcs: [u64; MAX_USER_STACK_DEPTH],
 }
+
+/// Frames a short user stack holds ([`ShortUserStack`]). Most walked stacks are this deep or
+/// less; each is stored in the smallest map value that holds it, because the kernel allocates a
+/// map element of a map that is not preallocated, zeroes, copies and frees it at a cost that
+/// follows its size: 48 frames make a 400-byte value, a 464-byte element in a 512-byte slab
+/// object, against 2,128 bytes in a 4 KiB object for [`UserStack`].
+pub const SHORT_USER_STACK_DEPTH: usize = 48;
+
+/// The bit of a walked stack's id (a counts key's `user_stack_id`) that says it is stored in
+/// the short stacks' map (`SHORT_USER_STACKS_g`) rather than `USER_STACKS_g`: the id is the
+/// hash's low 30 bits and this bit, so no id names a stack in both.
+pub const SHORT_USER_STACK_ID: i32 = 1 << 30;
+
+/// A user stack of at most [`SHORT_USER_STACK_DEPTH`] frames, the value of
+/// `SHORT_USER_STACKS_g`: the first bytes of a [`UserStack`], field for field, so the program
+/// stores the prefix of the stack it walked without copying it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ShortUserStack {
+    /// As [`UserStack::hash`].
+    pub hash: u64,
+    /// As [`UserStack::len`]; at most [`SHORT_USER_STACK_DEPTH`].
+    pub len: u32,
+    /// As [`UserStack::outcome`].
+    pub outcome: u32,
+    /// Instruction pointers, leaf first.
+    pub pcs: [u64; SHORT_USER_STACK_DEPTH],
+}
+
+/// A walked user stack as a map holds it, whichever its size class.
+pub trait WalkedStack {
+    /// The hash of all its pcs, which tells a collision on its id from the same stack.
+    fn hash(&self) -> u64;
+    /// The frames, leaf first (`len` bounded by the array, whatever the map holds).
+    fn frames(&self) -> &[u64];
+    /// How the walk ended, an [`UnwindOutcome`] index.
+    fn outcome(&self) -> u32;
+}
+
+impl WalkedStack for UserStack {
+    fn hash(&self) -> u64 {
+        self.hash
+    }
+    fn frames(&self) -> &[u64] {
+        &self.pcs[..(self.len as usize).min(MAX_USER_STACK_DEPTH)]
+    }
+    fn outcome(&self) -> u32 {
+        self.outcome
+    }
+}
+
+impl WalkedStack for ShortUserStack {
+    fn hash(&self) -> u64 {
+        self.hash
+    }
+    fn frames(&self) -> &[u64] {
+        &self.pcs[..(self.len as usize).min(SHORT_USER_STACK_DEPTH)]
+    }
+    fn outcome(&self) -> u32 {
+        self.outcome
+    }
+}
+
+// The program stores a `UserStack`'s prefix as a `ShortUserStack`: the layouts must agree.
+const _: () = {
+    assert!(core::mem::offset_of!(ShortUserStack, hash) == core::mem::offset_of!(UserStack, hash));
+    assert!(core::mem::offset_of!(ShortUserStack, len) == core::mem::offset_of!(UserStack, len));
+    assert!(
+        core::mem::offset_of!(ShortUserStack, outcome) == core::mem::offset_of!(UserStack, outcome)
+    );
+    assert!(core::mem::offset_of!(ShortUserStack, pcs) == core::mem::offset_of!(UserStack, pcs));
+    assert!(core::mem::size_of::<ShortUserStack>() <= core::mem::size_of::<UserStack>());
+};
 
 /// What the BPF unwinder tells the agent through the `UNWIND_EVENTS` ring buffer.
 #[repr(C)]
@@ -472,7 +546,8 @@ pub const EVENT_UNKNOWN_PROCESS: u32 = 0;
 /// [`UnwindEvent::kind`]: a pc in no known mapping (dlopen, a new mapping).
 pub const EVENT_UNKNOWN_PC: u32 = 1;
 /// [`UnwindEvent::kind`]: a user stack with Python frames, new in its window's stack map:
-/// `pc` is the generation (bit 32) and the stack id (low 32 bits). The agent reads the stack
+/// `pc` is the generation (bit 32) and the stack id (low 32 bits, [`SHORT_USER_STACK_ID`]
+/// saying which map holds it). The agent reads the stack
 /// and its code objects soon after, while the process still runs: one that exits before the
 /// window ends is then named too. Sent without a wakeup: the agent's 200 ms poll reads them.
 pub const EVENT_PYTHON_STACK: u32 = 2;
@@ -749,6 +824,8 @@ mod pod {
     unsafe impl aya::Pod for super::ProcMappings {}
     // SAFETY: see above.
     unsafe impl aya::Pod for super::UserStack {}
+    // SAFETY: see above.
+    unsafe impl aya::Pod for super::ShortUserStack {}
     // SAFETY: see above.
     unsafe impl aya::Pod for super::UnwindEvent {}
     // SAFETY: see above.

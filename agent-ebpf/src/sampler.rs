@@ -12,8 +12,8 @@ use aya_ebpf::{
 };
 use aya_log_ebpf::warn;
 use scorch_common::{
-    Comm, Control, Loss, RunSeq, StackKey, UserStack, FILTER_DENY, FILTER_NONE, LOSS_KINDS,
-    MAX_COMMS, MAX_COUNT_KEYS, MAX_PID_FILTER, STACK_ABSENT, STACK_LOST_COLLISION,
+    Comm, Control, Loss, RunSeq, ShortUserStack, StackKey, UserStack, FILTER_DENY, FILTER_NONE,
+    LOSS_KINDS, MAX_COMMS, MAX_COUNT_KEYS, MAX_PID_FILTER, STACK_ABSENT, STACK_LOST_COLLISION,
     STACK_LOST_OTHER, UNWIND_TABLES,
 };
 
@@ -73,6 +73,15 @@ pub type UserStackMap = btf_maps::HashMap<i32, UserStack, 1, { crate::BPF_F_NO_P
 /// as it does `STACKS`'s.
 #[btf_map]
 static USER_STACKS: btf_maps::ArrayOfMaps<UserStackMap, 2> = btf_maps::ArrayOfMaps::new();
+/// A generation's map of the walked stacks of at most `SHORT_USER_STACK_DEPTH` frames: the
+/// same, with a value a fifth the size, since the kernel's cost to allocate, copy and free an
+/// element follows its size.
+pub type ShortUserStackMap =
+    btf_maps::HashMap<i32, ShortUserStack, 1, { crate::BPF_F_NO_PREALLOC as usize }>;
+/// The two generations' short-stack maps, by generation, managed as `USER_STACKS`.
+#[btf_map]
+static SHORT_USER_STACKS: btf_maps::ArrayOfMaps<ShortUserStackMap, 2> =
+    btf_maps::ArrayOfMaps::new();
 
 /// The maps of one generation.
 struct Generation {
@@ -80,6 +89,7 @@ struct Generation {
     stacks: &'static StackMap,
     comms: &'static HashMap<u32, Comm>,
     user_stacks: &'static UserStackMap,
+    short_user_stacks: &'static ShortUserStackMap,
 }
 
 #[perf_event]
@@ -140,7 +150,11 @@ fn try_sample<const TABLES: bool>(ctx: &PerfEventContext) -> Result<(), i64> {
     }
     // The agent fills every slot before it attaches the program.
     let slot = u32::from(control.generation != 0);
-    let (Some(stacks), Some(user_stacks)) = (STACKS.get(slot), USER_STACKS.get(slot)) else {
+    let (Some(stacks), Some(user_stacks), Some(short_user_stacks)) = (
+        STACKS.get(slot),
+        USER_STACKS.get(slot),
+        SHORT_USER_STACKS.get(slot),
+    ) else {
         return Ok(());
     };
     let generation = if control.generation == 0 {
@@ -149,6 +163,7 @@ fn try_sample<const TABLES: bool>(ctx: &PerfEventContext) -> Result<(), i64> {
             stacks,
             comms: &COMMS_0,
             user_stacks,
+            short_user_stacks,
         }
     } else {
         Generation {
@@ -156,6 +171,7 @@ fn try_sample<const TABLES: bool>(ctx: &PerfEventContext) -> Result<(), i64> {
             stacks,
             comms: &COMMS_1,
             user_stacks,
+            short_user_stacks,
         }
     };
 
@@ -177,6 +193,7 @@ fn try_sample<const TABLES: bool>(ctx: &PerfEventContext) -> Result<(), i64> {
             None => STACK_ABSENT,
             Some(walk) => match unwind::store_stack(
                 generation.user_stacks,
+                generation.short_user_stacks,
                 walk,
                 tgid,
                 u32::from(control.generation != 0),

@@ -29,10 +29,11 @@ use aya_ebpf::{
     programs::PerfEventContext,
 };
 use scorch_common::{
-    Bisect, CfaKind, ProcMappings, PythonProc, RbpKind, UnwindEvent, UnwindMapping, UnwindOutcome,
-    UnwindRow, UserStack, EVENT_PYTHON_STACK, EVENT_UNKNOWN_PC, EVENT_UNKNOWN_PROCESS,
-    MAPPING_SEARCH_STEPS, MAPPING_TABLE_EVICTED, MAPPING_TABLE_LOADED, MAPPING_TABLE_PENDING,
-    MAX_PROC_MAPPINGS, MAX_ROW_POOLS, MAX_UNWIND_PROCS, MAX_USER_STACK_DEPTH, UNWIND_OUTCOMES,
+    Bisect, CfaKind, ProcMappings, PythonProc, RbpKind, ShortUserStack, UnwindEvent, UnwindMapping,
+    UnwindOutcome, UnwindRow, UserStack, WalkedStack, EVENT_PYTHON_STACK, EVENT_UNKNOWN_PC,
+    EVENT_UNKNOWN_PROCESS, MAPPING_SEARCH_STEPS, MAPPING_TABLE_EVICTED, MAPPING_TABLE_LOADED,
+    MAPPING_TABLE_PENDING, MAX_PROC_MAPPINGS, MAX_ROW_POOLS, MAX_UNWIND_PROCS,
+    MAX_USER_STACK_DEPTH, SHORT_USER_STACK_DEPTH, SHORT_USER_STACK_ID, UNWIND_OUTCOMES,
     UNWIND_SEARCH_STEPS,
 };
 
@@ -665,46 +666,67 @@ pub fn mixed_hash(walk: &WalkState) -> u64 {
     hash
 }
 
-/// Inserts the walked stack of `tgid` into generation `generation`'s stack map; returns its id,
-/// or whether the failure was a collision (`true`) or another error.
+/// Inserts the walked stack of `tgid` into generation `generation`'s map for its size: the
+/// short stacks' (`short_stacks`) when it has at most `SHORT_USER_STACK_DEPTH` frames, else
+/// `stacks`. Returns its id, or whether the failure was a collision (`true`) or another error.
 #[inline(always)]
 pub fn store_stack(
     stacks: &crate::sampler::UserStackMap,
+    short_stacks: &crate::sampler::ShortUserStackMap,
     walk: &mut WalkState,
     tgid: u32,
     generation: u32,
 ) -> Result<i32, bool> {
+    // The stored hash is the mixed one, so a later sample compares like with like.
     let hash = mixed_hash(walk);
-    let id = (hash & 0x7fff_ffff) as i32;
+    walk.stack.hash = hash;
+    let low = (hash & 0x3fff_ffff) as i32;
+    let (id, new) = if walk.stack.len as usize <= SHORT_USER_STACK_DEPTH {
+        // SAFETY: `ShortUserStack` is `UserStack`'s prefix, field for field (asserted in
+        // scorch-common), and the map copies only its size from this pointer.
+        let short = unsafe { &*(&walk.stack as *const UserStack).cast::<ShortUserStack>() };
+        let id = low | SHORT_USER_STACK_ID;
+        (id, insert_new(short_stacks, id, short, hash)?)
+    } else {
+        (low, insert_new(stacks, low, &walk.stack, hash)?)
+    };
+    if new && walk.python_frames > 0 {
+        // A new stack with Python frames: the agent reads its code objects soon, not at the
+        // window's end, when the process may be gone. No wakeup: these come in bursts (every
+        // stack is new again each window), and its 200 ms poll reads them.
+        let event = UnwindEvent {
+            tgid,
+            kind: EVENT_PYTHON_STACK,
+            pc: (u64::from(generation) << 32) | u64::from(id as u32),
+        };
+        let _ = UNWIND_EVENTS.output::<UnwindEvent>(event, u64::from(BPF_RB_NO_WAKEUP));
+    }
+    Ok(id)
+}
+
+/// Stores `stack` under `id` unless a stack is there: whether it was new, or whether the
+/// failure was a collision (`true`: another stack holds the id) or another error.
+#[inline(always)]
+fn insert_new<V: WalkedStack, const FLAGS: usize>(
+    map: &btf_maps::HashMap<i32, V, 1, FLAGS>,
+    id: i32,
+    stack: &V,
+    hash: u64,
+) -> Result<bool, bool> {
     // SAFETY: only the hash is read; a concurrent writer of the same key writes the same hash.
-    if let Some(existing) = unsafe { stacks.get(id) } {
-        return if existing.hash == hash {
-            Ok(id)
+    if let Some(existing) = unsafe { map.get(id) } {
+        return if existing.hash() == hash {
+            Ok(false)
         } else {
             Err(true)
         };
     }
-    // The stored hash is the mixed one, so a later sample compares like with like.
-    walk.stack.hash = hash;
-    match stacks.insert(id, &walk.stack, u64::from(BPF_NOEXIST)) {
-        Ok(()) => {
-            if walk.python_frames > 0 {
-                // A new stack with Python frames: the agent reads its code objects soon, not
-                // at the window's end, when the process may be gone. No wakeup: these come in
-                // bursts (every stack is new again each window), and its 200 ms poll reads them.
-                let event = UnwindEvent {
-                    tgid,
-                    kind: EVENT_PYTHON_STACK,
-                    pc: (u64::from(generation) << 32) | u64::from(id as u32),
-                };
-                let _ = UNWIND_EVENTS.output::<UnwindEvent>(event, u64::from(BPF_RB_NO_WAKEUP));
-            }
-            Ok(id)
-        }
+    match map.insert(id, stack, u64::from(BPF_NOEXIST)) {
+        Ok(()) => Ok(true),
         // Another CPU stored a stack under this id in between: the same one, or a collision.
         // SAFETY: as above.
-        Err(_) => match unsafe { stacks.get(id) } {
-            Some(existing) if existing.hash == hash => Ok(id),
+        Err(_) => match unsafe { map.get(id) } {
+            Some(existing) if existing.hash() == hash => Ok(false),
             Some(_) => Err(true),
             None => Err(false),
         },

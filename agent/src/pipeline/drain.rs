@@ -30,12 +30,12 @@ use aya::{
     Pod,
 };
 
-use super::maps::{new_stack_map, new_user_stack_map, SamplerMaps, StackEntries};
+use super::maps::{new_stack_map, new_user_stack_map, SamplerMaps, StackEntries, UserStackClass};
 use crate::sys::bpf_batch::{self, BatchError};
 use scorch_common::{
-    Comm, Control, Loss, PythonCount, StackKey, UnwindOutcome, UserStack, LOSS_KINDS,
-    MAX_STACK_DEPTH, MAX_USER_STACK_DEPTH, PYTHON_COUNTS, STACK_ABSENT, STACK_LOST_COLLISION,
-    UNWIND_OUTCOMES, UNWIND_TABLES,
+    Comm, Control, Loss, PythonCount, ShortUserStack, StackKey, UnwindOutcome, UserStack,
+    WalkedStack, LOSS_KINDS, MAX_STACK_DEPTH, MAX_USER_STACK_DEPTH, PYTHON_COUNTS, STACK_ABSENT,
+    STACK_LOST_COLLISION, UNWIND_OUTCOMES, UNWIND_TABLES,
 };
 
 /// Longest a single BPF run may take before the drain gives up waiting on it. Runs take
@@ -268,19 +268,13 @@ impl StackMapFill {
     /// The fuller of two windows' fills, map by map (a recording reports its fullest).
     pub fn max(self, other: StackMapFill) -> StackMapFill {
         StackMapFill {
-            used: StackEntries {
-                stacks: self.used.stacks.max(other.used.stacks),
-                user_stacks: self.used.user_stacks.max(other.used.user_stacks),
-            },
-            capacity: StackEntries {
-                stacks: self.capacity.stacks.max(other.capacity.stacks),
-                user_stacks: self.capacity.user_stacks.max(other.capacity.user_stacks),
-            },
+            used: self.used.max(other.used),
+            capacity: self.capacity.max(other.capacity),
         }
     }
 
-    /// `kernel stacks 57 of 8192 entries, user stacks 310 of 1024`, or `None` before any
-    /// window.
+    /// `stacks 57 of 8192 entries, user stacks 3 of 1024, short user stacks 310 of 1024`,
+    /// or `None` before any window.
     pub fn describe(&self) -> Option<String> {
         if self.capacity == StackEntries::default() {
             return None;
@@ -292,8 +286,11 @@ impl StackMapFill {
         // None: `--unwind fp`, where the program walks no user stack itself.
         if self.capacity.user_stacks > 0 {
             text.push_str(&format!(
-                ", user stacks {} of {}",
-                self.used.user_stacks, self.capacity.user_stacks
+                ", user stacks {} of {}, short user stacks {} of {}",
+                self.used.user_stacks,
+                self.capacity.user_stacks,
+                self.used.short_user_stacks,
+                self.capacity.short_user_stacks
             ));
         }
         Some(text)
@@ -386,15 +383,29 @@ impl Drainer {
         })?;
         let walked = self.control.unwind == UNWIND_TABLES;
         let thread_ids = self.control.thread_ids != 0;
+        // Both size classes' stacks, by id: the ids' class bit keeps them apart.
         let mut user_stacks: HashMap<i32, (Vec<u64>, u32)> = HashMap::new();
+        let mut walked_stored = StackEntries::default();
         if walked {
+            let mut keep = |id, stack: &dyn WalkedStack| {
+                user_stacks.insert(id, (stack.frames().to_vec(), stack.outcome()));
+            };
             take_all(
                 batched,
                 &mut generation.user_stacks,
-                "USER_STACKS",
+                UserStackClass::Long.outer_name(),
                 |id, stack: UserStack| {
-                    let len = (stack.len as usize).min(MAX_USER_STACK_DEPTH);
-                    user_stacks.insert(id, (stack.pcs[..len].to_vec(), stack.outcome));
+                    walked_stored.user_stacks += 1;
+                    keep(id, &stack)
+                },
+            )?;
+            take_all(
+                batched,
+                &mut generation.short_user_stacks,
+                UserStackClass::Short.outer_name(),
+                |id, stack: ShortUserStack| {
+                    walked_stored.short_user_stacks += 1;
+                    keep(id, &stack)
                 },
             )?;
         }
@@ -517,21 +528,65 @@ impl Drainer {
             }
         }
 
-        // The user-stack map, emptied by the take above, likewise; a stack that found it full
-        // is lost as a `user stack error`.
-        let user_capacity = self.maps.user_stack_sizing.entries(old);
+        // The user-stack maps, emptied by the takes above, likewise; a stack that found its
+        // map full is lost as a `user stack error`, which does not say which map: the one
+        // the window filled grows.
+        let user_capacity = StackEntries {
+            stacks: 0,
+            user_stacks: self.maps.user_stack_sizing.entries(old),
+            short_user_stacks: self.maps.short_user_stack_sizing.entries(old),
+        };
         if walked {
-            let full = losses.by_kind[Loss::UserStackError as usize];
-            let entries =
-                self.maps
-                    .user_stack_sizing
-                    .after_window(old, user_stacks.len() as u32, full);
-            if entries != user_capacity {
-                match new_user_stack_map(&self.maps.user_stacks_outer, old as u32, entries) {
+            let errors = losses.by_kind[Loss::UserStackError as usize];
+            let lost = |stored: u32, capacity: u32| if stored >= capacity { errors } else { 0 };
+            let entries = self.maps.user_stack_sizing.after_window(
+                old,
+                walked_stored.user_stacks,
+                lost(walked_stored.user_stacks, user_capacity.user_stacks),
+            );
+            if entries != user_capacity.user_stacks {
+                match new_user_stack_map(
+                    UserStackClass::Long,
+                    &self.maps.user_stacks_outer,
+                    old as u32,
+                    entries,
+                ) {
                     Ok(map) => self.maps.generations[old].user_stacks = map,
                     Err(error) => {
-                        tracing::warn!("{error}; its map keeps {user_capacity} entries");
-                        self.maps.user_stack_sizing.keep(old, user_capacity);
+                        tracing::warn!(
+                            "{error}; its map keeps {} entries",
+                            user_capacity.user_stacks
+                        );
+                        self.maps
+                            .user_stack_sizing
+                            .keep(old, user_capacity.user_stacks);
+                    }
+                }
+            }
+            let entries = self.maps.short_user_stack_sizing.after_window(
+                old,
+                walked_stored.short_user_stacks,
+                lost(
+                    walked_stored.short_user_stacks,
+                    user_capacity.short_user_stacks,
+                ),
+            );
+            if entries != user_capacity.short_user_stacks {
+                match new_user_stack_map(
+                    UserStackClass::Short,
+                    &self.maps.short_user_stacks_outer,
+                    old as u32,
+                    entries,
+                ) {
+                    Ok(map) => self.maps.generations[old].short_user_stacks = map,
+                    Err(error) => {
+                        tracing::warn!(
+                            "{error}; its map keeps {} entries",
+                            user_capacity.short_user_stacks
+                        );
+                        self.maps
+                            .short_user_stack_sizing
+                            .keep(old, user_capacity.short_user_stacks);
                     }
                 }
             }
@@ -551,12 +606,19 @@ impl Drainer {
         let stack_maps = StackMapFill {
             used: StackEntries {
                 stacks: stacks.len() as u32,
-                user_stacks: user_stacks.len() as u32,
+                ..walked_stored
             },
-            capacity: StackEntries {
-                stacks: capacity,
-                // None under `--unwind fp`: the program walks no user stack itself.
-                user_stacks: if walked { user_capacity } else { 0 },
+            // None under `--unwind fp`: the program walks no user stack itself.
+            capacity: if walked {
+                StackEntries {
+                    stacks: capacity,
+                    ..user_capacity
+                }
+            } else {
+                StackEntries {
+                    stacks: capacity,
+                    ..StackEntries::default()
+                }
             },
         };
         let start = std::mem::replace(&mut self.window_start, end);

@@ -4,7 +4,10 @@
 use aya::maps::{
     Array, HashMap as BpfHashMap, Map, MapData, MapError, PerCpuArray, RingBuf, StackTraceMap,
 };
-use scorch_common::{Comm, Control, PythonProc, RunSeq, StackKey, UserStack, MAX_STACK_DEPTH};
+use aya::Pod;
+use scorch_common::{
+    Comm, Control, PythonProc, RunSeq, ShortUserStack, StackKey, UserStack, MAX_STACK_DEPTH,
+};
 
 use super::stack_sizing::StackSizing;
 use crate::sys::inner_maps::{
@@ -17,8 +20,11 @@ pub struct GenerationMaps {
     pub counts: BpfHashMap<MapData, StackKey, u64>,
     pub stacks: StackTraceMap<MapData>,
     pub comms: BpfHashMap<MapData, u32, Comm>,
-    /// User stacks the program walked with unwind tables (`--unwind auto`).
+    /// User stacks the program walked with unwind tables (`--unwind auto`), deeper than
+    /// `SHORT_USER_STACK_DEPTH` frames.
     pub user_stacks: BpfHashMap<MapData, i32, UserStack>,
+    /// The walked stacks of at most `SHORT_USER_STACK_DEPTH` frames.
+    pub short_user_stacks: BpfHashMap<MapData, i32, ShortUserStack>,
 }
 
 /// Entries of a generation's two stack maps: the distinct stacks one window stored, or the
@@ -27,8 +33,22 @@ pub struct GenerationMaps {
 pub struct StackEntries {
     /// `STACKS_g` (`bpf_get_stackid`): kernel stacks, and user stacks under `--unwind fp`.
     pub stacks: u32,
-    /// `USER_STACKS_g`: the user stacks the program walked with tables.
+    /// `USER_STACKS_g`: the user stacks the program walked with tables, deeper than
+    /// `SHORT_USER_STACK_DEPTH` frames.
     pub user_stacks: u32,
+    /// `SHORT_USER_STACKS_g`: the shorter ones.
+    pub short_user_stacks: u32,
+}
+
+impl StackEntries {
+    /// The larger of two, map by map.
+    pub fn max(self, other: StackEntries) -> StackEntries {
+        StackEntries {
+            stacks: self.stacks.max(other.stacks),
+            user_stacks: self.user_stacks.max(other.user_stacks),
+            short_user_stacks: self.short_user_stacks.max(other.short_user_stacks),
+        }
+    }
 }
 
 /// All maps the drain needs.
@@ -50,6 +70,10 @@ pub struct SamplerMaps {
     pub user_stacks_outer: MapData,
     /// How many entries each generation's user-stack map has, and will have.
     pub user_stack_sizing: StackSizing,
+    /// `SHORT_USER_STACKS`, the array of maps holding each generation's short-stack map.
+    pub short_user_stacks_outer: MapData,
+    /// How many entries each generation's short-stack map has, and will have.
+    pub short_user_stack_sizing: StackSizing,
 }
 
 /// Why a stack map could not be created or put in place.
@@ -94,21 +118,43 @@ pub fn new_stack_map(
         .map_err(|source| StackMapError::Wrap { map, source })
 }
 
-/// The same for generation `generation`'s user-stack map, in `USER_STACKS` (`outer`).
-pub fn new_user_stack_map(
+/// The user-stack maps, by the size class of the stacks they hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UserStackClass {
+    /// `USER_STACKS`: stacks deeper than `SHORT_USER_STACK_DEPTH` frames ([`UserStack`]).
+    Long,
+    /// `SHORT_USER_STACKS`: the others ([`ShortUserStack`]).
+    Short,
+}
+
+impl UserStackClass {
+    /// The program's array of maps for this class.
+    pub fn outer_name(self) -> &'static str {
+        match self {
+            UserStackClass::Long => "USER_STACKS",
+            UserStackClass::Short => "SHORT_USER_STACKS",
+        }
+    }
+}
+
+/// The same for generation `generation`'s user-stack map of `class`, in its array of maps
+/// (`outer`); `V` is the class's value type.
+pub fn new_user_stack_map<V: Pod>(
+    class: UserStackClass,
     outer: &MapData,
     generation: u32,
     entries: u32,
-) -> Result<BpfHashMap<MapData, i32, UserStack>, StackMapError> {
-    let map = "USER_STACKS";
+) -> Result<BpfHashMap<MapData, i32, V>, StackMapError> {
+    let map = class.outer_name();
     let data = new_inner(
         map,
         outer,
         generation,
         BPF_MAP_TYPE_HASH,
-        std::mem::size_of::<UserStack>(),
+        std::mem::size_of::<V>(),
         entries,
-        // Not preallocated, as the program's template (`UserStackMap`) declares.
+        // Not preallocated, as the program's templates (`UserStackMap`, `ShortUserStackMap`)
+        // declare.
         BPF_F_NO_PREALLOC,
     )?;
     BpfHashMap::try_from(Map::HashMap(data)).map_err(|source| StackMapError::Wrap { map, source })
@@ -160,8 +206,16 @@ pub struct UnwindMaps {
     pub events: RingBuf<MapData>,
     /// Processes running a CPython interpreter, and how to walk its frames.
     pub python_procs: BpfHashMap<MapData, u32, PythonProc>,
-    /// A second handle on `USER_STACKS`, the generations' user-stack maps (the drain holds
-    /// the first, and replaces the maps as they need another size): the Python stacks the
-    /// program reports new are read through it while the window runs.
-    pub user_stacks: Option<MapData>,
+    /// Second handles on `USER_STACKS` and `SHORT_USER_STACKS`, the generations' user-stack
+    /// maps (the drain holds the first, and replaces the maps as they need another size): the
+    /// Python stacks the program reports new are read through them while the window runs.
+    pub user_stacks: Option<UserStackOuters>,
+}
+
+/// The arrays of maps holding each generation's user-stack maps, one per size class.
+pub struct UserStackOuters {
+    /// `USER_STACKS`.
+    pub long: MapData,
+    /// `SHORT_USER_STACKS`.
+    pub short: MapData,
 }

@@ -15,6 +15,7 @@ use scorch_common::{Control, MAX_COMMS, MAX_COUNT_KEYS, MAX_STACK_DEPTH};
 use super::{
     maps::{
         new_stack_map, new_user_stack_map, GenerationMaps, SamplerMaps, StackMapError, UnwindMaps,
+        UserStackClass, UserStackOuters,
     },
     off_cpu::{OffCpuMaps, OffCpuSettings},
     stack_sizing::{StackSizing, DEFAULT_MAX_STACK_ENTRIES},
@@ -287,8 +288,13 @@ impl Sampler {
 
         // Taken before `take_maps` moves the maps out; only the unwinder needs them.
         let python_stacks = if tables {
-            match duplicate_outer(&ebpf, "USER_STACKS") {
-                Ok(outer) => Some(outer),
+            match duplicate_outer(&ebpf, UserStackClass::Long.outer_name()).and_then(|long| {
+                Ok(UserStackOuters {
+                    long,
+                    short: duplicate_outer(&ebpf, UserStackClass::Short.outer_name())?,
+                })
+            }) {
+                Ok(outers) => Some(outers),
                 Err(err) => {
                     tracing::warn!(
                         "Python frames are named at the window's end only (a process that \
@@ -616,13 +622,16 @@ where
     T::try_from(map).map_err(|source| SamplerError::Map { name, source })
 }
 
+/// Takes the drain's maps out of the object, and creates each generation's stack maps: the
+/// user-stack maps of both size classes start with `user_stack_sizing`'s entries.
 fn take_maps(
     ebpf: &mut Ebpf,
     stack_sizing: StackSizing,
     user_stack_sizing: StackSizing,
 ) -> Result<SamplerMaps, SamplerError> {
     let stacks_outer = take_outer(ebpf, "STACKS")?;
-    let user_stacks_outer = take_outer(ebpf, "USER_STACKS")?;
+    let user_stacks_outer = take_outer(ebpf, UserStackClass::Long.outer_name())?;
+    let short_user_stacks_outer = take_outer(ebpf, UserStackClass::Short.outer_name())?;
     let generation = |ebpf: &mut Ebpf, g: u32, [counts, comms]: [&'static str; 2]| {
         let entries = stack_sizing.entries(g as usize);
         let user_entries = user_stack_sizing.entries(g as usize);
@@ -630,7 +639,18 @@ fn take_maps(
             counts: take(ebpf, counts)?,
             stacks: new_stack_map(&stacks_outer, g, entries)?,
             comms: take(ebpf, comms)?,
-            user_stacks: new_user_stack_map(&user_stacks_outer, g, user_entries)?,
+            user_stacks: new_user_stack_map(
+                UserStackClass::Long,
+                &user_stacks_outer,
+                g,
+                user_entries,
+            )?,
+            short_user_stacks: new_user_stack_map(
+                UserStackClass::Short,
+                &short_user_stacks_outer,
+                g,
+                user_entries,
+            )?,
         })
     };
     let gen0 = generation(ebpf, 0, ["COUNTS_0", "COMMS_0"])?;
@@ -646,7 +666,9 @@ fn take_maps(
         stacks_outer,
         stack_sizing,
         user_stacks_outer,
+        short_user_stack_sizing: user_stack_sizing.clone(),
         user_stack_sizing,
+        short_user_stacks_outer,
     })
 }
 
@@ -675,7 +697,7 @@ fn take_unwind_maps(
     ebpf: &mut Ebpf,
     pool_rows: u32,
     processes: u32,
-    user_stacks: Option<MapData>,
+    user_stacks: Option<UserStackOuters>,
 ) -> Result<UnwindMaps, SamplerError> {
     let rows = take_outer(ebpf, "UNWIND_ROWS")?;
     let procs = take_outer(ebpf, "UNWIND_PROCS")?;

@@ -27,11 +27,11 @@ use std::{
 use aya::maps::{MapData, MapError};
 use object::{Object, ObjectSegment, SegmentFlags};
 use scorch_common::{
-    python_frame_parts, ProcMappings, PythonProc, UnwindEvent, UnwindMapping, UnwindRow, UserStack,
-    EVENT_PYTHON_STACK, MAPPING_NO_TABLE, MAPPING_TABLE_EVICTED, MAPPING_TABLE_LOADED,
-    MAPPING_TABLE_PENDING, MAX_PROC_MAPPINGS, MAX_ROW_POOLS, MIN_POOL_ROWS,
+    python_frame_parts, ProcMappings, PythonProc, ShortUserStack, UnwindEvent, UnwindMapping,
+    UnwindRow, UserStack, WalkedStack, EVENT_PYTHON_STACK, MAPPING_NO_TABLE, MAPPING_TABLE_EVICTED,
+    MAPPING_TABLE_LOADED, MAPPING_TABLE_PENDING, MAX_PROC_MAPPINGS, MAX_ROW_POOLS, MIN_POOL_ROWS,
     PYTHON_ENTRY_CSTACK_OWNER, PYTHON_ENTRY_IS_ENTRY, PYTHON_EVAL_RANGES, PYTHON_FRAME,
-    PYTHON_NO_CFRAME,
+    PYTHON_NO_CFRAME, SHORT_USER_STACK_ID,
 };
 
 use super::{
@@ -636,29 +636,32 @@ impl Unwinder {
     /// processes run. A stack its window's drain already took is gone from the map, and named
     /// by then.
     fn read_python_stacks(&mut self, stacks: HashSet<(u32, u64)>) {
-        let Some(outer) = &self.maps.user_stacks else {
+        let Some(outers) = &self.maps.user_stacks else {
             return;
         };
-        // The generation's map now: the drain replaces a map that needs another size.
-        let mut maps: [Option<aya::maps::HashMap<MapData, i32, UserStack>>; 2] = [None, None];
+        // The generation's maps now, each opened at most once (`None` inside: it could not be):
+        // the drain replaces a map that needs another size.
+        type Opened<V> = [Option<Option<aya::maps::HashMap<MapData, i32, V>>>; 2];
+        let mut long: Opened<UserStack> = [None, None];
+        let mut short: Opened<ShortUserStack> = [None, None];
         for (tgid, stack) in stacks {
             let generation = (stack >> 32) as usize & 1;
-            if maps[generation].is_none() {
-                maps[generation] = inner_map(outer.fd(), generation as u32)
-                    .ok()
-                    .and_then(|fd| MapData::from_fd(fd).ok())
-                    .and_then(|data| {
-                        aya::maps::HashMap::try_from(aya::maps::Map::HashMap(data)).ok()
-                    });
-            }
-            let Some(map) = &maps[generation] else {
-                continue;
+            let id = stack as u32 as i32;
+            // The id's class bit says which map holds it.
+            let words = if id & SHORT_USER_STACK_ID != 0 {
+                let map = short[generation]
+                    .get_or_insert_with(|| generation_map(&outers.short, generation as u32));
+                map.as_ref()
+                    .and_then(|map| map.get(&id, 0).ok())
+                    .map(|walked| walked.frames().to_vec())
+            } else {
+                let map = long[generation]
+                    .get_or_insert_with(|| generation_map(&outers.long, generation as u32));
+                map.as_ref()
+                    .and_then(|map| map.get(&id, 0).ok())
+                    .map(|walked| walked.frames().to_vec())
             };
-            let Ok(walked) = map.get(&(stack as u32 as i32), 0) else {
-                continue;
-            };
-            let len = (walked.len as usize).min(walked.pcs.len());
-            for &word in &walked.pcs[..len] {
+            for word in words.unwrap_or_default() {
                 if word & PYTHON_FRAME == 0 || self.python_code.len() >= MAX_PYTHON_CODE {
                     continue;
                 }
@@ -1202,6 +1205,18 @@ fn python_value(
         offsets: *offsets,
     };
     (value, process)
+}
+
+/// Generation `generation`'s map in the array of maps `outer`, or `None` when it cannot be
+/// opened (the stacks it holds are then named at the window's end).
+fn generation_map<V: aya::Pod>(
+    outer: &MapData,
+    generation: u32,
+) -> Option<aya::maps::HashMap<MapData, i32, V>> {
+    inner_map(outer.fd(), generation)
+        .ok()
+        .and_then(|fd| MapData::from_fd(fd).ok())
+        .and_then(|data| aya::maps::HashMap::try_from(aya::maps::Map::HashMap(data)).ok())
 }
 
 #[cfg(test)]

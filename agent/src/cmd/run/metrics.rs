@@ -238,7 +238,7 @@ impl WindowMetrics {
                 "stack_map_entries",
                 "Distinct stacks the last window stored, by stack map (`stacks`: kernel stacks, \
                  and user stacks under --unwind fp; `user_stacks`: stacks walked with unwind \
-                 tables); a map near its max entries loses stacks as collisions (losses)",
+                 tables, deeper than 48 frames; `short_user_stacks`: the others); a map near its max entries loses stacks as collisions (losses)",
                 Family::default(),
             ),
             stack_map_max_entries: registry.register(
@@ -289,6 +289,11 @@ impl WindowMetrics {
                 "user_stacks",
                 stack_maps.used.user_stacks,
                 stack_maps.capacity.user_stacks,
+            ),
+            (
+                "short_user_stacks",
+                stack_maps.used.short_user_stacks,
+                stack_maps.capacity.short_user_stacks,
             ),
         ] {
             let label = [("map", map)];
@@ -488,10 +493,12 @@ mod tests {
             used: StackEntries {
                 stacks,
                 user_stacks,
+                short_user_stacks: user_stacks * 2,
             },
             capacity: StackEntries {
                 stacks: 8192,
                 user_stacks: 1024,
+                short_user_stacks: 2048,
             },
         };
         metrics.window_drained(100, &losses, &fill(40, 90), Duration::from_millis(3));
@@ -542,6 +549,20 @@ mod tests {
         assert_eq!(
             value(&text, r#"scorch_stack_map_entries{map="user_stacks"}"#),
             30.0
+        );
+        assert_eq!(
+            value(
+                &text,
+                r#"scorch_stack_map_entries{map="short_user_stacks"}"#
+            ),
+            60.0
+        );
+        assert_eq!(
+            value(
+                &text,
+                r#"scorch_stack_map_max_entries{map="short_user_stacks"}"#
+            ),
+            2048.0
         );
         assert_eq!(
             value(&text, r#"scorch_stack_map_max_entries{map="stacks"}"#),
