@@ -22,7 +22,7 @@ use aya_ebpf::{
 use scorch_common::{
     python_frame_word, PythonCount, PythonProc, MAX_PYTHON_PROCS, MAX_USER_STACK_DEPTH,
     PYTHON_COUNTS, PYTHON_ENTRY_CSTACK_OWNER, PYTHON_ENTRY_IS_ENTRY, PYTHON_EVAL_RANGES,
-    PYTHON_NO_CFRAME,
+    PYTHON_NO_CFRAME, PYTHON_NO_INTERPRETER,
 };
 
 use crate::unwind::{repeat, WalkState};
@@ -41,13 +41,13 @@ static PYTHON_COUNTS_MAP: PerCpuArray<u64> = PerCpuArray::with_max_entries(PYTHO
 #[unsafe(no_mangle)]
 static TASK_FSBASE: u32 = 0;
 
-/// The interpreter of `tgid`, if it runs one.
+/// The interpreter of `tgid`, or the entry of processes without one (no eval-loop ranges:
+/// every frame stays native); `None` only when the agent has not written that entry yet.
 #[inline(always)]
-pub fn process(tgid: u32) -> *const PythonProc {
-    match PYTHON_PROCS.get_ptr(tgid) {
-        Some(python) => python,
-        None => core::ptr::null(),
-    }
+pub fn process(tgid: u32) -> Option<*const PythonProc> {
+    PYTHON_PROCS
+        .get_ptr(tgid)
+        .or_else(|| PYTHON_PROCS.get_ptr(PYTHON_NO_INTERPRETER))
 }
 
 /// After an exec the process runs another program: forget its interpreter.

@@ -144,7 +144,7 @@ pub struct WalkState {
 struct LoopContext {
     state: *mut WalkState,
     procs: *const ProcMappings,
-    /// The process's CPython interpreter, or null.
+    /// The process's CPython interpreter, or `PYTHON_NO_INTERPRETER`'s empty entry.
     python: *const PythonProc,
 }
 
@@ -255,7 +255,9 @@ pub fn walk_from(
         Some(procs) => procs,
         None => NO_MAPPINGS.get_ptr(0)?,
     };
-    let python = python::process(tgid);
+    // A walk needs the interpreter entry, real or empty (`PYTHON_NO_INTERPRETER`), which the
+    // agent writes before the program is attached.
+    let python = python::process(tgid)?;
     repeat(
         MAX_USER_STACK_DEPTH as u32,
         step,
@@ -299,10 +301,8 @@ extern "C" fn step(_index: u64, context: *mut c_void) -> i64 {
     let pc = walk.pc;
     let lookup = if walk.return_address != 0 { pc - 1 } else { pc };
     // An eval-loop frame of a CPython process stands for the Python frames it runs.
-    let python_frames = if context.python.is_null() {
-        0
-    } else {
-        // SAFETY: a map value `walk` looked up for this process.
+    let python_frames = {
+        // SAFETY: a map value `walk` looked up for this process, never null.
         let python = unsafe { &*context.python };
         if python::in_eval_loop(python, lookup) {
             python::emit(walk, python)

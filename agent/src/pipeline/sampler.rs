@@ -10,7 +10,9 @@ use aya::{
     },
     Ebpf, EbpfError, EbpfLoader,
 };
-use scorch_common::{Control, MAX_COMMS, MAX_COUNT_KEYS, MAX_STACK_DEPTH};
+use scorch_common::{
+    Control, PythonProc, MAX_COMMS, MAX_COUNT_KEYS, MAX_STACK_DEPTH, PYTHON_NO_INTERPRETER,
+};
 
 use super::{
     maps::{
@@ -255,8 +257,9 @@ impl Sampler {
         } else {
             0
         };
+        // One more for the entry of processes without an interpreter.
         let python_procs = if tables && task_fsbase != 0 {
-            capacity.processes.min(scorch_common::MAX_PYTHON_PROCS)
+            capacity.processes.min(scorch_common::MAX_PYTHON_PROCS) + 1
         } else {
             1
         };
@@ -701,13 +704,21 @@ fn take_unwind_maps(
 ) -> Result<UnwindMaps, SamplerError> {
     let rows = take_outer(ebpf, "UNWIND_ROWS")?;
     let procs = take_outer(ebpf, "UNWIND_PROCS")?;
+    let mut python_procs: BpfHashMap<MapData, u32, PythonProc> = take(ebpf, "PYTHON_PROCS")?;
+    // Without it the program walks no user stack (see `PYTHON_NO_INTERPRETER`).
+    python_procs
+        .insert(PYTHON_NO_INTERPRETER, PythonProc::default(), 0)
+        .map_err(|source| SamplerError::Map {
+            name: "PYTHON_PROCS",
+            source,
+        })?;
     Ok(UnwindMaps {
         rows,
         pool_rows,
         procs,
         processes,
         events: take(ebpf, "UNWIND_EVENTS")?,
-        python_procs: take(ebpf, "PYTHON_PROCS")?,
+        python_procs,
         user_stacks,
     })
 }

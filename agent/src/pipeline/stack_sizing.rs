@@ -11,7 +11,8 @@
 //!   can hold, eight times over: 8,192 entries (8 MiB a map) on a quiet 2-CPU host whose
 //!   windows stored 9 to 60 distinct kernel stacks, and 262,144 (256 MiB a map) at 999 Hz.
 //!   Stack-trace maps are always preallocated, so their size is their kernel memory.
-//! - The user-stack map, a hash map of 256-frame stacks (2 KiB each), holds a window's
+//! - A user-stack map (one per size class: 256-frame stacks of 2 KiB, and stacks of up to 48
+//!   frames of 400 bytes, each sized on its own), a hash map, holds a window's
 //!   samples: a Python stack carries each frame's instruction offset, so nearly every sample
 //!   is a stack of its own, and a map sized by the distinct stacks of quiet windows lost a
 //!   third of a 199 Hz recording's Python samples in its first window. It is not
