@@ -30,7 +30,10 @@ use aya::{
     Pod,
 };
 
-use super::maps::{new_stack_map, new_user_stack_map, SamplerMaps, StackEntries, UserStackClass};
+use super::{
+    maps::{new_stack_map, new_user_stack_map, SamplerMaps, StackEntries, UserStackClass},
+    stack_sizing::StackSizing,
+};
 use crate::sys::bpf_batch::{self, BatchError};
 use scorch_common::{
     Comm, Control, Loss, PythonCount, ShortUserStack, StackKey, UnwindOutcome, UserStack,
@@ -530,66 +533,31 @@ impl Drainer {
 
         // The user-stack maps, emptied by the takes above, likewise; a stack that found its
         // map full is lost as a `user stack error`, which does not say which map: the one
-        // the window filled grows.
-        let user_capacity = StackEntries {
-            stacks: 0,
-            user_stacks: self.maps.user_stack_sizing.entries(old),
-            short_user_stacks: self.maps.short_user_stack_sizing.entries(old),
-        };
+        // the window filled grows. None under `--unwind fp`: the program walks no user stack
+        // itself.
+        let mut user_capacity = StackEntries::default();
         if walked {
             let errors = losses.by_kind[Loss::UserStackError as usize];
-            let lost = |stored: u32, capacity: u32| if stored >= capacity { errors } else { 0 };
-            let entries = self.maps.user_stack_sizing.after_window(
+            let maps = &mut self.maps;
+            let generation = &mut maps.generations[old];
+            user_capacity.user_stacks = resize_user_stacks(
+                UserStackClass::Long,
+                &maps.user_stacks_outer,
+                &mut maps.user_stack_sizing,
+                &mut generation.user_stacks,
                 old,
                 walked_stored.user_stacks,
-                lost(walked_stored.user_stacks, user_capacity.user_stacks),
+                errors,
             );
-            if entries != user_capacity.user_stacks {
-                match new_user_stack_map(
-                    UserStackClass::Long,
-                    &self.maps.user_stacks_outer,
-                    old as u32,
-                    entries,
-                ) {
-                    Ok(map) => self.maps.generations[old].user_stacks = map,
-                    Err(error) => {
-                        tracing::warn!(
-                            "{error}; its map keeps {} entries",
-                            user_capacity.user_stacks
-                        );
-                        self.maps
-                            .user_stack_sizing
-                            .keep(old, user_capacity.user_stacks);
-                    }
-                }
-            }
-            let entries = self.maps.short_user_stack_sizing.after_window(
+            user_capacity.short_user_stacks = resize_user_stacks(
+                UserStackClass::Short,
+                &maps.short_user_stacks_outer,
+                &mut maps.short_user_stack_sizing,
+                &mut generation.short_user_stacks,
                 old,
                 walked_stored.short_user_stacks,
-                lost(
-                    walked_stored.short_user_stacks,
-                    user_capacity.short_user_stacks,
-                ),
+                errors,
             );
-            if entries != user_capacity.short_user_stacks {
-                match new_user_stack_map(
-                    UserStackClass::Short,
-                    &self.maps.short_user_stacks_outer,
-                    old as u32,
-                    entries,
-                ) {
-                    Ok(map) => self.maps.generations[old].short_user_stacks = map,
-                    Err(error) => {
-                        tracing::warn!(
-                            "{error}; its map keeps {} entries",
-                            user_capacity.short_user_stacks
-                        );
-                        self.maps
-                            .short_user_stack_sizing
-                            .keep(old, user_capacity.short_user_stacks);
-                    }
-                }
-            }
         }
 
         let unwind = self.read_unwind_totals()?;
@@ -608,17 +576,9 @@ impl Drainer {
                 stacks: stacks.len() as u32,
                 ..walked_stored
             },
-            // None under `--unwind fp`: the program walks no user stack itself.
-            capacity: if walked {
-                StackEntries {
-                    stacks: capacity,
-                    ..user_capacity
-                }
-            } else {
-                StackEntries {
-                    stacks: capacity,
-                    ..StackEntries::default()
-                }
+            capacity: StackEntries {
+                stacks: capacity,
+                ..user_capacity
             },
         };
         let start = std::mem::replace(&mut self.window_start, end);
@@ -670,6 +630,34 @@ impl Drainer {
     fn read_loss_totals(&self) -> Result<[u64; LOSS_KINDS as usize], DrainError> {
         sum_per_cpu(&self.maps.losses, "LOSSES")
     }
+}
+
+/// After a window stored `stored` stacks in generation `generation`'s user-stack map of
+/// `class` (`map`, in the array of maps `outer`) and lost `errors` user stacks to errors:
+/// replaces the map when `sizing` wants another size for it. A map the window filled takes
+/// the errors as its own. Returns the entries the map had in the window.
+fn resize_user_stacks<V: Pod>(
+    class: UserStackClass,
+    outer: &MapData,
+    sizing: &mut StackSizing,
+    map: &mut BpfHashMap<MapData, i32, V>,
+    generation: usize,
+    stored: u32,
+    errors: u64,
+) -> u32 {
+    let capacity = sizing.entries(generation);
+    let lost = if stored >= capacity { errors } else { 0 };
+    let entries = sizing.after_window(generation, stored, lost);
+    if entries != capacity {
+        match new_user_stack_map(class, outer, generation as u32, entries) {
+            Ok(new) => *map = new,
+            Err(error) => {
+                tracing::warn!("{error}; its map keeps {capacity} entries");
+                sizing.keep(generation, capacity);
+            }
+        }
+    }
+    capacity
 }
 
 /// Counters `0..N` of a per-CPU array, each summed over the CPUs.

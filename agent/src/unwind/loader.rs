@@ -648,26 +648,18 @@ impl Unwinder {
             let generation = (stack >> 32) as usize & 1;
             let id = stack as u32 as i32;
             // The id's class bit says which map holds it.
-            let words = if id & SHORT_USER_STACK_ID != 0 {
+            let python_code = &mut self.python_code;
+            if id & SHORT_USER_STACK_ID != 0 {
                 let map = short[generation]
                     .get_or_insert_with(|| generation_map(&outers.short, generation as u32));
-                map.as_ref()
-                    .and_then(|map| map.get(&id, 0).ok())
-                    .map(|walked| walked.frames().to_vec())
+                if let Some(walked) = map.as_ref().and_then(|map| map.get(&id, 0).ok()) {
+                    note_python_code(python_code, tgid, &walked);
+                }
             } else {
                 let map = long[generation]
                     .get_or_insert_with(|| generation_map(&outers.long, generation as u32));
-                map.as_ref()
-                    .and_then(|map| map.get(&id, 0).ok())
-                    .map(|walked| walked.frames().to_vec())
-            };
-            for word in words.unwrap_or_default() {
-                if word & PYTHON_FRAME == 0 || self.python_code.len() >= MAX_PYTHON_CODE {
-                    continue;
-                }
-                let (code, _) = python_frame_parts(word);
-                if code != 0 {
-                    self.python_code.insert((tgid, code));
+                if let Some(walked) = map.as_ref().and_then(|map| map.get(&id, 0).ok()) {
+                    note_python_code(python_code, tgid, &walked);
                 }
             }
         }
@@ -1205,6 +1197,20 @@ fn python_value(
         offsets: *offsets,
     };
     (value, process)
+}
+
+/// Adds the code objects of `stack`'s Python frames (of process `tgid`) to `code`, up to
+/// [`MAX_PYTHON_CODE`].
+fn note_python_code(code: &mut HashSet<(u32, u64)>, tgid: u32, stack: &dyn WalkedStack) {
+    for &word in stack.frames() {
+        if word & PYTHON_FRAME == 0 || code.len() >= MAX_PYTHON_CODE {
+            continue;
+        }
+        let (object, _) = python_frame_parts(word);
+        if object != 0 {
+            code.insert((tgid, object));
+        }
+    }
 }
 
 /// Generation `generation`'s map in the array of maps `outer`, or `None` when it cannot be
