@@ -136,8 +136,20 @@ pub enum Loss {
     CommMapFull = 5,
 }
 
-/// Number of [`Loss`] kinds; the size of the `LOSSES` array.
+/// Number of [`Loss`] kinds; the length of one run of the `LOSSES` array.
 pub const LOSS_KINDS: u32 = 6;
+
+/// The per-CPU counter arrays (`LOSSES`, `UNWIND_OUTCOMES_COUNT`, `PYTHON_COUNTS_MAP`) hold one
+/// run of counters per generation, at `run * kinds + kind`: a sample's counts go in the run of
+/// the generation its stacks went to, so the drain, once that generation is quiescent, takes
+/// exactly its window's counts and zeroes them. (With one run, read after the flip, a window's
+/// counts took in the next window's first samples.) The unwinder's and the Python walk's
+/// arrays have a third run, [`OFF_CPU_COUNTER_RUN`], for the off-CPU program's walks, whose
+/// events are not windowed by generation; the drain takes its differences.
+pub const COUNTER_RUNS: u32 = 3;
+
+/// The counter run of the off-CPU program's walks; see [`COUNTER_RUNS`].
+pub const OFF_CPU_COUNTER_RUN: u32 = 2;
 
 impl Loss {
     /// All kinds, in index order.
@@ -584,7 +596,8 @@ pub enum UnwindOutcome {
     TableEvicted = 8,
 }
 
-/// Number of [`UnwindOutcome`] kinds; the size of the `UNWIND_OUTCOMES` array.
+/// Number of [`UnwindOutcome`] kinds; the length of one run of the `UNWIND_OUTCOMES_COUNT`
+/// array ([`COUNTER_RUNS`]).
 pub const UNWIND_OUTCOMES: u32 = 9;
 
 impl UnwindOutcome {
@@ -922,7 +935,8 @@ pub enum PythonCount {
     FrameLimit = 4,
 }
 
-/// Number of [`PythonCount`] kinds; the size of the `PYTHON_COUNTS` array.
+/// Number of [`PythonCount`] kinds; the length of one run of the `PYTHON_COUNTS_MAP` array
+/// ([`COUNTER_RUNS`]).
 pub const PYTHON_COUNTS: u32 = 5;
 
 impl PythonCount {

@@ -31,8 +31,9 @@ use aya_ebpf::{
 };
 use scorch_common::{
     off_cpu_probability, OffCpuControl, OffCpuCount, OffCpuEvent, OffCpuThread, UserStack,
-    FILTER_DENY, FILTER_NONE, MAX_OFF_CPU_THREADS, OFF_CPU_COUNTS, OFF_CPU_KERNEL_DEPTH,
-    OFF_CPU_PREEMPTED, OFF_CPU_USER_STACKS, OFF_CPU_WALKS_PER_EVENT, TASK_DEAD,
+    FILTER_DENY, FILTER_NONE, MAX_OFF_CPU_THREADS, OFF_CPU_COUNTER_RUN, OFF_CPU_COUNTS,
+    OFF_CPU_KERNEL_DEPTH, OFF_CPU_PREEMPTED, OFF_CPU_USER_STACKS, OFF_CPU_WALKS_PER_EVENT,
+    TASK_DEAD,
 };
 
 use crate::{
@@ -190,7 +191,8 @@ fn user_stack(entry: &mut OffCpuThread, tgid: u32) {
         return;
     };
     count(OffCpuCount::Walks, 1);
-    let Some(walk) = unwind::walk_from(regs, tgid, unwind::WALK_OFF_CPU) else {
+    let Some(walk) = unwind::walk_from(regs, tgid, unwind::WALK_OFF_CPU, OFF_CPU_COUNTER_RUN)
+    else {
         return;
     };
     // 0 means "none": a stack hashing to it is stored under 1.

@@ -20,9 +20,9 @@ use aya_ebpf::{
     maps::{HashMap, PerCpuArray},
 };
 use scorch_common::{
-    python_frame_word, PythonCount, PythonProc, MAX_PYTHON_PROCS, MAX_USER_STACK_DEPTH,
-    PYTHON_COUNTS, PYTHON_ENTRY_CSTACK_OWNER, PYTHON_ENTRY_IS_ENTRY, PYTHON_EVAL_RANGES,
-    PYTHON_NO_CFRAME, PYTHON_NO_INTERPRETER,
+    python_frame_word, PythonCount, PythonProc, COUNTER_RUNS, MAX_PYTHON_PROCS,
+    MAX_USER_STACK_DEPTH, PYTHON_COUNTS, PYTHON_ENTRY_CSTACK_OWNER, PYTHON_ENTRY_IS_ENTRY,
+    PYTHON_EVAL_RANGES, PYTHON_NO_CFRAME, PYTHON_NO_INTERPRETER,
 };
 
 use crate::unwind::{repeat, WalkState};
@@ -34,7 +34,8 @@ static PYTHON_PROCS: HashMap<u32, PythonProc> =
 
 /// Per-CPU counters indexed by [`PythonCount`]; cumulative, the agent takes differences.
 #[map]
-static PYTHON_COUNTS_MAP: PerCpuArray<u64> = PerCpuArray::with_max_entries(PYTHON_COUNTS, 0);
+static PYTHON_COUNTS_MAP: PerCpuArray<u64> =
+    PerCpuArray::with_max_entries(PYTHON_COUNTS * COUNTER_RUNS, 0);
 
 /// `offsetof(struct task_struct, thread.fsbase)` on the running kernel, set by the agent
 /// before load from the kernel's BTF; 0 leaves Python frames unwalked.
@@ -71,8 +72,8 @@ pub fn in_eval_loop(python: &PythonProc, pc: u64) -> bool {
 }
 
 #[inline(always)]
-fn count(kind: PythonCount) {
-    if let Some(counter) = PYTHON_COUNTS_MAP.get_ptr_mut(kind as u32) {
+fn count(counters: u32, kind: PythonCount) {
+    if let Some(counter) = PYTHON_COUNTS_MAP.get_ptr_mut(counters * PYTHON_COUNTS + kind as u32) {
         // SAFETY: this CPU's slot; the program cannot run twice at once on one CPU.
         unsafe { *counter += 1 };
     }
@@ -162,12 +163,12 @@ fn chain_frame(chain: &mut Chain) -> i64 {
         return 1;
     }
     let Some(previous) = read_u64(frame.wrapping_add(python.frame_previous as u64)) else {
-        count(PythonCount::FrameReadFault);
+        count(walk.counters, PythonCount::FrameReadFault);
         chain.frame = 0;
         return 1;
     };
     let Some(marker) = read_u8(frame.wrapping_add(python.entry_offset as u64)) else {
-        count(PythonCount::FrameReadFault);
+        count(walk.counters, PythonCount::FrameReadFault);
         chain.frame = 0;
         return 1;
     };
@@ -177,7 +178,7 @@ fn chain_frame(chain: &mut Chain) -> i64 {
         return 1;
     }
     let Some(code) = read_u64(frame.wrapping_add(python.frame_code as u64)) else {
-        count(PythonCount::FrameReadFault);
+        count(walk.counters, PythonCount::FrameReadFault);
         chain.frame = 0;
         return 1;
     };
@@ -195,12 +196,12 @@ fn chain_frame(chain: &mut Chain) -> i64 {
         };
         python_frame_word(code, units)
     } else {
-        count(PythonCount::UnknownCode);
+        count(walk.counters, PythonCount::UnknownCode);
         python_frame_word(0, 0)
     };
     let len = walk.stack.len as usize;
     let Some(slot) = walk.stack.pcs.get_mut(len) else {
-        count(PythonCount::FrameLimit);
+        count(walk.counters, PythonCount::FrameLimit);
         chain.frame = 0;
         return 1;
     };
@@ -225,7 +226,7 @@ pub fn emit(walk: &mut WalkState, python: &PythonProc) -> u32 {
         match current_frame(python) {
             Some(frame) => walk.python_frame = frame,
             None => {
-                count(PythonCount::NoThreadState);
+                count(walk.counters, PythonCount::NoThreadState);
                 walk.python_frame = 0;
             }
         }
@@ -243,7 +244,8 @@ pub fn emit(walk: &mut WalkState, python: &PythonProc) -> u32 {
     walk.python_frame = chain.frame;
     let emitted = walk.python_frames.wrapping_sub(before);
     if emitted > 0 {
-        if let Some(counter) = PYTHON_COUNTS_MAP.get_ptr_mut(PythonCount::Frames as u32) {
+        let index = walk.counters * PYTHON_COUNTS + PythonCount::Frames as u32;
+        if let Some(counter) = PYTHON_COUNTS_MAP.get_ptr_mut(index) {
             // SAFETY: this CPU's slot; the program cannot run twice at once on one CPU.
             unsafe { *counter += emitted as u64 };
         }

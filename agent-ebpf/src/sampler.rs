@@ -41,9 +41,10 @@ static FILTERED: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 #[map]
 static RUN_SEQ: PerCpuArray<RunSeq> = PerCpuArray::with_max_entries(1, 0);
 
-/// Per-CPU loss counters indexed by `Loss`; cumulative, the agent takes differences.
+/// Per-CPU loss counters, a run of `Loss` kinds per generation (see `COUNTER_RUNS`); the agent
+/// takes and zeroes a generation's run once it is quiescent.
 #[map]
-static LOSSES: PerCpuArray<u64> = PerCpuArray::with_max_entries(LOSS_KINDS, 0);
+static LOSSES: PerCpuArray<u64> = PerCpuArray::with_max_entries(LOSS_KINDS * 2, 0);
 
 // Two generations of the per-window maps. The agent sizes the stack maps at load time from the
 // CPU count, frequency and window; the value here is only the default.
@@ -148,8 +149,11 @@ fn try_sample<const TABLES: bool>(ctx: &PerfEventContext) -> Result<(), i64> {
             return Ok(());
         }
     }
+    // Read once: the agent may flip it while this run goes on, and every map and counter this
+    // run writes must be of one generation.
+    // SAFETY: `control` points into a map value; the read is of a plain u32.
+    let slot = u32::from(unsafe { core::ptr::read_volatile(&control.generation) } != 0);
     // The agent fills every slot before it attaches the program.
-    let slot = u32::from(control.generation != 0);
     let (Some(stacks), Some(user_stacks), Some(short_user_stacks)) = (
         STACKS.get(slot),
         USER_STACKS.get(slot),
@@ -157,7 +161,7 @@ fn try_sample<const TABLES: bool>(ctx: &PerfEventContext) -> Result<(), i64> {
     ) else {
         return Ok(());
     };
-    let generation = if control.generation == 0 {
+    let generation = if slot == 0 {
         Generation {
             counts: &COUNTS_0,
             stacks,
@@ -184,27 +188,28 @@ fn try_sample<const TABLES: bool>(ctx: &PerfEventContext) -> Result<(), i64> {
             ctx,
             generation.stacks,
             0,
+            slot,
             Loss::KernelStackCollision,
             Loss::KernelStackError,
         )
     };
     let user_stack_id = if TABLES && control.unwind == UNWIND_TABLES {
-        match unwind::walk(ctx, tgid, user_mode) {
+        match unwind::walk(ctx, tgid, user_mode, slot) {
             None => STACK_ABSENT,
             Some(walk) => match unwind::store_stack(
                 generation.user_stacks,
                 generation.short_user_stacks,
                 walk,
                 tgid,
-                u32::from(control.generation != 0),
+                slot,
             ) {
                 Ok(id) => id,
                 Err(true) => {
-                    count_loss(Loss::UserStackCollision);
+                    count_loss(slot, Loss::UserStackCollision);
                     STACK_LOST_COLLISION
                 }
                 Err(false) => {
-                    count_loss(Loss::UserStackError);
+                    count_loss(slot, Loss::UserStackError);
                     STACK_LOST_OTHER
                 }
             },
@@ -214,6 +219,7 @@ fn try_sample<const TABLES: bool>(ctx: &PerfEventContext) -> Result<(), i64> {
             ctx,
             generation.stacks,
             u64::from(BPF_F_USER_STACK),
+            slot,
             Loss::UserStackCollision,
             Loss::UserStackError,
         )
@@ -238,7 +244,7 @@ fn try_sample<const TABLES: bool>(ctx: &PerfEventContext) -> Result<(), i64> {
     // A new key: the first sample of this stack in this window. Every process sampled in a
     // window passes here at least once, so this is where its name is recorded, off the
     // common path.
-    record_comm(generation.comms, tgid, thread);
+    record_comm(generation.comms, tgid, thread, slot);
     match generation.counts.insert(key, 1u64, u64::from(BPF_NOEXIST)) {
         Ok(()) => Ok(()),
         // Another CPU inserted the same key between our lookup and insert.
@@ -249,7 +255,7 @@ fn try_sample<const TABLES: bool>(ctx: &PerfEventContext) -> Result<(), i64> {
             Ok(())
         }
         Err(err) => {
-            count_loss(Loss::CountsMapFull);
+            count_loss(slot, Loss::CountsMapFull);
             // -E2BIG is the expected "map full"; anything else is worth a log line.
             if err == -E2BIG {
                 Ok(())
@@ -308,6 +314,7 @@ fn stack_id(
     ctx: &PerfEventContext,
     stacks: &StackMap,
     flags: u64,
+    slot: u32,
     collision: Loss,
     error: Loss,
 ) -> i32 {
@@ -317,11 +324,11 @@ fn stack_id(
         // user mode has no kernel stack. Not a loss.
         Err(err) if err == -EFAULT => STACK_ABSENT,
         Err(err) if err == -EEXIST => {
-            count_loss(collision);
+            count_loss(slot, collision);
             STACK_LOST_COLLISION
         }
         Err(_) => {
-            count_loss(error);
+            count_loss(slot, error);
             STACK_LOST_OTHER
         }
     }
@@ -345,21 +352,22 @@ fn interrupted_user_mode(ctx: &PerfEventContext) -> bool {
 }
 
 #[inline(always)]
-fn record_comm(comms: &HashMap<u32, Comm>, tgid: u32, comm: [u8; 16]) {
+fn record_comm(comms: &HashMap<u32, Comm>, tgid: u32, comm: [u8; 16], slot: u32) {
     if comms.get_ptr(tgid).is_some() {
         return;
     }
     // -EEXIST means another CPU recorded it first, which is fine.
     if let Err(err) = comms.insert(tgid, Comm(comm), u64::from(BPF_NOEXIST)) {
         if err != -EEXIST {
-            count_loss(Loss::CommMapFull);
+            count_loss(slot, Loss::CommMapFull);
         }
     }
 }
 
+/// Counts a loss in generation `slot`'s run.
 #[inline(always)]
-fn count_loss(loss: Loss) {
-    if let Some(counter) = LOSSES.get_ptr_mut(loss as u32) {
+fn count_loss(slot: u32, loss: Loss) {
+    if let Some(counter) = LOSSES.get_ptr_mut(slot * LOSS_KINDS + loss as u32) {
         // SAFETY: this CPU's slot; the program cannot run twice at once on one CPU.
         unsafe { *counter += 1 };
     }

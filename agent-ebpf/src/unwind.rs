@@ -30,11 +30,11 @@ use aya_ebpf::{
 };
 use scorch_common::{
     Bisect, CfaKind, ProcMappings, PythonProc, RbpKind, ShortUserStack, UnwindEvent, UnwindMapping,
-    UnwindOutcome, UnwindRow, UserStack, WalkedStack, EVENT_PYTHON_STACK, EVENT_UNKNOWN_PC,
-    EVENT_UNKNOWN_PROCESS, MAPPING_SEARCH_STEPS, MAPPING_TABLE_EVICTED, MAPPING_TABLE_LOADED,
-    MAPPING_TABLE_PENDING, MAX_PROC_MAPPINGS, MAX_ROW_POOLS, MAX_UNWIND_PROCS,
-    MAX_USER_STACK_DEPTH, SHORT_USER_STACK_DEPTH, SHORT_USER_STACK_ID, UNWIND_OUTCOMES,
-    UNWIND_SEARCH_STEPS,
+    UnwindOutcome, UnwindRow, UserStack, WalkedStack, COUNTER_RUNS, EVENT_PYTHON_STACK,
+    EVENT_UNKNOWN_PC, EVENT_UNKNOWN_PROCESS, MAPPING_SEARCH_STEPS, MAPPING_TABLE_EVICTED,
+    MAPPING_TABLE_LOADED, MAPPING_TABLE_PENDING, MAX_PROC_MAPPINGS, MAX_ROW_POOLS,
+    MAX_UNWIND_PROCS, MAX_USER_STACK_DEPTH, SHORT_USER_STACK_DEPTH, SHORT_USER_STACK_ID,
+    UNWIND_OUTCOMES, UNWIND_SEARCH_STEPS,
 };
 
 /// A row pool's flags. `BPF_F_MMAPABLE`: the agent writes tables straight into the pool's
@@ -86,9 +86,11 @@ static UNWIND_EVENTS: RingBuf = RingBuf::with_byte_size(64 * 1024, 0);
 #[map]
 static NOTIFIED: LruHashMap<u32, u64> = LruHashMap::with_max_entries(MAX_UNWIND_PROCS, 0);
 
-/// Per-CPU counters indexed by [`UnwindOutcome`]; cumulative, the agent takes differences.
+/// Per-CPU counters, a run of [`UnwindOutcome`] kinds per generation and one for the off-CPU
+/// program's walks (`COUNTER_RUNS`).
 #[map]
-static UNWIND_OUTCOMES_COUNT: PerCpuArray<u64> = PerCpuArray::with_max_entries(UNWIND_OUTCOMES, 0);
+static UNWIND_OUTCOMES_COUNT: PerCpuArray<u64> =
+    PerCpuArray::with_max_entries(UNWIND_OUTCOMES * COUNTER_RUNS, 0);
 
 /// Per-CPU walk state: slot [`WALK_SAMPLE`] for the perf-event sampler, [`WALK_OFF_CPU`] for
 /// the `sched_switch` program, so that one can never overwrite a walk of the other on the
@@ -133,6 +135,8 @@ pub struct WalkState {
     pub python_started: u32,
     /// Python frames emitted so far.
     pub python_frames: u32,
+    /// The run of the counter arrays this walk counts in (`COUNTER_RUNS`).
+    pub counters: u32,
     /// The next Python frame to emit, at the next eval-loop frame; 0 when there is none.
     pub python_frame: u64,
     /// The frames, and their hash.
@@ -213,19 +217,26 @@ pub fn current_user_regs() -> Option<(u64, u64, u64)> {
     (regs.cs & 3 == 3).then_some((regs.rip, regs.rsp, regs.rbp))
 }
 
-/// Walks the current task's user stack into `WALK`; returns the state, or `None` when the task
-/// has no user stack.
+/// Walks the current task's user stack into `WALK`, counting in generation `generation`'s run;
+/// returns the state, or `None` when the task has no user stack.
 #[inline(always)]
-pub fn walk(ctx: &PerfEventContext, tgid: u32, user_mode: bool) -> Option<&'static mut WalkState> {
-    walk_from(user_regs(ctx, user_mode)?, tgid, WALK_SAMPLE)
+pub fn walk(
+    ctx: &PerfEventContext,
+    tgid: u32,
+    user_mode: bool,
+    generation: u32,
+) -> Option<&'static mut WalkState> {
+    walk_from(user_regs(ctx, user_mode)?, tgid, WALK_SAMPLE, generation)
 }
 
-/// Walks the current task's user stack from registers (pc, sp, rbp) into `WALK`'s `slot`.
+/// Walks the current task's user stack from registers (pc, sp, rbp) into `WALK`'s `slot`,
+/// counting in the counter arrays' run `counters`.
 #[inline(always)]
 pub fn walk_from(
     (pc, sp, bp): (u64, u64, u64),
     tgid: u32,
     slot: u32,
+    counters: u32,
 ) -> Option<&'static mut WalkState> {
     if pc == 0 {
         return None;
@@ -247,6 +258,7 @@ pub fn walk_from(
     walk.python_started = 0;
     walk.python_frames = 0;
     walk.python_frame = 0;
+    walk.counters = counters;
     walk.stack.len = 0;
     walk.stack.hash = 0xcbf2_9ce4_8422_2325;
 
@@ -271,18 +283,18 @@ pub fn walk_from(
         walk.stop = UnwindOutcome::FrameLimit as u32;
     }
     walk.stack.outcome = walk.stop;
-    count(walk.stop);
+    count(counters, walk.stop);
     if walk.no_mapping != 0 {
-        count(UnwindOutcome::NoMapping as u32);
+        count(counters, UnwindOutcome::NoMapping as u32);
     }
     if walk.table_pending != 0 {
-        count(UnwindOutcome::TableNotLoaded as u32);
+        count(counters, UnwindOutcome::TableNotLoaded as u32);
     }
     if walk.table_evicted != 0 {
-        count(UnwindOutcome::TableEvicted as u32);
+        count(counters, UnwindOutcome::TableEvicted as u32);
     }
     if walk.no_row_step != 0 {
-        count(UnwindOutcome::FramePointerNoRow as u32);
+        count(counters, UnwindOutcome::FramePointerNoRow as u32);
     }
     if known.is_none() {
         notify(tgid, EVENT_UNKNOWN_PROCESS, pc);
@@ -571,8 +583,8 @@ fn signal_step(walk: &mut WalkState, offset: u64, rbp_kind: RbpKind, rbp_offset:
 }
 
 #[inline(always)]
-fn count(outcome: u32) {
-    if let Some(counter) = UNWIND_OUTCOMES_COUNT.get_ptr_mut(outcome) {
+fn count(counters: u32, outcome: u32) {
+    if let Some(counter) = UNWIND_OUTCOMES_COUNT.get_ptr_mut(counters * UNWIND_OUTCOMES + outcome) {
         // SAFETY: this CPU's slot; the program cannot run twice at once on one CPU.
         unsafe { *counter += 1 };
     }

@@ -3,8 +3,13 @@
 main -> run -> {parse, compute -> {matmul, reduce}, digest}. Each leaf calls the same
 `spin` a fixed number of times per round, so the shares of samples are set by the work
 (parse 1, matmul 3, reduce 2, digest 1 parts of 7). `python3 calltree.py SECONDS`.
+
+A round's size varies at random around its mean: rounds of one fixed length would beat
+against a profiler's fixed sampling period and skew the shares it sees by a few points, a
+different few for each profiler.
 """
 
+import random
 import sys
 import time
 
@@ -36,9 +41,11 @@ def digest(n):
     return spin(n)
 
 
-def run(seconds, n):
+def run(seconds, mean):
+    rounds = random.Random(1)
     end = time.monotonic() + seconds
     while time.monotonic() < end:
+        n = rounds.randrange(mean // 2, mean * 3 // 2)
         parse(n)
         compute(n)
         digest(n)

@@ -18,7 +18,11 @@
 //! on the first refusal and kept. `STACKS_g` has no batch operations: its referenced stacks
 //! are read one by one, and the ids read are the ids deleted.
 //!
-//! Loss counters are cumulative per CPU; each window reports the difference.
+//! The counters (`LOSSES`, `UNWIND_OUTCOMES_COUNT`, `PYTHON_COUNTS_MAP`) are per CPU, with a
+//! run of counters per generation (`COUNTER_RUNS`): the old generation's run is taken and
+//! zeroed with its maps, so a window reports exactly the counts of its own samples. The
+//! off-CPU program's walks count in a run of their own, cumulative; a window reports its
+//! difference.
 
 use std::{
     collections::HashMap,
@@ -26,7 +30,7 @@ use std::{
 };
 
 use aya::{
-    maps::{HashMap as BpfHashMap, MapData, MapError, PerCpuArray, StackTraceMap},
+    maps::{HashMap as BpfHashMap, MapData, MapError, PerCpuArray, PerCpuValues, StackTraceMap},
     Pod,
 };
 
@@ -37,8 +41,8 @@ use super::{
 use crate::sys::bpf_batch::{self, BatchError};
 use scorch_common::{
     Comm, Control, Loss, PythonCount, ShortUserStack, StackKey, UnwindOutcome, UserStack,
-    WalkedStack, LOSS_KINDS, MAX_STACK_DEPTH, MAX_USER_STACK_DEPTH, PYTHON_COUNTS, STACK_ABSENT,
-    STACK_LOST_COLLISION, UNWIND_OUTCOMES, UNWIND_TABLES,
+    WalkedStack, LOSS_KINDS, MAX_STACK_DEPTH, MAX_USER_STACK_DEPTH, OFF_CPU_COUNTER_RUN,
+    PYTHON_COUNTS, STACK_ABSENT, STACK_LOST_COLLISION, UNWIND_OUTCOMES, UNWIND_TABLES,
 };
 
 /// Longest a single BPF run may take before the drain gives up waiting on it. Runs take
@@ -61,6 +65,11 @@ pub enum DrainError {
     },
     #[error("CPU {cpu} stayed inside the BPF program for over {QUIESCE_TIMEOUT:?}")]
     NotQuiescent { cpu: usize },
+    #[error("zeroing BPF map {map}: the possible CPUs: {source}")]
+    Cpus {
+        map: &'static str,
+        source: std::io::Error,
+    },
 }
 
 /// A stack as recorded for one sample.
@@ -311,12 +320,10 @@ pub struct Drainer {
     maps: SamplerMaps,
     control: Control,
     window_start: SystemTime,
-    /// Cumulative loss counters at the previous drain.
-    previous_losses: [u64; LOSS_KINDS as usize],
-    /// Cumulative unwind outcome counters at the previous drain.
-    previous_unwind: [u64; UNWIND_OUTCOMES as usize],
-    /// Cumulative Python counters at the previous drain.
-    previous_python: [u64; PYTHON_COUNTS as usize],
+    /// The off-CPU walks' cumulative unwind outcome counters at the previous drain.
+    previous_off_cpu_unwind: [u64; UNWIND_OUTCOMES as usize],
+    /// The off-CPU walks' cumulative Python counters at the previous drain.
+    previous_off_cpu_python: [u64; PYTHON_COUNTS as usize],
     /// Whether hash maps are read in batches; false once the kernel refused a batch call
     /// (before 5.6), and then for good: the answer is the kernel's, not the window's.
     batched: bool,
@@ -337,9 +344,8 @@ impl Drainer {
             maps,
             control,
             window_start: SystemTime::now(),
-            previous_losses: [0; LOSS_KINDS as usize],
-            previous_unwind: [0; UNWIND_OUTCOMES as usize],
-            previous_python: [0; PYTHON_COUNTS as usize],
+            previous_off_cpu_unwind: [0; UNWIND_OUTCOMES as usize],
+            previous_off_cpu_python: [0; PYTHON_COUNTS as usize],
             batched: true,
         }
     }
@@ -472,11 +478,7 @@ impl Drainer {
             },
         )?;
 
-        let totals = self.read_loss_totals()?;
-        for (i, total) in totals.iter().enumerate() {
-            losses.by_kind[i] = total.saturating_sub(self.previous_losses[i]);
-        }
-        self.previous_losses = totals;
+        losses.by_kind = take_run(&mut self.maps.losses, "LOSSES", old)?;
 
         // Stack-trace maps have no batch operations. Every stack the program stored is one a
         // count key references, and was resolved above, unless the key itself was dropped
@@ -560,16 +562,18 @@ impl Drainer {
             );
         }
 
-        let unwind = self.read_unwind_totals()?;
-        for (i, total) in unwind.iter().enumerate() {
-            losses.unwind[i] = total.saturating_sub(self.previous_unwind[i]);
-        }
-        self.previous_unwind = unwind;
-        let python = sum_per_cpu(&self.maps.python_counts, "PYTHON_COUNTS_MAP")?;
-        for (i, total) in python.iter().enumerate() {
-            losses.python[i] = total.saturating_sub(self.previous_python[i]);
-        }
-        self.previous_python = python;
+        losses.unwind = take_walk_counts(
+            &mut self.maps.unwind_outcomes,
+            "UNWIND_OUTCOMES_COUNT",
+            old,
+            &mut self.previous_off_cpu_unwind,
+        )?;
+        losses.python = take_walk_counts(
+            &mut self.maps.python_counts,
+            "PYTHON_COUNTS_MAP",
+            old,
+            &mut self.previous_off_cpu_python,
+        )?;
 
         let stack_maps = StackMapFill {
             used: StackEntries {
@@ -622,14 +626,6 @@ impl Drainer {
         }
         Ok(())
     }
-
-    fn read_unwind_totals(&self) -> Result<[u64; UNWIND_OUTCOMES as usize], DrainError> {
-        sum_per_cpu(&self.maps.unwind_outcomes, "UNWIND_OUTCOMES")
-    }
-
-    fn read_loss_totals(&self) -> Result<[u64; LOSS_KINDS as usize], DrainError> {
-        sum_per_cpu(&self.maps.losses, "LOSSES")
-    }
 }
 
 /// After a window stored `stored` stacks in generation `generation`'s user-stack map of
@@ -661,16 +657,60 @@ fn resize_user_stacks<V: Pod>(
 }
 
 /// Counters `0..N` of a per-CPU array, each summed over the CPUs.
-fn sum_per_cpu<const N: usize>(
+/// Run `run` of a per-CPU counter array (`COUNTER_RUNS`), each counter summed over the CPUs.
+fn sum_run<const N: usize>(
     map: &PerCpuArray<MapData, u64>,
     name: &'static str,
+    run: usize,
 ) -> Result<[u64; N], DrainError> {
     let mut totals = [0u64; N];
     for (i, total) in totals.iter_mut().enumerate() {
-        let per_cpu = map.get(&(i as u32), 0).map_err(map_err("reading", name))?;
+        let per_cpu = map
+            .get(&((run * N + i) as u32), 0)
+            .map_err(map_err("reading", name))?;
         *total = per_cpu.iter().sum();
     }
     Ok(totals)
+}
+
+/// Takes run `run` of a per-CPU counter array: each counter summed over the CPUs, then zeroed.
+/// Only for a quiescent generation's run, which no program writes: nothing counted between the
+/// read and the write can be lost.
+fn take_run<const N: usize>(
+    map: &mut PerCpuArray<MapData, u64>,
+    name: &'static str,
+    run: usize,
+) -> Result<[u64; N], DrainError> {
+    let mut totals = [0u64; N];
+    for (i, total) in totals.iter_mut().enumerate() {
+        let index = (run * N + i) as u32;
+        let per_cpu = map.get(&index, 0).map_err(map_err("reading", name))?;
+        *total = per_cpu.iter().sum();
+        // Most counters stay at zero: only those that moved are written.
+        if *total != 0 {
+            let zeros = PerCpuValues::try_from(vec![0u64; per_cpu.len()])
+                .map_err(|source| DrainError::Cpus { map: name, source })?;
+            map.set(index, zeros, 0).map_err(map_err("zeroing", name))?;
+        }
+    }
+    Ok(totals)
+}
+
+/// A window's counts from a walk counter array: generation `generation`'s run, taken, plus
+/// what the off-CPU walks' cumulative run gained since `previous`.
+fn take_walk_counts<const N: usize>(
+    map: &mut PerCpuArray<MapData, u64>,
+    name: &'static str,
+    generation: usize,
+    previous: &mut [u64; N],
+) -> Result<[u64; N], DrainError> {
+    let mut window = take_run(map, name, generation)?;
+    let off_cpu: [u64; N] = sum_run(map, name, OFF_CPU_COUNTER_RUN as usize)?;
+    for ((counted, total), before) in window.iter_mut().zip(&off_cpu).zip(previous.iter()) {
+        *counted += total.saturating_sub(*before);
+    }
+    *previous = off_cpu;
+    Ok(window)
 }
 
 fn batch_err(action: &'static str, map: &'static str) -> impl FnOnce(BatchError) -> DrainError {
