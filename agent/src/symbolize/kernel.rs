@@ -7,13 +7,16 @@
 //!
 //! The kernel's table changes when modules or BPF programs load, so [`KernelSymbolizer`]
 //! reloads when the set of modules or BPF programs changed since the last load, and when a
-//! lookup lands outside the table.
+//! lookup lands outside the table. A load takes this boot's kept copy when it is current
+//! ([`super::kallsyms_cache`]), and `/proc/kallsyms` otherwise, then keeps a copy.
 
 use std::{
     fs::File,
     io::{self, Read},
     path::{Path, PathBuf},
 };
+
+use super::kallsyms_cache::{self, KernelIdentity};
 
 /// A symbol further than this from the address it names is not trusted: the address is more
 /// likely in code the table does not know (a module or BPF program loaded later).
@@ -74,6 +77,9 @@ pub struct KernelSymbols {
     modules: Vec<String>,
     /// True when every address read was zero: kptr_restrict hides them from this process.
     addresses_hidden: bool,
+    /// A kept copy without BPF programs and trampolines: names only addresses between two
+    /// symbols of one owner (see [`KernelSymbols::lookup`]).
+    partial: bool,
 }
 
 /// The answer for one kernel address.
@@ -168,7 +174,9 @@ impl KernelSymbols {
         self.symbols.is_empty()
     }
 
-    /// Names the function holding `address`.
+    /// Names the function holding `address`. A partial table names an address only when the
+    /// next symbol is of the same module (or both are the core kernel's): the address then
+    /// lies in that owner's text, where nothing the copy left out can be.
     pub fn lookup(&self, address: u64) -> KernelFrame<'_> {
         if self.addresses_hidden {
             return KernelFrame::Miss;
@@ -177,6 +185,14 @@ impl KernelSymbols {
         let Some(symbol) = index.checked_sub(1).map(|i| self.symbols[i]) else {
             return KernelFrame::Miss;
         };
+        if self.partial
+            && self
+                .symbols
+                .get(index)
+                .is_none_or(|next| next.module != symbol.module)
+        {
+            return KernelFrame::Miss;
+        }
         let offset = address - symbol.address;
         if offset >= MAX_SYMBOL_SPAN {
             return KernelFrame::Miss;
@@ -194,6 +210,39 @@ impl KernelSymbols {
     /// Lowest symbol address, a stand-in for the start of kernel text.
     pub fn lowest_address(&self) -> u64 {
         self.symbols.first().map_or(0, |s| s.address)
+    }
+
+    /// Highest symbol address.
+    #[cfg(test)]
+    pub fn last_address(&self) -> u64 {
+        self.symbols.last().map_or(0, |s| s.address)
+    }
+
+    /// The same table, marked as a kept copy (see [`KernelSymbols::lookup`]).
+    pub(super) fn partial(mut self) -> Self {
+        self.partial = true;
+        self
+    }
+
+    /// Writes the table in kallsyms' format, one line per address, leaving out the modules
+    /// `keep` refuses.
+    pub(super) fn write_kallsyms(
+        &self,
+        out: &mut impl io::Write,
+        keep: impl Fn(&str) -> bool,
+    ) -> io::Result<()> {
+        let kept: Vec<bool> = self.modules.iter().map(|m| keep(m)).collect();
+        for symbol in &self.symbols {
+            let kind = if symbol.global() { 'T' } else { 't' };
+            let name = symbol_name(&self.arena, symbol);
+            if symbol.module == NO_MODULE {
+                writeln!(out, "{:016x} {kind} {name}", symbol.address)?;
+            } else if kept[usize::from(symbol.module)] {
+                let module = &self.modules[usize::from(symbol.module)];
+                writeln!(out, "{:016x} {kind} {name}\t[{module}]", symbol.address)?;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -372,6 +421,7 @@ impl<'p> TableBuilder<'p> {
             arena,
             modules,
             addresses_hidden: !any_nonzero,
+            partial: false,
         })
     }
 }
@@ -488,13 +538,17 @@ impl KernelSymbolizer {
         let fingerprint = TableFingerprint::read();
         let stale = self.table.is_none() || fingerprint != self.fingerprint;
         if stale {
-            self.reload(fingerprint)?;
-        } else if let Some(table) = &self.table {
+            self.reload(fingerprint.clone(), true)?;
+        }
+        if let Some(table) = &self.table {
             let missed = addresses
                 .iter()
                 .any(|&a| matches!(table.lookup(a), KernelFrame::Miss));
-            if missed && !table.addresses_hidden() {
-                self.reload(fingerprint)?;
+            // A fresh table from the kernel answers for itself; a kept copy, or an older
+            // table, may lack what loaded since.
+            let fresh = stale && !table.partial;
+            if missed && !fresh && !table.addresses_hidden() {
+                self.reload(fingerprint, false)?;
             }
         }
         let Some(table) = &self.table else {
@@ -503,12 +557,31 @@ impl KernelSymbolizer {
         Ok(addresses.iter().map(|&a| table.lookup(a)).collect())
     }
 
-    fn reload(&mut self, fingerprint: TableFingerprint) -> Result<(), KallsymsError> {
+    /// Loads the table: this boot's kept copy when `kept` allows it and it is current, else
+    /// `/proc/kallsyms`, which is then kept.
+    fn reload(&mut self, fingerprint: TableFingerprint, kept: bool) -> Result<(), KallsymsError> {
         // The old table goes first: holding both while the new one is read would double
         // this stage's 6 MB at the moment the daemon's memory peaks. If the read fails, this
         // window's kernel frames are unnamed and the next window tries again.
         self.table = None;
+        let identity = KernelIdentity::current();
+        let copy = identity
+            .as_ref()
+            .filter(|_| kept)
+            .and_then(kallsyms_cache::load);
+        if let Some(table) = copy {
+            self.table = Some(table);
+            self.fingerprint = fingerprint;
+            return Ok(());
+        }
         let table = KernelSymbols::load()?;
+        if let (Some(identity), false) = (&identity, table.addresses_hidden()) {
+            // The modules read before and after the table: one loaded meanwhile would make
+            // the copy claim a table it does not hold.
+            if KernelIdentity::current().as_ref() == Some(identity) {
+                kallsyms_cache::store(&table, identity);
+            }
+        }
         if table.addresses_hidden() && !self.warned_hidden {
             tracing::warn!(
                 "/proc/kallsyms shows every address as zero (kernel.kptr_restrict hides them \

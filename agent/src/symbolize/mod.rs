@@ -9,6 +9,7 @@ pub mod captures;
 pub mod elf;
 pub mod entry;
 pub mod hints;
+mod kallsyms_cache;
 pub mod kernel;
 pub mod maps;
 pub mod python;
