@@ -24,6 +24,7 @@ use crate::{
     },
     symbolize::{
         self,
+        elf::SectionCache,
         kernel::KernelSymbolizer,
         user::{SymbolizeMode, UserSymbolizer},
     },
@@ -249,10 +250,13 @@ pub async fn record(args: &RecordConfig) -> Result<RecordSummary, RecordError> {
         .take_unwind_maps()
         .map(|maps| Unwinder::start(maps, args.python))
         .transpose()?;
-    let mut session = Session::new(
-        UserSymbolizer::new(args.symbolize, args.symbol_cache_bytes),
-        args.thread_ids,
-    );
+    let mut symbolizer = UserSymbolizer::new(args.symbolize, args.symbol_cache_bytes);
+    // Each run would inflate the same libraries' compressed DWARF again (libc6-dbg's: 8 MB).
+    match SectionCache::system() {
+        Ok(cache) => symbolizer.set_section_cache(cache),
+        Err(error) => tracing::debug!("no cache of inflated debug sections: {error}"),
+    }
+    let mut session = Session::new(symbolizer, args.thread_ids);
     let mut waited = false;
     if let Some(unwinder) = &mut unwinder {
         // `--pid`: their tables are built now, not after their first samples ask for them,

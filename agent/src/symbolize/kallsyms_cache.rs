@@ -20,11 +20,12 @@
 
 use std::{
     io::{self, BufRead, BufReader, Read, Write},
-    os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt},
+    os::unix::fs::{DirBuilderExt, OpenOptionsExt},
     path::{Path, PathBuf},
 };
 
 use super::kernel::KernelSymbols;
+use crate::sys::fs::{check_private, check_private_dir};
 
 /// The header's first line; a change of layout changes it.
 const MAGIC: &str = "scorch-kallsyms 1";
@@ -119,7 +120,7 @@ pub fn store(table: &KernelSymbols, identity: &KernelIdentity) {
 }
 
 fn read(path: &Path, identity: &KernelIdentity) -> io::Result<KernelSymbols> {
-    trusted_dir(path.parent().unwrap_or(Path::new("/")))?;
+    check_private_dir(path.parent().unwrap_or(Path::new("/")))?;
     let file = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
@@ -128,7 +129,7 @@ fn read(path: &Path, identity: &KernelIdentity) -> io::Result<KernelSymbols> {
     if !metadata.is_file() {
         return Err(invalid("not a regular file"));
     }
-    trusted_owner(&metadata)?;
+    check_private(&metadata)?;
     let mut input = BufReader::new(file.take(MAX_BYTES));
     let mut line = String::new();
     let mut header = |line: &mut String| -> io::Result<String> {
@@ -171,7 +172,7 @@ fn write(dir: &Path, table: &KernelSymbols, identity: &KernelIdentity) -> io::Re
         Err(error) if error.kind() != io::ErrorKind::AlreadyExists => return Err(error),
         _ => {}
     }
-    trusted_dir(dir)?;
+    check_private_dir(dir)?;
     let path = dir.join("kallsyms");
     let temporary = dir.join(format!(".kallsyms.tmp-{}", std::process::id()));
     let file = std::fs::OpenOptions::new()
@@ -196,27 +197,6 @@ fn write(dir: &Path, table: &KernelSymbols, identity: &KernelIdentity) -> io::Re
         let _ = std::fs::remove_file(&temporary);
     }
     result
-}
-
-/// A directory only this user can write to, reached without a symlink.
-fn trusted_dir(dir: &Path) -> io::Result<()> {
-    let metadata = std::fs::symlink_metadata(dir)?;
-    if !metadata.is_dir() {
-        return Err(invalid("the directory is not one"));
-    }
-    trusted_owner(&metadata)
-}
-
-fn trusted_owner(metadata: &std::fs::Metadata) -> io::Result<()> {
-    // SAFETY: no arguments, cannot fail.
-    let user = unsafe { libc::geteuid() };
-    if metadata.uid() != user {
-        return Err(invalid("owned by another user"));
-    }
-    if metadata.mode() & 0o022 != 0 {
-        return Err(invalid("writable by other users"));
-    }
-    Ok(())
 }
 
 fn invalid(reason: &'static str) -> io::Error {

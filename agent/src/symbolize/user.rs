@@ -25,7 +25,7 @@ use std::{
 
 use super::captures::{process_alive, CaptureStats, Captures};
 use super::elf::{
-    DwarfLimits, DwarfOptions, ElfFile, ElfMiss, FileData, OverBudget, ResolvedFrame,
+    DwarfLimits, DwarfOptions, ElfFile, ElfMiss, FileData, OverBudget, ResolvedFrame, SectionCache,
 };
 use super::entry::{EntryChains, ProcessFrames, Spot};
 use super::maps::{own_vdso, MapEntry, MapsHistory, ProcessMaps};
@@ -458,6 +458,12 @@ impl UserSymbolizer {
     /// (tmpfs): a directory the daemon owns, on disk, where their size is accounted to it.
     pub fn set_scratch_dir(&mut self, dir: impl Into<PathBuf>) {
         self.dwarf.scratch_dir = Some(dir.into());
+    }
+
+    /// Keeps inflated debug sections in `cache` and maps them from there the next time
+    /// (`record`, whose every run would inflate libc's DWARF again).
+    pub fn set_section_cache(&mut self, cache: SectionCache) {
+        self.dwarf.section_cache = Some(cache);
     }
 
     /// Changes what one file's DWARF may cost before it is refused.

@@ -113,6 +113,39 @@ fn create_new(path: &Path) -> io::Result<std::fs::File> {
         .open(path)
 }
 
+/// Fails unless `dir` is a directory, reached without a symlink, that this user owns and no
+/// other user can write: where a privileged process may trust what it finds.
+pub fn check_private_dir(dir: &Path) -> io::Result<()> {
+    let metadata = std::fs::symlink_metadata(dir)?;
+    if !metadata.is_dir() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "not a directory",
+        ));
+    }
+    check_private(&metadata)
+}
+
+/// Fails unless the file `metadata` describes is this user's and no other user can write it.
+pub fn check_private(metadata: &std::fs::Metadata) -> io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    // SAFETY: no arguments, cannot fail.
+    let user = unsafe { libc::geteuid() };
+    if metadata.uid() != user {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            "owned by another user",
+        ));
+    }
+    if metadata.mode() & 0o022 != 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            "writable by other users",
+        ));
+    }
+    Ok(())
+}
+
 /// Every input a fuzz target's replay test runs: its findings, committed under
 /// `agent/tests/fuzz-regressions/TARGET/`, then its seeds, `fuzz/seeds/TARGET/` (so the
 /// properties a `fuzz_one` asserts are checked on well-formed input too). A target without

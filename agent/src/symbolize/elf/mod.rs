@@ -27,6 +27,7 @@
 
 mod dwarf;
 pub mod extract;
+mod section_cache;
 mod sections;
 mod symtab;
 mod units;
@@ -45,6 +46,7 @@ use super::address::{ElfAddress, FileOffset};
 use crate::runtimes::go::Pclntab;
 use crate::sys;
 use dwarf::Dwarf;
+pub use section_cache::SectionCache;
 pub use symtab::demangle;
 use symtab::SymbolTable;
 
@@ -164,6 +166,8 @@ pub struct DwarfOptions {
     pub limits: DwarfLimits,
     /// Where compressed sections are inflated to; `None` for `$TMPDIR`, which may be memory.
     pub scratch_dir: Option<PathBuf>,
+    /// Where inflated sections are kept for the next reader, if anywhere.
+    pub section_cache: Option<SectionCache>,
 }
 
 /// Which of [`DwarfLimits`] a file's DWARF went over.

@@ -89,6 +89,7 @@ pub(super) fn load_sections(
         return Ok(DwarfLoad::OverBudget(OverBudget::Inflated { claimed }));
     }
     let scratch_dir = options.scratch_dir.as_deref();
+    let cache = options.section_cache.as_ref();
     let endian = if file.is_little_endian() {
         gimli::RunTimeEndian::Little
     } else {
@@ -136,13 +137,21 @@ pub(super) fn load_sections(
                 .get(start..start.checked_add(len).ok_or(gimli::Error::Io)?)
                 .ok_or(gimli::Error::Io)?;
             let copy = Arc::new(
-                inflate(
-                    range.format,
-                    compressed,
-                    range.uncompressed_size,
-                    scratch_dir,
-                )
-                .ok_or(gimli::Error::Io)?,
+                cache
+                    .and_then(|cache| {
+                        cache.inflated(range.format, compressed, range.uncompressed_size, |file| {
+                            inflate_into(range.format, compressed, range.uncompressed_size, file)
+                        })
+                    })
+                    .or_else(|| {
+                        inflate(
+                            range.format,
+                            compressed,
+                            range.uncompressed_size,
+                            scratch_dir,
+                        )
+                    })
+                    .ok_or(gimli::Error::Io)?,
             );
             let len = copy.bytes().len();
             mapped_bytes += len;
@@ -222,6 +231,30 @@ fn inflate(
     claimed: u64,
     scratch_dir: Option<&Path>,
 ) -> Option<FileData> {
+    if claimed == 0 {
+        // Still refused when the format is not one this reads.
+        inflate_into(format, compressed, 0, &mut std::io::sink())?;
+        return Some(FileData::Owned(Vec::new()));
+    }
+    let mut file = match scratch_dir {
+        Some(dir) => tempfile::tempfile_in(dir),
+        None => tempfile::tempfile(),
+    }
+    .ok()?;
+    if inflate_into(format, compressed, claimed, &mut file)? != claimed {
+        return None;
+    }
+    FileData::map_file(&file, Path::new("inflated debug section")).ok()
+}
+
+/// Inflates `compressed` into `out`, cut off one byte past `claimed`; returns the bytes
+/// written.
+fn inflate_into(
+    format: CompressionFormat,
+    compressed: &[u8],
+    claimed: u64,
+    out: &mut impl std::io::Write,
+) -> Option<u64> {
     use std::io::Read;
     let limit = claimed.checked_add(1)?;
     let mut decoder: Box<dyn Read + '_> = match format {
@@ -231,17 +264,5 @@ fn inflate(
         }
         _ => return None,
     };
-    if claimed == 0 {
-        return Some(FileData::Owned(Vec::new()));
-    }
-    let mut file = match scratch_dir {
-        Some(dir) => tempfile::tempfile_in(dir),
-        None => tempfile::tempfile(),
-    }
-    .ok()?;
-    let written = std::io::copy(&mut (&mut decoder).take(limit), &mut file).ok()?;
-    if written != claimed {
-        return None;
-    }
-    FileData::map_file(&file, Path::new("inflated debug section")).ok()
+    std::io::copy(&mut (&mut decoder).take(limit), out).ok()
 }
