@@ -364,6 +364,12 @@ fn install_run_remove(deb: &Path) -> Result<()> {
         package_status().is_none(),
         "dpkg still knows scorch after --purge"
     );
+    for kept in ["/var/cache/scorch", "/run/scorch"] {
+        ensure!(
+            Path::new(kept).symlink_metadata().is_err(),
+            "dpkg --purge left what record keeps in {kept}"
+        );
+    }
     let left: Vec<&PathBuf> = files
         .iter()
         .filter(|f| f.symlink_metadata().is_ok() && !is_shared_directory(f))
