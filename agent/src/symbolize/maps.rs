@@ -20,6 +20,10 @@ pub enum MapsError {
         line: usize,
         reason: &'static str,
     },
+    #[error(
+        "{path}: no mappings (a process that exited and is not reaped yet, or a kernel thread)"
+    )]
+    Empty { path: PathBuf },
 }
 
 /// The first read's buffer for `/proc/PID/maps`: Debian's python3 has 43 lines (4.5 KiB),
@@ -178,9 +182,14 @@ impl ProcessMaps {
             // its address range, or by a path whose inode is checked, so a mangled name
             // opens nothing else), where failing the read left the whole process unnamed.
             let text = String::from_utf8_lossy(bytes);
-            Ok(ProcessMaps {
-                entries: parse_maps(&text, &path)?,
-            })
+            let entries = parse_maps(&text, &path)?;
+            // A zombie's maps read empty: taken as a capture, they would replace the one of
+            // its life and leave every sample of it unnamed. A process that runs maps
+            // something.
+            if entries.is_empty() {
+                return Err(MapsError::Empty { path: path.clone() });
+            }
+            Ok(ProcessMaps { entries })
         })
     }
 
@@ -317,6 +326,32 @@ mod tests {
 7f1000000000-7f1000001000 r-xp 00002000 fd:01 99 /usr/lib/libx.so (deleted)
 7ffd000000000-7ffd000002000 r-xp 00000000 00:00 0                          [vdso]
 ";
+
+    #[test]
+    fn a_zombie_has_no_maps_to_capture() {
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        // Exited, not reaped: a zombie until `wait`.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .unwrap()
+            .contains(") Z ")
+        {
+            assert!(std::time::Instant::now() < deadline, "{pid} never exited");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let read = ProcessMaps::read(pid);
+        child.wait().unwrap();
+        assert!(
+            matches!(read, Err(MapsError::Empty { .. })),
+            "a zombie's maps: {read:?}"
+        );
+        // The living process reads as before.
+        assert!(!ProcessMaps::read(std::process::id())
+            .unwrap()
+            .entries()
+            .is_empty());
+    }
 
     #[test]
     fn parses_maps_lines() {

@@ -196,9 +196,9 @@ fn record_short_lived(program: &Path, delete: bool) -> Result<(f64, f64, i64, St
     // daemon the frames below glibc's start code (see below). A CI machine may have none on
     // CPU during these 12 s, so one is run here, under another name, from before the
     // recording (`spawn` returns once it has exec'd) into its first seconds, so the
-    // recording's start-up scan reads it. Started after, it once went wholly unnamed in CI
-    // (every frame, for 3 s, and so no chain was learned): its capture was missing or taken
-    // before its exec, which is a defect of its own (see the CHANGELOG), not this test's.
+    // recording's start-up scan reads it. It used to go wholly unnamed: it exits seconds before
+    // this test reaps it, and its empty maps as a zombie replaced those of its life (fixed:
+    // see `ProcessMaps::read`).
     let long_lived = work_dir().join("longlived");
     std::fs::copy(program, &long_lived)?;
     let mut long = Command::new(&long_lived).arg("5000").spawn()?;
