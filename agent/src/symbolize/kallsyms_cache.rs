@@ -20,12 +20,14 @@
 
 use std::{
     io::{self, BufRead, BufReader, Read, Write},
-    os::unix::fs::{DirBuilderExt, OpenOptionsExt},
+    os::unix::fs::OpenOptionsExt,
     path::{Path, PathBuf},
 };
 
 use super::kernel::KernelSymbols;
-use crate::sys::fs::{check_private, check_private_dir};
+use crate::sys::fs::{
+    check_private, check_private_dir, create_private, ensure_private_dir, unit_directory,
+};
 
 /// The header's first line; a change of layout changes it.
 const MAGIC: &str = "scorch-kallsyms 1";
@@ -79,14 +81,7 @@ impl KernelIdentity {
 
 /// Where the copy lives.
 fn cache_dir() -> PathBuf {
-    // systemd's RuntimeDirectory= (several are separated by colons).
-    std::env::var_os("RUNTIME_DIRECTORY")
-        .and_then(|dirs| {
-            let dirs = dirs.to_string_lossy().into_owned();
-            dirs.split(':').next().map(PathBuf::from)
-        })
-        .filter(|dir| dir.is_absolute())
-        .unwrap_or_else(|| PathBuf::from("/run/scorch"))
+    unit_directory("RUNTIME_DIRECTORY", "/run/scorch")
 }
 
 /// The table kept for `identity`, when there is one to trust.
@@ -168,19 +163,10 @@ fn read(path: &Path, identity: &KernelIdentity) -> io::Result<KernelSymbols> {
 }
 
 fn write(dir: &Path, table: &KernelSymbols, identity: &KernelIdentity) -> io::Result<()> {
-    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
-        Err(error) if error.kind() != io::ErrorKind::AlreadyExists => return Err(error),
-        _ => {}
-    }
-    check_private_dir(dir)?;
+    ensure_private_dir(dir)?;
     let path = dir.join("kallsyms");
     let temporary = dir.join(format!(".kallsyms.tmp-{}", std::process::id()));
-    let file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .mode(0o600)
-        .open(&temporary)?;
+    let file = create_private(&temporary)?;
     let result = (|| {
         let mut out = io::BufWriter::new(file);
         writeln!(out, "{MAGIC}")?;
@@ -228,14 +214,21 @@ mod tests {
         dir
     }
 
-    #[test]
-    fn a_kept_table_names_what_the_kernel_table_named_between_symbols_of_one_owner() {
+    /// The fixture's table, kept in a private directory under boot `boot-a`.
+    fn kept_fixture() -> (tempfile::TempDir, KernelSymbols, KernelIdentity, PathBuf) {
         let table = KernelSymbols::parse(FIXTURE.as_bytes(), Path::new("fixture")).unwrap();
         let dir = private_dir();
         let id = identity("boot-a");
         write(dir.path(), &table, &id).unwrap();
-        assert!(dir.path().join("kallsyms").is_file());
-        let kept = read(&dir.path().join("kallsyms"), &id).unwrap();
+        let path = dir.path().join("kallsyms");
+        assert!(path.is_file());
+        (dir, table, id, path)
+    }
+
+    #[test]
+    fn a_kept_table_names_what_the_kernel_table_named_between_symbols_of_one_owner() {
+        let (_dir, table, id, path) = kept_fixture();
+        let kept = read(&path, &id).unwrap();
         // vfs_read is followed by another core symbol: named alike.
         let inside = 0xffffffff81234567 + 0x10;
         assert_eq!(kept.lookup(inside), table.lookup(inside));
@@ -258,10 +251,7 @@ mod tests {
 
     #[test]
     fn another_boot_or_other_modules_are_not_trusted() {
-        let table = KernelSymbols::parse(FIXTURE.as_bytes(), Path::new("fixture")).unwrap();
-        let dir = private_dir();
-        write(dir.path(), &table, &identity("boot-a")).unwrap();
-        let path = dir.path().join("kallsyms");
+        let (_dir, _, _, path) = kept_fixture();
         let error = read(&path, &identity("boot-b")).unwrap_err();
         assert!(error.to_string().contains("another boot"), "{error}");
         let fewer = KernelIdentity::parse("boot-a", "ext4 1036288 2 - Live 0xffffffffc0a00000\n");
@@ -279,19 +269,17 @@ mod tests {
 
     #[test]
     fn a_file_others_can_write_or_a_symlink_is_not_trusted() {
-        let table = KernelSymbols::parse(FIXTURE.as_bytes(), Path::new("fixture")).unwrap();
-        let dir = private_dir();
-        let id = identity("boot-a");
-        write(dir.path(), &table, &id).unwrap();
-        let path = dir.path().join("kallsyms");
+        let (_dir, table, id, path) = kept_fixture();
+        // A link to a copy that is trusted where it stands is not followed.
+        let other = private_dir();
+        std::os::unix::fs::symlink(&path, other.path().join("kallsyms")).unwrap();
+        assert!(read(&path, &id).is_ok());
+        assert!(read(&other.path().join("kallsyms"), &id).is_err());
+
         std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o622))
             .unwrap();
         let error = read(&path, &id).unwrap_err();
         assert!(error.to_string().contains("writable"), "{error}");
-
-        let other = private_dir();
-        std::os::unix::fs::symlink(&path, other.path().join("kallsyms")).unwrap();
-        assert!(read(&other.path().join("kallsyms"), &id).is_err());
 
         let open = private_dir();
         std::fs::set_permissions(

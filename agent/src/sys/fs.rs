@@ -3,7 +3,7 @@
 use std::{
     io::{self, Write},
     os::unix::fs::OpenOptionsExt,
-    path::Path,
+    path::{Path, PathBuf},
 };
 
 /// Raises this process's soft limit on open files to its hard limit (at most 65,536): the
@@ -111,6 +111,45 @@ fn create_new(path: &Path) -> io::Result<std::fs::File> {
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .mode(0o644)
         .open(path)
+}
+
+/// Creates `path` readable and writable by this user alone, failing if anything (a file, a
+/// symlink) is already there: a file a privileged process will trust when it reads it back.
+pub fn create_private(path: &Path) -> io::Result<std::fs::File> {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .mode(0o600)
+        .open(path)
+}
+
+/// The directory systemd gives a unit in `variable` (`RUNTIME_DIRECTORY=`, `CACHE_DIRECTORY=`;
+/// the first when it lists several), else `fallback`.
+pub fn unit_directory(variable: &str, fallback: &str) -> PathBuf {
+    std::env::var_os(variable)
+        .and_then(|dirs| {
+            let dirs = dirs.to_string_lossy().into_owned();
+            dirs.split(':').next().map(PathBuf::from)
+        })
+        .filter(|dir| dir.is_absolute())
+        .unwrap_or_else(|| PathBuf::from(fallback))
+}
+
+/// Creates `dir` (and its missing parents) private to this user when it is missing, then
+/// fails unless it is private ([`check_private_dir`]).
+pub fn ensure_private_dir(dir: &Path) -> io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    match std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+    {
+        Err(error) if error.kind() != io::ErrorKind::AlreadyExists => return Err(error),
+        _ => {}
+    }
+    check_private_dir(dir)
 }
 
 /// Fails unless `dir` is a directory, reached without a symlink, that this user owns and no

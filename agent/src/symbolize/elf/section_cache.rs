@@ -15,7 +15,7 @@
 use std::{
     fs::File,
     io,
-    os::unix::fs::{DirBuilderExt, OpenOptionsExt},
+    os::unix::fs::OpenOptionsExt,
     path::{Path, PathBuf},
     time::SystemTime,
 };
@@ -23,7 +23,10 @@ use std::{
 use object::CompressionFormat;
 
 use super::FileData;
-use crate::sys::fs::{check_private, check_private_dir};
+use crate::sys::{
+    fs::{check_private, check_private_dir, create_private, ensure_private_dir, unit_directory},
+    hex::to_hex,
+};
 
 /// The cache's size when none is set: about 30 libc builds' worth.
 pub const DEFAULT_MAX_BYTES: u64 = 256 << 20;
@@ -44,28 +47,16 @@ pub struct SectionCache {
 impl SectionCache {
     /// The cache in `dir`, created (private to this user) if missing.
     pub fn new(dir: PathBuf, max_bytes: u64) -> io::Result<Self> {
-        match std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(&dir)
-        {
-            Err(error) if error.kind() != io::ErrorKind::AlreadyExists => return Err(error),
-            _ => {}
-        }
-        check_private_dir(&dir)?;
+        ensure_private_dir(&dir)?;
         Ok(SectionCache { dir, max_bytes })
     }
 
     /// The host's cache: systemd's `CacheDirectory=` when set, else `/var/cache/scorch`.
     pub fn system() -> io::Result<Self> {
-        let dir = std::env::var_os("CACHE_DIRECTORY")
-            .and_then(|dirs| {
-                let dirs = dirs.to_string_lossy().into_owned();
-                dirs.split(':').next().map(PathBuf::from)
-            })
-            .filter(|dir| dir.is_absolute())
-            .unwrap_or_else(|| PathBuf::from("/var/cache/scorch"));
-        Self::new(dir, DEFAULT_MAX_BYTES)
+        Self::new(
+            unit_directory("CACHE_DIRECTORY", "/var/cache/scorch"),
+            DEFAULT_MAX_BYTES,
+        )
     }
 
     /// The section `compressed` (in `format`, claiming `claimed` bytes) inflated: the kept
@@ -87,14 +78,7 @@ impl SectionCache {
             std::process::id(),
             fastrand::u64(..)
         ));
-        let mut file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .mode(0o600)
-            .open(&temporary)
-            .ok()?;
+        let mut file = create_private(&temporary).ok()?;
         let written = inflate(&mut file);
         let kept = written == Some(claimed) && std::fs::rename(&temporary, &path).is_ok();
         if !kept {
@@ -157,12 +141,7 @@ impl SectionCache {
 
 /// The entry's file name: what the section was inflated from.
 fn entry_name(format: CompressionFormat, compressed: &[u8], claimed: u64) -> String {
-    let digest = ring::digest::digest(&ring::digest::SHA256, compressed);
-    let hex: String = digest
-        .as_ref()
-        .iter()
-        .map(|byte| format!("{byte:02x}"))
-        .collect();
+    let hex = to_hex(ring::digest::digest(&ring::digest::SHA256, compressed).as_ref());
     let format = match format {
         CompressionFormat::Zlib => "zlib",
         CompressionFormat::Zstandard => "zstd",
@@ -176,6 +155,7 @@ mod tests {
     use super::*;
     use std::io::Write;
 
+    /// A cache of `max_bytes` in a fresh directory.
     fn cache(max_bytes: u64) -> (tempfile::TempDir, SectionCache) {
         let root = tempfile::tempdir().unwrap();
         let cache = SectionCache::new(root.path().join("cache"), max_bytes).unwrap();
@@ -242,6 +222,29 @@ mod tests {
             .inflated(CompressionFormat::Zlib, b"c", 8, fill(b"inflated"))
             .unwrap();
         assert_eq!(again.bytes(), b"inflated");
+    }
+
+    #[test]
+    fn a_symlink_in_place_of_an_entry_is_not_followed() {
+        // A private file of the right size elsewhere, linked where the entry would be.
+        let (_elsewhere, other) = cache(DEFAULT_MAX_BYTES);
+        let (_root, cache) = cache(DEFAULT_MAX_BYTES);
+        other
+            .inflated(CompressionFormat::Zlib, b"x", 8, fill(b"planted!"))
+            .unwrap();
+        std::os::unix::fs::symlink(
+            other.dir.join(entry_name(CompressionFormat::Zlib, b"x", 8)),
+            cache.dir.join(entry_name(CompressionFormat::Zlib, b"c", 8)),
+        )
+        .unwrap();
+        let read = cache
+            .inflated(CompressionFormat::Zlib, b"c", 8, fill(b"inflated"))
+            .map(|data| data.bytes().to_vec());
+        // Inflated, and kept in place of the link (a rename replaces the link, not what it
+        // points at).
+        assert_eq!(read.as_deref(), Some(&b"inflated"[..]));
+        let planted = other.dir.join(entry_name(CompressionFormat::Zlib, b"x", 8));
+        assert_eq!(std::fs::read(planted).unwrap(), b"planted!");
     }
 
     #[test]
