@@ -67,12 +67,6 @@ pub fn bench(
     daemon_windows: u64,
     baseline: Option<&Path>,
 ) -> Result<()> {
-    if only == Some("slowdown") {
-        let report =
-            crate::bench_slowdown::slowdown_report(root, scorch, baseline, runs.unwrap_or(5))?;
-        print!("{report}");
-        return Ok(());
-    }
     if only == Some("offcpu") {
         let report = crate::bench_offcpu::offcpu_report(root, scorch, runs.unwrap_or(5))?;
         print!("{report}");

@@ -4,6 +4,13 @@
 //! - **Workload.** Two processes of `tests/workloads/qsortunits.c`, built `-O2
 //!   -fomit-frame-pointer`, each sorting through libc's qsort for a fixed 8 s and printing
 //!   the sorts it finished: the work a profiler took from them is the work not done.
+//! - **Time lost.** Work done moves by several percent from run to run on a shared machine,
+//!   whose CPUs' speed follows the neighbours': more than any profiler here costs. So each
+//!   worker also reads the clock every few comparisons and reports the intervals longer than a
+//!   microsecond: the time it did not run, to an interrupt (a profiler's sample is one) or to
+//!   another task on its CPU (the profiler's own threads among them). Their sum over the time
+//!   read is the share of the workers' time lost, counted in time whatever the CPU's speed;
+//!   their median is what one interruption costs, the sample's handler included.
 //! - **Profilers.** None; `perf record -a -g`; `perf record -a --call-graph dwarf`; `scorch
 //!   record` (system-wide, to a file); with `--baseline`, a second scorch built from an
 //!   earlier commit. Each is started first and waited for until it samples (its perf events
@@ -45,7 +52,8 @@ use crate::{
 /// Seconds each worker sorts for.
 const WORK_SECONDS: u64 = 8;
 const WORKERS: usize = 2;
-const RATES: [u64; 3] = [19, 99, 999];
+/// The sampling rates compared when none is asked for.
+pub const RATES: [u64; 3] = [19, 99, 999];
 /// Longest a profiler may take to start sampling.
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -90,6 +98,49 @@ impl Profiler {
     }
 }
 
+/// What the workers report of the time they did not run (see `tests/workloads/qsortunits.c`).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+struct Lost {
+    /// Intervals between two clock reads longer than a microsecond.
+    gaps: u64,
+    /// Their sum.
+    gap_ns: u64,
+    /// The sum of all intervals: the time the clock was read over.
+    covered_ns: u64,
+    /// The workers' median gaps, averaged.
+    median_gap_ns: f64,
+}
+
+impl Lost {
+    /// Percent of the time read that went in gaps.
+    fn percent(&self) -> f64 {
+        if self.covered_ns == 0 {
+            return f64::NAN;
+        }
+        100.0 * self.gap_ns as f64 / self.covered_ns as f64
+    }
+}
+
+/// A worker's line: `sorts=N gaps=N gap_ns=N covered_ns=N median_gap_ns=N`.
+fn parse_worker(line: &str) -> Result<(f64, Lost)> {
+    let field = |name: &str| -> Result<u64> {
+        line.split_whitespace()
+            .find_map(|pair| pair.strip_prefix(name)?.strip_prefix('='))
+            .with_context(|| format!("a worker printed {line:?}, without {name}="))?
+            .parse()
+            .with_context(|| format!("a worker printed {line:?}: {name} is not a count"))
+    };
+    Ok((
+        field("sorts")? as f64,
+        Lost {
+            gaps: field("gaps")?,
+            gap_ns: field("gap_ns")?,
+            covered_ns: field("covered_ns")?,
+            median_gap_ns: field("median_gap_ns")? as f64,
+        },
+    ))
+}
+
 /// `scorch record` at `hz`, longer than any run: SIGINT ends it.
 fn scorch_args<'a>(hz: &'a str, output: &'a str) -> [&'a str; 7] {
     ["record", "-F", hz, "--duration", "10m", "--output", output]
@@ -100,6 +151,8 @@ fn scorch_args<'a>(hz: &'a str, output: &'a str) -> [&'a str; 7] {
 struct Run {
     /// Sorts done by all workers.
     work: f64,
+    /// The workers' time lost to interruptions.
+    lost: Lost,
     /// The profiler's user + system seconds; 0 without one.
     profiler_cpu: f64,
     /// The profiler's system seconds alone.
@@ -111,7 +164,9 @@ pub fn slowdown_report(
     scorch: &Path,
     baseline: Option<&Path>,
     runs: usize,
+    rates: &[u64],
 ) -> Result<String> {
+    ensure!(!rates.is_empty(), "no sampling rate to compare");
     let dir = root.join("target/bench/slowdown");
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     // Copies of their own: a `cargo build` in the tree meanwhile would otherwise swap the
@@ -148,10 +203,10 @@ pub fn slowdown_report(
     let load_before = load_average();
 
     // results[rate][profiler]: one entry per round.
-    let mut results = vec![vec![Vec::new(); profilers.len()]; RATES.len()];
+    let mut results = vec![vec![Vec::new(); profilers.len()]; rates.len()];
     for round in 0..runs {
         let order = round_order(profilers.len(), round);
-        for (r, &hz) in RATES.iter().enumerate() {
+        for (r, &hz) in rates.iter().enumerate() {
             for &p in &order {
                 eprintln!(
                     "slowdown: round {} of {runs}, {hz} Hz, {}",
@@ -180,7 +235,7 @@ pub fn slowdown_report(
     )?;
     writeln!(
         out,
-        "`cargo xtask bench --only slowdown --runs {runs}{}`: {WORKERS} workers \
+        "`cargo xtask bench --only slowdown --runs {runs}{}{}`: {WORKERS} workers \
          (`tests/workloads/qsortunits.c`, `-O2 -fomit-frame-pointer`) sorting for {WORK_SECONDS} s \
          under each profiler; medians of {runs} rounds of fresh processes. {cpus} CPUs, {}; load \
          average {load_before} at the start, {load_after} at the end (a shared machine: the \
@@ -190,16 +245,40 @@ pub fn slowdown_report(
         } else {
             ""
         },
+        if rates == RATES {
+            String::new()
+        } else {
+            rates.iter().map(|hz| format!(" --rate {hz}")).collect()
+        },
         command_output("uname", &["-r"]),
     )?;
     writeln!(
         out,
-        "| Hz | profiler | sorts done | slowdown vs none | profiler CPU (s) | of which system |"
+        "| Hz | profiler | sorts done | slowdown vs none | time lost | added to none's | \
+         median interruption | interruptions /s | profiler CPU (s) | of which system |"
     )?;
-    writeln!(out, "|---|---|---|---|---|---|")?;
-    for (r, hz) in RATES.iter().enumerate() {
+    writeln!(out, "|---|---|---|---|---|---|---|---|---|---|")?;
+    for (r, hz) in rates.iter().enumerate() {
         let none = median(results[r][0].iter().map(|run| run.work).collect());
+        let none_lost = median(results[r][0].iter().map(|run| run.lost.percent()).collect());
         for (p, profiler) in profilers.iter().enumerate() {
+            let lost = median(results[r][p].iter().map(|run| run.lost.percent()).collect());
+            let added = match profiler {
+                Profiler::None => String::new(),
+                _ => format!("{:+.2} pt", lost - none_lost),
+            };
+            let gap_us = median(
+                results[r][p]
+                    .iter()
+                    .map(|run| run.lost.median_gap_ns / 1e3)
+                    .collect(),
+            );
+            let per_second = median(
+                results[r][p]
+                    .iter()
+                    .map(|run| run.lost.gaps as f64 / (WORKERS as u64 * WORK_SECONDS) as f64)
+                    .collect(),
+            );
             let work = median(results[r][p].iter().map(|run| run.work).collect());
             let cpu = median(results[r][p].iter().map(|run| run.profiler_cpu).collect());
             let system = median(
@@ -218,8 +297,37 @@ pub fn slowdown_report(
             };
             writeln!(
                 out,
-                "| {hz} | {} | {work:.0} | {slowdown} | {cpu} | {system} |",
+                "| {hz} | {} | {work:.0} | {slowdown} | {lost:.2}% | {added} | {gap_us:.1} us | \
+                 {per_second:.0} | {cpu} | {system} |",
                 profiler.name()
+            )?;
+        }
+    }
+    writeln!(
+        out,
+        "\nTime lost: the share of the workers' time (the clock read every 8 comparisons) that \
+         went in intervals over a microsecond, to interrupts and other tasks on their CPUs; \
+         interruptions per second are per worker. Each profiler's time lost minus perf -g's, \
+         paired in each round (median [least, most]):\n"
+    )?;
+    writeln!(out, "| Hz | profiler | time lost minus perf -g's |")?;
+    writeln!(out, "|---|---|---|")?;
+    for (r, hz) in rates.iter().enumerate() {
+        let perf = &results[r][1];
+        for (p, profiler) in profilers.iter().enumerate().skip(2) {
+            let mut differences: Vec<f64> = results[r][p]
+                .iter()
+                .zip(perf)
+                .map(|(run, perf)| run.lost.percent() - perf.lost.percent())
+                .collect();
+            differences.sort_by(f64::total_cmp);
+            writeln!(
+                out,
+                "| {hz} | {} | {:+.2} pt [{:+.2}, {:+.2}] |",
+                profiler.name(),
+                median(differences.clone()),
+                differences.first().copied().unwrap_or(f64::NAN),
+                differences.last().copied().unwrap_or(f64::NAN),
             )?;
         }
     }
@@ -277,14 +385,17 @@ fn one_run(profiler: &Profiler, hz: u64, worker: &Path, dir: &Path, cpus: usize)
     let _ = std::fs::remove_dir_all(&scratch);
     std::fs::create_dir_all(&scratch)?;
     let Some(mut command) = profiler.command(hz, &scratch)? else {
+        let (work, lost) = run_workers(worker)?;
         return Ok(Run {
-            work: run_workers(worker)?,
+            work,
+            lost,
             profiler_cpu: 0.0,
             profiler_system: 0.0,
         });
     };
     command.stdout(Stdio::null());
-    let (work, output) = under_profiler(command, &profiler.name(), cpus, || run_workers(worker))?;
+    let ((work, lost), output) =
+        under_profiler(command, &profiler.name(), cpus, || run_workers(worker))?;
     // Deleted, then what is left written back now, not during the next run.
     let _ = std::fs::remove_dir_all(&scratch);
     run_command(&mut Command::new("sync"))?;
@@ -292,6 +403,7 @@ fn one_run(profiler: &Profiler, hz: u64, worker: &Path, dir: &Path, cpus: usize)
     let usage = time_usage(&stderr)?;
     Ok(Run {
         work,
+        lost,
         profiler_cpu: usage.cpu_seconds,
         profiler_system: usage.system_seconds,
     })
@@ -402,8 +514,8 @@ pub(crate) fn interrupt(pid: u32) -> Result<()> {
     run_command(Command::new("kill").args(["-INT", &pid.to_string()]))
 }
 
-/// Starts the workers together and returns the sorts they did in all.
-fn run_workers(worker: &Path) -> Result<f64> {
+/// Starts the workers together and returns the sorts they did and the time they lost, in all.
+fn run_workers(worker: &Path) -> Result<(f64, Lost)> {
     let mut workers = Processes(Vec::new());
     for _ in 0..WORKERS {
         workers.0.push(
@@ -415,6 +527,7 @@ fn run_workers(worker: &Path) -> Result<f64> {
         );
     }
     let mut total = 0.0;
+    let mut lost = Lost::default();
     for child in std::mem::take(&mut workers.0) {
         let output = child.wait_with_output()?;
         ensure!(
@@ -422,13 +535,14 @@ fn run_workers(worker: &Path) -> Result<f64> {
             "a worker failed: {}",
             output.status
         );
-        let text = String::from_utf8_lossy(&output.stdout);
-        total += text
-            .trim()
-            .parse::<f64>()
-            .with_context(|| format!("a worker printed {text:?}, not a count"))?;
+        let (work, worker_lost) = parse_worker(String::from_utf8_lossy(&output.stdout).trim())?;
+        total += work;
+        lost.gaps += worker_lost.gaps;
+        lost.gap_ns += worker_lost.gap_ns;
+        lost.covered_ns += worker_lost.covered_ns;
+        lost.median_gap_ns += worker_lost.median_gap_ns / WORKERS as f64;
     }
-    Ok(total)
+    Ok((total, lost))
 }
 
 /// scorch's `bpf` calls over one run at `hz`, counted by strace.
@@ -510,6 +624,23 @@ mod tests {
             // Profiler 3 (scorch) followed a different one each round.
             assert_eq!(predecessors.len(), neighbours, "n {n}: {predecessors:?}");
         }
+    }
+
+    #[test]
+    fn worker_lines_parse_and_time_lost_is_their_gaps_share() {
+        let (work, lost) = parse_worker(
+            "sorts=17909 gaps=1453 gap_ns=30292806 covered_ns=2976471185 median_gap_ns=21477",
+        )
+        .unwrap();
+        assert_eq!(work, 17909.0);
+        assert_eq!(lost.gaps, 1453);
+        assert_eq!(lost.median_gap_ns, 21477.0);
+        assert!((lost.percent() - 1.0177).abs() < 1e-3, "{}", lost.percent());
+        // The old worker's bare count, a missing field or a word where a count goes.
+        assert!(parse_worker("95618").is_err());
+        assert!(parse_worker("sorts=1 gaps=2 gap_ns=3 covered_ns=4").is_err());
+        assert!(parse_worker("sorts=1 gaps=x gap_ns=3 covered_ns=4 median_gap_ns=5").is_err());
+        assert!(Lost::default().percent().is_nan());
     }
 
     #[test]

@@ -112,6 +112,10 @@ enum Task {
         /// build`: `/tmp/base/target/release/scorch`).
         #[arg(long)]
         baseline: Option<PathBuf>,
+        /// With `--only slowdown`: compare only at this sampling rate (repeatable; default 19,
+        /// 99 and 999 Hz).
+        #[arg(long = "rate")]
+        rates: Vec<u64>,
         /// With `--only churn`: also a daemon with `--off-cpu`, in the same rounds.
         #[arg(long)]
         off_cpu: bool,
@@ -158,6 +162,7 @@ fn main() -> Result<()> {
             only,
             daemon_windows,
             baseline,
+            rates,
             off_cpu,
         } => {
             if only.as_deref() == Some("unwind") {
@@ -166,8 +171,28 @@ fn main() -> Result<()> {
             if only.as_deref() == Some("views") {
                 return bench::views_report(&root);
             }
+            ensure!(
+                rates.is_empty() || only.as_deref() == Some("slowdown"),
+                "--rate is for --only slowdown"
+            );
             setup::setup()?;
             let scorch = build(&root)?;
+            if only.as_deref() == Some("slowdown") {
+                let rates = if rates.is_empty() {
+                    bench_slowdown::RATES.to_vec()
+                } else {
+                    rates
+                };
+                let report = bench_slowdown::slowdown_report(
+                    &root,
+                    &scorch,
+                    baseline.as_deref(),
+                    runs.unwrap_or(5),
+                    &rates,
+                )?;
+                print!("{report}");
+                return Ok(());
+            }
             if only.as_deref() == Some("churn") {
                 let runs = runs.unwrap_or(3);
                 let phases = bench_overhead::Phases::standard(seconds);
