@@ -313,6 +313,7 @@ pub fn slowdown_report(
     writeln!(out, "| Hz | profiler | time lost minus perf -g's |")?;
     writeln!(out, "|---|---|---|")?;
     for (r, hz) in rates.iter().enumerate() {
+        // `profilers` starts with none, then `perf -g`.
         let perf = &results[r][1];
         for (p, profiler) in profilers.iter().enumerate().skip(2) {
             let mut differences: Vec<f64> = results[r][p]
