@@ -103,26 +103,27 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
     result
 }
 
-/// Creates `path`, failing if anything (a file, a symlink) is already there.
-fn create_new(path: &Path) -> io::Result<std::fs::File> {
-    std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .mode(0o644)
-        .open(path)
-}
-
-/// Creates `path` readable and writable by this user alone, failing if anything (a file, a
-/// symlink) is already there: a file a privileged process will trust when it reads it back.
-pub fn create_private(path: &Path) -> io::Result<std::fs::File> {
+/// Creates `path` with `mode`, open for reading and writing, failing if anything (a file, a
+/// symlink) is already there.
+fn create_exclusive(path: &Path, mode: u32) -> io::Result<std::fs::File> {
     std::fs::OpenOptions::new()
         .read(true)
         .write(true)
         .create_new(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .mode(0o600)
+        .mode(mode)
         .open(path)
+}
+
+/// Creates `path` for others to read, failing if anything is already there.
+fn create_new(path: &Path) -> io::Result<std::fs::File> {
+    create_exclusive(path, 0o644)
+}
+
+/// Creates `path` readable and writable by this user alone, failing if anything is already
+/// there: a file a privileged process will trust when it reads it back.
+pub fn create_private(path: &Path) -> io::Result<std::fs::File> {
+    create_exclusive(path, 0o600)
 }
 
 /// The directory systemd gives a unit in `variable` (`RUNTIME_DIRECTORY=`, `CACHE_DIRECTORY=`;
