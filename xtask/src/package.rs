@@ -352,6 +352,16 @@ fn install_run_remove(deb: &Path) -> Result<()> {
         std::fs::write(store.join("scorch.db"), b"").context("writing a store file")?;
         std::os::unix::fs::symlink("private/scorch", link).context("linking /var/lib/scorch")?;
     }
+    // What `record` keeps (inflated sections, this boot's kernel symbols), for purge to take
+    // too: made here when missing, so the check below can fail on a machine that never ran
+    // `record`.
+    const KEPT: [&str; 2] = ["/var/cache/scorch", "/run/scorch"];
+    for kept in KEPT {
+        let kept = Path::new(kept);
+        std::fs::create_dir_all(kept).with_context(|| format!("creating {}", kept.display()))?;
+        std::fs::write(kept.join("kept-by-record"), b"")
+            .with_context(|| format!("writing into {}", kept.display()))?;
+    }
     run_command(Command::new("dpkg").args(["--purge", "scorch"]))?;
     if made_private {
         let _ = std::fs::remove_dir(private);
@@ -364,7 +374,7 @@ fn install_run_remove(deb: &Path) -> Result<()> {
         package_status().is_none(),
         "dpkg still knows scorch after --purge"
     );
-    for kept in ["/var/cache/scorch", "/run/scorch"] {
+    for kept in KEPT {
         ensure!(
             Path::new(kept).symlink_metadata().is_err(),
             "dpkg --purge left what record keeps in {kept}"
