@@ -12,8 +12,9 @@
 //!   read is the share of the workers' time lost, counted in time whatever the CPU's speed;
 //!   their median is what one interruption costs, the sample's handler included.
 //! - **Profilers.** None; `perf record -a -g`; `perf record -a --call-graph dwarf`; `scorch
-//!   record` (system-wide, to a file); with `--baseline`, a second scorch built from an
-//!   earlier commit. Each is started first and waited for until it samples (its perf events
+//!   record` (system-wide, to a file); `scorch record --unwind fp`, the walk `perf -g` does
+//!   with scorch's counting, so the two scorch rows split the table walk's cost from the rest;
+//!   with `--baseline`, a second scorch built from an earlier commit. Each is started first and waited for until it samples (its perf events
 //!   open on every CPU, or scorch's BPF program loaded) and its start-up work is done (its
 //!   CPU use settled: scorch builds every running process's unwind tables as it starts), then
 //!   the workers run, then it is stopped with SIGINT and writes its file into a temporary
@@ -63,7 +64,12 @@ enum Profiler {
     None,
     PerfFramePointers,
     PerfDwarf,
-    Scorch { binary: PathBuf, name: String },
+    /// `scorch record` with `extra` arguments after the common ones.
+    Scorch {
+        binary: PathBuf,
+        name: String,
+        extra: Vec<&'static str>,
+    },
 }
 
 impl Profiler {
@@ -90,10 +96,12 @@ impl Profiler {
             Profiler::None => None,
             Profiler::PerfFramePointers => Some(perf(&["-g"])?),
             Profiler::PerfDwarf => Some(perf(&["--call-graph", "dwarf"])?),
-            Profiler::Scorch { binary, .. } => Some(timed(
-                binary,
-                &scorch_args(&hz, path_str(&dir.join("scorch.pb.gz"))?),
-            )),
+            Profiler::Scorch { binary, extra, .. } => {
+                let output = dir.join("scorch.pb.gz");
+                let mut args = scorch_args(&hz, path_str(&output)?).to_vec();
+                args.extend_from_slice(extra);
+                Some(timed(binary, &args))
+            }
         })
     }
 }
@@ -184,12 +192,21 @@ pub fn slowdown_report(
         Profiler::Scorch {
             binary: pin(scorch, "scorch")?,
             name: "`scorch record`".to_owned(),
+            extra: Vec::new(),
+        },
+        // The walk `perf -g` does (the kernel's, by frame pointers), with scorch's counting:
+        // beside the row above, what the table walk costs, and beside perf's, the rest.
+        Profiler::Scorch {
+            binary: dir.join("scorch"),
+            name: "`scorch record --unwind fp`".to_owned(),
+            extra: vec!["--unwind", "fp"],
         },
     ];
     if let Some(baseline) = baseline {
         profilers.push(Profiler::Scorch {
             binary: pin(baseline, "scorch-baseline")?,
             name: "`scorch record`, baseline".to_owned(),
+            extra: Vec::new(),
         });
     }
     let worker = dir.join("qsortunits");
@@ -219,7 +236,10 @@ pub fn slowdown_report(
     }
     let mut calls = Vec::new();
     for profiler in &profilers {
-        if let Profiler::Scorch { binary, name } = profiler {
+        if let Profiler::Scorch { binary, name, extra } = profiler {
+            if !extra.is_empty() {
+                continue;
+            }
             eprintln!("slowdown: counting {name}'s bpf calls at 999 Hz");
             calls.push((name.clone(), bpf_calls(binary, 999, &worker, &dir, cpus)?));
         }
@@ -611,8 +631,9 @@ mod tests {
 
     #[test]
     fn rounds_change_who_follows_whom() {
-        // Five profilers (with a baseline) over three rounds, four over two.
-        for (n, rounds, neighbours) in [(5, 3, 3), (4, 2, 2)] {
+        // Five profilers over three rounds; six (with a baseline) have two strides, and so
+        // two neighbours before scorch.
+        for (n, rounds, neighbours) in [(5, 3, 3), (6, 2, 2)] {
             let mut predecessors = std::collections::BTreeSet::new();
             for round in 0..rounds {
                 let order = round_order(n, round);
