@@ -236,7 +236,12 @@ pub fn slowdown_report(
     }
     let mut calls = Vec::new();
     for profiler in &profilers {
-        if let Profiler::Scorch { binary, name, extra } = profiler {
+        if let Profiler::Scorch {
+            binary,
+            name,
+            extra,
+        } = profiler
+        {
             if !extra.is_empty() {
                 continue;
             }
