@@ -20,14 +20,11 @@
 
 use std::{
     io::{self, BufRead, BufReader, Read, Write},
-    os::unix::fs::OpenOptionsExt,
     path::{Path, PathBuf},
 };
 
 use super::kernel::KernelSymbols;
-use crate::sys::fs::{
-    check_private, check_private_dir, create_private, ensure_private_dir, unit_directory,
-};
+use crate::sys::fs::{create_private, ensure_private_dir, open_private, unit_directory};
 
 /// The header's first line; a change of layout changes it.
 const MAGIC: &str = "scorch-kallsyms 1";
@@ -46,7 +43,7 @@ pub struct KernelIdentity {
 impl KernelIdentity {
     /// This boot's identity; `None` when `/proc` does not say (then nothing is cached).
     pub fn current() -> Option<Self> {
-        let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
+        let boot = crate::sys::boot_id()?;
         // A kernel without modules has no /proc/modules: its table is the core alone.
         let modules = std::fs::read_to_string("/proc/modules").unwrap_or_default();
         Some(Self::parse(&boot, &modules))
@@ -115,16 +112,7 @@ pub fn store(table: &KernelSymbols, identity: &KernelIdentity) {
 }
 
 fn read(path: &Path, identity: &KernelIdentity) -> io::Result<KernelSymbols> {
-    check_private_dir(path.parent().unwrap_or(Path::new("/")))?;
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
-        .open(path)?;
-    let metadata = file.metadata()?;
-    if !metadata.is_file() {
-        return Err(invalid("not a regular file"));
-    }
-    check_private(&metadata)?;
+    let file = open_private(path)?;
     let mut input = BufReader::new(file.take(MAX_BYTES));
     let mut line = String::new();
     let mut header = |line: &mut String| -> io::Result<String> {

@@ -189,13 +189,135 @@ pub fn task_pid_offset() -> Result<u32, BtfError> {
     task_member_offset(&["pid"])
 }
 
+/// The offset of `path` in `struct task_struct`: this boot's kept one ([`kept`]), else read
+/// from the kernel's BTF, then kept.
 fn task_member_offset(path: &[&str]) -> Result<u32, BtfError> {
+    let name = format!("task_struct.{}", path.join("."));
+    let boot = super::boot_id();
+    if let Some(offset) = boot.as_deref().and_then(|boot| kept::load(boot, &name)) {
+        return Ok(offset);
+    }
+    let offset = btf_task_member_offset(path)?;
+    if let Some(boot) = boot {
+        kept::store(&boot, &name, offset);
+    }
+    Ok(offset)
+}
+
+/// The offset of `path` in `struct task_struct`, read from the kernel's BTF.
+fn btf_task_member_offset(path: &[&str]) -> Result<u32, BtfError> {
     let file = "/sys/kernel/btf/vmlinux";
     let data = std::fs::read(file).map_err(|e| BtfError::Read {
         path: file.to_owned(),
         reason: e.to_string(),
     })?;
     Btf::parse(&data)?.member_offset("task_struct", path)
+}
+
+/// The offsets found, kept for this boot in `btf-offsets` in `$RUNTIME_DIRECTORY`, else
+/// `/run/scorch` (a tmpfs, emptied at boot), beside the kernel symbols' copy.
+///
+/// Why: the kernel hands its BTF out 4 KiB a `read` (1,300 reads for Debian's 5.5 MB), and
+/// every `record` and daemon start needs one offset from it; kernel types do not change
+/// within a boot. The file is trusted as the kernel symbols' copy is: this user's, private,
+/// in a private directory, naming this boot. A wrong offset there could only make the BPF
+/// program read the wrong field of a task (its `fs` base, its thread id), so a value past
+/// any `task_struct` is refused too. Any failure is a debug line, and the BTF is read.
+mod kept {
+    use std::{
+        io::{self, Read, Write},
+        path::{Path, PathBuf},
+    };
+
+    use crate::sys::fs::{create_private, ensure_private_dir, open_private, unit_directory};
+
+    /// The first line; a change of layout changes it.
+    const MAGIC: &str = "scorch-btf-offsets 1";
+    /// The largest file read: a few lines are expected.
+    const MAX_BYTES: u64 = 16 << 10;
+    /// No `task_struct` is this large (about 10 KiB on Debian's kernels).
+    const MAX_OFFSET: u32 = 1 << 20;
+
+    fn path() -> PathBuf {
+        unit_directory("RUNTIME_DIRECTORY", "/run/scorch").join("btf-offsets")
+    }
+
+    /// The offset kept under `name` for `boot`.
+    pub fn load(boot: &str, name: &str) -> Option<u32> {
+        let path = path();
+        match read(&path, boot) {
+            Ok(entries) => entries
+                .into_iter()
+                .find_map(|(kept, offset)| (kept == name).then_some(offset)),
+            Err(error) => {
+                tracing::debug!("not using {}: {error}", path.display());
+                None
+            }
+        }
+    }
+
+    /// Keeps `offset` under `name` for `boot`, with the others kept for this boot.
+    pub fn store(boot: &str, name: &str, offset: u32) {
+        let path = path();
+        let mut entries = read(&path, boot).unwrap_or_default();
+        entries.retain(|(kept, _)| kept != name);
+        entries.push((name.to_owned(), offset));
+        if let Err(error) = write(&path, boot, &entries) {
+            tracing::debug!("not keeping BTF offsets in {}: {error}", path.display());
+        }
+    }
+
+    /// `name offset` lines after the magic line and `boot ID`.
+    pub(super) fn parse(text: &str, boot: &str) -> io::Result<Vec<(String, u32)>> {
+        let invalid = |reason| io::Error::new(io::ErrorKind::InvalidData, reason);
+        let mut lines = text.lines();
+        if lines.next() != Some(MAGIC) {
+            return Err(invalid("another layout"));
+        }
+        if lines.next().and_then(|line| line.strip_prefix("boot ")) != Some(boot) {
+            return Err(invalid("another boot"));
+        }
+        lines
+            .map(|line| {
+                let (name, offset) = line
+                    .split_once(' ')
+                    .ok_or_else(|| invalid("a line without an offset"))?;
+                let offset: u32 = offset
+                    .parse()
+                    .map_err(|_| invalid("an offset that is not a number"))?;
+                if offset >= MAX_OFFSET {
+                    return Err(invalid("an offset past any task_struct"));
+                }
+                Ok((name.to_owned(), offset))
+            })
+            .collect()
+    }
+
+    pub(super) fn read(path: &Path, boot: &str) -> io::Result<Vec<(String, u32)>> {
+        let mut text = String::new();
+        open_private(path)?
+            .take(MAX_BYTES)
+            .read_to_string(&mut text)?;
+        parse(&text, boot)
+    }
+
+    pub(super) fn write(path: &Path, boot: &str, entries: &[(String, u32)]) -> io::Result<()> {
+        let dir = path.parent().unwrap_or(Path::new("/"));
+        ensure_private_dir(dir)?;
+        let temporary = dir.join(format!(".btf-offsets.tmp-{}", std::process::id()));
+        let mut file = create_private(&temporary)?;
+        let mut text = format!("{MAGIC}\nboot {boot}\n");
+        for (name, offset) in entries {
+            text.push_str(&format!("{name} {offset}\n"));
+        }
+        let result = file
+            .write_all(text.as_bytes())
+            .and_then(|()| std::fs::rename(&temporary, path));
+        if result.is_err() {
+            let _ = std::fs::remove_file(&temporary);
+        }
+        result
+    }
 }
 
 #[cfg(test)]
@@ -298,10 +420,66 @@ mod tests {
         ));
     }
 
-    /// The running kernel's: x86-64 keeps `thread` near the end of `task_struct`.
+    /// The running kernel's: x86-64 keeps `thread` near the end of `task_struct`. The kept
+    /// route (this boot's file, written by the first call) gives the BTF's offset.
     #[test]
     fn this_kernels_task_fsbase() {
-        let offset = task_fsbase_offset().unwrap();
+        let offset = btf_task_member_offset(&["thread", "fsbase"]).unwrap();
         assert!((1024..16384).contains(&offset), "{offset}");
+        assert_eq!(task_fsbase_offset().unwrap(), offset);
+        assert_eq!(task_fsbase_offset().unwrap(), offset);
+    }
+
+    fn private_dir() -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(
+            dir.path(),
+            std::os::unix::fs::PermissionsExt::from_mode(0o700),
+        )
+        .unwrap();
+        dir
+    }
+
+    #[test]
+    fn kept_offsets_are_read_back_for_their_boot_only() {
+        let dir = private_dir();
+        let path = dir.path().join("btf-offsets");
+        let entries = vec![
+            ("task_struct.thread.fsbase".to_owned(), 7520),
+            ("task_struct.pid".to_owned(), 2456),
+        ];
+        kept::write(&path, "boot-a", &entries).unwrap();
+        assert_eq!(kept::read(&path, "boot-a").unwrap(), entries);
+        assert!(kept::read(&path, "boot-b").is_err());
+        // Writable by others: not trusted.
+        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o666))
+            .unwrap();
+        assert!(kept::read(&path, "boot-a").is_err());
+        // Through a symlink: not trusted.
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&path, &link).unwrap();
+        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+            .unwrap();
+        assert!(kept::read(&link, "boot-a").is_err());
+        assert!(kept::read(&path, "boot-a").is_ok());
+    }
+
+    #[test]
+    fn a_kept_file_that_is_not_this_layout_is_refused() {
+        let good = "scorch-btf-offsets 1\nboot b\ntask_struct.pid 2456\n";
+        assert_eq!(
+            kept::parse(good, "b").unwrap(),
+            vec![("task_struct.pid".to_owned(), 2456)]
+        );
+        for bad in [
+            "scorch-btf-offsets 2\nboot b\ntask_struct.pid 2456\n",
+            "scorch-btf-offsets 1\ntask_struct.pid 2456\n",
+            "scorch-btf-offsets 1\nboot b\ntask_struct.pid\n",
+            "scorch-btf-offsets 1\nboot b\ntask_struct.pid -4\n",
+            "scorch-btf-offsets 1\nboot b\ntask_struct.pid 99999999\n",
+            "",
+        ] {
+            assert!(kept::parse(bad, "b").is_err(), "{bad:?}");
+        }
     }
 }

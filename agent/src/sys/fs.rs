@@ -153,6 +153,26 @@ pub fn ensure_private_dir(dir: &Path) -> io::Result<()> {
     check_private_dir(dir)
 }
 
+/// Opens `path` for reading only when a privileged process may trust it: a regular file,
+/// reached without a symlink, this user's and writable by no other, in a directory that is
+/// the same ([`check_private_dir`]).
+pub fn open_private(path: &Path) -> io::Result<std::fs::File> {
+    check_private_dir(path.parent().unwrap_or(Path::new("/")))?;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)?;
+    let metadata = file.metadata()?;
+    if !metadata.is_file() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "not a regular file",
+        ));
+    }
+    check_private(&metadata)?;
+    Ok(file)
+}
+
 /// Fails unless `dir` is a directory, reached without a symlink, that this user owns and no
 /// other user can write: where a privileged process may trust what it finds.
 pub fn check_private_dir(dir: &Path) -> io::Result<()> {

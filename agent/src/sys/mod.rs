@@ -16,6 +16,13 @@ pub mod sigbus;
 pub mod time;
 pub mod untrusted;
 
+/// This boot's id (`/proc/sys/kernel/random/boot_id`), which names what the agent keeps in
+/// its runtime directory for one boot only; `None` when `/proc` does not say.
+pub fn boot_id() -> Option<String> {
+    let id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
+    Some(id.trim().to_owned()).filter(|id| !id.is_empty())
+}
+
 /// How many processes exist now (the numeric entries of `/proc`), to size the unwinder's maps.
 pub fn running_processes() -> usize {
     std::fs::read_dir("/proc").map_or(0, |entries| {
