@@ -185,19 +185,20 @@ pub fn slowdown_report(
             .with_context(|| format!("copying {} to {}", binary.display(), pinned.display()))?;
         Ok(pinned)
     };
+    let pinned = pin(scorch, "scorch")?;
     let mut profilers = vec![
         Profiler::None,
         Profiler::PerfFramePointers,
         Profiler::PerfDwarf,
         Profiler::Scorch {
-            binary: pin(scorch, "scorch")?,
+            binary: pinned.clone(),
             name: "`scorch record`".to_owned(),
             extra: Vec::new(),
         },
         // The walk `perf -g` does (the kernel's, by frame pointers), with scorch's counting:
         // beside the row above, what the table walk costs, and beside perf's, the rest.
         Profiler::Scorch {
-            binary: dir.join("scorch"),
+            binary: pinned,
             name: "`scorch record --unwind fp`".to_owned(),
             extra: vec!["--unwind", "fp"],
         },

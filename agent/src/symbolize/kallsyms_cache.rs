@@ -192,20 +192,10 @@ mod tests {
         )
     }
 
-    fn private_dir() -> tempfile::TempDir {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::set_permissions(
-            dir.path(),
-            std::os::unix::fs::PermissionsExt::from_mode(0o700),
-        )
-        .unwrap();
-        dir
-    }
-
     /// The fixture's table, kept in a private directory under boot `boot-a`.
     fn kept_fixture() -> (tempfile::TempDir, KernelSymbols, KernelIdentity, PathBuf) {
         let table = KernelSymbols::parse(FIXTURE.as_bytes(), Path::new("fixture")).unwrap();
-        let dir = private_dir();
+        let dir = crate::sys::fs::private_tempdir();
         let id = identity("boot-a");
         write(dir.path(), &table, &id).unwrap();
         let path = dir.path().join("kallsyms");
@@ -259,7 +249,7 @@ mod tests {
     fn a_file_others_can_write_or_a_symlink_is_not_trusted() {
         let (_dir, table, id, path) = kept_fixture();
         // A link to a copy that is trusted where it stands is not followed.
-        let other = private_dir();
+        let other = crate::sys::fs::private_tempdir();
         std::os::unix::fs::symlink(&path, other.path().join("kallsyms")).unwrap();
         assert!(read(&path, &id).is_ok());
         assert!(read(&other.path().join("kallsyms"), &id).is_err());
@@ -269,7 +259,7 @@ mod tests {
         let error = read(&path, &id).unwrap_err();
         assert!(error.to_string().contains("writable"), "{error}");
 
-        let open = private_dir();
+        let open = crate::sys::fs::private_tempdir();
         std::fs::set_permissions(
             open.path(),
             std::os::unix::fs::PermissionsExt::from_mode(0o777),

@@ -225,11 +225,13 @@ fn btf_task_member_offset(path: &[&str]) -> Result<u32, BtfError> {
 /// any `task_struct` is refused too. Any failure is a debug line, and the BTF is read.
 mod kept {
     use std::{
-        io::{self, Read, Write},
+        io::{self, Read},
         path::{Path, PathBuf},
     };
 
-    use crate::sys::fs::{create_private, ensure_private_dir, open_private, unit_directory};
+    use crate::sys::fs::{
+        ensure_private_dir, open_private, unit_directory, write_private_atomically,
+    };
 
     /// The first line; a change of layout changes it.
     const MAGIC: &str = "scorch-btf-offsets 1";
@@ -302,21 +304,12 @@ mod kept {
     }
 
     pub(super) fn write(path: &Path, boot: &str, entries: &[(String, u32)]) -> io::Result<()> {
-        let dir = path.parent().unwrap_or(Path::new("/"));
-        ensure_private_dir(dir)?;
-        let temporary = dir.join(format!(".btf-offsets.tmp-{}", std::process::id()));
-        let mut file = create_private(&temporary)?;
+        ensure_private_dir(path.parent().unwrap_or(Path::new("/")))?;
         let mut text = format!("{MAGIC}\nboot {boot}\n");
         for (name, offset) in entries {
             text.push_str(&format!("{name} {offset}\n"));
         }
-        let result = file
-            .write_all(text.as_bytes())
-            .and_then(|()| std::fs::rename(&temporary, path));
-        if result.is_err() {
-            let _ = std::fs::remove_file(&temporary);
-        }
-        result
+        write_private_atomically(path, text.as_bytes())
     }
 }
 
@@ -430,19 +423,9 @@ mod tests {
         assert_eq!(task_fsbase_offset().unwrap(), offset);
     }
 
-    fn private_dir() -> tempfile::TempDir {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::set_permissions(
-            dir.path(),
-            std::os::unix::fs::PermissionsExt::from_mode(0o700),
-        )
-        .unwrap();
-        dir
-    }
-
     #[test]
     fn kept_offsets_are_read_back_for_their_boot_only() {
-        let dir = private_dir();
+        let dir = crate::sys::fs::private_tempdir();
         let path = dir.path().join("btf-offsets");
         let entries = vec![
             ("task_struct.thread.fsbase".to_owned(), 7520),

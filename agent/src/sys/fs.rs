@@ -86,12 +86,26 @@ pub fn check_output_writable(path: &Path) -> Result<(), String> {
 /// shared directory such as `/tmp` another user could otherwise plant a symlink there and have
 /// this (privileged) process write through it.
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    write_through_temporary(path, bytes, create_new)
+}
+
+/// [`write_atomically`] for a file this user alone may read and write ([`create_private`]),
+/// which a privileged process will trust when it reads it back.
+pub fn write_private_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    write_through_temporary(path, bytes, create_private)
+}
+
+fn write_through_temporary(
+    path: &Path,
+    bytes: &[u8],
+    create: fn(&Path) -> io::Result<std::fs::File>,
+) -> io::Result<()> {
     let file_name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     let temporary = path.with_file_name(format!(".{file_name}.tmp-{}", std::process::id()));
-    let mut file = create_new(&temporary)?;
+    let mut file = create(&temporary)?;
     let result = (|| {
         file.write_all(bytes)?;
         file.sync_all()?;
@@ -171,6 +185,16 @@ pub fn open_private(path: &Path) -> io::Result<std::fs::File> {
     }
     check_private(&metadata)?;
     Ok(file)
+}
+
+/// A temporary directory private to this user, as [`check_private_dir`] wants one: for the
+/// tests of what is kept in such directories.
+#[cfg(test)]
+pub fn private_tempdir() -> tempfile::TempDir {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    dir
 }
 
 /// Fails unless `dir` is a directory, reached without a symlink, that this user owns and no
@@ -260,5 +284,18 @@ mod tests {
         std::os::unix::fs::symlink(&victim, &planted).unwrap();
         assert!(write_atomically(&dir.path().join("z.txt"), b"evil").is_err());
         assert_eq!(std::fs::read(&victim).unwrap(), b"keep");
+    }
+
+    #[test]
+    fn private_writes_are_this_users_alone() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = private_tempdir();
+        let private = dir.path().join("private");
+        write_private_atomically(&private, b"b").unwrap();
+        let mode = std::fs::metadata(&private).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "{mode:o}");
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut open_private(&private).unwrap(), &mut text).unwrap();
+        assert_eq!(text, "b");
     }
 }
