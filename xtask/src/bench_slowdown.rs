@@ -16,7 +16,8 @@
 //!   with scorch's counting, so the two scorch rows split the table walk's cost from the rest;
 //!   with `--baseline`, a second scorch built from an earlier commit. Each is started first and waited for until it samples (its perf events
 //!   open on every CPU, or scorch's BPF program loaded) and its start-up work is done (its
-//!   CPU use settled: scorch builds every running process's unwind tables as it starts), then
+//!   CPU use settled: scorch builds the unwind tables of each process at its first sample,
+//!   and at 999 Hz every process on a CPU is sampled within milliseconds of the start), then
 //!   the workers run, then it is stopped with SIGINT and writes its file into a temporary
 //!   directory. Its CPU time (user + system, start-up and writing included) comes from
 //!   `/usr/bin/time -v`.
