@@ -314,6 +314,10 @@ impl UnwindRow {
 /// question (rounded down), so 32 settle any u32 count; `bpf_loop` needs the bound.
 pub const UNWIND_SEARCH_STEPS: u32 = 32;
 
+/// Entries of the BPF walk's per-CPU cache of found rows, for each of its two walkers (the
+/// sampler, the off-CPU program): 8 KiB a CPU each. A power of two.
+pub const ROW_CACHE_SLOTS: u32 = 256;
+
 /// A binary search for the last of `len` entries, sorted by key, whose key is at most a
 /// target, taken one probe at a time: [`Bisect::probe`] says which entry to read,
 /// [`Bisect::narrow`] takes the comparison. The BPF program runs each probe as one `bpf_loop`

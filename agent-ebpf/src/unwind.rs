@@ -33,8 +33,8 @@ use scorch_common::{
     UnwindOutcome, UnwindRow, UserStack, WalkedStack, COUNTER_RUNS, EVENT_PYTHON_STACK,
     EVENT_UNKNOWN_PC, EVENT_UNKNOWN_PROCESS, MAPPING_SEARCH_STEPS, MAPPING_TABLE_EVICTED,
     MAPPING_TABLE_LOADED, MAPPING_TABLE_PENDING, MAX_PROC_MAPPINGS, MAX_ROW_POOLS,
-    MAX_UNWIND_PROCS, MAX_USER_STACK_DEPTH, SHORT_USER_STACK_DEPTH, SHORT_USER_STACK_ID,
-    UNWIND_OUTCOMES, UNWIND_SEARCH_STEPS,
+    MAX_UNWIND_PROCS, MAX_USER_STACK_DEPTH, ROW_CACHE_SLOTS, SHORT_USER_STACK_DEPTH,
+    SHORT_USER_STACK_ID, UNWIND_OUTCOMES, UNWIND_SEARCH_STEPS,
 };
 
 /// A row pool's flags. `BPF_F_MMAPABLE`: the agent writes tables straight into the pool's
@@ -98,6 +98,34 @@ static UNWIND_OUTCOMES_COUNT: PerCpuArray<u64> =
 #[map]
 static WALK: PerCpuArray<WalkState> = PerCpuArray::with_max_entries(2, 0);
 
+/// Where a search found the row for a pc of a table, kept for the next walk that needs it
+/// ([`ROW_CACHE`]).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct CachedRow {
+    pool: u32,
+    first_row: u32,
+    pc: u32,
+    /// The row's index in its table.
+    index: u32,
+    /// [`ROW_EPOCH`]'s value when the row was found, plus one: a zeroed entry matches nothing.
+    tag: u64,
+}
+
+/// Per-CPU cache of found rows, [`ROW_CACHE_SLOTS`] entries per [`WALK`] slot, direct-mapped
+/// by the row's key. Only a stack's leaf pc moves from sample to sample: the callers' return
+/// addresses are the same ones over and over (and again inside a recursion), and each took a
+/// binary search of some 16 probes in its table, the largest part of a walk's cost (`cargo
+/// xtask bench --only walk`). A hit starts the search settled: one row lookup.
+#[map]
+static ROW_CACHE: PerCpuArray<CachedRow> = PerCpuArray::with_max_entries(ROW_CACHE_SLOTS * 2, 0);
+
+/// Bumped by the agent whenever it frees rows of a pool (an evicted or idle table, a pool
+/// given back), before another table can take them: rows cached under an earlier value may
+/// belong to a table that is gone, so they no longer match.
+#[map]
+static ROW_EPOCH: Array<u64> = Array::with_max_entries(1, 0);
+
 /// [`WALK`]'s slot for the perf-event sampler.
 pub const WALK_SAMPLE: u32 = 0;
 /// [`WALK`]'s slot for the off-CPU program.
@@ -139,15 +167,25 @@ pub struct WalkState {
     pub counters: u32,
     /// The next Python frame to emit, at the next eval-loop frame; 0 when there is none.
     pub python_frame: u64,
+    /// The words [`read_up_to`] read last.
+    words: [u64; MAX_SAVE_WORDS],
     /// The frames, and their hash.
     pub stack: UserStack,
 }
+
+/// Most words [`read_up_to`] reads at once: the callee-saved registers a function pushes
+/// (rbp among them) and the return address, 64 bytes.
+const MAX_SAVE_WORDS: usize = 8;
 
 /// What each loop iteration needs: pointers to map values, so no iteration looks them up.
 #[repr(C)]
 struct LoopContext {
     state: *mut WalkState,
     procs: *const ProcMappings,
+    /// This walk's first entry in [`ROW_CACHE`].
+    cache_base: u32,
+    /// [`CachedRow::tag`] of rows valid for this walk.
+    cache_tag: u64,
     /// The process's CPython interpreter, or `PYTHON_NO_INTERPRETER`'s empty entry.
     python: *const PythonProc,
 }
@@ -262,6 +300,9 @@ pub fn walk_from(
     walk.stack.len = 0;
     walk.stack.hash = 0xcbf2_9ce4_8422_2325;
 
+    // Read before the process's mappings: a walk that sees a new epoch then also sees the
+    // mappings the agent rewrote before it freed their rows (`ROW_EPOCH`).
+    let epoch = ROW_EPOCH.get(0).copied().unwrap_or(0);
     let known = procs().and_then(|procs| procs.get_ptr(tgid));
     let procs = match known {
         Some(procs) => procs,
@@ -276,6 +317,8 @@ pub fn walk_from(
         &mut LoopContext {
             state,
             procs,
+            cache_base: slot * ROW_CACHE_SLOTS,
+            cache_tag: epoch.wrapping_add(1),
             python,
         },
     );
@@ -350,7 +393,7 @@ extern "C" fn step(_index: u64, context: *mut c_void) -> i64 {
             let outcome = if row_pc > u64::from(u32::MAX) {
                 UnwindOutcome::NoRow as u32
             } else {
-                table_step(walk, m, row_pc as u32)
+                table_step(walk, m, row_pc as u32, context)
             };
             // Code the binary's CFI leaves out (generated or hand-written, as V8's builtins
             // inside `node`) often keeps frame pointers: one checked step, then tables again.
@@ -419,6 +462,36 @@ fn mapping_at(procs: &ProcMappings, i: u32) -> &UnwindMapping {
     &procs.mappings[(i as usize) & (MAX_PROC_MAPPINGS - 1)]
 }
 
+/// Reads the `count` words (1 to [`MAX_SAVE_WORDS`]) below `end` into `walk.words`, in one
+/// read: a read costs about the same for 8 bytes as for 64, and a frame needs its return
+/// address and, most often, the rbp saved a few words below it (`cargo xtask bench --only
+/// walk`).
+#[inline(always)]
+fn read_up_to(walk: &mut WalkState, end: u64, count: u64) -> bool {
+    if count == 0 || count > MAX_SAVE_WORDS as u64 {
+        return false;
+    }
+    // The same size, in a form the verifier bounds by the buffer's (it may not relate the
+    // test above to this register).
+    let bytes = ((((count - 1) as u32) & (MAX_SAVE_WORDS as u32 - 1)) + 1) * 8;
+    // SAFETY: the destination is this CPU's walk state, `bytes` at most its 64; the helper
+    // checks the user address, a fault is an error, never a crash.
+    let result = unsafe {
+        aya_ebpf::helpers::generated::bpf_probe_read_user(
+            walk.words.as_mut_ptr().cast(),
+            bytes,
+            end.wrapping_sub(count * 8) as *const c_void,
+        )
+    };
+    result == 0
+}
+
+/// Word `i` of the last [`read_up_to`].
+#[inline(always)]
+fn word(walk: &WalkState, i: u64) -> u64 {
+    walk.words[(i as usize) & (MAX_SAVE_WORDS - 1)]
+}
+
 #[inline(always)]
 fn read(address: u64) -> Option<u64> {
     // SAFETY: bpf_probe_read_user checks the address; a fault is an error, never a crash.
@@ -441,9 +514,10 @@ fn frame_pointer_step(walk: &mut WalkState) -> u32 {
     if bp < walk.sp {
         return UnwindOutcome::ReadFault as u32;
     }
-    let (Some(caller_bp), Some(return_address)) = (read(bp), read(bp.wrapping_add(8))) else {
+    if !read_up_to(walk, bp.wrapping_add(16), 2) {
         return UnwindOutcome::ReadFault as u32;
-    };
+    }
+    let (caller_bp, return_address) = (word(walk, 0), word(walk, 1));
     if return_address == 0 {
         return UnwindOutcome::Completed as u32;
     }
@@ -465,9 +539,10 @@ fn checked_frame_pointer_step(walk: &mut WalkState, procs: &ProcMappings) -> u32
     if walk.bp_known == 0 || bp == 0 || bp < walk.sp {
         return UnwindOutcome::NoRow as u32;
     }
-    let (Some(caller_bp), Some(return_address)) = (read(bp), read(bp.wrapping_add(8))) else {
+    if !read_up_to(walk, bp.wrapping_add(16), 2) {
         return UnwindOutcome::NoRow as u32;
-    };
+    }
+    let (caller_bp, return_address) = (word(walk, 0), word(walk, 1));
     // The call instruction before the return address must be code this process maps.
     let call = return_address.wrapping_sub(1);
     let mut search = MappingSearch {
@@ -490,26 +565,62 @@ fn checked_frame_pointer_step(walk: &mut WalkState, procs: &ProcMappings) -> u32
     WALKING
 }
 
-/// The caller by the row of `mapping`'s table that covers `row_pc`.
+/// The row of `mapping`'s table that covers `row_pc`, by a binary search that starts settled
+/// on the row's index when [`ROW_CACHE`] holds it, and keeps the index there when it did not.
+/// One path for a hit and a miss, so the verifier checks the search once.
 #[inline(always)]
-fn table_step(walk: &mut WalkState, mapping: &UnwindMapping, row_pc: u32) -> u32 {
+fn find_row(mapping: &UnwindMapping, row_pc: u32, context: &LoopContext) -> Option<UnwindRow> {
+    let (pool_index, first_row) = (mapping.pool, mapping.first_row);
     // A pool given back after the mapping was read: no row, as for a table being replaced.
-    let Some(pool) = UNWIND_ROWS.get(mapping.pool) else {
-        return UnwindOutcome::NoRow as u32;
-    };
-    let first_row = mapping.first_row;
+    let pool = UNWIND_ROWS.get(pool_index)?;
+    let key =
+        (row_pc ^ first_row.rotate_left(13) ^ pool_index.rotate_left(27)).wrapping_mul(0x9e37_79b1);
+    let entry = ROW_CACHE.get_ptr_mut(context.cache_base + (key >> 24) % ROW_CACHE_SLOTS)?;
+    // SAFETY: this CPU's entry; the program cannot run twice at once on one CPU, and the
+    // off-CPU program's walks use entries of their own.
+    let entry = unsafe { &mut *entry };
+    let hit = entry.tag == context.cache_tag
+        && entry.pc == row_pc
+        && entry.first_row == first_row
+        && entry.pool == pool_index;
     let mut search = RowSearch {
         pool,
-        bisect: Bisect::new(mapping.rows),
+        bisect: if hit {
+            Bisect {
+                low: entry.index.wrapping_add(1),
+                high: entry.index.wrapping_add(1),
+            }
+        } else {
+            Bisect::new(mapping.rows)
+        },
         first_row,
         pc: row_pc,
         failed: 0,
     };
     repeat(UNWIND_SEARCH_STEPS, probe_row, &mut search);
     let (0, Some(index)) = (search.failed, search.bisect.found()) else {
-        return UnwindOutcome::NoRow as u32;
+        return None;
     };
-    let Some(row) = pool.get(first_row.wrapping_add(index)) else {
+    let row = *pool.get(first_row.wrapping_add(index))?;
+    *entry = CachedRow {
+        pool: pool_index,
+        first_row,
+        pc: row_pc,
+        index,
+        tag: context.cache_tag,
+    };
+    Some(row)
+}
+
+/// The caller by the row of `mapping`'s table that covers `row_pc`.
+#[inline(always)]
+fn table_step(
+    walk: &mut WalkState,
+    mapping: &UnwindMapping,
+    row_pc: u32,
+    context: &LoopContext,
+) -> u32 {
+    let Some(row) = find_row(mapping, row_pc, context) else {
         return UnwindOutcome::NoRow as u32;
     };
     let rbp_kind = row.rbp_kind();
@@ -531,11 +642,23 @@ fn table_step(walk: &mut WalkState, mapping: &UnwindMapping, row_pc: u32) -> u32
         CfaKind::NoRow => return UnwindOutcome::NoRow as u32,
         CfaKind::Rbp | CfaKind::Unsupported => return UnwindOutcome::UnsupportedCfa as u32,
     };
-    let Some(return_address) = read(cfa.wrapping_sub(8)) else {
-        return UnwindOutcome::ReadFault as u32;
+    // A saved rbp a few words below the return address, as a prologue's pushes leave it,
+    // comes in the same read.
+    let saved_below = rbp_kind == RbpKind::CfaOffset
+        && row.rbp_offset < 0
+        && row.rbp_offset >= -(MAX_SAVE_WORDS as i8);
+    let words = if saved_below {
+        -i64::from(row.rbp_offset) as u64
+    } else {
+        1
     };
+    if !read_up_to(walk, cfa, words) {
+        return UnwindOutcome::ReadFault as u32;
+    }
+    let return_address = word(walk, words - 1);
     match rbp_kind {
         RbpKind::Unchanged => {}
+        RbpKind::CfaOffset if saved_below => walk.bp = word(walk, 0),
         RbpKind::CfaOffset => match read(cfa.wrapping_add(rbp_offset as u64)) {
             Some(bp) => walk.bp = bp,
             None => return UnwindOutcome::ReadFault as u32,

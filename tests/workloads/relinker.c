@@ -1,13 +1,14 @@
 /* Unloads a library and loads another of the same size, which the kernel maps at the same
  * address:
  *
- *   main -> run_library -> swap_spin_a (libswap_a.so, 3 s) ; dlclose ;
+ *   main -> run_library -> swap_spin_a (libswap_a.so, FIRST s) ; dlclose ;
  *   main -> run_library -> swap_spin_b (libswap_b.so, at the address libswap_a.so had)
  *
  * The two are built from swaplib.c with different frame sizes, so an unwinder that keeps
  * libswap_a.so's table for the address walks libswap_b.so's frames with the wrong CFA offset.
- * Usage: relinker LIB_A LIB_B ADDRESSES_FILE [seconds]; writes both load addresses to
- * ADDRESSES_FILE (the test needs them equal) and exits by itself (SIGALRM).
+ * Usage: relinker LIB_A LIB_B ADDRESSES_FILE [seconds [FIRST]]; writes both load addresses to
+ * ADDRESSES_FILE (the test needs them equal) and exits by itself (SIGALRM) after `seconds`
+ * (30); runs LIB_A for FIRST seconds (3).
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -52,7 +53,7 @@ int main(int argc, char **argv) {
     void (*spin)(unsigned long);
     unsigned long a, b;
     void *library = load(argv[1], "swap_spin_a", &spin, &a);
-    run_library(spin, 3.0);
+    run_library(spin, argc > 5 ? atof(argv[5]) : 3.0);
     if (dlclose(library) != 0)
         return 1;
     load(argv[2], "swap_spin_b", &spin, &b);

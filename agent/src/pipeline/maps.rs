@@ -204,6 +204,9 @@ pub struct UnwindMaps {
     pub processes: u32,
     /// Unknown processes and pcs, from the program.
     pub events: RingBuf<MapData>,
+    /// `ROW_EPOCH`: bumped whenever rows are freed, so the program's per-CPU cache of found
+    /// rows drops every row it holds.
+    pub row_epoch: Array<MapData, u64>,
     /// Processes running a CPython interpreter, and how to walk its frames.
     pub python_procs: BpfHashMap<MapData, u32, PythonProc>,
     /// Second handles on `USER_STACKS` and `SHORT_USER_STACKS`, the generations' user-stack

@@ -718,6 +718,7 @@ fn take_unwind_maps(
         procs,
         processes,
         events: take(ebpf, "UNWIND_EVENTS")?,
+        row_epoch: take(ebpf, "ROW_EPOCH")?,
         python_procs,
         user_stacks,
     })

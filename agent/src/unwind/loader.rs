@@ -257,6 +257,8 @@ pub struct Unwinder {
     results: mpsc::Receiver<BuildResult>,
     /// Advances on every [`Unwinder::poll`]: the LRU's time.
     clock: u64,
+    /// What `ROW_EPOCH` holds: how many times rows were freed.
+    row_epoch: u64,
     evicted: u64,
     /// Tables dropped as idle.
     idle: u64,
@@ -356,6 +358,7 @@ impl Unwinder {
             files: HashMap::new(),
             tables: HashMap::new(),
             procs: HashMap::new(),
+            row_epoch: 0,
             requests,
             results,
             clock: 0,
@@ -922,8 +925,19 @@ impl Unwinder {
         Ok(())
     }
 
-    /// Frees a table's rows; a pool left empty is given back, with its memory.
+    /// Frees a table's rows; a pool left empty is given back, with its memory. Before any
+    /// other table can take them, the row epoch moves on: the program's cache of found rows
+    /// (`ROW_CACHE`) holds rows by their place in a pool, which from now on may be another
+    /// table's. The mappings that used the rows were rewritten first, so a walk that reads the
+    /// new epoch also reads mappings that no longer point here.
     fn release(&mut self, pool: u32, first_row: u32, rows: u32) {
+        self.row_epoch += 1;
+        if let Err(error) = self.maps.row_epoch.set(0, self.row_epoch, 0) {
+            // Not expected of a one-entry array; the rows stay taken, as a table no longer
+            // used, rather than be reused under rows the program may still hold.
+            tracing::warn!("writing BPF map ROW_EPOCH: {error}; {rows} unwind rows not reused");
+            return;
+        }
         if self.pools.release(pool, first_row, rows) {
             self.pool_maps.remove(&self.maps.rows, pool);
             self.pools.remove(pool);
