@@ -165,6 +165,10 @@ pub struct WalkState {
     pub python_frames: u32,
     /// The run of the counter arrays this walk counts in (`COUNTER_RUNS`).
     pub counters: u32,
+    /// This walk's first entry in [`ROW_CACHE`].
+    cache_base: u32,
+    /// [`CachedRow::tag`] of the entries valid for this walk.
+    cache_tag: u64,
     /// The next Python frame to emit, at the next eval-loop frame; 0 when there is none.
     pub python_frame: u64,
     /// The words [`read_up_to`] read last.
@@ -182,10 +186,6 @@ const MAX_SAVE_WORDS: usize = 8;
 struct LoopContext {
     state: *mut WalkState,
     procs: *const ProcMappings,
-    /// This walk's first entry in [`ROW_CACHE`].
-    cache_base: u32,
-    /// [`CachedRow::tag`] of rows valid for this walk.
-    cache_tag: u64,
     /// The process's CPython interpreter, or `PYTHON_NO_INTERPRETER`'s empty entry.
     python: *const PythonProc,
 }
@@ -205,8 +205,6 @@ struct RowSearch {
     bisect: Bisect,
     first_row: u32,
     pc: u32,
-    /// Non-zero when a probed row could not be read.
-    failed: u32,
 }
 
 /// Runs `callback` up to `iterations` times over `context`, until it returns 1.
@@ -297,12 +295,13 @@ pub fn walk_from(
     walk.python_frames = 0;
     walk.python_frame = 0;
     walk.counters = counters;
+    walk.cache_base = slot * ROW_CACHE_SLOTS;
     walk.stack.len = 0;
     walk.stack.hash = 0xcbf2_9ce4_8422_2325;
 
     // Read before the process's mappings: a walk that sees a new epoch then also sees the
     // mappings the agent rewrote before it freed their rows (`ROW_EPOCH`).
-    let epoch = ROW_EPOCH.get(0).copied().unwrap_or(0);
+    walk.cache_tag = ROW_EPOCH.get(0).copied().unwrap_or(0).wrapping_add(1);
     let known = procs().and_then(|procs| procs.get_ptr(tgid));
     let procs = match known {
         Some(procs) => procs,
@@ -317,8 +316,6 @@ pub fn walk_from(
         &mut LoopContext {
             state,
             procs,
-            cache_base: slot * ROW_CACHE_SLOTS,
-            cache_tag: epoch.wrapping_add(1),
             python,
         },
     );
@@ -393,7 +390,7 @@ extern "C" fn step(_index: u64, context: *mut c_void) -> i64 {
             let outcome = if row_pc > u64::from(u32::MAX) {
                 UnwindOutcome::NoRow as u32
             } else {
-                table_step(walk, m, row_pc as u32, context)
+                table_step(walk, m, row_pc as u32)
             };
             // Code the binary's CFI leaves out (generated or hand-written, as V8's builtins
             // inside `node`) often keeps frame pointers: one checked step, then tables again.
@@ -440,7 +437,8 @@ extern "C" fn probe_mapping(_index: u64, context: *mut c_void) -> i64 {
     0
 }
 
-/// One probe of a [`RowSearch`]. Returns 1 once the search is settled or a row is unreadable.
+/// One probe of a [`RowSearch`]. Returns 1 once the search is settled, or a row is unreadable:
+/// then the search is emptied, so it finds none.
 extern "C" fn probe_row(_index: u64, context: *mut c_void) -> i64 {
     // SAFETY: `table_step` passes its `RowSearch`.
     let search = unsafe { &mut *(context as *mut RowSearch) };
@@ -448,7 +446,7 @@ extern "C" fn probe_row(_index: u64, context: *mut c_void) -> i64 {
         return 1;
     };
     let Some(row) = search.pool.get(search.first_row.wrapping_add(probe)) else {
-        search.failed = 1;
+        search.bisect = Bisect::new(0);
         return 1;
     };
     search.bisect.narrow(probe, row.pc <= search.pc);
@@ -569,20 +567,19 @@ fn checked_frame_pointer_step(walk: &mut WalkState, procs: &ProcMappings) -> u32
 /// on the row's index when [`ROW_CACHE`] holds it, and keeps the index there when it did not.
 /// One path for a hit and a miss, so the verifier checks the search once.
 #[inline(always)]
-fn find_row(mapping: &UnwindMapping, row_pc: u32, context: &LoopContext) -> Option<UnwindRow> {
-    let (pool_index, first_row) = (mapping.pool, mapping.first_row);
+fn find_row(walk: &WalkState, mapping: &UnwindMapping, row_pc: u32) -> Option<UnwindRow> {
     // A pool given back after the mapping was read: no row, as for a table being replaced.
-    let pool = UNWIND_ROWS.get(pool_index)?;
-    let key =
-        (row_pc ^ first_row.rotate_left(13) ^ pool_index.rotate_left(27)).wrapping_mul(0x9e37_79b1);
-    let entry = ROW_CACHE.get_ptr_mut(context.cache_base + (key >> 24) % ROW_CACHE_SLOTS)?;
+    let pool = UNWIND_ROWS.get(mapping.pool)?;
+    let key = (row_pc ^ mapping.first_row.rotate_left(13) ^ mapping.pool.rotate_left(27))
+        .wrapping_mul(0x9e37_79b1);
+    let entry = ROW_CACHE.get_ptr_mut(walk.cache_base + (key >> 24) % ROW_CACHE_SLOTS)?;
     // SAFETY: this CPU's entry; the program cannot run twice at once on one CPU, and the
     // off-CPU program's walks use entries of their own.
     let entry = unsafe { &mut *entry };
-    let hit = entry.tag == context.cache_tag
+    let hit = entry.tag == walk.cache_tag
         && entry.pc == row_pc
-        && entry.first_row == first_row
-        && entry.pool == pool_index;
+        && entry.first_row == mapping.first_row
+        && entry.pool == mapping.pool;
     let mut search = RowSearch {
         pool,
         bisect: if hit {
@@ -593,34 +590,28 @@ fn find_row(mapping: &UnwindMapping, row_pc: u32, context: &LoopContext) -> Opti
         } else {
             Bisect::new(mapping.rows)
         },
-        first_row,
+        first_row: mapping.first_row,
         pc: row_pc,
-        failed: 0,
     };
+    // The entry takes this key now and its index once found (until then its tag matches
+    // nothing): the fewer values live across the search, the smaller the frame, and the
+    // three frames of sampler, walk and probe share 512 bytes of stack on 6.1.
+    entry.pool = mapping.pool;
+    entry.first_row = mapping.first_row;
+    entry.pc = row_pc;
+    entry.tag = 0;
     repeat(UNWIND_SEARCH_STEPS, probe_row, &mut search);
-    let (0, Some(index)) = (search.failed, search.bisect.found()) else {
-        return None;
-    };
-    let row = *pool.get(first_row.wrapping_add(index))?;
-    *entry = CachedRow {
-        pool: pool_index,
-        first_row,
-        pc: row_pc,
-        index,
-        tag: context.cache_tag,
-    };
+    let index = search.bisect.found()?;
+    let row = *search.pool.get(search.first_row.wrapping_add(index))?;
+    entry.index = index;
+    entry.tag = walk.cache_tag;
     Some(row)
 }
 
 /// The caller by the row of `mapping`'s table that covers `row_pc`.
 #[inline(always)]
-fn table_step(
-    walk: &mut WalkState,
-    mapping: &UnwindMapping,
-    row_pc: u32,
-    context: &LoopContext,
-) -> u32 {
-    let Some(row) = find_row(mapping, row_pc, context) else {
+fn table_step(walk: &mut WalkState, mapping: &UnwindMapping, row_pc: u32) -> u32 {
+    let Some(row) = find_row(walk, mapping, row_pc) else {
         return UnwindOutcome::NoRow as u32;
     };
     let rbp_kind = row.rbp_kind();
