@@ -7,6 +7,7 @@ use std::{
 };
 
 use super::address::FileOffset;
+use crate::sys::procmap::{self, CodeVma, QueryError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum MapsError {
@@ -131,7 +132,64 @@ pub fn parse_maps(text: &str, origin: &Path) -> Result<Vec<MapEntry>, MapsError>
     Ok(entries)
 }
 
-/// The memory map of one process at the time it was captured.
+/// Every line of `/proc/PID/maps` (opened as `file`), read as text.
+///
+/// One buffer of [`MAPS_READ_START`] bytes takes a typical process's maps in one `read`,
+/// where growing from empty took three or four, each of which walks the mappings in the
+/// kernel again. A process decides how long its maps are (up to 65,530 mappings, each with a
+/// path of up to 4 KiB): past [`MAPS_READ_LIMIT`] the read stops with an error rather than
+/// holding it all.
+fn read_text(file: std::fs::File, path: &Path) -> Result<Vec<MapEntry>, MapsError> {
+    use std::io::Read;
+    thread_local! {
+        /// The read buffer, kept between reads: a read is made at every process's first
+        /// sample, and each one allocated and freed 32 KiB. (The churn bench did not
+        /// measurably change with this; it saves the allocator's work, no more.)
+        static BUFFER: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    BUFFER.with_borrow_mut(|bytes| {
+        bytes.clear();
+        if bytes.capacity() > MAPS_READ_START {
+            // A huge process's maps are not kept for the next, small one.
+            bytes.shrink_to(MAPS_READ_START);
+        }
+        bytes.reserve(MAPS_READ_START);
+        file.take(MAPS_READ_LIMIT as u64 + 1)
+            .read_to_end(bytes)
+            .map_err(|source| MapsError::Read {
+                path: path.to_owned(),
+                source,
+            })?;
+        if bytes.len() > MAPS_READ_LIMIT {
+            return Err(MapsError::TooLarge {
+                path: path.to_owned(),
+                limit: MAPS_READ_LIMIT,
+            });
+        }
+        // A file name need not be UTF-8, and the rest of a line is ASCII: such a name is kept
+        // with replacement characters (the file is opened through `map_files` by its address
+        // range, or by a path whose inode is checked, so a mangled name opens nothing else),
+        // where failing the read left the whole process unnamed.
+        parse_maps(&String::from_utf8_lossy(bytes), path)
+    })
+}
+
+impl From<CodeVma> for MapEntry {
+    fn from(vma: CodeVma) -> Self {
+        MapEntry {
+            start: vma.start,
+            end: vma.end,
+            offset: vma.offset,
+            executable: true,
+            dev: (u64::from(vma.dev_major) << 32) | u64::from(vma.dev_minor),
+            inode: vma.inode,
+            // As the text read keeps a name that is not UTF-8 (see `read_text`).
+            path: String::from_utf8_lossy(&vma.name).into_owned(),
+        }
+    }
+}
+
+/// The code mappings of one process at the time they were captured.
 #[derive(Debug, Clone, Default)]
 pub struct ProcessMaps {
     /// Sorted by `start`, non-overlapping (the kernel guarantees both).
@@ -139,58 +197,45 @@ pub struct ProcessMaps {
 }
 
 impl ProcessMaps {
-    /// Reads `/proc/PID/maps`.
+    /// Reads the code mappings of `pid` (its executable ones, the only ones a pc can be in):
+    /// by `PROCMAP_QUERY` where the kernel has it (6.11), else from the text of
+    /// `/proc/PID/maps`.
     ///
-    /// Read at every process's first sample (a build host starts hundreds a second), so the
-    /// read is sized for the common case: one buffer of [`MAPS_READ_START`] bytes takes a
-    /// typical process's maps in one `read`, where growing from empty took three or four,
-    /// each of which walks the mappings in the kernel again. A process decides how long its
-    /// maps are (up to 65,530 mappings, each with a path of up to 4 KiB): past
-    /// [`MAPS_READ_LIMIT`] the read stops with an error rather than holding it all.
+    /// Read at every process's first sample (a build host starts hundreds a second). Asked by
+    /// query, the kernel resolves the paths of the 7 code mappings of Debian's `python3`, not
+    /// the 30-odd of its 43 lines that name a file, and nothing is formatted or parsed: a
+    /// third of the text read's time here (see [`crate::sys::procmap`]). The captures, kept
+    /// for as long as the samples need them, hold those 7 entries, not 43.
     pub fn read(pid: u32) -> Result<Self, MapsError> {
-        use std::io::Read;
-        thread_local! {
-            /// The read buffer, kept between reads: a read is made at every process's first
-            /// sample, and each one allocated and freed 32 KiB. (The churn bench did not
-            /// measurably change with this; it saves the allocator's work, no more.)
-            static BUFFER: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
-        }
         let path = PathBuf::from(format!("/proc/{pid}/maps"));
-        let read_err = |source| MapsError::Read {
+        let file = std::fs::File::open(&path).map_err(|source| MapsError::Read {
             path: path.clone(),
             source,
+        })?;
+        let entries = match procmap::executable_vmas(&file, MAPS_READ_LIMIT) {
+            Ok(vmas) => vmas.into_iter().map(MapEntry::from).collect(),
+            // The text says the same; a name too long for the query's buffer is read there.
+            Err(QueryError::Unsupported | QueryError::NameTooLong) => {
+                let mut entries = read_text(file, &path)?;
+                // As the query gives them: the kernel's vsyscall page is in no process's list
+                // of mappings (and no libc calls into it any more).
+                entries.retain(|e| e.executable && e.path != "[vsyscall]");
+                entries
+            }
+            Err(QueryError::TooLarge { limit }) => {
+                return Err(MapsError::TooLarge { path, limit });
+            }
+            // The process has no memory to ask about: exited and not reaped, or a kernel
+            // thread. The text reads empty then.
+            Err(QueryError::Io(source)) if source.raw_os_error() == Some(libc::ESRCH) => Vec::new(),
+            Err(QueryError::Io(source)) => return Err(MapsError::Read { path, source }),
         };
-        let file = std::fs::File::open(&path).map_err(read_err)?;
-        BUFFER.with_borrow_mut(|bytes| {
-            bytes.clear();
-            if bytes.capacity() > MAPS_READ_START {
-                // A huge process's maps are not kept for the next, small one.
-                bytes.shrink_to(MAPS_READ_START);
-            }
-            bytes.reserve(MAPS_READ_START);
-            file.take(MAPS_READ_LIMIT as u64 + 1)
-                .read_to_end(bytes)
-                .map_err(read_err)?;
-            if bytes.len() > MAPS_READ_LIMIT {
-                return Err(MapsError::TooLarge {
-                    path: path.clone(),
-                    limit: MAPS_READ_LIMIT,
-                });
-            }
-            // A file name need not be UTF-8, and the rest of a line is ASCII: such a name is
-            // kept with replacement characters (the file is opened through `map_files` by
-            // its address range, or by a path whose inode is checked, so a mangled name
-            // opens nothing else), where failing the read left the whole process unnamed.
-            let text = String::from_utf8_lossy(bytes);
-            let entries = parse_maps(&text, &path)?;
-            // A zombie's maps read empty: taken as a capture, they would replace the one of
-            // its life and leave every sample of it unnamed. A process that runs maps
-            // something.
-            if entries.is_empty() {
-                return Err(MapsError::Empty { path: path.clone() });
-            }
-            Ok(ProcessMaps { entries })
-        })
+        // A zombie's maps read empty: taken as a capture, they would replace the one of its
+        // life and leave every sample of it unnamed. A process that runs maps code.
+        if entries.is_empty() {
+            return Err(MapsError::Empty { path });
+        }
+        Ok(ProcessMaps { entries })
     }
 
     pub fn from_entries(mut entries: Vec<MapEntry>) -> Self {

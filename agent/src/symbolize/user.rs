@@ -1293,7 +1293,8 @@ impl ProcessFrames for UserSymbolizer {
     }
 
     fn entry(&mut self, pid: u32, version: u32) -> Option<Spot> {
-        // The executable is the first file mapped: the kernel maps it before the loader.
+        // The executable's code is the first file code mapped: the kernel maps it before the
+        // loader, and the loader maps libraries above both.
         let entry = self
             .maps_at(pid, version)?
             .entries()

@@ -1,6 +1,6 @@
 //! The operating system beneath every stage: capabilities, systemd notification, the
-//! allocator, files, clocks, retry pacing and the `bpf(2)` calls aya lacks. Imports nothing
-//! else of the crate.
+//! allocator, files, clocks, retry pacing, the `bpf(2)` calls aya lacks and the kernel's
+//! query of a process's mappings. Imports nothing else of the crate.
 
 pub mod allocator;
 pub mod backoff;
@@ -11,6 +11,7 @@ pub mod hex;
 pub mod inner_maps;
 pub mod memory;
 pub mod notify;
+pub mod procmap;
 pub mod privileges;
 pub mod sigbus;
 pub mod time;
