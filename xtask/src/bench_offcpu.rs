@@ -25,7 +25,7 @@ use std::{
 use anyhow::{ensure, Context, Result};
 
 use crate::{
-    bench_slowdown::{round_order, under_profiler},
+    bench_slowdown::{round_order, under_profiler, Profiled},
     measure::{command_output, load_average, median, path_str, time_usage, timed},
     run_command,
 };
@@ -214,8 +214,11 @@ fn one_run(
     };
     // record prints its summary on stdout.
     command.stdout(Stdio::piped());
-    let (switches_per_second, output) =
-        under_profiler(command, profiler.name(), cpus, || run_workload(workload))?;
+    let Profiled {
+        result: switches_per_second,
+        output,
+        ..
+    } = under_profiler(command, profiler.name(), cpus, || run_workload(workload))?;
     // Deleted, then what is left written back now, not during the next run.
     let _ = std::fs::remove_dir_all(&scratch);
     run_command(&mut Command::new("sync"))?;

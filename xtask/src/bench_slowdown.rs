@@ -20,7 +20,10 @@
 //!   and at 999 Hz every process on a CPU is sampled within milliseconds of the start), then
 //!   the workers run, then it is stopped with SIGINT and writes its file into a temporary
 //!   directory. Its CPU time (user + system, start-up and writing included) comes from
-//!   `/usr/bin/time -v`.
+//!   `/usr/bin/time -v`; what it had used as the workers started (`/proc/PID/stat`) is
+//!   reported apart as its start: scorch's start is mostly the kernel verifying its BPF
+//!   unwinder (0.4 s of system time on a 6.18 here, about as much as perf uses over the
+//!   whole 8 s), a cost a recording pays once however long it runs.
 //! - **Rounds.** Every round runs each rate with each profiler once, fresh processes every
 //!   time, the profilers' order changed between rounds (a different stride through them) so
 //!   none always follows another's leftovers; each run's files are deleted and synced before the
@@ -166,6 +169,10 @@ struct Run {
     profiler_cpu: f64,
     /// The profiler's system seconds alone.
     profiler_system: f64,
+    /// The profiler's user + system seconds before the workers started: its start (a BPF
+    /// program's verification, perf's reading of every process's mappings), paid once per
+    /// run whatever its length.
+    profiler_start: f64,
 }
 
 pub fn slowdown_report(
@@ -282,9 +289,10 @@ pub fn slowdown_report(
     writeln!(
         out,
         "| Hz | profiler | sorts done | slowdown vs none | time lost | added to none's | \
-         median interruption | interruptions /s | profiler CPU (s) | of which system |"
+         median interruption | interruptions /s | profiler CPU (s) | of which system | \
+         of which its start |"
     )?;
-    writeln!(out, "|---|---|---|---|---|---|---|---|---|---|")?;
+    writeln!(out, "|---|---|---|---|---|---|---|---|---|---|---|")?;
     for (r, hz) in rates.iter().enumerate() {
         let none = median(results[r][0].iter().map(|run| run.work).collect());
         let none_lost = median(results[r][0].iter().map(|run| run.lost.percent()).collect());
@@ -314,18 +322,20 @@ pub fn slowdown_report(
                     .map(|run| run.profiler_system)
                     .collect(),
             );
-            let (slowdown, cpu, system) = match profiler {
+            let start = median(results[r][p].iter().map(|run| run.profiler_start).collect());
+            let (slowdown, cpu, system, start) = match profiler {
                 Profiler::None => Default::default(),
                 _ => (
                     format!("{:.1}%", slowdown(none, work)),
                     format!("{cpu:.2}"),
                     format!("{system:.2}"),
+                    format!("{start:.2}"),
                 ),
             };
             writeln!(
                 out,
                 "| {hz} | {} | {work:.0} | {slowdown} | {lost:.2}% | {added} | {gap_us:.1} us | \
-                 {per_second:.0} | {cpu} | {system} |",
+                 {per_second:.0} | {cpu} | {system} | {start} |",
                 profiler.name()
             )?;
         }
@@ -334,7 +344,10 @@ pub fn slowdown_report(
         out,
         "\nTime lost: the share of the workers' time (the clock read every 8 comparisons) that \
          went in intervals over a microsecond, to interrupts and other tasks on their CPUs; \
-         interruptions per second are per worker. Each profiler's time lost minus perf -g's, \
+         interruptions per second are per worker. A profiler's CPU is its whole run's (`/usr/bin/time`); \
+         \"of which its start\" is what it had used when the workers started (`/proc/PID/stat`, \
+         10 ms ticks): scorch's BPF verification, perf's reading of every process's mappings, \
+         paid once however long the recording. Each profiler's time lost minus perf -g's, \
          paired in each round (median [least, most]):\n"
     )?;
     writeln!(out, "| Hz | profiler | time lost minus perf -g's |")?;
@@ -419,11 +432,15 @@ fn one_run(profiler: &Profiler, hz: u64, worker: &Path, dir: &Path, cpus: usize)
             lost,
             profiler_cpu: 0.0,
             profiler_system: 0.0,
+            profiler_start: 0.0,
         });
     };
     command.stdout(Stdio::null());
-    let ((work, lost), output) =
-        under_profiler(command, &profiler.name(), cpus, || run_workers(worker))?;
+    let Profiled {
+        result: (work, lost),
+        output,
+        start_cpu,
+    } = under_profiler(command, &profiler.name(), cpus, || run_workers(worker))?;
     // Deleted, then what is left written back now, not during the next run.
     let _ = std::fs::remove_dir_all(&scratch);
     run_command(&mut Command::new("sync"))?;
@@ -434,25 +451,41 @@ fn one_run(profiler: &Profiler, hz: u64, worker: &Path, dir: &Path, cpus: usize)
         lost,
         profiler_cpu: usage.cpu_seconds,
         profiler_system: usage.system_seconds,
+        profiler_start: start_cpu,
     })
 }
 
+/// What [`under_profiler`] gives back.
+pub(crate) struct Profiled<T> {
+    /// What the work returned.
+    pub result: T,
+    /// The profiler's output.
+    pub output: std::process::Output,
+    /// The profiler's user + system seconds once it was ready, before the work began.
+    pub start_cpu: f64,
+}
+
+/// Clock ticks a second in `/proc/PID/stat`: `USER_HZ`, fixed at 100 by the x86-64 ABI
+/// whatever the kernel's own `HZ`.
+const USER_HZ: f64 = 100.0;
+
 /// Runs `work` under the profiler `command` (under `/usr/bin/time -v`, its stderr piped
 /// here): starts it, waits until it samples and has settled, runs `work`, stops it with SIGINT,
-/// and checks it ended well. Returns `work`'s result and the profiler's
-/// output.
+/// and checks it ended well. Returns `work`'s result, the profiler's output and the CPU time
+/// it had used when `work` began.
 pub(crate) fn under_profiler<T>(
     mut command: Command,
     name: &str,
     cpus: usize,
     work: impl FnOnce() -> Result<T>,
-) -> Result<(T, std::process::Output)> {
+) -> Result<Profiled<T>> {
     command.stderr(Stdio::piped());
     let child = command
         .spawn()
         .with_context(|| format!("starting {name} (cargo xtask setup installs it)"))?;
     let mut guard = Processes(vec![child]);
     let pid = wait_ready(&mut guard.0[0], cpus)?;
+    let start_cpu = cpu_ticks(pid) as f64 / USER_HZ;
     let result = work()?;
     interrupt(pid)?;
     let child = guard.0.remove(0);
@@ -463,7 +496,11 @@ pub(crate) fn under_profiler<T>(
         output.status.success() || stderr.contains("Command terminated by signal 2"),
         "{name} failed: {stderr}"
     );
-    Ok((result, output))
+    Ok(Profiled {
+        result,
+        output,
+        start_cpu,
+    })
 }
 
 /// Waits until the profiler under `wrapper` (`/usr/bin/time` or strace) samples, and its

@@ -132,6 +132,15 @@ pub fn parse_maps(text: &str, origin: &Path) -> Result<Vec<MapEntry>, MapsError>
     Ok(entries)
 }
 
+/// The code mappings in the text of `/proc/PID/maps` (opened as `file`), as the query gives
+/// them: the executable lines, less the kernel's vsyscall page, which is in no process's list
+/// of mappings (and which no libc calls into any more).
+fn code_of_text(file: std::fs::File, path: &Path) -> Result<Vec<MapEntry>, MapsError> {
+    let mut entries = read_text(file, path)?;
+    entries.retain(|e| e.executable && e.path != "[vsyscall]");
+    Ok(entries)
+}
+
 /// Every line of `/proc/PID/maps` (opened as `file`), read as text.
 ///
 /// One buffer of [`MAPS_READ_START`] bytes takes a typical process's maps in one `read`,
@@ -215,13 +224,7 @@ impl ProcessMaps {
         let entries = match procmap::executable_vmas(&file, MAPS_READ_LIMIT) {
             Ok(vmas) => vmas.into_iter().map(MapEntry::from).collect(),
             // The text says the same; a name too long for the query's buffer is read there.
-            Err(QueryError::Unsupported | QueryError::NameTooLong) => {
-                let mut entries = read_text(file, &path)?;
-                // As the query gives them: the kernel's vsyscall page is in no process's list
-                // of mappings (and no libc calls into it any more).
-                entries.retain(|e| e.executable && e.path != "[vsyscall]");
-                entries
-            }
+            Err(QueryError::Unsupported | QueryError::NameTooLong) => code_of_text(file, &path)?,
             Err(QueryError::TooLarge { limit }) => {
                 return Err(MapsError::TooLarge { path, limit });
             }
@@ -396,6 +399,30 @@ mod tests {
             .unwrap()
             .entries()
             .is_empty());
+    }
+
+    #[test]
+    fn the_query_and_the_text_capture_the_same_code() {
+        // A process whose mappings stay put while both are read.
+        let mut child = std::process::Command::new("sleep")
+            .arg("10")
+            .spawn()
+            .unwrap();
+        let path = PathBuf::from(format!("/proc/{}/maps", child.id()));
+        // `sleep` has exec'd once its mappings hold its own code.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !std::fs::read_to_string(&path).unwrap().contains("/sleep") {
+            assert!(std::time::Instant::now() < deadline, "sleep never ran");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let read = ProcessMaps::read(child.id()).unwrap();
+        let text = code_of_text(std::fs::File::open(&path).unwrap(), &path).unwrap();
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert_eq!(read.entries(), text.as_slice());
+        assert!(text.iter().all(|e| e.executable), "{text:?}");
+        assert!(text.iter().any(|e| e.path.ends_with("/sleep")), "{text:?}");
+        assert!(text.iter().any(|e| e.path == "[vdso]"), "{text:?}");
     }
 
     #[test]
