@@ -22,8 +22,8 @@
 //!   directory. Its CPU time (user + system, start-up and writing included) comes from
 //!   `/usr/bin/time -v`; what it had used as the workers started (`/proc/PID/stat`) is
 //!   reported apart as its start: scorch's start is mostly the kernel verifying its BPF
-//!   unwinder (0.4 s of system time on a 6.18 here, about as much as perf uses over the
-//!   whole 8 s), a cost a recording pays once however long it runs.
+//!   unwinder, and on some kernel builds that is as much CPU as perf uses over the whole 8 s:
+//!   a cost a recording pays once however long it runs.
 //! - **Rounds.** Every round runs each rate with each profiler once, fresh processes every
 //!   time, the profilers' order changed between rounds (a different stride through them) so
 //!   none always follows another's leftovers; each run's files are deleted and synced before the
