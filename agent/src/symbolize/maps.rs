@@ -212,9 +212,9 @@ impl ProcessMaps {
     ///
     /// Read at every process's first sample (a build host starts hundreds a second). Asked by
     /// query, the kernel resolves the paths of the 7 code mappings of Debian's `python3`, not
-    /// the 30-odd of its 43 lines that name a file, and nothing is formatted or parsed: a
-    /// third of the text read's time here (see [`crate::sys::procmap`]). The captures, kept
-    /// for as long as the samples need them, hold those 7 entries, not 43.
+    /// the 30-odd of its 43 lines that name a file, and nothing is formatted or parsed (see
+    /// [`crate::sys::procmap`]). The captures, kept for as long as the samples need them,
+    /// hold those 7 entries, not 43.
     pub fn read(pid: u32) -> Result<Self, MapsError> {
         let path = PathBuf::from(format!("/proc/{pid}/maps"));
         let file = std::fs::File::open(&path).map_err(|source| MapsError::Read {
