@@ -41,9 +41,21 @@ fn main() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(1_000_000);
     let end = Instant::now() + Duration::from_secs(seconds);
-    // Each round is about a millisecond, so the clock check costs nothing measurable.
+    // Each round's length is drawn at random between n/2 and 3n/2, the same for both
+    // functions, so their shares stay even: rounds of one fixed length make a fixed cycle,
+    // and a cycle near a multiple of the sampling period aliases with it (a CI run at 999 Hz
+    // gave scorch 0.525 of `spin` and perf, sampling the same process at its own phase,
+    // 0.470). Each round is about a millisecond at the default n, so the clock check costs
+    // nothing measurable.
+    let mut state = 0x9e37_79b9_7f4a_7c15u64 ^ u64::from(std::process::id());
+    let n = n.max(2);
     while Instant::now() < end {
-        black_box(outer::inner::spin(u64::from(n)));
-        black_box(outer::inner::spin_generic(n));
+        // xorshift64: cheap, and no crate for a workload rustc builds alone.
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        let round = n / 2 + (state % u64::from(n)) as u32;
+        black_box(outer::inner::spin(u64::from(round)));
+        black_box(outer::inner::spin_generic(round));
     }
 }
