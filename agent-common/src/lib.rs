@@ -862,6 +862,13 @@ pub const PYTHON_EVAL_RANGES: usize = 4;
 /// Most processes with a CPython interpreter the walk knows at once (`PYTHON_PROCS`).
 pub const MAX_PYTHON_PROCS: u32 = 4096;
 
+/// The process map's key for processes it does not hold: a zeroed [`ProcMappings`] (no
+/// mappings: every frame takes a frame-pointer step) that the agent writes into each process
+/// map it creates. A walk's mappings are then always a value of that one map, known process or
+/// not, so the verifier checks the walk once; with a second map for the unknown case, it
+/// checked it once for each. No process has tgid 0.
+pub const PROCS_NO_MAPPINGS: u32 = 0;
+
 /// `PYTHON_PROCS`'s key for every process without an interpreter: a zeroed [`PythonProc`]
 /// (no eval-loop ranges) that the agent writes before the program runs. The walk's pointer to
 /// a process's interpreter is then never null and always into the same map, so the verifier

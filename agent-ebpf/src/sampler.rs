@@ -152,7 +152,32 @@ fn try_sample<const TABLES: bool>(ctx: &PerfEventContext) -> Result<(), i64> {
     // Read once: the agent may flip it while this run goes on, and every map and counter this
     // run writes must be of one generation.
     // SAFETY: `control` points into a map value; the read is of a plain u32.
-    let slot = u32::from(unsafe { core::ptr::read_volatile(&control.generation) } != 0);
+    // The agent writes 0 or 1. Masked, not compared: a comparison compiles to a branch that
+    // makes the slot a constant on each side, and the verifier then checks all that follows
+    // (the user walk with its loop) once for each.
+    let slot = unsafe { core::ptr::read_volatile(&control.generation) } & 1;
+    // A sample taken in user mode has no kernel stack: skip asking for one.
+    let user_mode = interrupted_user_mode(ctx);
+    let kernel_stack_id = if user_mode {
+        STACK_ABSENT
+    } else {
+        let Some(stacks) = STACKS.get(slot) else {
+            return Ok(());
+        };
+        stack_id(
+            ctx,
+            stacks,
+            0,
+            slot,
+            Loss::KernelStackCollision,
+            Loss::KernelStackError,
+        )
+    };
+    // The user walk before the generation's other maps are looked up: what stays live across
+    // the walk's loop is in every state of it the verifier compares and keeps.
+    // SAFETY: as above.
+    let tables = TABLES && unsafe { core::ptr::read_volatile(&control.unwind) } == UNWIND_TABLES;
+    let walked = tables && unwind::walk(ctx, tgid, user_mode, slot);
     // The agent fills every slot before it attaches the program.
     let (Some(stacks), Some(user_stacks), Some(short_user_stacks)) = (
         STACKS.get(slot),
@@ -178,23 +203,8 @@ fn try_sample<const TABLES: bool>(ctx: &PerfEventContext) -> Result<(), i64> {
             short_user_stacks,
         }
     };
-
-    // A sample taken in user mode has no kernel stack: skip asking for one.
-    let user_mode = interrupted_user_mode(ctx);
-    let kernel_stack_id = if user_mode {
-        STACK_ABSENT
-    } else {
-        stack_id(
-            ctx,
-            generation.stacks,
-            0,
-            slot,
-            Loss::KernelStackCollision,
-            Loss::KernelStackError,
-        )
-    };
-    let user_stack_id = if TABLES && control.unwind == UNWIND_TABLES {
-        match unwind::walk(ctx, tgid, user_mode, slot) {
+    let user_stack_id = if tables {
+        match unwind::walked(walked) {
             None => STACK_ABSENT,
             Some(walk) => match unwind::store_stack(
                 generation.user_stacks,

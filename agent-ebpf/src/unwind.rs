@@ -33,8 +33,8 @@ use scorch_common::{
     UnwindOutcome, UnwindRow, UserStack, WalkedStack, COUNTER_RUNS, EVENT_PYTHON_STACK,
     EVENT_UNKNOWN_PC, EVENT_UNKNOWN_PROCESS, MAPPING_SEARCH_STEPS, MAPPING_TABLE_EVICTED,
     MAPPING_TABLE_LOADED, MAPPING_TABLE_PENDING, MAX_PROC_MAPPINGS, MAX_ROW_POOLS,
-    MAX_UNWIND_PROCS, MAX_USER_STACK_DEPTH, ROW_CACHE_SLOTS, SHORT_USER_STACK_DEPTH,
-    SHORT_USER_STACK_ID, UNWIND_OUTCOMES, UNWIND_SEARCH_STEPS,
+    MAX_UNWIND_PROCS, MAX_USER_STACK_DEPTH, PROCS_NO_MAPPINGS, ROW_CACHE_SLOTS,
+    SHORT_USER_STACK_DEPTH, SHORT_USER_STACK_ID, UNWIND_OUTCOMES, UNWIND_SEARCH_STEPS,
 };
 
 /// A row pool's flags. `BPF_F_MMAPABLE`: the agent writes tables straight into the pool's
@@ -72,10 +72,6 @@ static UNWIND_PROCS: btf_maps::ArrayOfMaps<ProcMap, 1> = btf_maps::ArrayOfMaps::
 fn procs() -> Option<&'static ProcMap> {
     UNWIND_PROCS.get(0)
 }
-
-/// A process with no mappings yet: every frame takes a frame-pointer step. One zeroed entry.
-#[map]
-static NO_MAPPINGS: Array<ProcMappings> = Array::with_max_entries(1, 0);
 
 /// Unknown processes and pcs, for the agent to read their maps.
 #[map]
@@ -168,6 +164,8 @@ pub struct WalkState {
     pub python_frames: u32,
     /// The run of the counter arrays this walk counts in (`COUNTER_RUNS`).
     pub counters: u32,
+    /// Non-zero when the process map held the process.
+    known: u32,
     /// This walk's first entry in [`ROW_CACHE`].
     cache_base: u32,
     /// [`CachedRow::tag`] of the entries valid for this walk.
@@ -257,15 +255,27 @@ pub fn current_user_regs() -> Option<(u64, u64, u64)> {
 }
 
 /// Walks the current task's user stack into `WALK`, counting in generation `generation`'s run;
-/// returns the state, or `None` when the task has no user stack.
+/// false when the task has no user stack. [`walked`] gives the walk back.
+///
+/// Not the state itself: what the caller keeps alive across the walk's loop is in each state
+/// the verifier compares, and a pointer kept in an `Option` through the caller's other
+/// branches can reach it as a scalar.
 #[inline(always)]
-pub fn walk(
-    ctx: &PerfEventContext,
-    tgid: u32,
-    user_mode: bool,
-    generation: u32,
-) -> Option<&'static mut WalkState> {
-    walk_from(user_regs(ctx, user_mode)?, tgid, WALK_SAMPLE, generation)
+pub fn walk(ctx: &PerfEventContext, tgid: u32, user_mode: bool, generation: u32) -> bool {
+    user_regs(ctx, user_mode)
+        .and_then(|regs| walk_from(regs, tgid, WALK_SAMPLE, generation))
+        .is_some()
+}
+
+/// The sampler's walk, when [`walk`] returned true.
+#[inline(always)]
+pub fn walked(walked: bool) -> Option<&'static mut WalkState> {
+    if !walked {
+        return None;
+    }
+    // SAFETY: this CPU's slot; the program cannot run twice at once on one CPU.
+    WALK.get_ptr_mut(WALK_SAMPLE)
+        .map(|state| unsafe { &mut *state })
 }
 
 /// Walks the current task's user stack from registers (pc, sp, rbp) into `WALK`'s `slot`,
@@ -306,10 +316,15 @@ pub fn walk_from(
     // Read before the process's mappings: a walk that sees a new epoch then also sees the
     // mappings the agent rewrote before it freed their rows (`ROW_EPOCH`).
     walk.cache_tag = ROW_EPOCH.get(0).copied().unwrap_or(0).wrapping_add(1);
-    let known = procs().and_then(|procs| procs.get_ptr(tgid));
+    // A process the map does not hold walks with its entry of no mappings, a value of the
+    // same map (`PROCS_NO_MAPPINGS`). Whether it was known is kept in the walk's state, not
+    // in a register: a value live across the loop is in each state the verifier compares.
+    let map = procs()?;
+    let known = map.get_ptr(tgid);
+    walk.known = u32::from(known.is_some());
     let procs = match known {
         Some(procs) => procs,
-        None => NO_MAPPINGS.get_ptr(0)?,
+        None => map.get_ptr(PROCS_NO_MAPPINGS)?,
     };
     // A walk needs the interpreter entry, real or empty (`PYTHON_NO_INTERPRETER`), which the
     // agent writes before the program is attached.
@@ -341,7 +356,7 @@ pub fn walk_from(
     if walk.no_row_step != 0 {
         count(counters, UnwindOutcome::FramePointerNoRow as u32);
     }
-    if known.is_none() {
+    if walk.known == 0 {
         notify(tgid, EVENT_UNKNOWN_PROCESS, pc);
     } else if walk.no_mapping != 0 {
         notify(tgid, EVENT_UNKNOWN_PC, walk.unknown_pc);

@@ -4,7 +4,9 @@
 //! the program loads, is what keeps a quiet host's map memory small.
 
 use aya::maps::{MapData, MapError};
-use scorch_common::{ProcMappings, UnwindRow, MAX_ROW_POOLS};
+use scorch_common::{
+    ProcMappings, UnwindMapping, UnwindRow, MAX_PROC_MAPPINGS, MAX_ROW_POOLS, PROCS_NO_MAPPINGS,
+};
 
 use super::loader::LoaderError;
 use crate::sys::inner_maps::{
@@ -133,16 +135,24 @@ impl ProcMap {
     /// An empty map of `entries` processes, not in place yet.
     fn new(entries: u32) -> Result<Self, LoaderError> {
         let failed = |source| LoaderError::CreateProcs { entries, source };
+        // One more entry: the walks' entry for processes the map does not hold.
         let data = create_inner(
             BPF_MAP_TYPE_HASH,
             std::mem::size_of::<ProcMappings>() as u32,
-            entries,
+            entries.saturating_add(1),
             0,
             "scorch_procs",
         )
         .map_err(failed)?;
-        let map = aya::maps::HashMap::try_from(aya::maps::Map::HashMap(data))
+        let mut map = aya::maps::HashMap::try_from(aya::maps::Map::HashMap(data))
             .map_err(|source| failed(InnerMapError::Wrap(source)))?;
+        let none = ProcMappings {
+            count: 0,
+            _reserved: 0,
+            mappings: [UnwindMapping::default(); MAX_PROC_MAPPINGS],
+        };
+        map.insert(PROCS_NO_MAPPINGS, none, 0)
+            .map_err(|source| LoaderError::NoMappingsEntry { source })?;
         Ok(ProcMap { map, entries })
     }
 

@@ -30,8 +30,8 @@ use scorch_common::{
     python_frame_parts, ProcMappings, PythonProc, ShortUserStack, UnwindEvent, UnwindMapping,
     UnwindRow, UserStack, WalkedStack, EVENT_PYTHON_STACK, MAPPING_NO_TABLE, MAPPING_TABLE_EVICTED,
     MAPPING_TABLE_LOADED, MAPPING_TABLE_PENDING, MAX_PROC_MAPPINGS, MAX_ROW_POOLS, MIN_POOL_ROWS,
-    PYTHON_ENTRY_CSTACK_OWNER, PYTHON_ENTRY_IS_ENTRY, PYTHON_EVAL_RANGES, PYTHON_FRAME,
-    PYTHON_NO_CFRAME, SHORT_USER_STACK_ID,
+    PROCS_NO_MAPPINGS, PYTHON_ENTRY_CSTACK_OWNER, PYTHON_ENTRY_IS_ENTRY, PYTHON_EVAL_RANGES,
+    PYTHON_FRAME, PYTHON_NO_CFRAME, SHORT_USER_STACK_ID,
 };
 
 use super::{
@@ -76,6 +76,10 @@ pub enum LoaderError {
         entries: u32,
         source: crate::sys::inner_maps::InnerMapError,
     },
+    #[error(
+        "writing the entry of processes without mappings (tgid 0) to a new process map: {source}"
+    )]
+    NoMappingsEntry { source: MapError },
     #[error("putting the process map in BPF map UNWIND_PROCS: {source}")]
     AddProcs { source: std::io::Error },
     #[error("starting the unwind table builder thread: {0}")]
@@ -584,7 +588,9 @@ impl Unwinder {
         }
         for pid in gone {
             self.procs.remove(&pid);
-            let _ = self.procs_map.map.remove(&pid);
+            if pid != PROCS_NO_MAPPINGS {
+                let _ = self.procs_map.map.remove(&pid);
+            }
             if self.python.remove(&pid).is_some() {
                 let _ = self.maps.python_procs.remove(&pid);
                 self.python_changes.push((pid, None));
@@ -946,6 +952,10 @@ impl Unwinder {
 
     /// Writes a process's mappings, as far as its tables are known, to `UNWIND_PROCS`.
     fn write(&mut self, pid: u32) -> Result<(), LoaderError> {
+        // The entry of the processes the map does not hold, which no process may overwrite.
+        if pid == PROCS_NO_MAPPINGS {
+            return Ok(());
+        }
         let Some(mappings) = self.procs.get(&pid) else {
             return Ok(());
         };
