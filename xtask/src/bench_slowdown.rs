@@ -173,6 +173,10 @@ struct Run {
     /// program's verification, perf's reading of every process's mappings), paid once per
     /// run whatever its length.
     profiler_start: f64,
+    /// The profiler's user + system seconds while the workers ran: what it took from their
+    /// CPUs as it sampled, apart from its start and its end (perf writes its file, scorch
+    /// symbolises and writes its profile, once the workers are done).
+    profiler_during: f64,
 }
 
 pub fn slowdown_report(
@@ -290,9 +294,9 @@ pub fn slowdown_report(
         out,
         "| Hz | profiler | sorts done | slowdown vs none | time lost | added to none's | \
          median interruption | interruptions /s | profiler CPU (s) | of which system | \
-         of which its start |"
+         of which its start | of which during the work |"
     )?;
-    writeln!(out, "|---|---|---|---|---|---|---|---|---|---|---|")?;
+    writeln!(out, "|---|---|---|---|---|---|---|---|---|---|---|---|")?;
     for (r, hz) in rates.iter().enumerate() {
         let none = median(results[r][0].iter().map(|run| run.work).collect());
         let none_lost = median(results[r][0].iter().map(|run| run.lost.percent()).collect());
@@ -323,19 +327,26 @@ pub fn slowdown_report(
                     .collect(),
             );
             let start = median(results[r][p].iter().map(|run| run.profiler_start).collect());
-            let (slowdown, cpu, system, start) = match profiler {
+            let during = median(
+                results[r][p]
+                    .iter()
+                    .map(|run| run.profiler_during)
+                    .collect(),
+            );
+            let (slowdown, cpu, system, start, during) = match profiler {
                 Profiler::None => Default::default(),
                 _ => (
                     format!("{:.1}%", slowdown(none, work)),
                     format!("{cpu:.2}"),
                     format!("{system:.2}"),
                     format!("{start:.2}"),
+                    format!("{during:.2}"),
                 ),
             };
             writeln!(
                 out,
                 "| {hz} | {} | {work:.0} | {slowdown} | {lost:.2}% | {added} | {gap_us:.1} us | \
-                 {per_second:.0} | {cpu} | {system} | {start} |",
+                 {per_second:.0} | {cpu} | {system} | {start} | {during} |",
                 profiler.name()
             )?;
         }
@@ -347,7 +358,8 @@ pub fn slowdown_report(
          interruptions per second are per worker. A profiler's CPU is its whole run's (`/usr/bin/time`); \
          \"of which its start\" is what it had used when the workers started (`/proc/PID/stat`, \
          10 ms ticks): scorch's BPF verification, perf's reading of every process's mappings, \
-         paid once however long the recording. Each profiler's time lost minus perf -g's, \
+         paid once however long the recording; \"during the work\" is what it used while \
+         the workers ran, the part of its CPU they compete with. Each profiler's time lost minus perf -g's, \
          paired in each round (median [least, most]):\n"
     )?;
     writeln!(out, "| Hz | profiler | time lost minus perf -g's |")?;
@@ -433,6 +445,7 @@ fn one_run(profiler: &Profiler, hz: u64, worker: &Path, dir: &Path, cpus: usize)
             profiler_cpu: 0.0,
             profiler_system: 0.0,
             profiler_start: 0.0,
+            profiler_during: 0.0,
         });
     };
     command.stdout(Stdio::null());
@@ -440,6 +453,7 @@ fn one_run(profiler: &Profiler, hz: u64, worker: &Path, dir: &Path, cpus: usize)
         result: (work, lost),
         output,
         start_cpu,
+        during_cpu,
     } = under_profiler(command, &profiler.name(), cpus, || run_workers(worker))?;
     // Deleted, then what is left written back now, not during the next run.
     let _ = std::fs::remove_dir_all(&scratch);
@@ -452,6 +466,7 @@ fn one_run(profiler: &Profiler, hz: u64, worker: &Path, dir: &Path, cpus: usize)
         profiler_cpu: usage.cpu_seconds,
         profiler_system: usage.system_seconds,
         profiler_start: start_cpu,
+        profiler_during: during_cpu,
     })
 }
 
@@ -463,6 +478,8 @@ pub(crate) struct Profiled<T> {
     pub output: std::process::Output,
     /// The profiler's user + system seconds once it was ready, before the work began.
     pub start_cpu: f64,
+    /// The profiler's user + system seconds while `work` ran.
+    pub during_cpu: f64,
 }
 
 /// Clock ticks a second in `/proc/PID/stat`: `USER_HZ`, fixed at 100 by the x86-64 ABI
@@ -471,8 +488,8 @@ const USER_HZ: f64 = 100.0;
 
 /// Runs `work` under the profiler `command` (under `/usr/bin/time -v`, its stderr piped
 /// here): starts it, waits until it samples and has settled, runs `work`, stops it with SIGINT,
-/// and checks it ended well. Returns `work`'s result, the profiler's output and the CPU time
-/// it had used when `work` began.
+/// and checks it ended well. Returns `work`'s result, the profiler's output, the CPU time it
+/// had used when `work` began, and what it used while `work` ran.
 pub(crate) fn under_profiler<T>(
     mut command: Command,
     name: &str,
@@ -487,6 +504,7 @@ pub(crate) fn under_profiler<T>(
     let pid = wait_ready(&mut guard.0[0], cpus)?;
     let start_cpu = cpu_ticks(pid) as f64 / USER_HZ;
     let result = work()?;
+    let during_cpu = cpu_ticks(pid) as f64 / USER_HZ - start_cpu;
     interrupt(pid)?;
     let child = guard.0.remove(0);
     let output = child.wait_with_output()?;
@@ -500,6 +518,7 @@ pub(crate) fn under_profiler<T>(
         result,
         output,
         start_cpu,
+        during_cpu,
     })
 }
 
