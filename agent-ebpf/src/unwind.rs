@@ -172,8 +172,14 @@ pub struct WalkState {
     cache_tag: u64,
     /// The next Python frame to emit, at the next eval-loop frame; 0 when there is none.
     pub python_frame: u64,
-    /// The words [`read_up_to`] read last.
-    words: [u64; MAX_SAVE_WORDS],
+    /// The user address of `window[0]`.
+    window_base: u64,
+    /// How many words of `window` hold the stack from `window_base`; 0 before the first read.
+    window_words: u64,
+    /// Where the words [`read_up_to`] read last begin in `window`.
+    window_index: u64,
+    /// A copy of the stack from `window_base` ([`read_up_to`]).
+    window: [u64; WINDOW_WORDS],
     /// The frames, and their hash.
     pub stack: UserStack,
 }
@@ -181,6 +187,11 @@ pub struct WalkState {
 /// Most words [`read_up_to`] reads at once: the callee-saved registers a function pushes
 /// (rbp among them) and the return address, 64 bytes.
 const MAX_SAVE_WORDS: usize = 8;
+
+/// Words of the stack copied at once (512 bytes): a frame's words are most often within a
+/// few hundred bytes above the last frame's, and a read costs about as much for 512 bytes as
+/// for 8, so one read serves several frames. A power of two, to bound indices by masking.
+const WINDOW_WORDS: usize = 64;
 
 /// What each loop iteration needs: pointers to map values, so no iteration looks them up.
 #[repr(C)]
@@ -311,6 +322,7 @@ pub fn walk_from(
     walk.counters = counters;
     walk.cache_base = slot * ROW_CACHE_SLOTS;
     walk.stack.len = 0;
+    walk.window_words = 0;
     walk.stack.hash = 0xcbf2_9ce4_8422_2325;
 
     // Read before the process's mappings: a walk that sees a new epoch then also sees the
@@ -499,34 +511,62 @@ fn mapping_at(procs: &ProcMappings, i: u32) -> &UnwindMapping {
     &procs.mappings[(i as usize) & (MAX_PROC_MAPPINGS - 1)]
 }
 
-/// Reads the `count` words (1 to [`MAX_SAVE_WORDS`]) below `end` into `walk.words`, in one
-/// read: a read costs about the same for 8 bytes as for 64, and a frame needs its return
-/// address and, most often, the rbp saved a few words below it (`cargo xtask bench --only
-/// walk`).
+/// Makes the `count` words (1 to [`MAX_SAVE_WORDS`]) below `end` readable with [`word`].
+/// They come from the walk's copy of the stack when it holds them; otherwise the
+/// [`WINDOW_WORDS`] from their first are copied in one read (the callers' frames lie above),
+/// or, where that read fails (the stack's end is closer than that), the `count` alone.
+/// Reads cost about the same for 8 bytes as for 512, and each frame needs its return address
+/// and most often a saved rbp a few words below it (`cargo xtask bench --only walk`).
 #[inline(always)]
 fn read_up_to(walk: &mut WalkState, end: u64, count: u64) -> bool {
     if count == 0 || count > MAX_SAVE_WORDS as u64 {
         return false;
     }
+    let start = end.wrapping_sub(count * 8);
+    // Below the copy, the offset wraps to a huge value: one comparison covers both sides.
+    let offset = start.wrapping_sub(walk.window_base);
+    if offset & 7 == 0 && offset / 8 + count <= walk.window_words {
+        walk.window_index = offset / 8;
+        return true;
+    }
+    walk.window_base = start;
+    walk.window_index = 0;
+    // SAFETY: the destination is this CPU's walk state, the size the window's; the helper
+    // checks the user address, a fault is an error, never a crash.
+    let whole = unsafe {
+        aya_ebpf::helpers::generated::bpf_probe_read_user(
+            walk.window.as_mut_ptr().cast(),
+            (WINDOW_WORDS * 8) as u32,
+            start as *const c_void,
+        )
+    };
+    if whole == 0 {
+        walk.window_words = WINDOW_WORDS as u64;
+        return true;
+    }
+    walk.window_words = 0;
     // The same size, in a form the verifier bounds by the buffer's (it may not relate the
     // test above to this register).
     let bytes = ((((count - 1) as u32) & (MAX_SAVE_WORDS as u32 - 1)) + 1) * 8;
-    // SAFETY: the destination is this CPU's walk state, `bytes` at most its 64; the helper
-    // checks the user address, a fault is an error, never a crash.
+    // SAFETY: as above, `bytes` at most 64.
     let result = unsafe {
         aya_ebpf::helpers::generated::bpf_probe_read_user(
-            walk.words.as_mut_ptr().cast(),
+            walk.window.as_mut_ptr().cast(),
             bytes,
-            end.wrapping_sub(count * 8) as *const c_void,
+            start as *const c_void,
         )
     };
-    result == 0
+    if result != 0 {
+        return false;
+    }
+    walk.window_words = count;
+    true
 }
 
 /// Word `i` of the last [`read_up_to`].
 #[inline(always)]
 fn word(walk: &WalkState, i: u64) -> u64 {
-    walk.words[(i as usize) & (MAX_SAVE_WORDS - 1)]
+    walk.window[(walk.window_index.wrapping_add(i) as usize) & (WINDOW_WORDS - 1)]
 }
 
 #[inline(always)]
