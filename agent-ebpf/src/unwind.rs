@@ -166,6 +166,8 @@ pub struct WalkState {
     pub counters: u32,
     /// Non-zero when the process map held the process.
     known: u32,
+    /// The mapping of the frame last looked up, plus one; 0 when it was in none.
+    last_mapping: u32,
     /// This walk's first entry in [`ROW_CACHE`].
     cache_base: u32,
     /// [`CachedRow::tag`] of the entries valid for this walk.
@@ -323,6 +325,7 @@ pub fn walk_from(
     walk.cache_base = slot * ROW_CACHE_SLOTS;
     walk.stack.len = 0;
     walk.window_words = 0;
+    walk.last_mapping = 0;
     walk.stack.hash = 0xcbf2_9ce4_8422_2325;
 
     // Read before the process's mappings: a walk that sees a new epoch then also sees the
@@ -416,17 +419,30 @@ extern "C" fn step(_index: u64, context: *mut c_void) -> i64 {
         walk.stack.hash = (walk.stack.hash ^ pc).wrapping_mul(0x0000_0100_0000_01b3);
     }
     walk.return_address = 1;
-    let mut search = MappingSearch {
-        bisect: Bisect::new(procs.count.min(MAX_PROC_MAPPINGS as u32)),
-        pc: lookup,
-        procs,
-    };
-    repeat(MAPPING_SEARCH_STEPS, probe_mapping, &mut search);
-    let mapping = search
-        .bisect
-        .found()
-        .map(|i| mapping_at(procs, i))
-        .filter(|m| lookup < m.end);
+    // A caller is most often in the mapping of the frame it called (a recursion, a library
+    // calling itself): that one is tried before the search.
+    let last = walk.last_mapping;
+    let mut index = None;
+    if last != 0 {
+        let m = mapping_at(procs, last - 1);
+        if lookup >= m.start && lookup < m.end {
+            index = Some(last - 1);
+        }
+    }
+    if index.is_none() {
+        let mut search = MappingSearch {
+            bisect: Bisect::new(procs.count.min(MAX_PROC_MAPPINGS as u32)),
+            pc: lookup,
+            procs,
+        };
+        repeat(MAPPING_SEARCH_STEPS, probe_mapping, &mut search);
+        index = search
+            .bisect
+            .found()
+            .filter(|&i| lookup < mapping_at(procs, i).end);
+    }
+    walk.last_mapping = index.map_or(0, |i| i + 1);
+    let mapping = index.map(|i| mapping_at(procs, i));
     let outcome = match mapping {
         Some(m) if m.state == MAPPING_TABLE_LOADED => {
             let row_pc = lookup.wrapping_sub(m.bias);
