@@ -40,10 +40,19 @@ __attribute__((noinline)) unsigned long spin_caller(unsigned long n) {
     return x + 1;
 }
 
+/* Each call's length drawn at random between 500,000 and 1,500,000 rounds (about a
+ * millisecond on average): calls of one fixed length alias with the 999 Hz sampling period,
+ * and a run's samples then drift slowly through asm_spin's epilogue, where after `pop %rbp`
+ * no frame pointer leads to its caller (a CI run had one sample in 796 on its `ret`). */
 __attribute__((noinline)) void run(double seconds) {
     double end = now() + seconds;
-    while (now() < end)
-        sink += spin_caller(1000000UL);
+    unsigned long state = 0x9e3779b97f4a7c15UL;
+    while (now() < end) {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        sink += spin_caller(500000UL + state % 1000000UL);
+    }
 }
 
 int main(int argc, char **argv) {
