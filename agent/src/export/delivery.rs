@@ -353,6 +353,28 @@ impl Sender {
         self.metrics.set_queue(windows, age.as_secs_f64());
     }
 
+    /// Waits `delay` before a retry, setting the queue gauges at least every
+    /// `POLL_INTERVAL`: the queue grows while the server is away, and a backoff grows to
+    /// `BACKOFF_CAP`, far longer than a scrape interval. False when a stop was asked.
+    async fn wait_reporting_queue(
+        &self,
+        delay: Duration,
+        stop: &mut watch::Receiver<bool>,
+    ) -> bool {
+        let mut left = delay;
+        loop {
+            self.report_queue();
+            let step = left.min(POLL_INTERVAL);
+            if !wait(step, stop).await {
+                return false;
+            }
+            left = left.saturating_sub(step);
+            if left.is_zero() {
+                return true;
+            }
+        }
+    }
+
     async fn deliver(
         &mut self,
         id: WindowId,
@@ -448,9 +470,7 @@ impl Sender {
                         }
                         let delay = delay_after(&mut backoff, &error, fastrand::f64());
                         self.metrics.retried();
-                        // The queue grows while the server is away: keep its gauges current.
-                        self.report_queue();
-                        if !wait(delay, stop).await {
+                        if !self.wait_reporting_queue(delay, stop).await {
                             return Outcome::Stopped;
                         }
                     }
