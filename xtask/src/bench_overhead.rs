@@ -99,9 +99,18 @@ struct ChurnRun {
     /// The peak during the churn alone (VmHWM reset as it starts).
     peak_rss: f64,
     churn_core_percent: f64,
+    /// Processes whose maps the daemon read and described (`scorch_unwind_processes_read`)
+    /// during the churn, a second; NaN for a build without the counter.
+    reads_per_second: f64,
+    /// The daemon's CPU over the churn per process read, in µs: what a capture costs it,
+    /// with everything else it did meanwhile.
+    cpu_us_per_read: f64,
     /// Its BPF programs over the churn (run in the sampled tasks, not in its own CPU time).
     churn_bpf_percent: f64,
     after_rss: f64,
+    /// The parsed binaries and debug info the daemon held as the churn ended
+    /// (`scorch_symbol_cache_bytes`): what naming the churned programs' frames keeps.
+    symbol_cache_mib: f64,
     map_memory_mib: f64,
     /// Of the maps, the unwinder's row pools (NaN for a build without the gauge): the part
     /// that grows with the distinct binaries the churn runs.
@@ -213,10 +222,64 @@ pub fn churn_ab(
         .map(|((label, _, _), runs)| (label.as_str(), runs.as_slice()))
         .collect();
     churn_table(&mut out, phases, &rows)?;
+    let baseline_runs = baseline.and(figures.last());
+    capture_floor_note(root, &mut out, &figures[0], baseline_runs)?;
     let path = dir.join("churn.md");
     std::fs::write(&path, &out)?;
     eprintln!("churn: report written to {}", path.display());
     Ok(out)
+}
+
+/// The least a capture costs, from `agent/benches/capture.rs`: `/proc/PID/maps` opened and
+/// closed, and the daemon's own read of a process's code mappings, each on processes seen
+/// for the first time. Its `capture:` lines.
+fn capture_floor(root: &Path) -> Result<Vec<String>> {
+    let output = Command::new("cargo")
+        .current_dir(root)
+        .args(["bench", "--package", "scorch", "--bench", "capture"])
+        .stderr(Stdio::inherit())
+        .output()
+        .context("running the capture bench")?;
+    if !output.status.success() {
+        bail!("the capture bench failed");
+    }
+    Ok(String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter_map(|line| line.strip_prefix("capture: "))
+        .map(str::to_owned)
+        .collect())
+}
+
+/// The churn target of issue 25 (CPU within 10% of a daemon that captured nothing) as a
+/// budget per process read of `current`, beside [`capture_floor`]'s figures.
+fn capture_floor_note(
+    root: &Path,
+    out: &mut String,
+    current: &[ChurnRun],
+    baseline: Option<&Vec<ChurnRun>>,
+) -> Result<()> {
+    let floor = capture_floor(root)?;
+    let reads = median(current.iter().map(|c| c.reads_per_second).collect());
+    let own = median(current.iter().map(|c| c.cpu_us_per_read).collect());
+    writeln!(
+        out,
+        "What one process read costs at least (`cargo bench -p scorch --bench capture`, \
+         processes seen for the first time): {}. Over the churn the daemon spent {own:.0} µs of \
+         CPU per process read, everything it did included, at {reads:.1} reads a second.",
+        floor.join("; ")
+    )?;
+    if let Some(baseline) = baseline {
+        let base = median(baseline.iter().map(|c| c.churn_core_percent).collect());
+        // 10% of the baseline's CPU, in µs a second, shared among the reads of a second.
+        let budget = base * 0.1 / 100.0 * 1e6 / reads;
+        writeln!(
+            out,
+            "\nWithin 10% of the baseline's {base:.2}% of a core, a process read may cost \
+             {budget:.1} µs."
+        )?;
+    }
+    writeln!(out)?;
+    Ok(())
 }
 
 /// How a capture run puts the three tools beside each other.
@@ -439,6 +502,9 @@ fn churn(
     let start_peak = status_kib(pid, "VmHWM:")? as f64 / 1024.0;
     std::fs::write(format!("/proc/{pid}/clear_refs"), "5")
         .with_context(|| format!("resetting the peak RSS of {pid}"))?;
+    // Read again after the quiet minute below: the counter moves when a window ends, and the
+    // churn's last reads show in the window after it.
+    let reads_before = daemon_metric(ADDRESS, READS).unwrap_or(f64::NAN);
     let cpu_before = account.cpu_seconds()?;
     let bpf_before = bpf_run_seconds(pid)?;
     let started = Instant::now();
@@ -447,9 +513,12 @@ fn churn(
     let churn_bpf = bpf_run_seconds(pid)? - bpf_before;
     let churn_seconds = started.elapsed().as_secs_f64();
     let peak = status_kib(pid, "VmHWM:")? as f64 / 1024.0;
+    let symbol_cache =
+        daemon_metric(ADDRESS, "scorch_symbol_cache_bytes").unwrap_or(f64::NAN) / (1 << 20) as f64;
     std::thread::sleep(Duration::from_secs(phases.after.saturating_sub(5)));
     let after = sample_rss(pid, Duration::from_secs(5), Duration::from_secs(1))?;
     let map_memory = daemon_metric(ADDRESS, "scorch_bpf_map_memory_bytes").unwrap_or(f64::NAN);
+    let reads = daemon_metric(ADDRESS, READS).unwrap_or(f64::NAN) - reads_before;
     let row_pools = daemon_metric(ADDRESS, "scorch_unwind_row_pools_bytes").unwrap_or(f64::NAN);
     stop(daemon)?;
     Ok(ChurnRun {
@@ -457,13 +526,20 @@ fn churn(
         start_peak_rss: start_peak,
         peak_rss: peak,
         churn_core_percent: 100.0 * churn_cpu / churn_seconds,
+        reads_per_second: reads / churn_seconds,
+        cpu_us_per_read: 1e6 * churn_cpu / reads,
         churn_bpf_percent: 100.0 * churn_bpf / churn_seconds,
         after_rss: median(after),
+        symbol_cache_mib: symbol_cache,
         map_memory_mib: map_memory / (1 << 20) as f64,
         row_pools_mib: row_pools / (1 << 20) as f64,
         processes_started: std::fs::read_to_string(&counter)?.trim().parse()?,
     })
 }
+
+/// The daemon's count of processes whose maps it read (first samples, libraries loading,
+/// asked again).
+const READS: &str = "scorch_unwind_processes_read_total";
 
 /// Starts short-lived processes back to back for `seconds` (`python3 -c pass`, then
 /// `/bin/true`, as a build host or CI runner does), and writes how many to `counter`.
@@ -834,10 +910,13 @@ fn churn_table(out: &mut String, phases: Phases, rows: &[(&str, &[ChurnRun])]) -
     };
     writeln!(
         out,
-        "{head}| quiet RSS MiB | start-up peak MiB | peak RSS during churn MiB (VmHWM) | CPU during churn, % of a core | its BPF programs, % of a core | RSS {} s after MiB | BPF maps MiB | of which unwind row pools MiB | processes started |",
+        "{head}| quiet RSS MiB | start-up peak MiB | peak RSS during churn MiB (VmHWM) | parsed binaries held at its end MiB (`scorch_symbol_cache_bytes`) | CPU during churn, % of a core | processes read a second | its CPU per process read, µs | its BPF programs, % of a core | RSS {} s after MiB | BPF maps MiB | of which unwind row pools MiB | processes started |",
         phases.after
     )?;
-    writeln!(out, "{rule}|---|---|---|---|---|---|---|---|---|")?;
+    writeln!(
+        out,
+        "{rule}|---|---|---|---|---|---|---|---|---|---|---|---|"
+    )?;
     for (label, churns) in rows {
         let column = |f: fn(&ChurnRun) -> f64| -> Vec<f64> { churns.iter().map(f).collect() };
         let label = if labelled {
@@ -847,11 +926,14 @@ fn churn_table(out: &mut String, phases: Phases, rows: &[(&str, &[ChurnRun])]) -
         };
         writeln!(
             out,
-            "{label}| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "{label}| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             spread(&column(|c| c.quiet_rss), 1),
             spread(&column(|c| c.start_peak_rss), 1),
             spread(&column(|c| c.peak_rss), 1),
+            spread(&column(|c| c.symbol_cache_mib), 1),
             spread(&column(|c| c.churn_core_percent), 2),
+            spread(&column(|c| c.reads_per_second), 1),
+            spread(&column(|c| c.cpu_us_per_read), 0),
             spread(&column(|c| c.churn_bpf_percent), 2),
             spread(&column(|c| c.after_rss), 1),
             spread(&column(|c| c.map_memory_mib), 1),

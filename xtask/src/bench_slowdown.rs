@@ -262,6 +262,19 @@ pub fn slowdown_report(
             calls.push((name.clone(), bpf_calls(binary, 999, &worker, &dir, cpus)?));
         }
     }
+    // What each walk gives for that cost: one more run at the highest rate.
+    let top = rates.iter().copied().max().unwrap_or(999);
+    let mut stacks = Vec::new();
+    for profiler in &profilers {
+        if matches!(profiler, Profiler::None | Profiler::PerfDwarf) {
+            continue;
+        }
+        eprintln!("slowdown: the stacks {} gives at {top} Hz", profiler.name());
+        stacks.push((
+            profiler.name(),
+            whole_stacks(profiler, top, &worker, &dir, cpus)?,
+        ));
+    }
     let load_after = load_average();
 
     let mut out = String::new();
@@ -398,10 +411,140 @@ pub fn slowdown_report(
             *count as f64 / WORK_SECONDS as f64
         )?;
     }
+    writeln!(
+        out,
+        "\nWhat each walk gives for its cost: one more run at {top} Hz, the workers' samples and \
+         those whose stack reaches `main`, as every one of theirs does outside the vDSO's clock \
+         (perf DWARF's run is left out: its {top} Hz data takes `perf script` minutes):\n"
+    )?;
+    writeln!(out, "| profiler | workers' samples | reaching `main` |")?;
+    writeln!(out, "|---|---|---|")?;
+    for (name, whole) in &stacks {
+        writeln!(
+            out,
+            "| {name} | {} | {} ({:.1}%) |",
+            whole.samples,
+            whole.reaching_main,
+            100.0 * whole.reaching_main as f64 / whole.samples.max(1) as f64
+        )?;
+    }
     let path = root.join("target/bench/slowdown.md");
     std::fs::write(&path, &out).with_context(|| format!("writing {}", path.display()))?;
     eprintln!("bench: report written to {}", path.display());
     Ok(out)
+}
+
+/// The workers' samples in one profile, and how many of them have a whole stack.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+struct WholeStacks {
+    samples: u64,
+    /// Samples whose stack reaches `main` (`sort_round` is inlined into it).
+    reaching_main: u64,
+}
+
+impl WholeStacks {
+    /// Counts one sample of the workers, its frames leaf first or root first.
+    fn add<'a>(&mut self, mut frames: impl Iterator<Item = &'a str>, count: u64) {
+        self.samples += count;
+        if frames.any(|frame| frame == "main") {
+            self.reaching_main += count;
+        }
+    }
+}
+
+/// The name the workers run under (`comm`).
+const WORKER_COMM: &str = "qsortunits";
+
+/// Runs the workers once under `profiler` at `hz` and counts their samples with whole stacks:
+/// from `perf script` for perf, from `scorch record`'s folded output for scorch.
+fn whole_stacks(
+    profiler: &Profiler,
+    hz: u64,
+    worker: &Path,
+    dir: &Path,
+    cpus: usize,
+) -> Result<WholeStacks> {
+    let scratch = dir.join("stacks");
+    let _ = std::fs::remove_dir_all(&scratch);
+    std::fs::create_dir_all(&scratch)?;
+    let folded = scratch.join("scorch.folded");
+    let command = match profiler {
+        Profiler::Scorch { binary, extra, .. } => {
+            let hz = hz.to_string();
+            let mut args = scorch_args(&hz, path_str(&folded)?).to_vec();
+            args.extend_from_slice(extra);
+            timed(binary, &args)
+        }
+        other => other
+            .command(hz, &scratch)?
+            .context("no profiler to count the stacks of")?,
+    };
+    let mut command = command;
+    command.stdout(Stdio::null());
+    under_profiler(command, &profiler.name(), cpus, || run_workers(worker))?;
+    let whole = match profiler {
+        Profiler::Scorch { .. } => {
+            let text = std::fs::read_to_string(&folded)
+                .with_context(|| format!("reading {}", folded.display()))?;
+            folded_whole_stacks(&text)
+        }
+        _ => {
+            let data = scratch.join("perf.data");
+            let output = Command::new("perf")
+                .args(["script", "-F", "comm,ip,sym", "-i", path_str(&data)?])
+                .stderr(Stdio::null())
+                .output()
+                .context("running perf script")?;
+            ensure!(output.status.success(), "perf script failed");
+            perf_script_whole_stacks(&String::from_utf8_lossy(&output.stdout))
+        }
+    };
+    let _ = std::fs::remove_dir_all(&scratch);
+    Ok(whole)
+}
+
+/// From folded stacks (`process;root;...;leaf count`, one line per stack).
+fn folded_whole_stacks(text: &str) -> WholeStacks {
+    let mut whole = WholeStacks::default();
+    for line in text.lines() {
+        let Some((stack, count)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let Ok(count) = count.parse::<u64>() else {
+            continue;
+        };
+        let mut frames = stack.split(';');
+        if frames
+            .next()
+            .is_some_and(|process| process.starts_with(WORKER_COMM))
+        {
+            whole.add(frames, count);
+        }
+    }
+    whole
+}
+
+/// From `perf script -F comm,ip,sym`: a line with the task's name, then a line per frame
+/// (`address symbol`), leaf first, and a blank line after each sample.
+fn perf_script_whole_stacks(text: &str) -> WholeStacks {
+    let mut whole = WholeStacks::default();
+    for sample in text.split("\n\n") {
+        let mut lines = sample.lines().filter(|line| !line.trim().is_empty());
+        let Some(comm) = lines.next() else {
+            continue;
+        };
+        if comm.trim() != WORKER_COMM {
+            continue;
+        }
+        let frames = lines.map(|line| {
+            let line = line.trim();
+            let symbol = line.split_once(char::is_whitespace).map_or("", |(_, s)| s);
+            // `sym (dso)` when perf adds the object.
+            symbol.split(" (").next().unwrap_or(symbol).trim()
+        });
+        whole.add(frames, 1);
+    }
+    whole
 }
 
 /// The order of `n` profilers in `round`: a different stride through them each round, so
@@ -690,6 +833,34 @@ mod tests {
         let no_errors = "100.00    0.000310           3        97           bpf\n";
         assert_eq!(strace_calls(no_errors, "bpf"), Some(97));
         assert_eq!(strace_calls(summary, "read"), None);
+    }
+
+    #[test]
+    fn whole_stacks_are_counted_from_folded_lines_and_perf_script() {
+        let folded = "qsortunits;_start;main;sort_round;qsort;msort;cmp 7\n\
+                      qsortunits;cmp 2\n\
+                      other;main 5\n\
+                      not a line\n";
+        assert_eq!(
+            folded_whole_stacks(folded),
+            WholeStacks {
+                samples: 9,
+                reaching_main: 7
+            }
+        );
+        let script =
+            "qsortunits \n\t    55d0c0 cmp (/w/qsortunits)\n\t    7f00 msort_with_tmp.part.0 \
+                      (/usr/lib/libc.so.6)\n\t    55d2 main \
+                      (/w/qsortunits)\n\nqsortunits \n\t    55d0c0 cmp (/w/qsortunits)\n\t    \
+                      7f00 [unknown] ([unknown])\n\nsshd \n\t    1 main (/usr/sbin/sshd)\n\t    \
+                      2 start (/x)\n";
+        assert_eq!(
+            perf_script_whole_stacks(script),
+            WholeStacks {
+                samples: 2,
+                reaching_main: 1
+            }
+        );
     }
 
     #[test]

@@ -290,10 +290,13 @@ fn footprint(cpus: usize) -> Item {
     match crate::pipeline::cost::bpf_map_memory() {
         Ok(bytes) => {
             let running = crate::sys::running_processes() as u64;
-            let process_map = u64::from(crate::unwind::initial_process_entries(
+            // One entry more than the processes: the zeroed one unknown processes walk with
+            // (`PROCS_NO_MAPPINGS`).
+            let process_map = (u64::from(crate::unwind::initial_process_entries(
                 running as usize,
                 crate::pipeline::sampler::UnwindCapacity::DAEMON.processes,
-            )) * std::mem::size_of::<scorch_common::ProcMappings>() as u64;
+            )) + 1)
+                * std::mem::size_of::<scorch_common::ProcMappings>() as u64;
             let first_pool = u64::from(scorch_common::MIN_POOL_ROWS)
                 * std::mem::size_of::<scorch_common::UnwindRow>() as u64;
             let maps = (bytes + process_map + first_pool) >> 20;

@@ -200,6 +200,9 @@ pub struct LoaderStats {
     /// Tables dropped after no process mapped them for a while.
     pub tables_idle: u64,
     pub events: u64,
+    /// Times a process's maps were read and described: at its first sample, while its
+    /// libraries load, and after an exec or a new mapping made the BPF side ask again.
+    pub processes_read: u64,
     /// Times a process's mappings found no room in `UNWIND_PROCS` (full): it walks by frame
     /// pointers until exits make room.
     pub processes_without_room: u64,
@@ -275,6 +278,8 @@ pub struct Unwinder {
     /// makes room.
     without_room: HashSet<u32>,
     without_room_total: u64,
+    /// [`LoaderStats::processes_read`].
+    processes_read: u64,
     /// When the full map was last reported: once a minute at most, not on every poll.
     reported_full: Option<std::time::Instant>,
     /// Whether tables were asked for since the last [`Unwinder::install_tables`].
@@ -372,6 +377,7 @@ impl Unwinder {
             vdso_len: None,
             without_room: HashSet::new(),
             without_room_total: 0,
+            processes_read: 0,
             reported_full: None,
             requested: false,
             runtimes: HashMap::new(),
@@ -477,6 +483,7 @@ impl Unwinder {
                 self.loading.remove(&pid);
                 continue;
             };
+            self.processes_read += 1;
             let requested = self.placed(|unwinder| unwinder.scan(pid, &maps))?;
             self.requested |= requested;
             captured.push((pid, maps));
@@ -695,6 +702,7 @@ impl Unwinder {
             tables_evicted: self.evicted,
             tables_idle: self.idle,
             events: self.events,
+            processes_read: self.processes_read,
             processes_without_room: self.without_room_total,
             python_processes: self.python.len(),
             ..LoaderStats::default()

@@ -21,6 +21,7 @@ pub struct UnwindMetrics {
     evicted: Counter<u64, AtomicU64>,
     processes: Gauge<u64, AtomicU64>,
     without_room: Counter<u64, AtomicU64>,
+    processes_read: Counter<u64, AtomicU64>,
     python_frames: Counter<u64, AtomicU64>,
     python_stops: LabeledCounter,
     python_processes: Gauge<u64, AtomicU64>,
@@ -36,6 +37,7 @@ impl UnwindMetrics {
             evicted: Counter::default(),
             processes: Gauge::default(),
             without_room: Counter::default(),
+            processes_read: Counter::default(),
             python_frames: Counter::default(),
             python_stops: LabeledCounter::new(
                 "reason",
@@ -89,6 +91,13 @@ impl UnwindMetrics {
             metrics.without_room.clone(),
         );
         registry.register(
+            "unwind_processes_read",
+            "Times the unwinder read a process's maps and described it to the BPF walk: at its \
+             first sample, while its libraries load, and after an exec or a new mapping; each \
+             is the capture that names a short-lived process's frames",
+            metrics.processes_read.clone(),
+        );
+        registry.register(
             "python_frames",
             "Python frames the BPF walk emitted in place of CPython's eval loop",
             metrics.python_frames.clone(),
@@ -135,6 +144,10 @@ impl UnwindMetrics {
             self.evicted.inc_by(stats.tables_evicted - evicted);
         }
         self.processes.set(stats.processes as u64);
+        let read = self.processes_read.get();
+        if stats.processes_read > read {
+            self.processes_read.inc_by(stats.processes_read - read);
+        }
         let counted = self.without_room.get();
         if stats.processes_without_room > counted {
             self.without_room
