@@ -52,8 +52,8 @@ use anyhow::{bail, Context, Result};
 use crate::{
     bench_overhead::{capture, CaptureRun, Together},
     measure::{
-        bpf_ns_per_run, busy_workload, median, path_str, summary_bpf_ns, summary_samples, verdict,
-        with_bpf_stats, Processes,
+        bpf_ns_per_run, busy_workload, cargo_bench, lines_starting, median, path_str,
+        summary_bpf_ns, summary_samples, verdict, with_bpf_stats, Processes,
     },
     run_command,
 };
@@ -132,20 +132,7 @@ pub fn bench(
 pub fn unwind_report(root: &Path) -> Result<()> {
     let dir = root.join("target/bench");
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let output = Command::new("cargo")
-        .current_dir(root)
-        .args(["bench", "--package", "scorch", "--bench", "unwind"])
-        .stderr(Stdio::inherit())
-        .output()
-        .context("running the unwind bench")?;
-    if !output.status.success() {
-        bail!("the unwind bench failed");
-    }
-    let report: String = String::from_utf8_lossy(&output.stdout)
-        .lines()
-        .filter(|l| l.starts_with("unwind:"))
-        .map(|l| format!("{l}\n"))
-        .collect();
+    let report = lines_starting(&cargo_bench(root, "unwind", |_| {})?, "unwind:");
     print!("{report}");
     let path = dir.join("unwind-report.md");
     std::fs::write(&path, &report)?;
@@ -169,22 +156,10 @@ pub fn views_report(root: &Path) -> Result<()> {
 fn remote_report(root: &Path, scorch: &Path) -> Result<()> {
     let dir = root.join("target/bench");
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let output = Command::new("cargo")
-        .current_dir(root)
-        .args(["bench", "--package", "scorch", "--bench", "remote", "--"])
-        .arg(scorch)
-        .arg(&dir)
-        .stderr(Stdio::inherit())
-        .output()
-        .context("running the remote bench")?;
-    if !output.status.success() {
-        bail!("the remote bench failed");
-    }
-    let report: String = String::from_utf8_lossy(&output.stdout)
-        .lines()
-        .filter(|l| l.starts_with("remote:"))
-        .map(|l| format!("{l}\n"))
-        .collect();
+    let output = cargo_bench(root, "remote", |command| {
+        command.arg("--").arg(scorch).arg(&dir);
+    })?;
+    let report = lines_starting(&output, "remote:");
     print!("{report}");
     let path = dir.join("remote-report.md");
     std::fs::write(&path, &report)?;

@@ -21,7 +21,9 @@ use std::{
 use anyhow::{bail, Context, Result};
 
 use crate::{
-    measure::{busy_workload, status_kib, verdict, CpuAccount, Processes},
+    measure::{
+        busy_workload, cargo_bench, lines_starting, status_kib, verdict, CpuAccount, Processes,
+    },
     run_command,
 };
 
@@ -166,18 +168,8 @@ pub fn daemon_bench(root: &Path, scorch: &Path, windows: u64) -> Result<String> 
 /// The `views` bench's lines: timeline over 24 h (target: 50 ms) and a diff of two 1 h
 /// ranges (target: 300 ms).
 pub fn views_bench(root: &Path) -> Result<String> {
-    let output = Command::new("cargo")
-        .current_dir(root)
-        .args(["bench", "--package", "scorch", "--bench", "views"])
-        .stderr(Stdio::inherit())
-        .output()
-        .context("running the views bench")?;
-    if !output.status.success() {
-        bail!("the views bench failed");
-    }
-    Ok(String::from_utf8_lossy(&output.stdout)
-        .lines()
-        .filter(|l| l.starts_with("views:"))
-        .map(|l| format!("{l}\n"))
-        .collect())
+    Ok(lines_starting(
+        &cargo_bench(root, "views", |_| {})?,
+        "views:",
+    ))
 }

@@ -29,13 +29,13 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{bail, ensure, Context, Result};
+use anyhow::{ensure, Context, Result};
 
 use crate::{
     bench_overhead::{start_daemon, stop},
     measure::{
-        command_output, daemon_metric, load_average, median, path_str, sample_rss, spread,
-        status_kib, CpuAccount, Processes,
+        cargo_bench, command_output, daemon_metric, load_average, median, path_str, sample_rss,
+        spread, status_kib, CpuAccount, Processes,
     },
     run_command,
 };
@@ -187,17 +187,9 @@ fn daemon_section(
 
 /// The gosym bench's markdown (its progress goes to this terminal).
 fn naming_bench(root: &Path) -> Result<String> {
-    let output = Command::new("cargo")
-        .current_dir(root)
-        .env("SCORCH_BENCH_GOSYM_DIR", root.join("target/bench/gosym"))
-        .args(["bench", "--package", "scorch", "--bench", "gosym"])
-        .stderr(Stdio::inherit())
-        .output()
-        .context("running the gosym bench")?;
-    if !output.status.success() {
-        bail!("the gosym bench failed");
-    }
-    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stdout = cargo_bench(root, "gosym", |command| {
+        command.env("SCORCH_BENCH_GOSYM_DIR", root.join("target/bench/gosym"));
+    })?;
     // cargo's harness-less bench prints only what the bench does; keep from its heading on.
     let start = stdout
         .find("### ")

@@ -36,10 +36,10 @@ use anyhow::{bail, Context, Result};
 
 use crate::{
     measure::{
-        bpf_map_memory_mib, bpf_ns_per_run, bpf_run_seconds, busy_workload, command_output,
-        daemon_metric, first_child, holds_bpf_program, median, path_str, sample_rss, spread,
-        status_field, status_kib, summary_bpf_ns, summary_samples, time_usage, timed,
-        with_bpf_stats, CpuAccount, Processes, Usage,
+        bpf_map_memory_mib, bpf_ns_per_run, bpf_run_seconds, busy_workload, cargo_bench,
+        command_output, daemon_metric, first_child, holds_bpf_program, median, path_str,
+        sample_rss, spread, status_field, status_kib, summary_bpf_ns, summary_samples, time_usage,
+        timed, with_bpf_stats, CpuAccount, Processes, Usage,
     },
     run_command,
 };
@@ -234,16 +234,7 @@ pub fn churn_ab(
 /// closed, and the daemon's own read of a process's code mappings, each on processes seen
 /// for the first time. Its `capture:` lines.
 fn capture_floor(root: &Path) -> Result<Vec<String>> {
-    let output = Command::new("cargo")
-        .current_dir(root)
-        .args(["bench", "--package", "scorch", "--bench", "capture"])
-        .stderr(Stdio::inherit())
-        .output()
-        .context("running the capture bench")?;
-    if !output.status.success() {
-        bail!("the capture bench failed");
-    }
-    Ok(String::from_utf8_lossy(&output.stdout)
+    Ok(cargo_bench(root, "capture", |_| {})?
         .lines()
         .filter_map(|line| line.strip_prefix("capture: "))
         .map(str::to_owned)

@@ -3,11 +3,11 @@
 
 use std::{
     path::{Path, PathBuf},
-    process::{Child, Command},
+    process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 
 use crate::run_command;
 
@@ -264,6 +264,38 @@ pub fn folded_user_stacks(text: &str) -> impl Iterator<Item = (&str, Vec<&str>, 
 pub fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);
     values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// Runs `cargo bench --package scorch --bench NAME` (a harness-less bench of the agent's,
+/// `configure` adding its arguments or environment) from `root`, its progress on this
+/// terminal; returns what it printed.
+pub fn cargo_bench(
+    root: &Path,
+    name: &str,
+    configure: impl FnOnce(&mut Command),
+) -> Result<String> {
+    let mut command = Command::new("cargo");
+    command
+        .current_dir(root)
+        .args(["bench", "--package", "scorch", "--bench", name]);
+    configure(&mut command);
+    let output = command
+        .stderr(Stdio::inherit())
+        .output()
+        .with_context(|| format!("running the {name} bench"))?;
+    if !output.status.success() {
+        bail!("the {name} bench failed");
+    }
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
+/// The lines of a bench's output that start with `prefix`, each ending in a newline.
+pub fn lines_starting(output: &str, prefix: &str) -> String {
+    output
+        .lines()
+        .filter(|l| l.starts_with(prefix))
+        .map(|l| format!("{l}\n"))
+        .collect()
 }
 
 /// `median [min-max]` with `digits` decimals.
