@@ -32,6 +32,10 @@
 //! - **bpf(2) calls.** One more run of each scorch at 999 Hz under `strace -f -c -e
 //!   trace=bpf`, counting its `bpf` system calls, load included: what the map reads cost in
 //!   calls, apart from their time.
+//! - **Whole stacks.** One more run at the highest rate of each profiler but perf's DWARF mode
+//!   (its data takes `perf script` minutes), counting the workers' samples whose stack reaches
+//!   `main`: what each walk gives for what it costs (a frame-pointer walk of these workers
+//!   stops within a frame or two).
 //!
 //! System-wide, scorch also builds unwind tables for whatever else the machine runs (a shared
 //! machine's compilers too), in user time; its system time is where the drain's `bpf` calls
@@ -86,8 +90,9 @@ impl Profiler {
         }
     }
 
-    /// The profiler's command under `/usr/bin/time -v`, writing into `dir`; `None` for none.
-    fn command(&self, hz: u64, dir: &Path) -> Result<Option<Command>> {
+    /// The profiler's command under `/usr/bin/time -v`, writing into `dir` (scorch to
+    /// `scorch_output`, its format by the extension); `None` for none.
+    fn command(&self, hz: u64, dir: &Path, scorch_output: &str) -> Result<Option<Command>> {
         let hz = hz.to_string();
         let perf_data = dir.join("perf.data");
         let perf = |call_graph: &[&str]| -> Result<Command> {
@@ -101,7 +106,7 @@ impl Profiler {
             Profiler::PerfFramePointers => Some(perf(&["-g"])?),
             Profiler::PerfDwarf => Some(perf(&["--call-graph", "dwarf"])?),
             Profiler::Scorch { binary, extra, .. } => {
-                let output = dir.join("scorch.pb.gz");
+                let output = dir.join(scorch_output);
                 let mut args = scorch_args(&hz, path_str(&output)?).to_vec();
                 args.extend_from_slice(extra);
                 Some(timed(binary, &args))
@@ -414,8 +419,9 @@ pub fn slowdown_report(
     writeln!(
         out,
         "\nWhat each walk gives for its cost: one more run at {top} Hz, the workers' samples and \
-         those whose stack reaches `main`, as every one of theirs does outside the vDSO's clock \
-         (perf DWARF's run is left out: its {top} Hz data takes `perf script` minutes):\n"
+         those whose stack reaches `main`, as every one of theirs does (a new worker's first \
+         samples, before its tables load, are walked by frame pointers); perf DWARF's run is \
+         left out, its {top} Hz data takes `perf script` minutes:\n"
     )?;
     writeln!(out, "| profiler | workers' samples | reaching `main` |")?;
     writeln!(out, "|---|---|---|")?;
@@ -468,18 +474,9 @@ fn whole_stacks(
     let _ = std::fs::remove_dir_all(&scratch);
     std::fs::create_dir_all(&scratch)?;
     let folded = scratch.join("scorch.folded");
-    let command = match profiler {
-        Profiler::Scorch { binary, extra, .. } => {
-            let hz = hz.to_string();
-            let mut args = scorch_args(&hz, path_str(&folded)?).to_vec();
-            args.extend_from_slice(extra);
-            timed(binary, &args)
-        }
-        other => other
-            .command(hz, &scratch)?
-            .context("no profiler to count the stacks of")?,
-    };
-    let mut command = command;
+    let mut command = profiler
+        .command(hz, &scratch, "scorch.folded")?
+        .context("no profiler to count the stacks of")?;
     command.stdout(Stdio::null());
     under_profiler(command, &profiler.name(), cpus, || run_workers(worker))?;
     let whole = match profiler {
@@ -580,7 +577,7 @@ fn one_run(profiler: &Profiler, hz: u64, worker: &Path, dir: &Path, cpus: usize)
     // What the previous run wrote: perf's DWARF data at 999 Hz is hundreds of megabytes.
     let _ = std::fs::remove_dir_all(&scratch);
     std::fs::create_dir_all(&scratch)?;
-    let Some(mut command) = profiler.command(hz, &scratch)? else {
+    let Some(mut command) = profiler.command(hz, &scratch, "scorch.pb.gz")? else {
         let (work, lost) = run_workers(worker)?;
         return Ok(Run {
             work,

@@ -139,19 +139,18 @@ impl UnwindMetrics {
         self.table_bytes.set(stats.table_bytes);
         self.pool_bytes.set(stats.pool_bytes);
         self.tables.set(stats.tables_loaded as u64);
-        let evicted = self.evicted.get();
-        if stats.tables_evicted > evicted {
-            self.evicted.inc_by(stats.tables_evicted - evicted);
-        }
+        advance(&self.evicted, stats.tables_evicted);
         self.processes.set(stats.processes as u64);
-        let read = self.processes_read.get();
-        if stats.processes_read > read {
-            self.processes_read.inc_by(stats.processes_read - read);
-        }
-        let counted = self.without_room.get();
-        if stats.processes_without_room > counted {
-            self.without_room
-                .inc_by(stats.processes_without_room - counted);
-        }
+        advance(&self.processes_read, stats.processes_read);
+        advance(&self.without_room, stats.processes_without_room);
+    }
+}
+
+/// Brings `counter` up to the loader's running `total` (the loader keeps totals since start;
+/// a counter only moves forward).
+fn advance(counter: &Counter<u64, AtomicU64>, total: u64) {
+    let counted = counter.get();
+    if total > counted {
+        counter.inc_by(total - counted);
     }
 }
