@@ -2,9 +2,14 @@
 // and a method of a class template instantiated for `unsigned long`. scorch must show them
 // demangled: `scorch_cpp::Spinner::spin(unsigned long)` and
 // `scorch_cpp::Accumulator<unsigned long>::run(unsigned long)`.
-// Usage: cppwork [seconds]. Exits by itself after `seconds` (SIGALRM).
+// Half the time in each, paced by the thread's CPU clock (pace.h), so on any CPU.
+// Usage: cppwork [seconds [microseconds]]: each call asks for `microseconds` of CPU time
+// (1,000 by default) times a random factor between 0.5 and 1.5. Exits by itself after
+// `seconds` (SIGALRM).
 #include <cstdlib>
 #include <unistd.h>
+
+#include "pace.h"
 
 volatile unsigned long sink;
 
@@ -49,12 +54,15 @@ private:
 };
 
 // Half the time in each: both names must show up.
-__attribute__((noinline, noclone)) void drive(unsigned long n) {
+__attribute__((noinline, noclone)) void drive(unsigned long microseconds) {
     Spinner spinner;
     Accumulator<unsigned long> accumulator;
+    struct pace spin_pace = {0.0, 0}, run_pace = {0.0, 0};
+    unsigned long state = 0x9e3779b97f4a7c15UL;
     for (;;) {
-        sink = spinner.spin(n);
-        sink = accumulator.run(n);
+        long long asked = (long long)(microseconds * 1000.0 * pace_jitter(&state));
+        PACED(&spin_pace, asked, sink = spinner.spin(count));
+        PACED(&run_pace, asked, sink = accumulator.run(count));
     }
 }
 
@@ -63,6 +71,6 @@ __attribute__((noinline, noclone)) void drive(unsigned long n) {
 int main(int argc, char **argv) {
     int seconds = argc > 1 ? std::atoi(argv[1]) : 30;
     alarm(seconds);
-    scorch_cpp::drive(argc > 2 ? std::strtoul(argv[2], nullptr, 10) : 1000000UL);
+    scorch_cpp::drive(argc > 2 ? std::strtoul(argv[2], nullptr, 10) : 1000UL);
     return 0;
 }

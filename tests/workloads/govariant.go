@@ -3,9 +3,9 @@
 // the daemon sees 20 different binaries, as on a host running many Go services, not one binary
 // 20 times.
 //
-// Every 50 ms it does about a millisecond of work (a few percent of a CPU) in a small known
-// call tree, so the profiler at 19 Hz catches it now and then without the 20 of them keeping
-// the CPUs busy:
+// Every 50 ms it does a millisecond of work by the thread's CPU clock (a few percent of a CPU,
+// on any CPU) in a small known call tree, so the profiler at 19 Hz catches it now and then
+// without the 20 of them keeping the CPUs busy:
 //
 //	main -> work -> mix    (an integer hash loop seeded by the variant)
 //	             -> render (formats the variant and the hash)
@@ -18,9 +18,12 @@ package main
 import (
 	"fmt"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
+	"unsafe"
 )
 
 // Set by the linker: `-ldflags=-X main.variant=N`.
@@ -28,13 +31,34 @@ var variant string
 
 var sink uint64
 
-// Loop count of one mix: about a millisecond.
-const rounds = 600000
+// The CPU time mix spends each wake, and the loop count it checks the clock after: a few
+// microseconds to a tenth of a millisecond, whatever the CPU.
+const (
+	mixNs     = 1000000
+	mixRounds = 20000
+)
+
+// threadCPUNs is the CPU time this thread has run (CLOCK_THREAD_CPUTIME_ID, 3 on Linux); main
+// locks its goroutine to its thread.
+func threadCPUNs() int64 {
+	var ts syscall.Timespec
+	syscall.RawSyscall(syscall.SYS_CLOCK_GETTIME, 3, uintptr(unsafe.Pointer(&ts)), 0)
+	return ts.Nano()
+}
 
 //go:noinline
 func mix(seed uint64) uint64 {
 	x := seed
-	for i := 0; i < rounds; i++ {
+	for end := threadCPUNs() + mixNs; threadCPUNs() < end; {
+		x = mixRound(x)
+	}
+	return x
+}
+
+//go:noinline
+func mixRound(seed uint64) uint64 {
+	x := seed
+	for i := 0; i < mixRounds; i++ {
 		x ^= x << 13
 		x ^= x >> 7
 		x ^= x << 17
@@ -67,6 +91,7 @@ func work(seed uint64) {
 }
 
 func main() {
+	runtime.LockOSThread()
 	seconds := 600
 	if len(os.Args) > 1 {
 		if n, err := strconv.Atoi(os.Args[1]); err == nil {

@@ -10,7 +10,7 @@ use object::{Object, ObjectSection};
 use scorch_tests::{debian::root_filesystem, DetailedSample};
 
 /// A Go toolchain: the host's, or the one in a root filesystem of another release.
-enum Go {
+pub(crate) enum Go {
     Host,
     Root(PathBuf),
 }
@@ -57,7 +57,7 @@ impl Go {
 
     /// Builds `tests/workloads/<name>.go` with `flags` into the work directory as
     /// `<name>-<tag>`.
-    fn build(&self, name: &str, tag: &str, flags: &[&str]) -> Result<PathBuf> {
+    pub(crate) fn build(&self, name: &str, tag: &str, flags: &[&str]) -> Result<PathBuf> {
         let source = scorch_tests::workload_source(&format!("{name}.go"));
         let output = scorch_tests::work_dir().join(format!("{name}-{tag}"));
         match self {

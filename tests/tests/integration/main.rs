@@ -25,3 +25,4 @@ mod ui;
 mod ui_compare;
 mod ui_flame;
 mod unwind;
+mod workloads;

@@ -168,7 +168,7 @@ const FUNCTIONS: [&str; 7] = [
 
 /// py-spy's raw (collapsed) stacks: `<module> (calltree.py:58);main (calltree.py:54);... 12`,
 /// root first, as (function names leaf first, count).
-fn py_spy_stacks(text: &str) -> Vec<(Vec<String>, u64)> {
+pub(crate) fn py_spy_stacks(text: &str) -> Vec<(Vec<String>, u64)> {
     text.lines()
         .filter_map(|line| {
             let (stack, count) = line.rsplit_once(' ')?;

@@ -1042,9 +1042,29 @@ fn the_process_map_grows_past_its_first_size_and_keeps_every_process() -> anyhow
         .filter(|s| s.comm == "napper")
         .map(|s| s.pid)
         .collect();
+    // What the workload guarantees: each child spins 1 ms of CPU a second (napper.c, checked
+    // by `workloads::napper_children_spin_their_promised_time`), forked 1.5 s in and running
+    // past the recording's 8 s, so at least 6 s of it is recorded: some 6 samples at 999 Hz
+    // per child, and a child left with none is rare (e^-6, a few of them). Fewer samples than
+    // half of that means the children did not get the CPU the test assumes, not that scorch
+    // lost processes.
+    let napper_samples: i64 = recording
+        .samples
+        .iter()
+        .filter(|s| s.comm == "napper")
+        .map(|s| s.count)
+        .sum();
+    let promised = (first + 200) as f64 * 6.0 * 999.0 / 1000.0;
+    anyhow::ensure!(
+        napper_samples as f64 >= 0.5 * promised,
+        "the workload's assumption did not hold: napper's {} children gave {napper_samples} \
+         samples, where 1 ms of CPU a second each promises about {promised:.0}: {}",
+        first + 200,
+        recording.summary
+    );
     anyhow::ensure!(
         pids.len() > first,
-        "only {} napper processes sampled, {first} or fewer: {}",
+        "only {} napper processes sampled, {first} or fewer, of {napper_samples} samples: {}",
         pids.len(),
         recording.summary
     );
@@ -1121,11 +1141,38 @@ fn frames_above_jit_code_are_found_through_its_frame_pointer() -> anyhow::Result
 #[test]
 fn a_hot_signal_handler_unwinds_through_the_signal_frame() -> anyhow::Result<()> {
     let program = build_no_fp("sighandler.c", "sighandler", &[])?;
-    record(&program, &["30"], 4, &[])?.assert_whole(
+    let recording = record(&program, &["30"], 4, &[])?;
+    // The workload spends about half its CPU time in handler_work (sighandler.c, checked by
+    // `workloads::sighandler_spends_its_promised_shares`). A leaf is named from the sample's pc
+    // alone, whatever the walk did, so a share far from half says the workload did not run as
+    // the test assumes. 4 s at 199 Hz are some 800 samples with a CPU to itself; a share is
+    // read from a hundred.
+    let of_process: i64 = recording.samples.iter().map(|s| s.count).sum();
+    let in_handler: i64 = recording
+        .samples
+        .iter()
+        .filter(|s| s.frames.first().map(String::as_str) == Some("handler_work"))
+        .map(|s| s.count)
+        .sum();
+    let share = in_handler as f64 / of_process.max(1) as f64;
+    anyhow::ensure!(
+        of_process >= 100,
+        "the workload's assumption did not hold: the process ran for only {of_process} \
+         samples of 4 s at 199 Hz (about 800 with a CPU to itself): {}",
+        recording.summary
+    );
+    anyhow::ensure!(
+        share > 0.3,
+        "the workload's assumption did not hold: handler_work was the leaf of {:.1}% of the \
+         process's {of_process} samples, where sighandler.c promises about half: {}",
+        100.0 * share,
+        recording.summary
+    );
+    recording.assert_whole(
         |s| s.frames.first().map(String::as_str) == Some("handler_work"),
-        // `on_signal` ends in a tail call at -O2: no frame of its own.
-        &["handler_work", "interrupted_loop", "main"],
-        60,
+        // `on_signal` calls handler_work between two reads of the thread's CPU clock.
+        &["handler_work", "on_signal", "interrupted_loop", "main"],
+        30,
     )
 }
 
@@ -1162,9 +1209,9 @@ fn rust_release_build_without_frame_pointers_reaches_main_and_agrees_with_perf_d
             .arg(&program)
             .arg(workload_source("rustwork.rs")),
     )?;
-    // Rounds of 100,000 iterations (a tenth of a millisecond or so) alternate between the two
-    // functions many times between samples, so neither tool's sampling beats against them.
-    let (recording, perf_data) = record_with_perf_dwarf(&program, &["30", "100000"], 8)?;
+    // Rounds of a tenth of a millisecond of CPU time alternate between the two functions many
+    // times between samples, so neither tool's sampling beats against them.
+    let (recording, perf_data) = record_with_perf_dwarf(&program, &["30", "100"], 8)?;
     let spin = |s: &NamedSample| {
         s.frames
             .first()
