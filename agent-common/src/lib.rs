@@ -75,10 +75,41 @@ pub struct StackKey {
 // keys differ.
 const _: () = assert!(core::mem::size_of::<StackKey>() == 32);
 
-/// Process name as the kernel keeps it (`TASK_COMM_LEN`), NUL-padded.
+/// What a window's first sample of a process records of it (the `COMMS_*` maps): what the
+/// agent labels the process's samples with when the process exited before the agent could
+/// read /proc/PID (a build step living a few milliseconds).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Comm(pub [u8; 16]);
+pub struct SeenProcess {
+    /// The thread-group leader's name as the kernel keeps it (`TASK_COMM_LEN`), NUL-padded:
+    /// the process's name, not the sampled thread's (the sampled thread's when the kernel's
+    /// BTF did not give the offsets to read it).
+    pub comm: [u8; 16],
+    /// The id of the process's cgroup in the cgroup v2 hierarchy
+    /// (`bpf_get_current_cgroup_id`): the inode number of its directory there.
+    pub cgroup_id: u64,
+    /// When the thread-group leader started (`start_boottime`, ns since boot; 0 without the
+    /// offsets): tells this process from an earlier one with the same pid in [`ExecFile`].
+    pub started_ns: u64,
+}
+
+/// Processes whose last exec'd file `EXEC_FILES` keeps, oldest evicted first: more than a
+/// window's execs on a build host (hundreds a second, a window of 10 s).
+pub const MAX_EXEC_FILES: u32 = 8192;
+/// The longest path an [`ExecFile`] keeps, with its NUL; a longer one is not kept.
+pub const EXEC_PATH_BYTES: usize = 256;
+
+/// What a process last exec'd, recorded at the exec (`sched_process_exec`): the executable's
+/// path as the exec named it (the interpreter's, for a script), for the agent to label a
+/// process that exited before it read /proc/PID/exe.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExecFile {
+    /// The process's start (`start_boottime`, as [`SeenProcess::started_ns`]).
+    pub started_ns: u64,
+    /// NUL-terminated.
+    pub path: [u8; EXEC_PATH_BYTES],
+}
 
 /// Runtime control shared through the single-entry `CONTROL` array map.
 #[repr(C)]
@@ -828,7 +859,9 @@ mod pod {
     // SAFETY: see above.
     unsafe impl aya::Pod for super::StackKey {}
     // SAFETY: see above.
-    unsafe impl aya::Pod for super::Comm {}
+    unsafe impl aya::Pod for super::SeenProcess {}
+    // SAFETY: see above.
+    unsafe impl aya::Pod for super::ExecFile {}
     // SAFETY: see above.
     unsafe impl aya::Pod for super::Control {}
     // SAFETY: see above.

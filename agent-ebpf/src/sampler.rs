@@ -5,16 +5,19 @@ use core::intrinsics::{atomic_xadd, AtomicOrdering};
 use aya_ebpf::{
     bindings::{BPF_F_USER_STACK, BPF_NOEXIST},
     btf_maps,
-    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid},
+    helpers::{
+        bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid,
+        bpf_get_current_task, bpf_probe_read_kernel, bpf_probe_read_kernel_str_bytes,
+    },
     macros::{btf_map, map, perf_event, raw_tracepoint},
-    maps::{Array, HashMap, PerCpuArray},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray},
     programs::{tracing::StackIdContext, PerfEventContext, RawTracePointContext},
 };
 use aya_log_ebpf::warn;
 use scorch_common::{
-    Comm, Control, Loss, RunSeq, ShortUserStack, StackKey, UserStack, FILTER_DENY, FILTER_NONE,
-    LOSS_KINDS, MAX_COMMS, MAX_COUNT_KEYS, MAX_PID_FILTER, STACK_ABSENT, STACK_LOST_COLLISION,
-    STACK_LOST_OTHER, UNWIND_TABLES,
+    Control, ExecFile, Loss, RunSeq, SeenProcess, ShortUserStack, StackKey, UserStack, FILTER_DENY,
+    FILTER_NONE, LOSS_KINDS, MAX_COMMS, MAX_COUNT_KEYS, MAX_EXEC_FILES, MAX_PID_FILTER,
+    STACK_ABSENT, STACK_LOST_COLLISION, STACK_LOST_OTHER, UNWIND_TABLES,
 };
 
 use crate::unwind;
@@ -60,10 +63,35 @@ type StackMap = btf_maps::StackTrace<1>;
 /// 256 MiB at 999 Hz for a few dozen stacks.
 #[btf_map]
 static STACKS: btf_maps::ArrayOfMaps<StackMap, 2> = btf_maps::ArrayOfMaps::new();
+/// A generation's processes, each as its first sample of the window saw it ([`SeenProcess`]).
 #[map]
-static COMMS_0: HashMap<u32, Comm> = HashMap::with_max_entries(MAX_COMMS, 0);
+static COMMS_0: HashMap<u32, SeenProcess> = HashMap::with_max_entries(MAX_COMMS, 0);
 #[map]
-static COMMS_1: HashMap<u32, Comm> = HashMap::with_max_entries(MAX_COMMS, 0);
+static COMMS_1: HashMap<u32, SeenProcess> = HashMap::with_max_entries(MAX_COMMS, 0);
+
+/// `offsetof(struct task_struct, group_leader)` and `offsetof(struct task_struct, comm)` on
+/// the running kernel, set by the agent before load from the kernel's BTF; 0 records the
+/// sampled thread's name instead of its process's.
+#[unsafe(no_mangle)]
+static TASK_GROUP_LEADER: u32 = 0;
+#[unsafe(no_mangle)]
+static TASK_COMM: u32 = 0;
+/// `offsetof(struct task_struct, start_boottime)` and `offsetof(struct linux_binprm, interp)`,
+/// set as the two above; 0 records no exec'd files.
+#[unsafe(no_mangle)]
+static TASK_START_BOOTTIME: u32 = 0;
+#[unsafe(no_mangle)]
+static BINPRM_INTERP: u32 = 0;
+
+/// By tgid, the file each process last exec'd and when the process started ([`ExecFile`]):
+/// what names the executable of a process that exited before the agent read /proc/PID/exe.
+/// Written at each exec, read by the agent for those processes only; least recently written
+/// first out.
+#[map]
+static EXEC_FILES: LruHashMap<u32, ExecFile> = LruHashMap::with_max_entries(MAX_EXEC_FILES, 0);
+/// Where an exec's record is built (it is larger than is wise on the BPF stack).
+#[map]
+static EXEC_SCRATCH: PerCpuArray<ExecFile> = PerCpuArray::with_max_entries(1, 0);
 /// A generation's map of the user stacks the program walked itself (`UNWIND_TABLES`), keyed
 /// by a hash of their pcs. Not preallocated: a 256-frame stack is 2 KiB, and the map must hold
 /// a whole window's samples when each is a stack of its own (Python stacks carry the
@@ -88,7 +116,7 @@ static SHORT_USER_STACKS: btf_maps::ArrayOfMaps<ShortUserStackMap, 2> =
 struct Generation {
     counts: &'static HashMap<StackKey, u64>,
     stacks: &'static StackMap,
-    comms: &'static HashMap<u32, Comm>,
+    comms: &'static HashMap<u32, SeenProcess>,
     user_stacks: &'static UserStackMap,
     short_user_stacks: &'static ShortUserStackMap,
 }
@@ -286,9 +314,11 @@ fn try_sample<const TABLES: bool>(ctx: &PerfEventContext) -> Result<(), i64> {
 /// 2.28% of a core and its BPF programs from 0.13% to 0.63% (`cargo xtask bench --only churn`),
 /// for processes that mostly are never sampled at 19 Hz.
 #[raw_tracepoint(tracepoint = "sched_process_exec")]
-pub fn process_exec(_ctx: RawTracePointContext) -> i32 {
+pub fn process_exec(ctx: RawTracePointContext) -> i32 {
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     unwind::forget_process(tgid);
+    // The third argument of `sched_process_exec` is the exec's `struct linux_binprm *`.
+    record_exec(tgid, ctx.arg(2));
     // A process relabelling dropped (in the deny list) runs another program now, which the
     // agent judges again at its next sample: a shell or launcher forked, sampled before its
     // exec and dropped by its parent's name, would otherwise stay dropped. An allow list is
@@ -362,16 +392,92 @@ fn interrupted_user_mode(ctx: &PerfEventContext) -> bool {
 }
 
 #[inline(always)]
-fn record_comm(comms: &HashMap<u32, Comm>, tgid: u32, comm: [u8; 16], slot: u32) {
+fn record_comm(comms: &HashMap<u32, SeenProcess>, tgid: u32, thread: [u8; 16], slot: u32) {
     if comms.get_ptr(tgid).is_some() {
         return;
     }
+    let (comm, started_ns) = leader_comm_and_start().unwrap_or((thread, 0));
+    let seen = SeenProcess {
+        comm,
+        // SAFETY: a helper with no arguments.
+        cgroup_id: unsafe { bpf_get_current_cgroup_id() },
+        started_ns,
+    };
     // -EEXIST means another CPU recorded it first, which is fine.
-    if let Err(err) = comms.insert(tgid, Comm(comm), u64::from(BPF_NOEXIST)) {
+    if let Err(err) = comms.insert(tgid, seen, u64::from(BPF_NOEXIST)) {
         if err != -EEXIST {
             count_loss(slot, Loss::CommMapFull);
         }
     }
+}
+
+/// The name of the current task's thread-group leader (the process's name, which a thread may
+/// not share: a pool's workers are often named) and its start (`start_boottime`, 0 without
+/// that offset). `None` without the offsets.
+#[inline(always)]
+fn leader_comm_and_start() -> Option<([u8; 16], u64)> {
+    // SAFETY: plain values the agent set before load (read volatile: the loader rewrites them).
+    let (leader_offset, comm_offset) = unsafe {
+        (
+            core::ptr::read_volatile(&TASK_GROUP_LEADER),
+            core::ptr::read_volatile(&TASK_COMM),
+        )
+    };
+    if leader_offset == 0 || comm_offset == 0 {
+        return None;
+    }
+    // SAFETY: a helper with no arguments; the result is only used as an address to read.
+    let task = unsafe { bpf_get_current_task() } as *const u8;
+    // SAFETY: bpf_probe_read_kernel checks the addresses.
+    let leader =
+        unsafe { bpf_probe_read_kernel(task.wrapping_add(leader_offset as usize) as *const u64) }
+            .ok()? as *const u8;
+    // SAFETY: as above.
+    unsafe { bpf_probe_read_kernel(leader.wrapping_add(comm_offset as usize) as *const [u8; 16]) }
+        .ok()
+        .map(|comm| (comm, start_boottime(leader)))
+}
+
+/// `task`'s `start_boottime`, 0 without the offset or when it cannot be read.
+#[inline(always)]
+fn start_boottime(task: *const u8) -> u64 {
+    // SAFETY: a plain value the agent set before load.
+    let offset = unsafe { core::ptr::read_volatile(&TASK_START_BOOTTIME) };
+    if offset == 0 {
+        return 0;
+    }
+    // SAFETY: bpf_probe_read_kernel checks the address.
+    unsafe { bpf_probe_read_kernel(task.wrapping_add(offset as usize) as *const u64) }.unwrap_or(0)
+}
+
+/// Records what `tgid` exec'd: the path the exec named (`bprm->interp`: the script's
+/// interpreter for a script, the file itself otherwise) and the process's start.
+#[inline(always)]
+fn record_exec(tgid: u32, bprm: *const u8) {
+    // SAFETY: a plain value the agent set before load.
+    let interp_offset = unsafe { core::ptr::read_volatile(&BINPRM_INTERP) };
+    if interp_offset == 0 {
+        return;
+    }
+    let Some(file) = EXEC_SCRATCH.get_ptr_mut(0) else {
+        return;
+    };
+    // SAFETY: this CPU's scratch entry; the program cannot run twice at once on one CPU.
+    let file = unsafe { &mut *file };
+    // SAFETY: bpf_probe_read_kernel checks the address.
+    let Ok(path) = (unsafe {
+        bpf_probe_read_kernel(bprm.wrapping_add(interp_offset as usize) as *const *const u8)
+    }) else {
+        return;
+    };
+    // SAFETY: as above; the helper writes at most the slice, and a NUL.
+    if unsafe { bpf_probe_read_kernel_str_bytes(path, &mut file.path) }.is_err() {
+        return;
+    }
+    // After the exec, the current task leads its thread group (`de_thread`).
+    // SAFETY: a helper with no arguments; the result is only used as an address to read.
+    file.started_ns = start_boottime(unsafe { bpf_get_current_task() } as *const u8);
+    let _ = EXEC_FILES.insert(tgid, &*file, 0);
 }
 
 /// Counts a loss in generation `slot`'s run.

@@ -454,7 +454,7 @@ fn poll_unwinder(unwinder: &mut Option<Unwinder>, session: &mut Session, wait: b
     let polled = unwinder
         .poll(|_| true)
         .map(|captured| session.keep_captures(captured))
-        .and_then(|()| unwinder.install_tables(wait));
+        .and_then(|_| unwinder.install_tables(wait));
     if let Err(err) = polled {
         tracing::warn!("{err}");
     }

@@ -40,7 +40,7 @@ use crate::{
         self,
         kubernetes::Kubernetes,
         relabel::{self, Outcome, RuleConfig},
-        Labeler, PodFacts,
+        ExecRecord, KernelFacts, Labeler, Missing, PodFacts,
     },
     metrics::{Health, Registry},
     pipeline::aggregate::Aggregated,
@@ -307,6 +307,13 @@ pub async fn run(
         None => None,
     };
     let (mut sampler, maps, control) = Sampler::start(&sampler_config)?;
+    // What processes exec'd names the executable of one that exited before it was read.
+    if let Some(files) = sampler.take_exec_files() {
+        labeler = labeler.with_exec_files(move |pid| {
+            let file = files.get(&pid, 0).ok()?;
+            exec_record(&file)
+        });
+    }
     let unwinder = sampler
         .take_unwind_maps()
         .map(|maps| Unwinder::start(maps, config.python))
@@ -446,6 +453,17 @@ pub async fn run(
     result
 }
 
+/// The exec hook's record as a path, when it is one: absolute (a relative one named a file
+/// from a directory the record does not say), UTF-8 and whole (the record cuts a longer one).
+fn exec_record(file: &scorch_common::ExecFile) -> Option<ExecRecord> {
+    let end = file.path.iter().position(|&b| b == 0)?;
+    let path = std::str::from_utf8(&file.path[..end]).ok()?;
+    path.starts_with('/').then(|| ExecRecord {
+        started_ns: file.started_ns,
+        path: path.to_owned(),
+    })
+}
+
 /// How often the daemon reads the off-CPU ring buffer.
 const OFF_CPU_READ_INTERVAL: Duration = Duration::from_millis(50);
 
@@ -516,9 +534,13 @@ impl Pipeline {
         let session = &mut self.session;
         let polled = unwinder
             .poll(wanted)
-            .map(|captured| session.keep_captures(captured))
-            .and_then(|()| unwinder.install_tables(wait));
-        if let Err(err) = polled {
+            .map(|captured| session.keep_captures(captured));
+        // Judged now, while /proc/PID still describes them: a process that lives a few
+        // milliseconds keeps these labels until its window is labelled.
+        for &pid in polled.as_deref().unwrap_or_default() {
+            labeler.outcome(pid);
+        }
+        if let Err(err) = polled.and_then(|_| unwinder.install_tables(wait)) {
             tracing::warn!("{err}");
         }
         session.take_python(unwinder);
@@ -546,10 +568,14 @@ impl Pipeline {
         }
     }
 
-    /// Puts processes relabelling drops into the BPF deny list as soon as they are seen, so
-    /// from then on their samples cost one map lookup and no stack walk.
+    /// Judges the processes discovery met (their labels read while they run), and puts those
+    /// relabelling drops into the BPF deny list, so from then on their samples cost one map
+    /// lookup and no stack walk.
     fn target(&mut self, pids: &[u32], sampler: &mut Sampler) {
         if !self.labeler.can_drop() {
+            for &pid in pids {
+                self.labeler.outcome(pid);
+            }
             return;
         }
         for &pid in pids {
@@ -608,19 +634,24 @@ impl Pipeline {
     fn label(&mut self, profile: &mut Profile) {
         // One outcome per process, then one label set per (process, thread) (None: dropped),
         // and one per (process, thread, state).
-        let mut per_process: std::collections::HashMap<u32, bool> =
+        let mut per_process: std::collections::HashMap<u32, (bool, Option<Missing>)> =
             std::collections::HashMap::new();
         let mut per_thread: std::collections::HashMap<ThreadKey, Option<Arc<Labels>>> =
             std::collections::HashMap::new();
         let mut per_state: std::collections::HashMap<(ThreadKey, String), Arc<Labels>> =
             std::collections::HashMap::new();
         let labeler = &mut self.labeler;
+        let mut unlabelled: std::collections::BTreeMap<&'static str, u64> = Default::default();
         profile.samples.retain_mut(|sample| {
-            let kept = *per_process
-                .entry(sample.pid)
-                .or_insert_with(|| matches!(*labeler.outcome(sample.pid), Outcome::Keep(_)));
+            let (kept, missing) = *per_process.entry(sample.pid).or_insert_with(|| {
+                let (outcome, missing) = labeler.judge(sample.pid);
+                (matches!(*outcome, Outcome::Keep(_)), missing)
+            });
             if !kept {
                 return false;
+            }
+            if let Some(missing) = missing {
+                *unlabelled.entry(missing.as_str()).or_default() += sample.count;
             }
             let (name, id) = thread_of(&sample.labels);
             let key = (sample.pid, name.to_owned(), id);
@@ -666,6 +697,26 @@ impl Pipeline {
             };
             true
         });
+        if !unlabelled.is_empty() {
+            tracing::debug!("samples without their process's labels: {unlabelled:?}");
+            self.metrics.samples_unlabelled(&unlabelled);
+        }
+    }
+
+    /// Keeps what the BPF program recorded of each process the window sampled, for those that
+    /// exited before they were judged.
+    fn remember_kernel_facts(&mut self, aggregated: &Aggregated) {
+        for (&pid, comm) in &aggregated.comms {
+            let origin = aggregated.origins.get(&pid).copied().unwrap_or_default();
+            self.labeler.remember_kernel_facts(
+                pid,
+                KernelFacts {
+                    comm: comm.clone(),
+                    cgroup_id: origin.cgroup_id,
+                    started_ns: origin.started_ns,
+                },
+            );
+        }
     }
 
     fn window(&mut self, drainer: &mut Drainer, sampler: &mut Sampler) -> Result<(), RunError> {
@@ -688,6 +739,7 @@ impl Pipeline {
         self.health.sampling_ok_at(Instant::now());
 
         let mut aggregated = std::mem::take(&mut self.session.aggregated);
+        self.remember_kernel_facts(&aggregated);
         self.discard_dropped(&mut aggregated);
         self.fold_threads(&mut aggregated);
         let symbolize_started = Instant::now();

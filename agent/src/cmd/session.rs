@@ -80,12 +80,16 @@ impl Session {
 
     /// Keeps the maps the unwinder read when a process was first sampled (or asked again): for a
     /// process that lives a few milliseconds, the only capture there is.
-    pub(crate) fn keep_captures(&mut self, captured: Vec<(u32, ProcessMaps)>) {
+    /// Returns their pids.
+    pub(crate) fn keep_captures(&mut self, captured: Vec<(u32, ProcessMaps)>) -> Vec<u32> {
+        let mut pids = Vec::with_capacity(captured.len());
         for (pid, maps) in captured {
             self.user.keep_capture(pid, maps);
             self.read_comm(pid);
             self.seen_this_window.insert(pid);
+            pids.push(pid);
         }
+        pids
     }
 
     /// Hands the symbolizer the processes whose Python frames the unwinder walks, or no

@@ -6,12 +6,20 @@
 //! The outcome is computed once per process (a pid is checked against its start time, so a
 //! reused pid is a new process) and kept until the process exits. A dropped process is also
 //! pushed into the BPF program's filter by the daemon, so it stops costing stack walks.
+//!
+//! A process is judged when the daemon first sees it (its first sample, which the BPF side
+//! reports at once, or the periodic discovery), while /proc/PID still describes it: a build
+//! step or a cron job's shell may have exited by the time its window is labelled, and keeps
+//! the labels read while it ran until that window is done. One that exited before even that
+//! read is labelled from what the kernel recorded at its samples: its name and its cgroup
+//! ([`KernelFacts`]); it lacks only its executable, and is counted ([`FactsSource`]).
 
 pub mod cgroup;
+pub mod cgroup_ids;
 pub mod kubernetes;
 pub mod relabel;
 
-use std::{collections::HashMap, sync::Arc};
+use std::{collections::HashMap, sync::Arc, time::Instant};
 
 use crate::profile::{Labels, THREAD_ID_LABEL, THREAD_LABEL};
 use relabel::{Outcome, Rule};
@@ -57,6 +65,77 @@ impl ProcessFacts {
             cgroup_facts,
         }
     }
+}
+
+impl ProcessFacts {
+    /// What the kernel recorded of `pid` at its samples, for a process gone before /proc/PID
+    /// was read: its name and its cgroup's path, no executable.
+    pub fn from_kernel(pid: u32, comm: &str, cgroup: Option<String>) -> ProcessFacts {
+        ProcessFacts {
+            pid,
+            comm: comm.to_owned(),
+            executable: None,
+            cgroup_facts: cgroup.as_deref().map(cgroup::facts).unwrap_or_default(),
+            cgroup,
+        }
+    }
+}
+
+/// What the BPF program recorded of a process at its first sample of a window: its leader's
+/// name, its cgroup id (named by [`cgroup_ids::CgroupIds`] when needed) and its start.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KernelFacts {
+    pub comm: String,
+    /// 0 when not recorded.
+    pub cgroup_id: u64,
+    /// The leader's `start_boottime`, ns since boot; 0 when not recorded.
+    pub started_ns: u64,
+}
+
+/// What a process last exec'd, as the exec hook recorded it: the path the exec named, and
+/// when the process started (`start_boottime`, ns since boot).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExecRecord {
+    pub started_ns: u64,
+    pub path: String,
+}
+
+/// Finds what `pid` last exec'd (the BPF `EXEC_FILES` map, in the daemon).
+type ExecLookup = Box<dyn FnMut(u32) -> Option<ExecRecord> + Send>;
+
+/// Where a process's labels were read from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+enum FactsSource {
+    /// /proc/PID, while the process ran.
+    Proc,
+    /// What the kernel recorded at its samples and its exec: it exited before /proc/PID was
+    /// read.
+    Kernel,
+    /// Nothing: it exited unread and the kernel's record of it was lost (a full map).
+    Nothing,
+}
+
+/// What a process's labels lack, for the `reason` label in `/metrics` and the log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Missing {
+    /// Its executable (`executable`, and Pyroscope's and OTLP's names from it): it exited
+    /// before /proc/PID/exe was read, and its exec was not recorded (before the daemon
+    /// started, or evicted by later ones).
+    Executable,
+    /// Everything but its pid: it exited unread, and the kernel's record of its samples was
+    /// lost.
+    Everything,
+}
+
+impl Missing {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Missing::Executable => "no_executable",
+            Missing::Everything => "no_process_facts",
+        }
+    }
+
+    pub const REASONS: [&'static str; 2] = ["no_executable", "no_process_facts"];
 }
 
 /// Kubernetes names of a process's pod and container.
@@ -172,7 +251,17 @@ struct CachedProcess {
     outcome: Arc<Outcome>,
     /// By (thread name, thread id): each thread's outcome.
     threads: HashMap<(String, Option<u32>), Arc<Outcome>>,
+    /// What the discovered labels lack.
+    missing: Option<Missing>,
 }
+
+/// Processes whose kernel record is kept at most: the captures' own bound on exited processes
+/// (`symbolize::captures::CaptureLimits`), whose samples these label.
+pub const MAX_KERNEL_FACTS: usize = 16_384;
+
+/// Exec'd paths whose resolved executable is kept ([`Labeler`]'s `resolved_execs`): a host
+/// runs a few hundred distinct programs; the bound is for one that execs a new path each time.
+pub const MAX_RESOLVED_EXECS: usize = 4096;
 
 /// Labels per process: discovery, relabelling and external labels, cached per process.
 pub struct Labeler {
@@ -189,6 +278,21 @@ pub struct Labeler {
     pods: Option<PodLookup>,
     /// Invalid label names rules produced, reported once per rule.
     reported: std::collections::HashSet<(usize, String)>,
+    /// What the kernel recorded of the processes the current windows sampled, by pid: used
+    /// only for a process that exited before it was judged. Emptied of exited processes with
+    /// the cache.
+    kernel: HashMap<u32, KernelFacts>,
+    /// Names the cgroup ids of those records.
+    cgroup_ids: cgroup_ids::CgroupIds,
+    /// What processes exec'd, for the executable of one read too late to have one.
+    exec_files: Option<ExecLookup>,
+    /// By (cgroup, path an exec named), the executable /proc/PID/exe gave a live process that
+    /// exec'd it: an exec names a path through symlinks (`/usr/bin/python3`), the kernel
+    /// resolves it (`/usr/bin/python3.11`), and a process read too late gets the name a live
+    /// one got. Keyed by cgroup too: a container's path may lead elsewhere than the host's.
+    resolved_execs: HashMap<(Option<String>, String), String>,
+    /// Clock ticks a second, the unit of /proc/PID/stat's start time.
+    ticks_per_second: u64,
 }
 
 impl Labeler {
@@ -201,7 +305,68 @@ impl Labeler {
             cache: HashMap::new(),
             pods: None,
             reported: Default::default(),
+            kernel: HashMap::new(),
+            cgroup_ids: cgroup_ids::CgroupIds::new(),
+            exec_files: None,
+            resolved_execs: HashMap::new(),
+            // SAFETY: sysconf has no preconditions.
+            ticks_per_second: u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) })
+                .ok()
+                .filter(|&t| t > 0)
+                .unwrap_or(100),
         }
+    }
+
+    /// Finds what a process exec'd: `lookup(pid)` (the exec hook's records).
+    pub fn with_exec_files(
+        mut self,
+        lookup: impl FnMut(u32) -> Option<ExecRecord> + Send + 'static,
+    ) -> Labeler {
+        self.exec_files = Some(Box::new(lookup));
+        self
+    }
+
+    /// Keeps what the exec of live `pid` resolved to, when its record names it otherwise; at
+    /// most [`MAX_RESOLVED_EXECS`] pairs (then it starts over).
+    fn learn_exec(&mut self, pid: u32, started: Start, cgroup: &Option<String>, executable: &str) {
+        let Some(path) = self.exec_file(pid, started) else {
+            return;
+        };
+        if path == executable {
+            return;
+        }
+        if self.resolved_execs.len() >= MAX_RESOLVED_EXECS {
+            self.resolved_execs.clear();
+        }
+        self.resolved_execs
+            .insert((cgroup.clone(), path), executable.to_owned());
+    }
+
+    /// The path `pid` last exec'd, when the exec hook's record is of this process: the one
+    /// that started at `started` (`Start::Nanoseconds` from the kernel's record of its samples,
+    /// `Start::Ticks` from /proc/PID/stat).
+    fn exec_file(&mut self, pid: u32, started: Start) -> Option<String> {
+        let record = self.exec_files.as_mut()?(pid)?;
+        let tick_ns = 1_000_000_000 / self.ticks_per_second;
+        let same = match started {
+            Start::Nanoseconds(ns) => ns != 0 && record.started_ns == ns,
+            Start::Ticks(ticks) => ticks != 0 && record.started_ns / tick_ns == ticks,
+        };
+        same.then_some(record.path)
+    }
+
+    /// Keeps what the kernel recorded of `pid` at its samples, for if it exited before it
+    /// was judged ([`KernelFacts`]); at most [`MAX_KERNEL_FACTS`] processes.
+    pub fn remember_kernel_facts(&mut self, pid: u32, facts: KernelFacts) {
+        if self.kernel.len() < MAX_KERNEL_FACTS || self.kernel.contains_key(&pid) {
+            self.kernel.insert(pid, facts);
+        }
+    }
+
+    /// The outcome for `pid` (as [`Labeler::outcome`]) and what its labels lack.
+    pub fn judge(&mut self, pid: u32) -> (Arc<Outcome>, Option<Missing>) {
+        let (outcome, _, missing) = self.process(pid);
+        (outcome, missing)
     }
 
     /// Whether a rule reads a thread's labels (`__meta_thread`, `thread`, and their ids):
@@ -248,7 +413,10 @@ impl Labeler {
                 }
                 (cached.outcome.clone(), cached.discovered.clone())
             }
-            None => self.process(pid),
+            None => {
+                let (outcome, discovered, _) = self.process(pid);
+                (outcome, discovered)
+            }
         };
         if matches!(*process, Outcome::Dropped { .. }) {
             return process;
@@ -276,17 +444,62 @@ impl Labeler {
         outcome
     }
 
-    /// The process's outcome and its discovered labels.
-    fn process(&mut self, pid: u32) -> (Arc<Outcome>, Arc<Labels>) {
+    /// The process's outcome, its discovered labels, and what they lack.
+    fn process(&mut self, pid: u32) -> (Arc<Outcome>, Arc<Labels>, Option<Missing>) {
         let identity = Identity::read(pid);
         let started = identity.started;
         if let Some(cached) = self.cache.get(&pid) {
             // An exited process (start 0) keeps what was computed while it ran.
             if started == 0 || cached.identity == identity {
-                return (cached.outcome.clone(), cached.discovered.clone());
+                return (
+                    cached.outcome.clone(),
+                    cached.discovered.clone(),
+                    cached.missing,
+                );
             }
         }
-        let process = ProcessFacts::read(pid);
+        let mut process = ProcessFacts::read(pid);
+        let mut source = FactsSource::Proc;
+        let mut start = Start::Ticks(started);
+        // Gone before it was judged (or while it was read: its name reads empty): what the
+        // kernel recorded at its samples stands in, so it is labelled, and judged by rules
+        // on its name and unit, as it would have been alive.
+        if started == 0 || process.comm.is_empty() {
+            (process, source) = match self.kernel.get(&pid).cloned() {
+                Some(kernel) => {
+                    let cgroup = (kernel.cgroup_id != 0)
+                        .then(|| self.cgroup_ids.path(kernel.cgroup_id, Instant::now()))
+                        .flatten();
+                    start = Start::Nanoseconds(kernel.started_ns);
+                    (
+                        ProcessFacts::from_kernel(pid, &kernel.comm, cgroup),
+                        FactsSource::Kernel,
+                    )
+                }
+                None => (process, FactsSource::Nothing),
+            };
+        }
+        // A process read as it exited (a zombie has no executable left) or after: the file
+        // its exec named. A kernel thread has none to find.
+        // The idle task (pid 0) has no /proc entry and no executable either.
+        let kernel_thread = identity.kernel_thread || pid == 0;
+        if process.executable.is_none() && !kernel_thread {
+            process.executable = self.exec_file(pid, start).map(|path| {
+                let key = (process.cgroup.clone(), path);
+                self.resolved_execs.get(&key).cloned().unwrap_or(key.1)
+            });
+        } else if let (Some(executable), FactsSource::Proc, true) =
+            (&process.executable, source, self.exec_files.is_some())
+        {
+            self.learn_exec(pid, start, &process.cgroup, executable);
+        }
+        let missing = match source {
+            FactsSource::Nothing => Some(Missing::Everything),
+            // A gone process's record says nothing of a kernel thread: one with a name and
+            // no exec is counted as lacking its executable.
+            _ if process.executable.is_none() && !kernel_thread => Some(Missing::Executable),
+            _ => None,
+        };
         let pod = match (&self.pods, &process.cgroup_facts.pod_uid) {
             (Some(lookup), Some(uid)) => lookup(uid, process.cgroup_facts.container_id.as_deref()),
             _ => None,
@@ -299,15 +512,16 @@ impl Labeler {
         let outcome =
             relabel::relabel_skipping(labels, &self.rules, &self.thread_rules, &mut invalid);
         let outcome = self.finish(outcome, invalid);
-        // A process seen without a start time has exited: do not cache a guess. Nor labels a
-        // pod's watch event has not completed yet (a container starts a moment before the
-        // API server reports its id): the next window asks again.
+        // Not cached: labels a pod's watch event has not completed yet (a container starts a
+        // moment before the API server reports its id), so the next window asks again; and a
+        // process gone with nothing known of it, which its record may still come for. A gone
+        // process judged from its record is cached (start 0) until `forget_exited`.
         let pod_pending = self.pods.is_some()
             && process.cgroup_facts.pod_uid.is_some()
             && pod.as_ref().is_none_or(|p| {
                 p.container.is_none() && process.cgroup_facts.container_id.is_some()
             });
-        if started != 0 && !pod_pending {
+        if !pod_pending && source != FactsSource::Nothing {
             self.cache.insert(
                 pid,
                 CachedProcess {
@@ -315,10 +529,11 @@ impl Labeler {
                     discovered: discovered.clone(),
                     outcome: outcome.clone(),
                     threads: HashMap::new(),
+                    missing,
                 },
             );
         }
-        (outcome, discovered)
+        (outcome, discovered, missing)
     }
 
     /// A relabelled outcome with the external labels added; the invalid labels the rules
@@ -340,7 +555,8 @@ impl Labeler {
         })
     }
 
-    /// Forgets processes that have exited; returns their pids.
+    /// Forgets processes that have exited, and the kernel's records of them; returns their
+    /// pids. Call after their last window was labelled.
     pub fn forget_exited(&mut self) -> Vec<u32> {
         let exited: Vec<u32> = self
             .cache
@@ -351,6 +567,8 @@ impl Labeler {
         for pid in &exited {
             self.cache.remove(pid);
         }
+        // A live process's record is renewed by each window that samples it.
+        self.kernel.clear();
         exited
     }
 }
@@ -362,7 +580,21 @@ impl Labeler {
 struct Identity {
     started: u64,
     comm: String,
+    /// A kernel thread (`PF_KTHREAD`, field 9): it has no executable.
+    kernel_thread: bool,
 }
+
+/// When a process started, in the unit of what says it.
+#[derive(Debug, Clone, Copy)]
+enum Start {
+    /// `start_boottime` in nanoseconds, from the kernel's record of its samples.
+    Nanoseconds(u64),
+    /// Clock ticks since boot, from /proc/PID/stat.
+    Ticks(u64),
+}
+
+/// `PF_KTHREAD` in the flags of /proc/PID/stat.
+const PF_KTHREAD: u64 = 0x0020_0000;
 
 impl Identity {
     fn read(pid: u32) -> Identity {
@@ -377,9 +609,14 @@ impl Identity {
     fn parse(stat: &str) -> Option<Identity> {
         let (head, rest) = stat.rsplit_once(')')?;
         let comm = head.split_once('(')?.1;
+        let fields: Vec<&str> = rest.split_whitespace().take(20).collect();
         Some(Identity {
-            started: rest.split_whitespace().nth(19)?.parse().ok()?,
+            started: fields.get(19)?.parse().ok()?,
             comm: comm.to_owned(),
+            kernel_thread: fields
+                .get(6)
+                .and_then(|f| f.parse::<u64>().ok())
+                .is_some_and(|flags| flags & PF_KTHREAD != 0),
         })
     }
 }
@@ -489,6 +726,130 @@ mod tests {
     }
 
     /// One rule: keep the processes whose name matches `regex`.
+    /// A pid no process has (beyond `pid_max`'s limit of 2^22).
+    const GONE: u32 = 4_000_000_000;
+
+    /// A directory tree standing in for the cgroup v2 hierarchy, holding `path`; the id (inode)
+    /// of `path` in it, and the labeler naming ids from it.
+    fn labeler_over_cgroups(rules: Vec<Rule>, path: &str) -> (Labeler, u64, std::path::PathBuf) {
+        use std::os::unix::fs::MetadataExt;
+        let root = std::env::temp_dir().join(format!(
+            "scorch-labels-{}-{}",
+            std::process::id(),
+            path.len()
+        ));
+        let _ = std::fs::remove_dir_all(&root);
+        let dir = root.join(path.trim_start_matches('/'));
+        std::fs::create_dir_all(&dir).unwrap();
+        let id = std::fs::metadata(&dir).unwrap().ino();
+        let mut labeler = Labeler::new("n".into(), rules, Labels::new());
+        labeler.cgroup_ids = cgroup_ids::CgroupIds::at(Some((root.clone(), "/".to_owned())));
+        (labeler, id, root)
+    }
+
+    /// A process gone before it was judged is labelled from the kernel's record of its samples
+    /// and its exec: the same labels, and the same rules' verdict, as it would have had alive.
+    #[test]
+    fn a_process_gone_before_it_was_judged_keeps_its_labels() {
+        let unit = "/system.slice/build.service";
+        let (labeler, cgroup_id, root) = labeler_over_cgroups(keep_comm("python3"), unit);
+        let mut labeler = labeler.with_exec_files(|pid| {
+            (pid == GONE).then(|| ExecRecord {
+                started_ns: 5_000_000_000,
+                path: "/usr/bin/python3.11".into(),
+            })
+        });
+        labeler.remember_kernel_facts(
+            GONE,
+            KernelFacts {
+                comm: "python3".into(),
+                cgroup_id,
+                started_ns: 5_000_000_000,
+            },
+        );
+        let (outcome, missing) = labeler.judge(GONE);
+        let Outcome::Keep(labels) = &*outcome else {
+            panic!("a keep rule on its name dropped it: {outcome:?}")
+        };
+        assert_eq!(missing, None);
+        assert_eq!(labels["comm"], "python3");
+        assert_eq!(labels["executable"], "/usr/bin/python3.11");
+        assert_eq!(labels["cgroup"], unit);
+        assert_eq!(labels["systemd_unit"], "build.service");
+        assert_eq!(labels["service_name"], "build.service");
+        // Kept with the cache until it is forgotten, the kernel's record with it.
+        assert_eq!(labeler.judge(GONE).1, None);
+        assert!(labeler.forget_exited().contains(&GONE));
+        std::fs::remove_dir_all(root).unwrap();
+    }
+
+    /// An exec record of an earlier process with the same pid is not this one's; without a
+    /// record the executable is counted missing; without even the kernel's record, everything.
+    #[test]
+    fn what_a_gone_process_lacks_is_counted() {
+        let (labeler, cgroup_id, root) = labeler_over_cgroups(Vec::new(), "/job.scope");
+        let mut labeler = labeler.with_exec_files(|_| {
+            Some(ExecRecord {
+                started_ns: 1,
+                path: "/usr/bin/earlier".into(),
+            })
+        });
+        labeler.remember_kernel_facts(
+            GONE,
+            KernelFacts {
+                comm: "sh".into(),
+                cgroup_id,
+                started_ns: 2,
+            },
+        );
+        let (outcome, missing) = labeler.judge(GONE);
+        let Outcome::Keep(labels) = &*outcome else {
+            panic!("dropped without rules")
+        };
+        assert_eq!(missing, Some(Missing::Executable));
+        assert!(!labels.contains_key("executable"), "{labels:?}");
+        assert_eq!(labels["comm"], "sh");
+        assert_eq!(labels["cgroup"], "/job.scope");
+        assert_eq!(labeler.judge(GONE - 1).1, Some(Missing::Everything));
+        std::fs::remove_dir_all(root).unwrap();
+    }
+
+    /// The path an exec named (through a symlink) gives a gone process the executable a live
+    /// process of the same cgroup got from /proc/PID/exe for it.
+    #[test]
+    fn an_exec_through_a_symlink_names_what_a_live_process_resolved_it_to() {
+        let me = std::process::id();
+        let facts = ProcessFacts::read(me);
+        let cgroup = facts.cgroup.clone().unwrap_or_else(|| "/".into());
+        let (labeler, cgroup_id, root) = labeler_over_cgroups(Vec::new(), &cgroup);
+        let tick_ns = 1_000_000_000 / labeler.ticks_per_second;
+        let my_start_ns = Identity::read(me).started * tick_ns;
+        let mut labeler = labeler.with_exec_files(move |pid| {
+            Some(ExecRecord {
+                started_ns: if pid == me { my_start_ns } else { 9 },
+                path: "/usr/bin/an-alias".into(),
+            })
+        });
+        // Alive: /proc/PID/exe, and what the alias resolved to, learnt.
+        let Outcome::Keep(live) = &*labeler.outcome(me) else {
+            panic!("dropped without rules")
+        };
+        assert_eq!(live.get("executable"), facts.executable.as_ref());
+        labeler.remember_kernel_facts(
+            GONE,
+            KernelFacts {
+                comm: "gone".into(),
+                cgroup_id,
+                started_ns: 9,
+            },
+        );
+        let Outcome::Keep(gone) = &*labeler.outcome(GONE) else {
+            panic!("dropped without rules")
+        };
+        assert_eq!(gone.get("executable"), facts.executable.as_ref());
+        std::fs::remove_dir_all(root).unwrap();
+    }
+
     fn keep_comm(regex: &str) -> Vec<Rule> {
         relabel::compile(&[relabel::RuleConfig {
             source_labels: vec!["comm".into()],
@@ -507,9 +868,13 @@ mod tests {
             Identity::parse(stat),
             Some(Identity {
                 started: 987_654,
-                comm: "a) b)".into()
+                comm: "a) b)".into(),
+                kernel_thread: false,
             })
         );
+        // The flags (field 9) of a kworker: PF_KTHREAD.
+        let kworker = "7 (kworker/0:1) I 2 0 0 0 -1 69238880 0 0 0 0 0 5 0 0 20 0 1 0 12 0 0";
+        assert!(Identity::parse(kworker).unwrap().kernel_thread);
         assert_eq!(Identity::parse("42 (cut"), None);
         assert_eq!(Identity::parse("42 (x) S 1"), None);
     }

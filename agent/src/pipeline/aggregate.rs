@@ -8,7 +8,7 @@ use std::{collections::HashMap, time::SystemTime};
 use scorch_common::UnwindOutcome;
 
 use crate::pipeline::{
-    drain::{Losses, RawWindow, Stack, StackMapFill, ThreadTag},
+    drain::{Losses, Origin, RawWindow, Stack, StackMapFill, ThreadTag},
     off_cpu::{Block, BlockState},
 };
 
@@ -75,6 +75,8 @@ pub struct Aggregated {
     pub walk_stops: HashMap<(u32, u32, u64, UnwindOutcome), u64>,
     /// Process names as the BPF program recorded them.
     pub comms: HashMap<u32, String>,
+    /// Processes' cgroups and starts as the BPF program recorded them.
+    pub origins: HashMap<u32, Origin>,
     pub losses: Losses,
     pub windows: Vec<WindowTotal>,
     /// The fullest any window left the stack maps.
@@ -110,6 +112,9 @@ impl Aggregated {
         }
         for (tgid, comm) in window.comms {
             self.comms.entry(tgid).or_insert(comm);
+        }
+        for (tgid, origin) in window.origins {
+            self.origins.entry(tgid).or_insert(origin);
         }
         self.losses.add(&window.losses);
         self.stack_maps = self.stack_maps.max(window.stack_maps);
@@ -234,6 +239,7 @@ mod tests {
             samples,
             walk_stops: Vec::new(),
             comms: HashMap::from([(7, "work".to_owned())]),
+            origins: HashMap::new(),
             losses,
             stack_maps: StackMapFill::default(),
         }

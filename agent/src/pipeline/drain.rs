@@ -40,7 +40,7 @@ use super::{
 };
 use crate::sys::bpf_batch::{self, BatchError};
 use scorch_common::{
-    Comm, Control, Loss, PythonCount, ShortUserStack, StackKey, UnwindOutcome, UserStack,
+    Control, Loss, PythonCount, SeenProcess, ShortUserStack, StackKey, UnwindOutcome, UserStack,
     WalkedStack, LOSS_KINDS, MAX_STACK_DEPTH, MAX_USER_STACK_DEPTH, OFF_CPU_COUNTER_RUN,
     PYTHON_COUNTS, STACK_ABSENT, STACK_LOST_COLLISION, UNWIND_OUTCOMES, UNWIND_TABLES,
 };
@@ -262,9 +262,21 @@ pub struct RawWindow {
     pub walk_stops: Vec<WalkStop>,
     /// Process names recorded by the BPF program, for processes that may be gone by now.
     pub comms: HashMap<u32, String>,
+    /// Each process's cgroup and start, recorded with its name.
+    pub origins: HashMap<u32, Origin>,
     pub losses: Losses,
     /// How full the window left its stack maps; their collisions are in `losses`.
     pub stack_maps: StackMapFill,
+}
+
+/// Where a process the window sampled belongs, as the BPF program recorded it at its first
+/// sample: what labels it when it exited before the agent read /proc/PID.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Origin {
+    /// Its cgroup v2 id (the inode of its directory there); 0 when not recorded.
+    pub cgroup_id: u64,
+    /// Its leader's `start_boottime`, ns since boot; 0 when not recorded.
+    pub started_ns: u64,
 }
 
 /// The distinct stacks a window stored in each stack map, beside the entries the map holds: a
@@ -468,13 +480,20 @@ impl Drainer {
                 count: *count,
             });
         }
-        let mut comms = HashMap::new();
+        let (mut comms, mut origins) = (HashMap::new(), HashMap::new());
         take_all(
             batched,
             &mut generation.comms,
             "COMMS",
-            |tgid, Comm(raw)| {
-                comms.insert(tgid, comm_name(&raw));
+            |tgid, seen: SeenProcess| {
+                comms.insert(tgid, comm_name(&seen.comm));
+                origins.insert(
+                    tgid,
+                    Origin {
+                        cgroup_id: seen.cgroup_id,
+                        started_ns: seen.started_ns,
+                    },
+                );
             },
         )?;
 
@@ -592,6 +611,7 @@ impl Drainer {
             samples,
             walk_stops,
             comms,
+            origins,
             losses,
             stack_maps,
         })

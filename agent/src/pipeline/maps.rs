@@ -6,7 +6,7 @@ use aya::maps::{
 };
 use aya::Pod;
 use scorch_common::{
-    Comm, Control, PythonProc, RunSeq, ShortUserStack, StackKey, UserStack, MAX_STACK_DEPTH,
+    Control, PythonProc, RunSeq, SeenProcess, ShortUserStack, StackKey, UserStack, MAX_STACK_DEPTH,
 };
 
 use super::stack_sizing::StackSizing;
@@ -19,7 +19,7 @@ use crate::sys::inner_maps::{
 pub struct GenerationMaps {
     pub counts: BpfHashMap<MapData, StackKey, u64>,
     pub stacks: StackTraceMap<MapData>,
-    pub comms: BpfHashMap<MapData, u32, Comm>,
+    pub comms: BpfHashMap<MapData, u32, SeenProcess>,
     /// User stacks the program walked with unwind tables (`--unwind auto`), deeper than
     /// `SHORT_USER_STACK_DEPTH` frames.
     pub user_stacks: BpfHashMap<MapData, i32, UserStack>,

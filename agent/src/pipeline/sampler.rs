@@ -11,7 +11,8 @@ use aya::{
     Ebpf, EbpfError, EbpfLoader,
 };
 use scorch_common::{
-    Control, PythonProc, MAX_COMMS, MAX_COUNT_KEYS, MAX_STACK_DEPTH, PYTHON_NO_INTERPRETER,
+    Control, ExecFile, PythonProc, MAX_COMMS, MAX_COUNT_KEYS, MAX_STACK_DEPTH,
+    PYTHON_NO_INTERPRETER,
 };
 
 use super::{
@@ -194,7 +195,13 @@ pub struct Sampler {
     mapping_hook_refused: Option<String>,
     /// The off-CPU program's maps, until [`Sampler::take_off_cpu_maps`] (with `off_cpu`).
     off_cpu_maps: Option<OffCpuMaps>,
+    /// The files processes exec'd, until [`Sampler::take_exec_files`] (with the unwinder,
+    /// whose exec hook records them).
+    exec_files: Option<ExecFiles>,
 }
+
+/// By tgid, what each process last exec'd ([`ExecFile`]).
+pub type ExecFiles = BpfHashMap<MapData, u32, ExecFile>;
 
 impl Sampler {
     /// Loads the program, sizes and fills its maps, and attaches it on every online CPU.
@@ -267,10 +274,24 @@ impl Sampler {
             Some(_) => crate::sys::btf::task_pid_offset().map_err(SamplerError::TaskPid)?,
             None => 0,
         };
+        // A process that exits before the agent reads /proc/PID is labelled by what its
+        // samples and its exec recorded (its leader's name and start, the file it exec'd),
+        // read from the task and the exec, whose layouts the BTF gives.
+        let [task_group_leader, task_comm, task_start_boottime, binprm_interp] =
+            crate::sys::btf::process_record_offsets().unwrap_or_else(|err| {
+                tracing::debug!(
+                    "exited processes labelled by their sampled thread's name only: {err}"
+                );
+                [0; 4]
+            });
         let (threads, user_stacks, ring_bytes) = off_cpu_map_sizes(config.off_cpu.is_some());
         let mut ebpf = EbpfLoader::new()
             .override_global("TASK_FSBASE", &task_fsbase, true)
             .override_global("TASK_PID", &task_pid, true)
+            .override_global("TASK_GROUP_LEADER", &task_group_leader, true)
+            .override_global("TASK_COMM", &task_comm, true)
+            .override_global("TASK_START_BOOTTIME", &task_start_boottime, true)
+            .override_global("BINPRM_INTERP", &binprm_interp, true)
             .map_max_entries("OFF_CPU_THREADS", threads)
             .map_max_entries("OFF_CPU_USER_STACK_MAP", user_stacks)
             .map_max_entries("OFF_CPU_EVENTS", ring_bytes)
@@ -280,6 +301,15 @@ impl Sampler {
             .map_max_entries("COMMS_0", comm_entries)
             .map_max_entries("COMMS_1", comm_entries)
             .map_max_entries("NOTIFIED", capacity.processes)
+            // Recorded by the exec hook, which runs with the unwinder only.
+            .map_max_entries(
+                "EXEC_FILES",
+                if tables {
+                    scorch_common::MAX_EXEC_FILES
+                } else {
+                    1
+                },
+            )
             .load(BPF_OBJECT)?;
         let logger = match aya_log::EbpfLogger::init(&mut ebpf) {
             Ok(logger) => Some(logger),
@@ -353,6 +383,7 @@ impl Sampler {
         }
 
         let mut mapping_hook_refused = None;
+        let mut exec_files = None;
         let unwind_maps = if tables {
             let exec: &mut RawTracePoint = ebpf
                 .program_mut("process_exec")
@@ -363,6 +394,7 @@ impl Sampler {
             exec.attach("sched_process_exec")
                 .map_err(SamplerError::ExecTracepoint)?;
             mapping_hook_refused = attach_mapping_placed(&mut ebpf);
+            exec_files = Some(take(&mut ebpf, "EXEC_FILES")?);
             Some(take_unwind_maps(
                 &mut ebpf,
                 pool_rows,
@@ -403,6 +435,7 @@ impl Sampler {
             unwind_refused: None,
             mapping_hook_refused,
             off_cpu_maps,
+            exec_files,
         };
         Ok((sampler, maps, control))
     }
@@ -421,6 +454,11 @@ impl Sampler {
     /// The maps that feed the unwinder its tables, once (`None` with [`UnwindMode::Fp`]).
     pub fn take_unwind_maps(&mut self) -> Option<UnwindMaps> {
         self.unwind_maps.take()
+    }
+
+    /// The files processes exec'd, once (`None` without the unwinder).
+    pub fn take_exec_files(&mut self) -> Option<ExecFiles> {
+        self.exec_files.take()
     }
 
     /// The off-CPU program's maps, once (`None` without `off_cpu`).

@@ -189,22 +189,60 @@ pub fn task_pid_offset() -> Result<u32, BtfError> {
     task_member_offset(&["pid"])
 }
 
-/// The offset of `path` in `struct task_struct`: this boot's kept one ([`kept`]), else read
-/// from the kernel's BTF, then kept.
+/// What the sampler records of a process for labelling it after it exited: the offsets of
+/// the thread-group leader (`group_leader`), the name (`comm`) and the start
+/// (`start_boottime`, what /proc/PID/stat's start time counts from) in `struct task_struct`,
+/// and of the exec'd file's name (`interp`) in `struct linux_binprm`. One read of the BTF for
+/// all four when this boot has not kept them.
+pub fn process_record_offsets() -> Result<[u32; 4], BtfError> {
+    let offsets = member_offsets(&[
+        ("task_struct", &["group_leader"]),
+        ("task_struct", &["comm"]),
+        ("task_struct", &["start_boottime"]),
+        ("linux_binprm", &["interp"]),
+    ])?;
+    Ok([offsets[0], offsets[1], offsets[2], offsets[3]])
+}
+
+/// The offset of `path` in `struct task_struct` (see [`member_offsets`]).
 fn task_member_offset(path: &[&str]) -> Result<u32, BtfError> {
-    let name = format!("task_struct.{}", path.join("."));
+    Ok(member_offsets(&[("task_struct", path)])?[0])
+}
+
+/// The offsets of members, each `(structure, path)`: this boot's kept ones ([`kept`]), else
+/// read from the kernel's BTF (once for all of them), then kept.
+fn member_offsets(members: &[(&str, &[&str])]) -> Result<Vec<u32>, BtfError> {
+    let names: Vec<String> = members
+        .iter()
+        .map(|(structure, path)| format!("{structure}.{}", path.join(".")))
+        .collect();
     let boot = super::boot_id();
-    if let Some(offset) = boot.as_deref().and_then(|boot| kept::load(boot, &name)) {
-        return Ok(offset);
+    let kept: Vec<Option<u32>> = names
+        .iter()
+        .map(|name| boot.as_deref().and_then(|boot| kept::load(boot, name)))
+        .collect();
+    if let Some(all) = kept.iter().copied().collect::<Option<Vec<u32>>>() {
+        return Ok(all);
     }
-    let offset = btf_task_member_offset(path)?;
-    if let Some(boot) = boot {
-        kept::store(&boot, &name, offset);
+    let file = "/sys/kernel/btf/vmlinux";
+    let data = std::fs::read(file).map_err(|e| BtfError::Read {
+        path: file.to_owned(),
+        reason: e.to_string(),
+    })?;
+    let btf = Btf::parse(&data)?;
+    let mut offsets = Vec::with_capacity(members.len());
+    for ((structure, path), name) in members.iter().zip(&names) {
+        let offset = btf.member_offset(structure, path)?;
+        if let Some(boot) = &boot {
+            kept::store(boot, name, offset);
+        }
+        offsets.push(offset);
     }
-    Ok(offset)
+    Ok(offsets)
 }
 
 /// The offset of `path` in `struct task_struct`, read from the kernel's BTF.
+#[cfg(test)]
 fn btf_task_member_offset(path: &[&str]) -> Result<u32, BtfError> {
     let file = "/sys/kernel/btf/vmlinux";
     let data = std::fs::read(file).map_err(|e| BtfError::Read {

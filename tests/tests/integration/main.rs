@@ -19,6 +19,7 @@ mod python;
 mod privileges;
 mod real_hosts;
 mod remote;
+mod short_lived_labels;
 mod symbols;
 mod threads;
 mod ui;

@@ -16,6 +16,7 @@ use prometheus_client::{
 };
 
 use crate::{
+    labels::Missing,
     metrics::{LabeledCounter, Registry},
     pipeline::drain::{Losses, StackMapFill},
     pipeline::off_cpu::OffCpuCounts,
@@ -64,6 +65,8 @@ pub struct WindowMetrics {
     /// the totals at the last report.
     process_captures_dropped: LabeledCounter,
     process_captures_dropped_reported: BTreeMap<CaptureDrop, u64>,
+    /// Samples written without some of their process's labels, by what they lack.
+    samples_unlabelled: LabeledCounter,
     /// Samples whose frame-pointer walk ended in glibc's start code and got the frames a table
     /// walk found below it, and the total at the last report.
     start_frames_completed: RunningTotal,
@@ -222,6 +225,14 @@ impl WindowMetrics {
                 LabeledCounter::new("reason", CaptureDrop::ALL.map(CaptureDrop::as_str)),
             ),
             process_captures_dropped_reported: BTreeMap::new(),
+            samples_unlabelled: registry.register(
+                "samples_unlabelled",
+                "Samples written without some of their process's labels, by what they lack: \
+                 the executable (the process exited before /proc/PID/exe was read and its \
+                 exec was not recorded), or everything but the pid (it exited unread and the \
+                 kernel's record of it was lost)",
+                LabeledCounter::new("reason", Missing::REASONS),
+            ),
             start_frames_completed: RunningTotal::new(registry.register(
                 "start_frames_completed_samples",
                 "Samples whose frame-pointer walk ended in glibc's start code and were given \
@@ -386,6 +397,13 @@ impl WindowMetrics {
                 .unwrap_or(0);
             self.process_captures_dropped
                 .inc_by(reason.as_str(), total.saturating_sub(before));
+        }
+    }
+
+    /// Samples of a window labelled without some of their process's labels, by reason.
+    pub fn samples_unlabelled(&self, by_reason: &BTreeMap<&'static str, u64>) {
+        for (&reason, &count) in by_reason {
+            self.samples_unlabelled.inc_by(reason, count);
         }
     }
 
