@@ -22,7 +22,7 @@ mod overhead;
 mod python;
 mod record;
 pub mod report;
-mod results;
+pub mod results;
 mod scale;
 mod slowdown;
 mod walk;
