@@ -96,8 +96,8 @@ const LLVM_WORK_US: u64 = 20_000;
 /// parses it to name them; two windows leave both behind the measured span.
 const WARM_UP: Duration = Duration::from_secs(20);
 /// Four 10 s windows, each with its drain. At 19 Hz the daemon spends tens of milliseconds a
-/// window, and over two windows its CPU read 0.10% in one run and 0.29% in the next (the
-/// overhead bench); four average more of that noise, and the grid still runs in 15 minutes.
+/// window, and over two windows runs of the overhead bench disagreed severalfold; four average
+/// more of that noise, and the grid still runs in about a quarter of an hour.
 const SPAN: Duration = Duration::from_secs(40);
 /// The daemon's window (its default): the store is queried for the windows that ended in the
 /// span, which started a window earlier.
