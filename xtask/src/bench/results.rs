@@ -16,7 +16,7 @@ use crate::bench::{
 /// Where a bench ran: what `docs/benchmarks.md`'s header and each section's line give.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Host {
-    /// UTC, `YYYY-MM-DD`.
+    /// UTC, `YYYY-MM-DDTHH:MMZ`: sorts as it reads, so the newest result heads the file.
     pub date: String,
     /// The short commit hash, `-dirty` when tracked files differed from it.
     pub commit: String,
@@ -48,7 +48,7 @@ impl Host {
             commit.push_str("-dirty");
         }
         Host {
-            date: command_output("date", &["-u", "+%Y-%m-%d"]),
+            date: command_output("date", &["-u", "+%Y-%m-%dT%H:%MZ"]),
             commit,
             cpu_model,
             cpus: std::thread::available_parallelism().map_or(0, |n| n.get()),
