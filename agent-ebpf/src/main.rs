@@ -1,12 +1,23 @@
-//! scorch's sampler: a `perf_event` program run on every CPU at the sampling frequency.
+//! scorch's BPF programs, one object the agent loads.
 //!
-//! Per sample it records the user and kernel stacks in the current generation's stack-trace
-//! map and bumps a count keyed by (tgid, user stack id, kernel stack id). Everything is written
-//! to one of two map generations chosen by `CONTROL.generation`, so the agent can drain one
-//! generation while the other fills (see `agent/src/drain.rs` for the protocol).
+//! - `sampler`: the `perf_event` program run on every CPU at the sampling frequency. Per sample
+//!   it records the kernel stack and the user stack (walked by `unwind` with the binaries'
+//!   unwind tables, or by frame pointers) and bumps a count keyed by process, thread and the
+//!   two stack ids. Everything goes to one of two map generations chosen by
+//!   `CONTROL.generation`, so the agent drains one while the other fills (the protocol is at
+//!   the top of `agent/src/pipeline/drain.rs`). It comes twice: `sample` with the unwinder and
+//!   `sample_fp` without, for kernels that refuse the unwinder. Two raw tracepoints
+//!   (`sched_process_exec`, `vm_unmapped_area`) forget a process's unwind mappings.
+//! - `unwind`: the user-stack walk, one `bpf_loop` iteration per frame.
+//! - `python`: CPython's frames, walked where the native walk meets the eval loop.
+//! - `off_cpu`: the `sched_switch` raw tracepoint behind `--off-cpu`.
 //!
-//! The program reads no kernel structures, only helper results, so the same object runs on any
-//! kernel with BTF and `bpf_get_stackid` (4.9+), without relocations.
+//! What the kernel must have: `bpf_loop` (5.17), `bpf_task_pt_regs` and
+//! `bpf_get_current_task_btf` with the kernel's BTF for the unwinder; ring buffers (5.8) and
+//! inner maps of any size (5.10) for the object to load; `sched_switch`'s `prev_state` (5.18)
+//! for off-CPU. The two `task_struct` offsets read (`TASK_FSBASE`, `TASK_PID`) are globals the
+//! agent sets from the kernel's BTF before load: no CO-RE relocations. docs/kernels.md has the
+//! whole list.
 // The program only exists for the BPF target. On the host this crate builds an empty binary, so
 // `cargo clippy --workspace` and friends work with the stable toolchain; `cargo xtask test`
 // lints the real program with nightly for bpfel-unknown-none.

@@ -134,11 +134,10 @@ fn current_frame(python: &PythonProc) -> Option<u64> {
 ///
 /// Nothing here may count the frames: a counter on the stack is a known constant that differs
 /// at each iteration, so the verifier could never find a state it had seen and walked the loop
-/// once per count, then the rest of the walk once per exit (853,000 instructions for 256 steps,
-/// 363,000 split in two loops of 128). The count lives in the walk's map value
-/// (`WalkState::python_frames`), which the verifier does not track: the loop is checked in a
-/// few passes (about 28,000 instructions for the chain, the whole program 38,000), and each
-/// load costs that much less system time.
+/// once per count, then the rest of the walk once per exit: work that grows with the frame
+/// limit, paid in system time at every load. The count lives in the walk's map value
+/// (`WalkState::python_frames`), which the verifier does not track, so the loop is checked in
+/// a few passes whatever the limit.
 #[repr(C)]
 struct Chain {
     walk: *mut WalkState,

@@ -59,8 +59,8 @@ static COUNTS_1: HashMap<StackKey, u64> = HashMap::with_max_entries(MAX_COUNT_KE
 type StackMap = btf_maps::StackTrace<1>;
 /// The two generations' stack-trace maps, by generation. The agent creates each, sized by the
 /// distinct stacks its windows store, and replaces it while its generation is idle: sized at
-/// load time from the samples a window could hold, they took 8 MiB each on a quiet host and
-/// 256 MiB at 999 Hz for a few dozen stacks.
+/// load time from the samples a window could hold, they took megabytes on a quiet host, and
+/// hundreds at 999 Hz, for a few dozen distinct stacks.
 #[btf_map]
 static STACKS: btf_maps::ArrayOfMaps<StackMap, 2> = btf_maps::ArrayOfMaps::new();
 /// A generation's processes, each as its first sample of the window saw it ([`SeenProcess`]).
@@ -309,10 +309,10 @@ fn try_sample<const TABLES: bool>(ctx: &PerfEventContext) -> Result<(), i64> {
 ///
 /// It tells the agent nothing: the process's first sample does, at once (the agent waits on
 /// the event ring buffer), while the process still runs. An event per exec was tried, to
-/// capture even processes never sampled: under a churn of ~30 execs a second (a pyenv shim
-/// execs 7 times per `python3`), reading and describing each one took the daemon from 0.48% to
-/// 2.28% of a core and its BPF programs from 0.13% to 0.63% (`cargo xtask bench --only churn`),
-/// for processes that mostly are never sampled at 19 Hz.
+/// capture even processes never sampled: under a churn of execs (a pyenv shim execs several
+/// times per `python3`), reading and describing each one multiplied the daemon's CPU and its
+/// BPF programs' (`cargo xtask bench --only churn` measures it), for processes that mostly are
+/// never sampled at 19 Hz.
 #[raw_tracepoint(tracepoint = "sched_process_exec")]
 pub fn process_exec(ctx: RawTracePointContext) -> i32 {
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;

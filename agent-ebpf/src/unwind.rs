@@ -389,8 +389,8 @@ extern "C" fn step(_index: u64, context: *mut c_void) -> i64 {
     // iteration of its own, rather than at the end of that iteration's table step: the
     // verifier checks an iteration's code once for each distinct state it reaches it with,
     // and a table step ends in `NoRow` by many paths, each a state. Inline, this step was
-    // checked once for each of them; here, once per check of the callback (91,890
-    // instructions on this host's 6.18 before).
+    // checked once for each of them; here, once per check of the callback (`scorch check`
+    // prints the instructions the verifier walked).
     if walk.no_row_next != 0 {
         walk.no_row_next = 0;
         let outcome = checked_frame_pointer_step(walk, procs);

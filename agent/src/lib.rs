@@ -4,10 +4,14 @@
 //!
 //! ```text
 //! pipeline: sampler (BPF load + attach) -> drain (read + reset maps) -> RawWindow -> aggregate
-//!   -> symbolize (kernel: kallsyms; user: ELF/DWARF) -> Profile
-//!   (unwind: tables from .eh_frame for the BPF unwinder; built, not yet loaded)
+//!   (off-CPU: pipeline::off_cpu, the scheduler's blocks, into the same aggregate)
+//!   -> symbolize (kernel: kallsyms; user: ELF/DWARF, Go's .gopclntab; Python) -> Profile
+//!   (unwind: tables from .eh_frame, .debug_frame and .gopclntab, loaded into the BPF
+//!    unwinder's maps as processes are sampled; runtimes: what the walk needs of an
+//!    interpreter, read from its binary)
+//!   -> labels (discovery, relabelling; dropped processes into the BPF deny list)
 //!   -> profile::encode (pprof, folded, SVG, top) -> file, or the store (`scorch run`)
-//!   -> export (Pyroscope, Parca)
+//!   -> export (Pyroscope, Parca, OTLP), serve (UI, API, /metrics)
 //! ```
 //!
 //! Modules are layered: each imports only those declared before it below (`cargo xtask lint`

@@ -1,4 +1,6 @@
-//! `cargo xtask lint`: the agent's module layers point one way, and no file outgrows a reader.
+//! `cargo xtask lint`: the agent's module layers point one way, no file outgrows a reader,
+//! and the documents keep their promises (`docs`: the README's size and first commands,
+//! docs/benchmarks.md written by the bench).
 //!
 //! `agent/src/lib.rs` declares the top-level modules bottom-up; that order is the layer order.
 //! A module may name (`crate::x`) only modules declared before it. The check reads the code
@@ -12,6 +14,8 @@ use std::{
 };
 
 use anyhow::{bail, Context, Result};
+
+mod docs;
 
 /// Non-test lines a file may have before it should become a folder of files named for its
 /// parts.
@@ -39,7 +43,8 @@ impl fmt::Display for UpwardEdge {
     }
 }
 
-/// Runs every check on the agent crate under `root`; fails naming each violation.
+/// Runs every check on the agent crate and the documents under `root`; fails naming each
+/// violation.
 pub fn lint(root: &Path) -> Result<()> {
     let src = root.join("agent/src");
     let lib = std::fs::read_to_string(src.join("lib.rs")).context("reading agent/src/lib.rs")?;
@@ -72,15 +77,16 @@ pub fn lint(root: &Path) -> Result<()> {
             problems.push(edge.to_string());
         }
     }
+    problems.extend(docs::check(root)?);
     if !problems.is_empty() {
         bail!(
-            "layering lint: {} problem(s)\n  {}",
+            "lint: {} problem(s)\n  {}",
             problems.len(),
             problems.join("\n  ")
         );
     }
     println!(
-        "layering lint: {} files, layers (bottom-up): {}",
+        "lint: the documents pass; {} files, layers (bottom-up): {}",
         files.len(),
         layers.join(" < ")
     );
@@ -441,7 +447,7 @@ mod tests {
     }
 
     #[test]
-    fn the_agent_as_it_is_passes() {
+    fn the_agent_and_documents_as_they_are_pass() {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
         lint(&root).unwrap();
     }

@@ -4,16 +4,7 @@
 //! command that needs it runs first, so `cargo xtask test` works from a clean clone.
 
 mod bench;
-mod bench_daemon;
-mod bench_go;
-mod bench_heap;
-mod bench_overhead;
-mod bench_python;
-mod bench_scale;
-mod bench_offcpu;
-mod bench_slowdown;
 mod lint;
-mod measure;
 mod package;
 mod setup;
 mod vmtest;
@@ -23,7 +14,7 @@ use std::{
     process::Command,
 };
 
-use anyhow::{bail, ensure, Context, Result};
+use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -52,8 +43,9 @@ enum Task {
         #[arg(long)]
         check: bool,
     },
-    /// Check that the agent's modules import only downward (the order lib.rs declares) and
-    /// that no file has more than 1,000 lines of non-test code.
+    /// Check that the agent's modules import only downward (the order lib.rs declares), that
+    /// no file has more than 1,000 lines of non-test code, and that the README (size, first
+    /// commands), .ci/run and docs/benchmarks.md (written by the bench) are as promised.
     Lint,
     /// Setup, lints, unit tests, packaging checks, the BPF integration tests one at a time,
     /// then the kernel matrix (`vm-test`).
@@ -74,42 +66,25 @@ enum Task {
         #[arg(long)]
         no_host: bool,
     },
-    /// Measure BPF cost per sample, CPU time and RSS beside `perf record`, and kallsyms speed.
+    /// Measure what scorch costs beside perf and bpftrace; write the figures to
+    /// target/bench/ (a markdown report and a JSON file per bench) and docs/benchmarks.md.
     Bench {
-        /// Seconds per recording (the README's published figures use 60).
+        /// Seconds each recording of `record` and `overhead`'s capture lasts.
         #[arg(long, default_value_t = 60)]
         seconds: u64,
-        /// Recordings, each with scorch and perf side by side (default 3; `slowdown` and `offcpu`: rounds,
-        /// default 5; `scale`: runs of each cell, default 1).
+        /// Runs of each measurement (default 3; `slowdown` and `offcpu`: rounds, default 5;
+        /// `scale`: runs of each cell, default 1).
         #[arg(long)]
         runs: Option<usize>,
-        /// Run only one part: `record` (scorch record vs perf, BPF cost, kallsyms),
-        /// `symbolize`, `daemon` (scorch run steady state, store size, query time),
-        /// `remote` (encode+send CPU, RSS with the server down, backlog drain speed),
-        /// `unwind` (unwind-table build time and size for libc, ld.so, libstdc++),
-        /// `walk` (the BPF unwinder's ns per sample and table memory on deep stacks), or
-        /// `views` (the UI's timeline over 24 h and a diff of two 1 h ranges), or
-        /// `overhead` (record vs perf vs bpftrace, the daemon under process churn, CPU by
-        /// sampling rate: `target/bench/overhead.md`), or `heap` (what holds the daemon's
-        /// heap at its peak under process churn, from heaptrack: `target/bench/heap.md`), or
-        /// `churn` (the daemon under process churn alone, beside `--baseline`:
-        /// `target/bench/churn.md`), or `python` (the Python walk's cost:
-        /// `target/bench/python.md`), or `go` (stripped Go binaries named from `.gopclntab`
-        /// beside DWARF, and the daemon with 20 of them running: `target/bench/go.md`), or
-        /// `slowdown` (the work two no-frame-pointer workers lose under perf -g, perf's DWARF
-        /// unwinding and scorch at 19, 99 and 999 Hz, and scorch's bpf calls:
-        /// `target/bench/slowdown.md`), or `offcpu` (a context switch's cost with `record
-        /// --off-cpu` against without, and against perf recording every switch:
-        /// `target/bench/offcpu.md`), or `scale` (the daemon with 100 to 1,000 processes of
-        /// 10 to 300 distinct binaries, and with libLLVM: `target/bench/scale.md`).
-        #[arg(long)]
-        only: Option<String>,
+        /// Run only this bench (default: record, symbolize, daemon, remote, unwind, walk).
+        #[arg(long, value_enum)]
+        only: Option<bench::Bench>,
         /// Windows of 10 s the daemon bench measures.
         #[arg(long, default_value_t = 30)]
         daemon_windows: u64,
-        /// With `--only churn` or `slowdown`: a scorch binary built from an earlier commit, run
-        /// in turn with this one (e.g. from `git worktree add /tmp/base REV && cd /tmp/base && cargo xtask
-        /// build`: `/tmp/base/target/release/scorch`).
+        /// With `--only churn`, `slowdown` or `walk`: a scorch binary built from an earlier
+        /// commit, run in turn with this one (e.g. from `git worktree add /tmp/base REV && cd
+        /// /tmp/base && cargo xtask build`: `/tmp/base/target/release/scorch`).
         #[arg(long)]
         baseline: Option<PathBuf>,
         /// With `--only slowdown`: compare only at this sampling rate (repeatable; default 19,
@@ -119,6 +94,10 @@ enum Task {
         /// With `--only churn`: also a daemon with `--off-cpu`, in the same rounds.
         #[arg(long)]
         off_cpu: bool,
+        /// Run no bench: only write docs/benchmarks.md (and the README's cost table) from the
+        /// results already under target/bench/.
+        #[arg(long, conflicts_with = "only")]
+        render_only: bool,
     },
 }
 
@@ -164,64 +143,20 @@ fn main() -> Result<()> {
             baseline,
             rates,
             off_cpu,
-        } => {
-            if only.as_deref() == Some("unwind") {
-                return bench::unwind_report(&root);
-            }
-            if only.as_deref() == Some("views") {
-                return bench::views_report(&root);
-            }
-            ensure!(
-                rates.is_empty() || only.as_deref() == Some("slowdown"),
-                "--rate is for --only slowdown"
-            );
-            setup::setup()?;
-            let scorch = build(&root)?;
-            if only.as_deref() == Some("slowdown") {
-                let rates = if rates.is_empty() {
-                    bench_slowdown::RATES.to_vec()
-                } else {
-                    rates
-                };
-                let report = bench_slowdown::slowdown_report(
-                    &root,
-                    &scorch,
-                    baseline.as_deref(),
-                    runs.unwrap_or(5),
-                    &rates,
-                )?;
-                print!("{report}");
-                return Ok(());
-            }
-            if only.as_deref() == Some("churn") {
-                let runs = runs.unwrap_or(3);
-                let phases = bench_overhead::Phases::standard(seconds);
-                let report = bench_overhead::churn_ab(
-                    &root,
-                    &scorch,
-                    baseline.as_deref(),
-                    off_cpu,
-                    runs,
-                    phases,
-                )?;
-                print!("{report}");
-                return Ok(());
-            }
-            ensure!(!off_cpu, "--off-cpu is for --only churn");
-            ensure!(
-                baseline.is_none() || matches!(only.as_deref(), Some("slowdown" | "walk")),
-                "--baseline is for --only churn, slowdown or walk"
-            );
-            bench::bench(
-                &root,
-                &scorch,
+            render_only,
+        } => bench::run(
+            &root,
+            &bench::Options {
                 seconds,
                 runs,
-                only.as_deref(),
+                only,
                 daemon_windows,
-                baseline.as_deref(),
-            )
-        }
+                baseline,
+                rates,
+                off_cpu,
+                render_only,
+            },
+        ),
     }
 }
 

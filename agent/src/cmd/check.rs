@@ -278,8 +278,8 @@ fn off_cpu_hook() -> Item {
     }
 }
 
-/// The daemon's quiet and busy resident memory in the README's benches (`cargo xtask bench
-/// --only overhead`, `--only go`): what it adds to its maps.
+/// The daemon's quiet and busy resident memory in the benches (`cargo xtask bench --only
+/// overhead`, `--only go`; docs/benchmarks.md): what it adds to its maps.
 const DAEMON_RSS_MIB: (u64, u64) = (20, 30);
 
 /// The memory the daemon would take on this host: its BPF maps, as the kernel charges them now
@@ -307,8 +307,8 @@ fn footprint(cpus: usize) -> Item {
                     "BPF maps {maps} MiB at the defaults for {cpus} CPUs and {running} \
                      processes; the unwinder's row pools and process map grow with the tables \
                      and processes sampled, up to 64 MiB and 20 MiB more (--unwind-pool-mib, \
-                     --unwind-processes). With the daemon's RSS ({}-{} MiB in the README's \
-                     benches) about {}-{} MiB in all",
+                     --unwind-processes). With the daemon's RSS ({}-{} MiB in \
+                     docs/benchmarks.md) about {}-{} MiB in all",
                     DAEMON_RSS_MIB.0,
                     DAEMON_RSS_MIB.1,
                     maps + DAEMON_RSS_MIB.0,

@@ -70,7 +70,7 @@ impl Interceptor for Credentialed {
 }
 
 /// The connection to a Parca server and the metadata every call carries: one HTTP/2
-/// connection for the profiles and the debug-info upload (`sink::debuginfo`).
+/// connection for the profiles and the debug-info upload (`export::debuginfo`).
 #[derive(Clone)]
 pub struct Connection {
     pub channel: Channel,

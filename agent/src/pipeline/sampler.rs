@@ -621,8 +621,8 @@ fn samples_per_window(cpus: u64, config: &SamplerConfig) -> u64 {
 /// program inserts into them from the perf NMI, where an allocation can fail and would lose
 /// the sample), whose every entry the kernel allocates and
 /// charges up front; and the agent lists the comm map's keys every discovery tick, a walk over
-/// every bucket. Sized for 256 CPUs they made a 2-CPU `scorch record` allocate 14 MiB and
-/// scan 32k buckets five times a second for a few hundred samples a window.
+/// every bucket. Sized for 256 CPUs, they made a small host's `scorch record` allocate and scan
+/// a hundred times the buckets its few hundred samples a window need.
 fn per_window_map_entries(cpus: u64, config: &SamplerConfig) -> (u32, u32) {
     let per_window = cpus * config.frequency_hz * config.window_secs.max(1);
     let wanted = (per_window * 2).next_power_of_two().max(4096);

@@ -8,9 +8,8 @@
 //!   so a stack whose bucket holds another is lost, counted as a collision. With `d` distinct
 //!   stacks in `m` buckets about `d / 2m` of them are lost: the map is grown to 64 buckets a
 //!   stack (under 1% lost), and at once on a collision. It was sized from the samples a window
-//!   can hold, eight times over: 8,192 entries (8 MiB a map) on a quiet 2-CPU host whose
-//!   windows stored 9 to 60 distinct kernel stacks, and 262,144 (256 MiB a map) at 999 Hz.
-//!   Stack-trace maps are always preallocated, so their size is their kernel memory.
+//!   can hold, eight times over, which on a quiet host is a hundred times the few dozen
+//!   distinct kernel stacks its windows store, and grows with the rate. Stack-trace maps are always preallocated, so their size is their kernel memory.
 //! - A user-stack map (one per size class: 256-frame stacks of 2 KiB, and stacks of up to 48
 //!   frames of 400 bytes, each sized on its own), a hash map, holds a window's
 //!   samples: a Python stack carries each frame's instruction offset, so nearly every sample
@@ -18,8 +17,8 @@
 //!   third of a 199 Hz recording's Python samples in its first window. It is not
 //!   preallocated, so its kernel memory is the stacks it holds (and 16 bytes a bucket): it
 //!   starts at a window's samples and never goes below them, and doubles when a stack found
-//!   it full (a window can run long). Preallocated, it took 128 MiB a map at 999 Hz for 551
-//!   distinct native stacks a window.
+//!   it full (a window can run long). Preallocated, it held its ceiling's worth of 2 KiB
+//!   stacks however few distinct stacks a window had.
 
 /// The smallest map: 1,024 entries.
 pub const MIN_STACK_ENTRIES: u32 = 1024;

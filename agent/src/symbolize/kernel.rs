@@ -43,7 +43,7 @@ struct Symbol {
     name_offset: u32,
     /// The name's length, and `GLOBAL` for `T`/`W` rather than `t`/`w` (preferred among
     /// aliases at one address): a flag of its own would pad every entry to 24 bytes, and the
-    /// daemon keeps 120,000 of them (6.18), about 1 MiB more.
+    /// daemon keeps one entry per kernel text symbol, a hundred thousand or more.
     name_len_and_global: u16,
     /// Index into `modules`, or `NO_MODULE` for the core kernel.
     module: u16,

@@ -745,9 +745,9 @@ impl UserSymbolizer {
         let over_budget = self.over_budget.contains(id, mtime);
         self.dwarf_skips += u64::from(over_budget);
         // The agent samples itself in every window it works in, and its own binary carries
-        // the most DWARF on the host (72 MiB of line tables in a release build): naming 2,000
-        // of its pcs from it peaks 47.6 MiB above the agent's RSS (`cargo bench --bench
-        // symbolize`, cold case). Its frames are named from its symbol table instead (its
+        // the most DWARF on the host (its release build's line tables): naming its pcs from it
+        // would take more memory than the rest of the agent (`cargo bench --bench symbolize`,
+        // cold case, measures it). Its frames are named from its symbol table instead (its
         // debug file's, when stripped): function names, without inline frames or lines.
         let own = self.own_executable == Some((entry.dev_t(), entry.inode));
         let skip_dwarf = over_budget || own;

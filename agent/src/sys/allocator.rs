@@ -8,7 +8,8 @@
 /// freed at the top of a thread's arena is never given back; `malloc_trim` does not help
 /// there, as it trims only the main arena's top. With the thresholds fixed, blocks over
 /// 256 KiB come from mmap and go back when freed, and an arena's top is trimmed past 1 MiB.
-/// Measured with a remote sink waiting out a server that is away: 5 MiB of heap instead of 15.
+/// A remote sink waiting out a server that is away is where this shows: its buffers come and
+/// go every retry.
 pub fn tune_allocator() {
     #[cfg(target_env = "gnu")]
     // SAFETY: mallopt only sets the allocator's parameters; called before other threads start.

@@ -316,8 +316,8 @@ const LOADING_RECHECK: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The least time between two reads of a loading process's maps. Polls come at every event
 /// the BPF side sends, tens a second on a host starting processes: rereading at each one read
-/// a loader's maps 25 times in its last second, most of them after it had exited (the churn
-/// bench's `python3 -c pass`s), for a quarter of the daemon's CPU under churn.
+/// a loader's maps dozens of times in its last second, most of them after it had exited (the
+/// churn bench's `python3 -c pass`s), a large share of the daemon's CPU under churn.
 const LOADING_REREAD: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// A process caught in its dynamic loader's start-up ([`Unwinder::loading`]).
@@ -722,9 +722,9 @@ impl Unwinder {
         let mut requested = false;
         let mut mappings = Vec::new();
         // The agent itself keeps frame-pointer walks (its mappings are described without
-        // tables, so it sends no events): whole stacks of itself cost its own 250,000-row table
-        // and DWARF symbolisation of its deep stacks (a 20 s record: 44 MiB peak and 0.32 CPU s,
-        // against 28 MiB and 0.14 s), for the few samples it takes of itself.
+        // tables, so it sends no events): whole stacks of itself would cost its own table (the
+        // largest on the host) and the DWARF symbolisation of its deep stacks, more memory and
+        // CPU than the rest of a recording, for the few samples it takes of itself.
         let agent = pid == std::process::id();
         for entry in maps.entries().iter().filter(|e| e.executable) {
             let key = if agent {

@@ -23,12 +23,14 @@ use std::{
 
 use anyhow::{bail, Context, Result};
 
-use crate::{
-    bench_overhead::{start_daemon, stop},
+use crate::bench::{
+    harness::{start_daemon, stop},
     measure::{
         command_output, daemon_metric, median, path_str, sample_rss, spread, summary_bpf_ns,
         summary_samples, verdict, with_bpf_stats, CpuAccount, Processes,
     },
+    results::{BenchResult, Cell, Table},
+    Bench,
 };
 
 const ADDRESS: &str = "127.0.0.1:17094";
@@ -39,7 +41,7 @@ const SPAN: Duration = Duration::from_secs(60);
 /// py-spy's release the tests use, cached where they cache it.
 const PY_SPY_VERSION: &str = "0.4.3";
 
-pub fn python_report(root: &Path, scorch: &Path, runs: usize) -> Result<String> {
+pub fn python(root: &Path, scorch: &Path, runs: usize, command: String) -> Result<BenchResult> {
     let workloads = root.join("tests/workloads");
     let (costs, daemons, spies) = with_bpf_stats(|| {
         let costs = walk_costs(scorch, &workloads.join("pydepth.py"), runs.max(5))?;
@@ -131,8 +133,71 @@ pub fn python_report(root: &Path, scorch: &Path, runs: usize) -> Result<String> 
     let path = root.join("target/bench/python.md");
     std::fs::create_dir_all(path.parent().context("bench dir")?)?;
     std::fs::write(&path, &out)?;
+    print!("{out}");
     eprintln!("bench: report written to {}", path.display());
-    Ok(out)
+
+    let mut walk = Table::new(
+        "walk",
+        &format!("BPF per sample, {INTERPRETER} 50 Python frames deep, `scorch record -F 999`"),
+        "`--python`",
+        &["BPF ns/sample", "Python frames/sample"],
+    );
+    for mode in ["auto", "off"] {
+        let rows: Vec<&WalkCost> = costs.iter().filter(|c| c.mode == mode).collect();
+        walk.row(
+            mode,
+            vec![
+                Cell::of(&rows.iter().map(|c| c.ns).collect::<Vec<_>>(), 0),
+                Cell::of(&rows.iter().map(|c| c.frames).collect::<Vec<_>>(), 1),
+            ],
+        );
+    }
+    let mut daemon = Table::new(
+        "daemon",
+        &format!(
+            "The daemon at 19 Hz beside {PROCESSES} interpreters, {} s measured after {} s",
+            SPAN.as_secs(),
+            WARM_UP.as_secs()
+        ),
+        "",
+        &[
+            "CPU, % of a core",
+            "RSS MiB",
+            "BPF maps MiB",
+            "RSS + maps MiB",
+            "Python frames/s",
+        ],
+    )
+    .with_note("py-spy: one `py-spy record --rate 19 --nonblocking` per process, summed; its RSS is each one's peak, summed.");
+    for mode in ["auto", "off"] {
+        let rows: Vec<&DaemonCost> = daemons.iter().filter(|d| d.mode == mode).collect();
+        let column = |f: &dyn Fn(&DaemonCost) -> f64, decimals| {
+            Cell::of(&rows.iter().map(|d| f(d)).collect::<Vec<_>>(), decimals)
+        };
+        daemon.row(
+            format!("`scorch run --python {mode}`"),
+            vec![
+                column(&|d| d.core_percent, 2),
+                column(&|d| d.rss_mib, 1),
+                column(&|d| d.maps_mib, 1),
+                column(&|d| d.rss_mib + d.maps_mib, 1),
+                column(&|d| d.python_frames, 0),
+            ],
+        );
+    }
+    daemon.row(
+        format!("{PROCESSES} `py-spy record`"),
+        vec![
+            Cell::of(&spies.iter().map(|s| s.core_percent).collect::<Vec<_>>(), 2),
+            Cell::of(&spies.iter().map(|s| s.rss_mib).collect::<Vec<_>>(), 1),
+            Cell::Missing,
+            Cell::Missing,
+            Cell::Missing,
+        ],
+    );
+    let mut result = BenchResult::new(Bench::Python, command);
+    result.tables = vec![walk, daemon];
+    Ok(result)
 }
 
 /// Walking on and off, in an order that alternates by run.

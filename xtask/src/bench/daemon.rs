@@ -21,8 +21,11 @@ use std::{
 use anyhow::{bail, Context, Result};
 
 use crate::{
-    measure::{
-        busy_workload, cargo_bench, lines_starting, status_kib, verdict, CpuAccount, Processes,
+    bench::{
+        measure::{busy_workload, status_kib, verdict, CpuAccount, Processes},
+        micro::views_lines,
+        results::{BenchResult, Cell, Table},
+        Bench,
     },
     run_command,
 };
@@ -44,7 +47,7 @@ int main(int argc, char **argv) {
 }
 "#;
 
-pub fn daemon_bench(root: &Path, scorch: &Path, windows: u64) -> Result<String> {
+pub fn daemon(root: &Path, scorch: &Path, windows: u64, command: String) -> Result<BenchResult> {
     let dir = root.join("target/bench");
     let busy = busy_workload(root, &dir)?;
     let light_source = dir.join("light.c");
@@ -161,15 +164,41 @@ pub fn daemon_bench(root: &Path, scorch: &Path, windows: u64) -> Result<String> 
         times[4],
         verdict(times[2] <= 200.0, "target: at most 200 ms")
     ));
-    report.push_str(&views_bench(root)?);
-    Ok(report)
-}
+    let views = views_lines(root)?;
+    report.push_str(&views);
+    print!("{report}");
+    let path = root.join("target/bench/daemon-report.md");
+    std::fs::write(&path, &report)?;
+    eprintln!("bench: report written to {}", path.display());
 
-/// The `views` bench's lines: timeline over 24 h (target: 50 ms) and a diff of two 1 h
-/// ranges (target: 300 ms).
-pub fn views_bench(root: &Path) -> Result<String> {
-    Ok(lines_starting(
-        &cargo_bench(root, "views", |_| {})?,
-        "views:",
-    ))
+    let mut steady = Table::new(
+        "steady",
+        &format!(
+            "`scorch run` at 19 Hz for {windows} windows of 10 s, 2 busy CPUs, {} processes",
+            LIGHT_PROCESSES + 1
+        ),
+        "",
+        &["CPU, % of a core", "RSS MiB"],
+    )
+    .with_note("CPU from the daemon's own cgroup; RSS read once a second (median [least-most]).");
+    let rss_mib: Vec<f64> = rss.iter().map(|&kib| kib as f64 / 1024.0).collect();
+    steady.row(
+        "`scorch run`",
+        vec![Cell::one(core_percent, 2), Cell::of(&rss_mib, 1)],
+    );
+    let mut query = Table::new(
+        "query",
+        "`scorch query --since 1h --format svg` of 360 stored windows, fresh processes",
+        "",
+        &["wall time ms"],
+    );
+    query.row("merge into a flame graph", vec![Cell::of(&times, 0)]);
+    let mut result = BenchResult::new(Bench::Daemon, command);
+    result.tables = vec![steady, query];
+    result.lines = store_line
+        .lines()
+        .chain(views.lines())
+        .map(str::to_owned)
+        .collect();
+    Ok(result)
 }

@@ -53,11 +53,14 @@ use std::{
 use anyhow::{bail, ensure, Context, Result};
 
 use crate::{
-    bench_overhead::{start_daemon_logging, stop},
-    measure::{
-        bpf_run_seconds, command_output, load_average, median, metric_value, metrics_text,
-        path_str, sample_rss, status_field, status_kib, verdict, with_bpf_stats, CpuAccount,
-        Processes,
+    bench::{
+        harness::{start_daemon_logging, stop},
+        measure::{
+            bpf_run_seconds, command_output, load_average, median, metric_value, metrics_text,
+            path_str, sample_rss, status_kib, verdict, with_bpf_stats, CpuAccount, Processes,
+        },
+        results::{self, BenchResult, Host, Table},
+        Bench,
     },
     run_command,
 };
@@ -93,8 +96,8 @@ const LLVM_WORK_US: u64 = 20_000;
 /// parses it to name them; two windows leave both behind the measured span.
 const WARM_UP: Duration = Duration::from_secs(20);
 /// Four 10 s windows, each with its drain. At 19 Hz the daemon spends tens of milliseconds a
-/// window, and over two windows its CPU read 0.10% in one run and 0.29% in the next (the
-/// overhead bench); four average more of that noise, and the grid still runs in 15 minutes.
+/// window, and over two windows runs of the overhead bench disagreed severalfold; four average
+/// more of that noise, and the grid still runs in about a quarter of an hour.
 const SPAN: Duration = Duration::from_secs(40);
 /// The daemon's window (its default): the store is queried for the windows that ended in the
 /// span, which started a window earlier.
@@ -226,7 +229,7 @@ impl Stored {
     /// marked `_[k]`.
     fn from_folded(folded: &str) -> Stored {
         let mut stored = Stored::default();
-        for (comm, user, count) in crate::measure::folded_user_stacks(folded) {
+        for (comm, user, count) in crate::bench::measure::folded_user_stacks(folded) {
             let whole = user.contains(&"main");
             if comm == "llvmwork" {
                 stored.llvm_samples += count;
@@ -302,7 +305,7 @@ impl Figures {
     }
 }
 
-pub fn scale_report(root: &Path, scorch: &Path, runs: usize) -> Result<String> {
+pub fn scale(root: &Path, scorch: &Path, runs: usize, command: String) -> Result<BenchResult> {
     let runs = runs.max(1);
     let dir = root.join("target/bench/scale");
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -351,8 +354,61 @@ pub fn scale_report(root: &Path, scorch: &Path, runs: usize) -> Result<String> {
     let report = render(&header, &cells, &results)?;
     let path = root.join("target/bench/scale.md");
     std::fs::write(&path, &report).with_context(|| format!("writing {}", path.display()))?;
+    print!("{report}");
     eprintln!("scale: report written to {}", path.display());
-    Ok(report)
+    let mut result = BenchResult::new(Bench::Scale, command);
+    result.tables.push(cells_table(&cells, &results));
+    Ok(result)
+}
+
+/// Every cell as data: the daemon's cost and what its unwinder did.
+fn cells_table(cells: &[Cell], results: &[(Cell, Figures)]) -> Table {
+    let mut table = Table::new(
+        "cells",
+        &format!(
+            "`scorch run` at 19 Hz keeping only the workload's processes, {} s measured after \
+             {} s of warm-up",
+            SPAN.as_secs(),
+            WARM_UP.as_secs()
+        ),
+        "processes, distinct binaries",
+        &[
+            "daemon CPU, % of a core",
+            "its BPF programs, % of a core",
+            "RSS MiB",
+            "peak RSS MiB",
+            "BPF maps MiB",
+            "peak RSS + maps MiB",
+            "tables loaded",
+            "evicted",
+            "stacks walked whole %",
+        ],
+    )
+    .with_note(
+        "Each process sleeps 0.5 to 1.5 s, then works half a millisecond through libc's qsort; \
+         built without frame pointers, so only a walk with tables reaches `main` (whole). \
+         RSS: the median of one reading a second; peak RSS includes start-up.",
+    );
+    for (cell, runs) in by_cell(cells, results) {
+        let of = |f: &dyn Fn(&Figures) -> f64, decimals| {
+            results::Cell::of(&runs.iter().map(|r| f(r)).collect::<Vec<_>>(), decimals)
+        };
+        table.row(
+            cell.name(),
+            vec![
+                of(&|f| f.core_percent, 2),
+                of(&|f| f.bpf_percent, 2),
+                of(&|f| f.steady_rss_mib, 1),
+                of(&|f| f.peak_rss_mib, 1),
+                of(&|f| f.maps_mib, 1),
+                of(&|f| f.footprint_mib(), 1),
+                of(&|f| f.tables_loaded, 0),
+                of(&|f| f.tables_evicted, 0),
+                of(&|f| f.whole_percent(), 1),
+            ],
+        );
+    }
+    table
 }
 
 /// Builds the dozer copies and libLLVM's process, and writes the daemon's keep rule.
@@ -627,7 +683,7 @@ fn figure(values: &[f64], digits: usize) -> String {
     match values {
         [] => "n/a".to_owned(),
         [one] => format!("{one:.digits$}"),
-        _ => crate::measure::spread(values, digits),
+        _ => crate::bench::measure::spread(values, digits),
     }
 }
 
@@ -663,28 +719,19 @@ fn render(header: &Header, cells: &[Cell], results: &[(Cell, Figures)]) -> Resul
         })
     };
     let mut out = String::new();
-    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
-    let cpu_model = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|c| {
-            c.lines()
-                .find_map(|l| l.strip_prefix("model name"))
-                .map(|m| m.trim_start_matches([' ', '\t', ':']).to_owned())
-        })
-        .unwrap_or_default();
-    let memory = status_field("/proc/meminfo", "MemTotal:").unwrap_or(0) as f64 / (1 << 20) as f64;
+    let host = Host::current();
+    let (cpus, cpu_model, memory) = (host.cpus, &host.cpu_model, host.memory_gib);
     writeln!(
         out,
         "# Scale: the daemon as the host's work grows, commit {}, {}\n",
-        command_output("git", &["rev-parse", "--short", "HEAD"]),
-        command_output("date", &["-u", "+%Y-%m-%d"]),
+        host.commit, host.date,
     )?;
     writeln!(
         out,
         "`cargo xtask bench --only scale --runs {}` on {cpus} CPUs ({cpu_model}), {memory:.0} \
          GiB, kernel {}; load average {} at the start, {} at the end; {:.0} minutes. {}\n",
         header.runs,
-        command_output("uname", &["-r"]),
+        host.kernel,
         header.load_before,
         header.load_after,
         header.minutes,

@@ -44,16 +44,17 @@
 use std::{
     fmt::Write as _,
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
-    time::{Duration, Instant},
+    process::{Command, Stdio},
 };
 
-use anyhow::{bail, ensure, Context, Result};
+use anyhow::{ensure, Context, Result};
 
 use crate::{
-    measure::{
-        command_output, first_child, holds_bpf_program, load_average, median, path_str, time_usage,
-        timed, Processes,
+    bench::{
+        harness::{interrupt, round_order, under_profiler, wait_ready, Profiled},
+        measure::{command_output, load_average, median, path_str, time_usage, timed, Processes},
+        results::{BenchResult, Cell, Table},
+        Bench,
     },
     run_command,
 };
@@ -63,9 +64,6 @@ const WORK_SECONDS: u64 = 8;
 const WORKERS: usize = 2;
 /// The sampling rates compared when none is asked for.
 pub const RATES: [u64; 3] = [19, 99, 999];
-/// Longest a profiler may take to start sampling.
-const READY_TIMEOUT: Duration = Duration::from_secs(30);
-
 /// One way of running the workload.
 #[derive(Debug, Clone)]
 enum Profiler {
@@ -184,13 +182,14 @@ struct Run {
     profiler_during: f64,
 }
 
-pub fn slowdown_report(
+pub fn slowdown(
     root: &Path,
     scorch: &Path,
     baseline: Option<&Path>,
     runs: usize,
     rates: &[u64],
-) -> Result<String> {
+    command: String,
+) -> Result<BenchResult> {
     ensure!(!rates.is_empty(), "no sampling rate to compare");
     let dir = root.join("target/bench/slowdown");
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -354,7 +353,7 @@ pub fn slowdown_report(
             let (slowdown, cpu, system, start, during) = match profiler {
                 Profiler::None => Default::default(),
                 _ => (
-                    format!("{:.1}%", slowdown(none, work)),
+                    format!("{:.1}%", slowdown_percent(none, work)),
                     format!("{cpu:.2}"),
                     format!("{system:.2}"),
                     format!("{start:.2}"),
@@ -436,8 +435,122 @@ pub fn slowdown_report(
     }
     let path = root.join("target/bench/slowdown.md");
     std::fs::write(&path, &out).with_context(|| format!("writing {}", path.display()))?;
+    print!("{out}");
     eprintln!("bench: report written to {}", path.display());
-    Ok(out)
+    Ok(results_of(
+        command, rates, &profilers, &results, &calls, &stacks, top,
+    ))
+}
+
+/// The rounds' figures as data: what each profiler cost the workers and itself, per rate.
+fn results_of(
+    command: String,
+    rates: &[u64],
+    profilers: &[Profiler],
+    results: &[Vec<Vec<Run>>],
+    calls: &[(String, u64)],
+    stacks: &[(String, WholeStacks)],
+    top: u64,
+) -> BenchResult {
+    let mut lost = Table::new(
+        "lost",
+        &format!(
+            "{WORKERS} qsort workers (`-O2 -fomit-frame-pointer`) for {WORK_SECONDS} s under each \
+             profiler"
+        ),
+        "Hz, profiler",
+        &[
+            "time lost %",
+            "time lost minus perf -g's, pt",
+            "median interruption us",
+            "profiler CPU s",
+            "of which its start",
+            "of which during the work",
+        ],
+    )
+    .with_note(
+        "Time lost: the share of the workers' time (their clock read every 8 comparisons) that \
+         went in intervals over a microsecond, to interrupts and other tasks on their CPUs. \
+         Minus perf -g's: paired in each round. A profiler's CPU is its whole run's \
+         (`/usr/bin/time`); its start is what it had used when the workers started (scorch's \
+         BPF verification, perf's reading of every process's mappings), paid once per \
+         recording; during the work is the part the workers compete with.",
+    );
+    for (r, hz) in rates.iter().enumerate() {
+        for (p, profiler) in profilers.iter().enumerate() {
+            let runs = &results[r][p];
+            let of = |f: &dyn Fn(&Run) -> f64, decimals| {
+                Cell::of(&runs.iter().map(f).collect::<Vec<_>>(), decimals)
+            };
+            // `profilers` starts with none, then `perf -g`.
+            let versus_perf = if p >= 2 {
+                let differences: Vec<f64> = runs
+                    .iter()
+                    .zip(&results[r][1])
+                    .map(|(run, perf)| run.lost.percent() - perf.lost.percent())
+                    .collect();
+                Cell::of(&differences, 2)
+            } else {
+                Cell::Missing
+            };
+            let profiled = |cell: Cell| match profiler {
+                Profiler::None => Cell::Missing,
+                _ => cell,
+            };
+            lost.row(
+                format!("{hz} Hz, {}", profiler.name()),
+                vec![
+                    of(&|run| run.lost.percent(), 2),
+                    versus_perf,
+                    of(&|run| run.lost.median_gap_ns / 1e3, 1),
+                    profiled(of(&|run| run.profiler_cpu, 2)),
+                    profiled(of(&|run| run.profiler_start, 2)),
+                    profiled(of(&|run| run.profiler_during, 2)),
+                ],
+            );
+        }
+    }
+    let mut bpf = Table::new(
+        "bpf-calls",
+        "`bpf` system calls of one run at 999 Hz, load included (`strace -f -c`)",
+        "profiler",
+        &["bpf calls", "per second of work"],
+    );
+    for (name, count) in calls {
+        bpf.row(
+            name.clone(),
+            vec![
+                Cell::one(*count as f64, 0),
+                Cell::one(*count as f64 / WORK_SECONDS as f64, 0),
+            ],
+        );
+    }
+    let mut whole = Table::new(
+        "whole-stacks",
+        &format!("The workers' samples whose stack reaches `main`, one run at {top} Hz"),
+        "profiler",
+        &["workers' samples", "reaching `main` %"],
+    )
+    .with_note(
+        "A frame-pointer walk of these workers stops within a frame or two; a new worker's \
+         first samples, before its tables load, are walked by frame pointers. perf's DWARF \
+         mode is left out: its data takes `perf script` minutes.",
+    );
+    for (name, stacks) in stacks {
+        whole.row(
+            name.clone(),
+            vec![
+                Cell::one(stacks.samples as f64, 0),
+                Cell::one(
+                    100.0 * stacks.reaching_main as f64 / stacks.samples.max(1) as f64,
+                    1,
+                ),
+            ],
+        );
+    }
+    let mut result = BenchResult::new(Bench::Slowdown, command);
+    result.tables = vec![lost, bpf, whole];
+    result
 }
 
 /// The workers' samples in one profile, and how many of them have a whole stack.
@@ -544,26 +657,8 @@ fn perf_script_whole_stacks(text: &str) -> WholeStacks {
     whole
 }
 
-/// The order of `n` profilers in `round`: a different stride through them each round, so
-/// each follows a different one (a rotation keeps every profiler after the same neighbour:
-/// scorch always ran after perf's DWARF run, whose hundreds of megabytes had just pushed
-/// the binaries scorch reads out of the page cache).
-pub(crate) fn round_order(n: usize, round: usize) -> Vec<usize> {
-    let strides: Vec<usize> = (1..n.max(2)).filter(|&k| gcd(k, n) == 1).collect();
-    let stride = strides[round % strides.len()];
-    (0..n).map(|i| (i * stride + round) % n).collect()
-}
-
-fn gcd(a: usize, b: usize) -> usize {
-    if b == 0 {
-        a
-    } else {
-        gcd(b, a % b)
-    }
-}
-
 /// Percent of `none`'s work that `work` did not do.
-fn slowdown(none: f64, work: f64) -> f64 {
+fn slowdown_percent(none: f64, work: f64) -> f64 {
     if none > 0.0 {
         100.0 * (none - work) / none
     } else {
@@ -608,134 +703,6 @@ fn one_run(profiler: &Profiler, hz: u64, worker: &Path, dir: &Path, cpus: usize)
         profiler_start: start_cpu,
         profiler_during: during_cpu,
     })
-}
-
-/// What [`under_profiler`] gives back.
-pub(crate) struct Profiled<T> {
-    /// What the work returned.
-    pub result: T,
-    /// The profiler's output.
-    pub output: std::process::Output,
-    /// The profiler's user + system seconds once it was ready, before the work began.
-    pub start_cpu: f64,
-    /// The profiler's user + system seconds while `work` ran.
-    pub during_cpu: f64,
-}
-
-/// Clock ticks a second in `/proc/PID/stat`: `USER_HZ`, fixed at 100 by the x86-64 ABI
-/// whatever the kernel's own `HZ`.
-const USER_HZ: f64 = 100.0;
-
-/// Runs `work` under the profiler `command` (under `/usr/bin/time -v`, its stderr piped
-/// here): starts it, waits until it samples and has settled, runs `work`, stops it with SIGINT,
-/// and checks it ended well. Returns `work`'s result, the profiler's output, the CPU time it
-/// had used when `work` began, and what it used while `work` ran.
-pub(crate) fn under_profiler<T>(
-    mut command: Command,
-    name: &str,
-    cpus: usize,
-    work: impl FnOnce() -> Result<T>,
-) -> Result<Profiled<T>> {
-    command.stderr(Stdio::piped());
-    let child = command
-        .spawn()
-        .with_context(|| format!("starting {name} (cargo xtask setup installs it)"))?;
-    let mut guard = Processes(vec![child]);
-    let pid = wait_ready(&mut guard.0[0], cpus)?;
-    let start_cpu = cpu_ticks(pid) as f64 / USER_HZ;
-    let result = work()?;
-    let during_cpu = cpu_ticks(pid) as f64 / USER_HZ - start_cpu;
-    interrupt(pid)?;
-    let child = guard.0.remove(0);
-    let output = child.wait_with_output()?;
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    // perf writes its file on SIGINT, then dies of the signal it caught, to tell its caller.
-    ensure!(
-        output.status.success() || stderr.contains("Command terminated by signal 2"),
-        "{name} failed: {stderr}"
-    );
-    Ok(Profiled {
-        result,
-        output,
-        start_cpu,
-        during_cpu,
-    })
-}
-
-/// Waits until the profiler under `wrapper` (`/usr/bin/time` or strace) samples, and its
-/// start-up work is done: its perf events open on every CPU (perf) or its BPF program loaded
-/// (scorch), then its CPU use settled (scorch builds the unwind tables of every running
-/// process after it attaches, perf reads every process's mappings: a cost of starting, not of
-/// sampling, which the workers should not be measured against). Returns the profiler's pid.
-pub(crate) fn wait_ready(wrapper: &mut Child, cpus: usize) -> Result<u32> {
-    let started = Instant::now();
-    while started.elapsed() < READY_TIMEOUT {
-        if let Some(status) = wrapper.try_wait()? {
-            bail!("the profiler exited before it sampled: {status}");
-        }
-        if let Some(pid) = first_child(wrapper.id()) {
-            if perf_events(pid) >= cpus || holds_bpf_program(pid) {
-                wait_settled(pid);
-                return Ok(pid);
-            }
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    bail!("the profiler did not start sampling within {READY_TIMEOUT:?}")
-}
-
-/// Waits (up to [`READY_TIMEOUT`]) until `pid` uses under a tenth of a CPU over a quarter
-/// second, twice in a row.
-fn wait_settled(pid: u32) {
-    const STEP: Duration = Duration::from_millis(250);
-    let started = Instant::now();
-    let mut quiet = 0;
-    let mut before = cpu_ticks(pid);
-    while quiet < 2 && started.elapsed() < READY_TIMEOUT {
-        std::thread::sleep(STEP);
-        let now = cpu_ticks(pid);
-        // Ticks are 10 ms: at most two in 250 ms is under a tenth of a CPU.
-        quiet = if now.saturating_sub(before) <= 2 {
-            quiet + 1
-        } else {
-            0
-        };
-        before = now;
-    }
-}
-
-/// `pid`'s user + system time in clock ticks, from `/proc/PID/stat`; 0 once it is gone.
-fn cpu_ticks(pid: u32) -> u64 {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return 0;
-    };
-    // Fields after the command name, which may hold spaces, ends with the last ')'.
-    let Some((_, rest)) = stat.rsplit_once(')') else {
-        return 0;
-    };
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    // utime and stime are the 14th and 15th fields; `rest` starts at the 3rd.
-    [11, 12]
-        .iter()
-        .filter_map(|&i| fields.get(i)?.parse::<u64>().ok())
-        .sum()
-}
-
-/// perf event descriptors `pid` holds.
-fn perf_events(pid: u32) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |entries| {
-        entries
-            .flatten()
-            .filter(|entry| {
-                std::fs::read_link(entry.path())
-                    .is_ok_and(|target| target.as_os_str() == "anon_inode:[perf_event]")
-            })
-            .count()
-    })
-}
-
-pub(crate) fn interrupt(pid: u32) -> Result<()> {
-    run_command(Command::new("kill").args(["-INT", &pid.to_string()]))
 }
 
 /// Starts the workers together and returns the sorts they did and the time they lost, in all.
@@ -861,25 +828,6 @@ mod tests {
     }
 
     #[test]
-    fn rounds_change_who_follows_whom() {
-        // Five profilers over three rounds; six (with a baseline) have two strides, and so
-        // two neighbours before scorch.
-        for (n, rounds, neighbours) in [(5, 3, 3), (6, 2, 2)] {
-            let mut predecessors = std::collections::BTreeSet::new();
-            for round in 0..rounds {
-                let order = round_order(n, round);
-                let mut sorted = order.clone();
-                sorted.sort();
-                assert_eq!(sorted, (0..n).collect::<Vec<_>>(), "{order:?}");
-                let at = order.iter().position(|&p| p == 3).unwrap();
-                predecessors.insert(order[(at + n - 1) % n]);
-            }
-            // Profiler 3 (scorch) followed a different one each round.
-            assert_eq!(predecessors.len(), neighbours, "n {n}: {predecessors:?}");
-        }
-    }
-
-    #[test]
     fn worker_lines_parse_and_time_lost_is_their_gaps_share() {
         let (work, lost) = parse_worker(
             "sorts=17909 gaps=1453 gap_ns=30292806 covered_ns=2976471185 median_gap_ns=21477",
@@ -898,7 +846,7 @@ mod tests {
 
     #[test]
     fn slowdown_is_work_lost() {
-        assert!((slowdown(1000.0, 905.0) - 9.5).abs() < 1e-9);
-        assert!(slowdown(0.0, 1.0).is_nan());
+        assert!((slowdown_percent(1000.0, 905.0) - 9.5).abs() < 1e-9);
+        assert!(slowdown_percent(0.0, 1.0).is_nan());
     }
 }

@@ -22,26 +22,26 @@
 //! - **Frequency.** The daemon at 19, 99 and 999 Hz on the busy workload: CPU per second of
 //!   wall time (from its cgroup, as in the churn) and its BPF programs' run time, to show how
 //!   cost scales with the sampling rate. A minute per rate: at 19 Hz the daemon spends tens of
-//!   milliseconds a window, and over 20 s (two windows) one run read 0.10% and the next two
-//!   0.29%.
+//!   milliseconds a window, and over two windows the runs disagreed severalfold.
 
 use std::{
     fmt::Write as _,
     path::Path,
-    process::{Command, Stdio},
+    process::Command,
     time::{Duration, Instant},
 };
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 
-use crate::{
+use crate::bench::{
+    capture::{capture, summary_tables, CaptureRun, Together},
+    harness::{kernel_work, run_churn, start_daemon, stop},
     measure::{
-        bpf_map_memory_mib, bpf_ns_per_run, bpf_run_seconds, busy_workload, cargo_bench,
-        command_output, daemon_metric, first_child, holds_bpf_program, median, path_str,
-        sample_rss, spread, status_field, status_kib, summary_bpf_ns, summary_samples, time_usage,
-        timed, with_bpf_stats, CpuAccount, Processes, Usage,
+        bpf_run_seconds, busy_workload, cargo_bench, command_output, daemon_metric, median,
+        sample_rss, spread, status_kib, with_bpf_stats, CpuAccount, Processes, Usage,
     },
-    run_command,
+    results::{BenchResult, Cell, Host, Table},
+    Bench,
 };
 
 /// The daemon's HTTP address during the bench (a port the tests do not use).
@@ -72,25 +72,6 @@ impl Phases {
     }
 }
 
-/// One capture run of the three tools, side by side or in turn (see [`Together`]).
-#[derive(Debug, Default)]
-pub struct CaptureRun {
-    pub scorch: Usage,
-    pub perf: Usage,
-    pub bpftrace: Usage,
-    pub scorch_bpf_ns: Option<f64>,
-    pub bpftrace_bpf_ns: Option<f64>,
-    pub scorch_samples: u64,
-    /// scorch's one-line summary.
-    pub scorch_summary: String,
-    /// scorch's peak RSS from its first BPF program on (see [`reset_peak_after_load`]), MiB.
-    pub scorch_after_load_rss: Option<f64>,
-    /// Kernel memory of each tool's BPF maps a second before it stops, MiB (see
-    /// [`read_before_the_end`]); perf has none.
-    pub scorch_maps: Option<f64>,
-    pub bpftrace_maps: Option<f64>,
-}
-
 #[derive(Debug, Default, Clone)]
 struct ChurnRun {
     quiet_rss: f64,
@@ -118,7 +99,13 @@ struct ChurnRun {
     processes_started: u64,
 }
 
-pub fn overhead(root: &Path, scorch: &Path, runs: usize, phases: Phases) -> Result<String> {
+pub fn overhead(
+    root: &Path,
+    scorch: &Path,
+    runs: usize,
+    phases: Phases,
+    command: String,
+) -> Result<BenchResult> {
     let dir = root.join("target/bench");
     let busy = busy_workload(root, &dir)?;
     let cpus = std::thread::available_parallelism()?.get();
@@ -146,8 +133,186 @@ pub fn overhead(root: &Path, scorch: &Path, runs: usize, phases: Phases) -> Resu
     report.push_str(&footprint(root, scorch));
     let path = dir.join("overhead.md");
     std::fs::write(&path, &report)?;
+    print!("{report}");
     eprintln!("overhead: report written to {}", path.display());
-    Ok(report)
+
+    let mut result = BenchResult::new(Bench::Overhead, command);
+    result.tables = vec![
+        capture_table(phases, &captures),
+        churn_results(phases, &[("`scorch run`", &churns)]),
+        frequency_table(phases, &frequencies),
+        disk_table(root),
+    ];
+    Ok(result)
+}
+
+/// The capture as data: each tool's CPU, memory and BPF cost, alone with the workload.
+fn capture_table(phases: Phases, captures: &[CaptureRun]) -> Table {
+    let mut table = Table::new(
+        "capture",
+        &format!(
+            "Recording {} s at 19 Hz, every CPU busy, each tool alone in turn",
+            phases.capture
+        ),
+        "tool",
+        &[
+            "CPU s",
+            "peak RSS MiB",
+            "peak RSS after the BPF load MiB",
+            "BPF maps MiB",
+            "peak RSS + maps MiB",
+            "BPF ns/sample",
+        ],
+    )
+    .with_note(
+        "CPU time (user + system) and peak RSS from `/usr/bin/time -v`. BPF maps: the kernel \
+         memory of the maps each tool held a second before it stopped (`memlock` in its \
+         fdinfo), which no RSS counts and its memory cgroup is charged for; RSS + maps adds \
+         them run by run. BPF ns/sample from the kernel's `bpf_stats`.",
+    );
+    let values = |f: &dyn Fn(&CaptureRun) -> Option<f64>| -> Vec<f64> {
+        captures.iter().map(|c| f(c).unwrap_or(f64::NAN)).collect()
+    };
+    let usage = |tool: fn(&CaptureRun) -> Usage| {
+        (
+            Cell::of(&values(&|c| Some(tool(c).cpu_seconds)), 2),
+            Cell::of(&values(&|c| Some(tool(c).max_rss_mib)), 1),
+        )
+    };
+    let (cpu, rss) = usage(|c| c.scorch);
+    table.row(
+        "`scorch record`",
+        vec![
+            cpu,
+            rss,
+            Cell::of(&values(&|c| c.scorch_after_load_rss), 1),
+            Cell::of(&values(&|c| c.scorch_maps), 1),
+            Cell::of(&values(&|c| Some(c.scorch.max_rss_mib + c.scorch_maps?)), 1),
+            Cell::of(&values(&|c| c.scorch_bpf_ns), 0),
+        ],
+    );
+    // perf holds no BPF maps: its footprint is its RSS.
+    let (cpu, rss) = usage(|c| c.perf);
+    table.row(
+        "`perf record -g`",
+        vec![
+            cpu,
+            rss.clone(),
+            Cell::Missing,
+            Cell::text("none"),
+            rss,
+            Cell::Missing,
+        ],
+    );
+    let (cpu, rss) = usage(|c| c.bpftrace);
+    table.row(
+        "bpftrace `profile:hz:19`",
+        vec![
+            cpu,
+            rss,
+            Cell::Missing,
+            Cell::of(&values(&|c| c.bpftrace_maps), 1),
+            Cell::of(
+                &values(&|c| Some(c.bpftrace.max_rss_mib + c.bpftrace_maps?)),
+                1,
+            ),
+            Cell::of(&values(&|c| c.bpftrace_bpf_ns), 0),
+        ],
+    );
+    table
+}
+
+/// The churn as data, a row per daemon.
+fn churn_results(phases: Phases, rows: &[(&str, &[ChurnRun])]) -> Table {
+    let mut table = Table::new(
+        "churn",
+        &format!(
+            "`scorch run` at 19 Hz under {} s of `python3 -c pass` and `/bin/true` in a loop, \
+             every CPU busy",
+            phases.churn
+        ),
+        "daemon",
+        &[
+            "quiet RSS MiB",
+            "peak RSS during the churn MiB",
+            "CPU during the churn, % of a core",
+            "its BPF programs, % of a core",
+            "BPF maps MiB",
+            "RSS a minute after MiB",
+            "processes started",
+        ],
+    )
+    .with_note(
+        "The daemon's CPU from a cgroup of its own; its BPF programs' from `bpf_stats` (they run \
+         in the sampled tasks). The peak RSS (VmHWM) is reset as the churn starts, so start-up \
+         is not in it. BPF maps from its `/metrics` at the churn's end.",
+    );
+    for (label, churns) in rows {
+        let of = |f: fn(&ChurnRun) -> f64, decimals| {
+            Cell::of(&churns.iter().map(f).collect::<Vec<_>>(), decimals)
+        };
+        table.row(
+            *label,
+            vec![
+                of(|c| c.quiet_rss, 1),
+                of(|c| c.peak_rss, 1),
+                of(|c| c.churn_core_percent, 2),
+                of(|c| c.churn_bpf_percent, 2),
+                of(|c| c.map_memory_mib, 1),
+                of(|c| c.after_rss, 1),
+                of(|c| c.processes_started as f64, 0),
+            ],
+        );
+    }
+    table
+}
+
+/// The daemon's CPU by sampling rate as data.
+fn frequency_table(phases: Phases, frequencies: &[Vec<RateCost>]) -> Table {
+    let mut table = Table::new(
+        "frequency",
+        &format!(
+            "`scorch run` CPU by sampling rate, {} s per rate, every CPU busy",
+            phases.per_frequency
+        ),
+        "Hz",
+        &[
+            "daemon, % of a core",
+            "its BPF programs, % of a core",
+            "together",
+        ],
+    );
+    for hz in [19, 99, 999] {
+        let of = |part: fn(&RateCost) -> f64| -> Cell {
+            let values: Vec<f64> = frequencies
+                .iter()
+                .filter_map(|curve| curve.iter().find(|c| c.hz == hz).map(part))
+                .collect();
+            Cell::of(&values, 2)
+        };
+        table.row(
+            hz.to_string(),
+            vec![of(|c| c.daemon), of(|c| c.bpf), of(|c| c.daemon + c.bpf)],
+        );
+    }
+    table
+}
+
+/// The pair `cargo xtask build` ships, by size on disk.
+fn disk_table(root: &Path) -> Table {
+    let mut table = Table::new("disk", "On disk", "file", &["MB"]).with_note(
+        "`scorch.debug` is the debug info, compressed, found through `.gnu_debuglink` when it \
+         lies beside the binary.",
+    );
+    for (file, what) in [
+        ("scorch", "`target/dist/scorch` (stripped)"),
+        ("scorch.debug", "`target/dist/scorch.debug`"),
+    ] {
+        let size = std::fs::metadata(root.join("target/dist").join(file))
+            .map_or(f64::NAN, |m| m.len() as f64 / 1e6);
+        table.row(what, vec![Cell::one(size, 1)]);
+    }
+    table
 }
 
 /// The churn phase alone, for a change that touches the daemon's bookkeeping: `runs` runs of
@@ -162,7 +327,8 @@ pub fn churn_ab(
     off_cpu: bool,
     runs: usize,
     phases: Phases,
-) -> Result<String> {
+    command: String,
+) -> Result<BenchResult> {
     let dir = root.join("target/bench");
     let busy = busy_workload(root, &dir)?;
     let cpus = std::thread::available_parallelism()?.get();
@@ -226,8 +392,11 @@ pub fn churn_ab(
     capture_floor_note(root, &mut out, &figures[0], baseline_runs)?;
     let path = dir.join("churn.md");
     std::fs::write(&path, &out)?;
+    print!("{out}");
     eprintln!("churn: report written to {}", path.display());
-    Ok(out)
+    let mut result = BenchResult::new(Bench::Churn, command);
+    result.tables.push(churn_results(phases, &rows));
+    Ok(result)
 }
 
 /// The least a capture costs, from `agent/benches/capture.rs`: `/proc/PID/maps` opened and
@@ -270,189 +439,6 @@ fn capture_floor_note(
         )?;
     }
     writeln!(out)?;
-    Ok(())
-}
-
-/// How a capture run puts the three tools beside each other.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Together {
-    /// All three at once: each also samples (and scorch and bpftrace symbolise) the others,
-    /// bpftrace's start-up included, LLVM compiling its program.
-    SideBySide,
-    /// One after another, each alone with the workload: what each costs by itself.
-    InTurn,
-}
-
-/// `scorch record`, `perf record -g` and bpftrace for `seconds` each while every CPU is busy,
-/// side by side or in turn; `run` rotates who starts first. Needs [`with_bpf_stats`] for the
-/// BPF figures.
-pub fn capture(
-    scorch: &Path,
-    busy: &Path,
-    cpus: usize,
-    dir: &Path,
-    run: usize,
-    seconds: u64,
-    together: Together,
-) -> Result<CaptureRun> {
-    let _workload = Processes(vec![Command::new(busy)
-        .args([cpus.to_string(), (3 * seconds + 30).to_string()])
-        .spawn()
-        .context("starting the workload")?]);
-    std::thread::sleep(Duration::from_millis(500));
-    let scorch_out = dir.join(format!("overhead-scorch-{run}.pb.gz"));
-    let perf_out = dir.join(format!("overhead-perf-{run}.data"));
-    let scorch_cmd = timed(
-        scorch,
-        &[
-            "record",
-            "--duration",
-            &format!("{seconds}s"),
-            "--output",
-            path_str(&scorch_out)?,
-        ],
-    );
-    let perf_cmd = timed(
-        Path::new("perf"),
-        &[
-            "record",
-            "-F",
-            "19",
-            "-a",
-            "-g",
-            "-o",
-            path_str(&perf_out)?,
-            "--",
-            "sleep",
-            &seconds.to_string(),
-        ],
-    );
-    let program = format!(
-        "profile:hz:19 {{ @[kstack, ustack, pid] = count(); }} interval:s:{seconds} {{ exit(); }}"
-    );
-    let bpftrace_cmd = timed(Path::new("bpftrace"), &["-e", &program]);
-    // Rotate who starts first, so none always pays for another's start-up.
-    let mut commands = vec![
-        ("scorch", scorch_cmd),
-        ("perf", perf_cmd),
-        ("bpftrace", bpftrace_cmd),
-    ];
-    commands.rotate_left(run % 3);
-    let mut result = CaptureRun::default();
-    match together {
-        Together::SideBySide => {
-            let mut children = Vec::new();
-            for (name, command) in commands {
-                children.push((name, start_tool(name, command, &mut result)?));
-            }
-            std::thread::sleep(Duration::from_secs(seconds.saturating_sub(1).max(1)));
-            for (name, child) in &children {
-                read_before_the_end(&mut result, name, child);
-            }
-            for (name, child) in children {
-                finish_tool(&mut result, name, child)?;
-            }
-        }
-        Together::InTurn => {
-            for (name, command) in commands {
-                let child = start_tool(name, command, &mut result)?;
-                if name != "perf" {
-                    std::thread::sleep(Duration::from_secs(seconds.saturating_sub(1).max(1)));
-                    read_before_the_end(&mut result, name, &child);
-                }
-                finish_tool(&mut result, name, child)?;
-            }
-        }
-    }
-    Ok(result)
-}
-
-/// Starts a tool; for scorch, also splits its peak RSS at the end of its BPF load.
-fn start_tool(
-    name: &str,
-    mut command: Command,
-    result: &mut CaptureRun,
-) -> Result<std::process::Child> {
-    command.stdout(Stdio::piped()).stderr(Stdio::piped());
-    let child = command
-        .spawn()
-        .with_context(|| format!("starting {name} (cargo xtask setup installs it)"))?;
-    if name == "scorch" {
-        result.scorch_after_load_rss = reset_peak_after_load(&child);
-    }
-    Ok(child)
-}
-
-/// What a tool holds a second before it stops, while it still holds it: its BPF maps' kernel
-/// memory, and bpftrace's program cost. Read once, not polled: a bench process that woke
-/// through the recording was sampled by `scorch record`, which then named its frames from this
-/// debug build's DWARF and reported that as its own memory and CPU. The maps are read after
-/// the last full window, so scorch's stack maps and row pools have their recording's sizes.
-fn read_before_the_end(result: &mut CaptureRun, name: &str, child: &std::process::Child) {
-    // The child is `/usr/bin/time`; the tool is its child.
-    let maps = first_child(child.id()).and_then(bpf_map_memory_mib);
-    match name {
-        "scorch" => result.scorch_maps = maps,
-        "bpftrace" => {
-            result.bpftrace_maps = maps;
-            result.bpftrace_bpf_ns = bpftrace_bpf_ns(child);
-        }
-        _ => {}
-    }
-}
-
-/// scorch's memory could peak twice: while loading its BPF program (unpatched aya 0.14 parsed
-/// all of /sys/kernel/btf/vmlinux then) and while the profile is symbolised at the end. To show
-/// each, this waits until scorch holds its first BPF program (the loader is gone by then),
-/// reads its peak so far (VmHWM) and resets it (`5` to `/proc/PID/clear_refs`): the peak
-/// `/usr/bin/time` then reports is the one after the load, and the whole process's is the
-/// larger of the two. Returns the peak before the reset, in MiB; `None` (and nothing reset)
-/// when no program appeared within 10 s.
-fn reset_peak_after_load(child: &std::process::Child) -> Option<f64> {
-    let started = Instant::now();
-    while started.elapsed() < Duration::from_secs(10) {
-        // The child is `/usr/bin/time`; scorch is its child.
-        if let Some(pid) = first_child(child.id()) {
-            if holds_bpf_program(pid) {
-                let before = status_kib(pid, "VmHWM:").ok()? as f64 / 1024.0;
-                std::fs::write(format!("/proc/{pid}/clear_refs"), "5").ok()?;
-                return Some(before);
-            }
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    }
-    None
-}
-
-/// bpftrace's BPF ns per run: the child is `/usr/bin/time`; bpftrace is its child, and holds
-/// the program.
-fn bpftrace_bpf_ns(child: &std::process::Child) -> Option<f64> {
-    bpf_ns_per_run(first_child(child.id())?)
-}
-
-/// Waits for a tool and puts its usage (and scorch's summary) in `result`.
-fn finish_tool(result: &mut CaptureRun, name: &str, child: std::process::Child) -> Result<()> {
-    let output = child.wait_with_output()?;
-    if !output.status.success() {
-        bail!("{name} failed: {}", String::from_utf8_lossy(&output.stderr));
-    }
-    let usage = time_usage(&String::from_utf8_lossy(&output.stderr))?;
-    match name {
-        "scorch" => {
-            let summary = String::from_utf8_lossy(&output.stdout).trim().to_owned();
-            result.scorch_bpf_ns = summary_bpf_ns(&summary);
-            result.scorch_samples = summary_samples(&summary);
-            result.scorch_summary = summary;
-            result.scorch = usage;
-            // `/usr/bin/time` saw the peak after the reset; the whole run's includes the load.
-            if let Some(before) = result.scorch_after_load_rss {
-                result.scorch_after_load_rss = Some(usage.max_rss_mib);
-                result.scorch.max_rss_mib = usage.max_rss_mib.max(before);
-            }
-        }
-        "perf" => result.perf = usage,
-        _ => result.bpftrace = usage,
-    }
     Ok(())
 }
 
@@ -532,38 +518,6 @@ fn churn(
 /// asked again).
 const READS: &str = "scorch_unwind_processes_read_total";
 
-/// Starts short-lived processes back to back for `seconds` (`python3 -c pass`, then
-/// `/bin/true`, as a build host or CI runner does), and writes how many to `counter`.
-///
-/// The distribution's interpreter, by its path: `python3` from `PATH` was, on these machines,
-/// a pyenv shim (a bash script that starts three more processes, then a libpython built with
-/// line tables that took 3.7 MiB of the daemon's heap to name its frames), so the same bench
-/// measured a different workload on each machine.
-pub fn run_churn(seconds: u64, counter: &Path) -> Result<()> {
-    let script = format!(
-        "n=0; end=$(( $(date +%s) + {seconds} )); while [ $(date +%s) -lt $end ]; do \
-         /usr/bin/python3 -c pass; /bin/true; n=$((n + 2)); done; echo $n > {}",
-        path_str(counter)?
-    );
-    let status = Command::new("sh").args(["-c", &script]).status()?;
-    if !status.success() {
-        bail!("the churn loop exited with {status}");
-    }
-    Ok(())
-}
-
-/// A second of reads from /dev/zero, so the daemon names kernel frames (and loads the kernel's
-/// symbol table) during its warm-up, as on any host: the busy workload never enters the kernel.
-pub fn kernel_work() -> Result<()> {
-    run_command(Command::new("dd").args([
-        "if=/dev/zero",
-        "of=/dev/null",
-        "bs=64k",
-        "count=400000",
-        "status=none",
-    ]))
-}
-
 /// What the daemon costs at one sampling rate, in % of one core.
 #[derive(Debug, Clone, Copy)]
 struct RateCost {
@@ -617,55 +571,6 @@ fn frequency_curve(
     Ok(curve)
 }
 
-/// A fresh `scorch run` at `hz` into `store`, listening on `address`, with `extra` arguments.
-pub fn start_daemon(
-    scorch: &Path,
-    store: &Path,
-    hz: u64,
-    address: &str,
-    extra: &[&str],
-) -> Result<Processes> {
-    start_daemon_logging(scorch, store, hz, address, extra, Stdio::null())
-}
-
-/// As [`start_daemon`], with the daemon's log (its standard error) going to `log`.
-pub fn start_daemon_logging(
-    scorch: &Path,
-    store: &Path,
-    hz: u64,
-    address: &str,
-    extra: &[&str],
-    log: Stdio,
-) -> Result<Processes> {
-    let child = Command::new(scorch)
-        .args([
-            "run",
-            "--frequency",
-            &hz.to_string(),
-            "--http-address",
-            address,
-        ])
-        .args(extra)
-        .arg("--store")
-        .arg(store)
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .context("starting scorch run")?;
-    Ok(Processes(vec![child]))
-}
-
-/// SIGTERM, so the daemon flushes and closes its store, and a check that it exited cleanly.
-pub fn stop(mut daemon: Processes) -> Result<()> {
-    let pid = daemon.0[0].id();
-    run_command(Command::new("kill").args(["-TERM", &pid.to_string()]))?;
-    let status = daemon.0[0].wait()?;
-    if !status.success() {
-        bail!("scorch run exited with {status}");
-    }
-    Ok(())
-}
-
 /// The binaries' size on disk: the one measured, and the pair `cargo xtask build` ships.
 fn footprint(root: &Path, scorch: &Path) -> String {
     let megabytes = |path: &Path| {
@@ -695,14 +600,6 @@ type CaptureRow = (
     fn(&CaptureRun) -> Option<f64>,
 );
 
-/// "N tables, K KiB" from a `scorch record` summary's `unwind tables: N, K KiB`.
-fn summary_tables(summary: &str) -> Option<String> {
-    let (_, rest) = summary.split_once("unwind tables: ")?;
-    let (count, rest) = rest.split_once(", ")?;
-    let kib = rest.split_whitespace().next()?;
-    Some(format!("{count} tables, {kib} KiB"))
-}
-
 fn render(
     cpus: usize,
     runs: usize,
@@ -712,21 +609,11 @@ fn render(
     frequencies: &[Vec<RateCost>],
 ) -> Result<String> {
     let mut out = String::new();
-    let cpu_model = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|c| {
-            c.lines()
-                .find_map(|l| l.strip_prefix("model name"))
-                .map(|m| m.trim_start_matches([' ', '\t', ':']).to_owned())
-        })
-        .unwrap_or_default();
-    let memory = status_field("/proc/meminfo", "MemTotal:").unwrap_or(0) as f64 / (1 << 20) as f64;
+    let host = Host::current();
     writeln!(
         out,
-        "# Overhead: {cpus} CPUs ({cpu_model}), {memory:.0} GiB, kernel {}, commit {}, {}",
-        command_output("uname", &["-r"]),
-        command_output("git", &["rev-parse", "--short", "HEAD"]),
-        command_output("date", &["-u", "+%Y-%m-%d"]),
+        "# Overhead: {cpus} CPUs ({}), {:.0} GiB, kernel {}, commit {}, {}",
+        host.cpu_model, host.memory_gib, host.kernel, host.commit, host.date,
     )?;
     writeln!(out)?;
     writeln!(
@@ -957,21 +844,4 @@ fn churn_table(out: &mut String, phases: Phases, rows: &[(&str, &[ChurnRun])]) -
         writeln!(out)?;
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::summary_tables;
-
-    #[test]
-    fn reads_the_tables_from_a_record_summary() {
-        let summary = "scorch: 2275 samples from 7 processes in 60.00s (6 windows); lost: none; \
-                       unwind: completed: 2267; wrote x.pb.gz (pprof); unwind tables: 38, 13483 \
-                       KiB; BPF 5609 ns/sample";
-        assert_eq!(
-            summary_tables(summary).as_deref(),
-            Some("38 tables, 13483 KiB")
-        );
-        assert_eq!(summary_tables("scorch: 1 samples; lost: none"), None);
-    }
 }

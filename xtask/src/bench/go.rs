@@ -32,10 +32,14 @@ use std::{
 use anyhow::{ensure, Context, Result};
 
 use crate::{
-    bench_overhead::{start_daemon, stop},
-    measure::{
-        cargo_bench, command_output, daemon_metric, load_average, median, path_str, sample_rss,
-        spread, status_kib, CpuAccount, Processes,
+    bench::{
+        harness::{start_daemon, stop},
+        measure::{
+            cargo_bench, command_output, daemon_metric, load_average, median, path_str, sample_rss,
+            spread, status_kib, CpuAccount, Processes,
+        },
+        results::{BenchResult, Cell, Table},
+        Bench,
     },
     run_command,
 };
@@ -47,7 +51,7 @@ const SPAN: Duration = Duration::from_secs(40);
 /// The functions of `tests/workloads/govariant.go` that do its work.
 const GOVARIANT_FUNCTIONS: [&str; 4] = ["main.work", "main.mix", "main.render", "main.tally"];
 
-pub fn go_report(root: &Path, scorch: &Path, runs: usize) -> Result<String> {
+pub fn go(root: &Path, scorch: &Path, runs: usize, command: String) -> Result<BenchResult> {
     let runs = runs.max(3);
     let load_before = load_average();
     let dir = root.join("target/bench/go");
@@ -114,8 +118,61 @@ pub fn go_report(root: &Path, scorch: &Path, runs: usize) -> Result<String> {
     }
     let path = root.join("target/bench/go.md");
     std::fs::write(&path, &out).with_context(|| format!("writing {}", path.display()))?;
+    print!("{out}");
     eprintln!("bench: report written to {}", path.display());
-    Ok(out)
+
+    let mut result = BenchResult::new(Bench::Go, command);
+    for scope in [Scope::Kept, Scope::Host] {
+        let mut table = Table::new(
+            match scope {
+                Scope::Kept => "kept",
+                Scope::Host => "host",
+            },
+            &format!(
+                "The daemon at 19 Hz, {}, {} s measured after {} s",
+                scope.name(),
+                SPAN.as_secs(),
+                WARM_UP.as_secs()
+            ),
+            "",
+            &[
+                "CPU, % of a core",
+                "RSS MiB",
+                "BPF maps MiB",
+                "RSS + maps MiB",
+                "symbol cache MiB",
+                "unwind tables MiB",
+            ],
+        )
+        .with_note(scope.why());
+        for with_go in [true, false] {
+            let runs: Vec<&DaemonCost> = daemons
+                .iter()
+                .filter(|d| d.scope == scope && d.with_go == with_go)
+                .collect();
+            let column = |f: &dyn Fn(&DaemonCost) -> f64, decimals| {
+                Cell::of(&runs.iter().map(|d| f(d)).collect::<Vec<_>>(), decimals)
+            };
+            table.row(
+                if with_go {
+                    format!("with {PROCESSES} stripped Go binaries running")
+                } else {
+                    "without them".to_owned()
+                },
+                vec![
+                    column(&|d| d.core_percent, 2),
+                    column(&|d| d.rss_mib, 1),
+                    column(&|d| d.maps_mib, 1),
+                    column(&|d| d.rss_mib + d.maps_mib, 1),
+                    column(&|d| d.symbol_cache_mib, 1),
+                    column(&|d| d.unwind_tables_mib, 1),
+                ],
+            );
+        }
+        result.tables.push(table);
+    }
+    result.lines = naming.lines().map(str::to_owned).collect();
+    Ok(result)
 }
 
 /// One scope's table: the daemon with the Go processes and without, and the difference.
@@ -466,7 +523,7 @@ fn query_named(scorch: &Path, store: &Path) -> Result<Named> {
         processes_named: 0,
     };
     let (mut processes, mut processes_named) = (BTreeSet::new(), BTreeSet::new());
-    for (comm, user, count) in crate::measure::folded_user_stacks(&text) {
+    for (comm, user, count) in crate::bench::measure::folded_user_stacks(&text) {
         named.samples += count;
         processes.insert(comm.to_owned());
         if user.iter().any(|f| GOVARIANT_FUNCTIONS.contains(f)) {

@@ -21,8 +21,12 @@ use std::{
 use anyhow::{bail, Context, Result};
 
 use crate::{
-    bench_overhead::{kernel_work, run_churn},
-    measure::{busy_workload, command_output, path_str, Processes},
+    bench::{
+        harness::{kernel_work, run_churn},
+        measure::{busy_workload, command_output, path_str, Processes},
+        results::{BenchResult, Cell, Table},
+        Bench,
+    },
     run_command,
 };
 
@@ -33,7 +37,47 @@ const CHURN: u64 = 60;
 /// Call sites listed.
 const SITES: usize = 8;
 
-pub fn heap_report(root: &Path, scorch: &Path) -> Result<String> {
+/// Runs the bench, prints and writes its report (`target/bench/heap.md`), and returns the
+/// call sites as data.
+pub fn heap(root: &Path, scorch: &Path, command: String) -> Result<BenchResult> {
+    let (report, printed) = heap_report(root, scorch)?;
+    print!("{report}");
+    let path = root.join("target/bench/heap.md");
+    std::fs::write(&path, &report).with_context(|| format!("writing {}", path.display()))?;
+    eprintln!("bench: report written to {}", path.display());
+    let mut table = Table::new(
+        "peak",
+        &format!("What held the heap when it peaked, {CHURN} s of churn"),
+        "held",
+        &["calls", "allocated in", "from scorch's"],
+    )
+    .with_note("From `heaptrack_print --print-peaks`: the heap only, not the mapped files.");
+    for site in peak_sites(&printed) {
+        table.row(
+            site.peak,
+            vec![
+                Cell::one(site.calls as f64, 0),
+                Cell::text(site.allocator.unwrap_or_else(|| "?".to_owned())),
+                Cell::text(if site.scorch.is_empty() {
+                    "-".to_owned()
+                } else {
+                    site.scorch.join(" < ")
+                }),
+            ],
+        );
+    }
+    let mut result = BenchResult::new(Bench::Heap, command);
+    result.tables.push(table);
+    result.lines = printed
+        .lines()
+        .filter(|l| l.starts_with("peak heap memory") || l.starts_with("peak RSS"))
+        .map(str::to_owned)
+        .collect();
+    Ok(result)
+}
+
+/// The report, and what `heaptrack_print` printed.
+fn heap_report(root: &Path, scorch: &Path) -> Result<(String, String)> {
     let dir = root.join("target/bench");
     let busy = busy_workload(root, &dir)?;
     let cpus = std::thread::available_parallelism()?.get();
@@ -100,8 +144,9 @@ pub fn heap_report(root: &Path, scorch: &Path) -> Result<String> {
             String::from_utf8_lossy(&printed.stderr)
         );
     }
-    let printed = String::from_utf8_lossy(&printed.stdout);
-    render(&printed, processes, path_str(&data)?)
+    let printed = String::from_utf8_lossy(&printed.stdout).into_owned();
+    let report = render(&printed, processes, path_str(&data)?)?;
+    Ok((report, printed))
 }
 
 /// The scorch process heaptrack started (its script also starts a compressor).

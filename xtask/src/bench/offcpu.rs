@@ -25,8 +25,12 @@ use std::{
 use anyhow::{ensure, Context, Result};
 
 use crate::{
-    bench_slowdown::{round_order, under_profiler, Profiled},
-    measure::{command_output, load_average, median, path_str, time_usage, timed},
+    bench::{
+        harness::{round_order, under_profiler, Profiled},
+        measure::{command_output, load_average, median, path_str, time_usage, timed},
+        results::{BenchResult, Cell, Table},
+        Bench,
+    },
     run_command,
 };
 
@@ -99,7 +103,7 @@ struct Run {
     summary: Option<String>,
 }
 
-pub fn offcpu_report(root: &Path, scorch: &Path, runs: usize) -> Result<String> {
+pub fn offcpu(root: &Path, scorch: &Path, runs: usize, command: String) -> Result<BenchResult> {
     let dir = root.join("target/bench/offcpu");
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     // A copy of its own, as the slowdown bench keeps: a build meanwhile cannot swap it.
@@ -192,8 +196,50 @@ pub fn offcpu_report(root: &Path, scorch: &Path, runs: usize) -> Result<String> 
     }
     let path = root.join("target/bench/offcpu.md");
     std::fs::write(&path, &out).with_context(|| format!("writing {}", path.display()))?;
+    print!("{out}");
     eprintln!("bench: report written to {}", path.display());
-    Ok(out)
+
+    let mut table = Table::new(
+        "switches",
+        &format!("Two threads on one CPU bouncing a byte over pipes for {WORK_SECONDS} s"),
+        "profiler",
+        &[
+            "switches a second",
+            "slowdown vs none %",
+            "added per switch ns",
+            "profiler CPU s",
+        ],
+    )
+    .with_note(
+        "Each run against the median of the runs without a profiler. The added time per switch \
+         is 1/rate - 1/rate without: the workload is a chain of switches, each waiting for the \
+         last.",
+    );
+    for (p, profiler) in PROFILERS.iter().enumerate() {
+        let rates: Vec<f64> = results[p].iter().map(|r| r.switches_per_second).collect();
+        let cells = if *profiler == Profiler::None {
+            vec![
+                Cell::of(&rates, 0),
+                Cell::Missing,
+                Cell::Missing,
+                Cell::Missing,
+            ]
+        } else {
+            let slowdown: Vec<f64> = rates.iter().map(|r| 100.0 * (none - r) / none).collect();
+            let added: Vec<f64> = rates.iter().map(|r| 1e9 / r - 1e9 / none).collect();
+            let cpu: Vec<f64> = results[p].iter().map(|r| r.profiler_cpu).collect();
+            vec![
+                Cell::of(&rates, 0),
+                Cell::of(&slowdown, 1),
+                Cell::of(&added, 0),
+                Cell::of(&cpu, 2),
+            ]
+        };
+        table.row(profiler.name(), cells);
+    }
+    let mut result = BenchResult::new(Bench::Offcpu, command);
+    result.tables.push(table);
+    Ok(result)
 }
 
 fn one_run(
