@@ -142,13 +142,18 @@ impl Tally {
     }
 }
 
-/// The store's samples of `pids`, by their series' labels.
-fn store_tally(store: &Path, pids: &HashSet<i64>) -> Result<Tally> {
+/// Every CPU sample the store holds, with its series' labels.
+fn stored(store: &Path) -> Result<scorch::profile::Profile> {
     let range = TimeRange {
         from: std::time::UNIX_EPOCH,
         to: std::time::SystemTime::now() + Duration::from_secs(60),
     };
-    let profile = Store::open_read_only(store)?.query(range, &|_| true)?;
+    Ok(Store::open_read_only(store)?.query(range, &|_| true)?)
+}
+
+/// The store's samples of `pids`, by their series' labels.
+fn store_tally(store: &Path, pids: &HashSet<i64>) -> Result<Tally> {
+    let profile = stored(store)?;
     let mut tally = Tally::default();
     for sample in &profile.samples {
         if pids.contains(&i64::from(sample.pid)) {
@@ -216,11 +221,7 @@ fn selector_finds(store: &Path, dir: &Path, comm: &str, pids: &HashSet<i64>) -> 
         .filter(|s| pids.contains(&s.pid))
         .map(|s| s.count)
         .sum();
-    let range = TimeRange {
-        from: std::time::UNIX_EPOCH,
-        to: std::time::SystemTime::now() + Duration::from_secs(60),
-    };
-    let profile = Store::open_read_only(store)?.query(range, &|_| true)?;
+    let profile = stored(store)?;
     let named: i64 = profile
         .samples
         .iter()
@@ -337,16 +338,11 @@ fn short_lived_processes_of_a_service_keep_their_labels_in_the_store_and_otlp() 
 #[test]
 fn short_lived_processes_of_a_container_keep_its_labels_in_the_store_and_parca() -> Result<()> {
     let path = format!("/system.slice/docker-{CONTAINER}.scope");
-    let dir = fresh_dir("labels-churn-parca-check")?;
     let run = loop_keeps_its_labels("labels-churn-parca", Protocol::Parca, &path)?;
     // Every sample of the loop names the container.
     let store = scorch_tests::work_dir().join("labels-churn-parca/store");
     let tally = store_tally(&store, &run.pids)?;
-    let range = TimeRange {
-        from: std::time::UNIX_EPOCH,
-        to: std::time::SystemTime::now() + Duration::from_secs(60),
-    };
-    let profile = Store::open_read_only(&store)?.query(range, &|_| true)?;
+    let profile = stored(&store)?;
     let in_container: i64 = profile
         .samples
         .iter()
@@ -361,6 +357,5 @@ fn short_lived_processes_of_a_container_keep_its_labels_in_the_store_and_parca()
         "{in_container} of {} samples of the loop name its container",
         tally.samples
     );
-    drop(dir);
     Ok(())
 }
