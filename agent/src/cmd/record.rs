@@ -235,6 +235,8 @@ pub async fn record(args: &RecordConfig) -> Result<RecordSummary, RecordError> {
         stack_entries_ceiling: args.stack_map_entries,
         off_cpu: args.off_cpu,
         thread_ids: args.thread_ids,
+        // Its profiles carry `comm` and `pid` only.
+        exec_files: false,
     };
     let mut sigint = signal(SignalKind::interrupt()).map_err(RecordError::Signals)?;
     let mut sigterm = signal(SignalKind::terminate()).map_err(RecordError::Signals)?;

@@ -283,6 +283,7 @@ pub async fn run(
         stack_entries_ceiling: config.stack_map_entries,
         off_cpu: config.off_cpu_settings(),
         thread_ids: config.thread_ids,
+        exec_files: true,
     };
     // Before BPF is loaded: a bad remote configuration (URL, secret files, CA file) fails the
     // start with its reason.

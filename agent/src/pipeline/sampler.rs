@@ -88,6 +88,9 @@ pub struct SamplerConfig {
     /// Keep threads apart by id, not only by name (`thread-ids`): the counts map's keys carry
     /// the thread id.
     pub thread_ids: bool,
+    /// Record the file each process exec'd (`EXEC_FILES`), which labels a process the daemon
+    /// read too late; `record` labels none, and sizes the map to one entry.
+    pub exec_files: bool,
 }
 
 /// Bytes of an unwind row.
@@ -175,6 +178,7 @@ impl Default for SamplerConfig {
             stack_entries_ceiling: DEFAULT_MAX_STACK_ENTRIES,
             off_cpu: None,
             thread_ids: false,
+            exec_files: true,
         }
     }
 }
@@ -304,7 +308,7 @@ impl Sampler {
             // Recorded by the exec hook, which runs with the unwinder only.
             .map_max_entries(
                 "EXEC_FILES",
-                if tables {
+                if tables && config.exec_files {
                     scorch_common::MAX_EXEC_FILES
                 } else {
                     1
@@ -394,7 +398,9 @@ impl Sampler {
             exec.attach("sched_process_exec")
                 .map_err(SamplerError::ExecTracepoint)?;
             mapping_hook_refused = attach_mapping_placed(&mut ebpf);
-            exec_files = Some(take(&mut ebpf, "EXEC_FILES")?);
+            if config.exec_files {
+                exec_files = Some(take(&mut ebpf, "EXEC_FILES")?);
+            }
             Some(take_unwind_maps(
                 &mut ebpf,
                 pool_rows,
