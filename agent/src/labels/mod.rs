@@ -135,7 +135,7 @@ impl Missing {
         }
     }
 
-    pub const REASONS: [&'static str; 2] = ["no_executable", "no_process_facts"];
+    pub const ALL: [Missing; 2] = [Missing::Executable, Missing::Everything];
 }
 
 /// Kubernetes names of a process's pod and container.

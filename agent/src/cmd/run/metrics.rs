@@ -231,7 +231,7 @@ impl WindowMetrics {
                  the executable (the process exited before /proc/PID/exe was read and its \
                  exec was not recorded), or everything but the pid (it exited unread and the \
                  kernel's record of it was lost)",
-                LabeledCounter::new("reason", Missing::REASONS),
+                LabeledCounter::new("reason", Missing::ALL.map(Missing::as_str)),
             ),
             start_frames_completed: RunningTotal::new(registry.register(
                 "start_frames_completed_samples",
