@@ -5,4 +5,5 @@ pub mod check;
 pub mod query;
 pub mod record;
 pub mod run;
+pub mod sampling;
 pub mod session;

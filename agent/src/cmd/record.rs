@@ -10,14 +10,13 @@ use std::{
 };
 
 use scorch_common::OffCpuCount;
-use tokio::signal::unix::{signal, SignalKind};
 
 use crate::{
-    cmd::session::{Session, UnwindEvents, DISCOVERY_INTERVAL},
+    cmd::sampling::{self, shutdown_signals, Consumer, Drained, Sampling, StartError},
     pipeline::aggregate::{ThreadsFolded, MAX_THREADS_PER_PROCESS, OTHER_THREADS},
-    pipeline::drain::{DrainError, Drainer, Losses},
+    pipeline::drain::{DrainError, Losses},
     pipeline::off_cpu::{OffCpuCounts, OffCpuError, OffCpuReader, OffCpuSettings},
-    pipeline::sampler::{Sampler, SamplerConfig, SamplerError, UnwindCapacity, UnwindMode},
+    pipeline::sampler::{SamplerConfig, UnwindCapacity, UnwindMode},
     profile::{
         encode::{self, svg::Orientation, EncodeOptions, Format},
         SampleType,
@@ -30,10 +29,7 @@ use crate::{
     },
     sys::fs,
     sys::privileges::{missing_privileges_message, Capabilities},
-    unwind::{
-        loader::{LoaderError, Unwinder},
-        PythonMode,
-    },
+    unwind::PythonMode,
 };
 
 /// What to record and where to write it, resolved from the command line.
@@ -82,7 +78,7 @@ pub enum RecordError {
     #[error("cannot write the output {path}: {reason}")]
     Output { path: PathBuf, reason: String },
     #[error(transparent)]
-    Sampler(#[from] SamplerError),
+    Start(#[from] StartError),
     #[error("draining the sampler's maps: {0}")]
     Drain(#[from] DrainError),
     #[error("symbolizing kernel frames: {0}")]
@@ -91,8 +87,6 @@ pub enum RecordError {
     Svg(#[from] encode::svg::SvgError),
     #[error("waiting for signals: {0}")]
     Signals(io::Error),
-    #[error("loading unwind tables: {0}")]
-    Unwind(#[from] LoaderError),
     #[error("reading off-CPU counters: {0}")]
     OffCpu(#[from] OffCpuError),
 }
@@ -238,99 +232,54 @@ pub async fn record(args: &RecordConfig) -> Result<RecordSummary, RecordError> {
         // Its profiles carry `comm` and `pid` only.
         exec_files: false,
     };
-    let mut sigint = signal(SignalKind::interrupt()).map_err(RecordError::Signals)?;
-    let mut sigterm = signal(SignalKind::terminate()).map_err(RecordError::Signals)?;
-
-    let (mut sampler, maps, control) = Sampler::start(&config)?;
-    tracing::info!(
-        cpus = sampler.cpus().len(),
-        frequency_hz = args.frequency,
-        "sampling for {:?}",
-        args.duration
-    );
-    let mut unwinder = sampler
-        .take_unwind_maps()
-        .map(|maps| Unwinder::start(maps, args.python))
-        .transpose()?;
+    let shutdown = shutdown_signals().map_err(RecordError::Signals)?;
     let mut symbolizer = UserSymbolizer::new(args.symbolize, args.symbol_cache_bytes);
     // Each run would inflate the same libraries' compressed DWARF again (libc6-dbg's: 8 MB).
     match SectionCache::system() {
         Ok(cache) => symbolizer.set_section_cache(cache),
         Err(error) => tracing::debug!("no cache of inflated debug sections: {error}"),
     }
-    let mut session = Session::new(symbolizer, args.thread_ids);
-    let mut waited = false;
-    if let Some(unwinder) = &mut unwinder {
-        // `--pid`: their tables are built now, not after their first samples ask for them,
-        // and the recording starts once they are loaded: a walk without them loses the stack
-        // (a binary without frame pointers) or its Python frames.
-        session.keep_captures(unwinder.watch(&args.pids)?);
-        if !args.pids.is_empty() {
-            unwinder.wait_for_tables(WATCHED_TABLES_WAIT)?;
-            session.take_python(unwinder);
-            waited = true;
-        }
-    }
-    let events = UnwindEvents::new(unwinder.as_ref());
-    let mut off_cpu = sampler.take_off_cpu_maps().map(OffCpuReader::new);
-    // The ring buffer holds about 1,600 blocks: read it often enough that the cap's 10,000
-    // a second never fill it.
-    let mut off_cpu_tick = tokio::time::interval(OFF_CPU_READ_INTERVAL);
-    let mut last_read = std::time::SystemTime::now();
+    let mut sampling = Sampling::start(&config, args.python, symbolizer)?;
+    tracing::info!(
+        cpus = sampling.sampler.cpus().len(),
+        frequency_hz = args.frequency,
+        "sampling for {:?}",
+        args.duration
+    );
+    // `--pid`: their tables are built now, not after their first samples ask for them, and
+    // the recording starts once they are loaded.
+    sampling.watch(&args.pids, WATCHED_TABLES_WAIT)?;
     let started = Instant::now();
     let deadline = tokio::time::Instant::now() + args.duration;
-    let mut drainer = Drainer::new(maps, control);
-    if waited {
-        // What was sampled while the tables loaded is not part of the recording.
-        drainer.drain_window()?;
-    }
-    let mut ticker =
-        tokio::time::interval_at(tokio::time::Instant::now() + args.window, args.window);
-    let mut discover = tokio::time::interval(DISCOVERY_INTERVAL);
-    discover.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            // Checked in order: at the deadline the final drain below takes the last window,
-            // rather than a tick draining it and leaving an empty one behind.
-            biased;
-            _ = tokio::time::sleep_until(deadline) => break,
-            _ = sigint.recv() => { tracing::info!("interrupted: writing what was sampled"); break }
-            _ = sigterm.recv() => { tracing::info!("terminated: writing what was sampled"); break }
-            _ = ticker.tick() => {
-                session.add(drainer.drain_window()?);
-                sampler.flush_logs();
-                if let Some(unwinder) = &mut unwinder {
-                    unwinder.forget_exited();
-                }
-            }
-            _ = events.ready() => poll_unwinder(&mut unwinder, &mut session, false),
-            _ = off_cpu_tick.tick(), if off_cpu.is_some() => {
-                read_blocks(&mut off_cpu, &mut session, &mut last_read);
-            }
-            _ = discover.tick() => {
-                session.discover(drainer.active_pids()?);
-                poll_unwinder(&mut unwinder, &mut session, true);
-            }
-        }
-    }
-    session.add(drainer.drain_window()?);
-    read_blocks(&mut off_cpu, &mut session, &mut last_read);
-    let off_cpu_counts = off_cpu.as_ref().map(OffCpuReader::counts).transpose()?;
+    sampling::drive(
+        &mut sampling,
+        &mut KeepAll,
+        args.window,
+        Some(deadline),
+        async {
+            let why = shutdown.await;
+            tracing::info!("{why}: writing what was sampled");
+        },
+    )
+    .await?;
+    sampling.drain()?;
+    let off_cpu_counts = sampling.off_cpu().map(OffCpuReader::counts).transpose()?;
+    let sampler = &mut sampling.sampler;
     let off_cpu_ns_per_run = sampler
         .off_cpu_run_stats()
         .filter(|(_, runs)| *runs > 0)
         .map(|(time, runs)| time.as_nanos() as f64 / runs as f64);
     sampler.flush_logs();
-    let unwind_tables = unwinder.as_ref().map(|unwinder| {
-        let stats = unwinder.stats();
-        tracing::info!("unwind tables: {stats}");
-        (stats.tables_loaded, stats.table_bytes)
-    });
     let bpf_ns_per_run = sampler
         .run_stats()
         .filter(|(_, runs)| *runs > 0)
         .map(|(time, runs)| time.as_nanos() as f64 / runs as f64);
-    drop(sampler);
+    let unwind_tables = sampling.unwinder.as_ref().map(|unwinder| {
+        let stats = unwinder.stats();
+        tracing::info!("unwind tables: {stats}");
+        (stats.tables_loaded, stats.table_bytes)
+    });
+    let mut session = sampling.stop();
     let duration = started.elapsed();
 
     // With --off-cpu the profile is the blocks' (the CPU samples only fed the unwinder). The
@@ -426,41 +375,15 @@ pub async fn record(args: &RecordConfig) -> Result<RecordSummary, RecordError> {
     })
 }
 
-/// How often `record --off-cpu` reads the blocks' ring buffer.
-const OFF_CPU_READ_INTERVAL: Duration = Duration::from_millis(50);
+/// `record`'s consumer: every window stays in the session, for one profile at the end.
+struct KeepAll;
 
-/// Reads the blocks recorded since the last read into `blocks`.
-fn read_blocks(
-    reader: &mut Option<OffCpuReader>,
-    session: &mut Session,
-    last_read: &mut std::time::SystemTime,
-) {
-    let Some(reader) = reader else {
-        return;
-    };
-    let now = std::time::SystemTime::now();
-    let read = reader.read();
-    session.add_blocks(*last_read, now, read);
-    *last_read = now;
-}
+impl Consumer for KeepAll {
+    type Error = DrainError;
 
-/// Reads the unwinder's events: the maps it read go to the session at once (which opens their
-/// files while the processes live), then the tables built go to the BPF side, waiting for
-/// those just asked for with `wait`.
-fn poll_unwinder(unwinder: &mut Option<Unwinder>, session: &mut Session, wait: bool) {
-    let Some(unwinder) = unwinder else {
-        return;
-    };
-    // A process the maps have no room for walks by frame pointers (logged and counted by the
-    // unwinder); the recording goes on, as the daemon's does.
-    let polled = unwinder
-        .poll(|_| true)
-        .map(|captured| session.keep_captures(captured))
-        .and_then(|_| unwinder.install_tables(wait));
-    if let Err(err) = polled {
-        tracing::warn!("{err}");
+    fn window(&mut self, _: &mut Sampling, _: Drained) -> Result<(), DrainError> {
+        Ok(())
     }
-    session.take_python(unwinder);
 }
 
 /// Longest `record --pid` waits for the watched processes' tables before it starts: long

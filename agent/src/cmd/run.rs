@@ -25,32 +25,29 @@ use std::{
     time::{Duration, Instant, SystemTime},
 };
 
-use tokio::{
-    signal::unix::{signal, SignalKind},
-    sync::{mpsc::error::TrySendError, watch},
-};
+use tokio::sync::{mpsc::error::TrySendError, watch};
 
 use self::metrics::WindowMetrics;
 use crate::{
-    cmd::session::{Session, UnwindEvents, DISCOVERY_INTERVAL},
+    cmd::sampling::{self, shutdown_signals, Consumer, Drained, Sampling, StartError},
     export::{
         self, debuginfo::DebugFileSender, RemoteConfig, RemoteMetrics, RemoteProtocol, SinkError,
     },
     labels::{
-        self,
+        self, apply,
         kubernetes::Kubernetes,
         relabel::{self, Outcome, RuleConfig},
-        ExecRecord, KernelFacts, Labeler, Missing, PodFacts,
+        ExecRecord, KernelFacts, Labeler, PodFacts,
     },
     metrics::{Health, Registry},
     pipeline::aggregate::Aggregated,
-    pipeline::aggregate::{MAX_THREADS_PER_PROCESS, OTHER_THREADS},
+    pipeline::aggregate::MAX_THREADS_PER_PROCESS,
     pipeline::cost,
-    pipeline::drain::{DrainError, Drainer},
-    pipeline::off_cpu::{OffCpuReader, OffCpuSettings},
-    pipeline::sampler::{Sampler, SamplerConfig, SamplerError, UnwindCapacity, UnwindMode},
+    pipeline::drain::DrainError,
+    pipeline::off_cpu::OffCpuSettings,
+    pipeline::sampler::{Sampler, SamplerConfig, UnwindCapacity, UnwindMode},
     pipeline::stack_sizing::DEFAULT_MAX_STACK_ENTRIES,
-    profile::{Labels, Profile, SampleType, STATE_LABEL, THREAD_ID_LABEL, THREAD_LABEL},
+    profile::{Labels, Profile, SampleType},
     serve::{
         guard::AllowedHosts,
         http::{self, HttpState},
@@ -64,11 +61,7 @@ use crate::{
     sys::allocator::{release_free_memory, release_free_memory_above},
     sys::notify::Systemd,
     sys::privileges::{missing_privileges_message, Capabilities},
-    unwind::{
-        loader::{LoaderError, Unwinder},
-        metrics::UnwindMetrics,
-        PythonMode,
-    },
+    unwind::{metrics::UnwindMetrics, PythonMode},
 };
 
 /// Windows kept in memory while the store refuses writes: 30 minutes at the default window
@@ -172,9 +165,7 @@ pub enum RunError {
         source: io::Error,
     },
     #[error(transparent)]
-    Sampler(#[from] SamplerError),
-    #[error("loading unwind tables: {0}")]
-    Unwind(#[from] LoaderError),
+    Start(#[from] StartError),
     #[error("draining the sampler's maps: {0}")]
     Drain(#[from] DrainError),
     #[error("waiting for signals: {0}")]
@@ -202,8 +193,7 @@ pub async fn run(
     store: Store,
     services: tokio::runtime::Handle,
 ) -> Result<(), RunError> {
-    let mut sigint = signal(SignalKind::interrupt()).map_err(RunError::Signals)?;
-    let mut sigterm = signal(SignalKind::terminate()).map_err(RunError::Signals)?;
+    let shutdown = shutdown_signals().map_err(RunError::Signals)?;
     // Bound on `services`, whose event driver then serves it.
     let address = config.http_address;
     let listener = services
@@ -307,37 +297,26 @@ pub async fn run(
         )?),
         None => None,
     };
-    let (mut sampler, maps, control) = Sampler::start(&sampler_config)?;
+    let mut user_symbolizer =
+        UserSymbolizer::new(config.symbolize, (config.symbol_cache_mb as usize) << 20);
+    user_symbolizer.set_scratch_dir(&config.store);
+    if debug_files.is_some() {
+        user_symbolizer.collect_new_binaries(export::debuginfo::CHANNEL_CAPACITY);
+    }
+    let mut sampling = Sampling::start(&sampler_config, config.python, user_symbolizer)?;
     // What processes exec'd names the executable of one that exited before it was read.
-    if let Some(files) = sampler.take_exec_files() {
+    if let Some(files) = sampling.sampler.take_exec_files() {
         labeler = labeler.with_exec_files(move |pid| {
             let file = files.get(&pid, 0).ok()?;
             exec_record(&file)
         });
     }
-    let unwinder = sampler
-        .take_unwind_maps()
-        .map(|maps| Unwinder::start(maps, config.python))
-        .transpose()?;
-    let off_cpu = sampler
-        .take_off_cpu_maps()
-        .zip(config.off_cpu_settings())
-        .map(|(maps, settings)| OffCpuSource {
-            reader: OffCpuReader::new(maps),
-            sample_type: {
-                let control = settings.control(1, 0);
-                SampleType::OffCpu {
-                    mean_ns: control.mean_ns,
-                    min_ns: control.min_ns,
-                }
-            },
-            last_read: SystemTime::now(),
-        });
     // Loading parsed the kernel's BTF (tens of MB, freed by now): give those pages back, or a
     // daemon's RSS would keep them for its whole life.
     release_free_memory();
+    let cpus = sampling.sampler.cpus().len();
     tracing::info!(
-        cpus = sampler.cpus().len(),
+        cpus,
         frequency_hz = config.frequency,
         window = ?config.window,
         store = %config.store.display(),
@@ -347,21 +326,9 @@ pub async fn run(
     // Under systemd (Type=notify) the unit becomes active only now that BPF is attached: a
     // start that failed above never says READY, so `systemctl start` fails with its reason.
     let mut systemd = Systemd::from_env();
-    let sampling = format!(
-        "sampling {} CPUs at {} Hz",
-        sampler.cpus().len(),
-        config.frequency
-    );
-    systemd.ready(&sampling);
-    let mut drainer = Drainer::new(maps, control);
-    let mut user_symbolizer =
-        UserSymbolizer::new(config.symbolize, (config.symbol_cache_mb as usize) << 20);
-    user_symbolizer.set_scratch_dir(&config.store);
-    if debug_files.is_some() {
-        user_symbolizer.collect_new_binaries(export::debuginfo::CHANNEL_CAPACITY);
-    }
+    let status = format!("sampling {cpus} CPUs at {} Hz", config.frequency);
+    systemd.ready(&status);
     let mut pipeline = Pipeline {
-        session: Session::new(user_symbolizer, config.thread_ids),
         kernel: KernelSymbolizer::default(),
         period_ns: 1_000_000_000 / config.frequency,
         store,
@@ -375,56 +342,32 @@ pub async fn run(
         filtered_reported: 0,
         debug_files,
         debug_files_dropped: 0,
-        unwinder,
         unwind_metrics,
-        off_cpu,
-    };
-    let mut ticker =
-        tokio::time::interval_at(tokio::time::Instant::now() + config.window, config.window);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut discover = tokio::time::interval(DISCOVERY_INTERVAL);
-    discover.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let events = UnwindEvents::new(pipeline.unwinder.as_ref());
-    // The ring buffer holds about 1,600 blocks: read it as often as `record` does, so the
-    // cap's 10,000 a second never fill it.
-    let mut off_cpu_tick = tokio::time::interval(OFF_CPU_READ_INTERVAL);
-    off_cpu_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let result = loop {
-        tokio::select! {
-            biased;
-            _ = sigint.recv() => { tracing::info!("interrupted: flushing the current window"); break Ok(()) }
-            _ = sigterm.recv() => { tracing::info!("terminated: flushing the current window"); break Ok(()) }
-            // Pinged from this loop, not a task of its own: a window stuck in symbolising or
-            // the store then stops the pings, and systemd restarts the daemon.
-            _ = systemd.watchdog_due() => systemd.watchdog_ping(),
-            _ = ticker.tick() => {
-                if let Err(err) = pipeline.window(&mut drainer, &mut sampler) {
-                    break Err(err);
-                }
-                sampler.flush_logs();
-                systemd.status(&match health.check(Instant::now()) {
-                    Ok(()) => sampling.clone(),
-                    Err(reason) => format!("{sampling}; unhealthy: {reason}"),
-                });
+        off_cpu_type: config.off_cpu_settings().map(|settings| {
+            let control = settings.control(1, 0);
+            SampleType::OffCpu {
+                mean_ns: control.mean_ns,
+                min_ns: control.min_ns,
             }
-            _ = events.ready() => pipeline.load_unwind_tables(false),
-            _ = off_cpu_tick.tick(), if pipeline.off_cpu.is_some() => pipeline.read_blocks(),
-            _ = discover.tick() => match drainer.active_pids() {
-                Ok(pids) => {
-                    let new = pipeline.session.discover(pids);
-                    pipeline.target(&new, &mut sampler);
-                    pipeline.load_unwind_tables(true);
-                }
-                Err(err) => break Err(err.into()),
-            },
-        }
+        }),
+        systemd,
+        status,
     };
+    let result = sampling::drive(&mut sampling, &mut pipeline, config.window, None, async {
+        let why = shutdown.await;
+        tracing::info!("{why}: flushing the current window");
+    })
+    .await;
     // The partial window: drained and written within the shutdown budget. Symbolising is
     // bounded by what the window holds; the store write by its busy timeout.
     let flush_started = Instant::now();
-    systemd.stopping();
+    pipeline.systemd.stopping();
     if result.is_ok() {
-        if let Err(err) = pipeline.window(&mut drainer, &mut sampler) {
+        let flushed = sampling
+            .drain()
+            .map_err(RunError::from)
+            .and_then(|drained| pipeline.window(&mut sampling, drained));
+        if let Err(err) = flushed {
             tracing::warn!("flushing the last window: {err}");
         }
         if !pipeline.buffered.is_empty() {
@@ -435,7 +378,7 @@ pub async fn run(
             );
         }
     }
-    drop(sampler);
+    drop(sampling);
     // The remote gets what it takes at once of the windows still queued, the last one
     // included, within the budget; the rest waits in the store for the next start.
     if let Some(remote) = remote {
@@ -465,22 +408,8 @@ fn exec_record(file: &scorch_common::ExecFile) -> Option<ExecRecord> {
     })
 }
 
-/// How often the daemon reads the off-CPU ring buffer.
-const OFF_CPU_READ_INTERVAL: Duration = Duration::from_millis(50);
-
-/// The off-CPU program's output, read between windows (`off-cpu = true`).
-struct OffCpuSource {
-    reader: OffCpuReader,
-    /// What each off-CPU window's values are: its sampling rule travels with it to the store
-    /// and the sinks.
-    sample_type: SampleType,
-    /// When the ring buffer was last read: the next read's blocks happened after it.
-    last_read: SystemTime,
-}
-
 /// The per-window work, and what it keeps between windows.
 struct Pipeline {
-    session: Session,
     kernel: KernelSymbolizer,
     period_ns: u64,
     store: Store,
@@ -503,56 +432,23 @@ struct Pipeline {
     debug_files: Option<DebugFileSender>,
     /// Binaries the queue had no room for.
     debug_files_dropped: u64,
-    /// Feeds the BPF unwinder its tables (`--unwind auto`).
-    unwinder: Option<Unwinder>,
     unwind_metrics: UnwindMetrics,
-    /// Off-CPU blocks, when recorded.
-    off_cpu: Option<OffCpuSource>,
+    /// What each off-CPU window's values are, when off-CPU time is recorded: its sampling rule
+    /// travels with it to the store and the sinks.
+    off_cpu_type: Option<SampleType>,
+    /// Told that the daemon is ready, its status after each window, and that it stops.
+    systemd: Systemd,
+    /// The status systemd shows while all is well.
+    status: String,
 }
 
 impl Pipeline {
-    /// Reads the blocks the off-CPU program sent since the last read into the session.
-    fn read_blocks(&mut self) {
-        let Some(source) = &mut self.off_cpu else {
-            return;
-        };
-        let now = SystemTime::now();
-        let blocks = source.reader.read();
-        self.session.add_blocks(source.last_read, now, blocks);
-        source.last_read = now;
-    }
-
-    /// Loads the tables of processes the BPF side asked about, except those relabelling drops;
-    /// the maps read on the way are kept by the session before anything waits (`wait`: for
-    /// the tables just asked for, at most 20 ms).
-    fn load_unwind_tables(&mut self, wait: bool) {
-        let Some(unwinder) = &mut self.unwinder else {
-            return;
-        };
-        let labeler = &mut self.labeler;
-        let can_drop = labeler.can_drop();
-        let wanted = |pid| !can_drop || !matches!(*labeler.outcome(pid), Outcome::Dropped { .. });
-        let session = &mut self.session;
-        let polled = unwinder
-            .poll(wanted)
-            .map(|captured| session.keep_captures(captured));
-        // Judged now, while /proc/PID still describes them: a process that lives a few
-        // milliseconds keeps these labels until its window is labelled.
-        for &pid in polled.as_deref().unwrap_or_default() {
-            labeler.outcome(pid);
-        }
-        if let Err(err) = polled.and_then(|_| unwinder.install_tables(wait)) {
-            tracing::warn!("{err}");
-        }
-        session.take_python(unwinder);
-    }
-
     /// Passes the binaries this window met first to the debug-info upload.
-    fn hand_over_new_binaries(&mut self) {
+    fn hand_over_new_binaries(&mut self, user: &mut UserSymbolizer) {
         let Some(queue) = &self.debug_files else {
             return;
         };
-        for file in self.session.user.take_new_binaries() {
+        for file in user.take_new_binaries() {
             let (path, id) = (file.path.clone(), file.build_id.clone());
             if let Err(err) = queue.try_send(file) {
                 self.debug_files_dropped += 1;
@@ -595,33 +491,6 @@ impl Pipeline {
         }
     }
 
-    /// Removes the samples of processes relabelling drops, taken before discovery excluded
-    /// them in BPF, before anything is symbolised: a dropped process's binaries are not
-    /// parsed into the cache and its perf map is not read (a busy host's compilers would
-    /// otherwise fill the symbol cache of a daemon told to profile one service).
-    /// When rules read a thread's labels, the threads they drop go too (their process stays
-    /// out of the deny list: its other threads are kept).
-    fn discard_dropped(&mut self, aggregated: &mut Aggregated) {
-        if !self.labeler.can_drop() {
-            return;
-        }
-        let labeler = &mut self.labeler;
-        let mut dropped: std::collections::HashMap<u32, bool> = std::collections::HashMap::new();
-        aggregated.stacks.retain(|stack, _| {
-            let process = *dropped
-                .entry(stack.tgid)
-                .or_insert_with(|| matches!(*labeler.outcome(stack.tgid), Outcome::Dropped { .. }));
-            if process {
-                return false;
-            }
-            !(labeler.reads_threads()
-                && matches!(
-                    *labeler.thread_outcome(stack.tgid, &stack.thread.name, stack.thread.id),
-                    Outcome::Dropped { .. }
-                ))
-        });
-    }
-
     /// Caps the window's threads per process (after the dropped ones are gone, so they take
     /// no place under the cap), counting those folded.
     fn fold_threads(&mut self, aggregated: &mut Aggregated) {
@@ -629,75 +498,9 @@ impl Pipeline {
         self.metrics.threads_folded(folded.threads);
     }
 
-    /// Gives each sample its series' labels: its process's and thread's, relabelled, and for
-    /// off-CPU time its `state`. Removes the samples of dropped processes (taken before the
-    /// process was first seen and excluded) and of dropped threads.
+    /// Gives each sample its series' labels (`labels::apply`), counting those that lack some.
     fn label(&mut self, profile: &mut Profile) {
-        // One outcome per process, then one label set per (process, thread) (None: dropped),
-        // and one per (process, thread, state).
-        let mut per_process: std::collections::HashMap<u32, (bool, Option<Missing>)> =
-            std::collections::HashMap::new();
-        let mut per_thread: std::collections::HashMap<ThreadKey, Option<Arc<Labels>>> =
-            std::collections::HashMap::new();
-        let mut per_state: std::collections::HashMap<(ThreadKey, String), Arc<Labels>> =
-            std::collections::HashMap::new();
-        let labeler = &mut self.labeler;
-        let mut unlabelled: std::collections::BTreeMap<&'static str, u64> = Default::default();
-        profile.samples.retain_mut(|sample| {
-            let (kept, missing) = *per_process.entry(sample.pid).or_insert_with(|| {
-                let (outcome, missing) = labeler.judge(sample.pid);
-                (matches!(*outcome, Outcome::Keep(_)), missing)
-            });
-            if !kept {
-                return false;
-            }
-            if let Some(missing) = missing {
-                *unlabelled.entry(missing.as_str()).or_default() += sample.count;
-            }
-            let (name, id) = thread_of(&sample.labels);
-            let key = (sample.pid, name.to_owned(), id);
-            let labels = per_thread.entry(key.clone()).or_insert_with(|| {
-                let outcome = labeler.thread_outcome(sample.pid, name, id);
-                let mut labels = match &*outcome {
-                    Outcome::Keep(labels) => labels.clone(),
-                    // The folded threads were each kept (`discard_dropped` judged them by
-                    // their own names): a rule dropping the name they share does not drop
-                    // them again; they get their process's labels.
-                    Outcome::Dropped { .. } if name == OTHER_THREADS => {
-                        match &*labeler.outcome(sample.pid) {
-                            Outcome::Keep(labels) => {
-                                let mut labels = labels.clone();
-                                labels.insert(THREAD_LABEL.to_owned(), OTHER_THREADS.to_owned());
-                                labels
-                            }
-                            Outcome::Dropped { .. } => return None,
-                        }
-                    }
-                    Outcome::Dropped { .. } => return None,
-                };
-                // The name read while the process ran beats a late read of /proc.
-                if labels.contains_key("comm") && !sample.comm.is_empty() {
-                    labels.insert("comm".to_owned(), sample.comm.clone());
-                }
-                Some(Arc::new(labels))
-            });
-            let Some(labels) = labels else {
-                return false;
-            };
-            // Off-CPU samples keep the state they blocked in beside their thread's labels.
-            sample.labels = match sample.labels.get(STATE_LABEL) {
-                None => labels.clone(),
-                Some(state) => per_state
-                    .entry((key, state.clone()))
-                    .or_insert_with(|| {
-                        let mut merged = (**labels).clone();
-                        merged.insert(STATE_LABEL.to_owned(), state.clone());
-                        Arc::new(merged)
-                    })
-                    .clone(),
-            };
-            true
-        });
+        let unlabelled = apply::label(&mut self.labeler, profile);
         if !unlabelled.is_empty() {
             tracing::debug!("samples without their process's labels: {unlabelled:?}");
             self.metrics.samples_unlabelled(&unlabelled);
@@ -720,17 +523,20 @@ impl Pipeline {
         }
     }
 
-    fn window(&mut self, drainer: &mut Drainer, sampler: &mut Sampler) -> Result<(), RunError> {
-        let drain_started = Instant::now();
-        let raw = drainer.drain_window()?;
-        let (samples, losses, stack_maps) = (raw.total_samples(), raw.losses, raw.stack_maps);
-        self.session.add(raw);
+    /// Symbolises, labels and writes one drained window: its CPU samples, then its off-CPU
+    /// blocks as a window of their own type.
+    fn store_window(&mut self, sampling: &mut Sampling, drained: Drained) {
+        let Drained {
+            samples,
+            losses,
+            stack_maps,
+            took,
+        } = drained;
         self.metrics
-            .window_drained(samples, &losses, &stack_maps, drain_started.elapsed());
+            .window_drained(samples, &losses, &stack_maps, took);
         self.metrics
-            .bpf_cost(sampler.run_stats(), cost::bpf_map_memory().ok());
-        if let Some(unwinder) = &mut self.unwinder {
-            unwinder.forget_exited();
+            .bpf_cost(sampling.sampler.run_stats(), cost::bpf_map_memory().ok());
+        if let Some(unwinder) = &sampling.unwinder {
             self.unwind_metrics.window_drained(
                 losses.unwind_outcomes(),
                 losses.python_counts(),
@@ -739,16 +545,17 @@ impl Pipeline {
         }
         self.health.sampling_ok_at(Instant::now());
 
-        let mut aggregated = std::mem::take(&mut self.session.aggregated);
+        let session = &mut sampling.session;
+        let mut aggregated = std::mem::take(&mut session.aggregated);
         self.remember_kernel_facts(&aggregated);
-        self.discard_dropped(&mut aggregated);
+        apply::discard_dropped(&mut self.labeler, &mut aggregated);
         self.fold_threads(&mut aggregated);
         let symbolize_started = Instant::now();
-        let comms = &self.session.proc_comms;
+        let comms = &session.proc_comms;
         match symbolize::symbolize(
             &aggregated,
             &mut self.kernel,
-            &mut self.session.user,
+            &mut session.user,
             self.period_ns,
             |pid| comms.get(&pid).cloned(),
         ) {
@@ -762,78 +569,68 @@ impl Pipeline {
             Err(err) => tracing::warn!("symbolizing a window: {err}"),
         }
         self.metrics.window_symbolized(symbolize_started.elapsed());
-        self.hand_over_new_binaries();
+        self.hand_over_new_binaries(&mut session.user);
         // Once per binary: the figures in the text change every window.
-        for hint in symbolize::hints::stack_hints(&aggregated, &self.session.user) {
+        for hint in symbolize::hints::stack_hints(&aggregated, &session.user) {
             if self.warned_binaries.insert(hint.binary.clone()) {
                 tracing::warn!("{hint}");
             }
         }
         drop(aggregated);
-        self.off_cpu_window();
+        self.off_cpu_window(sampling);
 
         self.write_buffered();
-        self.session.forget_exited();
+        let session = &mut sampling.session;
+        session.forget_exited();
         for pid in self.labeler.forget_exited() {
             if self.excluded.remove(&pid) {
-                sampler.forget_pid(pid);
+                sampling.sampler.forget_pid(pid);
             }
         }
-        let filtered = sampler.filtered_samples();
+        let filtered = sampling.sampler.filtered_samples();
         self.metrics.filtered(
             filtered.saturating_sub(self.filtered_reported),
             self.excluded.len() as u64,
         );
         self.filtered_reported = filtered;
-        self.session.user.enforce_budget();
-        self.session.user.release_idle_parses();
+        let user = &mut sampling.session.user;
+        user.enforce_budget();
+        user.release_idle_parses();
         // Symbolising and encoding a window allocate and free megabytes; glibc would keep the
         // freed pages in its arenas for the daemon's whole life. Small amounts stay, or every
         // window would fault in and zero the same pages again.
         release_free_memory_above(FREE_MEMORY_KEPT);
-        let cache = self.session.user.cache_stats();
+        let cache = user.cache_stats();
         self.metrics
             .set_symbol_cache(cache.bytes, cache.hits, cache.misses);
         self.metrics
             .set_mapped_file_faults(crate::sys::sigbus::faults());
+        self.metrics.set_process_captures(&user.capture_stats());
         self.metrics
-            .set_process_captures(&self.session.user.capture_stats());
-        self.metrics
-            .set_start_frames_completed(self.session.user.entry_completions());
-        self.metrics
-            .set_python_unnamed(self.session.user.python_stats().1);
+            .set_start_frames_completed(user.entry_completions());
+        self.metrics.set_python_unnamed(user.python_stats().1);
         self.metrics.set_store_bytes(self.store.disk_bytes());
-        Ok(())
     }
 
-    /// The off-CPU blocks read since the last window, symbolised and labelled as the CPU
-    /// samples are, and buffered as a window of their own type.
-    fn off_cpu_window(&mut self) {
-        let Some(source) = &mut self.off_cpu else {
+    /// The window's off-CPU blocks, symbolised and labelled as the CPU samples are, and
+    /// buffered as a window of their own type.
+    fn off_cpu_window(&mut self, sampling: &mut Sampling) {
+        let (Some(sample_type), Some(reader)) = (self.off_cpu_type, sampling.off_cpu()) else {
             return;
         };
-        // Up to now: the window's last blocks, not the next one's first.
-        let now = SystemTime::now();
-        let blocks = source.reader.read();
-        let (start, sample_type) = (source.last_read, source.sample_type);
-        source.last_read = now;
-        self.session.add_blocks(start, now, blocks);
-        match source.reader.counts() {
+        match reader.counts() {
             Ok(counts) => self.metrics.set_off_cpu(&counts),
             Err(err) => tracing::warn!("{err}"),
         }
-        let mut blocks = std::mem::take(&mut self.session.blocks);
-        self.discard_dropped(&mut blocks);
+        let session = &mut sampling.session;
+        let mut blocks = std::mem::take(&mut session.blocks);
+        apply::discard_dropped(&mut self.labeler, &mut blocks);
         self.fold_threads(&mut blocks);
-        let comms = &self.session.proc_comms;
+        let comms = &session.proc_comms;
         // Values are nanoseconds already: a period of 1.
-        match symbolize::symbolize(
-            &blocks,
-            &mut self.kernel,
-            &mut self.session.user,
-            1,
-            |pid| comms.get(&pid).cloned(),
-        ) {
+        match symbolize::symbolize(&blocks, &mut self.kernel, &mut session.user, 1, |pid| {
+            comms.get(&pid).cloned()
+        }) {
             Ok(mut profile) => {
                 profile.sample_type = sample_type;
                 self.label(&mut profile);
@@ -892,30 +689,38 @@ impl Pipeline {
     }
 }
 
-/// A thread of a process: pid, thread name, thread id.
-type ThreadKey = (u32, String, Option<u32>);
+impl Consumer for Pipeline {
+    type Error = RunError;
 
-/// A sample's thread name and id, from the labels symbolising gave it.
-fn thread_of(labels: &Labels) -> (&str, Option<u32>) {
-    (
-        labels.get(THREAD_LABEL).map_or("", String::as_str),
-        labels.get(THREAD_ID_LABEL).and_then(|id| id.parse().ok()),
-    )
-}
+    fn window(&mut self, sampling: &mut Sampling, drained: Drained) -> Result<(), RunError> {
+        self.store_window(sampling, drained);
+        let status = match self.health.check(Instant::now()) {
+            Ok(()) => self.status.clone(),
+            Err(reason) => format!("{}; unhealthy: {reason}", self.status),
+        };
+        self.systemd.status(&status);
+        Ok(())
+    }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+    /// Not the processes relabelling drops: they get no tables.
+    fn wants(&mut self, pid: u32) -> bool {
+        !self.labeler.can_drop() || !matches!(*self.labeler.outcome(pid), Outcome::Dropped { .. })
+    }
 
-    #[test]
-    fn a_sample_names_its_thread() {
-        let process_only = Labels::from([("comm".to_owned(), "a".to_owned())]);
-        assert_eq!(thread_of(&process_only), ("", None));
-        let cpu = Labels::from([
-            ("comm".to_owned(), "a".to_owned()),
-            ("thread".to_owned(), "worker".to_owned()),
-            ("thread_id".to_owned(), "12".to_owned()),
-        ]);
-        assert_eq!(thread_of(&cpu), ("worker", Some(12)));
+    /// Judged now, while /proc/PID still describes them: a process that lives a few
+    /// milliseconds keeps these labels until its window is labelled. Those dropped go into
+    /// the BPF deny list.
+    fn met(&mut self, pids: &[u32], sampler: &mut Sampler) {
+        self.target(pids, sampler);
+    }
+
+    /// Pinged from the sampling loop, not a task of its own: a window stuck in symbolising or
+    /// the store then stops the pings, and systemd restarts the daemon.
+    async fn chore_due(&mut self) {
+        self.systemd.watchdog_due().await
+    }
+
+    fn chore(&mut self) {
+        self.systemd.watchdog_ping();
     }
 }

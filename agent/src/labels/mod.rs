@@ -14,6 +14,7 @@
 //! read is labelled from what the kernel recorded at its samples: its name and its cgroup
 //! ([`KernelFacts`]); it lacks only its executable, and is counted ([`FactsSource`]).
 
+pub mod apply;
 pub mod cgroup;
 pub mod cgroup_ids;
 pub mod kubernetes;
