@@ -5,5 +5,5 @@
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    scorch::runtimes::go::fuzz_one(data);
+    scorch::binary::gopclntab::fuzz_one(data);
 });

@@ -17,8 +17,10 @@ use anyhow::{bail, Context, Result};
 
 mod docs;
 
-/// Non-test lines a file may have before it should become a folder of files named for its
-/// parts.
+/// Non-test lines past which a file is reported as a warning: time to think about which parts
+/// it holds.
+pub const WARN_FILE_LINES: usize = 600;
+/// Non-test lines a file may have before it must become a folder of files named for its parts.
 pub const MAX_FILE_LINES: usize = 1000;
 
 /// One import against the layer order.
@@ -56,14 +58,27 @@ pub fn lint(root: &Path) -> Result<()> {
     let mut files = Vec::new();
     collect_rs_files(&src, &mut files)?;
     files.sort();
+    let mut texts = BTreeMap::new();
     for file in &files {
+        let text =
+            std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+        texts.insert(file.clone(), text);
+    }
+    // A file that is a `#[cfg(test)] mod x;` of its parent is test code, as a `#[cfg(test)]`
+    // item inside a file is: neither its size nor its imports count.
+    let test_files: std::collections::BTreeSet<PathBuf> = texts
+        .iter()
+        .flat_map(|(file, text)| test_modules(file, text))
+        .collect();
+    for (file, text) in &texts {
+        if test_files.contains(file) {
+            continue;
+        }
         let relative = file.strip_prefix(&src).unwrap_or(file);
         let Some(module) = top_module(relative) else {
             continue; // lib.rs, main.rs: the crate root and the binary sit above every layer.
         };
-        let text =
-            std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
-        let code = strip_tests(&strip_comments_and_strings(&text));
+        let code = strip_tests(&strip_comments_and_strings(text));
         let lines = code.lines().filter(|l| !l.trim().is_empty()).count();
         if lines > MAX_FILE_LINES {
             problems.push(format!(
@@ -71,6 +86,12 @@ pub fn lint(root: &Path) -> Result<()> {
                  folder of files named for their parts",
                 relative.display()
             ));
+        } else if lines > WARN_FILE_LINES {
+            println!(
+                "lint: warning: {}: {lines} lines of non-test code (a warning past \
+                 {WARN_FILE_LINES}, an error past {MAX_FILE_LINES})",
+                relative.display()
+            );
         }
         let shown = Path::new("agent/src").join(relative);
         for edge in upward_edges(&module, &code, &layers, &shown) {
@@ -369,6 +390,39 @@ pub fn strip_tests(code: &str) -> String {
     out
 }
 
+/// The files `file` declares as test-only modules (`#[cfg(test)] mod tests;`): `dir/tests.rs`
+/// beside a `mod.rs` or `lib.rs`, `file_stem/tests.rs` beside any other file.
+fn test_modules(file: &Path, text: &str) -> Vec<PathBuf> {
+    let code = strip_comments_and_strings(text);
+    let dir = match file.file_stem().and_then(|s| s.to_str()) {
+        Some("mod" | "lib" | "main") => file.parent().map(Path::to_path_buf),
+        Some(stem) => file.parent().map(|p| p.join(stem)),
+        None => None,
+    };
+    let Some(dir) = dir else {
+        return Vec::new();
+    };
+    let mut found = Vec::new();
+    let mut rest = code.as_str();
+    while let Some(at) = rest.find("#[cfg(test)]") {
+        rest = &rest[at + "#[cfg(test)]".len()..];
+        let item = rest.trim_start();
+        let item = item.strip_prefix("pub(crate) ").unwrap_or(item);
+        let Some(declared) = item.strip_prefix("mod ") else {
+            continue;
+        };
+        let name: String = declared
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect();
+        if declared[name.len()..].trim_start().starts_with(';') {
+            found.push(dir.join(format!("{name}.rs")));
+            found.push(dir.join(name).join("mod.rs"));
+        }
+    }
+    found
+}
+
 fn collect_rs_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
     for entry in std::fs::read_dir(dir).with_context(|| format!("listing {}", dir.display()))? {
         let path = entry?.path();
@@ -395,6 +449,19 @@ mod tests {
             .into_iter()
             .map(|e| format!("{}->{}@{}", e.from, e.to, e.line))
             .collect()
+    }
+
+    #[test]
+    fn test_modules_are_found_beside_their_parent() {
+        let code = "mod a;\n#[cfg(test)]\nmod tests;\n#[cfg(test)]\nmod inline {}\n";
+        assert_eq!(
+            test_modules(Path::new("src/x/mod.rs"), code),
+            [PathBuf::from("src/x/tests.rs"), PathBuf::from("src/x/tests/mod.rs")]
+        );
+        assert_eq!(
+            test_modules(Path::new("src/x/y.rs"), "#[cfg(test)] pub(crate) mod t;"),
+            [PathBuf::from("src/x/y/t.rs"), PathBuf::from("src/x/y/t/mod.rs")]
+        );
     }
 
     #[test]

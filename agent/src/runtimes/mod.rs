@@ -5,14 +5,11 @@
 //!   the ranges its `.eh_frame` describes).
 //! - `x86`: the few instruction patterns the readers recognise in compiled code.
 //! - `libc`: where glibc keeps a thread's `pthread_getspecific` values.
-//! - `go`: Go's `.gopclntab`, in any Go binary, stripped or not: function names, lines and
-//!   inlined frames at a pc, and each function's stack-pointer deltas.
 //! - `python`: CPython 3.11 to 3.14: version, offsets, eval loop, thread-state key.
 //!
 //! Pure: each reader takes a file's bytes and returns data or an error naming the file and
 //! what is wrong; nothing here touches a process.
 
-pub mod go;
 pub mod image;
 pub mod libc;
 pub mod python;

@@ -1100,7 +1100,7 @@ fn build_from(bytes: &[u8], path: &Path) -> Option<Built> {
         // A Go binary without a GNU build id is keyed by its Go one.
         build_id: match elf.build_id() {
             Ok(Some(id)) => Some(Box::from(id)),
-            _ => crate::runtimes::go::build_id(&elf, bytes).map(|id| Box::from(id.as_bytes())),
+            _ => crate::binary::gopclntab::build_id(&elf, bytes).map(|id| Box::from(id.as_bytes())),
         },
     })
 }

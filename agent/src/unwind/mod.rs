@@ -211,7 +211,7 @@ impl UnwindTable {
         // In a Go binary, the runtime's functions that start or switch stacks come first:
         // its CFI (an unstripped build's `.debug_frame`) describes them as ordinary frames,
         // and a walk through them goes on into another stack's words.
-        let go = match crate::runtimes::go::Pclntab::find(&file, elf) {
+        let go = match crate::binary::gopclntab::Pclntab::find(&file, elf) {
             Ok(table) => table,
             Err(err) => {
                 tracing::debug!("{}: Go function table refused: {err}", path.display());

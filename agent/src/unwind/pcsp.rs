@@ -11,7 +11,7 @@
 //! (`runtime.systemstack`, `runtime.mcall`, `runtime.morestack`, and whatever Go flags
 //! `SPWRITE`) stop it, as unsupported, rather than walk into another stack's words.
 
-use crate::runtimes::go::{GoFunc, Pclntab};
+use crate::binary::gopclntab::{GoFunc, Pclntab};
 
 use super::{
     convert::{Converted, FdeCounts, Function, MAX_ROWS},

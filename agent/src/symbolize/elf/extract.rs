@@ -387,7 +387,7 @@ pub(crate) mod tests {
         // And it names the program's function, as the binary itself does.
         let named = |bytes: &[u8]| {
             let file = object::File::parse(bytes).unwrap();
-            let table = crate::runtimes::go::Pclntab::find(&file, bytes)
+            let table = crate::binary::gopclntab::Pclntab::find(&file, bytes)
                 .unwrap()
                 .expect("the table is found");
             let work = table

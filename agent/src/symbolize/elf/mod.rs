@@ -43,7 +43,7 @@ use std::{
 use object::{Object, ObjectSegment};
 
 use super::address::{ElfAddress, FileOffset};
-use crate::runtimes::go::Pclntab;
+use crate::binary::gopclntab::Pclntab;
 use crate::sys;
 use dwarf::Dwarf;
 pub use section_cache::SectionCache;
@@ -224,7 +224,7 @@ pub struct ResolvedFrame {
 pub fn build_id(file: &object::File<'_>, data: &[u8]) -> Option<String> {
     match file.build_id() {
         Ok(Some(id)) => Some(crate::sys::hex::to_hex(id)),
-        _ => crate::runtimes::go::build_id(file, data)
+        _ => crate::binary::gopclntab::build_id(file, data)
             .map(|id| crate::sys::hex::to_hex(id.as_bytes())),
     }
 }
@@ -527,8 +527,8 @@ impl ElfFile {
                     // Outside every function, or in the padding after one's code, where its
                     // pc tables end: nothing to name, nothing wrong.
                     Err(
-                        crate::runtimes::go::PclntabError::NoFunction { .. }
-                        | crate::runtimes::go::PclntabError::PcValueEnds { .. },
+                        crate::binary::gopclntab::PclntabError::NoFunction { .. }
+                        | crate::binary::gopclntab::PclntabError::PcValueEnds { .. },
                     ) => {}
                     _ => {
                         self.go_errors

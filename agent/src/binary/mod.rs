@@ -1,0 +1,10 @@
+//! Binary formats, read in place from a file's bytes: what a binary says about itself, not
+//! about a process that maps it.
+//!
+//! - `gopclntab`: Go's function table, in every Go binary, stripped or not: function names,
+//!   lines and inlined frames at a pc, each function's stack-pointer deltas, and the Go build
+//!   id. Go is native code, not an interpreter: the unwinder and the symbolizer both read it.
+//!
+//! Pure: each reader takes a file's bytes and returns data or an error naming what is wrong.
+
+pub mod gopclntab;
