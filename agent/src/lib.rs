@@ -27,6 +27,8 @@ pub mod pprof {
 pub mod sys;
 pub mod metrics;
 pub mod parse;
+// What differs between architectures, one module each.
+pub mod arch;
 // Binary formats read in place from a file's bytes (pure, like the parsers).
 pub mod binary;
 // Language runtimes, read from their binaries (pure, like the parsers).

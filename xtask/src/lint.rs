@@ -456,11 +456,17 @@ mod tests {
         let code = "mod a;\n#[cfg(test)]\nmod tests;\n#[cfg(test)]\nmod inline {}\n";
         assert_eq!(
             test_modules(Path::new("src/x/mod.rs"), code),
-            [PathBuf::from("src/x/tests.rs"), PathBuf::from("src/x/tests/mod.rs")]
+            [
+                PathBuf::from("src/x/tests.rs"),
+                PathBuf::from("src/x/tests/mod.rs")
+            ]
         );
         assert_eq!(
             test_modules(Path::new("src/x/y.rs"), "#[cfg(test)] pub(crate) mod t;"),
-            [PathBuf::from("src/x/y/t.rs"), PathBuf::from("src/x/y/t/mod.rs")]
+            [
+                PathBuf::from("src/x/y/t.rs"),
+                PathBuf::from("src/x/y/t/mod.rs")
+            ]
         );
     }
 

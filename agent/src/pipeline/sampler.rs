@@ -261,10 +261,11 @@ impl Sampler {
         // Python frames are walked through the thread's `fs` base, whose place in the task
         // the kernel's BTF gives; without it they stay native frames.
         let task_fsbase: u32 = if tables {
-            crate::sys::btf::task_fsbase_offset().unwrap_or_else(|err| {
-                tracing::warn!("Python frames not walked: {err}");
-                0
-            })
+            crate::sys::btf::task_thread_pointer_offset(crate::arch::native::THREAD_POINTER)
+                .unwrap_or_else(|err| {
+                    tracing::warn!("Python frames not walked: {err}");
+                    0
+                })
         } else {
             0
         };

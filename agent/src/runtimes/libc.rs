@@ -16,10 +16,8 @@
 
 use iced_x86::{Mnemonic, OpKind, Register};
 
-use super::{
-    image::{Image, ImageError},
-    x86::instructions,
-};
+use super::image::{Image, ImageError};
+use crate::arch::x86_64::decode::instructions;
 
 /// Why a libc's layout was not read.
 #[derive(Debug, thiserror::Error)]

@@ -3,7 +3,6 @@
 //!
 //! - `image`: one ELF image as these readers need it (symbols by name, bytes at an address,
 //!   the ranges its `.eh_frame` describes).
-//! - `x86`: the few instruction patterns the readers recognise in compiled code.
 //! - `libc`: where glibc keeps a thread's `pthread_getspecific` values.
 //! - `python`: CPython 3.11 to 3.14: version, offsets, eval loop, thread-state key.
 //!
@@ -13,4 +12,3 @@
 pub mod image;
 pub mod libc;
 pub mod python;
-pub mod x86;

@@ -177,10 +177,10 @@ impl<'a> Btf<'a> {
     }
 }
 
-/// The offset of the thread's `fs` base in `struct task_struct` (`thread.fsbase`), read from
-/// the running kernel's BTF.
-pub fn task_fsbase_offset() -> Result<u32, BtfError> {
-    task_member_offset(&["thread", "fsbase"])
+/// The offset of the thread pointer in `struct task_struct`, at the member path the
+/// architecture names (`arch::native::THREAD_POINTER`), read from the running kernel's BTF.
+pub fn task_thread_pointer_offset(path: &[&str]) -> Result<u32, BtfError> {
+    task_member_offset(path)
 }
 
 /// The offset of the thread id in `struct task_struct` (`pid`), for the off-CPU program to
@@ -457,8 +457,9 @@ mod tests {
     fn this_kernels_task_fsbase() {
         let offset = btf_task_member_offset(&["thread", "fsbase"]).unwrap();
         assert!((1024..16384).contains(&offset), "{offset}");
-        assert_eq!(task_fsbase_offset().unwrap(), offset);
-        assert_eq!(task_fsbase_offset().unwrap(), offset);
+        let path = crate::arch::x86_64::THREAD_POINTER;
+        assert_eq!(task_thread_pointer_offset(path).unwrap(), offset);
+        assert_eq!(task_thread_pointer_offset(path).unwrap(), offset);
     }
 
     #[test]

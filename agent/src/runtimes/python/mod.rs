@@ -18,10 +18,8 @@ pub mod offsets;
 
 use std::{fmt, ops::Range};
 
-use super::{
-    image::{Image, ImageError, Symbol},
-    x86::{first_argument, jumps_out, FirstArgument, Place},
-};
+use super::image::{Image, ImageError, Symbol};
+use crate::arch::x86_64::decode::{first_argument, jumps_out, FirstArgument, Place};
 pub use offsets::{CodeOffsets, EntryMark, Offsets};
 
 /// Why a binary that defines CPython's symbols is not walked.
