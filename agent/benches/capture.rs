@@ -16,7 +16,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use scorch::symbolize::maps::ProcessMaps;
+use scorch::process::maps::ProcessMaps;
 
 /// Processes per figure.
 const GROUP: usize = 80;

@@ -33,7 +33,7 @@ use std::{
 };
 
 use object::{Object, ObjectSection, ObjectSymbol, SymbolKind};
-use scorch::symbolize::{address::ElfAddress, elf::ElfFile};
+use scorch::{binary::address::ElfAddress, symbolize::elf::ElfFile};
 
 const PCS: usize = 10_000;
 const RUNS: usize = 5;

@@ -19,7 +19,7 @@ use std::{
 };
 
 use object::{Object, ObjectSegment, ObjectSymbol, SymbolKind};
-use scorch::symbolize::maps::ProcessMaps;
+use scorch::process::maps::ProcessMaps;
 use scorch::symbolize::user::{SymbolizeMode, UserSymbolizer};
 
 const LIBRARIES: usize = 20;
@@ -336,7 +336,7 @@ fn c_dwarf(whole_file: bool) {
     let mut lookups = 0;
     for &address in addresses.iter().step_by(step).take(500) {
         lookups += 1;
-        if let Ok(frames) = elf.resolve(scorch::symbolize::address::ElfAddress(address)) {
+        if let Ok(frames) = elf.resolve(scorch::binary::address::ElfAddress(address)) {
             with_lines += usize::from(frames.iter().any(|f| f.line > 0));
         }
     }

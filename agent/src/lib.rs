@@ -33,6 +33,8 @@ pub mod arch;
 pub mod binary;
 // Language runtimes, read from their binaries (pure, like the parsers).
 pub mod runtimes;
+// Another process: its mappings, and what is kept of them after it exits.
+pub mod process;
 // The data model and its encoders.
 pub mod profile;
 // The stages, in the order data passes them.

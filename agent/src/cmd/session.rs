@@ -12,7 +12,8 @@ use tokio::io::unix::AsyncFd;
 
 use crate::{
     pipeline::{aggregate::Aggregated, drain::RawWindow},
-    symbolize::{maps::ProcessMaps, user::UserSymbolizer},
+    process::maps::ProcessMaps,
+    symbolize::user::UserSymbolizer,
     unwind::loader::Unwinder,
 };
 

@@ -257,7 +257,7 @@ struct CachedProcess {
 }
 
 /// Processes whose kernel record is kept at most: the captures' own bound on exited processes
-/// (`symbolize::captures::CaptureLimits`), whose samples these label.
+/// (`process::captures::CaptureLimits`), whose samples these label.
 pub const MAX_KERNEL_FACTS: usize = 16_384;
 
 /// Exec'd paths whose resolved executable is kept ([`Labeler`]'s `resolved_execs`): a host

@@ -30,7 +30,7 @@ pub const OTHER_THREADS: &str = "(other threads)";
 pub struct StackSample {
     pub tgid: u32,
     /// Which capture of the process's maps names its user frames: the version latest when
-    /// the sample was drained (see `symbolize::maps::MapsHistory`), so a library unloaded
+    /// the sample was drained (see `process::maps::MapsHistory`), so a library unloaded
     /// later is still named, and another loaded at its address does not take its samples.
     pub maps_version: u32,
     pub user: Stack,

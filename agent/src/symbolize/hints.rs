@@ -171,7 +171,7 @@ mod tests {
     use super::*;
     use crate::{
         pipeline::{aggregate::StackSample, drain::Stack},
-        symbolize::maps::{MapEntry, ProcessMaps},
+        process::maps::{MapEntry, ProcessMaps},
     };
 
     fn entry(start: u64, end: u64, path: &str, inode: u64) -> MapEntry {

@@ -4,19 +4,17 @@
 //! process mapped ([`user`]). A frame that cannot be named keeps its address and mapping; that
 //! is data for the reader (and for servers that symbolise later), never an error.
 
-pub mod address;
-pub mod captures;
 pub mod elf;
 pub mod entry;
 pub mod hints;
 mod kallsyms_cache;
 pub mod kernel;
-pub mod maps;
 pub mod python;
 pub mod user;
 
 use std::{collections::HashMap, sync::Arc, time::Duration};
 
+use crate::process::maps::MapEntry;
 use crate::{
     pipeline::aggregate::{Aggregated, StackSample},
     pipeline::drain::{Stack, ThreadTag},
@@ -27,7 +25,6 @@ use crate::{
     },
 };
 use kernel::{KernelFrame, KernelSymbolizer};
-use maps::MapEntry;
 use scorch_common::{python_frame_parts, PYTHON_FRAME};
 use user::UserSymbolizer;
 

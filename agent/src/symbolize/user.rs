@@ -2,7 +2,7 @@
 //! virtual address -> function levels from DWARF or the symbol tables ([`super::elf`]).
 //!
 //! Each step changes the address space, so each has its own type ([`FileOffset`],
-//! [`ElfAddress`](super::address::ElfAddress)): mixing an absolute address with an ELF address
+//! [`ElfAddress`](crate::binary::address::ElfAddress)): mixing an absolute address with an ELF address
 //! is the classic profiler bug (wrong names for every PIE binary and shared library), and here
 //! it does not compile.
 //!
@@ -23,14 +23,14 @@ use std::{
     time::Instant,
 };
 
-use super::captures::{process_alive, CaptureStats, Captures};
 use super::elf::{
     DwarfLimits, DwarfOptions, ElfFile, ElfMiss, FileData, OverBudget, ResolvedFrame, SectionCache,
 };
 use super::entry::{EntryChains, ProcessFrames, Spot};
-use super::maps::{own_vdso, MapEntry, MapsHistory, ProcessMaps};
 use super::python::{PythonNames, PythonProcess};
 use crate::pipeline::aggregate::StackSample;
+use crate::process::captures::{process_alive, CaptureStats, Captures};
+use crate::process::maps::{own_vdso, MapEntry, MapsHistory, ProcessMaps};
 use crate::sys::allocator::release_free_memory;
 use crate::sys::hex::to_hex;
 use crate::sys::untrusted;
@@ -560,7 +560,7 @@ impl UserSymbolizer {
     }
 
     /// Notes the captured processes that exited, drops those never sampled, and keeps the
-    /// others within their bounds ([`CaptureLimits`](super::captures::CaptureLimits)). For a recording, which names its
+    /// others within their bounds ([`CaptureLimits`](crate::process::captures::CaptureLimits)). For a recording, which names its
     /// samples at the end: call once a window.
     pub fn note_exits(&mut self) {
         self.captures.note_exits(Instant::now(), process_alive);

@@ -42,17 +42,13 @@ use super::{
 use crate::sys::inner_maps::inner_map;
 use crate::{
     pipeline::maps::UnwindMaps,
+    process::maps::{own_vdso, MapEntry, ProcessMaps},
     runtimes::{
         image::{may_hold_runtime, Image},
         libc::{specific_layout, SpecificLayout},
         python::{interpreter, EntryMark, Interpreter},
     },
-    symbolize::{
-        elf::FileData,
-        maps::{own_vdso, MapEntry, ProcessMaps},
-        python::PythonProcess,
-        user::open_mapped,
-    },
+    symbolize::{elf::FileData, python::PythonProcess, user::open_mapped},
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -1260,7 +1256,7 @@ fn generation_map<V: aya::Pod>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::symbolize::maps::parse_maps;
+    use crate::process::maps::parse_maps;
 
     fn maps(text: &str) -> ProcessMaps {
         ProcessMaps::from_entries(parse_maps(text, Path::new("maps")).unwrap())

@@ -20,8 +20,8 @@ use crate::{
     metrics::{LabeledCounter, Registry},
     pipeline::drain::{Losses, StackMapFill},
     pipeline::off_cpu::OffCpuCounts,
+    process::captures::{CaptureDrop, CaptureStats},
     store::ErrorReason,
-    symbolize::captures::{CaptureDrop, CaptureStats},
 };
 
 #[derive(Debug)]

@@ -331,7 +331,7 @@ fn dwarf_frames(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::symbolize::{address::ElfAddress, elf::ElfFile};
+    use crate::{binary::address::ElfAddress, symbolize::elf::ElfFile};
     use std::path::{Path, PathBuf};
 
     #[test]

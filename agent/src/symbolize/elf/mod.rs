@@ -42,7 +42,7 @@ use std::{
 
 use object::{Object, ObjectSegment};
 
-use super::address::{ElfAddress, FileOffset};
+use crate::binary::address::{ElfAddress, FileOffset};
 use crate::binary::gopclntab::Pclntab;
 use crate::sys;
 use dwarf::Dwarf;

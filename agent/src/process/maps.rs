@@ -6,7 +6,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use super::address::FileOffset;
+use crate::binary::address::FileOffset;
 use crate::sys::procmap::{self, CodeVma, QueryError};
 
 #[derive(Debug, thiserror::Error)]
