@@ -43,12 +43,13 @@ use crate::sys::inner_maps::inner_map;
 use crate::{
     pipeline::maps::UnwindMaps,
     process::maps::{own_vdso, MapEntry, ProcessMaps},
+    process::open::open_mapped,
     runtimes::{
         image::{may_hold_runtime, Image},
         libc::{specific_layout, SpecificLayout},
         python::{interpreter, EntryMark, Interpreter},
     },
-    symbolize::{elf::FileData, python::PythonProcess, user::open_mapped},
+    symbolize::{elf::FileData, python::PythonProcess},
 };
 
 #[derive(Debug, thiserror::Error)]

@@ -14,9 +14,13 @@
 //! limits is remembered, so that opening it again after an eviction reads its symbol tables
 //! only.
 
+mod cache;
+mod debug_file;
+mod upload;
+
 use std::{
     collections::{BTreeMap, HashMap, VecDeque},
-    os::unix::fs::{MetadataExt, OpenOptionsExt},
+    os::unix::fs::MetadataExt,
     path::{Path, PathBuf},
     rc::Rc,
     sync::Arc,
@@ -31,9 +35,14 @@ use super::python::{PythonNames, PythonProcess};
 use crate::pipeline::aggregate::StackSample;
 use crate::process::captures::{process_alive, CaptureStats, Captures};
 use crate::process::maps::{own_vdso, MapEntry, MapsHistory, ProcessMaps};
+use crate::process::open::{open_mapped, OpenError};
+use crate::process::perf_map::PerfMap;
 use crate::sys::allocator::release_free_memory;
 use crate::sys::hex::to_hex;
 use crate::sys::untrusted;
+pub use cache::DEFAULT_CACHE_BYTES;
+use cache::*;
+pub use upload::NewBinary;
 
 /// Why a user frame has no function name. A miss is data, reported in the profile.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -56,6 +65,15 @@ pub enum UserMiss {
     CorruptGoTable,
     /// `--symbolize none`: left for the server.
     NotSymbolized,
+}
+
+impl From<OpenError> for UserMiss {
+    fn from(error: OpenError) -> UserMiss {
+        match error {
+            OpenError::Replaced => UserMiss::BinaryReplaced,
+            OpenError::Unreadable => UserMiss::UnreadableFile,
+        }
+    }
 }
 
 impl UserMiss {
@@ -143,213 +161,6 @@ pub struct UserFrame {
 // Parsed files are shared with `Rc`: addr2line parses lazily through cells, so a file is not
 // `Sync`; the symboliser lives on one thread.
 
-/// Identity of a cached file: where it lives on disk, with its build id when it has one.
-///
-/// Never the build id alone: a build id is only bytes in a note, and any container can write
-/// another binary's into a file of its own. Were the first parse of a build id shared by every
-/// process, that container would name other processes' frames.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-enum CacheKey {
-    BuildId { id: String, dev: u64, inode: u64 },
-    Inode { dev: u64, inode: u64, mtime: i64 },
-}
-
-struct CacheEntry {
-    /// `None` remembers a file that could not be used, so it is not retried every window.
-    file: Option<Rc<ElfFile>>,
-    cost: usize,
-    last_used: u64,
-    /// The window of the last lookup or insertion (see [`ElfCache::evict_idle`]).
-    last_window: u64,
-    /// The file's modification time when it was opened.
-    mtime: i64,
-}
-
-/// Parsed ELF files, bounded by an estimated byte budget, least recently used evicted first.
-struct ElfCache {
-    budget: usize,
-    used: usize,
-    clock: u64,
-    /// Windows ended so far.
-    window: u64,
-    entries: HashMap<CacheKey, CacheEntry>,
-    /// Which entry a mapped (device, inode) resolved to.
-    by_inode: HashMap<(u64, u64), CacheKey>,
-}
-
-impl ElfCache {
-    fn new(budget: usize) -> Self {
-        ElfCache {
-            budget,
-            used: 0,
-            clock: 0,
-            window: 0,
-            entries: HashMap::new(),
-            by_inode: HashMap::new(),
-        }
-    }
-
-    fn get(&mut self, dev: u64, inode: u64) -> Option<Option<Rc<ElfFile>>> {
-        let key = self.by_inode.get(&(dev, inode))?;
-        let entry = self.entries.get_mut(key)?;
-        self.clock += 1;
-        entry.last_used = self.clock;
-        entry.last_window = self.window;
-        Some(entry.file.clone())
-    }
-
-    fn insert(
-        &mut self,
-        dev: u64,
-        inode: u64,
-        mtime: i64,
-        key: CacheKey,
-        file: Option<Rc<ElfFile>>,
-    ) -> Option<Rc<ElfFile>> {
-        self.clock += 1;
-        // The same file seen again (another process mapping it): keep the first parse.
-        if let Some(existing) = self.entries.get_mut(&key) {
-            existing.last_used = self.clock;
-            existing.last_window = self.window;
-            self.by_inode.insert((dev, inode), key);
-            return existing.file.clone();
-        }
-        let cost = file.as_ref().map_or(64, |f| f.cost());
-        self.used += cost;
-        self.entries.insert(
-            key.clone(),
-            CacheEntry {
-                file: file.clone(),
-                cost,
-                last_used: self.clock,
-                last_window: self.window,
-                mtime,
-            },
-        );
-        self.by_inode.insert((dev, inode), key);
-        file
-    }
-
-    /// The modification time the file behind (device, inode) had when it was opened.
-    fn mtime(&self, dev: u64, inode: u64) -> Option<i64> {
-        let key = self.by_inode.get(&(dev, inode))?;
-        Some(self.entries.get(key)?.mtime)
-    }
-
-    /// Drops the DWARF (and inflated sections) of the cached file behind (device, inode), when
-    /// nothing else holds the file, and charges its entry what is left.
-    fn forget_dwarf(&mut self, dev: u64, inode: u64) {
-        let Some(entry) = self
-            .by_inode
-            .get(&(dev, inode))
-            .and_then(|key| self.entries.get_mut(key))
-        else {
-            return;
-        };
-        let Some(file) = entry.file.as_mut().and_then(Rc::get_mut) else {
-            return;
-        };
-        file.forget_dwarf();
-        let cost = file.cost();
-        self.used = self.used - entry.cost + cost;
-        entry.cost = cost;
-    }
-
-    /// Ends a window, and evicts the files no lookup used in the last [`IDLE_WINDOWS`]: the
-    /// binaries of processes that came and went (a build, a burst of scripts) would otherwise
-    /// stay parsed, within the budget but for good, and the daemon's memory would never go
-    /// back to what it was before them. Returns the bytes released.
-    fn evict_idle(&mut self) -> usize {
-        self.window += 1;
-        let window = self.window;
-        let idle: Vec<CacheKey> = self
-            .entries
-            .iter()
-            .filter(|(_, e)| window - e.last_window > IDLE_WINDOWS)
-            .map(|(k, _)| k.clone())
-            .collect();
-        let mut released = 0;
-        for key in &idle {
-            if let Some(entry) = self.entries.remove(key) {
-                self.used -= entry.cost;
-                released += entry.cost;
-            }
-        }
-        if !idle.is_empty() {
-            self.by_inode
-                .retain(|_, key| self.entries.contains_key(key));
-        }
-        released
-    }
-
-    /// Evicts least recently used entries until the estimate fits the budget. Returns the
-    /// bytes released.
-    fn enforce_budget(&mut self) -> usize {
-        let mut released = 0;
-        while self.used > self.budget {
-            let Some(oldest) = self
-                .entries
-                .iter()
-                .min_by_key(|(_, e)| e.last_used)
-                .map(|(k, _)| k.clone())
-            else {
-                break;
-            };
-            if let Some(entry) = self.entries.remove(&oldest) {
-                self.used -= entry.cost;
-                released += entry.cost;
-            }
-            self.by_inode.retain(|_, key| *key != oldest);
-        }
-        released
-    }
-}
-
-/// How many lookups may touch mapped DWARF before its pages are released from this process's
-/// RSS: often enough that a large binary's debug info never all counts at once, rarely enough
-/// that refaulting from the page cache costs little.
-const RELEASE_PAGES_EVERY: u64 = 256;
-
-/// Windows a cached file may go unused before it is evicted: a minute of the daemon's default
-/// 10 s windows. A binary that runs again soon after (the same script every few seconds) stays.
-const IDLE_WINDOWS: u64 = 6;
-
-/// Default budget for parsed binaries and their debug info.
-pub const DEFAULT_CACHE_BYTES: usize = 256 << 20;
-
-/// Most files remembered as over their DWARF limits. More than the binaries and libraries a
-/// busy host maps, at about 50 bytes each; past it the oldest is forgotten, and costs its
-/// refusal (bounded by the limits) once more if it is opened again.
-const MAX_OVER_BUDGET_FILES: usize = 4096;
-
-/// Files whose DWARF went over its limits, by (device, inode) and modification time, so that
-/// opening one again after an eviction reads no DWARF: neither the inflation nor the index is
-/// paid twice. A file rewritten in place has a new modification time, and gets another try.
-#[derive(Default)]
-struct OverBudgetFiles {
-    mtimes: HashMap<(u64, u64), i64>,
-    /// Oldest first.
-    order: VecDeque<(u64, u64)>,
-}
-
-impl OverBudgetFiles {
-    fn contains(&self, id: (u64, u64), mtime: i64) -> bool {
-        self.mtimes.get(&id) == Some(&mtime)
-    }
-
-    fn insert(&mut self, id: (u64, u64), mtime: i64) {
-        if self.mtimes.insert(id, mtime).is_some() {
-            return;
-        }
-        self.order.push_back(id);
-        if self.order.len() > MAX_OVER_BUDGET_FILES {
-            if let Some(oldest) = self.order.pop_front() {
-                self.mtimes.remove(&oldest);
-            }
-        }
-    }
-}
-
 /// Process maps, perf maps and ELF files, kept across windows within a byte budget.
 pub struct UserSymbolizer {
     mode: SymbolizeMode,
@@ -398,17 +209,6 @@ pub struct UserSymbolizer {
 /// Most file places [`UserSymbolizer`] remembers the frames of within a window; past it, it
 /// starts again.
 const MAX_RESOLVED: usize = 16_384;
-
-/// A binary seen for the first time, with the file a server needs to symbolise it.
-pub struct NewBinary {
-    /// GNU build id, lowercase hex: the server's key.
-    pub build_id: String,
-    /// Where it was opened, for logs only: the mapping may be gone or replaced by now.
-    pub path: PathBuf,
-    /// The file mapped: the mapping keeps the inode the process ran, even if the file was
-    /// since replaced or deleted, or the process exited.
-    pub data: FileData,
-}
 
 /// The ELF cache's footprint and effectiveness, for metrics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -506,18 +306,6 @@ impl UserSymbolizer {
 
     pub fn mode(&self) -> SymbolizeMode {
         self.mode
-    }
-
-    /// Keeps each file whose build id `--symbolize none` reads (its separate debug file
-    /// instead, when there is one here) for [`UserSymbolizer::take_new_binaries`], at most
-    /// `limit` of them between two takes: each holds a mapping open.
-    pub fn collect_new_binaries(&mut self, limit: usize) {
-        self.collect_binaries = Some(limit);
-    }
-
-    /// The files collected since the last call (see [`UserSymbolizer::collect_new_binaries`]).
-    pub fn take_new_binaries(&mut self) -> Vec<NewBinary> {
-        std::mem::take(&mut self.new_binaries)
     }
 
     /// Captures the maps of `pids` the first time each is seen, while it is alive, and again
@@ -740,7 +528,7 @@ impl UserSymbolizer {
         let id = (entry.dev, entry.inode);
         let (handle, path, mtime) = match self.captures.take_file(entry.dev, entry.inode) {
             Some(held) => held,
-            None => open_mapped(pid, entry)?,
+            None => open_mapped(pid, entry).map_err(UserMiss::from)?,
         };
         let over_budget = self.over_budget.contains(id, mtime);
         self.dwarf_skips += u64::from(over_budget);
@@ -786,102 +574,6 @@ impl UserSymbolizer {
             },
         };
         Ok((file, key, mtime))
-    }
-
-    /// Separate debug info, looked up the way gdb does: by build id under
-    /// `/usr/lib/debug/.build-id/`, then by `.gnu_debuglink` next to the binary, in its
-    /// `.debug/` directory and under `/usr/lib/debug/`. Each place is tried inside the
-    /// process's root first, then on the host.
-    fn find_debug_file(
-        &mut self,
-        root: &Path,
-        binary: &str,
-        file: &ElfFile,
-        skip_dwarf: bool,
-    ) -> Option<ElfFile> {
-        let options = self.dwarf_options(skip_dwarf);
-        self.locate_debug_file(
-            root,
-            binary,
-            file.build_id.as_deref(),
-            file.debuglink.as_ref(),
-            |path, data| match ElfFile::parse_with(Arc::new(data), path, &options) {
-                Ok(debug) => Some(debug),
-                Err(err) => {
-                    tracing::debug!("{err}");
-                    None
-                }
-            },
-        )
-    }
-
-    /// The search [`Self::find_debug_file`] describes, for any use of the file: each candidate
-    /// found, mapped and checked (the same build id, or the debug link's CRC) goes to `accept`,
-    /// until it takes one.
-    fn locate_debug_file<T>(
-        &mut self,
-        root: &Path,
-        binary: &str,
-        build_id: Option<&str>,
-        debuglink: Option<&(String, u32)>,
-        mut accept: impl FnMut(&Path, FileData) -> Option<T>,
-    ) -> Option<T> {
-        let prefixes = [root, Path::new("/")];
-        // Every candidate is opened as untrusted, inside its root (see `open_mapped`).
-        let map_in = |prefix: &Path, relative: &Path| -> Option<(PathBuf, FileData)> {
-            let opened = untrusted::open_in_root(prefix, relative).ok()?;
-            let data = FileData::map_file(&opened.file, &opened.path).ok()?;
-            Some((opened.path, data))
-        };
-        if let Some(id) =
-            build_id.filter(|id| id.len() > 2 && id.bytes().all(|b| b.is_ascii_hexdigit()))
-        {
-            let relative = format!("usr/lib/debug/.build-id/{}/{}.debug", &id[..2], &id[2..]);
-            for prefix in prefixes {
-                let Some((path, data)) = map_in(prefix, Path::new(&relative)) else {
-                    continue;
-                };
-                let checked = Some(data).filter(|data| {
-                    object::File::parse(data.bytes())
-                        .ok()
-                        .and_then(|debug| object::Object::build_id(&debug).ok().flatten())
-                        .is_some_and(|found| to_hex(found) == id)
-                });
-                if let Some(found) = checked.and_then(|data| accept(&path, data)) {
-                    return Some(found);
-                }
-                *self.fallbacks.entry(Fallback::BadDebugFile).or_insert(0) += 1;
-            }
-        }
-        let (name, crc) = debuglink?.clone();
-        if !is_plain_file_name(&name) {
-            *self.fallbacks.entry(Fallback::BadDebugFile).or_insert(0) += 1;
-            return None;
-        }
-        let dir = Path::new(binary).parent()?.strip_prefix("/").ok()?;
-        for prefix in prefixes {
-            for relative in [
-                dir.join(&name),
-                dir.join(".debug").join(&name),
-                Path::new("usr/lib/debug").join(dir).join(&name),
-            ] {
-                let Some((candidate, data)) = map_in(prefix, &relative) else {
-                    continue;
-                };
-                if crc32fast::hash(data.bytes()) != crc {
-                    *self
-                        .fallbacks
-                        .entry(Fallback::DebugLinkCrcMismatch)
-                        .or_insert(0) += 1;
-                    continue;
-                }
-                match accept(&candidate, data) {
-                    Some(found) => return Some(found),
-                    None => *self.fallbacks.entry(Fallback::BadDebugFile).or_insert(0) += 1,
-                }
-            }
-        }
-        None
     }
 
     /// The vdso, parsed once from this process's own copy (the kernel maps the same image into
@@ -1060,228 +752,6 @@ impl UserSymbolizer {
             line: 0,
         }])
     }
-
-    /// The build id of the file behind `entry`, when it has one and could be read.
-    pub fn build_id(&mut self, pid: u32, entry: &MapEntry) -> Option<String> {
-        if self.mode == SymbolizeMode::Local || entry.path == "[vdso]" {
-            return self
-                .elf(pid, entry)
-                .ok()
-                .and_then(|elf| elf.build_id.clone());
-        }
-        // Without local symbolisation, read only the note, not symbols and DWARF.
-        if !entry.is_file() {
-            return None;
-        }
-        if let Some(known) = self.build_ids.get(&(entry.dev, entry.inode)) {
-            return known.clone();
-        }
-        let id = self.read_build_id(pid, entry);
-        self.build_ids.insert((entry.dev, entry.inode), id.clone());
-        id
-    }
-
-    /// The build id note of the file behind `entry`, and the file handed to the debug-info
-    /// upload while it is open.
-    fn read_build_id(&mut self, pid: u32, entry: &MapEntry) -> Option<String> {
-        let (handle, path, _) = open_mapped(pid, entry).ok()?;
-        let data = FileData::map_file(&handle, &path).ok()?;
-        let file = object::File::parse(data.bytes()).ok()?;
-        let id = super::elf::build_id(&file, data.bytes())?;
-        let Some(limit) = self.collect_binaries else {
-            return Some(id);
-        };
-        if self.new_binaries.len() >= limit {
-            self.new_binaries_dropped += 1;
-            tracing::debug!(
-                "not keeping the debug info of {} ({id}) for upload: {limit} files already wait \
-                 ({} left out so far)",
-                entry.file_path(),
-                self.new_binaries_dropped
-            );
-            return Some(id);
-        }
-        let debuglink = object::Object::gnu_debuglink(&file)
-            .ok()
-            .flatten()
-            .map(|(name, crc)| (String::from_utf8_lossy(name).into_owned(), crc));
-        drop(file);
-        let root = PathBuf::from(format!("/proc/{pid}/root"));
-        let located = self.locate_debug_file(
-            &root,
-            entry.file_path(),
-            Some(&id),
-            debuglink.as_ref(),
-            |path, data| Some((path.to_owned(), data)),
-        );
-        let (path, data) = located.unwrap_or((path, data));
-        self.new_binaries.push(NewBinary {
-            build_id: id.clone(),
-            path,
-            data,
-        });
-        Some(id)
-    }
-}
-
-/// Opens the file a mapping holds: `/proc/PID/map_files` (the mapped inode itself, even
-/// deleted or replaced), else the path inside the process's root or, once the process is gone,
-/// on the host, each only when the inode (and on the host the device) matches.
-///
-/// The path comes from the process, so it is opened as untrusted ([`untrusted::open_in_root`]:
-/// inside that root, no FIFO, device or final symlink), and the identity is checked on the
-/// descriptor that will be read, never on a path opened again later.
-pub fn open_mapped(pid: u32, entry: &MapEntry) -> Result<(std::fs::File, PathBuf, i64), UserMiss> {
-    // Formatted from the parsed numbers, never copied from /proc/PID/maps: maps pads
-    // addresses to 8 digits (`00400000`, a non-PIE binary) and map_files names never are.
-    let map_files = PathBuf::from(format!(
-        "/proc/{pid}/map_files/{:x}-{:x}",
-        entry.start, entry.end
-    ));
-    // The kernel's own link to the mapped file: not a path the process chose.
-    if let Ok(file) = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(&map_files)
-    {
-        if let Ok(m) = file.metadata() {
-            if m.is_file() {
-                return Ok((file, map_files, m.mtime()));
-            }
-        }
-    }
-    let root = PathBuf::from(format!("/proc/{pid}/root"));
-    let path = Path::new(entry.file_path());
-    let mut replaced = false;
-    // Through the root only the inode is compared: on overlayfs the device in /proc/PID/maps
-    // is the underlying one, not what fstat reports.
-    for (root, check_dev) in [(root.as_path(), false), (Path::new("/"), true)] {
-        match untrusted::open_in_root(root, path) {
-            Ok(opened)
-                if opened.inode == entry.inode && (!check_dev || opened.dev == entry.dev_t()) =>
-            {
-                let mtime = opened.file.metadata().map(|m| m.mtime()).unwrap_or(0);
-                return Ok((opened.file, opened.path, mtime));
-            }
-            Ok(_) => replaced = true,
-            Err(err) => tracing::trace!("{err}"),
-        }
-    }
-    Err(if replaced {
-        UserMiss::BinaryReplaced
-    } else {
-        UserMiss::UnreadableFile
-    })
-}
-
-/// A `.gnu_debuglink` name is a file name the binary's author wrote; it must not climb out of
-/// the directories it is looked up in (`../../etc/shadow`).
-fn is_plain_file_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 255
-        && name != "."
-        && name != ".."
-        && !name.contains(['/', '\0'])
-}
-
-/// Largest perf map read: JITs of big applications write tens of MiB; anything beyond this is
-/// not a symbol map but an attempt to exhaust the daemon.
-pub const MAX_PERF_MAP_BYTES: u64 = 64 << 20;
-
-/// A JIT's symbol map, `/tmp/perf-PID.map`: one `START SIZE name` line (hex) per function.
-#[derive(Debug, Default)]
-pub struct PerfMap {
-    /// (start, end, name), sorted by start.
-    entries: Vec<(u64, u64, String)>,
-}
-
-impl PerfMap {
-    /// Reads the map of `pid` inside its own root, under the PID its own namespace gives it.
-    ///
-    /// The file is the process's to write, so it is opened as untrusted: a FIFO, a device or a
-    /// symlink there is refused without blocking, and a map above [`MAX_PERF_MAP_BYTES`] is not
-    /// read. As perf does, a map owned by neither the process's user nor root is ignored: in a
-    /// shared `/tmp` another user could otherwise name this process's JIT frames.
-    pub fn read(pid: u32) -> Option<PerfMap> {
-        let ns_pid = namespace_pid(pid).unwrap_or(pid);
-        let root = PathBuf::from(format!("/proc/{pid}/root"));
-        let relative = format!("tmp/perf-{ns_pid}.map");
-        let mut opened = match untrusted::open_in_root(&root, Path::new(&relative)) {
-            Ok(opened) => opened,
-            Err(err) => {
-                tracing::debug!("perf map of process {pid}: {err}");
-                return None;
-            }
-        };
-        let owner = opened.file.metadata().ok()?.uid();
-        if owner != 0 && Some(owner) != process_uid(pid) {
-            tracing::debug!(
-                "perf map {}: owned by uid {owner}, not by process {pid}'s user; ignored",
-                opened.path.display()
-            );
-            return None;
-        }
-        let bytes = match untrusted::read_bounded(&mut opened, MAX_PERF_MAP_BYTES) {
-            Ok(bytes) => bytes,
-            Err(err) => {
-                tracing::debug!("perf map of process {pid}: {err}");
-                return None;
-            }
-        };
-        Some(PerfMap::parse(&String::from_utf8_lossy(&bytes)))
-    }
-
-    /// Parses perf map text; malformed lines are skipped (JITs write these files live).
-    pub fn parse(text: &str) -> PerfMap {
-        let mut entries: Vec<(u64, u64, String)> = text
-            .lines()
-            .filter_map(|line| {
-                let mut fields = line.splitn(3, ' ');
-                let start =
-                    u64::from_str_radix(fields.next()?.trim_start_matches("0x"), 16).ok()?;
-                let size = u64::from_str_radix(fields.next()?.trim_start_matches("0x"), 16).ok()?;
-                let name = fields.next()?.trim();
-                (!name.is_empty()).then(|| (start, start.saturating_add(size), name.to_owned()))
-            })
-            .collect();
-        entries.sort_by_key(|e| e.0);
-        PerfMap { entries }
-    }
-
-    pub fn lookup(&self, address: u64) -> Option<&str> {
-        // Later lines win when a JIT reuses memory: search backwards from the last start <=
-        // address among entries that still cover it.
-        let end = self.entries.partition_point(|e| e.0 <= address);
-        self.entries[..end]
-            .iter()
-            .rev()
-            .find(|e| address < e.1)
-            .map(|e| e.2.as_str())
-    }
-}
-
-/// The effective user of `pid` (second `Uid` field of its status).
-fn process_uid(pid: u32) -> Option<u32> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("Uid:"))?
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()
-}
-
-/// The PID of `pid` inside its own PID namespace (last `NSpid` field), used in perf map names.
-fn namespace_pid(pid: u32) -> Option<u32> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("NSpid:"))?
-        .split_whitespace()
-        .last()?
-        .parse()
-        .ok()
 }
 
 /// What [`EntryChains`] needs, from the captured maps and the files they name.
@@ -1328,32 +798,6 @@ impl ProcessFrames for UserSymbolizer {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn debug_links_are_plain_file_names() {
-        assert!(is_plain_file_name("libc.so.6.debug"));
-        for bad in ["", ".", "..", "../../etc/shadow", "a/b", "x\0y"] {
-            assert!(!is_plain_file_name(bad), "{bad:?}");
-        }
-        assert!(!is_plain_file_name(&"x".repeat(256)));
-    }
-
-    #[test]
-    fn perf_maps_name_jit_code() {
-        let map = PerfMap::parse(
-            "7f0000001000 40 jit_hot_loop\n7f0000002000 0x10 LazyCompile:*foo bar.js:1\nbad line\n7f0000001020 8 reused\n",
-        );
-        assert_eq!(map.lookup(0x7f0000001000), Some("jit_hot_loop"));
-        assert_eq!(map.lookup(0x7f000000103f), Some("jit_hot_loop"));
-        // A later entry inside an earlier one wins (the JIT reused the memory).
-        assert_eq!(map.lookup(0x7f0000001024), Some("reused"));
-        assert_eq!(map.lookup(0x7f0000001040), None);
-        assert_eq!(
-            map.lookup(0x7f0000002008),
-            Some("LazyCompile:*foo bar.js:1")
-        );
-        assert_eq!(map.lookup(0x1000), None);
-    }
 
     #[test]
     fn cache_evicts_files_idle_for_a_minute_of_windows() {
