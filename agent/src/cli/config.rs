@@ -20,8 +20,8 @@ use crate::{
     export::{RemoteCompression, RemoteProtocol},
     labels::relabel::{self, RuleConfig},
     pipeline::sampler::UnwindMode,
+    runtimes::python::PythonMode,
     symbolize::user::SymbolizeMode,
-    unwind::PythonMode,
 };
 
 #[derive(Debug, thiserror::Error)]

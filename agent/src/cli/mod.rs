@@ -19,8 +19,8 @@ use crate::{
         encode::{svg::Orientation, Format},
         SampleKind,
     },
+    runtimes::python::PythonMode,
     symbolize::user::SymbolizeMode,
-    unwind::PythonMode,
 };
 
 pub mod config;

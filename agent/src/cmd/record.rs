@@ -21,6 +21,7 @@ use crate::{
         encode::{self, svg::Orientation, EncodeOptions, Format},
         SampleType,
     },
+    runtimes::python::PythonMode,
     symbolize::{
         self,
         elf::SectionCache,
@@ -29,7 +30,6 @@ use crate::{
     },
     sys::fs,
     sys::privileges::{missing_privileges_message, Capabilities},
-    unwind::PythonMode,
 };
 
 /// What to record and where to write it, resolved from the command line.

@@ -48,6 +48,7 @@ use crate::{
     pipeline::sampler::{Sampler, SamplerConfig, UnwindCapacity, UnwindMode},
     pipeline::stack_sizing::DEFAULT_MAX_STACK_ENTRIES,
     profile::{Labels, Profile, SampleType},
+    runtimes::python::PythonMode,
     serve::{
         guard::AllowedHosts,
         http::{self, HttpState},
@@ -61,7 +62,7 @@ use crate::{
     sys::allocator::{release_free_memory, release_free_memory_above},
     sys::notify::Systemd,
     sys::privileges::{missing_privileges_message, Capabilities},
-    unwind::{metrics::UnwindMetrics, PythonMode},
+    unwind::metrics::UnwindMetrics,
 };
 
 /// Windows kept in memory while the store refuses writes: 30 minutes at the default window

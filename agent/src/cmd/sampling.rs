@@ -23,11 +23,9 @@ use crate::{
         off_cpu::OffCpuReader,
         sampler::{Sampler, SamplerConfig, SamplerError},
     },
+    runtimes::python::PythonMode,
     symbolize::user::UserSymbolizer,
-    unwind::{
-        loader::{LoaderError, Unwinder},
-        PythonMode,
-    },
+    unwind::loader::{LoaderError, Unwinder},
 };
 
 /// How often the off-CPU ring buffer is read: it holds about 1,600 blocks, so the cap's

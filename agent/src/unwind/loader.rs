@@ -37,7 +37,7 @@ use scorch_common::{
 use super::{
     kernel_maps::{initial_process_entries, is_full, PoolMaps, ProcMap},
     pool::RowPools,
-    PythonMode, UnwindTable,
+    UnwindTable,
 };
 use crate::sys::inner_maps::inner_map;
 use crate::{
@@ -47,7 +47,7 @@ use crate::{
     runtimes::{
         image::{may_hold_runtime, Image},
         libc::{specific_layout, SpecificLayout},
-        python::{interpreter, EntryMark, Interpreter},
+        python::{interpreter, EntryMark, Interpreter, PythonMode},
     },
     symbolize::{elf::FileData, python::PythonProcess},
 };

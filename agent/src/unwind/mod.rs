@@ -31,16 +31,6 @@ use object::{Object, ObjectSection, ObjectSegment, SegmentFlags};
 use convert::{Converted, FdeCounts, Section};
 pub use row::{CfaKind, RbpKind, UnwindRow};
 
-/// Whether the walk reads interpreters' own frames (`--python`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
-pub enum PythonMode {
-    /// CPython 3.11 to 3.14 interpreters are recognised from their binaries and their Python
-    /// frames walked in BPF, in place of the eval loop's.
-    #[default]
-    Auto,
-    /// Interpreters are not looked for: their stacks show the eval loop's C frames.
-    Off,
-}
 use scorch_common::{last_at_or_below, UNWIND_SEARCH_STEPS};
 
 /// Why a table could not be built.

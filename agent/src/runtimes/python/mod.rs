@@ -22,6 +22,17 @@ use super::image::{Image, ImageError, Symbol};
 use crate::arch::x86_64::decode::{first_argument, jumps_out, FirstArgument, Place};
 pub use offsets::{CodeOffsets, EntryMark, Offsets};
 
+/// Whether Python's frames are walked (`--python`): Python's switch, beside what it turns on.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum PythonMode {
+    /// CPython 3.11 to 3.14 interpreters are recognised from their binaries and their Python
+    /// frames walked in BPF, in place of the eval loop's.
+    #[default]
+    Auto,
+    /// Interpreters are not looked for: their stacks show the eval loop's C frames.
+    Off,
+}
+
 /// Why a binary that defines CPython's symbols is not walked.
 #[derive(Debug, thiserror::Error)]
 pub enum PythonError {
