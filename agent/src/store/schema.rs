@@ -3,17 +3,21 @@
 //! does not know them refuses the store rather than misreads it, and adds a step to
 //! [`migrate`], so that a store an earlier release wrote keeps its windows.
 
-use rusqlite::Connection;
+use rusqlite::{Connection, OptionalExtension};
 
-use super::codec::{decode_rows, encode_totals, totals_of_rows};
-use crate::profile::SampleType;
+use super::codec::{decode_rows, encode_totals, location_hash, totals_of_rows, varints};
+use crate::{
+    profile::{FrameKind, Line, Location, SampleType},
+    symbolize::python::UNKNOWN_CODE,
+};
 
 /// `PRAGMA application_id` of a scorch store ("SCOR"): how a SQLite file says what it is.
 pub(super) const APPLICATION_ID: i32 = 0x5343_4f52;
 /// `PRAGMA user_version`: the schema below.
-pub(super) const SCHEMA_VERSION: i32 = 4;
+pub(super) const SCHEMA_VERSION: i32 = 5;
 /// The oldest schema [`migrate`] upgrades (and readers still read): 2 lacks `window_totals`,
-/// 2 and 3 lack the windows' `kind` (all their windows are CPU samples).
+/// 2 and 3 lack the windows' `kind` (all their windows are CPU samples), 2 to 4 keep a
+/// location's `kernel` flag where 5 keeps its frame `kind`.
 pub(super) const OLDEST_MIGRATED: i32 = 2;
 
 const SCHEMA: &str = "
@@ -48,7 +52,7 @@ CREATE TABLE locations (
     hash INTEGER NOT NULL,    -- content_hash of the other columns
     mapping INTEGER NOT NULL, -- mappings.id, 0 for none
     address INTEGER NOT NULL,
-    kernel INTEGER NOT NULL,
+    kind INTEGER NOT NULL,    -- FrameKind::code: 0 native, 1 kernel, 2 Python, 3 Go
     lines BLOB NOT NULL,      -- varint (functions.id, line) pairs, innermost first
     last_window INTEGER NOT NULL
 );
@@ -101,6 +105,11 @@ ALTER TABLE windows ADD COLUMN off_cpu_mean_ns INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE windows ADD COLUMN off_cpu_min_ns INTEGER NOT NULL DEFAULT 0;
 ";
 
+/// Schema 5: each location's frame kind where its `kernel` flag was. The flag's values are the
+/// kinds' codes for native (0) and kernel (1) frames; Python frames, stored as native, are
+/// found by [`legacy_kind`] and rehashed (the hash covers the kind).
+const FRAME_KINDS: &str = "ALTER TABLE locations RENAME COLUMN kernel TO kind;";
+
 /// Creates a new store's tables in an empty database.
 pub(super) fn create(connection: &Connection) -> rusqlite::Result<()> {
     // auto_vacuum must be chosen before the first table exists. The schema and the header
@@ -139,7 +148,7 @@ pub(super) fn configure(connection: &Connection) -> rusqlite::Result<()> {
 ///
 /// 2 -> 3: `window_totals`, filled from every stored window's rows (nothing is dropped; the
 /// rows themselves are untouched). 3 -> 4: the windows' `kind` columns, every existing window
-/// a CPU one.
+/// a CPU one. 4 -> 5: the locations' frame kinds ([`FRAME_KINDS`]).
 pub(super) fn migrate(connection: &Connection, found: i32) -> rusqlite::Result<usize> {
     if found >= SCHEMA_VERSION {
         return Ok(0);
@@ -147,6 +156,10 @@ pub(super) fn migrate(connection: &Connection, found: i32) -> rusqlite::Result<u
     let tx = connection.unchecked_transaction()?;
     if !windows_have_kinds(&tx)? {
         tx.execute_batch(WINDOW_KINDS)?;
+    }
+    if !locations_have_kinds(&tx)? {
+        tx.execute_batch(FRAME_KINDS)?;
+        mark_python_locations(&tx)?;
     }
     tx.execute_batch(WINDOW_TOTALS)?;
     let mut backfilled = 0;
@@ -188,6 +201,83 @@ pub(super) fn windows_have_kinds(connection: &Connection) -> rusqlite::Result<bo
         [],
         |row| row.get::<_, i64>(0).map(|n| n > 0),
     )
+}
+
+/// Whether the locations table says each frame's kind (schema 5); before it, a `kernel` flag.
+pub(super) fn locations_have_kinds(connection: &Connection) -> rusqlite::Result<bool> {
+    connection.query_row(
+        "SELECT COUNT(*) FROM pragma_table_info('locations') WHERE name = 'kind'",
+        [],
+        |row| row.get::<_, i64>(0).map(|n| n > 0),
+    )
+}
+
+/// The kind of a location a store before schema 5 kept, from its `kernel` flag and its shape:
+/// a Python frame was the only user frame with neither a mapping nor an address, and it had a
+/// source file or the unknown-code name (a lost stack's placeholder has neither). Go frames
+/// were not told apart: they stay native.
+pub(super) fn legacy_kind(location: &Location) -> FrameKind {
+    if location.kind.is_kernel() {
+        return FrameKind::Kernel;
+    }
+    let python = location.mapping.is_none()
+        && location.address == 0
+        && location
+            .lines
+            .first()
+            .is_some_and(|line| line.file.is_some() || line.function == UNKNOWN_CODE);
+    if python {
+        FrameKind::Python
+    } else {
+        FrameKind::Native
+    }
+}
+
+/// Marks the Python locations of a store migrated to schema 5 (see [`legacy_kind`]) and
+/// rehashes them, so a window written after the migration finds them.
+fn mark_python_locations(tx: &Connection) -> rusqlite::Result<()> {
+    let mut candidates = Vec::new();
+    {
+        let mut select = tx.prepare(
+            "SELECT id, lines FROM locations WHERE kind = 0 AND mapping = 0 AND address = 0",
+        )?;
+        let mut rows = select.query([])?;
+        while let Some(row) = rows.next()? {
+            candidates.push((row.get::<_, i64>(0)?, row.get::<_, Vec<u8>>(1)?));
+        }
+    }
+    let mut function = tx.prepare(
+        "SELECT s.value, f.file FROM functions f JOIN strings s ON s.id = f.name WHERE f.id = ?1",
+    )?;
+    let mut update = tx.prepare("UPDATE locations SET kind = ?1, hash = ?2 WHERE id = ?3")?;
+    for (id, lines) in candidates {
+        let Some(&first) = varints(&lines).as_ref().and_then(|v| v.first()) else {
+            continue;
+        };
+        let Some((name, file)) = function
+            .query_row([first as i64], |row| {
+                Ok((row.get::<_, String>(0)?, row.get::<_, i64>(1)?))
+            })
+            .optional()?
+        else {
+            continue;
+        };
+        let location = Location {
+            mapping: None,
+            address: 0,
+            lines: vec![Line {
+                file: (file != 0).then(String::new),
+                ..Line::named(name)
+            }],
+            kind: FrameKind::Native,
+        };
+        let kind = legacy_kind(&location);
+        if kind == FrameKind::Python {
+            let hash = location_hash(0, 0, kind.code(), &lines);
+            update.execute(rusqlite::params![kind.code(), hash, id])?;
+        }
+    }
+    Ok(())
 }
 
 /// A window's `kind`, `off_cpu_mean_ns` and `off_cpu_min_ns` columns as the profile's sample

@@ -3,7 +3,9 @@
 //! Layout of Go's CPU profiles, which every reader understands: sample types
 //! `[samples/count, cpu/nanoseconds]`, period type `cpu/nanoseconds`, values `[n, n * period]`.
 //! Strings, functions, locations and mappings are each written once, and only when a sample
-//! uses them; ids start at 1.
+//! uses them; ids start at 1. A location's frame kind goes in scorch's own `Location` field
+//! (`scorch_frame_kind`, number 1000), which `go tool pprof` and other readers skip; kernel
+//! frames are also told by their `[kernel.kallsyms]` mapping, as every reader expects.
 //!
 //! The remote sinks encode every series of every window, so the builder borrows from the
 //! profile rather than copying it: strings are interned as `&str` and copied once, into the
@@ -185,6 +187,7 @@ pub fn samples_message(profile: &Profile, samples: &[&Sample]) -> pb::Profile {
                             address: l.address,
                             line,
                             is_folded: false,
+                            scorch_frame_kind: u32::from(l.kind.code()),
                         });
                         location_id[index] = location.len() as u64;
                     }
