@@ -292,3 +292,161 @@ pub(super) fn sample_type_of(kind: i64, mean_ns: i64, min_ns: i64) -> SampleType
         _ => SampleType::Cpu,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        profile::Profile,
+        store::{
+            fixtures::{everything, now_secs, window_at},
+            Retention, Store, DATABASE_FILE,
+        },
+    };
+
+    /// The sample window, its first stack under a Python frame, a Python frame of an unknown
+    /// code object and a Go frame.
+    fn with_every_kind(seconds: u64) -> Profile {
+        let mut window = window_at(seconds);
+        let first = window.locations.len();
+        window.locations.extend([
+            Location {
+                mapping: None,
+                address: 0,
+                lines: vec![Line {
+                    file: Some("/srv/app.py".into()),
+                    line: 12,
+                    ..Line::named("handler")
+                }],
+                kind: FrameKind::Python,
+            },
+            Location {
+                mapping: None,
+                address: 0,
+                lines: vec![Line::named(UNKNOWN_CODE)],
+                kind: FrameKind::Python,
+            },
+            Location {
+                mapping: Some(1),
+                address: 0x5400,
+                lines: vec![Line::named("main.serve")],
+                kind: FrameKind::Go,
+            },
+        ]);
+        window.samples[0]
+            .locations
+            .splice(0..0, [first, first + 1, first + 2]);
+        window
+    }
+
+    fn locations_of_kind(store: &Store, kind: FrameKind) -> i64 {
+        store
+            .connection
+            .query_row(
+                "SELECT COUNT(*) FROM locations WHERE kind = ?1",
+                [kind.code()],
+                |row| row.get(0),
+            )
+            .unwrap()
+    }
+
+    /// A store of schema 4 (a `kernel` flag per location; Python and Go frames stored as
+    /// native, hashed so): read as it is with its Python frames told by their shape, then
+    /// migrated by the next writable open, which keeps every kind it could tell and rehashes
+    /// the Python rows so that later windows find them.
+    #[test]
+    fn schema_4_stores_keep_their_frames_and_learn_their_kinds() {
+        let dir = tempfile::tempdir().unwrap();
+        let now = now_secs();
+        let all = |_: &crate::profile::Labels| true;
+        let written = {
+            let mut store = Store::open(dir.path(), Retention::default()).unwrap();
+            store.write_window(&with_every_kind(now - 30)).unwrap();
+            store.query(everything(), &all).unwrap()
+        };
+        assert!(written.locations.iter().any(|l| l.kind == FrameKind::Go));
+        // What schema 4 wrote: the flag, and the hashes of rows whose flag was 0.
+        let connection = Connection::open(dir.path().join(DATABASE_FILE)).unwrap();
+        connection
+            .execute_batch(
+                "ALTER TABLE locations RENAME COLUMN kind TO kernel;
+                 UPDATE locations SET kernel = 0 WHERE kernel > 1;",
+            )
+            .unwrap();
+        let rows: Vec<(i64, i64, i64, i64, Vec<u8>)> = connection
+            .prepare("SELECT id, mapping, address, kernel, lines FROM locations")
+            .unwrap()
+            .query_map([], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+            })
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        for (id, mapping, address, kernel, lines) in rows {
+            let hash = location_hash(mapping, address, kernel as u8, &lines);
+            connection
+                .execute(
+                    "UPDATE locations SET hash = ?1 WHERE id = ?2",
+                    rusqlite::params![hash, id],
+                )
+                .unwrap();
+        }
+        connection
+            .execute_batch("PRAGMA user_version = 4; PRAGMA wal_checkpoint(TRUNCATE);")
+            .unwrap();
+        drop(connection);
+        // Schema 4 could not tell Go code from other native code.
+        let mut expected = written.clone();
+        for location in &mut expected.locations {
+            if location.kind == FrameKind::Go {
+                location.kind = FrameKind::Native;
+            }
+        }
+        let old = Store::open_read_only(dir.path()).unwrap();
+        assert!(!old.frame_kinds);
+        assert_eq!(old.query(everything(), &all).unwrap(), expected);
+        drop(old);
+
+        let mut store = Store::open(dir.path(), Retention::default()).unwrap();
+        assert!(store.frame_kinds);
+        assert_eq!(store.verify().unwrap(), 1);
+        assert_eq!(store.query(everything(), &all).unwrap(), expected);
+        assert_eq!(locations_of_kind(&store, FrameKind::Python), 2);
+        assert_eq!(locations_of_kind(&store, FrameKind::Kernel), 1);
+        // A window written now finds the migrated Python rows: it adds only its Go row.
+        store.write_window(&with_every_kind(now - 20)).unwrap();
+        assert_eq!(locations_of_kind(&store, FrameKind::Python), 2);
+        assert_eq!(locations_of_kind(&store, FrameKind::Go), 1);
+        let both = store.query(everything(), &all).unwrap();
+        let kinds = |p: &Profile| {
+            let mut kinds: Vec<FrameKind> = p.locations.iter().map(|l| l.kind).collect();
+            kinds.sort();
+            kinds.dedup();
+            kinds
+        };
+        assert_eq!(
+            kinds(&both),
+            [
+                FrameKind::Native,
+                FrameKind::Kernel,
+                FrameKind::Python,
+                FrameKind::Go
+            ]
+        );
+        // And the query path's pprof says them, in scorch's own location field.
+        let pprof = crate::profile::encode::pprof::to_message(&both);
+        let mut codes: Vec<u32> = pprof.location.iter().map(|l| l.scorch_frame_kind).collect();
+        codes.sort();
+        codes.dedup();
+        assert_eq!(codes, [0, 1, 2, 3]);
+    }
+
+    #[test]
+    fn frame_kind_codes_round_trip() {
+        for kind in FrameKind::ALL {
+            assert_eq!(FrameKind::from_code(i64::from(kind.code())), kind);
+        }
+        // A newer scorch's kind reads as native, never as the kernel's.
+        assert_eq!(FrameKind::from_code(200), FrameKind::Native);
+    }
+}
