@@ -88,11 +88,11 @@ pub const fn python_frame_word(code: u64, instr: u64) -> u64 {
     } else {
         instr
     };
-    let code = if code & !PYTHON_CODE_BITS != 0 {
-        0
-    } else {
-        code
-    };
+    // Branchless, so that the BPF walk's verifier follows one path here, not two:
+    // `(x | -x) >> 63` is 1 exactly when x is not 0.
+    let outside = code & !PYTHON_CODE_BITS;
+    let refused = (outside | outside.wrapping_neg()) >> 63;
+    let code = code & refused.wrapping_sub(1);
     WordKind::Python.word((instr << PYTHON_INSTR_SHIFT) | (code >> 3))
 }
 
