@@ -5,6 +5,9 @@
 //! feature adds `aya::Pod` impls, which the BPF side must not depend on.
 #![no_std]
 
+mod frame;
+pub use frame::*;
+
 /// Deepest stack the kernel records per sample (`PERF_MAX_STACK_DEPTH`): kernel stacks, and
 /// user stacks walked by frame pointers only (`--unwind fp`). A stack of exactly this many
 /// frames was probably cut short; the agent counts those as truncated.
@@ -1003,31 +1006,4 @@ impl PythonCount {
             PythonCount::FrameLimit => "frame limit",
         }
     }
-}
-
-/// Set in a user stack word that is a Python frame, not a pc (user addresses on x86-64 are
-/// below 2^47).
-pub const PYTHON_FRAME: u64 = 1 << 63;
-/// The code object's address in a Python frame word: bits 0-46.
-pub const PYTHON_CODE_MASK: u64 = (1 << 47) - 1;
-/// The instruction's offset (code units from the bytecode's start, at most `u16::MAX`) in a
-/// Python frame word: bits 47-62.
-pub const PYTHON_INSTR_SHIFT: u32 = 47;
-
-/// A Python frame as a user stack word: its code object and instruction.
-pub const fn python_frame_word(code: u64, instr: u64) -> u64 {
-    let instr = if instr > u16::MAX as u64 {
-        u16::MAX as u64
-    } else {
-        instr
-    };
-    PYTHON_FRAME | (instr << PYTHON_INSTR_SHIFT) | (code & PYTHON_CODE_MASK)
-}
-
-/// The code object's address and the instruction offset of a Python frame word.
-pub const fn python_frame_parts(word: u64) -> (u64, u16) {
-    (
-        word & PYTHON_CODE_MASK,
-        ((word >> PYTHON_INSTR_SHIFT) & 0xffff) as u16,
-    )
 }

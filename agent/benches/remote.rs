@@ -28,7 +28,7 @@ use std::{
 
 use scorch::{
     export::{self, otlp, pyroscope, ClientSettings, RemoteConfig, RemoteProtocol},
-    profile::{encode, Labels, Line, Location, Mapping, Profile, Sample, SampleKind},
+    profile::{encode, FrameKind, Labels, Line, Location, Mapping, Profile, Sample, SampleKind},
     store::{Retention, Store, WindowId},
 };
 
@@ -97,7 +97,7 @@ fn synthetic_window(start: SystemTime, seed: u64, stacks_per_series: usize) -> P
             mapping: Some(0),
             address: 0xffff_ffff_8100_0000 + i * 0x40,
             lines: vec![Line::named(format!("kernel_function_{i}"))],
-            kernel: true,
+            kind: FrameKind::Kernel,
         });
     }
     for i in 0..300u64 {
@@ -105,7 +105,7 @@ fn synthetic_window(start: SystemTime, seed: u64, stacks_per_series: usize) -> P
             mapping: Some(1),
             address: 0x7f00_0000_1000 + i * 0x40,
             lines: vec![Line::named(format!("libc_function_{i}"))],
-            kernel: false,
+            kind: FrameKind::Native,
         });
     }
     let mut samples = Vec::new();
@@ -142,7 +142,7 @@ fn synthetic_window(start: SystemTime, seed: u64, stacks_per_series: usize) -> P
                         line: 200 + i as u32,
                     },
                 ],
-                kernel: false,
+                kind: FrameKind::Native,
             });
         }
         let labels = Arc::new(Labels::from([

@@ -275,7 +275,7 @@ fn check_dictionary(d: &ProfilesDictionary) -> Result<()> {
         }
         let types = frame_types(d, l);
         ensure!(
-            types.len() == 1 && ["native", "kernel", "cpython"].contains(&types[0].as_str()),
+            types.len() == 1 && ["native", "kernel", "cpython", "go"].contains(&types[0].as_str()),
             "location {i}: profile.frame.type {types:?}"
         );
     }
@@ -405,6 +405,13 @@ fn to_pprof(d: &ProfilesDictionary, profile: &Profile) -> scorch::pprof::Profile
                 })
                 .collect(),
             is_folded: false,
+            // The kind as scorch's own pprof field says it (`FrameKind::code`).
+            scorch_frame_kind: match frame_types(d, l).first().map(String::as_str) {
+                Some("kernel") => 1,
+                Some("cpython") => 2,
+                Some("go") => 3,
+                _ => 0,
+            },
         })
         .collect();
     let function = d

@@ -489,6 +489,9 @@ pub struct NamedSample {
     pub frames: Vec<String>,
     /// True per frame when its mapping is the kernel's.
     pub kernel: Vec<bool>,
+    /// Per frame, its kind as scorch's own `Location` field says it (`FrameKind::code`: 0
+    /// native, 1 kernel, 2 Python, 3 Go).
+    pub kinds: Vec<u32>,
     pub count: i64,
     pub pid: i64,
     pub comm: String,
@@ -563,7 +566,7 @@ pub fn named_samples(profile: &pprof::Profile) -> Vec<NamedSample> {
         .filter(|m| strings[m.filename as usize] == "[kernel.kallsyms]")
         .map(|m| m.id)
         .collect();
-    let locations: HashMap<u64, (String, bool)> = profile
+    let locations: HashMap<u64, (String, bool, u32)> = profile
         .location
         .iter()
         .map(|l| {
@@ -572,7 +575,8 @@ pub fn named_samples(profile: &pprof::Profile) -> Vec<NamedSample> {
                 .last()
                 .and_then(|line| functions.get(&line.function_id))
                 .map_or_else(|| format!("{:#x}", l.address), |n| (*n).to_owned());
-            (l.id, (name, kernel_mappings.contains(&l.mapping_id)))
+            let kernel = kernel_mappings.contains(&l.mapping_id);
+            (l.id, (name, kernel, l.scorch_frame_kind))
         })
         .collect();
     profile
@@ -587,6 +591,7 @@ pub fn named_samples(profile: &pprof::Profile) -> Vec<NamedSample> {
                     .map(|id| locations[id].0.clone())
                     .collect(),
                 kernel: s.location_id.iter().map(|id| locations[id].1).collect(),
+                kinds: s.location_id.iter().map(|id| locations[id].2).collect(),
                 count: s.value[0],
                 pid: label("pid").map_or(-1, |l| l.num),
                 comm: label("comm").map_or_else(String::new, |l| strings[l.str as usize].clone()),

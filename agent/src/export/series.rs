@@ -111,7 +111,7 @@ pub fn label_name(name: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::profile::{sample_profile, Line, Location, Mapping};
+    use crate::profile::{sample_profile, FrameKind, Line, Location, Mapping};
 
     /// Two processes sharing the kernel mapping, each with its own binary.
     fn two_process_profile() -> Profile {
@@ -131,7 +131,7 @@ mod tests {
             mapping: Some(2),
             address: 0x1100,
             lines: vec![Line::named("other_main")],
-            kernel: false,
+            kind: FrameKind::Native,
         });
         profile.samples.push(Sample {
             pid: 7,

@@ -228,6 +228,7 @@ mod tests {
 
     use super::*;
     use crate::pipeline::drain::RawSample;
+    use crate::pipeline::frames::{from_pcs, Frame};
 
     fn window(at: u64, samples: Vec<RawSample>) -> RawWindow {
         let start = SystemTime::UNIX_EPOCH + Duration::from_secs(at);
@@ -249,7 +250,7 @@ mod tests {
         RawSample {
             tgid,
             thread: ThreadTag::default(),
-            user: Stack::Frames(user.to_vec()),
+            user: Stack::Frames(from_pcs(user, false)),
             kernel: Stack::Absent,
             count,
         }
@@ -296,8 +297,8 @@ mod tests {
             tid: 8,
             thread: thread.to_owned(),
             state,
-            kernel: Stack::Frames(vec![0xffff_ffff_8100_0000]),
-            user: Stack::Frames(vec![1, 2]),
+            kernel: Stack::Frames(vec![Frame::Kernel(0xffff_ffff_8100_0000)]),
+            user: Stack::Frames(vec![Frame::Native(1), Frame::Native(2)]),
             weight_ns,
             duration_ns: weight_ns / 2,
         };
@@ -424,7 +425,7 @@ mod tests {
         let key = StackSample {
             tgid: 7,
             maps_version: 0,
-            user: Stack::Frames(vec![1, 2]),
+            user: Stack::Frames(vec![Frame::Native(1), Frame::Native(2)]),
             kernel: Stack::Absent,
             thread: ThreadTag::default(),
             block: None,

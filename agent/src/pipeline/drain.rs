@@ -35,6 +35,7 @@ use aya::{
 };
 
 use super::{
+    frames::{decode_user, from_pcs, Frame},
     maps::{new_stack_map, new_user_stack_map, SamplerMaps, StackEntries, UserStackClass},
     stack_sizing::StackSizing,
 };
@@ -75,8 +76,8 @@ pub enum DrainError {
 /// A stack as recorded for one sample.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Stack {
-    /// Instruction pointers, leaf first.
-    Frames(Vec<u64>),
+    /// Frames, leaf first, decoded once from the words the kernel or the BPF walk wrote.
+    Frames(Vec<Frame>),
     /// The sample has no stack of this kind (kernel thread: no user stack; user mode: no
     /// kernel stack).
     Absent,
@@ -405,11 +406,11 @@ impl Drainer {
         let walked = self.control.unwind == UNWIND_TABLES;
         let thread_ids = self.control.thread_ids != 0;
         // Both size classes' stacks, by id: the ids' class bit keeps them apart.
-        let mut user_stacks: HashMap<i32, (Vec<u64>, u32)> = HashMap::new();
+        let mut user_stacks: HashMap<i32, (Vec<Frame>, u32)> = HashMap::new();
         let mut walked_stored = StackEntries::default();
         if walked {
             let mut keep = |id, stack: &dyn WalkedStack| {
-                user_stacks.insert(id, (stack.frames().to_vec(), stack.outcome()));
+                user_stacks.insert(id, (decode_user(stack.frames()), stack.outcome()));
             };
             take_all(
                 batched,
@@ -445,7 +446,7 @@ impl Drainer {
                             | UnwindOutcome::UnsupportedCfa
                             | UnwindOutcome::ReadFault
                     );
-                    if let (true, Some(&pc)) = (early, frames.last()) {
+                    if let (true, Some(pc)) = (early, frames.last().and_then(|f| f.pc())) {
                         walk_stops.push(WalkStop {
                             tgid: key.tgid,
                             pc,
@@ -456,9 +457,9 @@ impl Drainer {
                 }
                 user
             } else {
-                resolve_stack(&generation.stacks, &mut stacks, key.user_stack_id)?
+                resolve_stack(&generation.stacks, &mut stacks, key.user_stack_id, false)?
             };
-            let kernel = resolve_stack(&generation.stacks, &mut stacks, key.kernel_stack_id)?;
+            let kernel = resolve_stack(&generation.stacks, &mut stacks, key.kernel_stack_id, true)?;
             // The program's own walk goes deeper than the kernel's stacks.
             let user_limit = if walked {
                 MAX_USER_STACK_DEPTH
@@ -794,7 +795,7 @@ fn remove_ok(result: Result<(), MapError>) -> Result<(), MapError> {
 /// As [`resolve_stack`], for a stack the program walked itself (`stacks`: the generation's
 /// `USER_STACKS`, already taken); with how its walk ended (an [`UnwindOutcome`] index;
 /// [`UnwindOutcome::Completed`] when there was no walk).
-fn resolve_user_stack(stacks: &HashMap<i32, (Vec<u64>, u32)>, id: i32) -> (Stack, u32) {
+fn resolve_user_stack(stacks: &HashMap<i32, (Vec<Frame>, u32)>, id: i32) -> (Stack, u32) {
     let completed = UnwindOutcome::Completed as u32;
     if id == STACK_ABSENT {
         return (Stack::Absent, completed);
@@ -810,10 +811,13 @@ fn resolve_user_stack(stacks: &HashMap<i32, (Vec<u64>, u32)>, id: i32) -> (Stack
     }
 }
 
+/// The stack `id` of the kernel's stack map: a kernel stack (`kernel`), or a user stack walked
+/// by frame pointers. `cache` keeps each id's pcs, as one stack is shared by many keys.
 fn resolve_stack(
     map: &StackTraceMap<MapData>,
     cache: &mut HashMap<i32, Vec<u64>>,
     id: i32,
+    kernel: bool,
 ) -> Result<Stack, DrainError> {
     if id == STACK_ABSENT {
         return Ok(Stack::Absent);
@@ -822,13 +826,14 @@ fn resolve_stack(
         debug_assert!(id <= STACK_LOST_COLLISION);
         return Ok(Stack::Lost);
     }
-    if let Some(frames) = cache.get(&id) {
-        return Ok(Stack::Frames(frames.clone()));
+    if let Some(pcs) = cache.get(&id) {
+        return Ok(Stack::Frames(from_pcs(pcs, kernel)));
     }
     match map.get(&(id as u32), 0) {
         Ok(trace) => {
-            let frames: Vec<u64> = trace.frames().iter().map(|f| f.ip).collect();
-            cache.insert(id, frames.clone());
+            let pcs: Vec<u64> = trace.frames().iter().map(|f| f.ip).collect();
+            let frames = from_pcs(&pcs, kernel);
+            cache.insert(id, pcs);
             Ok(Stack::Frames(frames))
         }
         // Cannot happen while the generation is quiescent, but a missing stack must not

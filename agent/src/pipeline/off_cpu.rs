@@ -14,7 +14,10 @@ use scorch_common::{
     OFF_CPU_PREEMPTED,
 };
 
-use super::drain::{comm_name, Stack};
+use super::{
+    drain::{comm_name, Stack},
+    frames::{decode_user, from_pcs, Frame},
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum OffCpuError {
@@ -123,7 +126,7 @@ pub struct Block {
     pub state: BlockState,
     /// Where it blocked in the kernel, leaf first.
     pub kernel: Stack,
-    /// Its user stack (native pcs and Python frame words, as the sampler's walk writes them).
+    /// Its user stack (native and Python frames, decoded from the words the walk wrote).
     pub user: Stack,
     /// Nanoseconds this block stands for ([`scaled_ns`]).
     pub weight_ns: u64,
@@ -135,11 +138,11 @@ pub struct Block {
 pub fn decode_event(event: &OffCpuEvent) -> Block {
     let kernel_len = (event.kernel_len as usize).min(OFF_CPU_KERNEL_DEPTH);
     let user_len = (event.user.len as usize).min(MAX_USER_STACK_DEPTH);
-    let frames = |frames: &[u64]| {
+    let frames = |frames: Vec<Frame>| {
         if frames.is_empty() {
             Stack::Absent
         } else {
-            Stack::Frames(frames.to_vec())
+            Stack::Frames(frames)
         }
     };
     Block {
@@ -147,8 +150,8 @@ pub fn decode_event(event: &OffCpuEvent) -> Block {
         tid: event.tid,
         thread: comm_name(&event.comm),
         state: BlockState::decode(event.state),
-        kernel: frames(&event.kernel[..kernel_len]),
-        user: frames(&event.user.pcs[..user_len]),
+        kernel: frames(from_pcs(&event.kernel[..kernel_len], true)),
+        user: frames(decode_user(&event.user.pcs[..user_len])),
         weight_ns: scaled_ns(event.duration_ns, event.probability),
         duration_ns: event.duration_ns,
     }
@@ -360,13 +363,16 @@ mod tests {
         assert_eq!(block.user, Stack::Absent);
         assert_eq!(
             block.kernel,
-            Stack::Frames(vec![0xffff_ffff_8100_0000, 0xffff_ffff_8100_0100])
+            Stack::Frames(vec![
+                Frame::Kernel(0xffff_ffff_8100_0000),
+                Frame::Kernel(0xffff_ffff_8100_0100)
+            ])
         );
         // A length past the arrays is cut to them.
         event.kernel_len = 1_000;
         assert_eq!(
             decode_event(&event).kernel,
-            Stack::Frames(event.kernel.to_vec())
+            Stack::Frames(from_pcs(&event.kernel, true))
         );
     }
 }

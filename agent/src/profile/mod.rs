@@ -128,8 +128,58 @@ pub struct Location {
     pub address: u64,
     /// Function names for this address, innermost (inlined) first; empty when unresolved.
     pub lines: Vec<Line>,
-    /// True for kernel frames.
-    pub kernel: bool,
+    /// What ran there: set from the stack word's kind, refined by the symbolizer.
+    pub kind: FrameKind,
+}
+
+/// What a frame is: native code, the kernel's, or a runtime's. The BPF walk writes it into
+/// each stack word, the drain decodes it, the symbolizer refines it (native code that Go's
+/// toolchain compiled is [`FrameKind::Go`]), and the store, pprof and OTLP carry it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum FrameKind {
+    /// Native code: C, C++, Rust, or anything else compiled ahead of time, and unnamed pcs.
+    #[default]
+    Native,
+    /// The kernel's code.
+    Kernel,
+    /// A CPython frame.
+    Python,
+    /// Go code: a pc its binary's `.gopclntab` holds a function for.
+    Go,
+}
+
+impl FrameKind {
+    /// Every kind, in [`FrameKind::code`] order.
+    pub const ALL: [FrameKind; 4] = [
+        FrameKind::Native,
+        FrameKind::Kernel,
+        FrameKind::Python,
+        FrameKind::Go,
+    ];
+
+    /// The kind's number where it is stored (the store's `locations.kind`, pprof's
+    /// `Location` extension): fixed once given. 0 and 1 are the old `kernel` flag's values.
+    pub const fn code(self) -> u8 {
+        match self {
+            FrameKind::Native => 0,
+            FrameKind::Kernel => 1,
+            FrameKind::Python => 2,
+            FrameKind::Go => 3,
+        }
+    }
+
+    /// The kind stored as `code`; an unknown one (a newer scorch's) reads as native.
+    pub fn from_code(code: i64) -> FrameKind {
+        FrameKind::ALL
+            .into_iter()
+            .find(|kind| i64::from(kind.code()) == code)
+            .unwrap_or(FrameKind::Native)
+    }
+
+    /// True for the kernel's frames.
+    pub fn is_kernel(self) -> bool {
+        self == FrameKind::Kernel
+    }
 }
 
 /// One function level at a location.
@@ -297,25 +347,25 @@ pub(crate) fn sample_profile() -> Profile {
                 mapping: Some(0),
                 address: 0xffffffff81234567,
                 lines: vec![Line::named("vfs_read")],
-                kernel: true,
+                kind: FrameKind::Kernel,
             },
             Location {
                 mapping: Some(1),
                 address: 0x5100,
                 lines: vec![Line::named("leaf")],
-                kernel: false,
+                kind: FrameKind::Native,
             },
             Location {
                 mapping: Some(1),
                 address: 0x5200,
                 lines: vec![Line::named("main")],
-                kernel: false,
+                kind: FrameKind::Native,
             },
             Location {
                 mapping: Some(1),
                 address: 0x5300,
                 lines: vec![],
-                kernel: false,
+                kind: FrameKind::Native,
             },
         ],
         samples: vec![

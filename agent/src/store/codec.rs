@@ -15,6 +15,17 @@ pub(super) fn content_hash(bytes: &[u8]) -> i64 {
     hash as i64
 }
 
+/// A `locations` row's hash: its mapping id, address, frame kind (`FrameKind::code`, which
+/// for native and kernel frames is the byte the old `kernel` flag hashed) and encoded lines.
+pub(super) fn location_hash(mapping: i64, address: i64, kind: u8, lines: &[u8]) -> i64 {
+    let mut content = Vec::with_capacity(lines.len() + 24);
+    put_varint(&mut content, mapping as u64);
+    put_varint(&mut content, address as u64);
+    content.push(kind);
+    content.extend_from_slice(lines);
+    content_hash(&content)
+}
+
 /// A window's `(series, stack, value)` rows, sorted: series as deltas from the previous row's,
 /// stack as a delta from the previous row's within the same series (from 0 when the series
 /// changes), value as is; all varints.

@@ -12,7 +12,7 @@ use std::{
 use super::TimeRange;
 #[cfg(test)]
 use crate::profile::sample_profile;
-use crate::profile::{Labels, Line, Location, Mapping, Profile, Sample};
+use crate::profile::{FrameKind, Labels, Line, Location, Mapping, Profile, Sample};
 #[cfg(test)]
 use crate::sys::time::from_unix_ns;
 
@@ -39,7 +39,7 @@ pub fn synthetic_window(start: u64, seconds: u64, processes: u32, stacks: u32) -
             mapping: Some(0),
             address: 0x40_1000 + f * 0x40,
             lines: vec![Line::named(format!("function_{f}"))],
-            kernel: false,
+            kind: FrameKind::Native,
         })
         .collect();
     let mut samples = Vec::new();

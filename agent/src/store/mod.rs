@@ -164,6 +164,9 @@ pub struct Store {
     /// Whether the windows say their kind (schema 4): a store of an earlier release, opened
     /// read-only, has CPU windows only.
     kinds: bool,
+    /// Whether the locations say their frame kind (schema 5): a store of an earlier release,
+    /// opened read-only, has a `kernel` flag ([`schema::legacy_kind`] reads it).
+    frame_kinds: bool,
 }
 
 impl Store {
@@ -225,6 +228,7 @@ impl Store {
             retention,
             cache: IdCache::default(),
             kinds: true,
+            frame_kinds: true,
         })
     }
 
@@ -255,17 +259,19 @@ impl Store {
                 path: path.clone(),
                 source,
             })?;
-        let kinds =
-            schema::windows_have_kinds(&connection).map_err(|source| StoreError::Sqlite {
-                path: path.clone(),
-                source,
-            })?;
+        let sqlite = |source| StoreError::Sqlite {
+            path: path.clone(),
+            source,
+        };
+        let kinds = schema::windows_have_kinds(&connection).map_err(sqlite)?;
+        let frame_kinds = schema::locations_have_kinds(&connection).map_err(sqlite)?;
         Ok(Store {
             connection,
             path,
             retention: Retention::default(),
             cache: IdCache::default(),
             kinds,
+            frame_kinds,
         })
     }
 
@@ -277,6 +283,15 @@ impl Store {
             (true, SampleKind::OffCpu) => "kind = 1",
             (false, SampleKind::Cpu) => "1",
             (false, SampleKind::OffCpu) => "0",
+        }
+    }
+
+    /// SQL over the `locations` table that keeps user-space locations (all but the kernel's).
+    pub(super) fn user_location_condition(&self) -> String {
+        if self.frame_kinds {
+            format!("kind != {}", crate::profile::FrameKind::Kernel.code())
+        } else {
+            "kernel = 0".to_owned()
         }
     }
 

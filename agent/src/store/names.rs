@@ -49,11 +49,12 @@ impl Store {
             // for one address as for thousands.
             let mut statement = self
                 .connection
-                .prepare_cached(
+                .prepare_cached(&format!(
                     "SELECT l.address, l.lines, m.path, m.build_id
                      FROM locations l JOIN mappings m ON m.id = l.mapping
-                     WHERE l.kernel = 0",
-                )
+                     WHERE l.{}",
+                    self.user_location_condition()
+                ))
                 .map_err(err)?;
             let mut rows = statement.query([]).map_err(err)?;
             let mut scanned = 0u64;
@@ -89,7 +90,7 @@ impl Store {
                 }
             }
         }
-        let mut reader = Reader::new(&self.connection, &self.path);
+        let mut reader = Reader::new(&self.connection, &self.path, self.frame_kinds);
         let mut names = BTreeMap::new();
         for (address, at) in seen {
             if at.conflict || at.functions.is_empty() {
@@ -110,8 +111,11 @@ impl Store {
     pub fn has_user_names(&self) -> Result<bool, StoreError> {
         self.connection
             .query_row(
-                "SELECT EXISTS (SELECT 1 FROM locations WHERE kernel = 0 AND mapping != 0
-                     AND length(lines) > 0)",
+                &format!(
+                    "SELECT EXISTS (SELECT 1 FROM locations WHERE {} AND mapping != 0
+                         AND length(lines) > 0)",
+                    self.user_location_condition()
+                ),
                 [],
                 |row| row.get(0),
             )
@@ -124,7 +128,7 @@ mod tests {
     use std::collections::BTreeSet;
 
     use super::*;
-    use crate::profile::{sample_profile, Line, Location, Mapping};
+    use crate::profile::{sample_profile, FrameKind, Line, Location, Mapping};
     use crate::store::{fixtures::now_secs, Retention};
 
     /// A store with `profiles` as its windows, 10 s apart and recent (retention keeps them).
@@ -199,7 +203,7 @@ mod tests {
             mapping: Some(1),
             address: 0x5400,
             lines: vec![],
-            kernel: false,
+            kind: FrameKind::Native,
         });
         rebuilt.samples[1].locations.push(4);
         let mut first = sample_profile();
@@ -207,7 +211,7 @@ mod tests {
             mapping: Some(1),
             address: 0x5400,
             lines: vec![Line::named("old_code")],
-            kernel: false,
+            kind: FrameKind::Native,
         });
         first.samples[1].locations.push(4);
         let (_dir, store) = store_with(&[first, rebuilt]);

@@ -17,7 +17,7 @@ use rusqlite::{Connection, OptionalExtension};
 use super::codec::{decode_rows, parse_labels, varints};
 use super::schema::sample_type_of;
 use super::{Labels, SampleKind, Store, StoreError, TimeRange};
-use crate::profile::{Line, Location, Mapping, Profile, Sample, SampleType};
+use crate::profile::{FrameKind, Line, Location, Mapping, Profile, Sample, SampleType};
 use crate::sys::time::{from_unix_ns, unix_ns};
 
 impl Store {
@@ -108,7 +108,7 @@ impl Store {
         let mut merged: Vec<_> = merged.into_iter().collect();
         // Stable output: the same store and range give the same profile.
         merged.sort_unstable();
-        let mut reader = Reader::new(&self.connection, &self.path);
+        let mut reader = Reader::new(&self.connection, &self.path, self.frame_kinds);
         for (done, ((series, stack), value)) in merged.into_iter().enumerate() {
             if done % 1024 == 0 {
                 limits.check_time()?;
@@ -177,7 +177,7 @@ impl Store {
             },
             QueryLimits::NONE,
         )?;
-        let mut reader = Reader::new(&self.connection, &self.path);
+        let mut reader = Reader::new(&self.connection, &self.path, self.frame_kinds);
         let mut series = Vec::new();
         for id in ids {
             let labels = reader.series(id)?.ok_or_else(|| StoreError::Damaged {
@@ -241,10 +241,12 @@ pub(super) struct Reader<'a> {
     mappings: HashMap<i64, usize>,
     /// Database location id -> index in the profile's locations.
     locations: HashMap<i64, usize>,
+    /// Whether locations keep their frame kind (schema 5), or a `kernel` flag.
+    frame_kinds: bool,
 }
 
 impl<'a> Reader<'a> {
-    pub(super) fn new(connection: &'a Connection, path: &'a Path) -> Self {
+    pub(super) fn new(connection: &'a Connection, path: &'a Path, frame_kinds: bool) -> Self {
         Reader {
             connection,
             path,
@@ -253,6 +255,7 @@ impl<'a> Reader<'a> {
             functions: HashMap::new(),
             mappings: HashMap::new(),
             locations: HashMap::new(),
+            frame_kinds,
         }
     }
 
@@ -382,9 +385,16 @@ impl<'a> Reader<'a> {
         if let Some(&index) = self.locations.get(&id) {
             return Ok(index);
         }
-        let row: Option<(i64, i64, bool, Vec<u8>)> = self
+        // Before schema 5 the column was the `kernel` flag, whose 0 and 1 are the codes of
+        // native and kernel frames.
+        let sql = if self.frame_kinds {
+            "SELECT mapping, address, kind, lines FROM locations WHERE id = ?1"
+        } else {
+            "SELECT mapping, address, kernel, lines FROM locations WHERE id = ?1"
+        };
+        let row: Option<(i64, i64, i64, Vec<u8>)> = self
             .connection
-            .prepare_cached("SELECT mapping, address, kernel, lines FROM locations WHERE id = ?1")
+            .prepare_cached(sql)
             .and_then(|mut s| {
                 s.query_row([id], |row| {
                     Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?))
@@ -392,7 +402,7 @@ impl<'a> Reader<'a> {
                 .optional()
             })
             .map_err(|e| self.sqlite(e))?;
-        let (mapping, address, kernel, blob) =
+        let (mapping, address, kind, blob) =
             row.ok_or_else(|| self.damaged(format!("location {id} is missing")))?;
         let numbers =
             varints(&blob).ok_or_else(|| self.damaged(format!("location {id}: bad lines")))?;
@@ -407,6 +417,8 @@ impl<'a> Reader<'a> {
             });
         }
         let mapping = self.mapping(mapping, profile)?;
+        let kind = FrameKind::from_code(kind);
+        let kernel = kind.is_kernel();
         // Stores written before kernel frames became offsets from `_text` hold absolute kernel
         // addresses. They leave without them (the names stay), so no old window reveals the
         // kernel's randomised base either.
@@ -414,12 +426,16 @@ impl<'a> Reader<'a> {
             absolute if kernel && absolute >= KERNEL_HALF => 0,
             address => address,
         };
-        profile.locations.push(Location {
+        let mut location = Location {
             mapping,
             address,
             lines,
-            kernel,
-        });
+            kind,
+        };
+        if !self.frame_kinds {
+            location.kind = super::schema::legacy_kind(&location);
+        }
+        profile.locations.push(location);
         let index = profile.locations.len() - 1;
         self.locations.insert(id, index);
         Ok(index)
@@ -615,13 +631,17 @@ mod tests {
         let kernel = window
             .locations
             .iter()
-            .position(|l| l.kernel)
+            .position(|l| l.kind.is_kernel())
             .expect("the sample profile has a kernel frame");
         // As a scorch before offsets from `_text` stored it.
         window.locations[kernel].address = 0xffff_ffff_8123_4567;
         store.write_window(&window).unwrap();
         let profile = store.query(everything(), &|_| true).unwrap();
-        let kernel: Vec<_> = profile.locations.iter().filter(|l| l.kernel).collect();
+        let kernel: Vec<_> = profile
+            .locations
+            .iter()
+            .filter(|l| l.kind.is_kernel())
+            .collect();
         assert!(!kernel.is_empty());
         assert!(kernel.iter().all(|l| l.address < KERNEL_HALF), "{kernel:?}");
         assert!(kernel.iter().all(|l| !l.lines.is_empty()), "names kept");

@@ -3,17 +3,21 @@
 //! does not know them refuses the store rather than misreads it, and adds a step to
 //! [`migrate`], so that a store an earlier release wrote keeps its windows.
 
-use rusqlite::Connection;
+use rusqlite::{Connection, OptionalExtension};
 
-use super::codec::{decode_rows, encode_totals, totals_of_rows};
-use crate::profile::SampleType;
+use super::codec::{decode_rows, encode_totals, location_hash, totals_of_rows, varints};
+use crate::{
+    profile::{FrameKind, Line, Location, SampleType},
+    symbolize::python::UNKNOWN_CODE,
+};
 
 /// `PRAGMA application_id` of a scorch store ("SCOR"): how a SQLite file says what it is.
 pub(super) const APPLICATION_ID: i32 = 0x5343_4f52;
 /// `PRAGMA user_version`: the schema below.
-pub(super) const SCHEMA_VERSION: i32 = 4;
+pub(super) const SCHEMA_VERSION: i32 = 5;
 /// The oldest schema [`migrate`] upgrades (and readers still read): 2 lacks `window_totals`,
-/// 2 and 3 lack the windows' `kind` (all their windows are CPU samples).
+/// 2 and 3 lack the windows' `kind` (all their windows are CPU samples), 2 to 4 keep a
+/// location's `kernel` flag where 5 keeps its frame `kind`.
 pub(super) const OLDEST_MIGRATED: i32 = 2;
 
 const SCHEMA: &str = "
@@ -48,7 +52,7 @@ CREATE TABLE locations (
     hash INTEGER NOT NULL,    -- content_hash of the other columns
     mapping INTEGER NOT NULL, -- mappings.id, 0 for none
     address INTEGER NOT NULL,
-    kernel INTEGER NOT NULL,
+    kind INTEGER NOT NULL,    -- FrameKind::code: 0 native, 1 kernel, 2 Python, 3 Go
     lines BLOB NOT NULL,      -- varint (functions.id, line) pairs, innermost first
     last_window INTEGER NOT NULL
 );
@@ -101,6 +105,11 @@ ALTER TABLE windows ADD COLUMN off_cpu_mean_ns INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE windows ADD COLUMN off_cpu_min_ns INTEGER NOT NULL DEFAULT 0;
 ";
 
+/// Schema 5: each location's frame kind where its `kernel` flag was. The flag's values are the
+/// kinds' codes for native (0) and kernel (1) frames; Python frames, stored as native, are
+/// found by [`legacy_kind`] and rehashed (the hash covers the kind).
+const FRAME_KINDS: &str = "ALTER TABLE locations RENAME COLUMN kernel TO kind;";
+
 /// Creates a new store's tables in an empty database.
 pub(super) fn create(connection: &Connection) -> rusqlite::Result<()> {
     // auto_vacuum must be chosen before the first table exists. The schema and the header
@@ -139,7 +148,7 @@ pub(super) fn configure(connection: &Connection) -> rusqlite::Result<()> {
 ///
 /// 2 -> 3: `window_totals`, filled from every stored window's rows (nothing is dropped; the
 /// rows themselves are untouched). 3 -> 4: the windows' `kind` columns, every existing window
-/// a CPU one.
+/// a CPU one. 4 -> 5: the locations' frame kinds ([`FRAME_KINDS`]).
 pub(super) fn migrate(connection: &Connection, found: i32) -> rusqlite::Result<usize> {
     if found >= SCHEMA_VERSION {
         return Ok(0);
@@ -147,6 +156,10 @@ pub(super) fn migrate(connection: &Connection, found: i32) -> rusqlite::Result<u
     let tx = connection.unchecked_transaction()?;
     if !windows_have_kinds(&tx)? {
         tx.execute_batch(WINDOW_KINDS)?;
+    }
+    if !locations_have_kinds(&tx)? {
+        tx.execute_batch(FRAME_KINDS)?;
+        mark_python_locations(&tx)?;
     }
     tx.execute_batch(WINDOW_TOTALS)?;
     let mut backfilled = 0;
@@ -190,6 +203,83 @@ pub(super) fn windows_have_kinds(connection: &Connection) -> rusqlite::Result<bo
     )
 }
 
+/// Whether the locations table says each frame's kind (schema 5); before it, a `kernel` flag.
+pub(super) fn locations_have_kinds(connection: &Connection) -> rusqlite::Result<bool> {
+    connection.query_row(
+        "SELECT COUNT(*) FROM pragma_table_info('locations') WHERE name = 'kind'",
+        [],
+        |row| row.get::<_, i64>(0).map(|n| n > 0),
+    )
+}
+
+/// The kind of a location a store before schema 5 kept, from its `kernel` flag and its shape:
+/// a Python frame was the only user frame with neither a mapping nor an address, and it had a
+/// source file or the unknown-code name (a lost stack's placeholder has neither). Go frames
+/// were not told apart: they stay native.
+pub(super) fn legacy_kind(location: &Location) -> FrameKind {
+    if location.kind.is_kernel() {
+        return FrameKind::Kernel;
+    }
+    let python = location.mapping.is_none()
+        && location.address == 0
+        && location
+            .lines
+            .first()
+            .is_some_and(|line| line.file.is_some() || line.function == UNKNOWN_CODE);
+    if python {
+        FrameKind::Python
+    } else {
+        FrameKind::Native
+    }
+}
+
+/// Marks the Python locations of a store migrated to schema 5 (see [`legacy_kind`]) and
+/// rehashes them, so a window written after the migration finds them.
+fn mark_python_locations(tx: &Connection) -> rusqlite::Result<()> {
+    let mut candidates = Vec::new();
+    {
+        let mut select = tx.prepare(
+            "SELECT id, lines FROM locations WHERE kind = 0 AND mapping = 0 AND address = 0",
+        )?;
+        let mut rows = select.query([])?;
+        while let Some(row) = rows.next()? {
+            candidates.push((row.get::<_, i64>(0)?, row.get::<_, Vec<u8>>(1)?));
+        }
+    }
+    let mut function = tx.prepare(
+        "SELECT s.value, f.file FROM functions f JOIN strings s ON s.id = f.name WHERE f.id = ?1",
+    )?;
+    let mut update = tx.prepare("UPDATE locations SET kind = ?1, hash = ?2 WHERE id = ?3")?;
+    for (id, lines) in candidates {
+        let Some(&first) = varints(&lines).as_ref().and_then(|v| v.first()) else {
+            continue;
+        };
+        let Some((name, file)) = function
+            .query_row([first as i64], |row| {
+                Ok((row.get::<_, String>(0)?, row.get::<_, i64>(1)?))
+            })
+            .optional()?
+        else {
+            continue;
+        };
+        let location = Location {
+            mapping: None,
+            address: 0,
+            lines: vec![Line {
+                file: (file != 0).then(String::new),
+                ..Line::named(name)
+            }],
+            kind: FrameKind::Native,
+        };
+        let kind = legacy_kind(&location);
+        if kind == FrameKind::Python {
+            let hash = location_hash(0, 0, kind.code(), &lines);
+            update.execute(rusqlite::params![kind.code(), hash, id])?;
+        }
+    }
+    Ok(())
+}
+
 /// A window's `kind`, `off_cpu_mean_ns` and `off_cpu_min_ns` columns as the profile's sample
 /// type. An unknown kind (a newer scorch's, in a store it migrated) reads as CPU, never as
 /// off-CPU nanoseconds.
@@ -200,5 +290,163 @@ pub(super) fn sample_type_of(kind: i64, mean_ns: i64, min_ns: i64) -> SampleType
             min_ns: min_ns.max(0) as u64,
         },
         _ => SampleType::Cpu,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        profile::Profile,
+        store::{
+            fixtures::{everything, now_secs, window_at},
+            Retention, Store, DATABASE_FILE,
+        },
+    };
+
+    /// The sample window, its first stack under a Python frame, a Python frame of an unknown
+    /// code object and a Go frame.
+    fn with_every_kind(seconds: u64) -> Profile {
+        let mut window = window_at(seconds);
+        let first = window.locations.len();
+        window.locations.extend([
+            Location {
+                mapping: None,
+                address: 0,
+                lines: vec![Line {
+                    file: Some("/srv/app.py".into()),
+                    line: 12,
+                    ..Line::named("handler")
+                }],
+                kind: FrameKind::Python,
+            },
+            Location {
+                mapping: None,
+                address: 0,
+                lines: vec![Line::named(UNKNOWN_CODE)],
+                kind: FrameKind::Python,
+            },
+            Location {
+                mapping: Some(1),
+                address: 0x5400,
+                lines: vec![Line::named("main.serve")],
+                kind: FrameKind::Go,
+            },
+        ]);
+        window.samples[0]
+            .locations
+            .splice(0..0, [first, first + 1, first + 2]);
+        window
+    }
+
+    fn locations_of_kind(store: &Store, kind: FrameKind) -> i64 {
+        store
+            .connection
+            .query_row(
+                "SELECT COUNT(*) FROM locations WHERE kind = ?1",
+                [kind.code()],
+                |row| row.get(0),
+            )
+            .unwrap()
+    }
+
+    /// A store of schema 4 (a `kernel` flag per location; Python and Go frames stored as
+    /// native, hashed so): read as it is with its Python frames told by their shape, then
+    /// migrated by the next writable open, which keeps every kind it could tell and rehashes
+    /// the Python rows so that later windows find them.
+    #[test]
+    fn schema_4_stores_keep_their_frames_and_learn_their_kinds() {
+        let dir = tempfile::tempdir().unwrap();
+        let now = now_secs();
+        let all = |_: &crate::profile::Labels| true;
+        let written = {
+            let mut store = Store::open(dir.path(), Retention::default()).unwrap();
+            store.write_window(&with_every_kind(now - 30)).unwrap();
+            store.query(everything(), &all).unwrap()
+        };
+        assert!(written.locations.iter().any(|l| l.kind == FrameKind::Go));
+        // What schema 4 wrote: the flag, and the hashes of rows whose flag was 0.
+        let connection = Connection::open(dir.path().join(DATABASE_FILE)).unwrap();
+        connection
+            .execute_batch(
+                "ALTER TABLE locations RENAME COLUMN kind TO kernel;
+                 UPDATE locations SET kernel = 0 WHERE kernel > 1;",
+            )
+            .unwrap();
+        let rows: Vec<(i64, i64, i64, i64, Vec<u8>)> = connection
+            .prepare("SELECT id, mapping, address, kernel, lines FROM locations")
+            .unwrap()
+            .query_map([], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+            })
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        for (id, mapping, address, kernel, lines) in rows {
+            let hash = location_hash(mapping, address, kernel as u8, &lines);
+            connection
+                .execute(
+                    "UPDATE locations SET hash = ?1 WHERE id = ?2",
+                    rusqlite::params![hash, id],
+                )
+                .unwrap();
+        }
+        connection
+            .execute_batch("PRAGMA user_version = 4; PRAGMA wal_checkpoint(TRUNCATE);")
+            .unwrap();
+        drop(connection);
+        // Schema 4 could not tell Go code from other native code.
+        let mut expected = written.clone();
+        for location in &mut expected.locations {
+            if location.kind == FrameKind::Go {
+                location.kind = FrameKind::Native;
+            }
+        }
+        let old = Store::open_read_only(dir.path()).unwrap();
+        assert!(!old.frame_kinds);
+        assert_eq!(old.query(everything(), &all).unwrap(), expected);
+        drop(old);
+
+        let mut store = Store::open(dir.path(), Retention::default()).unwrap();
+        assert!(store.frame_kinds);
+        assert_eq!(store.verify().unwrap(), 1);
+        assert_eq!(store.query(everything(), &all).unwrap(), expected);
+        assert_eq!(locations_of_kind(&store, FrameKind::Python), 2);
+        assert_eq!(locations_of_kind(&store, FrameKind::Kernel), 1);
+        // A window written now finds the migrated Python rows: it adds only its Go row.
+        store.write_window(&with_every_kind(now - 20)).unwrap();
+        assert_eq!(locations_of_kind(&store, FrameKind::Python), 2);
+        assert_eq!(locations_of_kind(&store, FrameKind::Go), 1);
+        let both = store.query(everything(), &all).unwrap();
+        let kinds = |p: &Profile| {
+            let mut kinds: Vec<FrameKind> = p.locations.iter().map(|l| l.kind).collect();
+            kinds.sort();
+            kinds.dedup();
+            kinds
+        };
+        assert_eq!(
+            kinds(&both),
+            [
+                FrameKind::Native,
+                FrameKind::Kernel,
+                FrameKind::Python,
+                FrameKind::Go
+            ]
+        );
+        // And the query path's pprof says them, in scorch's own location field.
+        let pprof = crate::profile::encode::pprof::to_message(&both);
+        let mut codes: Vec<u32> = pprof.location.iter().map(|l| l.scorch_frame_kind).collect();
+        codes.sort();
+        codes.dedup();
+        assert_eq!(codes, [0, 1, 2, 3]);
+    }
+
+    #[test]
+    fn frame_kind_codes_round_trip() {
+        for kind in FrameKind::ALL {
+            assert_eq!(FrameKind::from_code(i64::from(kind.code())), kind);
+        }
+        // A newer scorch's kind reads as native, never as the kernel's.
+        assert_eq!(FrameKind::from_code(200), FrameKind::Native);
     }
 }

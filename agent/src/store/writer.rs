@@ -7,7 +7,8 @@ use std::{collections::HashMap, sync::Arc, time::SystemTime};
 use rusqlite::{params, Connection};
 
 use super::codec::{
-    content_hash, encode_rows, encode_totals, labels_json, put_varint, totals_of_rows,
+    content_hash, encode_rows, encode_totals, labels_json, location_hash, put_varint,
+    totals_of_rows,
 };
 use super::{Store, StoreError, TOUCH_EVERY};
 use crate::profile::{Labels, Line, Location, Mapping, Profile, SampleType};
@@ -59,8 +60,8 @@ impl IdCache {
 }
 
 type MappingKey = (i64, i64, i64, i64, i64, i64);
-/// (mapping id, address, kernel, encoded lines).
-type LocationKey = (i64, i64, bool, Vec<u8>);
+/// (mapping id, address, frame kind's code, encoded lines).
+type LocationKey = (i64, i64, u8, Vec<u8>);
 
 impl Store {
     /// Writes one window's profile: one series per label set its samples carry. Then applies
@@ -305,7 +306,12 @@ impl Writer<'_> {
             put_varint(&mut lines, u64::from(line.line));
         }
         let mapping = location.mapping.map_or(0, |m| mapping_ids[m]);
-        let key = (mapping, location.address as i64, location.kernel, lines);
+        let key = (
+            mapping,
+            location.address as i64,
+            location.kind.code(),
+            lines,
+        );
         let (connection, window) = (self.connection, self.window);
         let k = key.clone();
         Self::id(
@@ -315,21 +321,15 @@ impl Writer<'_> {
             key,
             "locations",
             || {
-                // The row's content, as one byte string, is what is hashed.
-                let mut content = Vec::with_capacity(k.3.len() + 24);
-                put_varint(&mut content, k.0 as u64);
-                put_varint(&mut content, k.1 as u64);
-                content.push(u8::from(k.2));
-                content.extend_from_slice(&k.3);
-                let hash = content_hash(&content);
+                let hash = location_hash(k.0, k.1, k.2, &k.3);
                 let mut select = connection.prepare_cached(
-                    "SELECT id, mapping, address, kernel, lines FROM locations WHERE hash = ?1",
+                    "SELECT id, mapping, address, kind, lines FROM locations WHERE hash = ?1",
                 )?;
                 let mut rows = select.query([hash])?;
                 while let Some(row) = rows.next()? {
                     let same = row.get::<_, i64>(1)? == k.0
                         && row.get::<_, i64>(2)? == k.1
-                        && row.get::<_, bool>(3)? == k.2
+                        && row.get::<_, i64>(3)? == i64::from(k.2)
                         && row.get_ref(4)?.as_blob()? == k.3.as_slice();
                     if same {
                         let id: i64 = row.get(0)?;
@@ -339,7 +339,7 @@ impl Writer<'_> {
                 }
                 connection
                     .prepare_cached(
-                        "INSERT INTO locations (hash, mapping, address, kernel, lines, last_window)
+                        "INSERT INTO locations (hash, mapping, address, kind, lines, last_window)
                      VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
                     )?
                     .execute(params![hash, k.0, k.1, k.2, k.3, window])?;

@@ -25,7 +25,7 @@ use std::{
     collections::{HashMap, HashSet},
 };
 
-use crate::pipeline::{aggregate::StackSample, drain::Stack};
+use crate::pipeline::{aggregate::StackSample, drain::Stack, frames::Frame};
 
 /// A place in a file: its device and inode as `/proc/PID/maps` gives them, and the offset
 /// in the file.
@@ -108,7 +108,7 @@ impl EntryChains {
             self.learn(stack, frames);
         }
         // What `below` adds depends on the process, its maps and the stack's last frame only.
-        let mut below: HashMap<(u32, u32, u64), Option<Vec<u64>>> = HashMap::new();
+        let mut below: HashMap<(u32, u32, Frame), Option<Vec<u64>>> = HashMap::new();
         let mut out = Vec::with_capacity(stacks.len());
         let mut completed: HashMap<StackSample, u64> = HashMap::new();
         for (stack, count) in stacks {
@@ -123,7 +123,7 @@ impl EntryChains {
                 Some(added) => {
                     let mut whole = stack.clone();
                     if let Stack::Frames(user) = &mut whole.user {
-                        user.extend(added);
+                        user.extend(added.into_iter().map(Frame::Native));
                     }
                     self.completed += count;
                     *completed.entry(whole).or_insert(0) += count;
@@ -176,7 +176,10 @@ impl EntryChains {
         let n = user.len();
         // The leaf (index 0) is not a return address; the bottom has nothing below.
         for i in learned_from(n)..n.saturating_sub(1) {
-            let Some(spot) = self.is_start_call_main(stack, user[i], frames) else {
+            let Some(spot) = user[i]
+                .pc()
+                .and_then(|pc| self.is_start_call_main(stack, pc, frames))
+            else {
                 continue;
             };
             let (pid, version) = (stack.tgid, stack.maps_version);
@@ -188,7 +191,10 @@ impl EntryChains {
                 return;
             };
             let mut links = Vec::with_capacity(n - i - 1);
-            for &address in &user[i + 1..] {
+            for frame in &user[i + 1..] {
+                let Some(address) = frame.pc() else {
+                    return;
+                };
                 let Some(place) = frames.spot(pid, version, address) else {
                     return;
                 };
@@ -237,7 +243,7 @@ impl EntryChains {
         if user.len() < 2 {
             return None;
         }
-        let spot = self.is_start_call_main(stack, *user.last()?, frames)?;
+        let spot = self.is_start_call_main(stack, user.last()?.pc()?, frames)?;
         let Chain::Links(chain) = self.chains.get(&spot)? else {
             return None;
         };
@@ -275,7 +281,7 @@ fn learned_from(len: usize) -> usize {
 /// The outermost user frame of a stack, when it has user frames.
 fn last_user_frame(stack: &StackSample) -> Option<u64> {
     match &stack.user {
-        Stack::Frames(user) => user.last().copied(),
+        Stack::Frames(user) => user.last().and_then(|frame| frame.pc()),
         _ => None,
     }
 }
@@ -374,7 +380,7 @@ mod tests {
         StackSample {
             tgid: pid,
             maps_version: 0,
-            user: Stack::Frames(frames.to_vec()),
+            user: Stack::Frames(frames.iter().map(|&pc| Frame::Native(pc)).collect()),
             kernel: Stack::Absent,
             thread: Default::default(),
             block: None,
@@ -399,7 +405,7 @@ mod tests {
             .iter()
             .filter(|(s, _)| s.tgid == pid)
             .map(|(s, n)| match &s.user {
-                Stack::Frames(f) => (f.clone(), *n),
+                Stack::Frames(f) => (f.iter().filter_map(|f| f.pc()).collect(), *n),
                 _ => (Vec::new(), *n),
             })
             .collect();
@@ -496,8 +502,9 @@ mod tests {
             let Stack::Frames(frames) = &stack.user else {
                 panic!("user frames")
             };
-            assert_eq!(frames[1..], bottom);
-            let leaf = frames[0] - 0x5000_2000;
+            let pcs: Vec<u64> = frames.iter().filter_map(|f| f.pc()).collect();
+            assert_eq!(pcs[1..], bottom);
+            let leaf = pcs[0] - 0x5000_2000;
             assert_eq!(*count, if leaf < 500 { 3 } else { 1 }, "leaf {leaf}");
         }
         assert_eq!(chains.completed, 1000);

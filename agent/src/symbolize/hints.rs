@@ -170,7 +170,7 @@ fn advice(reason: UnwindOutcome) -> &'static str {
 mod tests {
     use super::*;
     use crate::{
-        pipeline::{aggregate::StackSample, drain::Stack},
+        pipeline::{aggregate::StackSample, drain::Stack, frames::from_pcs},
         process::maps::{MapEntry, ProcessMaps},
     };
 
@@ -205,7 +205,7 @@ mod tests {
             StackSample {
                 maps_version: 0,
                 tgid: 7,
-                user: Stack::Frames(frames.to_vec()),
+                user: Stack::Frames(from_pcs(frames, false)),
                 kernel: Stack::Absent,
                 thread: Default::default(),
                 block: None,
@@ -223,7 +223,7 @@ mod tests {
             StackSample {
                 maps_version: 0,
                 tgid: 7,
-                user: Stack::Frames(vec![0x5100]),
+                user: Stack::Frames(from_pcs(&[0x5100], false)),
                 kernel: Stack::Absent,
                 thread: Default::default(),
                 block: None,

@@ -18,14 +18,14 @@ use crate::process::maps::MapEntry;
 use crate::{
     pipeline::aggregate::{Aggregated, StackSample},
     pipeline::drain::{Stack, ThreadTag},
+    pipeline::frames::Frame,
     pipeline::off_cpu::BlockState,
     profile::{
-        Labels, Line, Location, LocationIndex, Mapping, MappingIndex, Profile, Sample, STATE_LABEL,
-        THREAD_ID_LABEL, THREAD_LABEL,
+        FrameKind, Labels, Line, Location, LocationIndex, Mapping, MappingIndex, Profile, Sample,
+        STATE_LABEL, THREAD_ID_LABEL, THREAD_LABEL,
     },
 };
 use kernel::{KernelFrame, KernelSymbolizer};
-use scorch_common::{python_frame_parts, PYTHON_FRAME};
 use user::UserSymbolizer;
 
 /// Where a location lives, for deduplication.
@@ -33,8 +33,9 @@ use user::UserSymbolizer;
 enum LocationKey {
     Kernel(u64),
     User(Option<MappingIndex>, u64),
-    /// A Python frame word of a process (its code object's address is the process's own).
-    Python(u32, u64),
+    /// A Python frame of a process (its code object's address is the process's own) and its
+    /// instruction offset.
+    Python(u32, u64, u16),
     /// A placeholder for a stack that could not be recorded.
     Lost {
         kernel: bool,
@@ -106,10 +107,9 @@ pub fn symbolize(
             _ => None,
         })
         .flat_map(|frames| {
-            frames
-                .iter()
+            kernel_pcs(frames)
                 .enumerate()
-                .map(|(i, &a)| lookup_address(a, i))
+                .map(|(i, a)| lookup_address(a, i))
         })
         .collect();
     kernel_addresses.sort_unstable();
@@ -186,10 +186,11 @@ pub fn symbolize(
         let mut locations = Vec::new();
         match &stack.kernel {
             Stack::Frames(frames) => {
+                let frames: Vec<u64> = kernel_pcs(frames).collect();
                 // An off-CPU stack was taken inside the scheduler's tracepoint: the frames
                 // above `__schedule` are the BPF program and the tracepoint's plumbing.
                 let first = if stack.block.is_some() {
-                    scheduler_frame(frames, |depth, address| {
+                    scheduler_frame(&frames, |depth, address| {
                         kernel_names
                             .get(&lookup_address(address, depth))
                             .map(String::as_str)
@@ -204,7 +205,7 @@ pub fn symbolize(
                         mapping,
                         address: kernel_offset(address, text_start),
                         lines: name.map(Line::named).into_iter().collect(),
-                        kernel: true,
+                        kind: FrameKind::Kernel,
                     }));
                 }
             }
@@ -213,8 +214,8 @@ pub fn symbolize(
         }
         match &stack.user {
             Stack::Frames(frames) => {
-                for (depth, &address) in frames.iter().enumerate() {
-                    let index = user_location(&mut builder, user, stack, address, depth);
+                for (depth, &frame) in frames.iter().enumerate() {
+                    let index = user_location(&mut builder, user, stack, frame, depth);
                     locations.push(index);
                 }
             }
@@ -286,6 +287,11 @@ fn scheduler_frame<'a>(frames: &[u64], name: impl Fn(usize, u64) -> Option<&'a s
         .unwrap_or(0)
 }
 
+/// The pcs of a kernel stack's frames.
+fn kernel_pcs(frames: &[Frame]) -> impl Iterator<Item = u64> + '_ {
+    frames.iter().filter_map(|frame| frame.pc())
+}
+
 /// The process with the most samples.
 fn busiest_process(aggregated: &Aggregated) -> Option<u32> {
     let mut per_process: HashMap<u32, u64> = HashMap::new();
@@ -317,7 +323,11 @@ fn lost_location(builder: &mut ProfileBuilder, kernel: bool) -> LocationIndex {
         } else {
             "[user stack lost]"
         })],
-        kernel,
+        kind: if kernel {
+            FrameKind::Kernel
+        } else {
+            FrameKind::Native
+        },
     })
 }
 
@@ -325,21 +335,21 @@ fn user_location(
     builder: &mut ProfileBuilder,
     user: &mut UserSymbolizer,
     stack: &StackSample,
-    address: u64,
+    frame: Frame,
     depth: usize,
 ) -> LocationIndex {
     let (pid, version) = (stack.tgid, stack.maps_version);
-    if address & PYTHON_FRAME != 0 {
-        return builder.location(LocationKey::Python(pid, address), || {
-            let (code, instr) = python_frame_parts(address);
-            Location {
+    let address = match frame {
+        Frame::Native(pc) | Frame::Kernel(pc) => pc,
+        Frame::Python { code, instr } => {
+            return builder.location(LocationKey::Python(pid, code, instr), || Location {
                 mapping: None,
                 address: 0,
                 lines: vec![user.python_line(pid, code, instr)],
-                kernel: false,
-            }
-        });
-    }
+                kind: FrameKind::Python,
+            });
+        }
+    };
     let frame_key = (pid, version, address);
     if let Some(&index) = builder.user_frames.get(&frame_key) {
         return index;
@@ -372,6 +382,11 @@ fn user_frame_location(
         .frames
         .as_ref()
         .map_or_else(|miss| miss.is_conclusive(), |_| true);
+    // Native code Go's toolchain compiled is Go's: the symbolizer knows, the walk does not.
+    let kind = match &frame.frames {
+        Ok(frames) if frames.first().is_some_and(|f| f.go) => FrameKind::Go,
+        _ => FrameKind::Native,
+    };
     let lines: Vec<Line> = match frame.frames {
         Ok(frames) => frames
             .into_iter()
@@ -397,7 +412,7 @@ fn user_frame_location(
         mapping,
         address,
         lines,
-        kernel: false,
+        kind,
     })
 }
 

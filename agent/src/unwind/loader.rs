@@ -31,7 +31,7 @@ use scorch_common::{
     UnwindRow, UserStack, WalkedStack, EVENT_PYTHON_STACK, MAPPING_NO_TABLE, MAPPING_TABLE_EVICTED,
     MAPPING_TABLE_LOADED, MAPPING_TABLE_PENDING, MAX_PROC_MAPPINGS, MAX_ROW_POOLS, MIN_POOL_ROWS,
     PROCS_NO_MAPPINGS, PYTHON_ENTRY_CSTACK_OWNER, PYTHON_ENTRY_IS_ENTRY, PYTHON_EVAL_RANGES,
-    PYTHON_FRAME, PYTHON_NO_CFRAME, SHORT_USER_STACK_ID,
+    PYTHON_NO_CFRAME, SHORT_USER_STACK_ID,
 };
 
 use super::{
@@ -1232,11 +1232,10 @@ fn python_value(
 /// [`MAX_PYTHON_CODE`].
 fn note_python_code(code: &mut HashSet<(u32, u64)>, tgid: u32, stack: &dyn WalkedStack) {
     for &word in stack.frames() {
-        if word & PYTHON_FRAME == 0 || code.len() >= MAX_PYTHON_CODE {
+        if code.len() >= MAX_PYTHON_CODE {
             continue;
         }
-        let (object, _) = python_frame_parts(word);
-        if object != 0 {
+        if let Some((object @ 1.., _)) = python_frame_parts(word) {
             code.insert((tgid, object));
         }
     }

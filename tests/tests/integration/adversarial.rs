@@ -695,12 +695,16 @@ fn kernel_frames_carry_no_absolute_address() -> Result<()> {
         to: SystemTime::now() + Duration::from_secs(60),
     };
     let stored = scorch::store::Store::open_read_only(&scene.store)?.query(range, &|_| true)?;
-    let kernel_locations = stored.locations.iter().filter(|l| l.kernel).count();
+    let kernel_locations = stored
+        .locations
+        .iter()
+        .filter(|l| l.kind.is_kernel())
+        .count();
     ensure!(kernel_locations > 0);
     if let Some(l) = stored
         .locations
         .iter()
-        .find(|l| l.kernel && l.address >= KERNEL_SPACE)
+        .find(|l| l.kind.is_kernel() && l.address >= KERNEL_SPACE)
     {
         bail!("the store holds the kernel address {:#x}", l.address);
     }
@@ -817,7 +821,7 @@ fn selector_bombs_get_400_quickly() -> Result<()> {
 /// processes, `stacks` distinct 24-frame stacks each window drawn from 4,000 functions, so a
 /// query over all of them merges `windows * stacks` stacks.
 fn fill_store(dir: &Path, windows: u64, stacks: u64) -> Result<()> {
-    use scorch::profile::{Line, Location, Mapping, Profile, Sample};
+    use scorch::profile::{FrameKind, Line, Location, Mapping, Profile, Sample};
     let mut store = scorch::store::Store::open(dir, scorch::store::Retention::default())?;
     let now = SystemTime::now().duration_since(UNIX_EPOCH)?.as_secs();
     const FUNCTIONS: u64 = 4000;
@@ -840,7 +844,7 @@ fn fill_store(dir: &Path, windows: u64, stacks: u64) -> Result<()> {
                 "synthetic::module_{}::function_{f}_with_a_long_enough_name",
                 f / 100
             ))],
-            kernel: false,
+            kind: FrameKind::Native,
         })
         .collect();
     // A cheap deterministic mix, so stacks differ between windows.

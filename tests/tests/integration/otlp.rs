@@ -425,3 +425,103 @@ fn otlp_grpc_sink_sends_stored_windows() -> Result<()> {
 fn otlp_http_sink_sends_stored_windows() -> Result<()> {
     stored_windows_arrive("otlp-http-stored", Protocol::OtlpHttp)
 }
+
+/// Each frame name of `pid`'s profiles as received, with the `profile.frame.type`s it
+/// arrived with (the receiver turns each into scorch's pprof field: 0 native, 1 kernel,
+/// 2 cpython, 3 go).
+fn frame_types_of(fake: &FakeRemote, pid: u32) -> Result<BTreeMap<String, BTreeSet<u32>>> {
+    use prost::Message as _;
+    let pid = pid.to_string();
+    let mut types: BTreeMap<String, BTreeSet<u32>> = BTreeMap::new();
+    for received in fake.received() {
+        if !received.accepted || received.labels.get("process.pid") != Some(&pid) {
+            continue;
+        }
+        let profile = scorch::pprof::Profile::decode(&received.pprof[..])?;
+        for sample in scorch_tests::named_samples(&profile) {
+            for (frame, kind) in sample.frames.iter().zip(&sample.kinds) {
+                types.entry(frame.clone()).or_default().insert(*kind);
+            }
+        }
+    }
+    ensure!(!types.is_empty(), "no profile of pid {pid} arrived");
+    Ok(types)
+}
+
+/// Python, Go, C and kernel frames arrive with the `profile.frame.type` the semantic
+/// conventions give them: `cpython`, `go`, `native` and `kernel`, each frame the type of its
+/// kind as the walk and the symbolizer said it, none guessed from its shape.
+#[test]
+fn otlp_frames_arrive_with_their_types() -> Result<()> {
+    let dir = fresh_dir("otlp-frame-types")?;
+    let reader = build_workload("readzero", &["-O2", "-fno-omit-frame-pointer"])?;
+    let reader = Workload::start(&reader, &["40"])?;
+    let go = crate::go::Go::Host.build("gotree", "otlp", &[])?;
+    let go = Workload::start(&go, &["40"])?;
+    let python = std::process::Command::new("/usr/bin/python3.11")
+        .arg(scorch_tests::workload_source("calltree.py"))
+        .arg("40")
+        .spawn()?;
+    let _python = scorch_tests::KillOnDrop(python.id());
+    let fake = FakeRemote::start(Protocol::OtlpHttp)?;
+    let daemon = Daemon::start(
+        &dir.join("store"),
+        &[
+            "--window",
+            "1s",
+            "--remote-url",
+            &fake.url(),
+            "--remote-protocol",
+            "otlp-http",
+            "--remote-compression",
+            "none",
+        ],
+    )?;
+    wait_windows(&daemon, 0.0, 5.0)?;
+    wait_drained(&daemon, &fake, Duration::from_secs(40))?;
+    let (status, _, stderr) = daemon.stop()?;
+    ensure!(
+        status.success(),
+        "scorch run exited with {status}:\n{stderr}"
+    );
+    ensure!(
+        fake.protocol_errors().is_empty(),
+        "{:?}",
+        fake.protocol_errors()
+    );
+
+    let only = |types: &BTreeMap<String, BTreeSet<u32>>, frame: &str, kind: u32| {
+        let found = types.get(frame);
+        ensure!(
+            found == Some(&BTreeSet::from([kind])),
+            "{frame}: types {found:?}, not only {kind}, among {types:?}"
+        );
+        Ok(())
+    };
+    // C: its own code native, the reads it asks for the kernel's.
+    let c = frame_types_of(&fake, reader.pid())?;
+    only(&c, "main", 0)?;
+    ensure!(
+        c.iter()
+            .any(|(frame, kinds)| frame.contains("read") && kinds == &BTreeSet::from([1])),
+        "no kernel read frame: {c:?}"
+    );
+    // Go: its functions and its runtime are Go's; nothing of it is guessed native.
+    let go = frame_types_of(&fake, go.pid())?;
+    for function in ["main.main", "main.run", "main.compute"] {
+        only(&go, function, 3)?;
+    }
+    // Python: its functions are CPython's; the interpreter's own C stays native.
+    let python = frame_types_of(&fake, python.id())?;
+    for function in ["run", "compute", "<module>"] {
+        only(&python, function, 2)?;
+    }
+    ensure!(
+        python
+            .iter()
+            .any(|(frame, kinds)| frame.contains("_PyEval_EvalFrame")
+                && kinds == &BTreeSet::from([0])),
+        "the eval loop is not native: {python:?}"
+    );
+    Ok(())
+}

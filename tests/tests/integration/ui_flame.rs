@@ -16,7 +16,7 @@ use headless_chrome::{
     protocol::cdp::{Emulation, Page::CaptureScreenshotFormatOption},
     Tab,
 };
-use scorch::profile::{Labels, Line, Location, Mapping, Profile, Sample};
+use scorch::profile::{FrameKind, Labels, Line, Location, Mapping, Profile, Sample};
 use scorch_tests::{url_encode, work_dir, Daemon};
 
 use crate::ui::{artifact_path, chromium, eval, wait_until, GRAPH};
@@ -43,7 +43,7 @@ fn deep_window(start: u64, leaf: &str) -> Profile {
             mapping: Some(0),
             address: 0x40_1000 + d as u64 * 0x40,
             lines: vec![Line::named(name)],
-            kernel: false,
+            kind: FrameKind::Native,
         })
         .collect();
     Profile {

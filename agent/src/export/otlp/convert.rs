@@ -32,9 +32,9 @@ use super::proto::{
 use crate::{
     export::series::{split_by_series, Series},
     profile::{
-        encode::pprof::off_cpu_comment, Labels, LocationIndex, MappingIndex, Profile, SampleType,
+        encode::pprof::off_cpu_comment, FrameKind, Labels, LocationIndex, MappingIndex, Profile,
+        SampleType,
     },
-    symbolize::python::UNKNOWN_CODE,
     sys::time::unix_ns,
 };
 
@@ -78,11 +78,6 @@ pub fn profile_type(profile: &Profile) -> (ProfileType, i64) {
 
 /// The instrumentation scope every profile is filed under.
 const SCOPE_NAME: &str = "scorch";
-
-/// The semantic conventions' value of `profile.frame.type` for each kind of frame scorch has.
-const FRAME_NATIVE: &str = "native";
-const FRAME_KERNEL: &str = "kernel";
-const FRAME_PYTHON: &str = "cpython";
 
 /// Labels whose value becomes a semantic-convention resource attribute instead of one under
 /// the label's own name: (label, attribute).
@@ -312,25 +307,15 @@ fn resource_attributes(labels: &Labels, host_name: &str) -> Vec<KeyValue> {
     attributes
 }
 
-/// The kind of frame a location is, as `profile.frame.type` names it. Python frames are the
-/// only user frames the symboliser gives neither a mapping nor an address (see
-/// `symbolize::user_location`), and they carry a source file or the unknown-code name; the
-/// placeholders of lost stacks have neither.
+/// The kind of frame a location is, as the semantic conventions' `profile.frame.type` names
+/// it (their well-known values: `native`, `kernel`, `cpython`, `go`; `jvm`, `v8js`, `ruby`
+/// for the runtimes to come).
 fn frame_type(profile: &Profile, index: LocationIndex) -> &'static str {
-    let location = &profile.locations[index];
-    if location.kernel {
-        return FRAME_KERNEL;
-    }
-    let python = location.mapping.is_none()
-        && location.address == 0
-        && location
-            .lines
-            .first()
-            .is_some_and(|line| line.file.is_some() || line.function == UNKNOWN_CODE);
-    if python {
-        FRAME_PYTHON
-    } else {
-        FRAME_NATIVE
+    match profile.locations[index].kind {
+        FrameKind::Native => "native",
+        FrameKind::Kernel => "kernel",
+        FrameKind::Python => "cpython",
+        FrameKind::Go => "go",
     }
 }
 
@@ -533,6 +518,33 @@ mod tests {
         sample_profile, Line as ProfileLine, Location as ProfileLocation, Sample,
     };
 
+    /// The frame type is the location's kind, never guessed from its shape: a native frame
+    /// with no mapping, no address and a file (what Python frames once were told by) stays
+    /// native.
+    #[test]
+    fn frame_types_are_the_locations_kinds() {
+        let mut profile = sample_profile();
+        for (kind, name) in [
+            (FrameKind::Native, "native"),
+            (FrameKind::Kernel, "kernel"),
+            (FrameKind::Python, "cpython"),
+            (FrameKind::Go, "go"),
+        ] {
+            profile.locations[1].kind = kind;
+            assert_eq!(frame_type(&profile, 1), name);
+        }
+        profile.locations[3] = ProfileLocation {
+            mapping: None,
+            address: 0,
+            lines: vec![ProfileLine {
+                file: Some("/srv/app.rb".into()),
+                ..ProfileLine::named("handler")
+            }],
+            kind: FrameKind::Native,
+        };
+        assert_eq!(frame_type(&profile, 3), "native");
+    }
+
     fn options() -> ConvertOptions {
         ConvertOptions {
             host_name: "fallback-host".into(),
@@ -553,7 +565,7 @@ mod tests {
                 file: Some("/srv/app.py".into()),
                 line: 12,
             }],
-            kernel: false,
+            kind: FrameKind::Python,
         });
         let container = Arc::new(Labels::from([
             ("container_id".into(), "c0ffee".into()),
@@ -884,7 +896,7 @@ mod tests {
         // What `symbolize = "none"` stores: no lines, the mapping and its build id.
         let mut profile = sample_profile();
         for location in &mut profile.locations {
-            if !location.kernel {
+            if !location.kind.is_kernel() {
                 location.lines.clear();
             }
         }

@@ -40,7 +40,7 @@ fn fold_samples<'a>(profile: &Profile, samples: impl Iterator<Item = &'a Sample>
         };
         let mut frames = vec![sanitize(&comm)];
         for &location in sample.locations.iter().rev() {
-            let kernel = profile.locations[location].kernel;
+            let kernel = profile.locations[location].kind.is_kernel();
             // Inlined functions are frames of their own, outermost first.
             for name in profile.location_names(location).iter().rev() {
                 let mut name = sanitize(name);

@@ -3,7 +3,9 @@
 //! Layout of Go's CPU profiles, which every reader understands: sample types
 //! `[samples/count, cpu/nanoseconds]`, period type `cpu/nanoseconds`, values `[n, n * period]`.
 //! Strings, functions, locations and mappings are each written once, and only when a sample
-//! uses them; ids start at 1.
+//! uses them; ids start at 1. A location's frame kind goes in scorch's own `Location` field
+//! (`scorch_frame_kind`, number 1000), which `go tool pprof` and other readers skip; kernel
+//! frames are also told by their `[kernel.kallsyms]` mapping, as every reader expects.
 //!
 //! The remote sinks encode every series of every window, so the builder borrows from the
 //! profile rather than copying it: strings are interned as `&str` and copied once, into the
@@ -185,6 +187,7 @@ pub fn samples_message(profile: &Profile, samples: &[&Sample]) -> pb::Profile {
                             address: l.address,
                             line,
                             is_folded: false,
+                            scorch_frame_kind: u32::from(l.kind.code()),
                         });
                         location_id[index] = location.len() as u64;
                     }
@@ -345,6 +348,54 @@ mod tests {
 
     use super::*;
     use crate::profile::sample_profile;
+
+    /// Upstream's `Location`, without scorch's field: what a reader that does not know it
+    /// decodes.
+    #[derive(Clone, PartialEq, prost::Message)]
+    struct UpstreamLocation {
+        #[prost(uint64, tag = "1")]
+        id: u64,
+        #[prost(uint64, tag = "2")]
+        mapping_id: u64,
+        #[prost(uint64, tag = "3")]
+        address: u64,
+        #[prost(message, repeated, tag = "4")]
+        line: Vec<pb::Line>,
+    }
+
+    #[test]
+    fn frame_kinds_go_in_a_field_other_readers_skip() {
+        let mut profile = sample_profile();
+        profile.locations[2].kind = crate::profile::FrameKind::Go;
+        let p = to_message(&profile);
+        let kinds: Vec<(u64, u32)> = p
+            .location
+            .iter()
+            .map(|l| (l.address, l.scorch_frame_kind))
+            .collect();
+        // The kernel's address is its offset from `_text` here; the sample holds it as is.
+        assert_eq!(
+            kinds,
+            [
+                (0xffffffff81234567, 1),
+                (0x5100, 0),
+                (0x5200, 3),
+                (0x5300, 0)
+            ]
+        );
+        for location in &p.location {
+            let bytes = location.encode_to_vec();
+            let upstream = UpstreamLocation::decode(&bytes[..]).unwrap();
+            assert_eq!(
+                (upstream.id, upstream.address, upstream.line.len()),
+                (location.id, location.address, location.line.len())
+            );
+            // A native frame's kind is proto3's default: not on the wire at all.
+            if location.scorch_frame_kind == 0 {
+                assert_eq!(bytes, upstream.encode_to_vec());
+            }
+        }
+    }
 
     #[test]
     fn encodes_a_valid_cpu_profile() {

@@ -128,7 +128,7 @@ pub(crate) mod layout {
 mod tests {
     use super::layout::{frames, height, y_of};
     use super::*;
-    use crate::profile::{sample_profile, Labels, Line, Location, Sample};
+    use crate::profile::{sample_profile, FrameKind, Labels, Line, Location, Sample};
 
     #[test]
     fn draws_named_frames() {
@@ -156,7 +156,7 @@ mod tests {
             } else {
                 format!("frame_{d}")
             })],
-            kernel: false,
+            kind: FrameKind::Native,
         }));
         profile.samples = vec![Sample {
             pid: 7,

@@ -56,7 +56,7 @@ pub fn top(profile: &Profile) -> Top {
     let mut rows: Vec<TopRow> = Vec::new();
     let location_functions: Vec<Vec<usize>> = (0..profile.locations.len())
         .map(|index| {
-            let kernel = profile.locations[index].kernel;
+            let kernel = profile.locations[index].kind.is_kernel();
             profile
                 .location_names(index)
                 .into_iter()
@@ -234,7 +234,7 @@ fn format_percent(value: u64, total: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::profile::{sample_profile, Line, Location, Sample};
+    use crate::profile::{sample_profile, FrameKind, Line, Location, Sample};
 
     fn row<'a>(top: &'a Top, function: &str) -> &'a TopRow {
         top.rows
@@ -304,7 +304,7 @@ mod tests {
             mapping: Some(1),
             address: 0x5400,
             lines: vec![Line::named("main"), Line::named("main")],
-            kernel: false,
+            kind: FrameKind::Native,
         });
         profile.samples[1].locations = vec![4, 2];
         assert_eq!(row(&super::top(&profile), "main").cum, 4);

@@ -314,6 +314,7 @@ fn dwarf_frames(
             system_name,
             file,
             line,
+            go: false,
         });
     }
     // The outermost frame is the real function: when DWARF has no name for it (some

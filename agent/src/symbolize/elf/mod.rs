@@ -216,6 +216,9 @@ pub struct ResolvedFrame {
     pub file: Option<String>,
     /// Source line, 0 when unknown. For an inlined function's caller, the call site.
     pub line: u32,
+    /// Go code: the file's `.gopclntab` holds a function at the address (the profile's
+    /// frames then say Go, not just native).
+    pub go: bool,
 }
 
 /// The file's build id in lowercase hex: its GNU build id, or else a Go binary's Go build id
@@ -502,7 +505,11 @@ impl ElfFile {
         let dwarf = self.dwarf.as_ref().filter(|_| address.0 != u64::MAX);
         if let Some(dwarf) = dwarf {
             match dwarf.frames(address.0, symbol, || self.release_resident_pages()) {
-                Ok(frames) if !frames.is_empty() => return Ok(frames),
+                Ok(mut frames) if !frames.is_empty() => {
+                    let go = self.is_go_code(address);
+                    frames.iter_mut().for_each(|frame| frame.go = go);
+                    return Ok(frames);
+                }
                 Ok(_) => {}
                 Err(_) => {
                     self.dwarf_errors
@@ -521,6 +528,7 @@ impl ElfFile {
                                 function: frame.function,
                                 file: frame.file,
                                 line: frame.line,
+                                go: true,
                             })
                             .collect());
                     }
@@ -550,7 +558,19 @@ impl ElfFile {
             system_name: name.to_owned(),
             file: None,
             line: 0,
+            go: false,
         }])
+    }
+
+    /// Whether `address` is Go code: the file's `.gopclntab` names a function there (a cgo
+    /// binary's C code, between Go's functions, is named by nothing in it).
+    fn is_go_code(&self, address: ElfAddress) -> bool {
+        self.go.as_ref().is_some_and(|go| {
+            go.text_range().contains(&address.0)
+                && go
+                    .frames(self.data[0].bytes(), address.0)
+                    .is_ok_and(|frames| !frames.is_empty())
+        })
     }
 }
 

@@ -750,6 +750,7 @@ impl UserSymbolizer {
             system_name: name,
             file: None,
             line: 0,
+            go: false,
         }])
     }
 }

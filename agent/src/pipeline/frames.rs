@@ -1,0 +1,113 @@
+//! Typed frames: the drain (and the off-CPU events' decoder) reads each stack word the BPF
+//! program wrote once, by its kind (`scorch_common::WordKind`), into a [`Frame`]; every stage
+//! after it (aggregation, symbolization) carries the frame, never the word.
+
+use scorch_common::{python_frame_parts, word_payload, WordKind};
+
+/// One frame of a sampled stack, as the kernel or the BPF walk recorded it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Frame {
+    /// A user-space pc.
+    Native(u64),
+    /// A kernel pc (of a kernel stack: the kernel's own stack map recorded it).
+    Kernel(u64),
+    /// A CPython frame: its code object's address in the process, and its instruction's
+    /// offset in code units from the bytecode's start.
+    Python { code: u64, instr: u16 },
+}
+
+impl Frame {
+    /// The pc of a native or kernel frame; `None` for an interpreter's frame.
+    pub fn pc(self) -> Option<u64> {
+        match self {
+            Frame::Native(pc) | Frame::Kernel(pc) => Some(pc),
+            Frame::Python { .. } => None,
+        }
+    }
+}
+
+/// The frames of a user stack the BPF walk wrote, leaf first.
+///
+/// A word of a kind no runtime has taken is what a native walk read from a corrupt stack (a
+/// "pc" with its top bits set): it stays the native pc it claims to be, unmapped and unnamed,
+/// as it always was. A continuation word carries more payload for the frame before it; no
+/// frame kind takes one yet, so one is skipped (the runtime that needs them gathers them here).
+pub fn decode_user(words: &[u64]) -> Vec<Frame> {
+    let mut frames = Vec::with_capacity(words.len());
+    for &word in words {
+        let frame = match WordKind::of(word) {
+            Some(WordKind::Native) => Frame::Native(word_payload(word)),
+            Some(WordKind::Python) => match python_frame_parts(word) {
+                Some((code, instr)) => Frame::Python { code, instr },
+                None => Frame::Native(word),
+            },
+            Some(WordKind::Continuation) => continue,
+            None => Frame::Native(word),
+        };
+        frames.push(frame);
+    }
+    frames
+}
+
+/// The frames of a stack of pcs the kernel recorded: a kernel stack (`kernel`), or a user
+/// stack walked by frame pointers (native pcs only).
+pub fn from_pcs(pcs: &[u64], kernel: bool) -> Vec<Frame> {
+    let frame = if kernel { Frame::Kernel } else { Frame::Native };
+    pcs.iter().map(|&pc| frame(pc)).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use scorch_common::python_frame_word;
+
+    #[test]
+    fn user_words_decode_by_their_kind() {
+        let words = [
+            0x5555_5555_1234,
+            python_frame_word(0x7f00_0000_1000, 7),
+            // arm64's high user addresses and x86-64's 5-level ones stay native pcs.
+            0xffff_8000_1000,
+            (1 << 56) - 4096,
+            python_frame_word(0, 0),
+        ];
+        assert_eq!(
+            decode_user(&words),
+            [
+                Frame::Native(0x5555_5555_1234),
+                Frame::Python {
+                    code: 0x7f00_0000_1000,
+                    instr: 7
+                },
+                Frame::Native(0xffff_8000_1000),
+                Frame::Native((1 << 56) - 4096),
+                Frame::Python { code: 0, instr: 0 },
+            ]
+        );
+    }
+
+    #[test]
+    fn garbage_words_stay_native_and_continuations_attach_to_nothing_yet() {
+        let garbage = 0xdead_beef_0000_0000;
+        let continuation = WordKind::Continuation.word(42);
+        assert_eq!(
+            decode_user(&[0x1000, continuation, garbage]),
+            [Frame::Native(0x1000), Frame::Native(garbage)]
+        );
+    }
+
+    #[test]
+    fn pcs_are_kernel_or_native_by_their_stack() {
+        let pcs = [0xffff_ffff_8100_0000, 0xffff_ffff_8100_0100];
+        assert_eq!(
+            from_pcs(&pcs, true),
+            [
+                Frame::Kernel(0xffff_ffff_8100_0000),
+                Frame::Kernel(0xffff_ffff_8100_0100)
+            ]
+        );
+        assert_eq!(from_pcs(&[0x1000], false), [Frame::Native(0x1000)]);
+        assert_eq!(Frame::Kernel(5).pc(), Some(5));
+        assert_eq!(Frame::Python { code: 8, instr: 0 }.pc(), None);
+    }
+}
