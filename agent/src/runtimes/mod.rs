@@ -7,7 +7,7 @@
 //! - `libc`: where glibc keeps a thread's `pthread_getspecific` values.
 //! - `go`: Go's `.gopclntab`, in any Go binary, stripped or not: function names, lines and
 //!   inlined frames at a pc, and each function's stack-pointer deltas.
-//! - `python`: CPython 3.11 to 3.14: version, offsets, eval loop, thread-state key.
+//! - `python`: CPython 3.11 to 3.15: version, offsets, eval loop, where the thread state is.
 //!
 //! Pure: each reader takes a file's bytes and returns data or an error naming the file and
 //! what is wrong; nothing here touches a process.

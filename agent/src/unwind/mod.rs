@@ -34,7 +34,7 @@ pub use row::{CfaKind, RbpKind, UnwindRow};
 /// Whether the walk reads interpreters' own frames (`--python`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum PythonMode {
-    /// CPython 3.11 to 3.14 interpreters are recognised from their binaries and their Python
+    /// CPython 3.11 to 3.15 interpreters are recognised from their binaries and their Python
     /// frames walked in BPF, in place of the eval loop's.
     #[default]
     Auto,
