@@ -568,11 +568,11 @@ fn python_processes_that_start_late_and_exit_mid_window_are_named() -> Result<()
         path.to_str().context("path")?,
     ])?;
     std::thread::sleep(std::time::Duration::from_secs(1));
-    // Each spends 3 s of CPU time: the four together need 6 s of two cores, well inside the
-    // recording, and each still gives hundreds of samples.
+    // Each runs 6 s of wall-clock time: four sharing two cores get as much CPU each as three
+    // did in 4 s, and all are gone seconds before the first window ends.
     let mut children = Vec::new();
     for interpreter in &interpreters {
-        children.push(interpreter.spawn("calltree.py", &["3"])?);
+        children.push(interpreter.spawn("calltree.py", &["6"])?);
     }
     let pids: Vec<i64> = children.iter().map(|c| i64::from(c.id())).collect();
     for mut child in children {
