@@ -917,7 +917,7 @@ pub const PYTHON_NO_INTERPRETER: u32 = 0;
 pub const PYTHON_ENTRY_IS_ENTRY: u8 = 0;
 /// [`PythonProc::entry_kind`]: 3.12+'s shim frame, whose `owner` byte is
 /// [`PythonProc::entry_value`] (`FRAME_OWNED_BY_CSTACK` on 3.12 and 3.13,
-/// `FRAME_OWNED_BY_INTERPRETER` on 3.14), ends the chain and is not emitted.
+/// `FRAME_OWNED_BY_INTERPRETER` on 3.14 and 3.15), ends the chain and is not emitted.
 pub const PYTHON_ENTRY_CSTACK_OWNER: u8 = 1;
 
 /// [`PythonProc::tstate_cframe`] when the thread state holds the running frame itself.
@@ -932,11 +932,12 @@ pub struct PythonProc {
     /// The eval loop's ranges, `[start, end)`, in the first `eval_count` slots.
     pub eval_start: [u64; PYTHON_EVAL_RANGES],
     pub eval_end: [u64; PYTHON_EVAL_RANGES],
-    /// `autoTSSkey`'s `int` pthread key.
+    /// `autoTSSkey`'s `int` pthread key (3.11 to 3.14); 0 when [`PythonProc::thread_local`]
+    /// says where the thread state is.
     pub thread_key: u64,
     /// `PyCode_Type`: the agent names no frame whose code object has another type.
     pub code_type: u64,
-    /// Bits of a frame's code reference that are address (3.14 tags the low ones).
+    /// Bits of a frame's code reference that are address (3.14 and 3.15 tag the low ones).
     pub code_mask: u64,
     pub eval_count: u32,
     /// glibc: a key's value is at `fs_base + ((key + specific_bias) << specific_shift) +
@@ -959,8 +960,10 @@ pub struct PythonProc {
     /// [`PYTHON_ENTRY_IS_ENTRY`] or [`PYTHON_ENTRY_CSTACK_OWNER`].
     pub entry_kind: u8,
     pub entry_value: u8,
-    /// Explicit padding so the layout has no uninitialised bytes.
-    pub _reserved: u32,
+    /// 3.15+: the thread state's offset from the thread pointer (`fs` base), a thread-local
+    /// of the interpreter's executable; 0 (never a thread-local's offset: the thread pointer
+    /// points at the thread's own control block) when it is under [`PythonProc::thread_key`].
+    pub thread_local: i32,
 }
 
 /// Index into the per-CPU `PYTHON_COUNTS` array: Python frames the walk emitted, and why a

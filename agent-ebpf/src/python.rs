@@ -6,9 +6,11 @@
 //! loop's own C frame. A per-walk cursor (`WalkState::python_frame`) remembers where the
 //! chain stopped, so the next eval frame further down continues it.
 //!
-//! The first eval frame finds the thread's state through CPython's `autoTSSkey`, the way
-//! glibc's `pthread_getspecific` does: the key's value sits in the thread's `struct pthread`,
-//! at the thread's `fs` base (read from the task, at the offset the agent took from BTF).
+//! The first eval frame finds the thread's state from the thread's `fs` base (read from the
+//! task, at the offset the agent took from BTF): through CPython's `autoTSSkey` (3.11 to
+//! 3.14), the way glibc's `pthread_getspecific` does (the key's value sits in the thread's
+//! `struct pthread`, at the `fs` base), or in the thread-local 3.15 keeps it in, at a fixed
+//! offset from the `fs` base.
 //! Per Python frame the stack gets one word: the code object's address and the instruction's
 //! offset ([`python_frame_word`]). No string is read here; the agent names code objects.
 
@@ -112,12 +114,16 @@ fn current_frame(python: &PythonProc) -> Option<u64> {
     let fs_base =
         unsafe { bpf_probe_read_kernel(task.wrapping_add(fsbase_offset as usize) as *const u64) }
             .ok()?;
-    let key = read_u32(python.thread_key)?;
-    if key >= python.specific_keys {
-        return None;
-    }
-    let slot = ((key as u64 + python.specific_bias as u64) << (python.specific_shift & 15))
-        + python.specific_value as u64;
+    let slot = if python.thread_local != 0 {
+        python.thread_local as i64 as u64
+    } else {
+        let key = read_u32(python.thread_key)?;
+        if key >= python.specific_keys {
+            return None;
+        }
+        ((key as u64 + python.specific_bias as u64) << (python.specific_shift & 15))
+            + python.specific_value as u64
+    };
     let tstate = read_u64(fs_base.wrapping_add(slot))?;
     if tstate == 0 {
         return None;

@@ -20,8 +20,8 @@ const BPF_LINKER_VERSION: &str = "0.13.0";
 /// unshare, chromium runs headless for the UI test, systemd has `systemd-analyze` for the unit
 /// checks (it need not be running), python3-venv holds kubernetes-validate, python3-pip
 /// fetches py-spy's wheel (the Python tests' reference) and python3.11 is the interpreter they
-/// profile, debootstrap builds the Debian 13 and unstable roots their python3.13 and 3.14 run
-/// in, liblzma-dev links
+/// profile, debootstrap builds the Debian 13 and unstable roots their python3.13, 3.14 and
+/// 3.15 run in, liblzma-dev links
 /// the unwinder's test against Debian's liblzma (built without frame pointers),
 /// qemu-system-x86 boots the kernel matrix (`vm-test`) whose initramfs holds busybox-static's
 /// busybox, xz-utils unpacks the kernels' compressed modules, libc6-dbg is libc's debug info

@@ -101,7 +101,7 @@ pub struct RunArgs {
     /// as the distinct stacks stored need, to this at most [default: 65536].
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1_048_576))]
     pub stack_map_entries: Option<u32>,
-    /// `auto` (name the Python functions of CPython 3.11 to 3.14 processes) or `off`
+    /// `auto` (name the Python functions of CPython 3.11 to 3.15 processes) or `off`
     /// [default: auto].
     #[arg(long, value_enum)]
     pub python: Option<PythonMode>,

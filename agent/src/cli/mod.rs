@@ -127,7 +127,7 @@ pub struct RecordArgs {
     /// need, to this at most; past it stacks are lost as collisions, counted.
     #[arg(long, default_value_t = 65_536, value_parser = clap::value_parser!(u32).range(1..=1_048_576))]
     pub stack_map_entries: u32,
-    /// `auto`: name the Python functions of CPython 3.11 to 3.14 processes, walked in place of
+    /// `auto`: name the Python functions of CPython 3.11 to 3.15 processes, walked in place of
     /// the interpreter's eval loop; `off`: show the interpreter's C frames only.
     #[arg(long, value_enum, default_value = "auto")]
     pub python: PythonMode,

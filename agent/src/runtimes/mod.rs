@@ -4,7 +4,7 @@
 //! - `image`: one ELF image as these readers need it (symbols by name, bytes at an address,
 //!   the ranges its `.eh_frame` describes).
 //! - `libc`: where glibc keeps a thread's `pthread_getspecific` values.
-//! - `python`: CPython 3.11 to 3.14: version, offsets, eval loop, thread-state key.
+//! - `python`: CPython 3.11 to 3.15: version, offsets, eval loop, where the thread state is.
 //!
 //! Pure: each reader takes a file's bytes and returns data or an error naming the file and
 //! what is wrong; nothing here touches a process.

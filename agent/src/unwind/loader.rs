@@ -47,7 +47,7 @@ use crate::{
     runtimes::{
         image::{may_hold_runtime, Image},
         libc::{specific_layout, SpecificLayout},
-        python::{interpreter, EntryMark, Interpreter, PythonMode},
+        python::{interpreter, EntryMark, Interpreter, PythonMode, ThreadState},
     },
     symbolize::{elf::FileData, python::PythonProcess},
 };
@@ -1196,8 +1196,13 @@ fn python_value(
     layout: &SpecificLayout,
 ) -> (PythonProc, PythonProcess) {
     let offsets = &interpreter.offsets;
+    let (thread_key, thread_local) = match interpreter.thread_state {
+        ThreadState::Key(key) => (key.wrapping_add(bias), 0),
+        ThreadState::ThreadLocal(offset) => (0, offset),
+    };
     let mut value = PythonProc {
-        thread_key: interpreter.thread_key.wrapping_add(bias),
+        thread_key,
+        thread_local,
         code_type: interpreter.code_type.wrapping_add(bias),
         code_mask: !offsets.code_tag_bits,
         specific_keys: layout.first_block,

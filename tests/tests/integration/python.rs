@@ -1,12 +1,13 @@
 //! CPython interpreters as the distributions ship them: Debian 12's python3.11 (the host's),
-//! Debian 13's python3.13 and unstable's python3.14, recognised from their binaries with
-//! what the BPF walk needs, and profiled: the newer two run in debootstrap roots of their
-//! releases, as in a container, so their files are reached through `/proc/PID/root`.
+//! Debian 13's python3.13 and unstable's python3.14 and python3.15, recognised from their
+//! binaries with what the BPF walk needs, and profiled: the newer ones run in debootstrap
+//! roots of their releases, as in a container, so their files are reached through
+//! `/proc/PID/root`.
 
 use anyhow::{ensure, Context, Result};
 use scorch::runtimes::{
     image::Image,
-    python::{interpreter, EntryMark},
+    python::{interpreter, EntryMark, ThreadState},
 };
 use scorch_tests::debian::{root_filesystem, unpacked_package};
 
@@ -60,6 +61,8 @@ struct Expected {
     /// FRAME_OWNED_BY_CSTACK and where `owner` is (3.11 marks entry frames otherwise).
     entry: EntryMark,
     code_tag_bits: u64,
+    /// Whether the thread state is a thread-local (3.15) rather than under a pthread key.
+    thread_local: bool,
     /// Whether GCC split a cold part off the eval loop (the position-independent library
     /// build keeps it whole).
     split: bool,
@@ -82,7 +85,17 @@ fn check(binary: &std::path::Path, expected: Expected) -> Result<()> {
         "{found:?}"
     );
     let runtime = found.runtime.address..found.runtime.address + found.runtime.size;
-    ensure!(runtime.contains(&found.thread_key), "{found:x?}");
+    match found.thread_state {
+        ThreadState::Key(key) => ensure!(
+            !expected.thread_local && runtime.contains(&key),
+            "{found:x?}"
+        ),
+        // An executable's thread-locals lie just below the thread pointer.
+        ThreadState::ThreadLocal(offset) => ensure!(
+            expected.thread_local && (-4096..0).contains(&offset),
+            "{found:x?}"
+        ),
+    }
     // The eval loop and the part GCC split off it: on 3.14 that part is most of the loop.
     let eval = image
         .symbol("_PyEval_EvalFrameDefault")
@@ -117,6 +130,7 @@ fn distribution_interpreters_are_recognised_from_their_binaries() -> Result<()> 
             minor: 11,
             entry: EntryMark::IsEntry(68),
             code_tag_bits: 0,
+            thread_local: false,
             split: true,
         },
     )?;
@@ -129,6 +143,7 @@ fn distribution_interpreters_are_recognised_from_their_binaries() -> Result<()> 
             minor: 11,
             entry: EntryMark::IsEntry(68),
             code_tag_bits: 0,
+            thread_local: false,
             split: false,
         },
     )?;
@@ -142,6 +157,7 @@ fn distribution_interpreters_are_recognised_from_their_binaries() -> Result<()> 
                 value: 3,
             },
             code_tag_bits: 0,
+            thread_local: false,
             split: true,
         },
     )?;
@@ -155,6 +171,22 @@ fn distribution_interpreters_are_recognised_from_their_binaries() -> Result<()> 
                 value: 3,
             },
             code_tag_bits: 7,
+            thread_local: false,
+            split: true,
+        },
+    )?;
+    // 3.15 dropped `autoTSSkey`: its thread state is the thread-local `_Py_tss_gilstate`.
+    let sid = unpacked_package("sid", "python3.15-minimal")?;
+    check(
+        &sid.join("usr/bin/python3.15"),
+        Expected {
+            minor: 15,
+            entry: EntryMark::CStackOwner {
+                offset: 74,
+                value: 3,
+            },
+            code_tag_bits: 3,
+            thread_local: true,
             split: true,
         },
     )?;
@@ -195,6 +227,11 @@ fn python313_call_tree_is_named_like_py_spy() -> Result<()> {
 #[test]
 fn python314_call_tree_is_named_like_py_spy() -> Result<()> {
     call_tree_like_py_spy(&Interpreter::debian("sid", "python3.14")?, "314")
+}
+
+#[test]
+fn python315_call_tree_is_named_like_py_spy() -> Result<()> {
+    call_tree_like_py_spy(&Interpreter::debian("sid", "python3.15")?, "315")
 }
 
 /// The interpreter running the call tree, recorded by scorch and by py-spy side by side: each
@@ -341,6 +378,11 @@ fn python313_threads_hashlib_and_deep_recursion() -> Result<()> {
 #[test]
 fn python314_threads_hashlib_and_deep_recursion() -> Result<()> {
     shapes(&Interpreter::debian("sid", "python3.14")?, "314")
+}
+
+#[test]
+fn python315_threads_hashlib_and_deep_recursion() -> Result<()> {
+    shapes(&Interpreter::debian("sid", "python3.15")?, "315")
 }
 
 /// The Python functions of a sample, leaf first: frames whose file is Python source.
@@ -504,7 +546,7 @@ fn shapes(interpreter: &Interpreter, tag: &str) -> Result<()> {
     Ok(())
 }
 
-/// Interpreters of all three versions started after the recording began, each exiting long
+/// Interpreters of every version tested, started after the recording began, each exiting long
 /// before its window ends: their Python frames are named (their code objects were read while
 /// they ran, when the BPF side first stored their stacks), not left as unknown code objects.
 #[test]
@@ -513,6 +555,7 @@ fn python_processes_that_start_late_and_exit_mid_window_are_named() -> Result<()
         Interpreter::python311(),
         Interpreter::debian("trixie", "python3.13")?,
         Interpreter::debian("sid", "python3.14")?,
+        Interpreter::debian("sid", "python3.15")?,
     ];
     let path = scorch_tests::work_dir().join("python-late.pb.gz");
     let recording = scorch_tests::BackgroundRecording::start(&[
@@ -525,9 +568,11 @@ fn python_processes_that_start_late_and_exit_mid_window_are_named() -> Result<()
         path.to_str().context("path")?,
     ])?;
     std::thread::sleep(std::time::Duration::from_secs(1));
+    // Each runs 6 s of wall-clock time: four sharing two cores get as much CPU each as three
+    // did in 4 s, and all are gone seconds before the first window ends.
     let mut children = Vec::new();
     for interpreter in &interpreters {
-        children.push(interpreter.spawn("calltree.py", &["4"])?);
+        children.push(interpreter.spawn("calltree.py", &["6"])?);
     }
     let pids: Vec<i64> = children.iter().map(|c| i64::from(c.id())).collect();
     for mut child in children {
@@ -561,7 +606,7 @@ fn python_processes_that_start_late_and_exit_mid_window_are_named() -> Result<()
         );
         ensure!(total >= 300, "{}: only {total} samples", interpreter.binary);
         // Not all: a new interpreter's first samples, before its tables are built (a few
-        // hundred milliseconds with three starting at once on two cores), have no Python
+        // hundred milliseconds with four starting at once on two cores), have no Python
         // frames yet.
         ensure!(
             whole as f64 >= 0.8 * total as f64 && unknown as f64 <= 0.01 * total as f64,

@@ -120,6 +120,35 @@ pub fn first_argument(code: &[u8], ip: u64) -> Option<FirstArgument> {
     None
 }
 
+/// The offset from the thread pointer (`fs`) of the thread-local the function at `ip`
+/// returns, when that is all it does: `mov %fs:OFFSET, %rax` then `ret`, as a program reads
+/// its own thread-locals (the local-exec model: the offset is fixed at link time). `None` for
+/// any other form, such as a shared library's call to `__tls_get_addr`.
+pub fn returned_thread_local(code: &[u8], ip: u64) -> Option<i64> {
+    let mut returned = None;
+    for instruction in instructions(code, ip).take(16) {
+        match instruction.flow_control() {
+            FlowControl::Return => return returned,
+            FlowControl::Next => {}
+            _ => return None,
+        }
+        if instruction.op_count() == 0
+            || instruction.op0_kind() != OpKind::Register
+            || instruction.op0_register().full_register() != Register::RAX
+        {
+            continue;
+        }
+        let from_fs = instruction.mnemonic() == Mnemonic::Mov
+            && instruction.op0_register() == Register::RAX
+            && instruction.op1_kind() == OpKind::Memory
+            && instruction.memory_segment() == Register::FS
+            && instruction.memory_base() == Register::None
+            && instruction.memory_index() == Register::None;
+        returned = from_fs.then(|| instruction.memory_displacement64() as i64);
+    }
+    None
+}
+
 /// The targets of the direct jumps (conditional or not, never calls) in `code`, which
 /// starts at `ip`, that leave `code`: where a compiler put a function's split-off parts.
 pub fn jumps_out(code: &[u8], ip: u64) -> Vec<u64> {
@@ -200,6 +229,29 @@ mod tests {
         let mut clobbered = code.to_vec();
         clobbered.splice(17..17, [0x31, 0xc0]); // xor %eax,%eax
         assert_eq!(first_argument(&clobbered, ip), None);
+    }
+
+    #[test]
+    fn a_thread_local_returned() {
+        // Debian's python3.15 PyGILState_GetThisThreadState: endbr64; mov %fs:-0x28,%rax; ret
+        let code = [
+            0xf3, 0x0f, 0x1e, 0xfa, // endbr64
+            0x64, 0x48, 0x8b, 0x04, 0x25, 0xd8, 0xff, 0xff, 0xff, // mov %fs:0xffff..d8,%rax
+            0xc3, // ret
+        ];
+        assert_eq!(returned_thread_local(&code, 0x42_fa7d), Some(-0x28));
+        // rax overwritten before the return: not the thread-local.
+        let mut clobbered = code.to_vec();
+        clobbered.splice(13..13, [0x31, 0xc0]); // xor %eax,%eax
+        assert_eq!(returned_thread_local(&clobbered, 0x42_fa7d), None);
+        // A shared library's general-dynamic access calls __tls_get_addr: not this form.
+        let dynamic = [
+            0x48, 0x8d, 0x3d, 0x61, 0xa6, 0x4a, 0x00, // lea 0x4aa661(%rip),%rdi
+            0xe8, 0x00, 0x00, 0x00, 0x00, // call __tls_get_addr@plt
+            0x48, 0x8b, 0x40, 0x28, // mov 0x28(%rax),%rax
+            0xc3, // ret
+        ];
+        assert_eq!(returned_thread_local(&dynamic, 0x3c_f128), None);
     }
 
     #[test]

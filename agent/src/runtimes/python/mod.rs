@@ -3,29 +3,32 @@
 //! A binary is an interpreter when it defines `Py_Version` and `_PyRuntime` (Debian's
 //! `python3.X` links libpython in; an embedder maps `libpython3.X.so`). From the binary
 //! alone, never the process, this reads:
-//! - the version (`Py_Version`, `PY_VERSION_HEX`), 3.11 to 3.14;
+//! - the version (`Py_Version`, `PY_VERSION_HEX`), 3.11 to 3.15;
 //! - the offsets of the thread state, frames, code objects and strings (`offsets`), checked
 //!   against the binary's own `PyCode_Type`;
 //! - the eval loop's address ranges: `_PyEval_EvalFrameDefault` and the parts GCC split off
 //!   it (`.cold`; in 3.14 most of the loop), found as the unnamed `.eh_frame` ranges its
 //!   direct jumps land in;
-//! - where the thread-state key (`autoTSSkey`) is, from `PyGILState_GetThisThreadState`'s
-//!   code: the walk finds a thread's state through it whether or not the thread holds the
-//!   GIL (3.12+'s `_Py_tss_tstate` is cleared while a thread runs without it, as `hashlib`
-//!   does on large inputs).
+//! - where the thread's state is, from `PyGILState_GetThisThreadState`'s code: under the
+//!   `autoTSSkey` pthread key (3.11 to 3.14), or in the thread-local `_Py_tss_gilstate`
+//!   (3.15, which dropped the key). Both hold a thread's state whether or not the thread
+//!   holds the GIL (3.12+'s `_Py_tss_tstate` is cleared while a thread runs without it, as
+//!   `hashlib` does on large inputs).
 
 pub mod offsets;
 
 use std::{fmt, ops::Range};
 
 use super::image::{Image, ImageError, Symbol};
-use crate::arch::x86_64::decode::{first_argument, jumps_out, FirstArgument, Place};
+use crate::arch::x86_64::decode::{
+    first_argument, jumps_out, returned_thread_local, FirstArgument, Place,
+};
 pub use offsets::{CodeOffsets, EntryMark, Offsets};
 
 /// Whether Python's frames are walked (`--python`): Python's switch, beside what it turns on.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum PythonMode {
-    /// CPython 3.11 to 3.14 interpreters are recognised from their binaries and their Python
+    /// CPython 3.11 to 3.15 interpreters are recognised from their binaries and their Python
     /// frames walked in BPF, in place of the eval loop's.
     #[default]
     Auto,
@@ -38,9 +41,9 @@ pub enum PythonMode {
 pub enum PythonError {
     #[error(transparent)]
     Image(#[from] ImageError),
-    #[error("Python {0}: versions 3.11 to 3.14 are walked")]
+    #[error("Python {0}: versions 3.11 to 3.15 are walked")]
     Unsupported(Version),
-    #[error("Python older than 3.11 (no Py_Version): versions 3.11 to 3.14 are walked")]
+    #[error("Python older than 3.11 (no Py_Version): versions 3.11 to 3.15 are walked")]
     TooOld,
     #[error("Python {version}: no {symbol} symbol")]
     Missing {
@@ -72,6 +75,23 @@ pub enum PythonError {
          PyGILState_GetThisThreadState's code"
     )]
     NoThreadKey { version: Version },
+    #[error(
+        "Python {version}: PyGILState_GetThisThreadState does not read its thread-local at a \
+         fixed offset from the thread pointer (a shared libpython, whose thread-locals are \
+         placed when it is loaded, is not walked)"
+    )]
+    NoThreadLocal { version: Version },
+}
+
+/// Where a thread's `PyThreadState` is found, from the thread pointer (`fs` base).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ThreadState {
+    /// 3.11 to 3.14: the value of a pthread key, whose `int` is at this address, inside
+    /// `_PyRuntime` (`autoTSSkey`).
+    Key(u64),
+    /// 3.15 and later: a thread-local of the interpreter's executable, at this (negative)
+    /// offset from the thread pointer (`_Py_tss_gilstate`).
+    ThreadLocal(i32),
 }
 
 /// `PY_VERSION_HEX`, split.
@@ -109,8 +129,7 @@ pub struct Interpreter {
     pub runtime: Symbol,
     /// `_PyEval_EvalFrameDefault` and its split-off parts.
     pub eval: Vec<Range<u64>>,
-    /// The `int` pthread key of `autoTSSkey`, inside `_PyRuntime`.
-    pub thread_key: u64,
+    pub thread_state: ThreadState,
     /// `PyCode_Type`: a frame's code object has it as its type, or the frame is not walked.
     pub code_type: u64,
     /// `_Py_NoneStruct`: a 3.13+ entry frame's code.
@@ -153,7 +172,7 @@ pub fn interpreter(image: &Image) -> Result<Option<Interpreter>, PythonError> {
             // `Py_Version` is an `unsigned long`; its value fits 32 bits.
             & 0xffff_ffff,
     );
-    if version.major != 3 || !(11..=14).contains(&version.minor) {
+    if version.major != 3 || !(11..=15).contains(&version.minor) {
         return Err(PythonError::Unsupported(version));
     }
     let offsets = match offsets::static_offsets(version) {
@@ -166,13 +185,13 @@ pub fn interpreter(image: &Image) -> Result<Option<Interpreter>, PythonError> {
     };
     let code_type = symbol(image, version, "PyCode_Type")?;
     check_code_offsets(image, version, code_type.address, &offsets.code)?;
-    let thread_key = thread_key(image, version, runtime)?;
+    let thread_state = thread_state(image, version, runtime)?;
     let none = symbol(image, version, "_Py_NoneStruct")?.address;
     Ok(Some(Interpreter {
         version,
         runtime,
         eval: eval_ranges(image, eval)?,
-        thread_key,
+        thread_state,
         code_type: code_type.address,
         none,
         offsets,
@@ -234,13 +253,26 @@ fn check_code_offsets(
     Ok(())
 }
 
-/// The address of `autoTSSkey`'s pthread key, read from `PyGILState_GetThisThreadState`:
-/// it loads the key and tail-calls `pthread_getspecific` (3.11 to 3.13), or passes the
-/// key's `Py_tss_t` to `PyThread_tss_get` (3.14, and every shared `libpython`, which reaches
-/// `_PyRuntime` through its GOT slot). The key lies in `_PyRuntime`.
-fn thread_key(image: &Image, version: Version, runtime: Symbol) -> Result<u64, PythonError> {
+/// Where `PyGILState_GetThisThreadState` finds the thread's state: 3.15 returns its
+/// thread-local `_Py_tss_gilstate`; earlier versions load `autoTSSkey`'s pthread key and
+/// tail-call `pthread_getspecific` (3.11 to 3.13), or pass the key's `Py_tss_t` to
+/// `PyThread_tss_get` (3.14, and every shared `libpython`, which reaches `_PyRuntime`
+/// through its GOT slot). The key lies in `_PyRuntime`.
+fn thread_state(
+    image: &Image,
+    version: Version,
+    runtime: Symbol,
+) -> Result<ThreadState, PythonError> {
     let function = symbol(image, version, "PyGILState_GetThisThreadState")?;
     let code = image.code("PyGILState_GetThisThreadState", function)?;
+    if version.minor >= 15 {
+        // An executable's thread-locals sit below the thread pointer (x86-64's TLS variant II).
+        return returned_thread_local(code, function.address)
+            .filter(|&offset| offset < 0)
+            .and_then(|offset| i32::try_from(offset).ok())
+            .map(ThreadState::ThreadLocal)
+            .ok_or(PythonError::NoThreadLocal { version });
+    }
     let resolve = |place: Place| -> Result<u64, PythonError> {
         Ok(match place {
             Place::Fixed(address) => address,
@@ -258,7 +290,7 @@ fn thread_key(image: &Image, version: Version, runtime: Symbol) -> Result<u64, P
     if !inside.contains(&key) || !inside.contains(&(key + 3)) {
         return Err(PythonError::NoThreadKey { version });
     }
-    Ok(key)
+    Ok(ThreadState::Key(key))
 }
 
 /// `_PyEval_EvalFrameDefault`'s range and those of its split-off parts: the `.eh_frame`
@@ -313,7 +345,10 @@ mod tests {
             offsets::static_offsets(interpreter.version).unwrap()
         );
         // The key is `_PyRuntime.autoTSSkey._key`.
-        assert_eq!(interpreter.thread_key, interpreter.runtime.address + 0x254);
+        assert_eq!(
+            interpreter.thread_state,
+            ThreadState::Key(interpreter.runtime.address + 0x254)
+        );
         // The hot loop, and the cold part GCC split off it (reached by its jumps).
         let eval = image.symbol("_PyEval_EvalFrameDefault").unwrap();
         assert_eq!(interpreter.eval.len(), 2, "{:x?}", interpreter.eval);
@@ -402,5 +437,69 @@ mod tests {
             offsets::debug_offsets(&bad, version),
             Err(offsets::DebugOffsetsError::NoCookie)
         );
+    }
+
+    /// 3.15's table, laid out as Debian's python3.15 (3.15.2) holds it: its slots moved from
+    /// 3.14's, and read with 3.14's they would fail the range checks.
+    #[test]
+    fn debug_offsets_of_3_15() {
+        let mut table = vec![0u8; 1024];
+        table[..8].copy_from_slice(b"xdebugpy");
+        let mut put =
+            |at: usize, value: u64| table[at..at + 8].copy_from_slice(&value.to_le_bytes());
+        put(8, 0x030f02f0);
+        for (at, value) in [
+            (176, 888),
+            (208, 72),
+            (312, 88),
+            (320, 8),
+            (328, 0),
+            (336, 56),
+            (352, 74),
+            (376, 216),
+            (384, 112),
+            (392, 120),
+            (400, 128),
+            (408, 136),
+            (416, 68),
+            (424, 52),
+            (448, 208),
+            (688, 40),
+            (696, 16),
+            (704, 32),
+            (712, 64),
+            (720, 32),
+            (728, 16),
+            (736, 40),
+        ] {
+            put(at, value);
+        }
+        let offsets = offsets::debug_offsets(&table, Version::from_hex(0x030f02f0)).unwrap();
+        assert_eq!(
+            (
+                offsets.current_frame,
+                offsets.frame_previous,
+                offsets.frame_instr
+            ),
+            (72, 8, 56)
+        );
+        assert_eq!(
+            offsets.entry,
+            EntryMark::CStackOwner {
+                offset: 74,
+                value: 3
+            }
+        );
+        assert_eq!(offsets.code_tag_bits, 3);
+        assert_eq!(offsets.code.code_adaptive, 208);
+        assert_eq!((offsets.code.firstlineno, offsets.code.argcount), (68, 52));
+        assert_eq!((offsets.unicode_data, offsets.bytes_data), (40, 32));
+        // A 3.16 is refused, whatever its table says.
+        let mut next = table.clone();
+        next[8..16].copy_from_slice(&0x031000a0u64.to_le_bytes());
+        assert!(matches!(
+            offsets::debug_offsets(&next, Version::from_hex(0x031000a0)),
+            Err(offsets::DebugOffsetsError::UnknownLayout(_))
+        ));
     }
 }

@@ -2,7 +2,7 @@
 //!
 //! 3.13 and later describe themselves: `_PyRuntime` starts with `_Py_DebugOffsets`, a cookie
 //! and the version, then a flat run of u64 offsets whose order is fixed within a minor
-//! version (3.14 inserted fields). 3.11 and 3.12 have no such table; their offsets are kept
+//! version (3.14 and 3.15 inserted fields). 3.11 and 3.12 have no such table; their offsets are kept
 //! here. Either way the code-object offsets are checked against the binary's own
 //! `PyCode_Type` (its `tp_basicsize` and `tp_members`), so a table that does not fit the
 //! interpreter is refused rather than read.
@@ -47,7 +47,7 @@ pub struct Offsets {
     /// one executing).
     pub frame_instr: u16,
     pub entry: EntryMark,
-    /// Low bits of the frame's code reference that are tags, not address (3.14's
+    /// Low bits of the frame's code reference that are tags, not address (3.14's and 3.15's
     /// `_PyStackRef`); objects are 16-byte aligned, so masking them loses nothing.
     pub code_tag_bits: u64,
     pub code: CodeOffsets,
@@ -151,8 +151,9 @@ struct Slots {
     /// (field, slot, size slot)
     fields: [(&'static str, usize, usize); 16],
     /// The `owner` of the shim frame the eval loop pushes on entry: `FRAME_OWNED_BY_CSTACK` (3)
-    /// on 3.12 and 3.13; on 3.14 `FRAME_OWNED_BY_INTERPRETER`, also 3 (3.14 renumbered the
-    /// owners, and its `FRAME_OWNED_BY_CSTACK`, 4, is no longer what `ceval.c` sets).
+    /// on 3.12 and 3.13; on 3.14 and 3.15 `FRAME_OWNED_BY_INTERPRETER`, also 3 (3.14
+    /// renumbered the owners, and its `FRAME_OWNED_BY_CSTACK`, 4, is no longer what `ceval.c`
+    /// sets; 3.15 dropped it).
     entry_frame_owner: u8,
     code_tag_bits: u64,
 }
@@ -210,8 +211,38 @@ const SLOTS_3_14: Slots = Slots {
     code_tag_bits: 7,
 };
 
+/// 3.15's (its `Include/internal/pycore_debug_offsets.h`, as Debian's `libpython3.15-dev`
+/// ships it, and the DWARF of Debian's 3.15.2): the thread state gained `base_frame`,
+/// `last_profiled_frame` and `last_profiled_frame_seq`, and the frame `localsplus`, the code
+/// object `localsplusnames` and `localspluskinds`; `_PyStackRef`'s tag bits are
+/// `Py_TAG_BITS`, 3. The entry frame's owner is still `FRAME_OWNED_BY_INTERPRETER`, 3: its
+/// eval loop stores `0x30000` over the entry frame's `return_offset` and `owner`.
+const SLOTS_3_15: Slots = Slots {
+    free_threaded: 16,
+    fields: [
+        ("thread_state.current_frame", 208, 176),
+        ("interpreter_frame.previous", 320, 312),
+        ("interpreter_frame.executable", 328, 312),
+        ("interpreter_frame.instr_ptr", 336, 312),
+        ("interpreter_frame.owner", 352, 312),
+        ("code_object.filename", 384, 376),
+        ("code_object.name", 392, 376),
+        ("code_object.qualname", 400, 376),
+        ("code_object.linetable", 408, 376),
+        ("code_object.firstlineno", 416, 376),
+        ("code_object.argcount", 424, 376),
+        ("code_object.co_code_adaptive", 448, 376),
+        ("bytes_object.ob_size", 696, 688),
+        ("bytes_object.ob_sval", 704, 688),
+        ("unicode_object.state", 720, 712),
+        ("unicode_object.length", 728, 712),
+    ],
+    entry_frame_owner: 3,
+    code_tag_bits: 3,
+};
+
 /// Where the ASCII data of a compact string starts: `sizeof(PyASCIIObject)`, the slot after
-/// `unicode_object.length` in both layouts.
+/// `unicode_object.length` in every layout.
 const UNICODE_DATA_AFTER_LENGTH: usize = 8;
 
 /// The offsets a 3.13+ interpreter gives in `table`, the start of its `_PyRuntime` as the
@@ -236,6 +267,7 @@ pub fn debug_offsets(table: &[u8], version: Version) -> Result<Offsets, DebugOff
     let slots = match (version.major, version.minor) {
         (3, 13) => &SLOTS_3_13,
         (3, 14) => &SLOTS_3_14,
+        (3, 15) => &SLOTS_3_15,
         _ => return Err(DebugOffsetsError::UnknownLayout(version)),
     };
     if word(slots.free_threaded)? != 0 {
