@@ -443,17 +443,31 @@ pub const MAX_UNWIND_PROCS: u32 = 8192;
 
 /// `UnwindMapping::state`: no table for this code (anonymous memory, JIT, a binary without
 /// `.eh_frame`): frame pointers.
-pub const MAPPING_NO_TABLE: u32 = 0;
+pub const MAPPING_NO_TABLE: u16 = 0;
 /// `UnwindMapping::state`: the table is being built or waits for room: frame pointers, counted
 /// as [`UnwindOutcome::TableNotLoaded`].
-pub const MAPPING_TABLE_PENDING: u32 = 1;
+pub const MAPPING_TABLE_PENDING: u16 = 1;
 /// `UnwindMapping::state`: the rows are in `UNWIND_ROWS[pool][first_row..first_row + rows]`.
-pub const MAPPING_TABLE_LOADED: u32 = 2;
+pub const MAPPING_TABLE_LOADED: u16 = 2;
 /// `UnwindMapping::state`: the table was evicted at the row pools' ceiling: frame pointers,
 /// counted as [`UnwindOutcome::TableEvicted`].
-pub const MAPPING_TABLE_EVICTED: u32 = 3;
+pub const MAPPING_TABLE_EVICTED: u16 = 3;
 
-/// One executable mapping of a process, as the BPF unwinder sees it.
+/// The runtime that owns a mapping's code ([`UnwindMapping::runtime`]): the BPF walk hands a
+/// frame there to that runtime's walk (`agent-ebpf/src/runtimes/`), by this value, never by
+/// name. Adding a runtime adds a value here and a file there.
+#[repr(u16)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RuntimeId {
+    /// Native code: the walk steps through it with tables or frame pointers.
+    Native = 0,
+    /// CPython's eval loop: the frame stands for the Python frames its call runs
+    /// ([`PythonProc`], `PYTHON_PROCS`).
+    Python = 1,
+}
+
+/// One executable mapping of a process, as the BPF unwinder sees it. The agent may describe
+/// one mapping as several entries sharing a table, to mark the parts a runtime owns.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct UnwindMapping {
@@ -470,7 +484,9 @@ pub struct UnwindMapping {
     pub rows: u32,
     /// One of `MAPPING_NO_TABLE`, `MAPPING_TABLE_PENDING`, `MAPPING_TABLE_LOADED`,
     /// `MAPPING_TABLE_EVICTED`.
-    pub state: u32,
+    pub state: u16,
+    /// The [`RuntimeId`] owning this code, as its `u16`; 0 (native) for most.
+    pub runtime: u16,
     /// The pool holding the table: its index in `UNWIND_ROWS`.
     pub pool: u32,
 }
@@ -901,13 +917,6 @@ pub const MAX_PYTHON_PROCS: u32 = 4096;
 /// not, so the verifier checks the walk once; with a second map for the unknown case, it
 /// checked it once for each. No process has tgid 0.
 pub const PROCS_NO_MAPPINGS: u32 = 0;
-
-/// `PYTHON_PROCS`'s key for every process without an interpreter: a zeroed [`PythonProc`]
-/// (no eval-loop ranges) that the agent writes before the program runs. The walk's pointer to
-/// a process's interpreter is then never null and always into the same map, so the verifier
-/// checks the walk once; with a null case beside it, it checked it for each, and that was three
-/// fifths of the sampler's verification (and load time). No process has tgid 0.
-pub const PYTHON_NO_INTERPRETER: u32 = 0;
 
 /// [`PythonProc::entry_kind`]: 3.11's `is_entry` byte marks an eval call's first frame, which
 /// is emitted and ends that call's chain.

@@ -19,6 +19,7 @@ pub use kernel_maps::initial_process_entries;
 pub mod loader;
 pub mod metrics;
 mod optimize;
+mod owned;
 mod pcsp;
 mod pool;
 pub mod row;

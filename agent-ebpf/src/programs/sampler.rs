@@ -1,40 +1,39 @@
-//! The perf_event program and its maps (see the crate root for the design).
+//! The perf-event programs `sample` and `sample_fp` and their per-window maps: per sample,
+//! the kernel stack and the user stack (walked by `crate::walk` with the binaries' unwind
+//! tables, or by frame pointers) and a count keyed by process, thread and the two stack ids,
+//! in one of two map generations chosen by `CONTROL.generation` (the drain protocol is at the
+//! top of `agent/src/pipeline/drain.rs`).
 
 use core::intrinsics::{atomic_xadd, AtomicOrdering};
 
 use aya_ebpf::{
     bindings::{BPF_F_USER_STACK, BPF_NOEXIST},
     btf_maps,
-    helpers::{
-        bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid,
-        bpf_get_current_task, bpf_probe_read_kernel, bpf_probe_read_kernel_str_bytes,
-    },
-    macros::{btf_map, map, perf_event, raw_tracepoint},
-    maps::{Array, HashMap, LruHashMap, PerCpuArray},
-    programs::{tracing::StackIdContext, PerfEventContext, RawTracePointContext},
+    helpers::{bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid},
+    macros::{btf_map, map, perf_event},
+    maps::{HashMap, PerCpuArray},
+    programs::{tracing::StackIdContext, PerfEventContext},
 };
 use aya_log_ebpf::warn;
 use scorch_common::{
-    Control, ExecFile, Loss, RunSeq, SeenProcess, ShortUserStack, StackKey, UserStack, FILTER_DENY,
-    FILTER_NONE, LOSS_KINDS, MAX_COMMS, MAX_COUNT_KEYS, MAX_EXEC_FILES, MAX_PID_FILTER,
-    STACK_ABSENT, STACK_LOST_COLLISION, STACK_LOST_OTHER, UNWIND_TABLES,
+    Loss, RunSeq, SeenProcess, StackKey, LOSS_KINDS, MAX_COMMS, MAX_COUNT_KEYS, STACK_ABSENT,
+    STACK_LOST_COLLISION, STACK_LOST_OTHER, UNWIND_TABLES,
 };
 
-use crate::unwind;
+use crate::{
+    arch,
+    shared::{
+        control::{self, CONTROL},
+        counters,
+        stack::{self, ShortUserStackMap, StoreError, UserStackMap},
+        task,
+    },
+    walk,
+};
 
 const EEXIST: i32 = 17;
 const EFAULT: i32 = 14;
 const E2BIG: i32 = 7;
-
-/// Single entry: generation, PID filter switch, idle switch. Written only by the agent.
-#[map]
-pub(crate) static CONTROL: Array<Control> = Array::with_max_entries(1, 0);
-
-/// PIDs (tgids) that `Control::filter_pids` selects (allow list) or excludes (deny list).
-/// Value unused. Written by the agent only, so not preallocated.
-#[map]
-pub(crate) static PID_FILTER: HashMap<u32, u8> =
-    HashMap::with_max_entries(MAX_PID_FILTER, crate::BPF_F_NO_PREALLOC);
 
 /// Per-CPU count of samples the PID filter discarded before any stack was walked.
 #[map]
@@ -69,44 +68,10 @@ static COMMS_0: HashMap<u32, SeenProcess> = HashMap::with_max_entries(MAX_COMMS,
 #[map]
 static COMMS_1: HashMap<u32, SeenProcess> = HashMap::with_max_entries(MAX_COMMS, 0);
 
-/// `offsetof(struct task_struct, group_leader)` and `offsetof(struct task_struct, comm)` on
-/// the running kernel, set by the agent before load from the kernel's BTF; 0 records the
-/// sampled thread's name instead of its process's.
-#[unsafe(no_mangle)]
-static TASK_GROUP_LEADER: u32 = 0;
-#[unsafe(no_mangle)]
-static TASK_COMM: u32 = 0;
-/// `offsetof(struct task_struct, start_boottime)` and `offsetof(struct linux_binprm, interp)`,
-/// set as the two above; 0 records no exec'd files.
-#[unsafe(no_mangle)]
-static TASK_START_BOOTTIME: u32 = 0;
-#[unsafe(no_mangle)]
-static BINPRM_INTERP: u32 = 0;
-
-/// By tgid, the file each process last exec'd and when the process started ([`ExecFile`]):
-/// what names the executable of a process that exited before the agent read /proc/PID/exe.
-/// Written at each exec, read by the agent for those processes only; least recently written
-/// first out.
-#[map]
-static EXEC_FILES: LruHashMap<u32, ExecFile> = LruHashMap::with_max_entries(MAX_EXEC_FILES, 0);
-/// Where an exec's record is built (it is larger than is wise on the BPF stack).
-#[map]
-static EXEC_SCRATCH: PerCpuArray<ExecFile> = PerCpuArray::with_max_entries(1, 0);
-/// A generation's map of the user stacks the program walked itself (`UNWIND_TABLES`), keyed
-/// by a hash of their pcs. Not preallocated: a 256-frame stack is 2 KiB, and the map must hold
-/// a whole window's samples when each is a stack of its own (Python stacks carry the
-/// instruction offset of every frame), so its memory follows what it holds. The agent's inner
-/// maps carry the same flag, which the kernel requires of an inner map.
-pub type UserStackMap = btf_maps::HashMap<i32, UserStack, 1, { crate::BPF_F_NO_PREALLOC as usize }>;
 /// The two generations' user-stack maps, by generation; the agent creates and replaces them
 /// as it does `STACKS`'s.
 #[btf_map]
 static USER_STACKS: btf_maps::ArrayOfMaps<UserStackMap, 2> = btf_maps::ArrayOfMaps::new();
-/// A generation's map of the walked stacks of at most `SHORT_USER_STACK_DEPTH` frames: the
-/// same, with a value a fifth the size, since the kernel's cost to allocate, copy and free an
-/// element follows its size.
-pub type ShortUserStackMap =
-    btf_maps::HashMap<i32, ShortUserStack, 1, { crate::BPF_F_NO_PREALLOC as usize }>;
 /// The two generations' short-stack maps, by generation, managed as `USER_STACKS`.
 #[btf_map]
 static SHORT_USER_STACKS: btf_maps::ArrayOfMaps<ShortUserStackMap, 2> =
@@ -165,17 +130,9 @@ fn try_sample<const TABLES: bool>(ctx: &PerfEventContext) -> Result<(), i64> {
         return Ok(());
     }
     // The filter runs before any stack is walked so unwanted processes cost one lookup.
-    if control.filter_pids != FILTER_NONE {
-        // SAFETY: the value is only tested for presence, never read, so a concurrent update
-        // from userspace cannot hand this program a torn value.
-        let listed = unsafe { PID_FILTER.get(tgid) }.is_some();
-        if listed == (control.filter_pids == FILTER_DENY) {
-            if let Some(counter) = FILTERED.get_ptr_mut(0) {
-                // SAFETY: this CPU's slot; the program cannot run twice at once on one CPU.
-                unsafe { *counter += 1 };
-            }
-            return Ok(());
-        }
+    if !control::process_wanted(control, tgid) {
+        counters::add(&FILTERED, 0, 1);
+        return Ok(());
     }
     // Read once: the agent may flip it while this run goes on, and every map and counter this
     // run writes must be of one generation.
@@ -185,7 +142,7 @@ fn try_sample<const TABLES: bool>(ctx: &PerfEventContext) -> Result<(), i64> {
     // (the user walk with its loop) once for each.
     let slot = unsafe { core::ptr::read_volatile(&control.generation) } & 1;
     // A sample taken in user mode has no kernel stack: skip asking for one.
-    let user_mode = interrupted_user_mode(ctx);
+    let user_mode = arch::interrupted_user_mode(ctx);
     let kernel_stack_id = if user_mode {
         STACK_ABSENT
     } else {
@@ -205,7 +162,7 @@ fn try_sample<const TABLES: bool>(ctx: &PerfEventContext) -> Result<(), i64> {
     // the walk's loop is in every state of it the verifier compares and keeps.
     // SAFETY: as above.
     let tables = TABLES && unsafe { core::ptr::read_volatile(&control.unwind) } == UNWIND_TABLES;
-    let walked = tables && unwind::walk(ctx, tgid, user_mode, slot);
+    let walked = tables && walk::walk(ctx, tgid, user_mode, slot);
     // The agent fills every slot before it attaches the program.
     let (Some(stacks), Some(user_stacks), Some(short_user_stacks)) = (
         STACKS.get(slot),
@@ -232,9 +189,9 @@ fn try_sample<const TABLES: bool>(ctx: &PerfEventContext) -> Result<(), i64> {
         }
     };
     let user_stack_id = if tables {
-        match unwind::walked(walked) {
+        match walk::walked(walked) {
             None => STACK_ABSENT,
-            Some(walk) => match unwind::store_stack(
+            Some(walk) => match stack::store_stack(
                 generation.user_stacks,
                 generation.short_user_stacks,
                 walk,
@@ -242,11 +199,11 @@ fn try_sample<const TABLES: bool>(ctx: &PerfEventContext) -> Result<(), i64> {
                 slot,
             ) {
                 Ok(id) => id,
-                Err(true) => {
+                Err(StoreError::Collision) => {
                     count_loss(slot, Loss::UserStackCollision);
                     STACK_LOST_COLLISION
                 }
-                Err(false) => {
+                Err(StoreError::Refused) => {
                     count_loss(slot, Loss::UserStackError);
                     STACK_LOST_OTHER
                 }
@@ -304,44 +261,6 @@ fn try_sample<const TABLES: bool>(ctx: &PerfEventContext) -> Result<(), i64> {
     }
 }
 
-/// `sched_process_exec` (a raw tracepoint: no tracefs needed): the process's unwind mappings
-/// describe the program it was.
-///
-/// It tells the agent nothing: the process's first sample does, at once (the agent waits on
-/// the event ring buffer), while the process still runs. An event per exec was tried, to
-/// capture even processes never sampled: under a churn of execs (a pyenv shim execs several
-/// times per `python3`), reading and describing each one multiplied the daemon's CPU and its
-/// BPF programs' (`cargo xtask bench --only churn` measures it), for processes that mostly are
-/// never sampled at 19 Hz.
-#[raw_tracepoint(tracepoint = "sched_process_exec")]
-pub fn process_exec(ctx: RawTracePointContext) -> i32 {
-    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
-    unwind::forget_process(tgid);
-    // The third argument of `sched_process_exec` is the exec's `struct linux_binprm *`.
-    record_exec(tgid, ctx.arg(2));
-    // A process relabelling dropped (in the deny list) runs another program now, which the
-    // agent judges again at its next sample: a shell or launcher forked, sampled before its
-    // exec and dropped by its parent's name, would otherwise stay dropped. An allow list is
-    // the user's pids and keeps them across an exec.
-    if let Some(control) = CONTROL.get(0) {
-        if control.filter_pids == FILTER_DENY {
-            let _ = PID_FILTER.remove(&tgid);
-        }
-    }
-    0
-}
-
-/// `vm_unmapped_area` (a raw tracepoint): mmap chose where a new mapping of the current
-/// process goes, without `MAP_FIXED`, as the loader does for a library. Its arguments are
-/// the address and the request, `struct vm_unmapped_area_info *`.
-#[raw_tracepoint(tracepoint = "vm_unmapped_area")]
-pub fn mapping_placed(ctx: RawTracePointContext) -> i32 {
-    let start: u64 = ctx.arg(0);
-    let info: *const u64 = ctx.arg(1);
-    unwind::mapping_placed((bpf_get_current_pid_tgid() >> 32) as u32, start, info);
-    0
-}
-
 #[inline(always)]
 fn bump(count: *mut u64) {
     // SAFETY: `count` points into a map value that stays allocated while this program runs;
@@ -374,29 +293,12 @@ fn stack_id(
     }
 }
 
-/// True when the sample interrupted user mode (on architectures where that is cheap to tell).
-#[inline(always)]
-fn interrupted_user_mode(ctx: &PerfEventContext) -> bool {
-    #[cfg(bpf_target_arch = "x86_64")]
-    {
-        // SAFETY: `ctx.ctx` is the kernel's bpf_perf_event_data for this run; perf_event
-        // programs may read the saved registers. The low two bits of CS are the privilege level.
-        let cs = unsafe { (*ctx.ctx).regs.cs };
-        cs & 3 == 3
-    }
-    #[cfg(not(bpf_target_arch = "x86_64"))]
-    {
-        let _ = ctx;
-        false
-    }
-}
-
 #[inline(always)]
 fn record_comm(comms: &HashMap<u32, SeenProcess>, tgid: u32, thread: [u8; 16], slot: u32) {
     if comms.get_ptr(tgid).is_some() {
         return;
     }
-    let (comm, started_ns) = leader_comm_and_start().unwrap_or((thread, 0));
+    let (comm, started_ns) = task::leader_comm_and_start().unwrap_or((thread, 0));
     let seen = SeenProcess {
         comm,
         // SAFETY: a helper with no arguments.
@@ -411,92 +313,8 @@ fn record_comm(comms: &HashMap<u32, SeenProcess>, tgid: u32, thread: [u8; 16], s
     }
 }
 
-/// The name of the current task's thread-group leader (the process's name, which a thread may
-/// not share: a pool's workers are often named) and its start (`start_boottime`, 0 without
-/// that offset). `None` without the offsets.
-#[inline(always)]
-fn leader_comm_and_start() -> Option<([u8; 16], u64)> {
-    // SAFETY: plain values the agent set before load (read volatile: the loader rewrites them).
-    let (leader_offset, comm_offset) = unsafe {
-        (
-            core::ptr::read_volatile(&TASK_GROUP_LEADER),
-            core::ptr::read_volatile(&TASK_COMM),
-        )
-    };
-    if leader_offset == 0 || comm_offset == 0 {
-        return None;
-    }
-    // SAFETY: a helper with no arguments; the result is only used as an address to read.
-    let task = unsafe { bpf_get_current_task() } as *const u8;
-    // SAFETY: bpf_probe_read_kernel checks the addresses.
-    let leader =
-        unsafe { bpf_probe_read_kernel(task.wrapping_add(leader_offset as usize) as *const u64) }
-            .ok()? as *const u8;
-    // SAFETY: as above.
-    unsafe { bpf_probe_read_kernel(leader.wrapping_add(comm_offset as usize) as *const [u8; 16]) }
-        .ok()
-        .map(|comm| (comm, start_boottime(leader)))
-}
-
-/// `task`'s `start_boottime`, 0 without the offset or when it cannot be read.
-#[inline(always)]
-fn start_boottime(task: *const u8) -> u64 {
-    // SAFETY: a plain value the agent set before load.
-    let offset = unsafe { core::ptr::read_volatile(&TASK_START_BOOTTIME) };
-    if offset == 0 {
-        return 0;
-    }
-    // SAFETY: bpf_probe_read_kernel checks the address.
-    unsafe { bpf_probe_read_kernel(task.wrapping_add(offset as usize) as *const u64) }.unwrap_or(0)
-}
-
-/// Records what `tgid` exec'd: the path the exec named (`bprm->interp`: the script's
-/// interpreter for a script, the file itself otherwise) and the process's start.
-#[inline(always)]
-fn record_exec(tgid: u32, bprm: *const u8) {
-    // SAFETY: a plain value the agent set before load.
-    let interp_offset = unsafe { core::ptr::read_volatile(&BINPRM_INTERP) };
-    if interp_offset == 0 {
-        return;
-    }
-    let Some(file) = EXEC_SCRATCH.get_ptr_mut(0) else {
-        return;
-    };
-    // SAFETY: this CPU's scratch entry; the program cannot run twice at once on one CPU.
-    let file = unsafe { &mut *file };
-    // SAFETY: bpf_probe_read_kernel checks the address.
-    let Ok(path) = (unsafe {
-        bpf_probe_read_kernel(bprm.wrapping_add(interp_offset as usize) as *const *const u8)
-    }) else {
-        return;
-    };
-    // SAFETY: as above; the helper writes at most the slice, and a NUL.
-    if unsafe { bpf_probe_read_kernel_str_bytes(path, &mut file.path) }.is_err() {
-        return;
-    }
-    // After the exec, the current task leads its thread group (`de_thread`).
-    // SAFETY: a helper with no arguments; the result is only used as an address to read.
-    file.started_ns = start_boottime(unsafe { bpf_get_current_task() } as *const u8);
-    let _ = EXEC_FILES.insert(tgid, &*file, 0);
-}
-
 /// Counts a loss in generation `slot`'s run.
 #[inline(always)]
 fn count_loss(slot: u32, loss: Loss) {
-    if let Some(counter) = LOSSES.get_ptr_mut(slot * LOSS_KINDS + loss as u32) {
-        // SAFETY: this CPU's slot; the program cannot run twice at once on one CPU.
-        unsafe { *counter += 1 };
-    }
+    counters::add(&LOSSES, slot * LOSS_KINDS + loss as u32, 1);
 }
-
-#[cfg(not(test))]
-#[panic_handler]
-fn panic(_info: &core::panic::PanicInfo) -> ! {
-    loop {}
-}
-
-/// `bpf_get_stackid` is GPL-only; the kernel refuses the program without a GPL-compatible
-/// licence string.
-#[unsafe(link_section = "license")]
-#[unsafe(no_mangle)]
-static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";
