@@ -18,7 +18,7 @@ use aya_ebpf::{
     maps::{Array, PerCpuArray},
 };
 use scorch_common::{
-    Bisect, CfaKind, ProcMappings, RbpKind, UnwindMapping, UnwindOutcome, UnwindRow,
+    Bisect, CfaKind, FpKind, ProcMappings, RaKind, UnwindMapping, UnwindOutcome, UnwindRow,
     MAPPING_SEARCH_STEPS, MAPPING_TABLE_EVICTED, MAPPING_TABLE_LOADED, MAPPING_TABLE_PENDING,
     MAX_PROC_MAPPINGS, MAX_ROW_POOLS, ROW_CACHE_SLOTS, UNWIND_SEARCH_STEPS,
 };
@@ -334,28 +334,33 @@ fn table_step(walk: &mut WalkState, mapping: &UnwindMapping, row_pc: u32) -> u32
     let Some(row) = find_row(walk, mapping, row_pc) else {
         return UnwindOutcome::NoRow as u32;
     };
-    let rbp_kind = row.rbp_kind();
-    if rbp_kind == RbpKind::ReturnAddressUndefined {
+    let fp_kind = row.fp_kind();
+    if fp_kind == FpKind::ReturnAddressUndefined {
         return UnwindOutcome::Completed as u32;
+    }
+    // The return address is read at CFA - 8 below; one in a link register is a row of an
+    // architecture that has one, which `crate::arch` would read.
+    if row.ra_kind() != RaKind::CfaMinus8 {
+        return UnwindOutcome::UnsupportedCfa as u32;
     }
     let sp = walk.sp;
     let offset = u64::from(row.cfa_offset);
-    let rbp_offset = i64::from(row.rbp_offset) * 8;
+    let fp_offset = i64::from(row.fp_offset) * 8;
     let cfa = match row.cfa_kind() {
-        CfaKind::Rsp => sp.wrapping_add(offset),
-        CfaKind::Rbp if walk.fp_known != 0 => walk.fp.wrapping_add(offset),
-        CfaKind::Plt => arch::plt_cfa(sp, offset, walk.pc, row.rbp_offset),
-        CfaKind::Signal => return signal_step(walk, offset, rbp_kind, rbp_offset),
+        CfaKind::Sp => sp.wrapping_add(offset),
+        CfaKind::Fp if walk.fp_known != 0 => walk.fp.wrapping_add(offset),
+        CfaKind::Plt => arch::plt_cfa(sp, offset, walk.pc, row.fp_offset),
+        CfaKind::Signal => return signal_step(walk, offset, fp_kind, fp_offset),
         CfaKind::NoRow => return UnwindOutcome::NoRow as u32,
-        CfaKind::Rbp | CfaKind::Unsupported => return UnwindOutcome::UnsupportedCfa as u32,
+        CfaKind::Fp | CfaKind::Unsupported => return UnwindOutcome::UnsupportedCfa as u32,
     };
     // A saved frame pointer a few words below the return address, as a prologue's pushes leave it,
     // comes in the same read.
-    let saved_below = rbp_kind == RbpKind::CfaOffset
-        && row.rbp_offset < 0
-        && row.rbp_offset >= -(MAX_SAVE_WORDS as i8);
+    let saved_below = fp_kind == FpKind::CfaOffset
+        && row.fp_offset < 0
+        && row.fp_offset >= -(MAX_SAVE_WORDS as i8);
     let words = if saved_below {
-        -i64::from(row.rbp_offset) as u64
+        -i64::from(row.fp_offset) as u64
     } else {
         1
     };
@@ -363,14 +368,14 @@ fn table_step(walk: &mut WalkState, mapping: &UnwindMapping, row_pc: u32) -> u32
         return UnwindOutcome::ReadFault as u32;
     }
     let return_address = word(walk, words - 1);
-    match rbp_kind {
-        RbpKind::Unchanged => {}
-        RbpKind::CfaOffset if saved_below => walk.fp = word(walk, 0),
-        RbpKind::CfaOffset => match read(cfa.wrapping_add(rbp_offset as u64)) {
+    match fp_kind {
+        FpKind::Unchanged => {}
+        FpKind::CfaOffset if saved_below => walk.fp = word(walk, 0),
+        FpKind::CfaOffset => match read(cfa.wrapping_add(fp_offset as u64)) {
             Some(bp) => walk.fp = bp,
             None => return UnwindOutcome::ReadFault as u32,
         },
-        RbpKind::AtRsp => match read(sp.wrapping_add(rbp_offset as u64)) {
+        FpKind::AtSp => match read(sp.wrapping_add(fp_offset as u64)) {
             Some(bp) => walk.fp = bp,
             None => return UnwindOutcome::ReadFault as u32,
         },
@@ -387,14 +392,14 @@ fn table_step(walk: &mut WalkState, mapping: &UnwindMapping, row_pc: u32) -> u32
 /// A signal trampoline: the interrupted registers are in the `ucontext` on the stack. The
 /// interrupted pc is where the signal came, not a return address.
 #[inline(always)]
-fn signal_step(walk: &mut WalkState, offset: u64, rbp_kind: RbpKind, rbp_offset: i64) -> u32 {
+fn signal_step(walk: &mut WalkState, offset: u64, fp_kind: FpKind, fp_offset: i64) -> u32 {
     let sp = walk.sp;
     let (sp_at, pc_at) = arch::signal_frame(sp, offset);
     let (Some(interrupted_sp), Some(interrupted_pc)) = (read(sp_at), read(pc_at)) else {
         return UnwindOutcome::ReadFault as u32;
     };
-    if rbp_kind == RbpKind::AtRsp {
-        match read(sp.wrapping_add(rbp_offset as u64)) {
+    if fp_kind == FpKind::AtSp {
+        match read(sp.wrapping_add(fp_offset as u64)) {
             Some(bp) => walk.fp = bp,
             None => return UnwindOutcome::ReadFault as u32,
         }
