@@ -81,7 +81,6 @@ static SHORT_USER_STACKS: btf_maps::ArrayOfMaps<ShortUserStackMap, 2> =
 struct Generation {
     counts: &'static HashMap<StackKey, u64>,
     stacks: &'static StackMap,
-    comms: &'static HashMap<u32, SeenProcess>,
     user_stacks: &'static UserStackMap,
     short_user_stacks: &'static ShortUserStackMap,
 }
@@ -175,7 +174,6 @@ fn try_sample<const TABLES: bool>(ctx: &PerfEventContext) -> Result<(), i64> {
         Generation {
             counts: &COUNTS_0,
             stacks,
-            comms: &COMMS_0,
             user_stacks,
             short_user_stacks,
         }
@@ -183,7 +181,6 @@ fn try_sample<const TABLES: bool>(ctx: &PerfEventContext) -> Result<(), i64> {
         Generation {
             counts: &COUNTS_1,
             stacks,
-            comms: &COMMS_1,
             user_stacks,
             short_user_stacks,
         }
@@ -239,7 +236,7 @@ fn try_sample<const TABLES: bool>(ctx: &PerfEventContext) -> Result<(), i64> {
     // A new key: the first sample of this stack in this window. Every process sampled in a
     // window passes here at least once, so this is where its name is recorded, off the
     // common path.
-    record_comm(generation.comms, tgid, thread, slot);
+    scorch_record_comm(slot);
     match generation.counts.insert(key, 1u64, u64::from(BPF_NOEXIST)) {
         Ok(()) => Ok(()),
         // Another CPU inserted the same key between our lookup and insert.
@@ -293,11 +290,23 @@ fn stack_id(
     }
 }
 
-#[inline(always)]
-fn record_comm(comms: &HashMap<u32, SeenProcess>, tgid: u32, thread: [u8; 16], slot: u32) {
+/// Records the current process in generation `slot`'s `COMMS` map, unless it is there: its
+/// leader's name (the thread's, `thread`, without the task offsets), cgroup and start.
+///
+/// A global function (not static, never inlined, only scalars in and out), so the verifier
+/// checks it once, on its own, and at each call only that its argument is a scalar. Inlined,
+/// it was checked again for every state the sampler reaches its new-key path with, and its
+/// reads of the leader's fields (each a branch on success) made that the sampler's largest
+/// increase in the verifier's work.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn scorch_record_comm(slot: u32) -> u32 {
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    let comms = if slot & 1 == 0 { &COMMS_0 } else { &COMMS_1 };
     if comms.get_ptr(tgid).is_some() {
-        return;
+        return 0;
     }
+    let thread = bpf_get_current_comm().unwrap_or([0; 16]);
     let (comm, started_ns) = task::leader_comm_and_start().unwrap_or((thread, 0));
     let seen = SeenProcess {
         comm,
@@ -308,9 +317,10 @@ fn record_comm(comms: &HashMap<u32, SeenProcess>, tgid: u32, thread: [u8; 16], s
     // -EEXIST means another CPU recorded it first, which is fine.
     if let Err(err) = comms.insert(tgid, seen, u64::from(BPF_NOEXIST)) {
         if err != -EEXIST {
-            count_loss(slot, Loss::CommMapFull);
+            count_loss(slot & 1, Loss::CommMapFull);
         }
     }
+    0
 }
 
 /// Counts a loss in generation `slot`'s run.
