@@ -5,8 +5,10 @@
 //! runtime a frame belongs to, and the walk's next iteration calls [`walk`] with that id. The
 //! runtime adds its frames with `shared::stack::push_frame`, sets `WalkState::claimed` when
 //! they stand for the native frame, and keeps its own per-walk state in its own map, in the
-//! walk's slot, reset when `WalkState::serial` changes. Adding one: a file here, a value in
-//! `scorch_common::RuntimeId`, an arm in [`walk`] and [`forget`].
+//! walk's slot, reset when `WalkState::serial` changes. Its entry is a global function that
+//! takes the walk's slot (a scalar) and looks the walk up itself, so the verifier checks it
+//! once on its own. Adding one: a file here, a value in `scorch_common::RuntimeId`, an arm in
+//! [`walk`] and [`forget`].
 
 mod python;
 
@@ -19,7 +21,7 @@ use crate::shared::stack::WalkState;
 #[inline(always)]
 pub fn walk(runtime: u32, walk: &mut WalkState) {
     if runtime == RuntimeId::Python as u32 {
-        python::walk(walk);
+        python::scorch_python_walk(walk.slot);
     }
 }
 

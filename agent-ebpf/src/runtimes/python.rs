@@ -30,7 +30,7 @@ use scorch_common::{
 use crate::shared::{
     counters,
     loops::repeat,
-    stack::{push_frame, WalkState},
+    stack::{push_frame, WalkState, WALK},
 };
 
 /// Processes running a CPython interpreter, written by the agent; not preallocated.
@@ -209,10 +209,26 @@ fn chain_frame(chain: &mut Chain) -> i64 {
     0
 }
 
-/// Replaces the eval-loop frame the walk is at with the Python frames of its eval call.
-/// The first one of a walk finds the thread's innermost frame.
+/// Replaces the eval-loop frame the walk in `WALK`'s `slot` is at with the Python frames of
+/// its eval call; returns 0.
+///
+/// A global function (not static, never inlined, only scalars in and out), so the verifier
+/// checks Python's walk once, on its own, whatever the native walk's states: its work is
+/// added to the walk's, not multiplied by it.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn scorch_python_walk(slot: u32) -> u32 {
+    if let Some(walk) = WALK.get_ptr_mut(slot) {
+        // SAFETY: this CPU's walk state, which the walk that called this has handed over.
+        walk_at(unsafe { &mut *walk });
+    }
+    0
+}
+
+/// The eval call's Python frames in place of the frame `walk` is at. The first one of a walk
+/// finds the thread's innermost frame.
 #[inline(always)]
-pub fn walk(walk: &mut WalkState) {
+fn walk_at(walk: &mut WalkState) {
     // No entry (the map was full, or the process exec'd since its mappings were written):
     // the frame stays native.
     let Some(python) = PYTHON_PROCS.get_ptr(walk.tgid) else {
