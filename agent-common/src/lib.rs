@@ -209,8 +209,19 @@ impl Loss {
     }
 }
 
-/// How to find the canonical frame address (CFA: the caller's rsp, just above the return
-/// address) at a pc. The low nibble of [`UnwindRow::kinds`].
+/// How to find the canonical frame address (CFA: the caller's stack pointer before its call) at
+/// a pc. Bits 0-2 of [`UnwindRow::kinds`].
+///
+/// The registers are named by role: SP the stack pointer, FP the frame pointer (x86-64: rsp
+/// and rbp; arm64: sp and x29). Which kinds each architecture's tables use:
+///
+/// | kind | x86-64 | arm64 (to come) |
+/// |---|---|---|
+/// | [`CfaKind::Sp`], [`CfaKind::Fp`] | yes | yes |
+/// | [`CfaKind::Plt`] | the `.plt`'s one expression | no (its stubs do not push) |
+/// | [`CfaKind::Signal`] | `__restore_rt`'s `ucontext` | its own `rt_sigframe` layout |
+/// | [`RaKind::CfaMinus8`] | always (the call pushed it) | once the frame record is saved |
+/// | [`RaKind::LinkRegister`] | never | before the prologue saves x30 |
 #[repr(u8)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum CfaKind {
@@ -218,34 +229,34 @@ pub enum CfaKind {
     /// end-of-function marker), or code the binary describes nowhere. The unwinder falls back to
     /// frame pointers or stops; it must not apply the row of the function before.
     NoRow = 0,
-    /// CFA = rsp + `cfa_offset`.
-    Rsp = 1,
-    /// CFA = rbp + `cfa_offset`.
-    Rbp = 2,
-    /// A PLT stub: CFA = rsp + `cfa_offset` + 8 when `(rip & 15) >= rbp_offset`, else
+    /// CFA = SP + `cfa_offset`.
+    Sp = 1,
+    /// CFA = FP + `cfa_offset`.
+    Fp = 2,
+    /// An x86-64 PLT stub: CFA = rsp + `cfa_offset` + 8 when `(rip & 15) >= fp_offset`, else
     /// rsp + `cfa_offset`. The linker describes a whole `.plt` with this one DWARF expression
-    /// (the stub pushes once, at a fixed place in its 16 bytes); `rbp_offset` holds the
+    /// (the stub pushes once, at a fixed place in its 16 bytes); `fp_offset` holds the
     /// threshold (11 for the classic PLT; the linker states it), rbp is unchanged.
     Plt = 3,
     /// A signal trampoline (`__restore_rt`; CIE augmentation `S`): the interrupted registers are
     /// in the `ucontext` on the stack. CFA = the 8 bytes at rsp + `cfa_offset` (the interrupted
     /// rsp); the next pc is the 8 bytes at rsp + `cfa_offset` + 8 (the interrupted rip, which is
-    /// no return address: it is looked up as it is, not minus one); rbp is as [`RbpKind`] says
-    /// (`AtRsp`).
+    /// no return address: it is looked up as it is, not minus one); the frame pointer is as
+    /// [`FpKind`] says (`AtSp`). The layout is the architecture's.
     Signal = 4,
     /// A rule the BPF unwinder does not evaluate (another base register, any other DWARF
-    /// expression, an offset that does not fit, a return address not at CFA - 8): the walk
-    /// stops here and counts it.
+    /// expression, an offset that does not fit, a return address where no [`RaKind`] puts
+    /// it): the walk stops here and counts it.
     Unsupported = 5,
 }
 
 impl CfaKind {
-    /// The kind a nibble encodes; values no kind has read as [`CfaKind::Unsupported`].
+    /// The kind three bits encode; values no kind has read as [`CfaKind::Unsupported`].
     pub const fn from_bits(bits: u8) -> Self {
         match bits {
             0 => CfaKind::NoRow,
-            1 => CfaKind::Rsp,
-            2 => CfaKind::Rbp,
+            1 => CfaKind::Sp,
+            2 => CfaKind::Fp,
             3 => CfaKind::Plt,
             4 => CfaKind::Signal,
             _ => CfaKind::Unsupported,
@@ -253,20 +264,20 @@ impl CfaKind {
     }
 }
 
-/// Where the caller's rbp is, and whether there is a caller at all. The high nibble of
-/// [`UnwindRow::kinds`].
+/// Where the caller's frame pointer is, and whether there is a caller at all. The high nibble
+/// of [`UnwindRow::kinds`].
 #[repr(u8)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum RbpKind {
-    /// rbp still holds the caller's value (no rule: the function has not saved it, or has
+pub enum FpKind {
+    /// FP still holds the caller's value (no rule: the function has not saved it, or has
     /// restored it).
     Unchanged = 0,
-    /// Saved at CFA + `rbp_offset` * 8.
+    /// Saved at CFA + `fp_offset` * 8.
     CfaOffset = 1,
-    /// Saved at rsp + `rbp_offset` * 8 (a signal frame's `ucontext`).
-    AtRsp = 2,
+    /// Saved at SP + `fp_offset` * 8 (a signal frame's `ucontext`).
+    AtSp = 2,
     /// Restored by a rule the BPF unwinder does not evaluate (another register, a value rule,
-    /// an expression): the caller's rbp is unknown, so a later rbp-based CFA cannot be found.
+    /// an expression): the caller's FP is unknown, so a later FP-based CFA cannot be found.
     Unsupported = 3,
     /// The return address is undefined: the outermost frame of the thread (`_start`, the child
     /// side of `clone`/`clone3`). The walk ends here, cleanly, whatever the CFA kind says; the
@@ -274,17 +285,31 @@ pub enum RbpKind {
     ReturnAddressUndefined = 4,
 }
 
-impl RbpKind {
-    /// The kind a nibble encodes; values no kind has read as [`RbpKind::Unsupported`].
+impl FpKind {
+    /// The kind a nibble encodes; values no kind has read as [`FpKind::Unsupported`].
     pub const fn from_bits(bits: u8) -> Self {
         match bits {
-            0 => RbpKind::Unchanged,
-            1 => RbpKind::CfaOffset,
-            2 => RbpKind::AtRsp,
-            4 => RbpKind::ReturnAddressUndefined,
-            _ => RbpKind::Unsupported,
+            0 => FpKind::Unchanged,
+            1 => FpKind::CfaOffset,
+            2 => FpKind::AtSp,
+            4 => FpKind::ReturnAddressUndefined,
+            _ => FpKind::Unsupported,
         }
     }
+}
+
+/// Where the caller's pc (the return address) is. Bit 3 of [`UnwindRow::kinds`]; 0, so every
+/// row written before the kind existed reads as [`RaKind::CfaMinus8`]. A return address
+/// anywhere else makes the row [`CfaKind::Unsupported`].
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RaKind {
+    /// Saved at CFA - 8: where x86-64's `call` pushes it, and where arm64's frame record puts
+    /// x30 once the prologue has saved it.
+    CfaMinus8 = 0,
+    /// Still in the link register (arm64's x30, before the prologue saves it). x86-64 has no
+    /// link register: its walk treats such a row as unsupported.
+    LinkRegister = 1,
 }
 
 /// One row of an executable's unwind table: from `pc` up to the next row's `pc`, how to find
@@ -298,49 +323,66 @@ impl RbpKind {
 /// |---|---|---|
 /// | 0..4 | `pc: u32` | first pc of the row, minus the table's base (an ELF address) |
 /// | 4..6 | `cfa_offset: u16` | per [`CfaKind`] |
-/// | 6 | `kinds: u8` | bits 0-3 [`CfaKind`], bits 4-7 [`RbpKind`] |
-/// | 7 | `rbp_offset: i8` | per [`RbpKind`], in units of 8 bytes; for [`CfaKind::Plt`] the threshold |
+/// | 6 | `kinds: u8` | bits 0-2 [`CfaKind`], bit 3 [`RaKind`], bits 4-7 [`FpKind`] |
+/// | 7 | `fp_offset: i8` | per [`FpKind`], in units of 8 bytes; for [`CfaKind::Plt`] the threshold |
 ///
 /// Why this shape: the anchors use 8 bytes (lightswitch) to 14 (Parca) per row, and a busy
 /// host holds hundreds of thousands of rows in BPF maps. A full u32 pc (offset from the base)
 /// avoids the page index a 16-bit pc needs (a second map and a second lookup per frame) for
 /// any binary whose code spans under 4 GiB; it fits in 8 bytes because the two kinds share a
-/// byte and the rbp offset is stored in 8-byte units: on x86_64 DWARF saves registers at
+/// byte and the FP offset is stored in 8-byte units: on x86_64 DWARF saves registers at
 /// multiples of the data alignment factor (-8), and measured saves lie within 120 bytes of the
 /// CFA (glibc, libstdc++, node), far inside the +-1 KiB an i8 reaches. A CFA offset beyond
-/// 64 KiB (a frame that large) or an rbp offset beyond reach makes the row `Unsupported`
+/// 64 KiB (a frame that large) or an FP offset beyond reach makes the row `Unsupported`
 /// rather than wrong.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct UnwindRow {
     /// First pc the row covers, as an offset from the table's base address.
     pub pc: u32,
-    /// [`CfaKind::Rsp`], [`CfaKind::Rbp`]: added to the register. [`CfaKind::Plt`]: the CFA
-    /// before the stub's push (8). [`CfaKind::Signal`]: where the interrupted rsp is, from rsp.
+    /// [`CfaKind::Sp`], [`CfaKind::Fp`]: added to the register. [`CfaKind::Plt`]: the CFA
+    /// before the stub's push (8). [`CfaKind::Signal`]: where the interrupted SP is, from SP.
     pub cfa_offset: u16,
-    /// [`CfaKind`] in the low nibble, [`RbpKind`] in the high one.
+    /// [`CfaKind`] in bits 0-2, [`RaKind`] in bit 3, [`FpKind`] in the high nibble.
     pub kinds: u8,
-    /// [`RbpKind::CfaOffset`], [`RbpKind::AtRsp`]: the offset in units of 8 bytes.
+    /// [`FpKind::CfaOffset`], [`FpKind::AtSp`]: the offset in units of 8 bytes.
     /// [`CfaKind::Plt`]: the `rip & 15` from which the stub has pushed.
-    pub rbp_offset: i8,
+    pub fp_offset: i8,
 }
 
 impl UnwindRow {
-    pub const fn new(pc: u32, cfa: CfaKind, cfa_offset: u16, rbp: RbpKind, rbp_offset: i8) -> Self {
+    /// A row whose return address is at CFA - 8 ([`RaKind::CfaMinus8`]).
+    pub const fn new(pc: u32, cfa: CfaKind, cfa_offset: u16, fp: FpKind, fp_offset: i8) -> Self {
         UnwindRow {
             pc,
             cfa_offset,
-            kinds: (cfa as u8) | ((rbp as u8) << 4),
-            rbp_offset,
+            kinds: (cfa as u8) | ((fp as u8) << 4),
+            fp_offset,
+        }
+    }
+
+    /// The same row with the return address where `ra` says.
+    pub const fn with_return_address(self, ra: RaKind) -> Self {
+        UnwindRow {
+            kinds: (self.kinds & !0x08) | ((ra as u8) << 3),
+            ..self
         }
     }
 
     pub const fn cfa_kind(&self) -> CfaKind {
-        CfaKind::from_bits(self.kinds & 0x0f)
+        CfaKind::from_bits(self.kinds & 0x07)
     }
 
-    pub const fn rbp_kind(&self) -> RbpKind {
-        RbpKind::from_bits(self.kinds >> 4)
+    pub const fn ra_kind(&self) -> RaKind {
+        if self.kinds & 0x08 == 0 {
+            RaKind::CfaMinus8
+        } else {
+            RaKind::LinkRegister
+        }
+    }
+
+    pub const fn fp_kind(&self) -> FpKind {
+        FpKind::from_bits(self.kinds >> 4)
     }
 }
 
@@ -446,17 +488,31 @@ pub const MAX_UNWIND_PROCS: u32 = 8192;
 
 /// `UnwindMapping::state`: no table for this code (anonymous memory, JIT, a binary without
 /// `.eh_frame`): frame pointers.
-pub const MAPPING_NO_TABLE: u32 = 0;
+pub const MAPPING_NO_TABLE: u16 = 0;
 /// `UnwindMapping::state`: the table is being built or waits for room: frame pointers, counted
 /// as [`UnwindOutcome::TableNotLoaded`].
-pub const MAPPING_TABLE_PENDING: u32 = 1;
+pub const MAPPING_TABLE_PENDING: u16 = 1;
 /// `UnwindMapping::state`: the rows are in `UNWIND_ROWS[pool][first_row..first_row + rows]`.
-pub const MAPPING_TABLE_LOADED: u32 = 2;
+pub const MAPPING_TABLE_LOADED: u16 = 2;
 /// `UnwindMapping::state`: the table was evicted at the row pools' ceiling: frame pointers,
 /// counted as [`UnwindOutcome::TableEvicted`].
-pub const MAPPING_TABLE_EVICTED: u32 = 3;
+pub const MAPPING_TABLE_EVICTED: u16 = 3;
 
-/// One executable mapping of a process, as the BPF unwinder sees it.
+/// The runtime that owns a mapping's code ([`UnwindMapping::runtime`]): the BPF walk hands a
+/// frame there to that runtime's walk (`agent-ebpf/src/runtimes/`), by this value, never by
+/// name. Adding a runtime adds a value here and a file there.
+#[repr(u16)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RuntimeId {
+    /// Native code: the walk steps through it with tables or frame pointers.
+    Native = 0,
+    /// CPython's eval loop: the frame stands for the Python frames its call runs
+    /// ([`PythonProc`], `PYTHON_PROCS`).
+    Python = 1,
+}
+
+/// One executable mapping of a process, as the BPF unwinder sees it. The agent may describe
+/// one mapping as several entries sharing a table, to mark the parts a runtime owns.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct UnwindMapping {
@@ -473,7 +529,9 @@ pub struct UnwindMapping {
     pub rows: u32,
     /// One of `MAPPING_NO_TABLE`, `MAPPING_TABLE_PENDING`, `MAPPING_TABLE_LOADED`,
     /// `MAPPING_TABLE_EVICTED`.
-    pub state: u32,
+    pub state: u16,
+    /// The [`RuntimeId`] owning this code, as its `u16`; 0 (native) for most.
+    pub runtime: u16,
     /// The pool holding the table: its index in `UNWIND_ROWS`.
     pub pool: u32,
 }
@@ -904,13 +962,6 @@ pub const MAX_PYTHON_PROCS: u32 = 4096;
 /// not, so the verifier checks the walk once; with a second map for the unknown case, it
 /// checked it once for each. No process has tgid 0.
 pub const PROCS_NO_MAPPINGS: u32 = 0;
-
-/// `PYTHON_PROCS`'s key for every process without an interpreter: a zeroed [`PythonProc`]
-/// (no eval-loop ranges) that the agent writes before the program runs. The walk's pointer to
-/// a process's interpreter is then never null and always into the same map, so the verifier
-/// checks the walk once; with a null case beside it, it checked it for each, and that was three
-/// fifths of the sampler's verification (and load time). No process has tgid 0.
-pub const PYTHON_NO_INTERPRETER: u32 = 0;
 
 /// [`PythonProc::entry_kind`]: 3.11's `is_entry` byte marks an eval call's first frame, which
 /// is emitted and ends that call's chain.

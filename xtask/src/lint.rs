@@ -6,6 +6,10 @@
 //! A module may name (`crate::x`) only modules declared before it. The check reads the code
 //! outside `#[cfg(test)]` items (tests may reach anywhere) with comments and strings removed, so
 //! a doc link or a message does not count as a dependency.
+//!
+//! The BPF crate (`agent-ebpf/src`) is held to the same rule at every depth ([`bpf`]): its
+//! `main.rs` declares the top-level modules bottom-up and each folder's `mod.rs` its files, and
+//! a file may name (`crate::`, `super::`, `self::`) only what is declared before it.
 
 use std::{
     collections::BTreeMap,
@@ -15,6 +19,7 @@ use std::{
 
 use anyhow::{bail, Context, Result};
 
+mod bpf;
 mod docs;
 
 /// Non-test lines past which a file is reported as a warning: time to think about which parts
@@ -98,6 +103,7 @@ pub fn lint(root: &Path) -> Result<()> {
             problems.push(edge.to_string());
         }
     }
+    problems.extend(bpf::check(root)?);
     problems.extend(docs::check(root)?);
     if !problems.is_empty() {
         bail!(

@@ -10,10 +10,7 @@ use aya::{
     },
     Ebpf, EbpfError, EbpfLoader,
 };
-use scorch_common::{
-    Control, ExecFile, PythonProc, MAX_COMMS, MAX_COUNT_KEYS, MAX_STACK_DEPTH,
-    PYTHON_NO_INTERPRETER,
-};
+use scorch_common::{Control, ExecFile, PythonProc, MAX_COMMS, MAX_COUNT_KEYS, MAX_STACK_DEPTH};
 
 use super::{
     maps::{
@@ -749,14 +746,7 @@ fn take_unwind_maps(
 ) -> Result<UnwindMaps, SamplerError> {
     let rows = take_outer(ebpf, "UNWIND_ROWS")?;
     let procs = take_outer(ebpf, "UNWIND_PROCS")?;
-    let mut python_procs: BpfHashMap<MapData, u32, PythonProc> = take(ebpf, "PYTHON_PROCS")?;
-    // Without it the program walks no user stack (see `PYTHON_NO_INTERPRETER`).
-    python_procs
-        .insert(PYTHON_NO_INTERPRETER, PythonProc::default(), 0)
-        .map_err(|source| SamplerError::Map {
-            name: "PYTHON_PROCS",
-            source,
-        })?;
+    let python_procs: BpfHashMap<MapData, u32, PythonProc> = take(ebpf, "PYTHON_PROCS")?;
     Ok(UnwindMaps {
         rows,
         pool_rows,

@@ -27,15 +27,16 @@ use std::{
 use aya::maps::{MapData, MapError};
 use object::{Object, ObjectSegment, SegmentFlags};
 use scorch_common::{
-    python_frame_parts, ProcMappings, PythonProc, ShortUserStack, UnwindEvent, UnwindMapping,
-    UnwindRow, UserStack, WalkedStack, EVENT_PYTHON_STACK, MAPPING_NO_TABLE, MAPPING_TABLE_EVICTED,
-    MAPPING_TABLE_LOADED, MAPPING_TABLE_PENDING, MAX_PROC_MAPPINGS, MAX_ROW_POOLS, MIN_POOL_ROWS,
-    PROCS_NO_MAPPINGS, PYTHON_ENTRY_CSTACK_OWNER, PYTHON_ENTRY_IS_ENTRY, PYTHON_EVAL_RANGES,
-    PYTHON_NO_CFRAME, SHORT_USER_STACK_ID,
+    python_frame_parts, ProcMappings, PythonProc, RuntimeId, ShortUserStack, UnwindEvent,
+    UnwindMapping, UnwindRow, UserStack, WalkedStack, EVENT_PYTHON_STACK, MAPPING_NO_TABLE,
+    MAPPING_TABLE_EVICTED, MAPPING_TABLE_LOADED, MAPPING_TABLE_PENDING, MAX_PROC_MAPPINGS,
+    MAX_ROW_POOLS, MIN_POOL_ROWS, PROCS_NO_MAPPINGS, PYTHON_ENTRY_CSTACK_OWNER,
+    PYTHON_ENTRY_IS_ENTRY, PYTHON_EVAL_RANGES, PYTHON_NO_CFRAME, SHORT_USER_STACK_ID,
 };
 
 use super::{
     kernel_maps::{initial_process_entries, is_full, PoolMaps, ProcMap},
+    owned::mark_owned,
     pool::RowPools,
     UnwindTable,
 };
@@ -971,8 +972,17 @@ impl Unwinder {
         };
         // Mappings with a table first: when a process has more than the BPF side holds, the
         // ones left out fall back to frame pointers either way.
+        let python = self.python_proc(pid);
         let mut chosen: Vec<UnwindMapping> = mappings.iter().map(|m| self.describe(m)).collect();
-        chosen.sort_by_key(|m| (m.state == MAPPING_NO_TABLE, m.start));
+        // The walk hands an eval-loop frame to Python's walk when its mapping says so.
+        if let Some((value, _)) = &python {
+            let count = (value.eval_count as usize).min(PYTHON_EVAL_RANGES);
+            let ranges: Vec<(u64, u64)> = (0..count)
+                .map(|i| (value.eval_start[i], value.eval_end[i]))
+                .collect();
+            chosen = mark_owned(chosen, &ranges, RuntimeId::Python);
+        }
+        chosen.sort_by_key(|m| (m.state == MAPPING_NO_TABLE && m.runtime == 0, m.start));
         chosen.truncate(MAX_PROC_MAPPINGS);
         chosen.sort_by_key(|m| m.start);
         value.count = chosen.len() as u32;
@@ -996,15 +1006,14 @@ impl Unwinder {
             }
         }
         inserted.map_err(|source| LoaderError::Procs { pid, source })?;
-        self.write_python(pid);
+        self.write_python(pid, python);
         Ok(())
     }
 
     /// Writes (or removes) `pid`'s interpreter in `PYTHON_PROCS`: when it maps a CPython
     /// interpreter and glibc, both with loaded tables. A full map leaves the process's Python
     /// frames unwalked (its eval loop shows as native frames), as does any other failure.
-    fn write_python(&mut self, pid: u32) {
-        let described = self.python_proc(pid);
+    fn write_python(&mut self, pid: u32, described: Option<(PythonProc, PythonProcess)>) {
         let before = self.python.get(&pid).copied();
         match described {
             Some((value, process)) => {

@@ -19,6 +19,7 @@ pub use kernel_maps::initial_process_entries;
 pub mod loader;
 pub mod metrics;
 mod optimize;
+mod owned;
 mod pcsp;
 mod pool;
 pub mod row;
@@ -29,7 +30,7 @@ use gimli::{BaseAddresses, DebugFrame, EhFrame, LittleEndian};
 use object::{Object, ObjectSection, ObjectSegment, SegmentFlags};
 
 use convert::{Converted, FdeCounts, Section};
-pub use row::{CfaKind, RbpKind, UnwindRow};
+pub use row::{CfaKind, FpKind, UnwindRow};
 
 use scorch_common::{last_at_or_below, UNWIND_SEARCH_STEPS};
 
@@ -109,7 +110,7 @@ pub struct UnwindStats {
     pub end_markers: usize,
     /// Rows whose CFA the BPF side cannot find ([`CfaKind::Unsupported`]).
     pub unsupported_cfa: usize,
-    /// Rows whose caller's rbp it cannot find ([`RbpKind::Unsupported`]).
+    /// Rows whose caller's rbp it cannot find ([`FpKind::Unsupported`]).
     pub unsupported_rbp: usize,
 }
 
@@ -267,7 +268,7 @@ impl UnwindTable {
                 .count(),
             unsupported_rbp: rows
                 .iter()
-                .filter(|row| row.rbp_kind() == RbpKind::Unsupported)
+                .filter(|row| row.fp_kind() == FpKind::Unsupported)
                 .count(),
         };
         Ok(UnwindTable {
@@ -589,8 +590,8 @@ mod tests {
         /// Compared when known.
         cfa_offset: Option<u16>,
         /// The rbp kinds readelf's column allows (`exp` does not say which expression).
-        rbp: Vec<RbpKind>,
-        rbp_offset: Option<i8>,
+        rbp: Vec<FpKind>,
+        fp_offset: Option<i8>,
     }
 
     fn expected(row: &ReferenceRow, signal: bool, in_plt: bool) -> Expected {
@@ -607,9 +608,9 @@ mod tests {
         let (cfa, cfa_offset) = if !ra_where_expected {
             (CfaKind::Unsupported, None)
         } else if let Some(offset) = row.cfa.strip_prefix("rsp+") {
-            fit(CfaKind::Rsp, offset)
+            fit(CfaKind::Sp, offset)
         } else if let Some(offset) = row.cfa.strip_prefix("rbp+") {
-            fit(CfaKind::Rbp, offset)
+            fit(CfaKind::Fp, offset)
         } else if row.cfa == "exp" && signal {
             (CfaKind::Signal, None)
         } else if row.cfa == "exp" && in_plt {
@@ -617,23 +618,23 @@ mod tests {
         } else {
             (CfaKind::Unsupported, None)
         };
-        let (rbp, rbp_offset) = match row.rbp.as_deref() {
-            _ if ra == Some("u") => (vec![RbpKind::ReturnAddressUndefined], None),
-            None | Some("u") | Some("s") => (vec![RbpKind::Unchanged], None),
-            Some("exp") if signal => (vec![RbpKind::AtRsp], None),
-            Some("exp") => (vec![RbpKind::AtRsp, RbpKind::Unsupported], None),
+        let (rbp, fp_offset) = match row.rbp.as_deref() {
+            _ if ra == Some("u") => (vec![FpKind::ReturnAddressUndefined], None),
+            None | Some("u") | Some("s") => (vec![FpKind::Unchanged], None),
+            Some("exp") if signal => (vec![FpKind::AtSp], None),
+            Some("exp") => (vec![FpKind::AtSp, FpKind::Unsupported], None),
             Some(saved) => match saved.strip_prefix('c').map(str::parse::<i64>) {
                 Some(Ok(offset)) if offset % 8 == 0 && (-1024..1024).contains(&offset) => {
-                    (vec![RbpKind::CfaOffset], Some((offset / 8) as i8))
+                    (vec![FpKind::CfaOffset], Some((offset / 8) as i8))
                 }
-                _ => (vec![RbpKind::Unsupported], None),
+                _ => (vec![FpKind::Unsupported], None),
             },
         };
         Expected {
             cfa,
             cfa_offset,
             rbp,
-            rbp_offset,
+            fp_offset,
         }
     }
 
@@ -739,12 +740,12 @@ mod tests {
                     fidelity.plt += usize::from(expected.cfa == CfaKind::Plt);
                     fidelity.signal += usize::from(expected.cfa == CfaKind::Signal);
                     fidelity.bottom +=
-                        usize::from(expected.rbp == [RbpKind::ReturnAddressUndefined]);
+                        usize::from(expected.rbp == [FpKind::ReturnAddressUndefined]);
                     fidelity.unsupported += usize::from(expected.cfa == CfaKind::Unsupported);
                     row.cfa_kind() == expected.cfa
                         && expected.cfa_offset.is_none_or(|o| o == row.cfa_offset)
-                        && expected.rbp.contains(&row.rbp_kind())
-                        && expected.rbp_offset.is_none_or(|o| o == row.rbp_offset)
+                        && expected.rbp.contains(&row.fp_kind())
+                        && expected.fp_offset.is_none_or(|o| o == row.fp_offset)
                 }
                 _ => false,
             };
@@ -846,7 +847,7 @@ mod tests {
             .unwrap();
         let row = table.lookup(address + 1).unwrap();
         assert!(
-            matches!(row.cfa_kind(), CfaKind::Rsp | CfaKind::Rbp),
+            matches!(row.cfa_kind(), CfaKind::Sp | CfaKind::Fp),
             "{row:?}"
         );
     }
@@ -863,7 +864,7 @@ mod tests {
             for (byte, cfa) in [(0, 8), (6, 8), (10, 8), (11, 16), (15, 16)] {
                 let row = table.lookup(stub + byte).unwrap();
                 assert_eq!(row.cfa_kind(), CfaKind::Plt, "{:#x}", stub + byte);
-                let pushed = (stub + byte) & 15 >= row.rbp_offset as u64;
+                let pushed = (stub + byte) & 15 >= row.fp_offset as u64;
                 assert_eq!(u64::from(row.cfa_offset) + 8 * u64::from(pushed), cfa);
             }
         }
@@ -883,15 +884,10 @@ mod tests {
             .expect("libc has __restore_rt");
         let row = table.lookup(restore_rt).unwrap();
         assert_eq!(
-            (
-                row.cfa_kind(),
-                row.cfa_offset,
-                row.rbp_kind(),
-                row.rbp_offset
-            ),
+            (row.cfa_kind(), row.cfa_offset, row.fp_kind(), row.fp_offset),
             // The kernel's sigcontext: rbp at 120, rsp at 160, rip at 168 from the ucontext's
             // machine context as rsp finds it.
-            (CfaKind::Signal, 160, RbpKind::AtRsp, 15)
+            (CfaKind::Signal, 160, FpKind::AtSp, 15)
         );
         // The FDE starts a byte early so that a caller's `pc - 1` lookup finds it too.
         assert_eq!(table.lookup(restore_rt - 1), Some(row));
@@ -987,10 +983,10 @@ mod tests {
             (
                 body.cfa_kind(),
                 body.cfa_offset,
-                body.rbp_kind(),
-                body.rbp_offset
+                body.fp_kind(),
+                body.fp_offset
             ),
-            (CfaKind::Rbp, 16, RbpKind::CfaOffset, -2)
+            (CfaKind::Fp, 16, FpKind::CfaOffset, -2)
         );
 
         // Without `.debug_frame`, from the separate debug file; without either, an error.

@@ -65,12 +65,12 @@ fn compact(rows: &mut Vec<UnwindRow>) {
 mod tests {
     use super::super::{
         convert::Function,
-        row::{narrow, no_row, Cfa, Rbp},
+        row::{narrow, no_row, Cfa, FpRule},
     };
     use super::*;
 
     fn rsp(pc: u32, offset: i64) -> UnwindRow {
-        narrow(pc, Cfa::Rsp(offset), Rbp::Unchanged)
+        narrow(pc, Cfa::Sp(offset), FpRule::Unchanged)
     }
 
     /// Converted rows from functions given as their rows, in section order.

@@ -15,7 +15,7 @@ use crate::binary::gopclntab::{GoFunc, Pclntab};
 
 use super::{
     convert::{Converted, FdeCounts, Function, MAX_ROWS},
-    row::{self, Cfa, Rbp},
+    row::{self, Cfa, FpRule},
     Code,
 };
 
@@ -122,28 +122,28 @@ fn rows_of(
 
 /// The one rule of a function the walk stops at: complete at the bottom of a stack,
 /// unsupported where it would leave this stack; `None` for the others.
-fn stop_of(func: &GoFunc) -> Option<(Cfa, Rbp)> {
+fn stop_of(func: &GoFunc) -> Option<(Cfa, FpRule)> {
     if func.top_frame || OUTERMOST.contains(&func.name) {
-        Some((Cfa::Rsp(8), Rbp::ReturnAddressUndefined))
+        Some((Cfa::Sp(8), FpRule::ReturnAddressUndefined))
     } else if func.spwrite || STACK_SWITCHES.contains(&func.name) {
-        Some((Cfa::Unsupported, Rbp::Unsupported))
+        Some((Cfa::Unsupported, FpRule::Unsupported))
     } else {
         None
     }
 }
 
 /// The rule at a pc where the function has moved rsp `delta` bytes below its entry.
-fn rule(delta: i32) -> (Cfa, Rbp) {
+fn rule(delta: i32) -> (Cfa, FpRule) {
     if delta < 0 {
-        return (Cfa::Unsupported, Rbp::Unsupported);
+        return (Cfa::Unsupported, FpRule::Unsupported);
     }
-    let cfa = Cfa::Rsp(i64::from(delta) + 8);
+    let cfa = Cfa::Sp(i64::from(delta) + 8);
     // A frame holds the caller's rbp first; a function that has not moved rsp has not
     // touched rbp.
     let rbp = if delta >= 8 {
-        Rbp::CfaOffset(-16)
+        FpRule::CfaOffset(-16)
     } else {
-        Rbp::Unchanged
+        FpRule::Unchanged
     };
     (cfa, rbp)
 }
@@ -154,9 +154,9 @@ mod tests {
 
     #[test]
     fn deltas_become_rsp_rules_with_the_saved_rbp_below_the_return_address() {
-        assert_eq!(rule(0), (Cfa::Rsp(8), Rbp::Unchanged));
-        assert_eq!(rule(8), (Cfa::Rsp(16), Rbp::CfaOffset(-16)));
-        assert_eq!(rule(0x58), (Cfa::Rsp(0x60), Rbp::CfaOffset(-16)));
-        assert_eq!(rule(-8), (Cfa::Unsupported, Rbp::Unsupported));
+        assert_eq!(rule(0), (Cfa::Sp(8), FpRule::Unchanged));
+        assert_eq!(rule(8), (Cfa::Sp(16), FpRule::CfaOffset(-16)));
+        assert_eq!(rule(0x58), (Cfa::Sp(0x60), FpRule::CfaOffset(-16)));
+        assert_eq!(rule(-8), (Cfa::Unsupported, FpRule::Unsupported));
     }
 }

@@ -1,10 +1,12 @@
 //! CPython frames, walked where the native walk meets the interpreter's eval loop.
 //!
-//! When a frame's pc lies in `_PyEval_EvalFrameDefault` (or a part the compiler split off it)
-//! of a process in `PYTHON_PROCS`, that native frame is replaced by the Python frames this
-//! call of the eval loop runs, innermost first, and the native walk goes on from the eval
-//! loop's own C frame. A per-walk cursor (`WalkState::python_frame`) remembers where the
-//! chain stopped, so the next eval frame further down continues it.
+//! The agent marks `_PyEval_EvalFrameDefault` (and the parts the compiler split off it) as
+//! mappings of their own owned by [`RuntimeId::Python`](scorch_common::RuntimeId) when it
+//! writes a process's `PYTHON_PROCS` entry. When the native walk meets a frame there, it
+//! hands the frame over ([`walk`]): the frame is replaced by the Python frames this call of
+//! the eval loop runs, innermost first, and the native walk goes on from the eval loop's own
+//! C frame. A per-walk cursor ([`PythonWalk`], in `PYTHON_WALK`) remembers where the chain
+//! stopped, so the next eval frame further down continues it.
 //!
 //! The first eval frame finds the thread's state from the thread's `fs` base (read from the
 //! task, at the offset the agent took from BTF): through CPython's `autoTSSkey` (3.11 to
@@ -24,34 +26,46 @@ use aya_ebpf::{
 use scorch_common::{
     python_frame_word, PythonCount, PythonProc, COUNTER_RUNS, MAX_PYTHON_PROCS,
     MAX_USER_STACK_DEPTH, PYTHON_COUNTS, PYTHON_ENTRY_CSTACK_OWNER, PYTHON_ENTRY_IS_ENTRY,
-    PYTHON_EVAL_RANGES, PYTHON_NO_CFRAME, PYTHON_NO_INTERPRETER,
+    PYTHON_NO_CFRAME,
 };
 
-use crate::unwind::{repeat, WalkState};
+use crate::shared::{
+    counters,
+    loops::repeat,
+    stack::{push_frame, WalkState, WALK},
+};
 
 /// Processes running a CPython interpreter, written by the agent; not preallocated.
 #[map]
 static PYTHON_PROCS: HashMap<u32, PythonProc> =
-    HashMap::with_max_entries(MAX_PYTHON_PROCS, crate::BPF_F_NO_PREALLOC);
+    HashMap::with_max_entries(MAX_PYTHON_PROCS, crate::shared::flags::BPF_F_NO_PREALLOC);
 
 /// Per-CPU counters indexed by [`PythonCount`]; cumulative, the agent takes differences.
 #[map]
 static PYTHON_COUNTS_MAP: PerCpuArray<u64> =
     PerCpuArray::with_max_entries(PYTHON_COUNTS * COUNTER_RUNS, 0);
 
+/// Python's part of a walk: where its chain stopped. One per `WALK` slot, like the walk.
+#[repr(C)]
+struct PythonWalk {
+    /// The walk (`WalkState::serial`) this state belongs to; another one starts afresh.
+    serial: u64,
+    /// Non-zero once the walk looked for the thread's Python frames.
+    started: u32,
+    /// Explicit padding.
+    _reserved: u32,
+    /// The next Python frame to emit, at the next eval-loop frame; 0 when there is none.
+    frame: u64,
+}
+
+/// Python's per-walk state, by the walk's `WALK` slot.
+#[map]
+static PYTHON_WALK: PerCpuArray<PythonWalk> = PerCpuArray::with_max_entries(2, 0);
+
 /// `offsetof(struct task_struct, thread.fsbase)` on the running kernel, set by the agent
 /// before load from the kernel's BTF; 0 leaves Python frames unwalked.
 #[unsafe(no_mangle)]
 static TASK_FSBASE: u32 = 0;
-
-/// The interpreter of `tgid`, or the entry of processes without one (no eval-loop ranges:
-/// every frame stays native); `None` only when the agent has not written that entry yet.
-#[inline(always)]
-pub fn process(tgid: u32) -> Option<*const PythonProc> {
-    PYTHON_PROCS
-        .get_ptr(tgid)
-        .or_else(|| PYTHON_PROCS.get_ptr(PYTHON_NO_INTERPRETER))
-}
 
 /// After an exec the process runs another program: forget its interpreter.
 #[inline(always)]
@@ -59,26 +73,9 @@ pub fn forget(tgid: u32) {
     let _ = PYTHON_PROCS.remove(tgid);
 }
 
-/// Whether `pc` lies in the interpreter's eval loop.
 #[inline(always)]
-pub fn in_eval_loop(python: &PythonProc, pc: u64) -> bool {
-    let mut i = 0;
-    let mut found = false;
-    while i < PYTHON_EVAL_RANGES {
-        if (i as u32) < python.eval_count && pc >= python.eval_start[i] && pc < python.eval_end[i] {
-            found = true;
-        }
-        i += 1;
-    }
-    found
-}
-
-#[inline(always)]
-fn count(counters: u32, kind: PythonCount) {
-    if let Some(counter) = PYTHON_COUNTS_MAP.get_ptr_mut(counters * PYTHON_COUNTS + kind as u32) {
-        // SAFETY: this CPU's slot; the program cannot run twice at once on one CPU.
-        unsafe { *counter += 1 };
-    }
+fn count(run: u32, kind: PythonCount, n: u64) {
+    counters::add(&PYTHON_COUNTS_MAP, run * PYTHON_COUNTS + kind as u32, n);
 }
 
 #[inline(always)]
@@ -142,7 +139,7 @@ fn current_frame(python: &PythonProc) -> Option<u64> {
 /// at each iteration, so the verifier could never find a state it had seen and walked the loop
 /// once per count, then the rest of the walk once per exit: work that grows with the frame
 /// limit, paid in system time at every load. The count lives in the walk's map value
-/// (`WalkState::python_frames`), which the verifier does not track, so the loop is checked in
+/// (`WalkState::runtime_frames`), which the verifier does not track, so the loop is checked in
 /// a few passes whatever the limit.
 #[repr(C)]
 struct Chain {
@@ -154,26 +151,26 @@ struct Chain {
 
 /// One Python frame of a [`Chain`]. Returns 1 when the chain of this eval call ends.
 extern "C" fn chain_step(_index: u64, context: *mut c_void) -> i64 {
-    // SAFETY: `emit` passes its `Chain`, whose pointers are map values.
+    // SAFETY: `walk` passes its `Chain`, whose pointers are map values.
     let chain = unsafe { &mut *(context as *mut Chain) };
     chain_frame(chain)
 }
 
 #[inline(always)]
 fn chain_frame(chain: &mut Chain) -> i64 {
-    // SAFETY: `emit` passes its `Chain`, whose pointers are map values.
+    // SAFETY: `walk` passes its `Chain`, whose pointers are map values.
     let (walk, python) = unsafe { (&mut *chain.walk, &*chain.python) };
     let frame = chain.frame;
     if frame == 0 {
         return 1;
     }
     let Some(previous) = read_u64(frame.wrapping_add(python.frame_previous as u64)) else {
-        count(walk.counters, PythonCount::FrameReadFault);
+        count(walk.counters, PythonCount::FrameReadFault, 1);
         chain.frame = 0;
         return 1;
     };
     let Some(marker) = read_u8(frame.wrapping_add(python.entry_offset as u64)) else {
-        count(walk.counters, PythonCount::FrameReadFault);
+        count(walk.counters, PythonCount::FrameReadFault, 1);
         chain.frame = 0;
         return 1;
     };
@@ -183,7 +180,7 @@ fn chain_frame(chain: &mut Chain) -> i64 {
         return 1;
     }
     let Some(code) = read_u64(frame.wrapping_add(python.frame_code as u64)) else {
-        count(walk.counters, PythonCount::FrameReadFault);
+        count(walk.counters, PythonCount::FrameReadFault, 1);
         chain.frame = 0;
         return 1;
     };
@@ -201,19 +198,15 @@ fn chain_frame(chain: &mut Chain) -> i64 {
         };
         python_frame_word(code, units)
     } else {
-        count(walk.counters, PythonCount::UnknownCode);
+        count(walk.counters, PythonCount::UnknownCode, 1);
         python_frame_word(0, 0)
     };
-    let len = walk.stack.len as usize;
-    let Some(slot) = walk.stack.pcs.get_mut(len) else {
-        count(walk.counters, PythonCount::FrameLimit);
+    if !push_frame(walk, word) {
+        count(walk.counters, PythonCount::FrameLimit, 1);
         chain.frame = 0;
         return 1;
-    };
-    *slot = word;
-    walk.stack.len = len as u32 + 1;
-    walk.stack.hash = (walk.stack.hash ^ word).wrapping_mul(0x0000_0100_0000_01b3);
-    walk.python_frames += 1;
+    }
+    walk.runtime_frames += 1;
     chain.frame = previous;
     // 3.11: the call's first frame is marked, and emitted.
     if python.entry_kind == PYTHON_ENTRY_IS_ENTRY && marker != 0 {
@@ -222,38 +215,63 @@ fn chain_frame(chain: &mut Chain) -> i64 {
     0
 }
 
-/// Emits the Python frames of the eval call whose C frame the walk is at; returns how many.
-/// The first call of a walk finds the thread's innermost frame.
+/// Replaces the eval-loop frame the walk in `WALK`'s `slot` is at with the Python frames of
+/// its eval call; returns 0.
+///
+/// A global function (not static, never inlined, only scalars in and out), so the verifier
+/// checks Python's walk once, on its own, whatever the native walk's states: its work is
+/// added to the walk's, not multiplied by it.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn scorch_python_walk(slot: u32) -> u32 {
+    if let Some(walk) = WALK.get_ptr_mut(slot) {
+        // SAFETY: this CPU's walk state, which the walk that called this has handed over.
+        walk_at(unsafe { &mut *walk });
+    }
+    0
+}
+
+/// The eval call's Python frames in place of the frame `walk` is at. The first one of a walk
+/// finds the thread's innermost frame.
 #[inline(always)]
-pub fn emit(walk: &mut WalkState, python: &PythonProc) -> u32 {
-    if walk.python_started == 0 {
-        walk.python_started = 1;
+fn walk_at(walk: &mut WalkState) {
+    // No entry (the map was full, or the process exec'd since its mappings were written):
+    // the frame stays native.
+    let Some(python) = PYTHON_PROCS.get_ptr(walk.tgid) else {
+        return;
+    };
+    let Some(cursor) = PYTHON_WALK.get_ptr_mut(walk.slot) else {
+        return;
+    };
+    // SAFETY: map values, alive while the program runs; the cursor is this CPU's, and the
+    // interpreter entry is only read.
+    let (python, cursor) = unsafe { (&*python, &mut *cursor) };
+    if cursor.serial != walk.serial {
+        cursor.serial = walk.serial;
+        cursor.started = 0;
+        cursor.frame = 0;
+    }
+    if cursor.started == 0 {
+        cursor.started = 1;
         match current_frame(python) {
-            Some(frame) => walk.python_frame = frame,
-            None => {
-                count(walk.counters, PythonCount::NoThreadState);
-                walk.python_frame = 0;
-            }
+            Some(frame) => cursor.frame = frame,
+            None => count(walk.counters, PythonCount::NoThreadState, 1),
         }
     }
-    if walk.python_frame == 0 {
-        return 0;
+    if cursor.frame == 0 {
+        return;
     }
-    let before = walk.python_frames;
+    let before = walk.runtime_frames;
     let mut chain = Chain {
         walk: walk as *mut WalkState,
         python: python as *const PythonProc,
-        frame: walk.python_frame,
+        frame: cursor.frame,
     };
     repeat(MAX_USER_STACK_DEPTH as u32, chain_step, &mut chain);
-    walk.python_frame = chain.frame;
-    let emitted = walk.python_frames.wrapping_sub(before);
+    cursor.frame = chain.frame;
+    let emitted = walk.runtime_frames.wrapping_sub(before);
     if emitted > 0 {
-        let index = walk.counters * PYTHON_COUNTS + PythonCount::Frames as u32;
-        if let Some(counter) = PYTHON_COUNTS_MAP.get_ptr_mut(index) {
-            // SAFETY: this CPU's slot; the program cannot run twice at once on one CPU.
-            unsafe { *counter += emitted as u64 };
-        }
+        walk.claimed = 1;
+        count(walk.counters, PythonCount::Frames, u64::from(emitted));
     }
-    emitted
 }

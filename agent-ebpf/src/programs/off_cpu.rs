@@ -31,14 +31,17 @@ use aya_ebpf::{
 };
 use scorch_common::{
     off_cpu_probability, OffCpuControl, OffCpuCount, OffCpuEvent, OffCpuThread, UserStack,
-    FILTER_DENY, FILTER_NONE, MAX_OFF_CPU_THREADS, OFF_CPU_COUNTER_RUN, OFF_CPU_COUNTS,
-    OFF_CPU_KERNEL_DEPTH, OFF_CPU_PREEMPTED, OFF_CPU_USER_STACKS, OFF_CPU_WALKS_PER_EVENT,
-    TASK_DEAD,
+    MAX_OFF_CPU_THREADS, OFF_CPU_COUNTER_RUN, OFF_CPU_COUNTS, OFF_CPU_KERNEL_DEPTH,
+    OFF_CPU_PREEMPTED, OFF_CPU_USER_STACKS, OFF_CPU_WALKS_PER_EVENT, TASK_DEAD,
 };
 
 use crate::{
-    sampler::{CONTROL, PID_FILTER},
-    unwind,
+    shared::{
+        control::{self, CONTROL},
+        counters,
+        stack::{mixed_hash, WALK_OFF_CPU},
+    },
+    walk,
 };
 
 /// The sampling knobs; see [`OffCpuControl`].
@@ -119,12 +122,8 @@ fn switch_out(
         return;
     }
     if let Some(sampler) = CONTROL.get(0) {
-        if sampler.filter_pids != FILTER_NONE {
-            // SAFETY: only tested for presence.
-            let listed = unsafe { PID_FILTER.get(tgid) }.is_some();
-            if listed == (sampler.filter_pids == FILTER_DENY) {
-                return;
-            }
+        if !control::process_wanted(sampler, tgid) {
+            return;
         }
     }
     let entry = match OFF_CPU_THREADS.get_ptr_mut(tid) {
@@ -187,16 +186,15 @@ fn switch_out(
 /// the same pc, sp and rbp).
 #[inline(always)]
 fn user_stack(entry: &mut OffCpuThread, tgid: u32) {
-    let Some(regs) = unwind::current_user_regs() else {
+    let Some(regs) = walk::current_user_regs() else {
         return;
     };
     count(OffCpuCount::Walks, 1);
-    let Some(walk) = unwind::walk_from(regs, tgid, unwind::WALK_OFF_CPU, OFF_CPU_COUNTER_RUN)
-    else {
+    let Some(walk) = walk::walk_from(regs, tgid, WALK_OFF_CPU, OFF_CPU_COUNTER_RUN) else {
         return;
     };
     // 0 means "none": a stack hashing to it is stored under 1.
-    let key = unwind::mixed_hash(walk).max(1);
+    let key = mixed_hash(walk).max(1);
     walk.stack.hash = key;
     // SAFETY: only tested for presence.
     if unsafe { OFF_CPU_USER_STACK_MAP.get(key) }.is_none()
@@ -320,8 +318,5 @@ fn take_budget(kind: u32, now: u64, limit: u64) -> bool {
 
 #[inline(always)]
 fn count(kind: OffCpuCount, n: u64) {
-    if let Some(counter) = OFF_CPU_COUNTS_MAP.get_ptr_mut(kind as u32) {
-        // SAFETY: this CPU's slot; the scheduler hook does not nest on one CPU.
-        unsafe { *counter += n };
-    }
+    counters::add(&OFF_CPU_COUNTS_MAP, kind as u32, n);
 }

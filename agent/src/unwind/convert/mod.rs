@@ -14,17 +14,14 @@ use gimli::{
 };
 
 use super::{
-    row::{self, Cfa, Rbp, UnwindRow},
+    row::{self, Cfa, FpRule, UnwindRow},
     Code, UnwindError,
 };
+use x86_64::{plt_cfa, return_address_where_read, signal_cfa, sp_offset, FP, RA, SP};
 
-type Slice<'data> = EndianSlice<'data, LittleEndian>;
+mod x86_64;
 
-/// x86_64 DWARF register numbers (System V psABI, "DWARF Register Number Mapping").
-const RBP: Register = Register(6);
-const RSP: Register = Register(7);
-/// The return address column (rip).
-const RA: Register = Register(16);
+pub(super) type Slice<'data> = EndianSlice<'data, LittleEndian>;
 
 /// Most rows one table may hold before its optimisation, 64 MiB of them: a crafted section
 /// (one row per byte of CFI) cannot make the agent allocate without bound. ClickHouse, the
@@ -223,7 +220,7 @@ fn rule_of<'data, S>(
     encoding: gimli::Encoding,
     signal: bool,
     ra_is_rip: bool,
-) -> (Cfa, Rbp)
+) -> (Cfa, FpRule)
 where
     S: UnwindSection<Slice<'data>>,
 {
@@ -231,13 +228,13 @@ where
     let ra = dwarf_row.register(RA);
     let cfa = match dwarf_row.cfa() {
         CfaRule::RegisterAndOffset {
-            register: RSP,
+            register: SP,
             offset,
-        } => Cfa::Rsp(*offset),
+        } => Cfa::Sp(*offset),
         CfaRule::RegisterAndOffset {
-            register: RBP,
+            register: FP,
             offset,
-        } => Cfa::Rbp(*offset),
+        } => Cfa::Fp(*offset),
         CfaRule::RegisterAndOffset { .. } => Cfa::Unsupported,
         CfaRule::Expression(cfa) => match expression(cfa) {
             Some(cfa) if signal => signal_cfa(cfa, encoding).unwrap_or(Cfa::Unsupported),
@@ -249,37 +246,28 @@ where
     // anywhere else (`setcontext`'s, `__start_context`'s) is one it cannot unwind. An
     // undefined one ends the walk (below), and the CFA stays as DWARF gives it.
     let ra_where_expected = ra == RegisterRule::Undefined
-        || ra_is_rip
-            && match cfa {
-                Cfa::Signal { rsp_at } => match &ra {
-                    RegisterRule::Expression(ra) => expression(ra)
-                        .and_then(|ra| rsp_offset(ra, encoding))
-                        .is_some_and(|at| Some(at) == rsp_at.checked_add(8)),
-                    _ => false,
-                },
-                _ => ra == RegisterRule::Offset(-8),
-            };
+        || ra_is_rip && return_address_where_read(&ra, cfa, &expression, encoding);
     let cfa = if ra_where_expected {
         cfa
     } else {
         Cfa::Unsupported
     };
-    let rbp = match dwarf_row.register(RBP) {
+    let rbp = match dwarf_row.register(FP) {
         // gimli reports a register without a rule as undefined; rbp is callee-saved, so no
         // rule means the caller's value is still in it.
-        RegisterRule::Undefined | RegisterRule::SameValue => Rbp::Unchanged,
-        RegisterRule::Offset(offset) => Rbp::CfaOffset(offset),
+        RegisterRule::Undefined | RegisterRule::SameValue => FpRule::Unchanged,
+        RegisterRule::Offset(offset) => FpRule::CfaOffset(offset),
         RegisterRule::Expression(at) => {
-            match expression(&at).and_then(|at| rsp_offset(at, encoding)) {
-                Some(offset) => Rbp::AtRsp(offset),
-                None => Rbp::Unsupported,
+            match expression(&at).and_then(|at| sp_offset(at, encoding)) {
+                Some(offset) => FpRule::AtSp(offset),
+                None => FpRule::Unsupported,
             }
         }
-        _ => Rbp::Unsupported,
+        _ => FpRule::Unsupported,
     };
     // Checked first by the unwinder: the outermost frame ends the walk, whatever else it says.
     let rbp = if ra == RegisterRule::Undefined {
-        Rbp::ReturnAddressUndefined
+        FpRule::ReturnAddressUndefined
     } else {
         rbp
     };
@@ -289,7 +277,7 @@ where
 /// The operations of an expression of at most `MAX_OPERATIONS`, or `None` when it is longer
 /// or malformed: every expression the BPF side knows is short, so a longer one is unsupported
 /// without reading it all.
-fn operations<'data>(
+pub(super) fn operations<'data>(
     expression: Expression<Slice<'data>>,
     encoding: gimli::Encoding,
 ) -> Option<Vec<Operation<Slice<'data>>>> {
@@ -303,57 +291,4 @@ fn operations<'data>(
         operations.push(operation);
     }
     Some(operations)
-}
-
-/// `DW_OP_breg7 (rsp) N` alone: the address rsp + N.
-fn rsp_offset(expression: Expression<Slice<'_>>, encoding: gimli::Encoding) -> Option<i64> {
-    match operations(expression, encoding)?.as_slice() {
-        [Operation::RegisterOffset {
-            register: RSP,
-            offset,
-            ..
-        }] => Some(*offset),
-        _ => None,
-    }
-}
-
-/// The CFA of a signal trampoline: `DW_OP_breg7 (rsp) N; DW_OP_deref`, the interrupted rsp
-/// that the kernel saved in the `ucontext` on the stack.
-fn signal_cfa(expression: Expression<Slice<'_>>, encoding: gimli::Encoding) -> Option<Cfa> {
-    match operations(expression, encoding)?.as_slice() {
-        [Operation::RegisterOffset {
-            register: RSP,
-            offset,
-            ..
-        }, Operation::Deref {
-            size: 8,
-            space: false,
-            ..
-        }] => Some(Cfa::Signal { rsp_at: *offset }),
-        _ => None,
-    }
-}
-
-/// The CFA the linker gives a whole `.plt`:
-/// `DW_OP_breg7 (rsp) N; DW_OP_breg16 (rip) 0; DW_OP_lit15; DW_OP_and; DW_OP_litK; DW_OP_ge;
-/// DW_OP_lit3; DW_OP_shl; DW_OP_plus`, that is rsp + N, plus 8 from byte K of each 16-byte
-/// stub on, once the stub has pushed its relocation index (K is 11 in the classic layout).
-fn plt_cfa(expression: Expression<Slice<'_>>, encoding: gimli::Encoding) -> Option<Cfa> {
-    match operations(expression, encoding)?.as_slice() {
-        [Operation::RegisterOffset {
-            register: RSP,
-            offset: base,
-            ..
-        }, Operation::RegisterOffset {
-            register: RA,
-            offset: 0,
-            ..
-        }, Operation::UnsignedConstant { value: 15 }, Operation::And, Operation::UnsignedConstant { value: threshold }, Operation::Ge, Operation::UnsignedConstant { value: 3 }, Operation::Shl, Operation::Plus] => {
-            Some(Cfa::Plt {
-                base: *base,
-                threshold: *threshold,
-            })
-        }
-        _ => None,
-    }
 }

@@ -1,0 +1,231 @@
+//! The walk's state and the stack it fills, and the stores of walked stacks.
+//!
+//! [`WalkState`] is the one per-CPU record a walk carries from frame to frame (1 KiB of frames
+//! does not fit the 512-byte BPF stack). It names no runtime: a runtime's walk keeps its own
+//! state in its own map and adds frames with [`push_frame`]; the walk hands a frame to a
+//! runtime through [`WalkState::runtime`], a value read from the frame's mapping
+//! (`scorch_common::RuntimeId`).
+
+use aya_ebpf::{bindings::BPF_NOEXIST, btf_maps, macros::map, maps::PerCpuArray};
+use scorch_common::{
+    ShortUserStack, UnwindEvent, UserStack, WalkedStack, EVENT_PYTHON_STACK,
+    SHORT_USER_STACK_DEPTH, SHORT_USER_STACK_ID,
+};
+
+use crate::shared::events;
+
+/// A task's user registers as a walk starts from them (`crate::arch` reads them).
+#[derive(Clone, Copy)]
+pub struct UserRegs {
+    pub pc: u64,
+    pub sp: u64,
+    /// The frame pointer.
+    pub fp: u64,
+}
+
+/// Per-CPU walk state: slot [`WALK_SAMPLE`] for the perf-event sampler, [`WALK_OFF_CPU`] for
+/// the `sched_switch` program, so that one can never overwrite a walk of the other on the
+/// same CPU.
+#[map]
+pub static WALK: PerCpuArray<WalkState> = PerCpuArray::with_max_entries(2, 0);
+
+/// [`WALK`]'s slot for the perf-event sampler.
+pub const WALK_SAMPLE: u32 = 0;
+/// [`WALK`]'s slot for the off-CPU program.
+pub const WALK_OFF_CPU: u32 = 1;
+
+/// Words of the stack copied at once (512 bytes): a frame's words are most often within a
+/// few hundred bytes above the last frame's, and a read costs about as much for 512 bytes as
+/// for 8, so one read serves several frames. A power of two, to bound indices by masking.
+pub const WINDOW_WORDS: usize = 64;
+
+/// Not an outcome: the walk goes on.
+pub const WALKING: u32 = u32::MAX;
+
+/// The walk's registers and frames, in a per-CPU map value.
+#[repr(C)]
+pub struct WalkState {
+    pub pc: u64,
+    pub sp: u64,
+    /// The frame pointer.
+    pub fp: u64,
+    /// The pc to report in an `EVENT_UNKNOWN_PC`.
+    pub unknown_pc: u64,
+    /// Zero once a rule left the caller's frame pointer unknown.
+    pub fp_known: u32,
+    /// Non-zero when `pc` is a return address: its call instruction (pc - 1) is looked up.
+    pub return_address: u32,
+    /// `UnwindOutcome` of the end, or [`WALKING`].
+    pub stop: u32,
+    /// Non-zero when some frame fell back to frame pointers for lack of a mapping.
+    pub no_mapping: u32,
+    /// Non-zero when some frame fell back to frame pointers for lack of a loaded table.
+    pub table_pending: u32,
+    /// Non-zero when some frame fell back to frame pointers because its table was evicted.
+    pub table_evicted: u32,
+    /// Non-zero when some frame in a described mapping had no row and took a frame-pointer
+    /// step instead.
+    pub no_row_step: u32,
+    /// Non-zero when the frame just recorded had no row: the next iteration takes its
+    /// checked frame-pointer step.
+    pub no_row_next: u32,
+    /// The runtime whose walk runs in the next iteration (`RuntimeId`), 0 for the native walk.
+    pub runtime: u32,
+    /// Non-zero when the current frame was handed to its runtime already: the native walk
+    /// steps past it, and does not hand it over again.
+    pub handed: u32,
+    /// Non-zero when the runtime replaced the current frame with frames of its own: the
+    /// native walk steps past it without recording its pc.
+    pub claimed: u32,
+    /// Frames any runtime added to this walk.
+    pub runtime_frames: u32,
+    /// The run of the counter arrays this walk counts in (`COUNTER_RUNS`).
+    pub counters: u32,
+    /// Non-zero when the process map held the process.
+    pub known: u32,
+    /// The mapping of the frame last looked up, plus one; 0 when it was in none.
+    pub last_mapping: u32,
+    /// This walk's first entry in the row cache.
+    pub cache_base: u32,
+    /// The process walked.
+    pub tgid: u32,
+    /// [`WALK`]'s slot of this walk: a runtime keeps its per-walk state in the same slot of
+    /// its own map.
+    pub slot: u32,
+    /// Tells one walk of this slot from the next (bumped at each start), so a runtime's state
+    /// of an earlier walk is never taken for this one's.
+    pub serial: u64,
+    /// The row cache's tag of the entries valid for this walk.
+    pub cache_tag: u64,
+    /// The user address of `window[0]`.
+    pub window_base: u64,
+    /// How many words of `window` hold the stack from `window_base`; 0 before the first read.
+    pub window_words: u64,
+    /// Where the words read last begin in `window`.
+    pub window_index: u64,
+    /// A copy of the stack from `window_base`.
+    pub window: [u64; WINDOW_WORDS],
+    /// The frames, and their hash.
+    pub stack: UserStack,
+}
+
+/// Appends `word` (a pc, or a runtime's frame word) to the walked stack and its hash; false
+/// when the stack is full.
+#[inline(always)]
+pub fn push_frame(walk: &mut WalkState, word: u64) -> bool {
+    let len = walk.stack.len as usize;
+    let Some(slot) = walk.stack.pcs.get_mut(len) else {
+        return false;
+    };
+    *slot = word;
+    walk.stack.len = len as u32 + 1;
+    walk.stack.hash = (walk.stack.hash ^ word).wrapping_mul(0x0000_0100_0000_01b3);
+    true
+}
+
+/// The walked stack's identity: the frames' hash carries a word's high bits (a runtime
+/// frame's fields above the address) only into its own high bits, and ids are the low ones,
+/// so they are mixed down first (MurmurHash3's finaliser), or stacks differing in a line
+/// would collide.
+#[inline(always)]
+pub fn mixed_hash(walk: &WalkState) -> u64 {
+    let mut hash = walk.stack.hash ^ u64::from(walk.stack.len);
+    hash ^= hash >> 33;
+    hash = hash.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    hash ^= hash >> 33;
+    hash
+}
+
+/// A generation's map of the user stacks the program walked itself (`UNWIND_TABLES`), keyed
+/// by a hash of their pcs. Not preallocated: a 256-frame stack is 2 KiB, and the map must hold
+/// a whole window's samples when each is a stack of its own (a runtime's frames carry the
+/// instruction of each), so its memory follows what it holds. The agent's inner maps carry
+/// the same flag, which the kernel requires of an inner map.
+pub type UserStackMap =
+    btf_maps::HashMap<i32, UserStack, 1, { crate::shared::flags::BPF_F_NO_PREALLOC as usize }>;
+/// A generation's map of the walked stacks of at most `SHORT_USER_STACK_DEPTH` frames: the
+/// same, with a value a fifth the size, since the kernel's cost to allocate, copy and free an
+/// element follows its size.
+pub type ShortUserStackMap =
+    btf_maps::HashMap<i32, ShortUserStack, 1, { crate::shared::flags::BPF_F_NO_PREALLOC as usize }>;
+
+/// Why a walked stack was not stored.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum StoreError {
+    /// Another stack holds its id.
+    Collision,
+    /// The map refused it (full, or another error).
+    Refused,
+}
+
+/// Whether [`insert_new`] stored the stack or found it there.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Stored {
+    New,
+    Existing,
+}
+
+/// Inserts the walked stack of `tgid` into generation `generation`'s map for its size: the
+/// short stacks' (`short_stacks`) when it has at most `SHORT_USER_STACK_DEPTH` frames, else
+/// `stacks`. Returns its id.
+#[inline(always)]
+pub fn store_stack(
+    stacks: &UserStackMap,
+    short_stacks: &ShortUserStackMap,
+    walk: &mut WalkState,
+    tgid: u32,
+    generation: u32,
+) -> Result<i32, StoreError> {
+    // The stored hash is the mixed one, so a later sample compares like with like.
+    let hash = mixed_hash(walk);
+    walk.stack.hash = hash;
+    let low = (hash & 0x3fff_ffff) as i32;
+    let (id, stored) = if walk.stack.len as usize <= SHORT_USER_STACK_DEPTH {
+        // SAFETY: `ShortUserStack` is `UserStack`'s prefix, field for field (asserted in
+        // scorch-common), and the map copies only its size from this pointer.
+        let short = unsafe { &*(&walk.stack as *const UserStack).cast::<ShortUserStack>() };
+        let id = low | SHORT_USER_STACK_ID;
+        (id, insert_new(short_stacks, id, short, hash)?)
+    } else {
+        (low, insert_new(stacks, low, &walk.stack, hash)?)
+    };
+    if stored == Stored::New && walk.runtime_frames > 0 {
+        // A new stack with a runtime's frames: the agent reads what they point at soon, not
+        // at the window's end, when the process may be gone. No wakeup: these come in bursts
+        // (every stack is new again each window), and its 200 ms poll reads them.
+        events::send_quietly(UnwindEvent {
+            tgid,
+            kind: EVENT_PYTHON_STACK,
+            pc: (u64::from(generation) << 32) | u64::from(id as u32),
+        });
+    }
+    Ok(id)
+}
+
+/// Stores `stack` under `id` unless a stack is there.
+#[inline(always)]
+fn insert_new<V: WalkedStack, const FLAGS: usize>(
+    map: &btf_maps::HashMap<i32, V, 1, FLAGS>,
+    id: i32,
+    stack: &V,
+    hash: u64,
+) -> Result<Stored, StoreError> {
+    // SAFETY: only the hash is read; a concurrent writer of the same key writes the same hash.
+    if let Some(existing) = unsafe { map.get(id) } {
+        return if existing.hash() == hash {
+            Ok(Stored::Existing)
+        } else {
+            Err(StoreError::Collision)
+        };
+    }
+    match map.insert(id, stack, u64::from(BPF_NOEXIST)) {
+        Ok(()) => Ok(Stored::New),
+        // Another CPU stored a stack under this id in between: the same one, or a collision.
+        // SAFETY: as above.
+        Err(_) => match unsafe { map.get(id) } {
+            Some(existing) if existing.hash() == hash => Ok(Stored::Existing),
+            Some(_) => Err(StoreError::Collision),
+            None => Err(StoreError::Refused),
+        },
+    }
+}
