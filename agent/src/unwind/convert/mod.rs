@@ -246,7 +246,7 @@ where
     // anywhere else (`setcontext`'s, `__start_context`'s) is one it cannot unwind. An
     // undefined one ends the walk (below), and the CFA stays as DWARF gives it.
     let ra_where_expected = ra == RegisterRule::Undefined
-        || ra_is_rip && return_address_where_read(&ra, cfa, &expression, encoding);
+        || ra_is_rip && return_address_where_read(&ra, cfa, expression, encoding);
     let cfa = if ra_where_expected {
         cfa
     } else {
