@@ -409,9 +409,12 @@ mod tests {
             .spawn()
             .unwrap();
         let path = PathBuf::from(format!("/proc/{}/maps", child.id()));
-        // `sleep` has exec'd once its mappings hold its own code.
+        // `sleep` has exec'd once its mappings hold its own code and the vDSO: the kernel maps
+        // the vDSO last, after the binary and its interpreter, and a read in between sees the
+        // binary without it.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while !std::fs::read_to_string(&path).unwrap().contains("/sleep") {
+        let execd = |maps: String| maps.contains("/sleep") && maps.contains("[vdso]");
+        while !execd(std::fs::read_to_string(&path).unwrap()) {
             assert!(std::time::Instant::now() < deadline, "sleep never ran");
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
