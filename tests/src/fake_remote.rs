@@ -274,6 +274,23 @@ impl FakeRemote {
         self.lock().protocol_errors.clone()
     }
 
+    /// Stops `daemon`, which sent to this server, and checks how the exchange ended: the
+    /// daemon exited cleanly (its log in the error if not), and the server found nothing
+    /// malformed in what it received.
+    pub fn stop_sender(&self, daemon: crate::Daemon) -> Result<()> {
+        let (status, _, stderr) = daemon.stop()?;
+        anyhow::ensure!(
+            status.success(),
+            "scorch run exited with {status}:\n{stderr}"
+        );
+        anyhow::ensure!(
+            self.protocol_errors().is_empty(),
+            "{:?}",
+            self.protocol_errors()
+        );
+        Ok(())
+    }
+
     /// Debug-info uploads by build id.
     pub fn debuginfo(&self) -> BTreeMap<String, UploadedDebuginfo> {
         self.lock().debuginfo.clone()

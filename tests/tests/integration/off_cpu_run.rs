@@ -305,16 +305,7 @@ fn off_cpu_reaches(name: &str, protocol: Protocol, names: Option<(&str, &str)>) 
         },
     )?;
     blocker_truth(&mut workload)?;
-    let (status, _, stderr) = daemon.stop()?;
-    ensure!(
-        status.success(),
-        "scorch run exited with {status}:\n{stderr}"
-    );
-    ensure!(
-        fake.protocol_errors().is_empty(),
-        "{:?}",
-        fake.protocol_errors()
-    );
+    fake.stop_sender(daemon)?;
     let profiles = received_profiles(&fake)?;
     let mut off_cpu_file = None;
     for (i, (received, profile)) in profiles.iter().enumerate() {

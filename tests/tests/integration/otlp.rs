@@ -479,16 +479,7 @@ fn otlp_frames_arrive_with_their_types() -> Result<()> {
     )?;
     wait_windows(&daemon, 0.0, 5.0)?;
     wait_drained(&daemon, &fake, Duration::from_secs(40))?;
-    let (status, _, stderr) = daemon.stop()?;
-    ensure!(
-        status.success(),
-        "scorch run exited with {status}:\n{stderr}"
-    );
-    ensure!(
-        fake.protocol_errors().is_empty(),
-        "{:?}",
-        fake.protocol_errors()
-    );
+    fake.stop_sender(daemon)?;
 
     let only = |types: &BTreeMap<String, BTreeSet<u32>>, frame: &str, kind: u32| {
         let found = types.get(frame);

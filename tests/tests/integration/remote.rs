@@ -601,16 +601,7 @@ fn debug_info_reaches_parca(name: &str, signed_urls: bool) -> Result<()> {
         std::thread::sleep(Duration::from_millis(200));
     };
     let bytes = metric(&daemon.address, "scorch_debuginfo_uploaded_bytes_total")?;
-    let (status, _, stderr) = daemon.stop()?;
-    ensure!(
-        status.success(),
-        "scorch run exited with {status}:\n{stderr}"
-    );
-    ensure!(
-        fake.protocol_errors().is_empty(),
-        "{:?}",
-        fake.protocol_errors()
-    );
+    fake.stop_sender(daemon)?;
 
     // Each build id once: asked about once, and uploaded at most once.
     let calls = fake.debuginfo_calls();
