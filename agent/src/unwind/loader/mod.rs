@@ -27,11 +27,10 @@ use std::{
 use aya::maps::{MapData, MapError};
 use object::{Object, ObjectSegment, SegmentFlags};
 use scorch_common::{
-    python_frame_parts, ProcMappings, PythonProc, RuntimeId, ShortUserStack, UnwindEvent,
-    UnwindMapping, UnwindRow, UserStack, WalkedStack, EVENT_PYTHON_STACK, MAPPING_NO_TABLE,
-    MAPPING_TABLE_EVICTED, MAPPING_TABLE_LOADED, MAPPING_TABLE_PENDING, MAX_PROC_MAPPINGS,
-    MAX_ROW_POOLS, MIN_POOL_ROWS, PROCS_NO_MAPPINGS, PYTHON_ENTRY_CSTACK_OWNER,
-    PYTHON_ENTRY_IS_ENTRY, PYTHON_EVAL_RANGES, PYTHON_NO_CFRAME, SHORT_USER_STACK_ID,
+    ProcMappings, RuntimeId, ShortUserStack, UnwindEvent, UnwindMapping, UnwindRow, UserStack,
+    WalkedStack, EVENT_RUNTIME_STACK, MAPPING_NO_TABLE, MAPPING_TABLE_EVICTED,
+    MAPPING_TABLE_LOADED, MAPPING_TABLE_PENDING, MAX_PROC_MAPPINGS, MAX_ROW_POOLS, MIN_POOL_ROWS,
+    PROCS_NO_MAPPINGS, SHORT_USER_STACK_ID,
 };
 
 mod runtimes;
@@ -47,12 +46,8 @@ use crate::{
     pipeline::maps::UnwindMaps,
     process::maps::{own_vdso, MapEntry, ProcessMaps},
     process::open::open_mapped,
-    runtimes::{
-        image::{may_hold_runtime, Image},
-        libc::{specific_layout, SpecificLayout},
-        python::{interpreter, EntryMark, Interpreter, PythonMode, ThreadState},
-    },
-    symbolize::{elf::FileData, python::PythonProcess},
+    runtimes::Registry,
+    symbolize::elf::FileData,
 };
 use runtimes::{runtime, FileRuntime};
 
@@ -188,8 +183,8 @@ pub struct LoaderStats {
     /// Times a process's mappings found no room in `UNWIND_PROCS` (full): it walks by frame
     /// pointers until exits make room.
     pub processes_without_room: u64,
-    /// Processes whose Python frames the BPF side walks.
-    pub python_processes: usize,
+    /// Processes with a runtime the BPF side walks (one per runtime a process runs).
+    pub runtime_processes: usize,
 }
 
 impl std::fmt::Display for LoaderStats {
@@ -266,15 +261,16 @@ pub struct Unwinder {
     reported_full: Option<std::time::Instant>,
     /// Whether tables were asked for since the last [`Unwinder::install_tables`].
     requested: bool,
-    /// The binaries that are CPython interpreters or glibc.
+    /// The binaries that are a runtime's, or support one (glibc).
     runtimes: HashMap<FileKey, FileRuntime>,
-    /// Processes whose Python frames the BPF side walks, as the symbolizer names them.
-    python: HashMap<u32, PythonProcess>,
-    /// Changes to `python` the symbolizer has not taken yet.
-    python_changes: Vec<(u32, Option<PythonProcess>)>,
-    /// Code objects of new Python stacks (process, address), for the symbolizer to read
-    /// while their processes run.
-    python_code: HashSet<(u32, u64)>,
+    /// Each process's entry in each runtime's BPF map, as last written: a rewrite that
+    /// changes nothing is not a change for the symbolizer.
+    attached: HashMap<(u32, RuntimeId), Vec<u8>>,
+    /// Changes to `attached` the symbolizer has not taken yet.
+    attachment_changes: Vec<runtimes::AttachmentChange>,
+    /// Runtime frames of new stacks (process, word), for the symbolizer to read while their
+    /// processes run.
+    runtime_words: HashSet<(u32, u64)>,
     /// Processes whose maps were read while their dynamic loader was starting them
     /// ([`still_loading`]), with when they were first and last read: read again at a poll
     /// [`LOADING_REREAD`] after the last read until their libraries show, for
@@ -306,9 +302,9 @@ struct Loading {
 }
 
 impl Unwinder {
-    /// Takes over the maps and starts the table builder thread. With [`PythonMode::Off`] no
-    /// binary is looked at for an interpreter, so no process's Python frames are walked.
-    pub fn start(maps: UnwindMaps, python: PythonMode) -> Result<Self, LoaderError> {
+    /// Takes over the maps and starts the table builder thread, which asks `registry`'s
+    /// runtimes about each binary (none with an empty registry: no runtime frame is walked).
+    pub fn start(maps: UnwindMaps, registry: Registry) -> Result<Self, LoaderError> {
         let (requests, inbox) = mpsc::channel::<BuildRequest>();
         let (outbox, results) = mpsc::channel();
         std::thread::Builder::new()
@@ -323,8 +319,7 @@ impl Unwinder {
                         .ok();
                     let runtime = data
                         .as_ref()
-                        .filter(|_| python == PythonMode::Auto)
-                        .and_then(|data| runtime(data.bytes(), &path));
+                        .and_then(|data| runtime(&registry, data.bytes(), &path));
                     if outbox.send(BuildResult::Runtime(key, runtime)).is_err() {
                         break;
                     }
@@ -359,9 +354,9 @@ impl Unwinder {
             reported_full: None,
             requested: false,
             runtimes: HashMap::new(),
-            python: HashMap::new(),
-            python_changes: Vec::new(),
-            python_code: HashSet::new(),
+            attached: HashMap::new(),
+            attachment_changes: Vec::new(),
+            runtime_words: HashSet::new(),
             loading: HashMap::new(),
         };
         unwinder.load_vdso()?;
@@ -395,21 +390,21 @@ impl Unwinder {
     ) -> Result<Vec<(u32, ProcessMaps)>, LoaderError> {
         self.clock += 1;
         let mut pids = HashSet::new();
-        let mut python_stacks = HashSet::new();
+        let mut runtime_stacks = HashSet::new();
         while let Some(item) = self.maps.events.next() {
             if item.len() >= std::mem::size_of::<UnwindEvent>() {
                 // SAFETY: the program writes whole `UnwindEvent`s; the length was checked,
                 // and read_unaligned needs no alignment.
                 let event: UnwindEvent = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
-                if event.kind == EVENT_PYTHON_STACK {
-                    python_stacks.insert((event.tgid, event.pc));
+                if event.kind == EVENT_RUNTIME_STACK {
+                    runtime_stacks.insert((event.tgid, event.pc));
                 } else {
                     pids.insert(event.tgid);
                     self.events += 1;
                 }
             }
         }
-        self.read_python_stacks(python_stacks);
+        self.read_runtime_stacks(runtime_stacks);
         let now = std::time::Instant::now();
         self.loading
             .retain(|_, loading| now.duration_since(loading.since) < LOADING_RECHECK);
@@ -576,10 +571,7 @@ impl Unwinder {
             if pid != PROCS_NO_MAPPINGS {
                 let _ = self.procs_map.map.remove(&pid);
             }
-            if self.python.remove(&pid).is_some() {
-                let _ = self.maps.python_procs.remove(&pid);
-                self.python_changes.push((pid, None));
-            }
+            self.detach_all(pid);
         }
         self.evict_idle(std::time::Instant::now());
         // An evicted file no process maps any more is forgotten: the next one builds it.
@@ -637,7 +629,7 @@ impl Unwinder {
             events: self.events,
             processes_read: self.processes_read,
             processes_without_room: self.without_room_total,
-            python_processes: self.python.len(),
+            runtime_processes: self.attached.len(),
             ..LoaderStats::default()
         };
         stats.tables_loaded = self.tables.len();
@@ -907,15 +899,17 @@ impl Unwinder {
         };
         // Mappings with a table first: when a process has more than the BPF side holds, the
         // ones left out fall back to frame pointers either way.
-        let python = self.python_proc(pid);
+        let attachments = self.attachments(pid);
         let mut chosen: Vec<UnwindMapping> = mappings.iter().map(|m| self.describe(m)).collect();
-        // The walk hands an eval-loop frame to Python's walk when its mapping says so.
-        if let Some((value, _)) = &python {
-            let count = (value.eval_count as usize).min(PYTHON_EVAL_RANGES);
-            let ranges: Vec<(u64, u64)> = (0..count)
-                .map(|i| (value.eval_start[i], value.eval_end[i]))
+        // The walk hands a frame in a runtime's code to that runtime's walk when its mapping
+        // says so.
+        for (id, attachment) in &attachments {
+            let ranges: Vec<(u64, u64)> = attachment
+                .owned
+                .iter()
+                .map(|range| (range.start, range.end))
                 .collect();
-            chosen = mark_owned(chosen, &ranges, RuntimeId::Python);
+            chosen = mark_owned(chosen, &ranges, *id);
         }
         chosen.sort_by_key(|m| (m.state == MAPPING_NO_TABLE && m.runtime == 0, m.start));
         chosen.truncate(MAX_PROC_MAPPINGS);
@@ -941,7 +935,7 @@ impl Unwinder {
             }
         }
         inserted.map_err(|source| LoaderError::Procs { pid, source })?;
-        self.write_python(pid, python);
+        self.write_attachments(pid, attachments);
         Ok(())
     }
 
