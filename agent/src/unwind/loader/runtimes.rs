@@ -7,8 +7,17 @@ use std::{any::Any, sync::Arc};
 
 use scorch_common::{RuntimeId, WordKind};
 
-use super::*;
+use std::collections::HashSet;
+use std::path::Path;
+
+use aya::maps::MapData;
+use scorch_common::{ShortUserStack, UserStack, WalkedStack, SHORT_USER_STACK_ID};
+
+use super::{
+    executable_segments, process_map::load_bias, KernelMaps, LoaderMaps, Segment, Unwinder,
+};
 use crate::runtimes::{Attachment, Detected, Support};
+use crate::{runtimes::Registry, sys::inner_maps::inner_map};
 
 /// What a binary is to the runtime walks, found before its table is built (in
 /// milliseconds, where the table takes a tenth of a second for an interpreter), so a
@@ -29,7 +38,7 @@ const MAX_RUNTIME_WORDS: usize = 65_536;
 /// and what naming its frames needs (`None`: it no longer runs it).
 pub type AttachmentChange = (u32, RuntimeId, Option<Arc<dyn Any + Send + Sync>>);
 
-impl Unwinder {
+impl Unwinder<KernelMaps> {
     /// Notes the runtime frames of the new stacks the BPF side reported (`stacks`: the
     /// events' process, and generation and id): the symbolizer reads them while their
     /// processes run. A stack its window's drain already took is gone from the map, and named
@@ -63,7 +72,9 @@ impl Unwinder {
             }
         }
     }
+}
 
+impl<M: LoaderMaps> Unwinder<M> {
     /// The runtime frames (process, word) of the stacks stored since the last call, for the
     /// symbolizer to read while their processes run.
     pub fn take_runtime_words(&mut self) -> HashSet<(u32, u64)> {
@@ -86,11 +97,8 @@ impl Unwinder {
     ) {
         let mut now: HashSet<RuntimeId> = HashSet::new();
         for (id, attachment) in attachments {
-            let Some(map) = self.maps.runtime_procs.iter().find(|(r, _)| *r == id) else {
-                continue;
-            };
-            if let Err(error) = map.1.insert(pid, &attachment.entry) {
-                tracing::debug!("writing process {pid}'s entry in {id:?}'s BPF map: {error}");
+            if let Err(error) = self.maps.insert_runtime_entry(id, pid, &attachment.entry) {
+                tracing::debug!("{error}");
                 continue;
             }
             now.insert(id);
@@ -116,9 +124,7 @@ impl Unwinder {
         if self.attached.remove(&(pid, id)).is_none() {
             return;
         }
-        if let Some((_, map)) = self.maps.runtime_procs.iter().find(|(r, _)| *r == id) {
-            let _ = map.remove(pid);
-        }
+        self.maps.remove_runtime_entry(id, pid);
         self.attachment_changes.push((pid, id, None));
     }
 
@@ -209,4 +215,202 @@ fn generation_map<V: aya::Pod>(
         .ok()
         .and_then(|fd| MapData::from_fd(fd).ok())
         .and_then(|data| aya::maps::HashMap::try_from(aya::maps::Map::HashMap(data)).ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{any::Any, collections::HashSet, ops::Range, sync::Arc};
+
+    use scorch_common::RuntimeId;
+
+    use super::super::memory_maps::{built, file, process, unwinder, MemoryMaps, Op, CODE, PID};
+    use super::*;
+    use crate::{
+        profile::FrameKind,
+        runtimes::{image::Image, libc::SpecificLayout, Binary, Names, Runtime, Support},
+    };
+
+    /// A runtime double: binary 2 is its interpreter, whose code at ELF addresses
+    /// [`OWNED`] its walk takes over, in processes that also map a glibc.
+    #[derive(Debug)]
+    struct Double;
+
+    /// The interpreter loop's code, in the binary's addresses.
+    const OWNED: Range<u64> = 0x2000..0x2100;
+
+    impl Runtime for Double {
+        fn id(&self) -> RuntimeId {
+            RuntimeId::Python
+        }
+        fn name(&self) -> &'static str {
+            "double"
+        }
+        fn frame_kind(&self) -> FrameKind {
+            FrameKind::Python
+        }
+        fn procs_map(&self) -> &'static str {
+            "DOUBLE_PROCS"
+        }
+        fn may_be(&self, _: &object::File) -> bool {
+            false
+        }
+        fn detect(&self, _: &Image) -> Result<Option<Arc<dyn Binary>>, String> {
+            Ok(None)
+        }
+        fn names(&self) -> Box<dyn Names> {
+            unreachable!("the loader never names frames")
+        }
+    }
+
+    /// The double's binary: attached at a bias, its entry is the bias.
+    #[derive(Debug)]
+    struct Interpreter;
+
+    impl Binary for Interpreter {
+        fn describe(&self) -> String {
+            "double 1.0".into()
+        }
+        fn attach(&self, bias: u64, support: &Support) -> Option<super::Attachment> {
+            support.libc?;
+            let owned = OWNED.start + bias..OWNED.end + bias;
+            Some(super::Attachment {
+                owned: std::iter::once(owned).collect(),
+                entry: bias.to_le_bytes().to_vec(),
+                process: Arc::new(bias) as Arc<dyn Any + Send + Sync>,
+            })
+        }
+    }
+
+    /// An unwinder with tables for binaries 1 to 3, binary 2 the double's interpreter and
+    /// binary 3 a glibc.
+    fn with_double() -> Unwinder<MemoryMaps> {
+        let (mut unwinder, _) = unwinder(MemoryMaps::new(16, 16), 1 << 20);
+        for inode in 1..=3 {
+            unwinder
+                .install(
+                    file(inode),
+                    Some(built(10, inode as u8)),
+                    &mut HashSet::new(),
+                )
+                .unwrap();
+        }
+        let runtime: Arc<dyn Runtime> = Arc::new(Double);
+        let binary: Arc<dyn Binary> = Arc::new(Interpreter);
+        unwinder.runtimes.insert(
+            file(2),
+            FileRuntime {
+                detected: Detected {
+                    binaries: vec![(runtime, binary)],
+                    support: Support::default(),
+                },
+                segments: vec![CODE],
+            },
+        );
+        let layout = SpecificLayout {
+            first_block: 32,
+            index_bias: 0x31,
+            entry_shift: 4,
+            value_offset: 8,
+        };
+        unwinder.runtimes.insert(
+            file(3),
+            FileRuntime {
+                detected: Detected {
+                    binaries: Vec::new(),
+                    support: Support { libc: Some(layout) },
+                },
+                segments: vec![CODE],
+            },
+        );
+        unwinder
+    }
+
+    #[test]
+    fn a_registered_runtime_is_attached_marked_and_detached_through_the_maps() {
+        let mut unwinder = with_double();
+        unwinder
+            .scan_all(&[PID], |_| Ok(process(&[1, 2, 3])))
+            .unwrap();
+        // `process` maps binary 2 second, 0x10_0000 after the first, at file offset 0x1000.
+        let bias: u64 = 0x7f00_0010_0000 - 0x1000;
+        assert_eq!(
+            unwinder.maps.runtime_entries[&(RuntimeId::Python, PID)],
+            bias.to_le_bytes()
+        );
+        // The owned range is a mapping entry of its own, marked for the runtime's walk, with
+        // its mapping's table.
+        let mappings = &unwinder.maps.procs[&PID];
+        let owned: Vec<_> = mappings.mappings[..mappings.count as usize]
+            .iter()
+            .filter(|m| m.runtime == RuntimeId::Python as u16)
+            .collect();
+        assert_eq!(owned.len(), 1);
+        assert_eq!(
+            (owned[0].start, owned[0].end),
+            (OWNED.start + bias, OWNED.end + bias)
+        );
+        assert_eq!(owned[0].state, scorch_common::MAPPING_TABLE_LOADED);
+        // The symbolizer is told once, with what naming needs.
+        let changes = unwinder.take_attachments();
+        assert_eq!(changes.len(), 1);
+        let (pid, id, named) = &changes[0];
+        assert_eq!((*pid, *id), (PID, RuntimeId::Python));
+        let given = named
+            .as_ref()
+            .and_then(|p| p.downcast_ref::<u64>().copied());
+        assert_eq!(given, Some(bias));
+        // Described again, unchanged: nothing new for the symbolizer.
+        unwinder
+            .scan_all(&[PID], |_| Ok(process(&[1, 2, 3])))
+            .unwrap();
+        assert!(unwinder.take_attachments().is_empty());
+
+        // It exits: out of the runtime's map, and the symbolizer told.
+        unwinder.forget(|pid| pid != PID);
+        assert!(unwinder.maps.runtime_entries.is_empty());
+        assert!(unwinder
+            .maps
+            .ops
+            .contains(&Op::RemoveRuntimeEntry(RuntimeId::Python, PID)));
+        let changes = unwinder.take_attachments();
+        assert!(matches!(changes[..], [(PID, RuntimeId::Python, None)]));
+        assert_eq!(unwinder.stats().runtime_processes, 0);
+    }
+
+    #[test]
+    fn a_process_lacking_what_a_runtime_needs_is_not_attached() {
+        let mut unwinder = with_double();
+        // No glibc: the double's interpreter cannot be walked there.
+        unwinder.scan_all(&[PID], |_| Ok(process(&[1, 2]))).unwrap();
+        assert!(unwinder.maps.runtime_entries.is_empty());
+        assert!(unwinder.take_attachments().is_empty());
+        let mappings = &unwinder.maps.procs[&PID];
+        assert!(mappings.mappings[..mappings.count as usize]
+            .iter()
+            .all(|m| m.runtime == 0));
+        // Its glibc loads: attached from the next description on.
+        unwinder
+            .scan_all(&[PID], |_| Ok(process(&[1, 2, 3])))
+            .unwrap();
+        assert_eq!(unwinder.stats().runtime_processes, 1);
+    }
+
+    #[test]
+    fn only_runtime_words_of_a_stack_are_noted() {
+        let mut words = HashSet::new();
+        let python = scorch_common::python_frame_word(0x7f00_0000_1000, 3);
+        let mut stack = ShortUserStack {
+            hash: 0,
+            len: 3,
+            outcome: 0,
+            pcs: [0; scorch_common::SHORT_USER_STACK_DEPTH],
+        };
+        stack.pcs[0] = 0x5555_0000_1000;
+        stack.pcs[1] = python;
+        stack.pcs[2] = scorch_common::WordKind::Continuation.word(5);
+        // Past `len`: not a frame.
+        stack.pcs[3] = scorch_common::python_frame_word(0x7f00_0000_2000, 1);
+        note_runtime_words(&mut words, 7, &stack);
+        assert_eq!(words, HashSet::from([(7, python)]));
+    }
 }
