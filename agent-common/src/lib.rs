@@ -645,7 +645,7 @@ pub struct UnwindEvent {
     /// One of the `EVENT_*` kinds.
     pub kind: u32,
     /// The pc no mapping covered, for [`EVENT_UNKNOWN_PC`]; the stack, for
-    /// [`EVENT_PYTHON_STACK`].
+    /// [`EVENT_RUNTIME_STACK`].
     pub pc: u64,
 }
 
@@ -653,12 +653,13 @@ pub struct UnwindEvent {
 pub const EVENT_UNKNOWN_PROCESS: u32 = 0;
 /// [`UnwindEvent::kind`]: a pc in no known mapping (dlopen, a new mapping).
 pub const EVENT_UNKNOWN_PC: u32 = 1;
-/// [`UnwindEvent::kind`]: a user stack with Python frames, new in its window's stack map:
-/// `pc` is the generation (bit 32) and the stack id (low 32 bits, [`SHORT_USER_STACK_ID`]
-/// saying which map holds it). The agent reads the stack
-/// and its code objects soon after, while the process still runs: one that exits before the
-/// window ends is then named too. Sent without a wakeup: the agent's 200 ms poll reads them.
-pub const EVENT_PYTHON_STACK: u32 = 2;
+/// [`UnwindEvent::kind`]: a user stack with a runtime's frames (CPython's), new in its
+/// window's stack map: `pc` is the generation (bit 32) and the stack id (low 32 bits,
+/// [`SHORT_USER_STACK_ID`] saying which map holds it). The agent reads the stack and what its
+/// runtime frames point at (code objects) soon after, while the process still runs: one that
+/// exits before the window ends is then named too. Sent without a wakeup: the agent's 200 ms
+/// poll reads them.
+pub const EVENT_RUNTIME_STACK: u32 = 2;
 
 /// Index into the per-CPU `UNWIND_OUTCOMES` array: how each walk of a user stack with tables
 /// ended, and which samples fell back to frame pointers. Each walk adds one to exactly one of

@@ -7,8 +7,8 @@
 //!   (off-CPU: pipeline::off_cpu, the scheduler's blocks, into the same aggregate)
 //!   -> symbolize (kernel: kallsyms; user: ELF/DWARF, Go's .gopclntab; Python) -> Profile
 //!   (unwind: tables from .eh_frame, .debug_frame and .gopclntab, loaded into the BPF
-//!    unwinder's maps as processes are sampled; runtimes: what the walk needs of an
-//!    interpreter, read from its binary)
+//!    unwinder's maps as processes are sampled; runtimes: one room per interpreter, what its
+//!    walk needs of a binary and a process, and its frames' names, through one registry)
 //!   -> labels (discovery, relabelling; dropped processes into the BPF deny list)
 //!   -> profile::encode (pprof, folded, SVG, top) -> file, or the store (`scorch run`)
 //!   -> export (Pyroscope, Parca, OTLP), serve (UI, API, /metrics)
@@ -31,14 +31,16 @@ pub mod parse;
 pub mod arch;
 // Binary formats read in place from a file's bytes (pure, like the parsers).
 pub mod binary;
-// Language runtimes, read from their binaries (pure, like the parsers).
-pub mod runtimes;
 // Another process: its mappings, and what is kept of them after it exits.
 pub mod process;
 // The data model and its encoders.
 pub mod profile;
 // The stages, in the order data passes them.
 pub mod pipeline;
+// Language runtimes, one room each behind one interface: what each reads from its binaries,
+// gives a process's BPF entry, and names its frames with. The symbolizer and the loader call
+// their list.
+pub mod runtimes;
 pub mod symbolize;
 pub mod unwind;
 pub mod labels;

@@ -127,7 +127,7 @@ pub fn decode_http(parts: &hyper::http::request::Parts, body: &[u8]) -> Result<V
 }
 
 /// Every profile of the request, as pprof, with its resource's attributes as labels.
-fn decode_export(message: &[u8]) -> Result<Vec<Received>> {
+pub fn decode_export(message: &[u8]) -> Result<Vec<Received>> {
     let request = ExportProfilesServiceRequest::decode(message)
         .context("decoding ExportProfilesServiceRequest")?;
     ensure!(

@@ -26,7 +26,7 @@ mod docs;
 /// it holds.
 pub const WARN_FILE_LINES: usize = 600;
 /// Non-test lines a file may have before it must become a folder of files named for its parts.
-pub const MAX_FILE_LINES: usize = 1000;
+pub const MAX_FILE_LINES: usize = 800;
 
 /// One import against the layer order.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -8,7 +8,7 @@
 
 use aya_ebpf::{bindings::BPF_NOEXIST, btf_maps, macros::map, maps::PerCpuArray};
 use scorch_common::{
-    ShortUserStack, UnwindEvent, UserStack, WalkedStack, EVENT_PYTHON_STACK,
+    ShortUserStack, UnwindEvent, UserStack, WalkedStack, EVENT_RUNTIME_STACK,
     SHORT_USER_STACK_DEPTH, SHORT_USER_STACK_ID,
 };
 
@@ -195,7 +195,7 @@ pub fn store_stack(
         // (every stack is new again each window), and its 200 ms poll reads them.
         events::send_quietly(UnwindEvent {
             tgid,
-            kind: EVENT_PYTHON_STACK,
+            kind: EVENT_RUNTIME_STACK,
             pc: (u64::from(generation) << 32) | u64::from(id as u32),
         });
     }

@@ -21,7 +21,7 @@ use crate::{
         encode::{self, svg::Orientation, EncodeOptions, Format},
         SampleType,
     },
-    runtimes::python::PythonMode,
+    runtimes::{python::PythonMode, Registry, RuntimeConfig},
     symbolize::{
         self,
         elf::SectionCache,
@@ -113,9 +113,10 @@ pub struct RecordSummary {
     /// Samples whose frame-pointer walk ended in glibc's start code and got the frames a
     /// table walk found below it.
     pub start_completed: u64,
-    /// Python frame locations shown as `[python: unknown code object]`: their code object
-    /// could not be read (its process gone before it was, or not a code object).
-    pub python_unnamed: u64,
+    /// Runtime frame locations shown unknown (Python's `[python: unknown code object]`: its
+    /// code object could not be read, its process gone before it was, or not a code object),
+    /// by runtime.
+    pub runtime_unnamed: Vec<(&'static str, u64)>,
     /// The fullest any window left the stack maps: `stacks N of M entries, ...`.
     pub stack_maps: Option<String>,
     /// With `--off-cpu`: what became of the blocks seen, and the off-CPU program's mean run
@@ -162,12 +163,10 @@ impl std::fmt::Display for RecordSummary {
                 .collect();
             write!(f, "; process captures dropped early: {}", parts.join(", "))?;
         }
-        if self.python_unnamed > 0 {
-            write!(
-                f,
-                "; python frame locations left unknown: {}",
-                self.python_unnamed
-            )?;
+        for (runtime, unnamed) in &self.runtime_unnamed {
+            if *unnamed > 0 {
+                write!(f, "; {runtime} frame locations left unknown: {unnamed}")?;
+            }
         }
         if self.start_completed > 0 {
             write!(
@@ -231,6 +230,8 @@ pub async fn record(args: &RecordConfig) -> Result<RecordSummary, RecordError> {
         thread_ids: args.thread_ids,
         // Its profiles carry `comm` and `pid` only.
         exec_files: false,
+        // Set from the runtimes' registry by `Sampling::start`.
+        runtime_maps: Vec::new(),
     };
     let shutdown = shutdown_signals().map_err(RecordError::Signals)?;
     let mut symbolizer = UserSymbolizer::new(args.symbolize, args.symbol_cache_bytes);
@@ -239,7 +240,10 @@ pub async fn record(args: &RecordConfig) -> Result<RecordSummary, RecordError> {
         Ok(cache) => symbolizer.set_section_cache(cache),
         Err(error) => tracing::debug!("no cache of inflated debug sections: {error}"),
     }
-    let mut sampling = Sampling::start(&config, args.python, symbolizer)?;
+    let registry = Registry::new(RuntimeConfig {
+        python: args.python,
+    });
+    let mut sampling = Sampling::start(&config, registry, symbolizer)?;
     tracing::info!(
         cpus = sampling.sampler.cpus().len(),
         frequency_hz = args.frequency,
@@ -368,7 +372,12 @@ pub async fn record(args: &RecordConfig) -> Result<RecordSummary, RecordError> {
         unwind_tables,
         captures_dropped,
         start_completed: session.user.entry_completions(),
-        python_unnamed: session.user.python_stats().1,
+        runtime_unnamed: session
+            .user
+            .runtime_counts()
+            .into_iter()
+            .map(|(runtime, (_, unknown))| (runtime, unknown))
+            .collect(),
         stack_maps: aggregated.stack_maps.describe(),
         off_cpu: off_cpu_counts.map(|counts| (counts, off_cpu_ns_per_run)),
         threads_folded,

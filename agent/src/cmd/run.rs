@@ -48,7 +48,7 @@ use crate::{
     pipeline::sampler::{Sampler, SamplerConfig, UnwindCapacity, UnwindMode},
     pipeline::stack_sizing::DEFAULT_MAX_STACK_ENTRIES,
     profile::{Labels, Profile, SampleType},
-    runtimes::python::PythonMode,
+    runtimes::{self, python::PythonMode, RuntimeConfig},
     serve::{
         guard::AllowedHosts,
         http::{self, HttpState},
@@ -275,6 +275,8 @@ pub async fn run(
         off_cpu: config.off_cpu_settings(),
         thread_ids: config.thread_ids,
         exec_files: true,
+        // Set from the runtimes' registry by `Sampling::start`.
+        runtime_maps: Vec::new(),
     };
     // Before BPF is loaded: a bad remote configuration (URL, secret files, CA file) fails the
     // start with its reason.
@@ -304,7 +306,10 @@ pub async fn run(
     if debug_files.is_some() {
         user_symbolizer.collect_new_binaries(export::debuginfo::CHANNEL_CAPACITY);
     }
-    let mut sampling = Sampling::start(&sampler_config, config.python, user_symbolizer)?;
+    let registry = runtimes::Registry::new(RuntimeConfig {
+        python: config.python,
+    });
+    let mut sampling = Sampling::start(&sampler_config, registry, user_symbolizer)?;
     // What processes exec'd names the executable of one that exited before it was read.
     if let Some(files) = sampling.sampler.take_exec_files() {
         labeler = labeler.with_exec_files(move |pid| {
@@ -609,7 +614,7 @@ impl Pipeline {
         self.metrics.set_process_captures(&user.capture_stats());
         self.metrics
             .set_start_frames_completed(user.entry_completions());
-        self.metrics.set_python_unnamed(user.python_stats().1);
+        self.metrics.set_runtime_unnamed(&user.runtime_counts());
         self.metrics.set_store_bytes(self.store.disk_bytes());
     }
 

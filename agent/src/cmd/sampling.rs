@@ -23,7 +23,7 @@ use crate::{
         off_cpu::OffCpuReader,
         sampler::{Sampler, SamplerConfig, SamplerError},
     },
-    runtimes::python::PythonMode,
+    runtimes::Registry,
     symbolize::user::UserSymbolizer,
     unwind::loader::{LoaderError, Unwinder},
 };
@@ -89,16 +89,22 @@ struct OffCpuSource {
 }
 
 impl Sampling {
-    /// Loads and attaches the BPF programs, and starts the unwinder's worker.
+    /// Loads and attaches the BPF programs, and starts the unwinder's worker, which walks
+    /// `registry`'s runtimes.
     pub(crate) fn start(
         config: &SamplerConfig,
-        python: PythonMode,
-        symbolizer: UserSymbolizer,
+        registry: Registry,
+        mut symbolizer: UserSymbolizer,
     ) -> Result<Sampling, StartError> {
-        let (mut sampler, maps, control) = Sampler::start(config)?;
+        let config = SamplerConfig {
+            runtime_maps: registry.iter().map(|r| (r.id(), r.procs_map())).collect(),
+            ..config.clone()
+        };
+        let (mut sampler, maps, control) = Sampler::start(&config)?;
+        symbolizer.set_runtimes(&registry);
         let unwinder = sampler
             .take_unwind_maps()
-            .map(|maps| Unwinder::start(maps, python))
+            .map(|maps| Unwinder::start(maps, registry))
             .transpose()?;
         let off_cpu = sampler.take_off_cpu_maps().map(|maps| OffCpuSource {
             reader: OffCpuReader::new(maps),
@@ -114,7 +120,7 @@ impl Sampling {
     }
 
     /// Builds the tables of `pids` before sampling counts (`record --pid`): a walk without
-    /// them loses the stack (a binary without frame pointers) or its Python frames. Waits for
+    /// them loses the stack (a binary without frame pointers) or its runtime frames. Waits for
     /// them at most `limit`, then drops what was sampled meanwhile.
     pub(crate) fn watch(&mut self, pids: &[u32], limit: Duration) -> Result<(), StartError> {
         let Some(unwinder) = &mut self.unwinder else {
@@ -125,7 +131,7 @@ impl Sampling {
             return Ok(());
         }
         unwinder.wait_for_tables(limit)?;
-        self.session.take_python(unwinder);
+        self.session.take_runtimes(unwinder);
         self.drainer.drain_window()?;
         Ok(())
     }
@@ -189,7 +195,7 @@ impl Sampling {
         if let Err(err) = polled.and_then(|_| unwinder.install_tables(wait)) {
             tracing::warn!("{err}");
         }
-        session.take_python(unwinder);
+        session.take_runtimes(unwinder);
     }
 
     /// Stops sampling and hands back what was gathered.

@@ -93,15 +93,16 @@ impl Session {
         pids
     }
 
-    /// Hands the symbolizer the processes whose Python frames the unwinder walks, or no
-    /// longer does, and has it read the code objects of the new Python stacks now.
-    pub(crate) fn take_python(&mut self, unwinder: &mut Unwinder) {
-        for (pid, process) in unwinder.take_python_changes() {
-            self.user.set_python(pid, process);
+    /// Hands the symbolizer the processes whose runtime frames the unwinder walks, or no
+    /// longer does, and has it read what the new stacks' runtime frames point at now.
+    pub(crate) fn take_runtimes(&mut self, unwinder: &mut Unwinder) {
+        let names = self.user.runtimes();
+        for (pid, runtime, process) in unwinder.take_attachments() {
+            names.attach(pid, runtime, process);
         }
         // After the processes: a new one's first stacks come with it.
-        for (pid, code) in unwinder.take_python_code() {
-            self.user.capture_python_code(pid, code);
+        for (pid, word) in unwinder.take_runtime_words() {
+            names.capture(pid, word);
         }
     }
 

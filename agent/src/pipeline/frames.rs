@@ -2,7 +2,7 @@
 //! program wrote once, by its kind (`scorch_common::WordKind`), into a [`Frame`]; every stage
 //! after it (aggregation, symbolization) carries the frame, never the word.
 
-use scorch_common::{python_frame_parts, word_payload, WordKind};
+use scorch_common::{word_payload, WordKind};
 
 /// One frame of a sampled stack, as the kernel or the BPF walk recorded it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -11,9 +11,9 @@ pub enum Frame {
     Native(u64),
     /// A kernel pc (of a kernel stack: the kernel's own stack map recorded it).
     Kernel(u64),
-    /// A CPython frame: its code object's address in the process, and its instruction's
-    /// offset in code units from the bytecode's start.
-    Python { code: u64, instr: u16 },
+    /// A runtime's frame (CPython's): the word as its walk wrote it, kind bits included, for
+    /// the runtime's own namer (`runtimes::Names`) to read.
+    Runtime(u64),
 }
 
 impl Frame {
@@ -21,7 +21,7 @@ impl Frame {
     pub fn pc(self) -> Option<u64> {
         match self {
             Frame::Native(pc) | Frame::Kernel(pc) => Some(pc),
-            Frame::Python { .. } => None,
+            Frame::Runtime(_) => None,
         }
     }
 }
@@ -37,10 +37,7 @@ pub fn decode_user(words: &[u64]) -> Vec<Frame> {
     for &word in words {
         let frame = match WordKind::of(word) {
             Some(WordKind::Native) => Frame::Native(word_payload(word)),
-            Some(WordKind::Python) => match python_frame_parts(word) {
-                Some((code, instr)) => Frame::Python { code, instr },
-                None => Frame::Native(word),
-            },
+            Some(WordKind::Python) => Frame::Runtime(word),
             Some(WordKind::Continuation) => continue,
             None => Frame::Native(word),
         };
@@ -75,13 +72,10 @@ mod tests {
             decode_user(&words),
             [
                 Frame::Native(0x5555_5555_1234),
-                Frame::Python {
-                    code: 0x7f00_0000_1000,
-                    instr: 7
-                },
+                Frame::Runtime(python_frame_word(0x7f00_0000_1000, 7)),
                 Frame::Native(0xffff_8000_1000),
                 Frame::Native((1 << 56) - 4096),
-                Frame::Python { code: 0, instr: 0 },
+                Frame::Runtime(python_frame_word(0, 0)),
             ]
         );
     }
@@ -108,6 +102,6 @@ mod tests {
         );
         assert_eq!(from_pcs(&[0x1000], false), [Frame::Native(0x1000)]);
         assert_eq!(Frame::Kernel(5).pc(), Some(5));
-        assert_eq!(Frame::Python { code: 8, instr: 0 }.pc(), None);
+        assert_eq!(Frame::Runtime(python_frame_word(8, 0)).pc(), None);
     }
 }

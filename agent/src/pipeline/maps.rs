@@ -6,7 +6,7 @@ use aya::maps::{
 };
 use aya::Pod;
 use scorch_common::{
-    Control, PythonProc, RunSeq, SeenProcess, ShortUserStack, StackKey, UserStack, MAX_STACK_DEPTH,
+    Control, RunSeq, SeenProcess, ShortUserStack, StackKey, UserStack, MAX_STACK_DEPTH,
 };
 
 use super::stack_sizing::StackSizing;
@@ -207,8 +207,9 @@ pub struct UnwindMaps {
     /// `ROW_EPOCH`: bumped whenever rows are freed, so the program's per-CPU cache of found
     /// rows drops every row it holds.
     pub row_epoch: Array<MapData, u64>,
-    /// Processes running a CPython interpreter, and how to walk its frames.
-    pub python_procs: BpfHashMap<MapData, u32, PythonProc>,
+    /// Each walked runtime's map of processes running it (`PYTHON_PROCS`), written with
+    /// the value the runtime lays out.
+    pub runtime_procs: Vec<(scorch_common::RuntimeId, crate::sys::inner_maps::BytesMap)>,
     /// Second handles on `USER_STACKS` and `SHORT_USER_STACKS`, the generations' user-stack
     /// maps (the drain holds the first, and replaces the maps as they need another size): the
     /// Python stacks the program reports new are read through them while the window runs.

@@ -41,25 +41,6 @@ const R_X86_64_GLOB_DAT: u32 = 6;
 /// `R_X86_64_RELATIVE`: the word is the load bias plus the addend.
 const R_X86_64_RELATIVE: u32 = 8;
 
-/// Whether a binary may be one the runtime readers know: a CPython interpreter (whose
-/// `_PyRuntime` has had its own `.PyRuntime` section since 3.10) or a glibc (which defines
-/// `pthread_getspecific` among its dynamic symbols). Read from the section headers and the
-/// dynamic symbols only, without hashing them: [`Image::parse`] hashes every symbol, which
-/// took 100 ms for a libLLVM, so the loader asks this first of every binary a process maps.
-pub fn may_hold_runtime(data: &[u8]) -> bool {
-    let Ok(file) = object::File::parse(data) else {
-        return false;
-    };
-    file.section_by_name(".PyRuntime").is_some()
-        || file.dynamic_symbols().any(|symbol| {
-            !symbol.is_undefined()
-                && matches!(
-                    symbol.name_bytes(),
-                    Ok(b"pthread_getspecific" | b"__pthread_getspecific")
-                )
-        })
-}
-
 impl<'a> Image<'a> {
     pub fn parse(data: &'a [u8]) -> Result<Image<'a>, ImageError> {
         let file = object::File::parse(data)?;
@@ -248,23 +229,30 @@ pub(crate) fn test_elf(functions: &[(&str, &[u8])]) -> Vec<u8> {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
 
-    /// The pre-filter passes what the readers recognise on this machine (Debian 12's own
-    /// interpreter and glibc) and turns away binaries that are neither, whose symbols define
+    /// The pre-filters pass what the readers recognise on this machine (Debian 12's own
+    /// interpreter and glibc) and turn away binaries that are neither, whose symbols define
     /// or import what a careless check would match.
     #[test]
-    fn only_interpreters_and_glibc_may_hold_a_runtime() {
+    fn only_interpreters_and_glibc_pass_the_pre_filters() {
         let read = |path: &str| std::fs::read(path).unwrap_or_else(|e| panic!("{path}: {e}"));
-        assert!(may_hold_runtime(&read("/usr/bin/python3.11")));
-        assert!(may_hold_runtime(&read(
-            "/usr/lib/x86_64-linux-gnu/libc.so.6"
-        )));
+        let passes = |bytes: &[u8]| {
+            object::File::parse(bytes).is_ok_and(|elf| {
+                let python = crate::runtimes::python::may_be(&elf);
+                let libc = crate::runtimes::libc::may_be(&elf);
+                assert!(!(python && libc));
+                python || libc
+            })
+        };
+        let python = read("/usr/bin/python3.11");
+        assert!(
+            object::File::parse(&*python).is_ok_and(|elf| crate::runtimes::python::may_be(&elf))
+        );
+        let libc = read("/usr/lib/x86_64-linux-gnu/libc.so.6");
+        assert!(object::File::parse(&*libc).is_ok_and(|elf| crate::runtimes::libc::may_be(&elf)));
         // libstdc++ imports pthread_getspecific; bash defines neither.
-        assert!(!may_hold_runtime(&read(
-            "/usr/lib/x86_64-linux-gnu/libstdc++.so.6"
-        )));
-        assert!(!may_hold_runtime(&read("/usr/bin/bash")));
-        assert!(!may_hold_runtime(b"\x7fELF not really"));
+        assert!(!passes(&read("/usr/lib/x86_64-linux-gnu/libstdc++.so.6")));
+        assert!(!passes(&read("/usr/bin/bash")));
+        assert!(!passes(b"\x7fELF not really"));
     }
 }

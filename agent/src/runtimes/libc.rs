@@ -53,6 +53,20 @@ impl SpecificLayout {
 /// thread's `fs` base: the value `pthread_getspecific` adds is that base.
 const TCB_SELF: u64 = 0x10;
 
+/// Whether a binary may be a glibc: it defines `pthread_getspecific` among its dynamic
+/// symbols. Read without hashing the symbols ([`Image::parse`] does), as the loader asks it of
+/// every binary a process maps.
+pub fn may_be(elf: &object::File) -> bool {
+    use object::{Object, ObjectSymbol};
+    elf.dynamic_symbols().any(|symbol| {
+        !symbol.is_undefined()
+            && matches!(
+                symbol.name_bytes(),
+                Ok(b"pthread_getspecific" | b"__pthread_getspecific")
+            )
+    })
+}
+
 /// Reads `pthread_getspecific`'s layout from a libc image.
 pub fn specific_layout(image: &Image) -> Result<SpecificLayout, LibcError> {
     let symbol = image

@@ -8,7 +8,7 @@ use rusqlite::{Connection, OptionalExtension};
 use super::codec::{decode_rows, encode_totals, location_hash, totals_of_rows, varints};
 use crate::{
     profile::{FrameKind, Line, Location, SampleType},
-    symbolize::python::UNKNOWN_CODE,
+    runtimes::python::UNKNOWN_CODE,
 };
 
 /// `PRAGMA application_id` of a scorch store ("SCOR"): how a SQLite file says what it is.

@@ -9,7 +9,7 @@ pub mod entry;
 pub mod hints;
 mod kallsyms_cache;
 pub mod kernel;
-pub mod python;
+
 pub mod user;
 
 use std::{collections::HashMap, sync::Arc, time::Duration};
@@ -33,9 +33,9 @@ use user::UserSymbolizer;
 enum LocationKey {
     Kernel(u64),
     User(Option<MappingIndex>, u64),
-    /// A Python frame of a process (its code object's address is the process's own) and its
-    /// instruction offset.
-    Python(u32, u64, u16),
+    /// A runtime's frame of a process: the word its walk wrote (a CPython frame's code object
+    /// address is the process's own).
+    Runtime(u32, u64),
     /// A placeholder for a stack that could not be recorded.
     Lost {
         kernel: bool,
@@ -341,12 +341,15 @@ fn user_location(
     let (pid, version) = (stack.tgid, stack.maps_version);
     let address = match frame {
         Frame::Native(pc) | Frame::Kernel(pc) => pc,
-        Frame::Python { code, instr } => {
-            return builder.location(LocationKey::Python(pid, code, instr), || Location {
-                mapping: None,
-                address: 0,
-                lines: vec![user.python_line(pid, code, instr)],
-                kind: FrameKind::Python,
+        Frame::Runtime(word) => {
+            return builder.location(LocationKey::Runtime(pid, word), || {
+                let (line, kind) = user.runtime_line(pid, word);
+                Location {
+                    mapping: None,
+                    address: 0,
+                    lines: vec![line],
+                    kind,
+                }
             });
         }
     };

@@ -305,3 +305,79 @@ impl AsFdRaw for MapFd {
         std::os::fd::AsFd::as_fd(self).as_raw_fd()
     }
 }
+
+/// A hash map keyed by `u32` (a tgid) whose values the agent writes as bytes: a runtime's
+/// per-process map, whose value type only the runtime knows. The value's size is checked
+/// against the map's own, as the kernel reads the map's size from the pointer it is given.
+pub struct BytesMap {
+    /// The map, taken from the loaded program.
+    data: MapData,
+    /// Its value size, from the kernel.
+    value_size: usize,
+}
+
+/// Why a [`BytesMap`] write did not happen.
+#[derive(Debug, thiserror::Error)]
+pub enum BytesMapError {
+    #[error("reading the map's key and value sizes: {0}")]
+    Info(MapError),
+    #[error("the map's key is {0} bytes, not a u32")]
+    KeySize(u32),
+    #[error("a value of {given} bytes for a map whose values are {expected}")]
+    ValueSize { given: usize, expected: usize },
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
+
+impl BytesMap {
+    pub fn new(data: MapData) -> Result<BytesMap, BytesMapError> {
+        let info = data.info().map_err(BytesMapError::Info)?;
+        if info.key_size() != 4 {
+            return Err(BytesMapError::KeySize(info.key_size()));
+        }
+        let value_size = info.value_size() as usize;
+        Ok(BytesMap { data, value_size })
+    }
+
+    /// Sets `key`'s value to `value`, which must be the map's value size.
+    pub fn insert(&self, key: u32, value: &[u8]) -> Result<(), BytesMapError> {
+        if value.len() != self.value_size {
+            return Err(BytesMapError::ValueSize {
+                given: value.len(),
+                expected: self.value_size,
+            });
+        }
+        self.command(BPF_MAP_UPDATE_ELEM, key, value.as_ptr() as u64)?;
+        Ok(())
+    }
+
+    /// Removes `key`; a key that is not there is no error.
+    pub fn remove(&self, key: u32) -> Result<(), BytesMapError> {
+        match self.command(BPF_MAP_DELETE_ELEM, key, 0) {
+            Err(err) if err.raw_os_error() == Some(libc::ENOENT) => Ok(()),
+            other => Ok(other?),
+        }
+    }
+
+    fn command(&self, command: libc::c_long, key: u32, value: u64) -> std::io::Result<()> {
+        /// The element commands' part of `union bpf_attr`.
+        #[repr(C)]
+        struct ElementAttr {
+            map_fd: u32,
+            _pad: u32,
+            key: u64,
+            value: u64,
+            flags: u64,
+        }
+        let attr = ElementAttr {
+            map_fd: self.data.fd().as_fd_raw() as u32,
+            _pad: 0,
+            key: std::ptr::addr_of!(key) as u64,
+            value,
+            flags: 0,
+        };
+        // The key is a live u32 (the map's key size, checked); the value, when given, is a
+        // live slice of the map's value size (checked by `insert`).
+        bpf_call(command, &attr).map(drop)
+    }
+}

@@ -1,28 +1,164 @@
 //! The unwinder's BPF maps that the agent creates while it runs, behind the outer arrays the
 //! program holds: the row pools the tables go in (`UNWIND_ROWS`) and the process map
 //! (`UNWIND_PROCS`). Creating them as the work needs them, instead of at their ceilings when
-//! the program loads, is what keeps a quiet host's map memory small.
+//! the program loads, is what keeps a quiet host's map memory small. [`KernelMaps`] holds them
+//! with the program's own, and is how the loader writes them ([`LoaderMaps`]).
 
-use aya::maps::{MapData, MapError};
+use aya::maps::{Array, MapData, MapError, RingBuf};
 use scorch_common::{
-    ProcMappings, UnwindMapping, UnwindRow, MAX_PROC_MAPPINGS, MAX_ROW_POOLS, PROCS_NO_MAPPINGS,
+    ProcMappings, RuntimeId, UnwindMapping, UnwindRow, MAX_PROC_MAPPINGS, MAX_ROW_POOLS,
+    PROCS_NO_MAPPINGS,
 };
 
-use super::loader::LoaderError;
+use super::loader::{LoaderError, LoaderMaps};
+use crate::pipeline::maps::{UnwindMaps, UserStackOuters};
 use crate::sys::inner_maps::{
-    clear_inner, create_inner, set_inner, AsFdRaw, InnerMapError, BPF_MAP_TYPE_ARRAY,
+    clear_inner, create_inner, set_inner, AsFdRaw, BytesMap, InnerMapError, BPF_MAP_TYPE_ARRAY,
     BPF_MAP_TYPE_HASH,
 };
 
+/// The unwinder's BPF maps: the sampler's ([`UnwindMaps`], whose fields these are) and the
+/// ones the agent creates behind their outer arrays. The loader writes the pools, the process
+/// map and the row epoch through [`LoaderMaps`]; the rest it reads and writes itself.
+pub struct KernelMaps {
+    /// The row pools' outer array (`UNWIND_ROWS`), which the pools are put in.
+    rows: MapData,
+    /// The row pools in `rows`.
+    pools: PoolMaps,
+    /// The process map's outer array (`UNWIND_PROCS`, one slot).
+    procs: MapData,
+    /// The process map in `procs`'s slot, which the BPF side reads.
+    procs_map: ProcMap,
+    /// Processes the process map may grow to hold: the ceiling.
+    processes: u32,
+    /// `ROW_EPOCH`: bumped whenever rows are freed, so the program's per-CPU cache of found
+    /// rows drops every row it holds.
+    row_epoch: Array<MapData, u64>,
+    /// Unknown processes and pcs, from the program.
+    pub(super) events: RingBuf<MapData>,
+    /// Each walked runtime's map of processes (`PYTHON_PROCS`), written as bytes.
+    runtime_procs: Vec<(RuntimeId, BytesMap)>,
+    /// Second handles on the generations' user-stack maps, to read the Python stacks the
+    /// program reports new while the window runs.
+    pub(super) user_stacks: Option<UserStackOuters>,
+}
+
+impl KernelMaps {
+    /// Takes over the sampler's maps, and puts a process map in `UNWIND_PROCS` sized for the
+    /// processes running.
+    pub(super) fn new(maps: UnwindMaps) -> Result<Self, LoaderError> {
+        let UnwindMaps {
+            rows,
+            // The pools' bookkeeping (`RowPools`) takes it.
+            pool_rows: _,
+            procs,
+            processes,
+            events,
+            row_epoch,
+            runtime_procs,
+            user_stacks,
+        } = maps;
+        let entries = initial_process_entries(crate::sys::running_processes(), processes);
+        let procs_map = ProcMap::create(&procs, entries)?;
+        Ok(KernelMaps {
+            rows,
+            pools: PoolMaps::new(),
+            procs,
+            procs_map,
+            processes,
+            row_epoch,
+            events,
+            runtime_procs,
+            user_stacks,
+        })
+    }
+}
+
+impl LoaderMaps for KernelMaps {
+    fn create_pool(&mut self, index: u32, rows: u32) -> Result<(), LoaderError> {
+        self.pools.create(&self.rows, index, rows)
+    }
+
+    fn write_rows(
+        &mut self,
+        pool: u32,
+        first_row: u32,
+        rows: &[UnwindRow],
+    ) -> Result<(), LoaderError> {
+        self.pools.write(pool, first_row, rows)
+    }
+
+    fn remove_pool(&mut self, index: u32) {
+        self.pools.remove(&self.rows, index);
+    }
+
+    fn set_row_epoch(&mut self, epoch: u64) -> Result<(), MapError> {
+        self.row_epoch.set(0, epoch, 0)
+    }
+
+    fn insert_process(&mut self, pid: u32, mappings: &ProcMappings) -> Result<(), MapError> {
+        self.procs_map.map.insert(pid, mappings, 0)
+    }
+
+    fn remove_process(&mut self, pid: u32) -> Result<(), MapError> {
+        self.procs_map.map.remove(&pid)
+    }
+
+    fn process_entries(&self) -> u32 {
+        self.procs_map.entries
+    }
+
+    fn process_ceiling(&self) -> u32 {
+        self.processes
+    }
+
+    fn grow_processes(&mut self, entries: u32) -> Result<(), LoaderError> {
+        self.procs_map = self.procs_map.replaced(&self.procs, entries)?;
+        Ok(())
+    }
+
+    fn insert_runtime_entry(
+        &mut self,
+        id: RuntimeId,
+        pid: u32,
+        entry: &[u8],
+    ) -> Result<(), LoaderError> {
+        let (_, map) = self
+            .runtime_procs
+            .iter()
+            .find(|(runtime, _)| *runtime == id)
+            .ok_or(LoaderError::NoRuntimeMap(id))?;
+        map.insert(pid, entry)
+            .map_err(|source| LoaderError::RuntimeEntry {
+                pid,
+                runtime: id,
+                source,
+            })
+    }
+
+    fn remove_runtime_entry(&mut self, id: RuntimeId, pid: u32) {
+        if let Some((_, map)) = self
+            .runtime_procs
+            .iter()
+            .find(|(runtime, _)| *runtime == id)
+        {
+            // Gone already is fine; any other failure leaves an entry the walk finds no
+            // mapping marked for, so it is never entered.
+            let _ = map.remove(pid);
+        }
+    }
+}
+
 /// The row pools' maps: each a `BPF_F_MMAPABLE` array the agent creates when the tables need
-/// room, puts in `UNWIND_ROWS` (the outer array, owned by the [`UnwindMaps`] beside this in
-/// [`Unwinder`]) and removes when its last table goes, which frees its memory.
+/// room, puts in `UNWIND_ROWS` (the outer array, beside this in [`KernelMaps`]) and removes
+/// when its last table goes, which frees its memory.
 ///
 /// Only the pages a table is written to are mapped into the agent, and only while it is
 /// written: the kernel maps every page of a mapping of a BPF array at `mmap` time, so a
 /// mapping of a whole pool kept open would count it in the daemon's RSS, although the memory
 /// is the map's own (kernel memory, counted once in `scorch_bpf_map_memory_bytes`).
 pub(super) struct PoolMaps {
+    /// Each pool's map and its rows, by its index in `UNWIND_ROWS`.
     maps: Vec<Option<(MapData, u32)>>,
 }
 
@@ -31,19 +167,14 @@ pub(super) struct PoolMaps {
 const POOL_FLAGS: u32 = (1 << 10) | (1 << 12);
 
 impl PoolMaps {
-    pub(super) fn new() -> Self {
+    fn new() -> Self {
         PoolMaps {
             maps: (0..MAX_ROW_POOLS).map(|_| None).collect(),
         }
     }
 
     /// Creates pool `index` with `rows` rows and puts it in the outer array.
-    pub(super) fn create(
-        &mut self,
-        outer: &MapData,
-        index: u32,
-        rows: u32,
-    ) -> Result<(), LoaderError> {
+    fn create(&mut self, outer: &MapData, index: u32, rows: u32) -> Result<(), LoaderError> {
         let map = create_inner(
             BPF_MAP_TYPE_ARRAY,
             std::mem::size_of::<UnwindRow>() as u32,
@@ -63,7 +194,7 @@ impl PoolMaps {
     /// Takes pool `index` out of the outer array and closes it. A walk that looked the pool up
     /// before keeps it until the walk ends (the kernel frees an inner map after an RCU grace
     /// period); no mapping points at it by then, as its tables were evicted first.
-    pub(super) fn remove(&mut self, outer: &MapData, index: u32) {
+    fn remove(&mut self, outer: &MapData, index: u32) {
         if let Err(source) = clear_inner(outer.fd(), index) {
             tracing::debug!("removing row pool {index} from UNWIND_ROWS: {source}");
         }
@@ -72,12 +203,7 @@ impl PoolMaps {
         }
     }
 
-    pub(super) fn write(
-        &mut self,
-        pool: u32,
-        first_row: u32,
-        rows: &[UnwindRow],
-    ) -> Result<(), LoaderError> {
+    fn write(&mut self, pool: u32, first_row: u32, rows: &[UnwindRow]) -> Result<(), LoaderError> {
         let Some(Some((map, len))) = self.maps.get(pool as usize) else {
             return Err(LoaderError::NoPool(pool));
         };
@@ -127,8 +253,10 @@ impl PoolMaps {
 /// The process map: a preallocated hash of [`ProcMappings`] by process, in `UNWIND_PROCS`'s one
 /// slot.
 pub(super) struct ProcMap {
-    pub(super) map: aya::maps::HashMap<MapData, u32, ProcMappings>,
-    pub(super) entries: u32,
+    /// The map the BPF side reads, once in place.
+    map: aya::maps::HashMap<MapData, u32, ProcMappings>,
+    /// Processes it holds at most, not counting the walks' entry for the others.
+    entries: u32,
 }
 
 impl ProcMap {
@@ -163,7 +291,7 @@ impl ProcMap {
     }
 
     /// An empty map of `entries` processes, in `outer`'s slot.
-    pub(super) fn create(outer: &MapData, entries: u32) -> Result<Self, LoaderError> {
+    fn create(outer: &MapData, entries: u32) -> Result<Self, LoaderError> {
         let created = ProcMap::new(entries)?;
         created.put_in(outer)?;
         Ok(created)
@@ -173,7 +301,7 @@ impl ProcMap {
     /// forgets while the entries are copied (an exec, a library mapped over its code) is
     /// deleted from the old map; it is deleted from the new one too once the new one is in
     /// place, so no process keeps mappings the BPF side dropped.
-    pub(super) fn replaced(&self, outer: &MapData, entries: u32) -> Result<Self, LoaderError> {
+    fn replaced(&self, outer: &MapData, entries: u32) -> Result<Self, LoaderError> {
         let mut created = ProcMap::new(entries)?;
         let pids: Vec<u32> = self.map.keys().filter_map(Result::ok).collect();
         for &pid in &pids {

@@ -24,7 +24,7 @@ pub struct UnwindMetrics {
     processes_read: Counter<u64, AtomicU64>,
     python_frames: Counter<u64, AtomicU64>,
     python_stops: LabeledCounter,
-    python_processes: Gauge<u64, AtomicU64>,
+    runtime_processes: Gauge<u64, AtomicU64>,
 }
 
 impl UnwindMetrics {
@@ -46,7 +46,7 @@ impl UnwindMetrics {
                     .filter(|&kind| kind != PythonCount::Frames)
                     .map(PythonCount::name),
             ),
-            python_processes: Gauge::default(),
+            runtime_processes: Gauge::default(),
         };
         registry.register(
             "unwind_walks",
@@ -110,9 +110,10 @@ impl UnwindMetrics {
             metrics.python_stops.clone(),
         );
         registry.register(
-            "python_processes",
-            "Processes running a CPython interpreter whose Python frames are walked",
-            metrics.python_processes.clone(),
+            "runtime_processes",
+            "Processes running a runtime whose frames the BPF walk takes over (CPython's), \
+             once per runtime a process runs",
+            metrics.runtime_processes.clone(),
         );
         metrics
     }
@@ -132,7 +133,7 @@ impl UnwindMetrics {
                 self.python_stops.inc_by(kind, count);
             }
         }
-        self.python_processes.set(stats.python_processes as u64);
+        self.runtime_processes.set(stats.runtime_processes as u64);
         for (outcome, count) in outcomes {
             self.outcomes.inc_by(outcome, count);
         }

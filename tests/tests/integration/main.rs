@@ -19,6 +19,7 @@ mod python;
 mod privileges;
 mod real_hosts;
 mod remote;
+mod runtime_double;
 mod short_lived_labels;
 mod symbols;
 mod threads;

@@ -596,7 +596,7 @@ fn python_processes_that_start_late_and_exit_mid_window_are_named() -> Result<()
             .filter(|s| {
                 s.frames
                     .iter()
-                    .any(|f| f.function() == Some(scorch::symbolize::python::UNKNOWN_CODE))
+                    .any(|f| f.function() == Some(scorch::runtimes::python::UNKNOWN_CODE))
             })
             .map(|s| s.count)
             .sum();

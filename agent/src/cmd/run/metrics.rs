@@ -70,7 +70,9 @@ pub struct WindowMetrics {
     /// Samples whose frame-pointer walk ended in glibc's start code and got the frames a table
     /// walk found below it, and the total at the last report.
     start_frames_completed: RunningTotal,
-    python_unnamed: RunningTotal,
+    /// Runtime frame locations left unnamed, by runtime, and the totals at the last report.
+    runtime_unnamed: Family<[(&'static str, &'static str); 1], Counter>,
+    runtime_unnamed_reported: BTreeMap<&'static str, u64>,
     /// The distinct stacks the last window stored in each stack map, and the entries each holds.
     stack_map_entries: Family<[(&'static str, &'static str); 1], Gauge<u64, AtomicU64>>,
     stack_map_max_entries: Family<[(&'static str, &'static str); 1], Gauge<u64, AtomicU64>>,
@@ -239,12 +241,13 @@ impl WindowMetrics {
                  the frames below it that table walks of the same libc found",
                 Counter::default(),
             )),
-            python_unnamed: RunningTotal::new(registry.register(
-                "python_locations_unnamed",
-                "Python frame locations (code object and line) shown as `[python: unknown code \
-                 object]`: the code object could not be read, or was not one",
-                Counter::default(),
-            )),
+            runtime_unnamed: registry.register(
+                "runtime_locations_unnamed",
+                "Runtime frame locations shown unknown, by runtime (Python's `[python: unknown \
+                 code object]`): what the frame points at could not be read, or was not one",
+                Family::default(),
+            ),
+            runtime_unnamed_reported: BTreeMap::new(),
             stack_map_entries: registry.register(
                 "stack_map_entries",
                 "Distinct stacks the last window stored, by stack map (`stacks`: kernel stacks, \
@@ -425,9 +428,15 @@ impl WindowMetrics {
         self.start_frames_completed.set(total);
     }
 
-    /// The cumulative count of Python frame locations left unnamed.
-    pub fn set_python_unnamed(&mut self, total: u64) {
-        self.python_unnamed.set(total);
+    /// Each runtime's cumulative count of frame locations left unnamed.
+    pub fn set_runtime_unnamed(&mut self, totals: &[(&'static str, (u64, u64))]) {
+        for &(runtime, (_, unknown)) in totals {
+            let reported = self.runtime_unnamed_reported.entry(runtime).or_default();
+            self.runtime_unnamed
+                .get_or_create(&[("runtime", runtime)])
+                .inc_by(unknown.saturating_sub(*reported));
+            *reported = (*reported).max(unknown);
+        }
     }
 
     /// The process's cumulative count of pages mapped over a shrunk file.

@@ -364,13 +364,7 @@ mod tests {
         );
         assert_eq!(
             stacks.resolve_walked(1).0,
-            Stack::Frames(vec![
-                Frame::Native(0x10),
-                Frame::Python {
-                    code: 0x7f00_0000_1000,
-                    instr: 3
-                }
-            ])
+            Stack::Frames(vec![Frame::Native(0x10), Frame::Runtime(python)])
         );
     }
 

@@ -3,7 +3,7 @@
 //! processes and rows, the off-CPU maps the threads alive. Worked out before the program loads,
 //! since the kernel allocates a preallocated map whole at load.
 
-use scorch_common::{MAX_COMMS, MAX_COUNT_KEYS};
+use scorch_common::{RuntimeId, MAX_COMMS, MAX_COUNT_KEYS};
 
 use crate::pipeline::{off_cpu::OffCpuSettings, stack_sizing::DEFAULT_MAX_STACK_ENTRIES};
 
@@ -36,6 +36,9 @@ pub struct SamplerConfig {
     /// Record the file each process exec'd (`EXEC_FILES`), which labels a process the daemon
     /// read too late; `record` labels none, and sizes the map to one entry.
     pub exec_files: bool,
+    /// The runtimes whose frames the BPF side walks (the registry's), each with its BPF map
+    /// of processes: sized to the processes the unwinder tracks, and handed to the loader.
+    pub runtime_maps: Vec<(RuntimeId, &'static str)>,
 }
 
 /// Bytes of an unwind row.
@@ -124,6 +127,7 @@ impl Default for SamplerConfig {
             off_cpu: None,
             thread_ids: false,
             exec_files: true,
+            runtime_maps: Vec::new(),
         }
     }
 }

@@ -14,7 +14,7 @@ use aya::{
     },
     Ebpf, EbpfError, EbpfLoader,
 };
-use scorch_common::{Control, ExecFile, PythonProc, MAX_STACK_DEPTH};
+use scorch_common::{Control, ExecFile, RuntimeId, MAX_STACK_DEPTH};
 
 use super::{
     maps::{
@@ -39,6 +39,11 @@ pub enum SamplerError {
     MissingProgram,
     #[error("BPF map {0} is missing from the object")]
     MissingMap(&'static str),
+    #[error("BPF map {name}, a runtime's processes: {source}")]
+    RuntimeMap {
+        name: &'static str,
+        source: crate::sys::inner_maps::BytesMapError,
+    },
     #[error("a second descriptor of BPF map {name}: {source}")]
     Duplicate {
         name: &'static str,
@@ -142,22 +147,21 @@ impl Sampler {
             }
         };
         let pool_rows = capacity.pool_rows;
-        // Python frames are walked through the thread's `fs` base, whose place in the task
-        // the kernel's BTF gives; without it they stay native frames.
+        // Runtime frames are walked through the thread's pointer (x86-64's `fs` base), whose
+        // place in the task the kernel's BTF gives; without it they stay native frames.
         let task_fsbase: u32 = if tables {
             crate::sys::btf::task_thread_pointer_offset(crate::arch::native::THREAD_POINTER)
                 .unwrap_or_else(|err| {
-                    tracing::warn!("Python frames not walked: {err}");
+                    tracing::warn!("runtime frames (Python's) not walked: {err}");
                     0
                 })
         } else {
             0
         };
-        // One more for the entry of processes without an interpreter.
-        let python_procs = if tables && task_fsbase != 0 {
-            capacity.processes.min(scorch_common::MAX_PYTHON_PROCS) + 1
+        let runtime_maps: &[(RuntimeId, &'static str)] = if task_fsbase != 0 {
+            &config.runtime_maps
         } else {
-            1
+            &[]
         };
         let task_pid: u32 = match config.off_cpu {
             Some(_) => crate::sys::btf::task_pid_offset().map_err(SamplerError::TaskPid)?,
@@ -174,7 +178,8 @@ impl Sampler {
                 [0; 4]
             });
         let (threads, user_stacks, ring_bytes) = off_cpu_map_sizes(config.off_cpu.is_some());
-        let mut ebpf = EbpfLoader::new()
+        let mut loader = EbpfLoader::new();
+        loader
             .override_global("TASK_FSBASE", &task_fsbase, true)
             .override_global("TASK_PID", &task_pid, true)
             .override_global("TASK_GROUP_LEADER", &task_group_leader, true)
@@ -184,7 +189,6 @@ impl Sampler {
             .map_max_entries("OFF_CPU_THREADS", threads)
             .map_max_entries("OFF_CPU_USER_STACK_MAP", user_stacks)
             .map_max_entries("OFF_CPU_EVENTS", ring_bytes)
-            .map_max_entries("PYTHON_PROCS", python_procs)
             .map_max_entries("COUNTS_0", count_entries)
             .map_max_entries("COUNTS_1", count_entries)
             .map_max_entries("COMMS_0", comm_entries)
@@ -198,8 +202,13 @@ impl Sampler {
                 } else {
                     1
                 },
-            )
-            .load(BPF_OBJECT)?;
+            );
+        for (_, name) in runtime_maps {
+            // Not preallocated: the bound is what a full host could hold, never memory taken
+            // up front. One more for an entry of processes without the runtime.
+            loader.map_max_entries(name, capacity.processes.saturating_add(1));
+        }
+        let mut ebpf = loader.load(BPF_OBJECT)?;
         let logger = match aya_log::EbpfLogger::init(&mut ebpf) {
             Ok(logger) => Some(logger),
             Err(err) => {
@@ -291,6 +300,7 @@ impl Sampler {
                 pool_rows,
                 capacity.processes,
                 python_stacks,
+                runtime_maps,
             )?)
         } else {
             None
@@ -577,10 +587,20 @@ fn take_unwind_maps(
     pool_rows: u32,
     processes: u32,
     user_stacks: Option<UserStackOuters>,
+    runtime_maps: &[(RuntimeId, &'static str)],
 ) -> Result<UnwindMaps, SamplerError> {
     let rows = take_outer(ebpf, "UNWIND_ROWS")?;
     let procs = take_outer(ebpf, "UNWIND_PROCS")?;
-    let python_procs: BpfHashMap<MapData, u32, PythonProc> = take(ebpf, "PYTHON_PROCS")?;
+    let mut runtime_procs = Vec::with_capacity(runtime_maps.len());
+    for &(id, name) in runtime_maps {
+        let data = match ebpf.take_map(name).ok_or(SamplerError::MissingMap(name))? {
+            Map::HashMap(data) => data,
+            _ => return Err(SamplerError::MissingMap(name)),
+        };
+        let map = crate::sys::inner_maps::BytesMap::new(data)
+            .map_err(|source| SamplerError::RuntimeMap { name, source })?;
+        runtime_procs.push((id, map));
+    }
     Ok(UnwindMaps {
         rows,
         pool_rows,
@@ -588,7 +608,7 @@ fn take_unwind_maps(
         processes,
         events: take(ebpf, "UNWIND_EVENTS")?,
         row_epoch: take(ebpf, "ROW_EPOCH")?,
-        python_procs,
+        runtime_procs,
         user_stacks,
     })
 }

@@ -1,4 +1,6 @@
-//! CPython interpreters: recognising one in a binary, and what the BPF walk needs of it.
+//! CPython interpreters: recognising one in a binary, what the BPF walk needs of it
+//! (`runtime`: the registry's entry and a process's `PYTHON_PROCS` value), and the names of
+//! its frames (`names`).
 //!
 //! A binary is an interpreter when it defines `Py_Version` and `_PyRuntime` (Debian's
 //! `python3.X` links libpython in; an embedder maps `libpython3.X.so`). From the binary
@@ -15,7 +17,9 @@
 //!   holds the GIL (3.12+'s `_Py_tss_tstate` is cleared while a thread runs without it, as
 //!   `hashlib` does on large inputs).
 
+pub mod names;
 pub mod offsets;
+pub mod runtime;
 
 use std::{fmt, ops::Range};
 
@@ -23,7 +27,9 @@ use super::image::{Image, ImageError, Symbol};
 use crate::arch::x86_64::decode::{
     first_argument, jumps_out, returned_thread_local, FirstArgument, Place,
 };
+pub use names::{PythonProcess, UNKNOWN_CODE};
 pub use offsets::{CodeOffsets, EntryMark, Offsets};
+pub use runtime::{may_be, Python};
 
 /// Whether Python's frames are walked (`--python`): Python's switch, beside what it turns on.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]

@@ -31,12 +31,12 @@ use super::elf::{
     DwarfLimits, DwarfOptions, ElfFile, ElfMiss, FileData, OverBudget, ResolvedFrame, SectionCache,
 };
 use super::entry::{EntryChains, ProcessFrames, Spot};
-use super::python::{PythonNames, PythonProcess};
 use crate::pipeline::aggregate::StackSample;
 use crate::process::captures::{process_alive, CaptureStats, Captures};
 use crate::process::maps::{own_vdso, MapEntry, MapsHistory, ProcessMaps};
 use crate::process::open::{open_mapped, OpenError};
 use crate::process::perf_map::PerfMap;
+use crate::runtimes::{Registry, RuntimeNames};
 use crate::sys::allocator::release_free_memory;
 use crate::sys::hex::to_hex;
 use crate::sys::untrusted;
@@ -198,8 +198,8 @@ pub struct UserSymbolizer {
     own_executable: Option<(u64, u64)>,
     /// The frames below glibc's start code, learned from table walks (see `entry`).
     entry_chains: EntryChains,
-    /// Python frames' names, from the processes' memory (see `python`).
-    python: PythonNames,
+    /// Runtimes' frames' names (CPython's), from the processes' memory (see `runtimes`).
+    runtimes: RuntimeNames,
     /// Frames named since the window began, by file place (device, inode, offset): the
     /// processes of one binary (a churn of short-lived `python3`s, a pool of workers) map it
     /// at different addresses, and each asked the same file's DWARF about the same code.
@@ -250,7 +250,7 @@ impl UserSymbolizer {
             dwarf_skips: 0,
             entry_chains: EntryChains::default(),
             resolved: HashMap::new(),
-            python: PythonNames::default(),
+            runtimes: RuntimeNames::default(),
         }
     }
 
@@ -364,7 +364,7 @@ impl UserSymbolizer {
     /// symbolised.
     pub fn forget_exited(&mut self) {
         self.captures.forget_exited(process_alive);
-        self.python.end_window(process_alive);
+        self.runtimes.end_window(&process_alive);
         self.perf_maps.retain(|pid, _| process_alive(*pid));
     }
 
@@ -444,26 +444,28 @@ impl UserSymbolizer {
         completed
     }
 
-    /// Notes that `pid` runs a CPython interpreter (or, with `None`, does not): its Python
-    /// frames are named with it.
-    pub fn set_python(&mut self, pid: u32, process: Option<PythonProcess>) {
-        self.python.set_process(pid, process);
+    /// Names the frames of `registry`'s runtimes from now on (none are named before).
+    pub fn set_runtimes(&mut self, registry: &Registry) {
+        self.runtimes = RuntimeNames::new(registry);
     }
 
-    /// Reads the code object at `code` in `pid` now, while the process runs (see
-    /// [`PythonNames::capture`](super::python::PythonNames::capture)).
-    pub fn capture_python_code(&mut self, pid: u32, code: u64) {
-        self.python.capture(pid, code);
+    /// The runtimes' namers: the loader's attachments and code captures go to them.
+    pub fn runtimes(&mut self) -> &mut RuntimeNames {
+        &mut self.runtimes
     }
 
-    /// The line of a Python frame of `pid`: its code object at `code`, `instr` code units in.
-    pub fn python_line(&mut self, pid: u32, code: u64, instr: u16) -> crate::profile::Line {
-        self.python.line(pid, code, instr)
+    /// The line and kind of the runtime frame `word` of `pid` (see [`RuntimeNames::line`]).
+    pub fn runtime_line(
+        &mut self,
+        pid: u32,
+        word: u64,
+    ) -> (crate::profile::Line, crate::profile::FrameKind) {
+        self.runtimes.line(pid, word)
     }
 
-    /// Python frames named and left unknown, since start.
-    pub fn python_stats(&self) -> (u64, u64) {
-        (self.python.named, self.python.unknown)
+    /// Each runtime's frames named and left unknown since start, by its name.
+    pub fn runtime_counts(&self) -> Vec<(&'static str, (u64, u64))> {
+        self.runtimes.counts().collect()
     }
 
     /// Samples whose stacks got the frames below glibc's start code, since start.

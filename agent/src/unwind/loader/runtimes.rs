@@ -1,38 +1,49 @@
-//! The loader's side of the runtime walks: which binaries are interpreters (or the glibc
-//! they need), what a process running one gets in the runtime's BPF map, and the code
-//! objects of new stacks, read while their processes run.
+//! The loader's side of the runtime walks (`crate::runtimes`): which binaries are a
+//! runtime's (or give one what it needs, as glibc does), what a process running one gets in
+//! the runtime's BPF map, and the runtime frames of new stacks, read while their processes
+//! run. Every runtime comes through the registry; none is named here.
 
-use super::*;
+use std::{any::Any, sync::Arc};
+
+use scorch_common::{RuntimeId, WordKind};
+
+use std::collections::HashSet;
+use std::path::Path;
+
+use aya::maps::MapData;
+use scorch_common::{ShortUserStack, UserStack, WalkedStack, SHORT_USER_STACK_ID};
+
+use super::{
+    executable_segments, process_map::load_bias, KernelMaps, LoaderMaps, Segment, Unwinder,
+};
+use crate::runtimes::{Attachment, Detected, Support};
+use crate::{runtimes::Registry, sys::inner_maps::inner_map};
 
 /// What a binary is to the runtime walks, found before its table is built (in
 /// milliseconds, where the table takes a tenth of a second for an interpreter), so a
-/// process's Python frames are walked from its first samples on.
+/// process's runtime frames are walked from its first samples on.
 #[derive(Debug, Clone)]
 pub(super) struct FileRuntime {
-    pub(super) runtime: Runtime,
+    /// The runtimes it is a binary of, and what it gives them.
+    pub(super) detected: Detected,
     /// Its executable segments, for the load bias of a mapping of it.
     pub(super) segments: Vec<Segment>,
 }
 
-/// What a binary is to the runtime walks.
-#[derive(Debug, Clone)]
-pub(super) enum Runtime {
-    /// A CPython interpreter (the executable, or libpython).
-    Python(Box<Interpreter>),
-    /// glibc, with where a thread's pthread key values are.
-    Libc(SpecificLayout),
-}
-
-/// Most code objects remembered for the symbolizer between two takes: a poll reads at most
+/// Most runtime frames remembered for the symbolizer between two takes: a poll reads at most
 /// a ring buffer's worth of stacks, but nothing here grows without bound if none takes them.
-pub(super) const MAX_PYTHON_CODE: usize = 65_536;
+const MAX_RUNTIME_WORDS: usize = 65_536;
 
-impl Unwinder {
-    /// Notes the code objects of the new Python stacks the BPF side stored (`stacks`: the
+/// A change in which runtimes a process runs, for the symbolizer: the process, the runtime,
+/// and what naming its frames needs (`None`: it no longer runs it).
+pub type AttachmentChange = (u32, RuntimeId, Option<Arc<dyn Any + Send + Sync>>);
+
+impl Unwinder<KernelMaps> {
+    /// Notes the runtime frames of the new stacks the BPF side reported (`stacks`: the
     /// events' process, and generation and id): the symbolizer reads them while their
     /// processes run. A stack its window's drain already took is gone from the map, and named
     /// by then.
-    pub(super) fn read_python_stacks(&mut self, stacks: HashSet<(u32, u64)>) {
+    pub(super) fn read_runtime_stacks(&mut self, stacks: HashSet<(u32, u64)>) {
         let Some(outers) = &self.maps.user_stacks else {
             return;
         };
@@ -45,180 +56,151 @@ impl Unwinder {
             let generation = (stack >> 32) as usize & 1;
             let id = stack as u32 as i32;
             // The id's class bit says which map holds it.
-            let python_code = &mut self.python_code;
+            let words = &mut self.runtime_words;
             if id & SHORT_USER_STACK_ID != 0 {
                 let map = short[generation]
                     .get_or_insert_with(|| generation_map(&outers.short, generation as u32));
                 if let Some(walked) = map.as_ref().and_then(|map| map.get(&id, 0).ok()) {
-                    note_python_code(python_code, tgid, &walked);
+                    note_runtime_words(words, tgid, &walked);
                 }
             } else {
                 let map = long[generation]
                     .get_or_insert_with(|| generation_map(&outers.long, generation as u32));
                 if let Some(walked) = map.as_ref().and_then(|map| map.get(&id, 0).ok()) {
-                    note_python_code(python_code, tgid, &walked);
+                    note_runtime_words(words, tgid, &walked);
                 }
             }
         }
     }
+}
 
-    /// The code objects (process, address) of Python stacks stored since the last call.
-    pub fn take_python_code(&mut self) -> HashSet<(u32, u64)> {
-        std::mem::take(&mut self.python_code)
+impl<M: LoaderMaps> Unwinder<M> {
+    /// The runtime frames (process, word) of the stacks stored since the last call, for the
+    /// symbolizer to read while their processes run.
+    pub fn take_runtime_words(&mut self) -> HashSet<(u32, u64)> {
+        std::mem::take(&mut self.runtime_words)
     }
 
-    /// The processes that started or stopped running a CPython interpreter the BPF side walks
-    /// since the last call, for the symbolizer.
-    pub fn take_python_changes(&mut self) -> Vec<(u32, Option<PythonProcess>)> {
-        std::mem::take(&mut self.python_changes)
+    /// The processes that started or stopped running a runtime the BPF side walks since the
+    /// last call, for the symbolizer.
+    pub fn take_attachments(&mut self) -> Vec<AttachmentChange> {
+        std::mem::take(&mut self.attachment_changes)
     }
 
-    /// Writes (or removes) `pid`'s interpreter in `PYTHON_PROCS`: when it maps a CPython
-    /// interpreter and glibc, both with loaded tables. A full map leaves the process's Python
-    /// frames unwalked (its eval loop shows as native frames), as does any other failure.
-    pub(super) fn write_python(
+    /// Writes (or removes) `pid`'s entry in each runtime's BPF map, from what `attach` found.
+    /// A full map, or any other failure, leaves that runtime's frames of the process unwalked
+    /// (its interpreter loop shows as native frames).
+    pub(super) fn write_attachments(
         &mut self,
         pid: u32,
-        described: Option<(PythonProc, PythonProcess)>,
+        attachments: Vec<(RuntimeId, Attachment)>,
     ) {
-        let before = self.python.get(&pid).copied();
-        match described {
-            Some((value, process)) => {
-                if self.maps.python_procs.insert(pid, value, 0).is_err() {
-                    return;
-                }
-                if before != Some(process) {
-                    self.python.insert(pid, process);
-                    self.python_changes.push((pid, Some(process)));
-                }
+        let mut now: HashSet<RuntimeId> = HashSet::new();
+        for (id, attachment) in attachments {
+            if let Err(error) = self.maps.insert_runtime_entry(id, pid, &attachment.entry) {
+                tracing::debug!("{error}");
+                continue;
             }
-            None if before.is_some() => {
-                let _ = self.maps.python_procs.remove(&pid);
-                self.python.remove(&pid);
-                self.python_changes.push((pid, None));
+            now.insert(id);
+            if self.attached.get(&(pid, id)) != Some(&attachment.entry) {
+                self.attached.insert((pid, id), attachment.entry);
+                self.attachment_changes
+                    .push((pid, id, Some(attachment.process)));
             }
-            None => {}
+        }
+        let gone: Vec<RuntimeId> = self
+            .attached
+            .keys()
+            .filter(|(p, id)| *p == pid && !now.contains(id))
+            .map(|&(_, id)| id)
+            .collect();
+        for id in gone {
+            self.detach(pid, id);
         }
     }
 
-    /// `pid`'s interpreter as the BPF side and the symbolizer need it.
-    pub(super) fn python_proc(&self, pid: u32) -> Option<(PythonProc, PythonProcess)> {
-        let mappings = self.procs.get(&pid)?;
-        let (mut python, mut libc) = (None, None);
+    /// Removes `pid`'s entry from runtime `id`'s BPF map.
+    pub(super) fn detach(&mut self, pid: u32, id: RuntimeId) {
+        if self.attached.remove(&(pid, id)).is_none() {
+            return;
+        }
+        self.maps.remove_runtime_entry(id, pid);
+        self.attachment_changes.push((pid, id, None));
+    }
+
+    /// Forgets an exited process's runtimes.
+    pub(super) fn detach_all(&mut self, pid: u32) {
+        let ids: Vec<RuntimeId> = self
+            .attached
+            .keys()
+            .filter(|(p, _)| *p == pid)
+            .map(|&(_, id)| id)
+            .collect();
+        for id in ids {
+            self.detach(pid, id);
+        }
+    }
+
+    /// What each runtime whose binary `pid` maps gives it, with what the process's other
+    /// binaries support it with.
+    pub(super) fn attachments(&self, pid: u32) -> Vec<(RuntimeId, Attachment)> {
+        let Some(mappings) = self.procs.get(&pid) else {
+            return Vec::new();
+        };
+        let mut support = Support::default();
+        let mut found = Vec::new();
         for mapping in mappings {
             let Some(file) = mapping.key.and_then(|key| self.runtimes.get(&key)) else {
                 continue;
             };
-            match &file.runtime {
-                Runtime::Python(interpreter) => {
-                    if let Some(bias) = load_bias(mapping, &file.segments) {
-                        python = Some((interpreter, bias));
-                    }
+            support.libc = support.libc.or(file.detected.support.libc);
+            if file.detected.binaries.is_empty() {
+                continue;
+            }
+            if let Some(bias) = load_bias(mapping, &file.segments) {
+                for (runtime, binary) in &file.detected.binaries {
+                    found.push((runtime.id(), Arc::clone(binary), bias));
                 }
-                Runtime::Libc(layout) => libc = Some(*layout),
             }
         }
-        let ((interpreter, bias), layout) = (python?, libc?);
-        Some(python_value(interpreter, bias, &layout))
+        // One attachment per runtime: a process mapping two interpreters of one runtime (an
+        // executable and a libpython) is walked through the last one met.
+        let mut attachments: Vec<(RuntimeId, Attachment)> = Vec::new();
+        for (id, binary, bias) in found {
+            if let Some(attachment) = binary.attach(bias, &support) {
+                attachments.retain(|(other, _)| *other != id);
+                attachments.push((id, attachment));
+            }
+        }
+        attachments
     }
 }
 
-/// Whether the binary is a CPython interpreter or glibc; a CPython that cannot be walked is
-/// logged with why, once per binary.
-pub(super) fn runtime(bytes: &[u8], path: &Path) -> Option<FileRuntime> {
-    let runtime = file_runtime(bytes, path)?;
+/// What the registry makes of a binary, with its executable segments; `None` when it is
+/// nothing to any runtime.
+pub(super) fn runtime(registry: &Registry, bytes: &[u8], path: &Path) -> Option<FileRuntime> {
+    let detected = registry.detect(bytes, path);
+    if detected.is_empty() {
+        return None;
+    }
     Some(FileRuntime {
-        runtime,
+        detected,
         segments: executable_segments(&object::File::parse(bytes).ok()?),
     })
 }
 
-fn file_runtime(bytes: &[u8], path: &Path) -> Option<Runtime> {
-    if !may_hold_runtime(bytes) {
-        return None;
-    }
-    let image = Image::parse(bytes).ok()?;
-    match interpreter(&image) {
-        Ok(Some(interpreter)) => {
-            tracing::info!(
-                "{}: CPython {}, its Python frames walked",
-                path.display(),
-                interpreter.version
-            );
-            return Some(Runtime::Python(Box::new(interpreter)));
-        }
-        Ok(None) => {}
-        Err(err) => {
-            tracing::warn!("{}: Python frames not walked: {err}", path.display());
-            return None;
-        }
-    }
-    image.symbol("pthread_getspecific")?;
-    match specific_layout(&image) {
-        Ok(layout) => Some(Runtime::Libc(layout)),
-        Err(err) => {
-            tracing::warn!(
-                "{}: Python frames of processes using this libc not walked: {err}",
-                path.display()
-            );
-            None
-        }
-    }
-}
-
-/// The `PYTHON_PROCS` value of an interpreter loaded at `bias`, and what naming needs.
-fn python_value(
-    interpreter: &Interpreter,
-    bias: u64,
-    layout: &SpecificLayout,
-) -> (PythonProc, PythonProcess) {
-    let offsets = &interpreter.offsets;
-    let (thread_key, thread_local) = match interpreter.thread_state {
-        ThreadState::Key(key) => (key.wrapping_add(bias), 0),
-        ThreadState::ThreadLocal(offset) => (0, offset),
-    };
-    let mut value = PythonProc {
-        thread_key,
-        thread_local,
-        code_type: interpreter.code_type.wrapping_add(bias),
-        code_mask: !offsets.code_tag_bits,
-        specific_keys: layout.first_block,
-        specific_bias: layout.index_bias as u32,
-        specific_shift: layout.entry_shift,
-        specific_value: layout.value_offset as u32,
-        tstate_cframe: offsets.tstate_cframe.unwrap_or(PYTHON_NO_CFRAME),
-        current_frame: offsets.current_frame,
-        frame_code: offsets.frame_code,
-        frame_previous: offsets.frame_previous,
-        frame_instr: offsets.frame_instr,
-        code_adaptive: offsets.code.code_adaptive,
-        ..PythonProc::default()
-    };
-    (value.entry_kind, value.entry_offset, value.entry_value) = match offsets.entry {
-        EntryMark::IsEntry(offset) => (PYTHON_ENTRY_IS_ENTRY, offset, 1),
-        EntryMark::CStackOwner { offset, value } => (PYTHON_ENTRY_CSTACK_OWNER, offset, value),
-    };
-    for (i, range) in interpreter.eval.iter().take(PYTHON_EVAL_RANGES).enumerate() {
-        value.eval_start[i] = range.start.wrapping_add(bias);
-        value.eval_end[i] = range.end.wrapping_add(bias);
-        value.eval_count = i as u32 + 1;
-    }
-    let process = PythonProcess {
-        code_type: value.code_type,
-        offsets: *offsets,
-    };
-    (value, process)
-}
-
-/// Adds the code objects of `stack`'s Python frames (of process `tgid`) to `code`, up to
-/// [`MAX_PYTHON_CODE`].
-fn note_python_code(code: &mut HashSet<(u32, u64)>, tgid: u32, stack: &dyn WalkedStack) {
+/// Adds the runtime frames of `stack` (of process `tgid`) to `words`, up to
+/// [`MAX_RUNTIME_WORDS`].
+fn note_runtime_words(words: &mut HashSet<(u32, u64)>, tgid: u32, stack: &dyn WalkedStack) {
     for &word in stack.frames() {
-        if code.len() >= MAX_PYTHON_CODE {
-            continue;
+        if words.len() >= MAX_RUNTIME_WORDS {
+            break;
         }
-        if let Some((object @ 1.., _)) = python_frame_parts(word) {
-            code.insert((tgid, object));
+        if !matches!(
+            WordKind::of(word),
+            Some(WordKind::Native | WordKind::Continuation) | None
+        ) {
+            words.insert((tgid, word));
         }
     }
 }
@@ -233,4 +215,202 @@ fn generation_map<V: aya::Pod>(
         .ok()
         .and_then(|fd| MapData::from_fd(fd).ok())
         .and_then(|data| aya::maps::HashMap::try_from(aya::maps::Map::HashMap(data)).ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{any::Any, collections::HashSet, ops::Range, sync::Arc};
+
+    use scorch_common::RuntimeId;
+
+    use super::super::memory_maps::{built, file, process, unwinder, MemoryMaps, Op, CODE, PID};
+    use super::*;
+    use crate::{
+        profile::FrameKind,
+        runtimes::{image::Image, libc::SpecificLayout, Binary, Names, Runtime, Support},
+    };
+
+    /// A runtime double: binary 2 is its interpreter, whose code at ELF addresses
+    /// [`OWNED`] its walk takes over, in processes that also map a glibc.
+    #[derive(Debug)]
+    struct Double;
+
+    /// The interpreter loop's code, in the binary's addresses.
+    const OWNED: Range<u64> = 0x2000..0x2100;
+
+    impl Runtime for Double {
+        fn id(&self) -> RuntimeId {
+            RuntimeId::Python
+        }
+        fn name(&self) -> &'static str {
+            "double"
+        }
+        fn frame_kind(&self) -> FrameKind {
+            FrameKind::Python
+        }
+        fn procs_map(&self) -> &'static str {
+            "DOUBLE_PROCS"
+        }
+        fn may_be(&self, _: &object::File) -> bool {
+            false
+        }
+        fn detect(&self, _: &Image) -> Result<Option<Arc<dyn Binary>>, String> {
+            Ok(None)
+        }
+        fn names(&self) -> Box<dyn Names> {
+            unreachable!("the loader never names frames")
+        }
+    }
+
+    /// The double's binary: attached at a bias, its entry is the bias.
+    #[derive(Debug)]
+    struct Interpreter;
+
+    impl Binary for Interpreter {
+        fn describe(&self) -> String {
+            "double 1.0".into()
+        }
+        fn attach(&self, bias: u64, support: &Support) -> Option<super::Attachment> {
+            support.libc?;
+            let owned = OWNED.start + bias..OWNED.end + bias;
+            Some(super::Attachment {
+                owned: std::iter::once(owned).collect(),
+                entry: bias.to_le_bytes().to_vec(),
+                process: Arc::new(bias) as Arc<dyn Any + Send + Sync>,
+            })
+        }
+    }
+
+    /// An unwinder with tables for binaries 1 to 3, binary 2 the double's interpreter and
+    /// binary 3 a glibc.
+    fn with_double() -> Unwinder<MemoryMaps> {
+        let (mut unwinder, _) = unwinder(MemoryMaps::new(16, 16), 1 << 20);
+        for inode in 1..=3 {
+            unwinder
+                .install(
+                    file(inode),
+                    Some(built(10, inode as u8)),
+                    &mut HashSet::new(),
+                )
+                .unwrap();
+        }
+        let runtime: Arc<dyn Runtime> = Arc::new(Double);
+        let binary: Arc<dyn Binary> = Arc::new(Interpreter);
+        unwinder.runtimes.insert(
+            file(2),
+            FileRuntime {
+                detected: Detected {
+                    binaries: vec![(runtime, binary)],
+                    support: Support::default(),
+                },
+                segments: vec![CODE],
+            },
+        );
+        let layout = SpecificLayout {
+            first_block: 32,
+            index_bias: 0x31,
+            entry_shift: 4,
+            value_offset: 8,
+        };
+        unwinder.runtimes.insert(
+            file(3),
+            FileRuntime {
+                detected: Detected {
+                    binaries: Vec::new(),
+                    support: Support { libc: Some(layout) },
+                },
+                segments: vec![CODE],
+            },
+        );
+        unwinder
+    }
+
+    #[test]
+    fn a_registered_runtime_is_attached_marked_and_detached_through_the_maps() {
+        let mut unwinder = with_double();
+        unwinder
+            .scan_all(&[PID], |_| Ok(process(&[1, 2, 3])))
+            .unwrap();
+        // `process` maps binary 2 second, 0x10_0000 after the first, at file offset 0x1000.
+        let bias: u64 = 0x7f00_0010_0000 - 0x1000;
+        assert_eq!(
+            unwinder.maps.runtime_entries[&(RuntimeId::Python, PID)],
+            bias.to_le_bytes()
+        );
+        // The owned range is a mapping entry of its own, marked for the runtime's walk, with
+        // its mapping's table.
+        let mappings = &unwinder.maps.procs[&PID];
+        let owned: Vec<_> = mappings.mappings[..mappings.count as usize]
+            .iter()
+            .filter(|m| m.runtime == RuntimeId::Python as u16)
+            .collect();
+        assert_eq!(owned.len(), 1);
+        assert_eq!(
+            (owned[0].start, owned[0].end),
+            (OWNED.start + bias, OWNED.end + bias)
+        );
+        assert_eq!(owned[0].state, scorch_common::MAPPING_TABLE_LOADED);
+        // The symbolizer is told once, with what naming needs.
+        let changes = unwinder.take_attachments();
+        assert_eq!(changes.len(), 1);
+        let (pid, id, named) = &changes[0];
+        assert_eq!((*pid, *id), (PID, RuntimeId::Python));
+        let given = named
+            .as_ref()
+            .and_then(|p| p.downcast_ref::<u64>().copied());
+        assert_eq!(given, Some(bias));
+        // Described again, unchanged: nothing new for the symbolizer.
+        unwinder
+            .scan_all(&[PID], |_| Ok(process(&[1, 2, 3])))
+            .unwrap();
+        assert!(unwinder.take_attachments().is_empty());
+
+        // It exits: out of the runtime's map, and the symbolizer told.
+        unwinder.forget(|pid| pid != PID);
+        assert!(unwinder.maps.runtime_entries.is_empty());
+        assert!(unwinder
+            .maps
+            .ops
+            .contains(&Op::RemoveRuntimeEntry(RuntimeId::Python, PID)));
+        let changes = unwinder.take_attachments();
+        assert!(matches!(changes[..], [(PID, RuntimeId::Python, None)]));
+        assert_eq!(unwinder.stats().runtime_processes, 0);
+    }
+
+    #[test]
+    fn a_process_lacking_what_a_runtime_needs_is_not_attached() {
+        let mut unwinder = with_double();
+        // No glibc: the double's interpreter cannot be walked there.
+        unwinder.scan_all(&[PID], |_| Ok(process(&[1, 2]))).unwrap();
+        assert!(unwinder.maps.runtime_entries.is_empty());
+        assert!(unwinder.take_attachments().is_empty());
+        let mappings = &unwinder.maps.procs[&PID];
+        assert!(mappings.mappings[..mappings.count as usize]
+            .iter()
+            .all(|m| m.runtime == 0));
+        // Its glibc loads: attached from the next description on.
+        unwinder
+            .scan_all(&[PID], |_| Ok(process(&[1, 2, 3])))
+            .unwrap();
+        assert_eq!(unwinder.stats().runtime_processes, 1);
+    }
+
+    #[test]
+    fn only_runtime_words_of_a_stack_are_noted() {
+        let mut words = HashSet::new();
+        let python = scorch_common::python_frame_word(0x7f00_0000_1000, 3);
+        let mut stack = ShortUserStack {
+            hash: 0,
+            len: 3,
+            outcome: 0,
+            pcs: [0; scorch_common::SHORT_USER_STACK_DEPTH],
+        };
+        stack.pcs[0] = 0x5555_0000_1000;
+        stack.pcs[1] = python;
+        stack.pcs[2] = scorch_common::WordKind::Continuation.word(5);
+        // Past `len`: not a frame.
+        stack.pcs[3] = scorch_common::python_frame_word(0x7f00_0000_2000, 1);
+        note_runtime_words(&mut words, 7, &stack);
+        assert_eq!(words, HashSet::from([(7, python)]));
+    }
 }

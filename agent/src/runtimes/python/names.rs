@@ -10,7 +10,12 @@
 
 use std::collections::HashMap;
 
-use crate::{profile::Line, runtimes::python::Offsets, sys::memory};
+use std::{any::Any, sync::Arc};
+
+use scorch_common::python_frame_parts;
+
+use super::Offsets;
+use crate::{profile::Line, runtimes::Names, sys::memory};
 
 /// A process's interpreter, in the process's addresses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -110,6 +115,33 @@ impl PythonNames {
                 Line::named(UNKNOWN_CODE)
             }
         }
+    }
+}
+
+impl Names for PythonNames {
+    fn attach(&mut self, pid: u32, process: Option<Arc<dyn Any + Send + Sync>>) {
+        let process = process.and_then(|p| p.downcast_ref::<PythonProcess>().copied());
+        self.set_process(pid, process);
+    }
+
+    fn capture(&mut self, pid: u32, word: u64) {
+        // Code 0 is a frame whose code object the walk could not keep: nothing to read.
+        if let Some((code @ 1.., _)) = python_frame_parts(word) {
+            PythonNames::capture(self, pid, code);
+        }
+    }
+
+    fn end_window(&mut self, alive: &dyn Fn(u32) -> bool) {
+        PythonNames::end_window(self, alive);
+    }
+
+    fn line(&mut self, pid: u32, word: u64) -> Line {
+        let (code, instr) = python_frame_parts(word).unwrap_or((0, 0));
+        PythonNames::line(self, pid, code, instr)
+    }
+
+    fn counts(&self) -> (u64, u64) {
+        (self.named, self.unknown)
     }
 }
 
