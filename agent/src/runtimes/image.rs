@@ -1,7 +1,9 @@
-//! One ELF image, as the runtime readers need it.
+//! One ELF image, as the runtime readers need it: a view over the loader's one parse of the
+//! file (`binary::elf`), with the symbols hashed by name.
 
 use std::{cell::OnceCell, collections::HashMap, ops::Range};
 
+use crate::binary::elf::Elf;
 use gimli::{BaseAddresses, CieOrFde, EhFrame, LittleEndian, UnwindSection};
 use object::{
     Object, ObjectSection, ObjectSymbol, ObjectSymbolTable, RelocationFlags, RelocationTarget,
@@ -11,8 +13,6 @@ use object::{
 /// Why an image could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum ImageError {
-    #[error("not an ELF file this reader understands: {0}")]
-    Parse(#[from] object::Error),
     #[error("{what} at {address:#x}: not in a section with contents")]
     NoData { what: &'static str, address: u64 },
 }
@@ -27,7 +27,10 @@ pub struct Symbol {
 /// An ELF image: its symbol tables (`.dynsym`, and `.symtab` when not stripped) by name,
 /// and its sections with contents.
 pub struct Image<'a> {
-    file: object::File<'a>,
+    /// The file's one parse, which the loader made: sections and relocations are read
+    /// through it.
+    file: &'a object::File<'a>,
+    /// Defined function and object symbols by plain name: the readers look them up by name.
     symbols: HashMap<&'a str, Symbol>,
     /// What the dynamic loader writes at each relocated address, less the load bias: read at
     /// the first pointer asked for.
@@ -42,8 +45,9 @@ const R_X86_64_GLOB_DAT: u32 = 6;
 const R_X86_64_RELATIVE: u32 = 8;
 
 impl<'a> Image<'a> {
-    pub fn parse(data: &'a [u8]) -> Result<Image<'a>, ImageError> {
-        let file = object::File::parse(data)?;
+    /// The image of the parsed file `elf`.
+    pub fn of(elf: &'a Elf<'a>) -> Image<'a> {
+        let file = elf.object();
         let mut symbols = HashMap::new();
         for symbol in file.dynamic_symbols().chain(file.symbols()) {
             if symbol.is_undefined()
@@ -60,11 +64,11 @@ impl<'a> Image<'a> {
                 });
             }
         }
-        Ok(Image {
+        Image {
             file,
             symbols,
             relative: OnceCell::new(),
-        })
+        }
     }
 
     pub fn symbol(&self, name: &str) -> Option<Symbol> {

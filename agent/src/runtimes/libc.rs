@@ -54,7 +54,7 @@ impl SpecificLayout {
 const TCB_SELF: u64 = 0x10;
 
 /// Whether a binary may be a glibc: it defines `pthread_getspecific` among its dynamic
-/// symbols. Read without hashing the symbols ([`Image::parse`] does), as the loader asks it of
+/// symbols. Read without hashing the symbols ([`Image::of`] does), as the loader asks it of
 /// every binary a process maps.
 pub fn may_be(elf: &object::File) -> bool {
     use object::{Object, ObjectSymbol};
@@ -163,7 +163,8 @@ mod tests {
     fn the_hosts_glibc_keeps_its_first_keys_in_struct_pthread() {
         // Debian 12's glibc 2.36, which these machines run.
         let data = std::fs::read("/lib/x86_64-linux-gnu/libc.so.6").expect("the host's libc");
-        let image = Image::parse(&data).unwrap();
+        let elf = crate::binary::elf::Elf::parse(&data).unwrap();
+        let image = Image::of(&elf);
         let layout = specific_layout(&image).unwrap();
         assert_eq!(
             layout,
@@ -183,13 +184,15 @@ mod tests {
         // A libc whose pthread_getspecific is `xor eax,eax; ret`.
         let data =
             crate::runtimes::image::test_elf(&[("pthread_getspecific", &[0x31, 0xc0, 0xc3])]);
-        let image = Image::parse(&data).unwrap();
+        let elf = crate::binary::elf::Elf::parse(&data).unwrap();
+        let image = Image::of(&elf);
         assert!(matches!(
             specific_layout(&image),
             Err(LibcError::UnknownCode(_))
         ));
         let data = crate::runtimes::image::test_elf(&[("other", &[0xc3])]);
-        let image = Image::parse(&data).unwrap();
+        let elf = crate::binary::elf::Elf::parse(&data).unwrap();
+        let image = Image::of(&elf);
         assert!(matches!(specific_layout(&image), Err(LibcError::NoSymbol)));
     }
 }

@@ -32,6 +32,7 @@ use scorch_common::RuntimeId;
 
 use self::image::Image;
 use self::libc::SpecificLayout;
+use crate::binary::elf::Elf;
 use crate::profile::{FrameKind, Line};
 
 /// A language runtime the BPF side walks; see the module documentation.
@@ -152,22 +153,18 @@ impl Registry {
     /// What the runtimes make of a binary (on the loader's worker): each runtime that
     /// recognises it, and what it gives the others. Why a binary of a runtime's cannot be
     /// walked is logged, as it is data about the binary, not a fault of the agent.
-    pub fn detect(&self, bytes: &[u8], path: &Path) -> Detected {
+    pub fn detect(&self, elf: &Elf<'_>, path: &Path) -> Detected {
         let mut detected = Detected::default();
         if self.runtimes.is_empty() {
             return detected;
         }
-        let Ok(elf) = object::File::parse(bytes) else {
-            return detected;
-        };
-        let maybe: Vec<_> = self.runtimes.iter().filter(|r| r.may_be(&elf)).collect();
-        let libc = self::libc::may_be(&elf);
+        let object = elf.object();
+        let maybe: Vec<_> = self.runtimes.iter().filter(|r| r.may_be(object)).collect();
+        let libc = self::libc::may_be(object);
         if maybe.is_empty() && !libc {
             return detected;
         }
-        let Ok(image) = Image::parse(bytes) else {
-            return detected;
-        };
+        let image = Image::of(elf);
         for runtime in maybe {
             match runtime.detect(&image) {
                 Ok(Some(binary)) => {

@@ -27,7 +27,9 @@ pub mod row;
 use std::{borrow::Cow, path::Path, path::PathBuf};
 
 use gimli::{BaseAddresses, DebugFrame, EhFrame, LittleEndian};
-use object::{Object, ObjectSection, ObjectSegment, SegmentFlags};
+use object::{Object, ObjectSection};
+
+use crate::binary::elf::Elf;
 
 use convert::{Converted, FdeCounts, Section};
 pub use row::{CfaKind, FpKind, UnwindRow};
@@ -40,7 +42,7 @@ pub enum UnwindError {
     #[error("parsing ELF file {path}: {source}")]
     Parse {
         path: PathBuf,
-        source: object::Error,
+        source: crate::binary::elf::ElfError,
     },
     #[error("{path} is {architecture} code: unwind tables are built for x86_64 only")]
     Architecture { path: PathBuf, architecture: String },
@@ -133,16 +135,15 @@ struct Code {
 }
 
 impl Code {
-    fn of(file: &object::File<'_>, path: &Path) -> Result<Self, UnwindError> {
-        let segments: Vec<(u64, u64)> = file
+    fn of(elf: &Elf<'_>, path: &Path) -> Result<Self, UnwindError> {
+        let code = elf
             .segments()
-            .filter(|segment| match segment.flags() {
-                SegmentFlags::Elf { p_flags } => p_flags & object::elf::PF_X != 0,
-                _ => false,
-            })
+            .iter()
+            .filter(|segment| segment.is_executable());
+        let segments: Vec<(u64, u64)> = code
             .map(|segment| {
-                let start = segment.address();
-                (start, start.saturating_add(segment.size()))
+                let start = segment.address;
+                (start, start.saturating_add(segment.memory_size))
             })
             .collect();
         let (Some(base), Some(end)) = (
@@ -184,6 +185,11 @@ impl UnwindTable {
         Self::build_with_debug_file(path, elf, None)
     }
 
+    /// As [`UnwindTable::build`], from a file already parsed (the loader's one parse of it).
+    pub fn of(path: &Path, elf: &Elf<'_>) -> Result<Self, UnwindError> {
+        Self::of_with_debug_file(path, elf, None)
+    }
+
     /// As [`UnwindTable::build`]; when the binary has no `.debug_frame`, that of its separate
     /// debug file (`(path, bytes)`, found the way symbolisation finds it) is read instead.
     ///
@@ -196,13 +202,23 @@ impl UnwindTable {
         elf: &[u8],
         debug_file: Option<(&Path, &[u8])>,
     ) -> Result<Self, UnwindError> {
-        let file = parse(path, elf)?;
-        let code = Code::of(&file, path)?;
+        Self::of_with_debug_file(path, &parse(path, elf)?, debug_file)
+    }
+
+    /// As [`UnwindTable::build_with_debug_file`], from a file already parsed.
+    pub fn of_with_debug_file(
+        path: &Path,
+        parsed: &Elf<'_>,
+        debug_file: Option<(&Path, &[u8])>,
+    ) -> Result<Self, UnwindError> {
+        x86_64(path, parsed)?;
+        let (file, elf) = (parsed.object(), parsed.data());
+        let code = Code::of(parsed, path)?;
         let mut converted = Converted::default();
         // In a Go binary, the runtime's functions that start or switch stacks come first:
         // its CFI (an unstripped build's `.debug_frame`) describes them as ordinary frames,
         // and a walk through them goes on into another stack's words.
-        let go = match crate::binary::gopclntab::Pclntab::find(&file, elf) {
+        let go = match crate::binary::gopclntab::Pclntab::of(parsed) {
             Ok(table) => table,
             Err(err) => {
                 tracing::debug!("{}: Go function table refused: {err}", path.display());
@@ -212,14 +228,15 @@ impl UnwindTable {
         let go_stops = go.as_ref().map_or(FdeCounts::default(), |table| {
             pcsp::convert(table, elf, &code, &[], pcsp::Which::Stops, &mut converted)
         });
-        let eh_frame = eh_frame(&file, path, &code, &converted.covered(), &mut converted)?;
+        let eh_frame = eh_frame(file, path, &code, &converted.covered(), &mut converted)?;
         let claimed = converted.covered();
-        let debug_frame = match debug_frame(&file, path, &code, &claimed, &mut converted)? {
+        let debug_frame = match debug_frame(file, path, &code, &claimed, &mut converted)? {
             Some(counts) => counts,
             None => match debug_file {
                 Some((debug_path, debug_bytes)) => {
                     let debug = parse(debug_path, debug_bytes)?;
-                    debug_frame(&debug, debug_path, &code, &claimed, &mut converted)?
+                    let debug = debug.object();
+                    debug_frame(debug, debug_path, &code, &claimed, &mut converted)?
                         .unwrap_or_default()
                 }
                 None => FdeCounts::default(),
@@ -310,11 +327,19 @@ impl UnwindTable {
     }
 }
 
-fn parse<'data>(path: &Path, bytes: &'data [u8]) -> Result<object::File<'data>, UnwindError> {
-    let file = object::File::parse(bytes).map_err(|source| UnwindError::Parse {
+/// Parses `bytes` (`path` names them in errors) as x86_64 ELF.
+fn parse<'data>(path: &Path, bytes: &'data [u8]) -> Result<Elf<'data>, UnwindError> {
+    let elf = Elf::parse(bytes).map_err(|source| UnwindError::Parse {
         path: path.to_owned(),
         source,
     })?;
+    x86_64(path, &elf)?;
+    Ok(elf)
+}
+
+/// Refuses a file of another architecture: the rows name x86_64's registers.
+fn x86_64(path: &Path, elf: &Elf<'_>) -> Result<(), UnwindError> {
+    let file = elf.object();
     let architecture = file.architecture();
     if architecture != object::Architecture::X86_64 || !file.is_little_endian() || !file.is_64() {
         return Err(UnwindError::Architecture {
@@ -322,7 +347,7 @@ fn parse<'data>(path: &Path, bytes: &'data [u8]) -> Result<object::File<'data>, 
             architecture: format!("{architecture:?}"),
         });
     }
-    Ok(file)
+    Ok(())
 }
 
 /// Converts the file's `.eh_frame` FDEs that `claimed` leaves into `converted`.

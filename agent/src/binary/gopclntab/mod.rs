@@ -33,8 +33,10 @@ use table::*;
 
 use object::{
     read::elf::{ElfFile, FileHeader, NoteIterator, ProgramHeader, SectionHeader},
-    Endianness, Object, ObjectSection, ObjectSymbol,
+    Endianness, Object, ObjectSymbol,
 };
+
+use super::elf::{Elf, SectionRange, Segment, PF_W, PF_X};
 
 /// Why a table could not be read, or a pc not named from it. Offsets are file offsets.
 #[derive(Debug, thiserror::Error)]
@@ -186,9 +188,6 @@ const TOP_FRAMES: [&str; 5] = [
 ];
 /// The segments kept for mapping funcdata addresses: Go binaries have three or four.
 const MAX_SEGMENTS: usize = 64;
-/// `PF_X` and `PF_W` of an ELF program header.
-const PF_X: u32 = 1;
-const PF_W: u32 = 2;
 /// The Go build id note's type (owner "Go").
 const NOTE_GO_BUILD_ID: u32 = 4;
 /// `moduledata.gofunc`'s offset: after the slices, the bounds words and `rodata`; 1.20
@@ -283,17 +282,31 @@ impl Pclntab {
         if file.format() != object::BinaryFormat::Elf {
             return Ok(None);
         }
+        match Elf::parse(data) {
+            Ok(elf) => Self::of(&elf),
+            // `file` parsed these bytes as ELF, so this parse did too.
+            Err(_) => Ok(None),
+        }
+    }
+
+    /// As [`Pclntab::find`], in a binary already parsed: its segments and where its
+    /// `.gopclntab` section is are the parse's.
+    pub fn of(elf: &Elf<'_>) -> Result<Option<Pclntab>> {
+        let (file, data) = (elf.object(), elf.data());
         // Asked of every binary a process maps: most are not Go, and their symbol tables (a
         // hundred thousand symbols in libLLVM) are not read for Go's names.
         if file.sections().next().is_some() && !has_go_section(file) {
             return Ok(None);
         }
-        let segments = load_segments(file);
+        let segments = load_segments(elf.segments());
         let symbols = Symbols::read(file);
-        let section = file
-            .section_by_name(".gopclntab")
-            .or_else(|| file.section_by_name(".data.rel.ro.gopclntab"))
-            .and_then(|section| Some((section.file_range()?, section.address())));
+        let section = elf.gopclntab().map(
+            |SectionRange {
+                 offset,
+                 size,
+                 address,
+             }| { ((offset, size), address) },
+        );
         let by_symbol = || {
             let address = symbols.pclntab?;
             let segment = segments

@@ -1,7 +1,5 @@
 //! Bounds-checked reads of the file: little-endian values within a slice, and ELF
-//! addresses through the loaded segments.
-
-use object::{Object, ObjectSegment, SegmentFlags};
+//! addresses through the loaded segments (`binary::elf`'s).
 
 use super::*;
 
@@ -84,55 +82,10 @@ impl<'d> Bytes<'d> {
     }
 }
 
-/// A loaded segment's file bytes: what maps an ELF address to a file offset.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Segment {
-    pub(super) address: u64,
-    pub(super) offset: u64,
-    pub(super) file_size: u64,
-    pub(super) flags: u32,
-}
-
-impl Segment {
-    /// The file offset of `address`, if this segment has `len` file bytes there.
-    pub(super) fn offset_of(&self, address: u64, len: u64) -> Option<u64> {
-        let off = address.checked_sub(self.address)?;
-        (off.checked_add(len)? <= self.file_size).then_some(self.offset.checked_add(off)?)
-    }
-
-    /// The 8-byte aligned words of the segment's bytes in the file (a truncated file has
-    /// fewer): (address, word).
-    pub(super) fn words<'d>(&self, data: &'d [u8]) -> impl Iterator<Item = (u64, &'d [u8])> + 'd {
-        let segment = *self;
-        let skip = segment.address.wrapping_neg() % 8;
-        let clamp = |n: u64| usize::try_from(n).map_or(data.len(), |n| n.min(data.len()));
-        let end = clamp(segment.offset.saturating_add(segment.file_size));
-        let bytes = data.get(clamp(segment.offset)..end).unwrap_or_default();
-        let aligned = bytes.get(skip as usize..).unwrap_or_default();
-        aligned
-            .chunks_exact(8)
-            .enumerate()
-            .map(move |(i, word)| (segment.address.wrapping_add(skip + 8 * i as u64), word))
-    }
-}
-
-pub(super) fn load_segments(file: &object::File<'_>) -> Vec<Segment> {
-    let segments = file.segments().map(|segment| {
-        let (offset, file_size) = segment.file_range();
-        let flags = match segment.flags() {
-            SegmentFlags::Elf { p_flags } => p_flags,
-            _ => 0,
-        };
-        let address = segment.address();
-        Segment {
-            address,
-            offset,
-            file_size,
-            flags,
-        }
-    });
-    let segments = segments.filter(|segment| segment.file_size > 0);
-    segments.take(MAX_SEGMENTS).collect()
+/// The segments with file bytes, for mapping addresses to file offsets.
+pub(super) fn load_segments(segments: &[Segment]) -> Vec<Segment> {
+    let segments = segments.iter().filter(|segment| segment.file_size > 0);
+    segments.copied().take(MAX_SEGMENTS).collect()
 }
 
 /// The `len` file bytes at ELF address `address`, all within one segment.

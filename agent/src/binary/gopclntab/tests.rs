@@ -2,6 +2,7 @@
 //! tables written byte by byte.
 
 use super::*;
+use object::ObjectSection;
 use std::{
     collections::HashMap,
     path::{Path, PathBuf},
@@ -280,7 +281,7 @@ fn frames_match_dwarf(stripped: &[u8], plain: &[u8]) {
     // Every instruction of the program's own functions, and every fifth of the others:
     // pcs a CPU reports (inside a multi-byte NOP, DWARF's rows and the pclntab's can
     // change line at different bytes).
-    let segments = load_segments(&object::File::parse(stripped).unwrap());
+    let segments = load_segments(Elf::parse(stripped).unwrap().segments());
     let mut pcs = Vec::new();
     for func in table.funcs(stripped).map(Result::unwrap) {
         let code = bytes_at(
@@ -791,6 +792,7 @@ fn synth(format: Format, funcs: &[SynthFunc]) -> (Vec<u8>, Pclntab) {
         address: TABLE,
         offset: 0,
         file_size: out.len() as u64,
+        memory_size: out.len() as u64,
         flags: 4,
     };
     let text = table.text_range(table.bytes(&out).unwrap()).unwrap();

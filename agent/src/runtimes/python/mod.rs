@@ -340,7 +340,8 @@ mod tests {
     #[test]
     fn debian_12s_python_3_11() {
         let data = std::fs::read("/usr/bin/python3.11").expect("Debian 12's /usr/bin/python3.11");
-        let image = Image::parse(&data).unwrap();
+        let elf = crate::binary::elf::Elf::parse(&data).unwrap();
+        let image = Image::of(&elf);
         let interpreter = interpreter(&image).unwrap().expect("an interpreter");
         assert_eq!(
             (interpreter.version.major, interpreter.version.minor),
@@ -372,7 +373,10 @@ mod tests {
     #[test]
     fn not_an_interpreter() {
         let data = std::fs::read("/lib/x86_64-linux-gnu/libc.so.6").unwrap();
-        assert_eq!(interpreter(&Image::parse(&data).unwrap()).unwrap(), None);
+        assert_eq!(
+            interpreter(&Image::of(&crate::binary::elf::Elf::parse(&data).unwrap())).unwrap(),
+            None
+        );
     }
 
     /// A 3.13 table with one offset beyond its structure is refused, as is one whose version

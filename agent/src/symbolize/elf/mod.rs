@@ -40,9 +40,10 @@ use std::{
     sync::Arc,
 };
 
-use object::{Object, ObjectSegment};
+use object::Object;
 
 use crate::binary::address::{ElfAddress, FileOffset};
+use crate::binary::elf::Elf;
 use crate::binary::gopclntab::Pclntab;
 use crate::sys;
 use dwarf::Dwarf;
@@ -58,6 +59,11 @@ pub enum ElfError {
     Parse {
         path: PathBuf,
         source: object::Error,
+    },
+    #[error("parsing ELF file {path}: {source}")]
+    Image {
+        path: PathBuf,
+        source: crate::binary::elf::ElfError,
     },
     #[error("reading DWARF in {path}: {source}")]
     Dwarf { path: PathBuf, source: gimli::Error },
@@ -224,12 +230,8 @@ pub struct ResolvedFrame {
 /// The file's build id in lowercase hex: its GNU build id, or else a Go binary's Go build id
 /// (which `go build` writes where it writes no GNU one), its bytes in hex as Parca Agent keys
 /// it, so that the symbol cache and uploads key stripped Go binaries too.
-pub fn build_id(file: &object::File<'_>, data: &[u8]) -> Option<String> {
-    match file.build_id() {
-        Ok(Some(id)) => Some(crate::sys::hex::to_hex(id)),
-        _ => crate::binary::gopclntab::build_id(file, data)
-            .map(|id| crate::sys::hex::to_hex(id.as_bytes())),
-    }
+pub fn build_id(elf: &Elf<'_>) -> Option<String> {
+    elf.build_id().map(|id| crate::sys::hex::to_hex(&id))
 }
 
 /// A `PT_LOAD` segment: which file bytes land at which ELF addresses.
@@ -313,8 +315,12 @@ impl ElfFile {
             path: path.to_owned(),
             source,
         };
-        let file = object::File::parse(data.bytes()).map_err(parse_err)?;
-        let (go, go_refused) = match Pclntab::find(&file, data.bytes()) {
+        let elf = Elf::parse(data.bytes()).map_err(|source| ElfError::Image {
+            path: path.to_owned(),
+            source,
+        })?;
+        let file = elf.object();
+        let (go, go_refused) = match Pclntab::of(&elf) {
             Ok(table) => (table, None),
             Err(err) => {
                 tracing::debug!("{}: its Go symbol table is refused: {err}", path.display());
@@ -322,29 +328,25 @@ impl ElfFile {
             }
         };
         file.build_id().map_err(parse_err)?;
-        let build_id = build_id(&file, data.bytes());
-        let debuglink = file
-            .gnu_debuglink()
-            .ok()
-            .flatten()
+        let build_id = build_id(&elf);
+        let debuglink = elf
+            .debuglink()
             .map(|(name, crc)| (String::from_utf8_lossy(name).into_owned(), crc));
-        let segments = file
+        let segments = elf
             .segments()
-            .map(|segment| {
-                let (file_offset, file_size) = segment.file_range();
-                LoadSegment {
-                    file_offset,
-                    file_size,
-                    address: segment.address(),
-                }
+            .iter()
+            .map(|segment| LoadSegment {
+                file_offset: segment.offset,
+                file_size: segment.file_size,
+                address: segment.address,
             })
             .collect();
-        let symbols = SymbolTable::read(&file, &|| data.release_resident_pages());
+        let symbols = SymbolTable::read(file, &|| data.release_resident_pages());
         // Corrupt or oversized DWARF costs the file its line tables, not its symbol names.
         let loaded = if options.skip {
             Ok(DwarfLoad::Absent)
         } else {
-            Dwarf::load(&file, &data, options)
+            Dwarf::load(file, &data, options)
         };
         let (mut dwarf, dwarf_refused, dwarf_unreadable) = match loaded {
             Ok(DwarfLoad::Loaded(dwarf)) => (Some(dwarf), None, false),

@@ -52,8 +52,8 @@ impl UserSymbolizer {
     pub(super) fn read_build_id(&mut self, pid: u32, entry: &MapEntry) -> Option<String> {
         let (handle, path, _) = open_mapped(pid, entry).ok()?;
         let data = FileData::map_file(&handle, &path).ok()?;
-        let file = object::File::parse(data.bytes()).ok()?;
-        let id = crate::symbolize::elf::build_id(&file, data.bytes())?;
+        let elf = crate::binary::elf::Elf::parse(data.bytes()).ok()?;
+        let id = crate::symbolize::elf::build_id(&elf)?;
         let Some(limit) = self.collect_binaries else {
             return Some(id);
         };
@@ -67,11 +67,10 @@ impl UserSymbolizer {
             );
             return Some(id);
         }
-        let debuglink = object::Object::gnu_debuglink(&file)
-            .ok()
-            .flatten()
+        let debuglink = elf
+            .debuglink()
             .map(|(name, crc)| (String::from_utf8_lossy(name).into_owned(), crc));
-        drop(file);
+        drop(elf);
         let root = PathBuf::from(format!("/proc/{pid}/root"));
         let located = self.locate_debug_file(
             &root,

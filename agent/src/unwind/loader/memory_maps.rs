@@ -216,6 +216,8 @@ pub(super) const CODE: Segment = Segment {
     offset: 0x1000,
     address: 0x1000,
     file_size: 0x10000,
+    memory_size: 0x10000,
+    flags: crate::binary::elf::PF_X,
 };
 
 /// A table of `rows` rows for a binary of build id `id`.

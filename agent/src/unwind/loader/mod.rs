@@ -31,7 +31,6 @@ use std::{
 };
 
 use aya::maps::MapError;
-use object::{Object, ObjectSegment, SegmentFlags};
 use scorch_common::{RuntimeId, UnwindRow, MAX_ROW_POOLS, MIN_POOL_ROWS};
 
 mod maps;
@@ -45,6 +44,7 @@ mod memory_maps;
 
 use super::{kernel_maps::KernelMaps, pool::RowPools, UnwindTable};
 use crate::{
+    binary::elf::{Elf, Segment},
     pipeline::maps::UnwindMaps,
     process::maps::{own_vdso, ProcessMaps},
     runtimes::Registry,
@@ -111,14 +111,6 @@ const VDSO: FileKey = FileKey { dev: 0, inode: 0 };
 enum TableKey {
     BuildId(Box<[u8]>),
     File(FileKey),
-}
-
-/// An executable `PT_LOAD` segment: where the file's bytes go in the ELF address space.
-#[derive(Debug, Clone, Copy)]
-struct Segment {
-    offset: u64,
-    address: u64,
-    file_size: u64,
 }
 
 /// A built table, on its way from the worker.
@@ -308,18 +300,23 @@ impl Unwinder {
             .spawn(move || {
                 // Ends when the unwinder (the sender) is dropped.
                 for (key, file, path) in inbox {
+                    let unreadable = |err: &dyn std::fmt::Display| {
+                        tracing::debug!("unwind table for {}: {err}", path.display())
+                    };
                     let data = FileData::map_file(&file, &path)
-                        .map_err(|err| {
-                            tracing::debug!("unwind table for {}: {err}", path.display())
-                        })
+                        .map_err(|err| unreadable(&err))
                         .ok();
-                    let runtime = data
-                        .as_ref()
-                        .and_then(|data| runtime(&registry, data.bytes(), &path));
+                    // The file's one parse: the runtimes, the table and its key all read it.
+                    let elf = data.as_ref().and_then(|data| {
+                        Elf::parse(data.bytes())
+                            .map_err(|err| unreadable(&err))
+                            .ok()
+                    });
+                    let runtime = elf.as_ref().and_then(|elf| runtime(&registry, elf, &path));
                     if outbox.send(BuildResult::Runtime(key, runtime)).is_err() {
                         break;
                     }
-                    let built = data.and_then(|data| build_from(data.bytes(), &path));
+                    let built = elf.as_ref().and_then(|elf| build_from(elf, &path));
                     if outbox.send(BuildResult::Table(key, built)).is_err() {
                         break;
                     }
@@ -338,7 +335,14 @@ impl Unwinder {
         let Some(image) = own_vdso() else {
             return Ok(());
         };
-        let built = build_from(&image, Path::new("[vdso]"));
+        let path = Path::new("[vdso]");
+        let built = match Elf::parse(&image) {
+            Ok(elf) => build_from(&elf, path),
+            Err(err) => {
+                tracing::debug!("unwind table for {}: {err}", path.display());
+                None
+            }
+        };
         self.install(VDSO, built, &mut HashSet::new())?;
         if matches!(self.files.get(&VDSO), Some(FileState::Loaded(_))) {
             self.vdso_len = Some(image.len() as u64);
@@ -451,12 +455,11 @@ impl<M> Unwinder<M> {
 /// Builds one table, on the worker thread, from an ELF image in memory. `None` when the
 /// binary has none the BPF side can use; why is logged, as it is data about the binary, not a
 /// fault of the agent.
-fn build_from(bytes: &[u8], path: &Path) -> Option<Built> {
-    let table = UnwindTable::build(path, bytes)
+fn build_from(elf: &Elf<'_>, path: &Path) -> Option<Built> {
+    let table = UnwindTable::of(path, elf)
         .map_err(|err| tracing::debug!("unwind table for {}: {err}", path.display()))
         .ok()?;
-    let elf = object::File::parse(bytes).ok()?;
-    let segments = executable_segments(&elf);
+    let segments = elf.executable_segments();
     tracing::debug!(
         "unwind table for {}: {} rows",
         path.display(),
@@ -467,24 +470,6 @@ fn build_from(bytes: &[u8], path: &Path) -> Option<Built> {
         base: table.base(),
         segments,
         // A Go binary without a GNU build id is keyed by its Go one.
-        build_id: match elf.build_id() {
-            Ok(Some(id)) => Some(Box::from(id)),
-            _ => crate::binary::gopclntab::build_id(&elf, bytes).map(|id| Box::from(id.as_bytes())),
-        },
+        build_id: elf.build_id().map(|id| Box::from(&*id)),
     })
-}
-
-/// The executable `PT_LOAD` segments of `elf`.
-fn executable_segments(elf: &object::File) -> Vec<Segment> {
-    elf.segments()
-        .filter(|s| matches!(s.flags(), SegmentFlags::Elf { p_flags } if p_flags & object::elf::PF_X != 0))
-        .map(|s| {
-            let (offset, file_size) = s.file_range();
-            Segment {
-                offset,
-                address: s.address(),
-                file_size,
-            }
-        })
-        .collect()
 }

@@ -7,9 +7,11 @@ use scorch_common::{
     MAPPING_TABLE_PENDING, MAX_PROC_MAPPINGS, PROCS_NO_MAPPINGS,
 };
 
+use crate::binary::elf::load_bias;
+
 use super::{
     super::{kernel_maps::is_full, owned::mark_owned},
-    FileState, LoaderError, LoaderMaps, ProcMapping, Segment, Unwinder,
+    FileState, LoaderError, LoaderMaps, ProcMapping, Unwinder,
 };
 
 /// How often a full `UNWIND_PROCS` is reported in the log.
@@ -116,7 +118,7 @@ impl<M: LoaderMaps> Unwinder<M> {
         }
         if let Some(table) = table {
             // pc minus the load bias is the ELF address; minus the base is the row pc.
-            if let Some(bias) = load_bias(mapping, &table.segments) {
+            if let Some(bias) = load_bias(&table.segments, mapping.start, mapping.offset) {
                 described.bias = bias.wrapping_add(table.base);
                 described.pool = table.pool;
                 described.first_row = table.first_row;
@@ -126,21 +128,6 @@ impl<M: LoaderMaps> Unwinder<M> {
         }
         described
     }
-}
-
-/// What the process adds to a binary's ELF addresses: its load bias, from the executable
-/// segment one of its mappings holds.
-pub(super) fn load_bias(mapping: &ProcMapping, segments: &[Segment]) -> Option<u64> {
-    let segment = segments
-        .iter()
-        .find(|s| s.offset & !0xfff <= mapping.offset && mapping.offset < s.offset + s.file_size)?;
-    Some(
-        mapping
-            .start
-            .wrapping_sub(mapping.offset)
-            .wrapping_add(segment.offset)
-            .wrapping_sub(segment.address),
-    )
 }
 
 #[cfg(test)]

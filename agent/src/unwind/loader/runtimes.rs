@@ -13,9 +13,8 @@ use std::path::Path;
 use aya::maps::MapData;
 use scorch_common::{ShortUserStack, UserStack, WalkedStack, SHORT_USER_STACK_ID};
 
-use super::{
-    executable_segments, process_map::load_bias, KernelMaps, LoaderMaps, Segment, Unwinder,
-};
+use super::{KernelMaps, LoaderMaps, Unwinder};
+use crate::binary::elf::{load_bias, Elf, Segment};
 use crate::runtimes::{Attachment, Detected, Support};
 use crate::{runtimes::Registry, sys::inner_maps::inner_map};
 
@@ -157,7 +156,7 @@ impl<M: LoaderMaps> Unwinder<M> {
             if file.detected.binaries.is_empty() {
                 continue;
             }
-            if let Some(bias) = load_bias(mapping, &file.segments) {
+            if let Some(bias) = load_bias(&file.segments, mapping.start, mapping.offset) {
                 for (runtime, binary) in &file.detected.binaries {
                     found.push((runtime.id(), Arc::clone(binary), bias));
                 }
@@ -178,14 +177,14 @@ impl<M: LoaderMaps> Unwinder<M> {
 
 /// What the registry makes of a binary, with its executable segments; `None` when it is
 /// nothing to any runtime.
-pub(super) fn runtime(registry: &Registry, bytes: &[u8], path: &Path) -> Option<FileRuntime> {
-    let detected = registry.detect(bytes, path);
+pub(super) fn runtime(registry: &Registry, elf: &Elf<'_>, path: &Path) -> Option<FileRuntime> {
+    let detected = registry.detect(elf, path);
     if detected.is_empty() {
         return None;
     }
     Some(FileRuntime {
         detected,
-        segments: executable_segments(&object::File::parse(bytes).ok()?),
+        segments: elf.executable_segments(),
     })
 }
 
