@@ -473,3 +473,54 @@ fn build_from(elf: &Elf<'_>, path: &Path) -> Option<Built> {
         build_id: elf.build_id().map(|id| Box::from(&*id)),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The host's libc: keyed by its GNU build id, its rows counted from its text segment,
+    /// which is the segment a mapping's bias is taken from.
+    #[test]
+    fn a_library_is_keyed_by_its_gnu_build_id() {
+        let path = Path::new("/usr/lib/x86_64-linux-gnu/libc.so.6");
+        let data = std::fs::read(path).unwrap();
+        let elf = Elf::parse(&data).unwrap();
+        let built = build_from(&elf, path).expect("libc's table");
+        let object = object::File::parse(&*data).unwrap();
+        let gnu = object::Object::build_id(&object).unwrap().unwrap();
+        assert_eq!(built.build_id.as_deref(), Some(gnu));
+        assert_eq!(built.segments.len(), 1);
+        assert!(built.segments[0].is_executable());
+        assert_eq!(built.base, built.segments[0].address);
+        assert!(!built.rows.is_empty());
+    }
+
+    /// A Go toolchain binary without a GNU build id is keyed by its Go one, as the symbolizer
+    /// keys it.
+    #[test]
+    fn a_go_binary_without_a_gnu_build_id_is_keyed_by_its_go_one() {
+        let found = ["/usr/lib/go/bin/gofmt", "/usr/lib/go-1.19/bin/gofmt"]
+            .into_iter()
+            .map(Path::new)
+            .find(|path| path.exists());
+        let Some(path) = found else {
+            eprintln!("skipped: no Go toolchain binary on this machine");
+            return;
+        };
+        let data = std::fs::read(path).unwrap();
+        let elf = Elf::parse(&data).unwrap();
+        if elf.gnu_build_id().is_some() {
+            eprintln!("skipped: {} has a GNU build id", path.display());
+            return;
+        }
+        let go = elf
+            .go_build_id()
+            .expect("a Go build id")
+            .as_bytes()
+            .to_vec();
+        let built = build_from(&elf, path).expect("a table from .gopclntab");
+        assert_eq!(built.build_id.as_deref(), Some(&go[..]));
+        let symbolizer = crate::symbolize::elf::ElfFile::open(path).unwrap().build_id;
+        assert_eq!(symbolizer, Some(crate::sys::hex::to_hex(&go)));
+    }
+}
