@@ -684,8 +684,8 @@ fn the_daemon_stores_python_frames_and_counts_them() -> Result<()> {
         );
         std::thread::sleep(std::time::Duration::from_millis(200));
     }
-    let frames = scorch_tests::metric(&address, "scorch_python_frames_total")?;
-    let processes = scorch_tests::metric(&address, "scorch_python_processes")?;
+    let frames = scorch_tests::metric(&address, "scorch_runtime_frames_total")?;
+    let processes = scorch_tests::metric(&address, "scorch_runtime_processes")?;
     let (status, _, stderr) = daemon.stop()?;
     ensure!(
         status.success(),
