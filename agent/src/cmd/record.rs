@@ -232,6 +232,7 @@ pub async fn record(args: &RecordConfig) -> Result<RecordSummary, RecordError> {
         exec_files: false,
         // Set from the runtimes' registry by `Sampling::start`.
         runtime_maps: Vec::new(),
+        runtime_counters: Vec::new(),
     };
     let shutdown = shutdown_signals().map_err(RecordError::Signals)?;
     let mut symbolizer = UserSymbolizer::new(args.symbolize, args.symbol_cache_bytes);
@@ -363,7 +364,7 @@ pub async fn record(args: &RecordConfig) -> Result<RecordSummary, RecordError> {
             .iter()
             .map(|w| w.samples)
             .collect(),
-        losses: aggregated.losses,
+        losses: aggregated.losses.clone(),
         output: args.output.clone(),
         format,
         duration,

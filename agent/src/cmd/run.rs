@@ -277,6 +277,7 @@ pub async fn run(
         exec_files: true,
         // Set from the runtimes' registry by `Sampling::start`.
         runtime_maps: Vec::new(),
+        runtime_counters: Vec::new(),
     };
     // Before BPF is loaded: a bad remote configuration (URL, secret files, CA file) fails the
     // start with its reason.
@@ -545,7 +546,7 @@ impl Pipeline {
         if let Some(unwinder) = &sampling.unwinder {
             self.unwind_metrics.window_drained(
                 losses.unwind_outcomes(),
-                losses.python_counts(),
+                &losses.runtimes,
                 unwinder.stats(),
             );
         }

@@ -98,6 +98,7 @@ impl Sampling {
     ) -> Result<Sampling, StartError> {
         let config = SamplerConfig {
             runtime_maps: registry.iter().map(|r| (r.id(), r.procs_map())).collect(),
+            runtime_counters: registry.iter().map(|r| r.counters()).collect(),
             ..config.clone()
         };
         let (mut sampler, maps, control) = Sampler::start(&config)?;
@@ -143,7 +144,7 @@ impl Sampling {
         let raw = self.drainer.drain_window()?;
         let drained = Drained {
             samples: raw.total_samples(),
-            losses: raw.losses,
+            losses: raw.losses.clone(),
             stack_maps: raw.stack_maps,
             took: started.elapsed(),
         };

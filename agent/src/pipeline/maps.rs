@@ -51,6 +51,19 @@ impl StackEntries {
     }
 }
 
+/// A runtime's per-CPU counter array, as the runtime names it: what the sampler takes from
+/// the object and the drain reads, without knowing the runtime.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RuntimeCounters {
+    /// The runtime (`python`): the metrics' label.
+    pub runtime: &'static str,
+    /// Its BPF map: `names.len()` counters per run (`scorch_common::COUNTER_RUNS`).
+    pub map: &'static str,
+    /// Its counters in the map's order: the first the frames its walk emitted, the rest the
+    /// reasons a chain stopped early.
+    pub names: &'static [&'static str],
+}
+
 /// All maps the drain needs.
 pub struct SamplerMaps {
     pub control: Array<MapData, Control>,
@@ -58,9 +71,9 @@ pub struct SamplerMaps {
     pub losses: PerCpuArray<MapData, u64>,
     /// How walks with unwind tables ended, per `scorch_common::UnwindOutcome`; cumulative.
     pub unwind_outcomes: PerCpuArray<MapData, u64>,
-    /// Python frames the walk emitted and why chains stopped, per
-    /// `scorch_common::PythonCount`; cumulative.
-    pub python_counts: PerCpuArray<MapData, u64>,
+    /// Each walked runtime's counters (its frames, and why its chains stopped), with what
+    /// names them; cumulative.
+    pub runtime_counts: Vec<(RuntimeCounters, PerCpuArray<MapData, u64>)>,
     pub generations: [GenerationMaps; 2],
     /// `STACKS`, the array of maps holding each generation's stack-trace map.
     pub stacks_outer: MapData,

@@ -32,8 +32,11 @@ use scorch_common::RuntimeId;
 
 use self::image::Image;
 use self::libc::SpecificLayout;
-use crate::binary::elf::Elf;
-use crate::profile::{FrameKind, Line};
+use crate::{
+    binary::elf::Elf,
+    pipeline::maps::RuntimeCounters,
+    profile::{FrameKind, Line},
+};
 
 /// A language runtime the BPF side walks; see the module documentation.
 pub trait Runtime: Send + Sync + fmt::Debug {
@@ -46,6 +49,9 @@ pub trait Runtime: Send + Sync + fmt::Debug {
     fn frame_kind(&self) -> FrameKind;
     /// The BPF hash map (keyed by tgid) holding each attached process's entry.
     fn procs_map(&self) -> &'static str;
+    /// Its walk's counters in BPF (its frames, and why its chains stopped early), which the
+    /// drain reads each window.
+    fn counters(&self) -> RuntimeCounters;
     /// A cheap look at a binary before [`Runtime::detect`] (section headers, dynamic
     /// symbols): the loader asks it of every binary a process maps, and a full symbol table
     /// takes a hundred milliseconds for the largest libraries.

@@ -4,13 +4,14 @@
 use std::sync::atomic::AtomicU64;
 
 use prometheus_client::{
-    metrics::{counter::Counter, gauge::Gauge},
+    metrics::{counter::Counter, family::Family, gauge::Gauge},
     registry::Unit,
 };
-use scorch_common::{PythonCount, UnwindOutcome};
+use scorch_common::UnwindOutcome;
 
 use super::loader::LoaderStats;
 use crate::metrics::{LabeledCounter, Registry};
+use crate::pipeline::drain::RuntimeCounts;
 
 #[derive(Debug)]
 pub struct UnwindMetrics {
@@ -22,8 +23,10 @@ pub struct UnwindMetrics {
     processes: Gauge<u64, AtomicU64>,
     without_room: Counter<u64, AtomicU64>,
     processes_read: Counter<u64, AtomicU64>,
-    python_frames: Counter<u64, AtomicU64>,
-    python_stops: LabeledCounter,
+    /// Each runtime's frames its BPF walk emitted, by runtime.
+    runtime_frames: Family<[(&'static str, &'static str); 1], Counter<u64, AtomicU64>>,
+    /// Each runtime's chains that stopped early, by runtime and reason.
+    runtime_stops: Family<[(&'static str, &'static str); 2], Counter<u64, AtomicU64>>,
     runtime_processes: Gauge<u64, AtomicU64>,
 }
 
@@ -38,14 +41,8 @@ impl UnwindMetrics {
             processes: Gauge::default(),
             without_room: Counter::default(),
             processes_read: Counter::default(),
-            python_frames: Counter::default(),
-            python_stops: LabeledCounter::new(
-                "reason",
-                PythonCount::ALL
-                    .into_iter()
-                    .filter(|&kind| kind != PythonCount::Frames)
-                    .map(PythonCount::name),
-            ),
+            runtime_frames: Family::default(),
+            runtime_stops: Family::default(),
             runtime_processes: Gauge::default(),
         };
         registry.register(
@@ -98,16 +95,17 @@ impl UnwindMetrics {
             metrics.processes_read.clone(),
         );
         registry.register(
-            "python_frames",
-            "Python frames the BPF walk emitted in place of CPython's eval loop",
-            metrics.python_frames.clone(),
+            "runtime_frames",
+            "Frames a runtime's BPF walk emitted in place of its interpreter's (CPython's eval \
+             loop), by runtime",
+            metrics.runtime_frames.clone(),
         );
         registry.register(
-            "python_walk_stops",
-            "Python frame chains that stopped early, by reason: the eval loop's frames stay \
-             native (thread state not found), the chain ends (frame read fault, frame limit), \
-             or a frame is shown as an unknown code object",
-            metrics.python_stops.clone(),
+            "runtime_walk_stops",
+            "A runtime's frame chains that stopped early, by runtime and reason (CPython's: the \
+             eval loop's frames stay native, thread state not found; the chain ends, frame \
+             read fault or frame limit; or a frame is shown as an unknown code object)",
+            metrics.runtime_stops.clone(),
         );
         registry.register(
             "runtime_processes",
@@ -118,19 +116,22 @@ impl UnwindMetrics {
         metrics
     }
 
-    /// A window was drained: its walks by outcome, its Python counts (by
-    /// [`PythonCount::name`]), and the tables held now.
+    /// A window was drained: its walks by outcome, its runtimes' counts, and the tables held
+    /// now.
     pub fn window_drained(
         &self,
         outcomes: impl Iterator<Item = (&'static str, u64)>,
-        python: impl Iterator<Item = (&'static str, u64)>,
+        runtimes: &[RuntimeCounts],
         stats: LoaderStats,
     ) {
-        for (kind, count) in python {
-            if kind == PythonCount::Frames.name() {
-                self.python_frames.inc_by(count);
-            } else {
-                self.python_stops.inc_by(kind, count);
+        for counts in runtimes {
+            self.runtime_frames
+                .get_or_create(&[("runtime", counts.runtime)])
+                .inc_by(counts.frames());
+            for (reason, count) in counts.stops() {
+                self.runtime_stops
+                    .get_or_create(&[("runtime", counts.runtime), ("reason", reason)])
+                    .inc_by(count);
             }
         }
         self.runtime_processes.set(stats.runtime_processes as u64);

@@ -70,7 +70,8 @@ struct Expected {
 
 fn check(binary: &std::path::Path, expected: Expected) -> Result<()> {
     let data = std::fs::read(binary).with_context(|| format!("reading {}", binary.display()))?;
-    let image = Image::parse(&data)?;
+    let elf = scorch::binary::elf::Elf::parse(&data)?;
+    let image = Image::of(&elf);
     let found = interpreter(&image)
         .with_context(|| format!("{}", binary.display()))?
         .with_context(|| format!("{} is not recognised as CPython", binary.display()))?;
@@ -684,8 +685,8 @@ fn the_daemon_stores_python_frames_and_counts_them() -> Result<()> {
         );
         std::thread::sleep(std::time::Duration::from_millis(200));
     }
-    let frames = scorch_tests::metric(&address, "scorch_python_frames_total")?;
-    let processes = scorch_tests::metric(&address, "scorch_python_processes")?;
+    let frames = scorch_tests::metric(&address, "scorch_runtime_frames_total")?;
+    let processes = scorch_tests::metric(&address, "scorch_runtime_processes")?;
     let (status, _, stderr) = daemon.stop()?;
     ensure!(
         status.success(),

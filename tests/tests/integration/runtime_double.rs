@@ -14,6 +14,7 @@ use scorch::{
         aggregate::{Aggregated, StackSample, WindowTotal},
         drain::{Stack, ThreadTag},
         frames::Frame,
+        maps::RuntimeCounters,
     },
     profile::{encode::pprof, FrameKind, Line, Profile},
     runtimes::{image::Image, Binary, Names, Registry, Runtime, UNKNOWN_RUNTIME_FRAME},
@@ -43,6 +44,13 @@ impl Runtime for Double {
     }
     fn procs_map(&self) -> &'static str {
         "DOUBLE_PROCS"
+    }
+    fn counters(&self) -> RuntimeCounters {
+        RuntimeCounters {
+            runtime: "double",
+            map: "DOUBLE_COUNTS",
+            names: &["frames"],
+        }
     }
     fn may_be(&self, _: &object::File) -> bool {
         false

@@ -344,8 +344,8 @@ fn daemon_run(scorch: &Path, store: &Path, mode: &'static str) -> Result<DaemonC
     let cpu = account.cpu_seconds()? - before;
     let elapsed = started.elapsed().as_secs_f64();
     let maps = daemon_metric(ADDRESS, "scorch_bpf_map_memory_bytes")? / (1 << 20) as f64;
-    let python_frames =
-        daemon_metric(ADDRESS, "scorch_python_frames_total")? / (WARM_UP + SPAN).as_secs_f64();
+    let python_frames = daemon_metric(ADDRESS, r#"scorch_runtime_frames_total{runtime="python"}"#)?
+        / (WARM_UP + SPAN).as_secs_f64();
     let python_processes = daemon_metric(ADDRESS, "scorch_runtime_processes")?;
     stop(daemon).with_context(|| format!("scorch run --python {mode}"))?;
     drop(account);

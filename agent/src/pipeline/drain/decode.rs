@@ -216,20 +216,15 @@ pub fn sum_cpus(per_cpu: &[u64]) -> u64 {
     per_cpu.iter().sum()
 }
 
-/// A window's walk counts: its generation's run (`window`) plus what the off-CPU walks'
-/// cumulative run (`off_cpu`) gained since the previous drain (`previous`), which becomes
-/// `off_cpu`. A counter that went back (its map was replaced) gains nothing rather than
+/// A window's walk counts: its generation's run (`window`), to which is added what the
+/// off-CPU walks' cumulative run (`off_cpu`) gained since the previous drain (`previous`),
+/// which becomes `off_cpu`. The three have one length, the array's counters per run. A counter that went back (its map was replaced) gains nothing rather than
 /// wrapping to an absurd count.
-pub fn add_off_cpu_gain<const N: usize>(
-    mut window: [u64; N],
-    off_cpu: [u64; N],
-    previous: &mut [u64; N],
-) -> [u64; N] {
-    for ((counted, total), before) in window.iter_mut().zip(&off_cpu).zip(previous.iter()) {
+pub fn add_off_cpu_gain(window: &mut [u64], off_cpu: &[u64], previous: &mut [u64]) {
+    for ((counted, total), before) in window.iter_mut().zip(off_cpu).zip(previous.iter()) {
         *counted += total.saturating_sub(*before);
     }
-    *previous = off_cpu;
-    window
+    previous.copy_from_slice(off_cpu);
 }
 
 /// The stacks the stack-trace map lost to collisions in a window of losses `by_kind`: kernel
@@ -618,31 +613,20 @@ mod tests {
     #[test]
     fn off_cpu_walks_add_what_they_gained_since_the_previous_drain() {
         let mut previous = [0; 3];
-        assert_eq!(
-            add_off_cpu_gain([1, 0, 0], [5, 2, 0], &mut previous),
-            [6, 2, 0]
-        );
+        let gain = |mut window: [u64; 3], off_cpu: [u64; 3], previous: &mut [u64; 3]| {
+            add_off_cpu_gain(&mut window, &off_cpu, previous);
+            window
+        };
+        assert_eq!(gain([1, 0, 0], [5, 2, 0], &mut previous), [6, 2, 0]);
         assert_eq!(previous, [5, 2, 0]);
         // Nothing new: the cumulative counts are not counted twice.
-        assert_eq!(
-            add_off_cpu_gain([0, 0, 0], [5, 2, 0], &mut previous),
-            [0, 0, 0]
-        );
-        assert_eq!(
-            add_off_cpu_gain([0, 4, 0], [8, 3, 1], &mut previous),
-            [3, 5, 1]
-        );
+        assert_eq!(gain([0, 0, 0], [5, 2, 0], &mut previous), [0, 0, 0]);
+        assert_eq!(gain([0, 4, 0], [8, 3, 1], &mut previous), [3, 5, 1]);
         // A counter that went back (its map started over) gains nothing this window, and
         // counts from its new value on.
-        assert_eq!(
-            add_off_cpu_gain([2, 0, 0], [1, 3, 1], &mut previous),
-            [2, 0, 0]
-        );
+        assert_eq!(gain([2, 0, 0], [1, 3, 1], &mut previous), [2, 0, 0]);
         assert_eq!(previous, [1, 3, 1]);
-        assert_eq!(
-            add_off_cpu_gain([0, 0, 0], [4, 3, 1], &mut previous),
-            [3, 0, 0]
-        );
+        assert_eq!(gain([0, 0, 0], [4, 3, 1], &mut previous), [3, 0, 0]);
     }
 
     #[test]

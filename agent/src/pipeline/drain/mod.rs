@@ -18,7 +18,8 @@
 //! on the first refusal and kept. `STACKS_g` has no batch operations: its referenced stacks
 //! are read one by one, and the ids read are the ids deleted.
 //!
-//! The counters (`LOSSES`, `UNWIND_OUTCOMES_COUNT`, `PYTHON_COUNTS_MAP`) are per CPU, with a
+//! The counters (`LOSSES`, `UNWIND_OUTCOMES_COUNT`, each runtime's, as `PYTHON_COUNTS_MAP`)
+//! are per CPU, with a
 //! run of counters per generation (`COUNTER_RUNS`): the old generation's run is taken and
 //! zeroed with its maps, so a window reports exactly the counts of its own samples. The
 //! off-CPU program's walks count in a run of their own, cumulative; a window reports its
@@ -52,12 +53,12 @@ use decode::{
 };
 use scorch_common::{
     Control, Loss, SeenProcess, ShortUserStack, StackKey, UserStack, OFF_CPU_COUNTER_RUN,
-    PYTHON_COUNTS, UNWIND_OUTCOMES,
+    UNWIND_OUTCOMES,
 };
 
 pub use decode::comm_name;
 pub use window::{
-    Losses, Origin, RawSample, RawWindow, Stack, StackMapFill, ThreadTag, WalkStop,
+    Losses, Origin, RawSample, RawWindow, RuntimeCounts, Stack, StackMapFill, ThreadTag, WalkStop,
     TRUNCATED_STACKS,
 };
 
@@ -95,8 +96,9 @@ pub struct Drainer {
     window_start: SystemTime,
     /// The off-CPU walks' cumulative unwind outcome counters at the previous drain.
     previous_off_cpu_unwind: [u64; UNWIND_OUTCOMES as usize],
-    /// The off-CPU walks' cumulative Python counters at the previous drain.
-    previous_off_cpu_python: [u64; PYTHON_COUNTS as usize],
+    /// The off-CPU walks' cumulative counters of each runtime (`maps.runtime_counts`' order)
+    /// at the previous drain.
+    previous_off_cpu_runtimes: Vec<Vec<u64>>,
     /// Whether hash maps are read in batches; false once the kernel refused a batch call
     /// (before 5.6), and then for good: the answer is the kernel's, not the window's.
     batched: bool,
@@ -113,12 +115,17 @@ fn map_err(action: &'static str, map: &'static str) -> impl FnOnce(MapError) -> 
 impl Drainer {
     /// Takes over the maps; `control` is the configuration the sampler was started with.
     pub fn new(maps: SamplerMaps, control: Control) -> Self {
+        let previous_off_cpu_runtimes = maps
+            .runtime_counts
+            .iter()
+            .map(|(counters, _)| vec![0; counters.names.len()])
+            .collect();
         Drainer {
             maps,
             control,
             window_start: SystemTime::now(),
             previous_off_cpu_unwind: [0; UNWIND_OUTCOMES as usize],
-            previous_off_cpu_python: [0; PYTHON_COUNTS as usize],
+            previous_off_cpu_runtimes,
             batched: true,
         }
     }
@@ -205,7 +212,7 @@ impl Drainer {
         )?;
         let (comms, origins) = decode_processes(seen);
 
-        losses.by_kind = take_run(&mut self.maps.losses, "LOSSES", old)?;
+        take_run(&mut self.maps.losses, "LOSSES", old, &mut losses.by_kind)?;
 
         // Stack-trace maps have no batch operations. Every stack the program stored is one a
         // count key references, and was resolved above, unless the key itself was dropped
@@ -283,18 +290,27 @@ impl Drainer {
             );
         }
 
-        losses.unwind = take_walk_counts(
+        take_walk_counts(
             &mut self.maps.unwind_outcomes,
             "UNWIND_OUTCOMES_COUNT",
             old,
+            &mut losses.unwind,
             &mut self.previous_off_cpu_unwind,
         )?;
-        losses.python = take_walk_counts(
-            &mut self.maps.python_counts,
-            "PYTHON_COUNTS_MAP",
-            old,
-            &mut self.previous_off_cpu_python,
-        )?;
+        for ((counters, map), previous) in self
+            .maps
+            .runtime_counts
+            .iter_mut()
+            .zip(&mut self.previous_off_cpu_runtimes)
+        {
+            let mut counts = vec![0; counters.names.len()];
+            take_walk_counts(map, counters.map, old, &mut counts, previous)?;
+            losses.runtimes.push(RuntimeCounts {
+                runtime: counters.runtime,
+                names: counters.names,
+                counts,
+            });
+        }
 
         let stack_maps = StackMapFill {
             used: StackEntries {
@@ -378,33 +394,36 @@ fn resize_user_stacks<V: Pod>(
     capacity
 }
 
-/// Run `run` of a per-CPU counter array (`COUNTER_RUNS`), each counter summed over the CPUs.
-fn sum_run<const N: usize>(
+/// Run `run` of a per-CPU counter array (`COUNTER_RUNS`) into `totals`, each counter summed
+/// over the CPUs; the array holds `totals.len()` counters per run.
+fn sum_run(
     map: &PerCpuArray<MapData, u64>,
     name: &'static str,
     run: usize,
-) -> Result<[u64; N], DrainError> {
-    let mut totals = [0u64; N];
+    totals: &mut [u64],
+) -> Result<(), DrainError> {
+    let kinds = totals.len();
     for (i, total) in totals.iter_mut().enumerate() {
         let per_cpu = map
-            .get(&counter_index(run, N, i), 0)
+            .get(&counter_index(run, kinds, i), 0)
             .map_err(map_err("reading", name))?;
         *total = sum_cpus(&per_cpu);
     }
-    Ok(totals)
+    Ok(())
 }
 
-/// Takes run `run` of a per-CPU counter array: each counter summed over the CPUs, then zeroed.
-/// Only for a quiescent generation's run, which no program writes: nothing counted between the
-/// read and the write can be lost.
-fn take_run<const N: usize>(
+/// Takes run `run` of a per-CPU counter array into `totals`: each counter summed over the CPUs,
+/// then zeroed. Only for a quiescent generation's run, which no program writes: nothing
+/// counted between the read and the write can be lost.
+fn take_run(
     map: &mut PerCpuArray<MapData, u64>,
     name: &'static str,
     run: usize,
-) -> Result<[u64; N], DrainError> {
-    let mut totals = [0u64; N];
+    totals: &mut [u64],
+) -> Result<(), DrainError> {
+    let kinds = totals.len();
     for (i, total) in totals.iter_mut().enumerate() {
-        let index = counter_index(run, N, i);
+        let index = counter_index(run, kinds, i);
         let per_cpu = map.get(&index, 0).map_err(map_err("reading", name))?;
         *total = sum_cpus(&per_cpu);
         // Most counters stay at zero: only those that moved are written.
@@ -414,20 +433,23 @@ fn take_run<const N: usize>(
             map.set(index, zeros, 0).map_err(map_err("zeroing", name))?;
         }
     }
-    Ok(totals)
+    Ok(())
 }
 
-/// A window's counts from a walk counter array: generation `generation`'s run, taken, plus
-/// what the off-CPU walks' cumulative run gained since `previous`.
-fn take_walk_counts<const N: usize>(
+/// A window's counts from a walk counter array into `counts`: generation `generation`'s run,
+/// taken, plus what the off-CPU walks' cumulative run gained since `previous`.
+fn take_walk_counts(
     map: &mut PerCpuArray<MapData, u64>,
     name: &'static str,
     generation: usize,
-    previous: &mut [u64; N],
-) -> Result<[u64; N], DrainError> {
-    let window = take_run(map, name, generation)?;
-    let off_cpu: [u64; N] = sum_run(map, name, OFF_CPU_COUNTER_RUN as usize)?;
-    Ok(add_off_cpu_gain(window, off_cpu, previous))
+    counts: &mut [u64],
+    previous: &mut [u64],
+) -> Result<(), DrainError> {
+    take_run(map, name, generation, counts)?;
+    let mut off_cpu = vec![0; counts.len()];
+    sum_run(map, name, OFF_CPU_COUNTER_RUN as usize, &mut off_cpu)?;
+    add_off_cpu_gain(counts, &off_cpu, previous);
+    Ok(())
 }
 
 fn batch_err(action: &'static str, map: &'static str) -> impl FnOnce(BatchError) -> DrainError {

@@ -4,7 +4,7 @@
 
 use std::{collections::HashMap, time::SystemTime};
 
-use scorch_common::{Loss, PythonCount, UnwindOutcome, LOSS_KINDS, PYTHON_COUNTS, UNWIND_OUTCOMES};
+use scorch_common::{Loss, UnwindOutcome, LOSS_KINDS, UNWIND_OUTCOMES};
 
 use crate::pipeline::{frames::Frame, maps::StackEntries};
 
@@ -64,7 +64,7 @@ pub struct WalkStop {
 pub const TRUNCATED_STACKS: &str = "truncated stacks";
 
 /// Loss counts by [`Loss`] kind, plus stacks cut at the depth limit.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Losses {
     /// Counts by [`Loss`] index, as the program's `LOSSES` run holds them.
     pub by_kind: [u64; LOSS_KINDS as usize],
@@ -73,8 +73,37 @@ pub struct Losses {
     /// How walks with unwind tables ended, by [`UnwindOutcome`]: not losses, except the early
     /// stops, but reported beside them.
     pub unwind: [u64; UNWIND_OUTCOMES as usize],
-    /// Python frames walked, and why Python chains stopped early, by [`PythonCount`].
-    pub python: [u64; PYTHON_COUNTS as usize],
+    /// Each walked runtime's counters (the registry's, in its order): its frames, and why its
+    /// chains stopped early.
+    pub runtimes: Vec<RuntimeCounts>,
+}
+
+/// One runtime's walk counters for a window, as its BPF map counts them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RuntimeCounts {
+    /// The runtime (`python`): the metrics' label.
+    pub runtime: &'static str,
+    /// Its counters' names, in its map's order: the first the frames its walk emitted, the
+    /// rest the reasons a chain stopped early, as `/metrics` labels them.
+    pub names: &'static [&'static str],
+    /// The counts, one per name.
+    pub counts: Vec<u64>,
+}
+
+impl RuntimeCounts {
+    /// The frames the runtime's walk emitted.
+    pub fn frames(&self) -> u64 {
+        self.counts.first().copied().unwrap_or(0)
+    }
+
+    /// Early stops by reason.
+    pub fn stops(&self) -> impl Iterator<Item = (&'static str, u64)> + '_ {
+        self.names
+            .iter()
+            .copied()
+            .zip(self.counts.iter().copied())
+            .skip(1)
+    }
 }
 
 impl Losses {
@@ -86,16 +115,20 @@ impl Losses {
         for (mine, theirs) in self.unwind.iter_mut().zip(other.unwind) {
             *mine += theirs;
         }
-        for (mine, theirs) in self.python.iter_mut().zip(other.python) {
-            *mine += theirs;
+        for theirs in &other.runtimes {
+            match self
+                .runtimes
+                .iter_mut()
+                .find(|mine| mine.runtime == theirs.runtime)
+            {
+                Some(mine) => {
+                    for (mine, theirs) in mine.counts.iter_mut().zip(&theirs.counts) {
+                        *mine += theirs;
+                    }
+                }
+                None => self.runtimes.push(theirs.clone()),
+            }
         }
-    }
-
-    /// Python frames walked, then early stops by reason, as `/metrics` labels them.
-    pub fn python_counts(&self) -> impl Iterator<Item = (&'static str, u64)> + '_ {
-        PythonCount::ALL
-            .into_iter()
-            .map(|kind| (kind.name(), self.python[kind as usize]))
     }
 
     /// Walks with unwind tables by [`UnwindOutcome`], as `/metrics` labels them.
@@ -145,7 +178,15 @@ impl Losses {
     }
 
     pub fn is_empty(&self) -> bool {
-        *self == Losses::default()
+        let Losses {
+            by_kind,
+            truncated_stacks,
+            unwind,
+            runtimes,
+        } = self;
+        by_kind.iter().chain(unwind).all(|&n| n == 0)
+            && *truncated_stacks == 0
+            && runtimes.iter().all(|r| r.counts.iter().all(|&n| n == 0))
     }
 
     /// `kind=count` pairs for the non-zero counters, for summaries and logs.
@@ -171,16 +212,20 @@ impl Losses {
                 .collect();
             text.push_str(&format!("; unwind: {}", outcomes.join(", ")));
         }
-        if self.python.iter().any(|&n| n > 0) {
-            let stops: Vec<String> = self
-                .python_counts()
-                .skip(1)
+        for runtime in self
+            .runtimes
+            .iter()
+            .filter(|r| r.counts.iter().any(|&n| n > 0))
+        {
+            let stops: Vec<String> = runtime
+                .stops()
                 .filter(|(_, n)| *n > 0)
                 .map(|(name, n)| format!("{name}: {n}"))
                 .collect();
             text.push_str(&format!(
-                "; python: {} frames, stops: {}",
-                self.python[PythonCount::Frames as usize],
+                "; {}: {} frames, stops: {}",
+                runtime.runtime,
+                runtime.frames(),
                 if stops.is_empty() {
                     "none".to_owned()
                 } else {
@@ -303,17 +348,29 @@ mod tests {
         let mut total = losses(&[(Loss::CountsMapFull, 2)]);
         total.truncated_stacks = 1;
         total.unwind[UnwindOutcome::NoRow as usize] = 3;
-        total.python[PythonCount::Frames as usize] = 4;
+        let counts = |counts: Vec<u64>| RuntimeCounts {
+            runtime: "python",
+            names: &["frames", "frame limit"],
+            counts,
+        };
+        total.runtimes.push(counts(vec![4, 0]));
         let mut window = losses(&[(Loss::CountsMapFull, 10), (Loss::CommMapFull, 1)]);
         window.truncated_stacks = 10;
         window.unwind[UnwindOutcome::NoRow as usize] = 10;
-        window.python[PythonCount::Frames as usize] = 10;
+        window.runtimes.push(counts(vec![10, 1]));
+        window.runtimes.push(RuntimeCounts {
+            runtime: "other",
+            ..counts(vec![2, 0])
+        });
         total.add(&window);
         assert_eq!(total.by_kind[Loss::CountsMapFull as usize], 12);
         assert_eq!(total.by_kind[Loss::CommMapFull as usize], 1);
         assert_eq!(total.truncated_stacks, 11);
         assert_eq!(total.unwind[UnwindOutcome::NoRow as usize], 13);
-        assert_eq!(total.python[PythonCount::Frames as usize], 14);
+        assert_eq!(total.runtimes[0].counts, [14, 1]);
+        // A runtime the total had not counted yet is added whole.
+        assert_eq!(total.runtimes[1].runtime, "other");
+        assert_eq!(total.runtimes[1].frames(), 2);
     }
 
     #[test]
@@ -350,5 +407,23 @@ mod tests {
             "{text}"
         );
         assert!(!window.is_empty());
+        // A runtime's counters: described when they moved, and only then.
+        window.runtimes.push(RuntimeCounts {
+            runtime: "python",
+            names: &["frames", "frame limit", "frame read fault"],
+            counts: vec![0, 0, 0],
+        });
+        assert!(!window.describe().contains("python"));
+        assert!(Losses {
+            runtimes: window.runtimes.clone(),
+            ..Losses::default()
+        }
+        .is_empty());
+        window.runtimes[0].counts = vec![40, 2, 0];
+        let text = window.describe();
+        assert!(
+            text.ends_with("; python: 40 frames, stops: frame limit: 2"),
+            "{text}"
+        );
     }
 }

@@ -5,7 +5,9 @@
 
 use scorch_common::{RuntimeId, MAX_COMMS, MAX_COUNT_KEYS};
 
-use crate::pipeline::{off_cpu::OffCpuSettings, stack_sizing::DEFAULT_MAX_STACK_ENTRIES};
+use crate::pipeline::{
+    maps::RuntimeCounters, off_cpu::OffCpuSettings, stack_sizing::DEFAULT_MAX_STACK_ENTRIES,
+};
 
 /// What to sample.
 #[derive(Debug, Clone)]
@@ -39,6 +41,8 @@ pub struct SamplerConfig {
     /// The runtimes whose frames the BPF side walks (the registry's), each with its BPF map
     /// of processes: sized to the processes the unwinder tracks, and handed to the loader.
     pub runtime_maps: Vec<(RuntimeId, &'static str)>,
+    /// The walked runtimes' counter arrays (the registry's), which the drain reads.
+    pub runtime_counters: Vec<RuntimeCounters>,
 }
 
 /// Bytes of an unwind row.
@@ -128,6 +132,7 @@ impl Default for SamplerConfig {
             thread_ids: false,
             exec_files: true,
             runtime_maps: Vec::new(),
+            runtime_counters: Vec::new(),
         }
     }
 }

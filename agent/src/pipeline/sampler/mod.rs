@@ -18,8 +18,8 @@ use scorch_common::{Control, ExecFile, RuntimeId, MAX_STACK_DEPTH};
 
 use super::{
     maps::{
-        new_stack_map, new_user_stack_map, GenerationMaps, SamplerMaps, StackMapError, UnwindMaps,
-        UserStackClass, UserStackOuters,
+        new_stack_map, new_user_stack_map, GenerationMaps, RuntimeCounters, SamplerMaps,
+        StackMapError, UnwindMaps, UserStackClass, UserStackOuters,
     },
     off_cpu::{OffCpuMaps, OffCpuSettings},
     stack_sizing::StackSizing,
@@ -237,7 +237,12 @@ impl Sampler {
         } else {
             None
         };
-        let mut maps = take_maps(&mut ebpf, stack_sizing, user_stack_sizing)?;
+        let mut maps = take_maps(
+            &mut ebpf,
+            stack_sizing,
+            user_stack_sizing,
+            &config.runtime_counters,
+        )?;
         let control = Control {
             generation: 0,
             filter_pids: if !config.pids.is_empty() {
@@ -517,6 +522,7 @@ fn take_maps(
     ebpf: &mut Ebpf,
     stack_sizing: StackSizing,
     user_stack_sizing: StackSizing,
+    runtime_counters: &[RuntimeCounters],
 ) -> Result<SamplerMaps, SamplerError> {
     let stacks_outer = take_outer(ebpf, "STACKS")?;
     let user_stacks_outer = take_outer(ebpf, UserStackClass::Long.outer_name())?;
@@ -550,7 +556,10 @@ fn take_maps(
         run_seq: take(ebpf, "RUN_SEQ")?,
         losses: take::<PerCpuArray<MapData, u64>>(ebpf, "LOSSES")?,
         unwind_outcomes: take(ebpf, "UNWIND_OUTCOMES_COUNT")?,
-        python_counts: take(ebpf, "PYTHON_COUNTS_MAP")?,
+        runtime_counts: runtime_counters
+            .iter()
+            .map(|&counters| Ok((counters, take(ebpf, counters.map)?)))
+            .collect::<Result<_, SamplerError>>()?,
         generations: [gen0, gen1],
         stacks_outer,
         stack_sizing,

@@ -5,14 +5,26 @@ use std::{any::Any, sync::Arc};
 
 use object::Object;
 use scorch_common::{
-    PythonProc, RuntimeId, PYTHON_ENTRY_CSTACK_OWNER, PYTHON_ENTRY_IS_ENTRY, PYTHON_EVAL_RANGES,
-    PYTHON_NO_CFRAME,
+    PythonCount, PythonProc, RuntimeId, PYTHON_COUNTS, PYTHON_ENTRY_CSTACK_OWNER,
+    PYTHON_ENTRY_IS_ENTRY, PYTHON_EVAL_RANGES, PYTHON_NO_CFRAME,
 };
 
 use super::{interpreter, names::PythonNames, EntryMark, Interpreter, PythonProcess, ThreadState};
 use crate::{
+    pipeline::maps::RuntimeCounters,
     profile::FrameKind,
     runtimes::{image::Image, Attachment, Binary, Names, Runtime, Support},
+};
+
+/// `PYTHON_COUNTS_MAP`'s counters by [`PythonCount`], frames first.
+static COUNT_NAMES: [&str; PYTHON_COUNTS as usize] = {
+    let mut names = [""; PYTHON_COUNTS as usize];
+    let mut i = 0;
+    while i < names.len() {
+        names[i] = PythonCount::ALL[i].name();
+        i += 1;
+    }
+    names
 };
 
 /// CPython 3.11 to 3.15.
@@ -34,6 +46,14 @@ impl Runtime for Python {
 
     fn procs_map(&self) -> &'static str {
         "PYTHON_PROCS"
+    }
+
+    fn counters(&self) -> RuntimeCounters {
+        RuntimeCounters {
+            runtime: self.name(),
+            map: "PYTHON_COUNTS_MAP",
+            names: &COUNT_NAMES,
+        }
     }
 
     fn may_be(&self, elf: &object::File) -> bool {

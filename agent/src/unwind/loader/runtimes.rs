@@ -250,6 +250,9 @@ mod tests {
         fn procs_map(&self) -> &'static str {
             "DOUBLE_PROCS"
         }
+        fn counters(&self) -> crate::pipeline::maps::RuntimeCounters {
+            unreachable!("the loader never reads counters")
+        }
         fn may_be(&self, _: &object::File) -> bool {
             false
         }
