@@ -9,7 +9,7 @@ use core::intrinsics::{atomic_xadd, AtomicOrdering};
 use aya_ebpf::{
     bindings::{BPF_F_USER_STACK, BPF_NOEXIST},
     btf_maps,
-    helpers::{bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid},
+    helpers::{bpf_get_current_cgroup_id, bpf_get_current_pid_tgid},
     macros::{btf_map, map, perf_event},
     maps::{HashMap, PerCpuArray},
     programs::{tracing::StackIdContext, PerfEventContext},
@@ -218,16 +218,16 @@ fn try_sample<const TABLES: bool>(ctx: &PerfEventContext) -> Result<(), i64> {
     };
     // The current task is the thread, so its comm is the thread's name; read for every
     // sample, since it is part of the key (a copy of 16 bytes, no lookup).
-    let thread = bpf_get_current_comm().unwrap_or([0; 16]);
-    let key = StackKey {
+    let mut key = StackKey {
         tgid,
         // Zero unless asked for: ids would split every stack by thread, one key per thread
         // of a pool, for a label few want.
         tid: if control.thread_ids != 0 { tid } else { 0 },
         user_stack_id,
         kernel_stack_id,
-        thread,
+        thread: [0; 16],
     };
+    task::current_comm_into(&mut key.thread);
 
     if let Some(count) = generation.counts.get_ptr_mut(key) {
         bump(count);
@@ -306,14 +306,17 @@ pub extern "C" fn scorch_record_comm(slot: u32) -> u32 {
     if comms.get_ptr(tgid).is_some() {
         return 0;
     }
-    let thread = bpf_get_current_comm().unwrap_or([0; 16]);
-    let (comm, started_ns) = task::leader_comm_and_start().unwrap_or((thread, 0));
-    let seen = SeenProcess {
-        comm,
+    let mut seen = SeenProcess {
+        comm: [0; 16],
         // SAFETY: a helper with no arguments.
         cgroup_id: unsafe { bpf_get_current_cgroup_id() },
-        started_ns,
+        started_ns: 0,
     };
+    // The leader's name, else the thread's (without the task offsets, or a read failed).
+    match task::leader_comm_into(&mut seen.comm) {
+        Some(started_ns) => seen.started_ns = started_ns,
+        None => task::current_comm_into(&mut seen.comm),
+    }
     // -EEXIST means another CPU recorded it first, which is fine.
     if let Err(err) = comms.insert(tgid, seen, u64::from(BPF_NOEXIST)) {
         if err != -EEXIST {

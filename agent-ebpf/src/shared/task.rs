@@ -16,11 +16,26 @@ static TASK_COMM: u32 = 0;
 #[unsafe(no_mangle)]
 static TASK_START_BOOTTIME: u32 = 0;
 
-/// The name of the current task's thread-group leader (the process's name, which a thread may
-/// not share: a pool's workers are often named) and its start (`start_boottime`, 0 without
-/// that offset). `None` without the offsets.
+/// Fills `comm` with the current thread's name, NUL-padded: `comm` must be zeroed, since
+/// older kernels copy the name without padding. On failure the helper zeroes it.
+///
+/// The helper itself, not aya's `bpf_get_current_comm`: that one zeroes a byte array of its
+/// own with a `memset` call and copies it out byte by byte, and the verifier walks such a
+/// `memset` (a byte loop) once per byte at every call.
 #[inline(always)]
-pub fn leader_comm_and_start() -> Option<([u8; 16], u64)> {
+pub fn current_comm_into(comm: &mut [u8; 16]) {
+    // SAFETY: the helper writes at most the 16 bytes given.
+    unsafe {
+        aya_ebpf::helpers::generated::bpf_get_current_comm(comm.as_mut_ptr().cast(), 16);
+    }
+}
+
+/// Fills `comm` with the name of the current task's thread-group leader (the process's name,
+/// which a thread may not share: a pool's workers are often named) and returns its start
+/// (`start_boottime`, 0 without that offset). `None` without the offsets or when a read fails;
+/// then `comm` is zeroed or untouched. Read in place, for the reason `current_comm_into` says.
+#[inline(always)]
+pub fn leader_comm_into(comm: &mut [u8; 16]) -> Option<u64> {
     // SAFETY: plain values the agent set before load (read volatile: the loader rewrites them).
     let (leader_offset, comm_offset) = unsafe {
         (
@@ -37,10 +52,18 @@ pub fn leader_comm_and_start() -> Option<([u8; 16], u64)> {
     let leader =
         unsafe { bpf_probe_read_kernel(task.wrapping_add(leader_offset as usize) as *const u64) }
             .ok()? as *const u8;
-    // SAFETY: as above.
-    unsafe { bpf_probe_read_kernel(leader.wrapping_add(comm_offset as usize) as *const [u8; 16]) }
-        .ok()
-        .map(|comm| (comm, start_boottime(leader)))
+    // SAFETY: as above; the helper writes at most the 16 bytes given.
+    let read = unsafe {
+        aya_ebpf::helpers::generated::bpf_probe_read_kernel(
+            comm.as_mut_ptr().cast(),
+            16,
+            leader.wrapping_add(comm_offset as usize).cast(),
+        )
+    };
+    if read != 0 {
+        return None;
+    }
+    Some(start_boottime(leader))
 }
 
 /// `task`'s `start_boottime`, 0 without the offset or when it cannot be read.

@@ -121,15 +121,15 @@ pub fn walk_from(
     walk.fp_known = 1;
     walk.return_address = 0;
     walk.stop = WALKING;
-    walk.no_mapping = 0;
-    walk.table_pending = 0;
-    walk.table_evicted = 0;
-    walk.no_row_step = 0;
-    walk.no_row_next = 0;
-    walk.runtime = 0;
-    walk.handed = 0;
-    walk.claimed = 0;
-    walk.runtime_frames = 0;
+    clear(&mut walk.no_mapping);
+    clear(&mut walk.table_pending);
+    clear(&mut walk.table_evicted);
+    clear(&mut walk.no_row_step);
+    clear(&mut walk.no_row_next);
+    clear(&mut walk.runtime);
+    clear(&mut walk.handed);
+    clear(&mut walk.claimed);
+    clear(&mut walk.runtime_frames);
     walk.counters = counters;
     walk.tgid = tgid;
     walk.slot = slot;
@@ -187,6 +187,15 @@ pub fn walk_from(
         events::notify(tgid, EVENT_UNKNOWN_PC, walk.unknown_pc);
     }
     Some(walk)
+}
+
+/// Zeroes `field` with a store of its own. LLVM merges a run of zero stores into a call of
+/// `memset`, a byte loop the verifier walks once per byte, at every state it reaches the call
+/// with.
+#[inline(always)]
+fn clear(field: &mut u32) {
+    // SAFETY: a plain store to a field of this CPU's walk state.
+    unsafe { core::ptr::write_volatile(field, 0) };
 }
 
 /// One step of the walk: the runtime's walk the last native frame handed over, or the next
