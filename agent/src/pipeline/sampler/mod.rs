@@ -218,7 +218,7 @@ impl Sampler {
         };
 
         // Taken before `take_maps` moves the maps out; only the unwinder needs them.
-        let python_stacks = if tables {
+        let runtime_stacks = if tables {
             match duplicate_outer(&ebpf, UserStackClass::Long.outer_name()).and_then(|long| {
                 Ok(UserStackOuters {
                     long,
@@ -228,8 +228,8 @@ impl Sampler {
                 Ok(outers) => Some(outers),
                 Err(err) => {
                     tracing::warn!(
-                        "Python frames are named at the window's end only (a process that \
-                         exits before it goes unnamed): {err}"
+                        "runtime frames (Python's) are named at the window's end only (a \
+                         process that exits before it goes unnamed): {err}"
                     );
                     None
                 }
@@ -304,7 +304,7 @@ impl Sampler {
                 &mut ebpf,
                 pool_rows,
                 capacity.processes,
-                python_stacks,
+                runtime_stacks,
                 runtime_maps,
             )?)
         } else {
