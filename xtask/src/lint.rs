@@ -50,8 +50,8 @@ impl fmt::Display for UpwardEdge {
     }
 }
 
-/// Runs every check on the agent crate and the documents under `root`; fails naming each
-/// violation.
+/// Runs every check on the agent crate (layers and sizes), the sizes of the common and BPF
+/// crates, and the documents under `root`; fails naming each violation.
 pub fn lint(root: &Path) -> Result<()> {
     let src = root.join("agent/src");
     let lib = std::fs::read_to_string(src.join("lib.rs")).context("reading agent/src/lib.rs")?;
@@ -84,23 +84,24 @@ pub fn lint(root: &Path) -> Result<()> {
             continue; // lib.rs, main.rs: the crate root and the binary sit above every layer.
         };
         let code = strip_tests(&strip_comments_and_strings(text));
-        let lines = code.lines().filter(|l| !l.trim().is_empty()).count();
-        if lines > MAX_FILE_LINES {
-            problems.push(format!(
-                "{}: {lines} lines of non-test code (limit {MAX_FILE_LINES}): split it into a \
-                 folder of files named for their parts",
-                relative.display()
-            ));
-        } else if lines > WARN_FILE_LINES {
-            println!(
-                "lint: warning: {}: {lines} lines of non-test code (a warning past \
-                 {WARN_FILE_LINES}, an error past {MAX_FILE_LINES})",
-                relative.display()
-            );
-        }
+        problems.extend(size_problem(relative, &code));
         let shown = Path::new("agent/src").join(relative);
         for edge in upward_edges(&module, &code, &layers, &shown) {
             problems.push(edge.to_string());
+        }
+    }
+    // The other two crates are held to the same sizes; their layering is `bpf`'s and the
+    // compiler's.
+    for crate_src in ["agent-common/src", "agent-ebpf/src"] {
+        let mut files = Vec::new();
+        collect_rs_files(&root.join(crate_src), &mut files)?;
+        files.sort();
+        for file in files {
+            let text = std::fs::read_to_string(&file)
+                .with_context(|| format!("reading {}", file.display()))?;
+            let code = strip_tests(&strip_comments_and_strings(&text));
+            let shown = file.strip_prefix(root).unwrap_or(&file);
+            problems.extend(size_problem(shown, &code));
         }
     }
     problems.extend(bpf::check(root)?);
@@ -118,6 +119,27 @@ pub fn lint(root: &Path) -> Result<()> {
         layers.join(" < ")
     );
     Ok(())
+}
+
+/// The size check of one file's non-test `code`: an error past [`MAX_FILE_LINES`], a warning
+/// (printed) past [`WARN_FILE_LINES`].
+fn size_problem(shown: &Path, code: &str) -> Option<String> {
+    let lines = code.lines().filter(|l| !l.trim().is_empty()).count();
+    if lines > MAX_FILE_LINES {
+        return Some(format!(
+            "{}: {lines} lines of non-test code (limit {MAX_FILE_LINES}): split it into a \
+             folder of files named for their parts",
+            shown.display()
+        ));
+    }
+    if lines > WARN_FILE_LINES {
+        println!(
+            "lint: warning: {}: {lines} lines of non-test code (a warning past \
+             {WARN_FILE_LINES}, an error past {MAX_FILE_LINES})",
+            shown.display()
+        );
+    }
+    None
 }
 
 /// The `pub mod x;` / `mod x;` lines of lib.rs, in order.
