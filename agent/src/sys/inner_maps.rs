@@ -274,24 +274,32 @@ fn element_command(
     index: u32,
     value: Option<&mut u32>,
 ) -> std::io::Result<()> {
-    /// The element commands' part of `union bpf_attr`.
-    #[repr(C)]
-    struct ElementAttr {
-        map_fd: u32,
-        _pad: u32,
-        key: u64,
-        value: u64,
-        flags: u64,
-    }
-    let attr = ElementAttr {
-        map_fd: map.as_fd_raw() as u32,
-        _pad: 0,
-        key: std::ptr::addr_of!(index) as u64,
-        value: value.map_or(0, |value| std::ptr::from_mut(value) as u64),
-        flags: 0,
-    };
+    let value = value.map_or(0, |value| std::ptr::from_mut(value) as u64);
     // The key and value point at live u32s (an array of maps' key and value are both 4 bytes);
     // a lookup writes the value.
+    element_call(command, map.as_fd_raw(), &index, value)
+}
+
+/// The element commands' part of `union bpf_attr`.
+#[repr(C)]
+struct ElementAttr {
+    map_fd: u32,
+    _pad: u32,
+    key: u64,
+    value: u64,
+    flags: u64,
+}
+
+/// An element command on map `fd` with a `u32` key and `value` (a pointer, or 0 for none),
+/// which the caller keeps live and of the map's value size for the call.
+fn element_call(command: libc::c_long, fd: i32, key: &u32, value: u64) -> std::io::Result<()> {
+    let attr = ElementAttr {
+        map_fd: fd as u32,
+        _pad: 0,
+        key: std::ptr::from_ref(key) as u64,
+        value,
+        flags: 0,
+    };
     bpf_call(command, &attr).map(drop)
 }
 
@@ -360,24 +368,8 @@ impl BytesMap {
     }
 
     fn command(&self, command: libc::c_long, key: u32, value: u64) -> std::io::Result<()> {
-        /// The element commands' part of `union bpf_attr`.
-        #[repr(C)]
-        struct ElementAttr {
-            map_fd: u32,
-            _pad: u32,
-            key: u64,
-            value: u64,
-            flags: u64,
-        }
-        let attr = ElementAttr {
-            map_fd: self.data.fd().as_fd_raw() as u32,
-            _pad: 0,
-            key: std::ptr::addr_of!(key) as u64,
-            value,
-            flags: 0,
-        };
         // The key is a live u32 (the map's key size, checked); the value, when given, is a
         // live slice of the map's value size (checked by `insert`).
-        bpf_call(command, &attr).map(drop)
+        element_call(command, self.data.fd().as_fd_raw(), &key, value)
     }
 }
