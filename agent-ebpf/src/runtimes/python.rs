@@ -8,18 +8,18 @@
 //! C frame. A per-walk cursor ([`PythonWalk`], in `PYTHON_WALK`) remembers where the chain
 //! stopped, so the next eval frame further down continues it.
 //!
-//! The first eval frame finds the thread's state from the thread's `fs` base (read from the
-//! task, at the offset the agent took from BTF): through CPython's `autoTSSkey` (3.11 to
-//! 3.14), the way glibc's `pthread_getspecific` does (the key's value sits in the thread's
-//! `struct pthread`, at the `fs` base), or in the thread-local 3.15 keeps it in, at a fixed
-//! offset from the `fs` base.
+//! The first eval frame finds the thread's state from the thread pointer (`task::
+//! thread_pointer`, x86-64's `fs` base): through CPython's `autoTSSkey` (3.11 to 3.14), the
+//! way glibc's `pthread_getspecific` does (the key's value sits in the thread's `struct
+//! pthread`, at the thread pointer), or in the thread-local 3.15 keeps it in, at a fixed
+//! offset from the thread pointer.
 //! Per Python frame the stack gets one word: the code object's address and the instruction's
 //! offset ([`python_frame_word`]). No string is read here; the agent names code objects.
 
 use core::ffi::c_void;
 
 use aya_ebpf::{
-    helpers::{bpf_get_current_task_btf, bpf_probe_read_kernel, bpf_probe_read_user},
+    helpers::bpf_probe_read_user,
     macros::map,
     maps::{HashMap, PerCpuArray},
 };
@@ -33,6 +33,7 @@ use crate::shared::{
     counters,
     loops::repeat,
     stack::{push_frame, WalkState, WALK},
+    task,
 };
 
 /// Processes running a CPython interpreter, written by the agent; not preallocated.
@@ -61,11 +62,6 @@ struct PythonWalk {
 /// Python's per-walk state, by the walk's `WALK` slot.
 #[map]
 static PYTHON_WALK: PerCpuArray<PythonWalk> = PerCpuArray::with_max_entries(2, 0);
-
-/// `offsetof(struct task_struct, thread.fsbase)` on the running kernel, set by the agent
-/// before load from the kernel's BTF; 0 leaves Python frames unwalked.
-#[unsafe(no_mangle)]
-static TASK_FSBASE: u32 = 0;
 
 /// After an exec the process runs another program: forget its interpreter.
 #[inline(always)]
@@ -100,17 +96,7 @@ fn read_u8(address: u64) -> Option<u8> {
 /// thread has none (not a Python thread, not started) or it could not be read.
 #[inline(always)]
 fn current_frame(python: &PythonProc) -> Option<u64> {
-    // SAFETY: a plain value the agent set before load (read volatile: the loader rewrites it).
-    let fsbase_offset = unsafe { core::ptr::read_volatile(&TASK_FSBASE) };
-    if fsbase_offset == 0 {
-        return None;
-    }
-    // SAFETY: a helper with no arguments; the result is only used as an address to read.
-    let task = unsafe { bpf_get_current_task_btf() } as *const u8;
-    // SAFETY: bpf_probe_read_kernel checks the address.
-    let fs_base =
-        unsafe { bpf_probe_read_kernel(task.wrapping_add(fsbase_offset as usize) as *const u64) }
-            .ok()?;
+    let thread_pointer = task::thread_pointer()?;
     let slot = if python.thread_local != 0 {
         python.thread_local as i64 as u64
     } else {
@@ -121,7 +107,7 @@ fn current_frame(python: &PythonProc) -> Option<u64> {
         ((key as u64 + python.specific_bias as u64) << (python.specific_shift & 15))
             + python.specific_value as u64
     };
-    let tstate = read_u64(fs_base.wrapping_add(slot))?;
+    let tstate = read_u64(thread_pointer.wrapping_add(slot))?;
     if tstate == 0 {
         return None;
     }

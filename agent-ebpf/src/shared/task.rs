@@ -1,6 +1,6 @@
 //! The kernel's `task_struct` fields the programs read, at offsets the agent takes from the
 //! kernel's BTF and sets as globals before load (no CO-RE relocations): the process's name
-//! and start.
+//! and start, and the thread pointer a runtime's walk finds a thread's state from.
 
 use aya_ebpf::helpers::{bpf_get_current_task, bpf_probe_read_kernel};
 
@@ -15,6 +15,27 @@ static TASK_COMM: u32 = 0;
 /// and no exec'd files.
 #[unsafe(no_mangle)]
 static TASK_START_BOOTTIME: u32 = 0;
+
+/// `offsetof(struct task_struct, <the thread pointer>)` on the running kernel (x86-64's
+/// `thread.fsbase`), set by the agent when a runtime's walk needs it; 0 leaves those runtimes
+/// unwalked.
+#[unsafe(no_mangle)]
+static TASK_THREAD_POINTER: u32 = 0;
+
+/// The current thread's user thread pointer (its TLS base: x86-64's `fs` base, which glibc
+/// points at the thread's `struct pthread`); `None` without the offset or when the read fails.
+#[inline(always)]
+pub fn thread_pointer() -> Option<u64> {
+    // SAFETY: a plain value the agent set before load (read volatile: the loader rewrites it).
+    let offset = unsafe { core::ptr::read_volatile(&TASK_THREAD_POINTER) };
+    if offset == 0 {
+        return None;
+    }
+    // SAFETY: a helper with no arguments; the result is only used as an address to read.
+    let task = unsafe { bpf_get_current_task() } as *const u8;
+    // SAFETY: bpf_probe_read_kernel checks the address.
+    unsafe { bpf_probe_read_kernel(task.wrapping_add(offset as usize) as *const u64) }.ok()
+}
 
 /// Fills `comm` with the current thread's name, NUL-padded: `comm` must be zeroed, since
 /// older kernels copy the name without padding. On failure the helper zeroes it.

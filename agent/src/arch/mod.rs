@@ -1,20 +1,92 @@
 //! What differs between the architectures scorch runs on, one module each, with the same
-//! names in each: the one for the machine scorch is built for is [`native`].
+//! names in each: the one for the machine scorch is built for is [`native`]. This module
+//! holds what the rest of the agent asks of them, in words no architecture owns: the places
+//! and layouts the instruction decoders find, and the relocation kinds the readers resolve.
 //!
 //! x86-64 is the only one today. What a second one (arm64) adds here, beside its twin of each
 //! item of [`x86_64`]:
-//! - the instruction patterns the runtime readers recognise in compiled code (`decode`);
+//! - the instruction patterns the runtime readers recognise in compiled code (`decode`:
+//!   CPython's `_PyRuntime` and thread state, glibc's `pthread_getspecific`);
+//! - its dynamic relocation kinds (`relocation`);
+//! - its PLT stubs, named `function@plt` (`plt`);
 //! - where the kernel keeps a thread's thread pointer (`THREAD_POINTER`).
 //!
 //! Elsewhere, in files of their own named for the architecture: the BPF program's registers,
-//! user-mode test and signal frame (agent-ebpf), the unwind rows' register numbers, PLT and
-//! signal rows (`unwind/`). Still written for x86-64 where they are, and to move here as the
-//! second architecture comes: glibc's `pthread_getspecific` read from its code
-//! (`runtimes/libc.rs`), CPython's `_PyRuntime` found through its code
-//! (`runtimes/python/mod.rs`), the relocation kinds of `runtimes/image.rs`, and the PLT stubs
-//! of `symbolize/elf/symtab.rs`.
+//! user-mode test, signal frame and thread pointer (agent-ebpf's `arch/`), the unwind rows'
+//! register numbers, PLT, signal and Go frame rows (`unwind/convert/`).
 
 pub mod x86_64;
 
 #[cfg(target_arch = "x86_64")]
 pub use x86_64 as native;
+
+use object::{Architecture, Object};
+
+/// Where a value lies: at a fixed address, or `offset` bytes past the address a pointer
+/// slot holds (a shared library reaches its own exported globals through its GOT).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Place {
+    Fixed(u64),
+    Pointed { slot: u64, offset: u64 },
+}
+
+/// What a function puts in its first argument register before its first call or tail jump.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FirstArgument {
+    /// A 32-bit value loaded from this place.
+    Loaded(Place),
+    /// This place's address itself.
+    Address(Place),
+}
+
+/// Where a thread's value of pthread key `key` is, for `key < first_block`:
+/// `thread_pointer + ((key + index_bias) << entry_shift) + value_offset`, as glibc's
+/// `pthread_getspecific` computes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SpecificLayout {
+    pub first_block: u32,
+    pub index_bias: u64,
+    pub entry_shift: u32,
+    pub value_offset: u64,
+}
+
+impl SpecificLayout {
+    /// The offset from the thread pointer of key `key`'s value, when the key is in the first
+    /// block.
+    pub fn offset(&self, key: u32) -> Option<u64> {
+        (key < self.first_block).then(|| {
+            ((u64::from(key) + self.index_bias) << self.entry_shift).wrapping_add(self.value_offset)
+        })
+    }
+}
+
+/// What a dynamic relocation leaves in the word it names, for the kinds the readers resolve.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Relocation {
+    /// The load bias plus the addend.
+    Relative,
+    /// A symbol's address plus the addend (a data word).
+    Absolute,
+    /// A GOT slot holding a symbol's address.
+    GlobalData,
+    /// A PLT's GOT slot, bound to a function at its first call or at load.
+    JumpSlot,
+}
+
+/// The kind of ELF relocation `r_type` in a file for `architecture`; `None` for the kinds no
+/// reader resolves, and for the architectures scorch has no module for.
+pub fn relocation(architecture: Architecture, r_type: u32) -> Option<Relocation> {
+    match architecture {
+        Architecture::X86_64 => x86_64::relocation(r_type),
+        _ => None,
+    }
+}
+
+/// The PLT stubs of `file`, as `(address, size, "function@plt")`, as objdump and perf name
+/// them; none for an architecture scorch has no module for.
+pub fn plt_stubs(file: &object::File<'_>) -> Vec<(u64, u64, String)> {
+    match file.architecture() {
+        Architecture::X86_64 => x86_64::plt::stubs(file),
+        _ => Vec::new(),
+    }
+}

@@ -21,7 +21,7 @@ use crate::{
     pipeline::{
         drain::{DrainError, Drainer, Losses, StackMapFill},
         off_cpu::OffCpuReader,
-        sampler::{Sampler, SamplerConfig, SamplerError},
+        sampler::{RuntimeMap, Sampler, SamplerConfig, SamplerError},
     },
     runtimes::Registry,
     symbolize::user::UserSymbolizer,
@@ -97,7 +97,14 @@ impl Sampling {
         mut symbolizer: UserSymbolizer,
     ) -> Result<Sampling, StartError> {
         let config = SamplerConfig {
-            runtime_maps: registry.iter().map(|r| (r.id(), r.procs_map())).collect(),
+            runtime_maps: registry
+                .iter()
+                .map(|r| RuntimeMap {
+                    id: r.id(),
+                    procs: r.procs_map(),
+                    thread_pointer: r.thread_pointer(),
+                })
+                .collect(),
             runtime_counters: registry.iter().map(|r| r.counters()).collect(),
             ..config.clone()
         };

@@ -3,7 +3,10 @@
 
 use std::{cell::OnceCell, collections::HashMap, ops::Range};
 
-use crate::binary::elf::Elf;
+use crate::{
+    arch::{relocation, Relocation},
+    binary::elf::Elf,
+};
 use gimli::{BaseAddresses, CieOrFde, EhFrame, LittleEndian, UnwindSection};
 use object::{
     Object, ObjectSection, ObjectSymbol, ObjectSymbolTable, RelocationFlags, RelocationTarget,
@@ -36,13 +39,6 @@ pub struct Image<'a> {
     /// the first pointer asked for.
     relative: OnceCell<HashMap<u64, u64>>,
 }
-
-/// `R_X86_64_64`: the word is a symbol's address plus the addend.
-const R_X86_64_64: u32 = 1;
-/// `R_X86_64_GLOB_DAT`: a GOT slot holding a symbol's address.
-const R_X86_64_GLOB_DAT: u32 = 6;
-/// `R_X86_64_RELATIVE`: the word is the load bias plus the addend.
-const R_X86_64_RELATIVE: u32 = 8;
 
 impl<'a> Image<'a> {
     /// The image of the parsed file `elf`.
@@ -125,6 +121,7 @@ impl<'a> Image<'a> {
     pub fn pointer_at(&self, what: &'static str, address: u64) -> Result<u64, ImageError> {
         let relocated = self.relative.get_or_init(|| {
             let symbols = self.file.dynamic_symbol_table();
+            let architecture = self.file.architecture();
             self.file
                 .dynamic_relocations()
                 .into_iter()
@@ -133,9 +130,12 @@ impl<'a> Image<'a> {
                     let RelocationFlags::Elf { r_type } = r.flags() else {
                         return None;
                     };
-                    match (r_type, r.target()) {
-                        (R_X86_64_RELATIVE, _) => Some((at, r.addend() as u64)),
-                        (R_X86_64_GLOB_DAT | R_X86_64_64, RelocationTarget::Symbol(index)) => {
+                    match (relocation(architecture, r_type)?, r.target()) {
+                        (Relocation::Relative, _) => Some((at, r.addend() as u64)),
+                        (
+                            Relocation::GlobalData | Relocation::Absolute,
+                            RelocationTarget::Symbol(index),
+                        ) => {
                             let symbol = symbols.as_ref()?.symbol_by_index(index).ok()?;
                             (!symbol.is_undefined())
                                 .then(|| (at, symbol.address().wrapping_add(r.addend() as u64)))

@@ -1,23 +1,14 @@
 //! Where glibc keeps a thread's `pthread_getspecific` values, read from `libc.so.6`.
 //!
 //! CPython finds a thread's state through a pthread key (`autoTSSkey`), so the BPF walk must
-//! do what `pthread_getspecific` does, from the thread's `fs` base. glibc keeps the values of
+//! do what `pthread_getspecific` does, from the thread pointer (x86-64's `fs` base). glibc keeps the values of
 //! the first keys in an array inside `struct pthread`, whose layout is private and changes
 //! between releases: it is read here from the function's own code rather than assumed.
 //!
-//! glibc 2.36 (x86-64), keys below 32:
-//!
-//! ```text
-//! cmp  $0x1f,%edi ; ja  <second level>
-//! mov  %edi,%eax ; add $0x31,%rax ; shl $0x4,%rax
-//! add  %fs:0x10,%rax            # the thread's own `struct pthread *` (its fs base)
-//! mov  0x8(%rax),%rdx           # `data` of that `struct pthread_key_data`
-//! ```
-
-use iced_x86::{Mnemonic, OpKind, Register};
+//! The code's pattern is the architecture's (`arch::native::decode::pthread_specific`).
 
 use super::image::{Image, ImageError};
-use crate::arch::x86_64::decode::instructions;
+pub use crate::arch::SpecificLayout;
 
 /// Why a libc's layout was not read.
 #[derive(Debug, thiserror::Error)]
@@ -29,29 +20,6 @@ pub enum LibcError {
     #[error("pthread_getspecific's code is not a form known here ({0})")]
     UnknownCode(&'static str),
 }
-
-/// Where a thread's value of pthread key `key` is, for `key < first_block`:
-/// `fs_base + ((key + index_bias) << entry_shift) + value_offset`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SpecificLayout {
-    pub first_block: u32,
-    pub index_bias: u64,
-    pub entry_shift: u32,
-    pub value_offset: u64,
-}
-
-impl SpecificLayout {
-    /// The offset from the thread's `fs` base of key `key`'s value, when the key is in the
-    /// first block.
-    pub fn offset(&self, key: u32) -> Option<u64> {
-        (key < self.first_block)
-            .then(|| ((u64::from(key) + self.index_bias) << self.entry_shift) + self.value_offset)
-    }
-}
-
-/// glibc's `struct pthread` starts with its TCB header, whose `self` pointer (at 0x10) is the
-/// thread's `fs` base: the value `pthread_getspecific` adds is that base.
-const TCB_SELF: u64 = 0x10;
 
 /// Whether a binary may be a glibc: it defines `pthread_getspecific` among its dynamic
 /// symbols. Read without hashing the symbols ([`Image::of`] does), as the loader asks it of
@@ -74,85 +42,8 @@ pub fn specific_layout(image: &Image) -> Result<SpecificLayout, LibcError> {
         .or_else(|| image.symbol("__pthread_getspecific"))
         .ok_or(LibcError::NoSymbol)?;
     let code = image.code("pthread_getspecific", symbol)?;
-    let mut first_block = None;
-    let mut index_bias = None;
-    let mut entry_shift = None;
-    let mut base = None;
-    for instruction in instructions(code, symbol.address).take(40) {
-        let immediate = matches!(
-            instruction.op1_kind(),
-            OpKind::Immediate8
-                | OpKind::Immediate8to32
-                | OpKind::Immediate8to64
-                | OpKind::Immediate32
-                | OpKind::Immediate32to64
-        );
-        match instruction.mnemonic() {
-            Mnemonic::Cmp
-                if first_block.is_none()
-                    && instruction.op0_register() == Register::EDI
-                    && immediate =>
-            {
-                first_block = Some(instruction.immediate(1) + 1);
-            }
-            Mnemonic::Add if index_bias.is_none() && first_block.is_some() && immediate => {
-                index_bias = Some(instruction.immediate(1));
-            }
-            Mnemonic::Shl if entry_shift.is_none() && index_bias.is_some() && immediate => {
-                entry_shift = Some(instruction.immediate(1));
-            }
-            Mnemonic::Add
-                if base.is_none()
-                    && entry_shift.is_some()
-                    && instruction.op1_kind() == OpKind::Memory
-                    && instruction.memory_segment() == Register::FS
-                    && instruction.memory_base() == Register::None
-                    && instruction.memory_index() == Register::None =>
-            {
-                if instruction.memory_displacement64() != TCB_SELF {
-                    return Err(LibcError::UnknownCode(
-                        "the fs operand is not the TCB's self pointer",
-                    ));
-                }
-                base = Some(instruction.op0_register());
-            }
-            Mnemonic::Mov
-                if base.is_some()
-                    && instruction.op1_kind() == OpKind::Memory
-                    && Some(instruction.memory_base()) == base
-                    && instruction.memory_index() == Register::None =>
-            {
-                let (Some(first_block), Some(index_bias), Some(entry_shift)) =
-                    (first_block, index_bias, entry_shift)
-                else {
-                    break;
-                };
-                let layout = SpecificLayout {
-                    first_block: u32::try_from(first_block)
-                        .map_err(|_| LibcError::UnknownCode("first block"))?,
-                    index_bias,
-                    entry_shift: u32::try_from(entry_shift)
-                        .ok()
-                        .filter(|&s| s < 16)
-                        .ok_or(LibcError::UnknownCode("entry size"))?,
-                    value_offset: instruction.memory_displacement64(),
-                };
-                // A `struct pthread` is a few KiB: anything past that is not its array.
-                if layout.first_block > 1024
-                    || layout
-                        .offset(layout.first_block - 1)
-                        .is_none_or(|o| o > 1 << 16)
-                {
-                    return Err(LibcError::UnknownCode("offsets beyond struct pthread"));
-                }
-                return Ok(layout);
-            }
-            _ => {}
-        }
-    }
-    Err(LibcError::UnknownCode(
-        "the first-block lookup was not found",
-    ))
+    crate::arch::native::decode::pthread_specific(code, symbol.address)
+        .map_err(LibcError::UnknownCode)
 }
 
 #[cfg(test)]

@@ -49,6 +49,10 @@ pub trait Runtime: Send + Sync + fmt::Debug {
     fn frame_kind(&self) -> FrameKind;
     /// The BPF hash map (keyed by tgid) holding each attached process's entry.
     fn procs_map(&self) -> &'static str;
+    /// Whether its BPF walk finds a thread's state from the thread pointer (its TLS base):
+    /// the sampler then sets that pointer's place in the task, from the kernel's BTF, and
+    /// walks the runtime only when the kernel tells it.
+    fn thread_pointer(&self) -> bool;
     /// Its walk's counters in BPF (its frames, and why its chains stopped early), which the
     /// drain reads each window.
     fn counters(&self) -> RuntimeCounters;

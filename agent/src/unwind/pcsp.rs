@@ -3,18 +3,16 @@
 //! code. A stripped Go binary has no CFI at all, and its frameless leaves push no frame
 //! pointer: without these rows a frame-pointer walk skips each leaf's caller.
 //!
-//! On x86_64 a Go function's CFA is rsp plus the delta plus the return address's 8 bytes.
-//! Once the function has a frame, its caller's rbp is saved just below the return address
-//! (`PUSHQ BP` since Go 1.21, `MOVQ BP, framesize-8(SP)` before): at CFA - 16. Functions that
-//! start a stack (`runtime.goexit` under every goroutine, `runtime.mstart`, `runtime.rt0_go`)
-//! end the walk; those that switch stacks or write rsp in ways the delta does not describe
+//! Where the delta puts the CFA, the return address and the caller's frame pointer is the
+//! architecture's (`convert::go_frame`). Functions that start a stack (`runtime.goexit` under every goroutine, `runtime.mstart`, `runtime.rt0_go`)
+//! end the walk; those that switch stacks or write the stack pointer in ways the delta does not describe
 //! (`runtime.systemstack`, `runtime.mcall`, `runtime.morestack`, and whatever Go flags
 //! `SPWRITE`) stop it, as unsupported, rather than walk into another stack's words.
 
 use crate::binary::gopclntab::{GoFunc, Pclntab};
 
 use super::{
-    convert::{Converted, FdeCounts, Function, MAX_ROWS},
+    convert::{go_frame, go_stack_bottom, Converted, FdeCounts, Function, MAX_ROWS},
     row::{self, Cfa, FpRule},
     Code,
 };
@@ -27,7 +25,8 @@ const OUTERMOST: [&str; 4] = [
     "runtime.goexit1",
 ];
 
-/// Functions that switch stacks: past them, the words above rsp are another stack's.
+/// Functions that switch stacks: past them, the words above the stack pointer are another
+/// stack's.
 const STACK_SWITCHES: [&str; 5] = [
     "runtime.systemstack",
     "runtime.systemstack_switch",
@@ -114,7 +113,7 @@ fn rows_of(
         if rows.len() >= MAX_ROWS || pc < func.entry || pc >= func.end {
             return false;
         }
-        let (cfa, rbp) = rule(delta);
+        let (cfa, rbp) = go_frame(delta);
         rows.push(row::narrow(code.pc(pc), cfa, rbp));
     }
     true
@@ -124,39 +123,10 @@ fn rows_of(
 /// unsupported where it would leave this stack; `None` for the others.
 fn stop_of(func: &GoFunc) -> Option<(Cfa, FpRule)> {
     if func.top_frame || OUTERMOST.contains(&func.name) {
-        Some((Cfa::Sp(8), FpRule::ReturnAddressUndefined))
+        Some(go_stack_bottom())
     } else if func.spwrite || STACK_SWITCHES.contains(&func.name) {
         Some((Cfa::Unsupported, FpRule::Unsupported))
     } else {
         None
-    }
-}
-
-/// The rule at a pc where the function has moved rsp `delta` bytes below its entry.
-fn rule(delta: i32) -> (Cfa, FpRule) {
-    if delta < 0 {
-        return (Cfa::Unsupported, FpRule::Unsupported);
-    }
-    let cfa = Cfa::Sp(i64::from(delta) + 8);
-    // A frame holds the caller's rbp first; a function that has not moved rsp has not
-    // touched rbp.
-    let rbp = if delta >= 8 {
-        FpRule::CfaOffset(-16)
-    } else {
-        FpRule::Unchanged
-    };
-    (cfa, rbp)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn deltas_become_rsp_rules_with_the_saved_rbp_below_the_return_address() {
-        assert_eq!(rule(0), (Cfa::Sp(8), FpRule::Unchanged));
-        assert_eq!(rule(8), (Cfa::Sp(16), FpRule::CfaOffset(-16)));
-        assert_eq!(rule(0x58), (Cfa::Sp(0x60), FpRule::CfaOffset(-16)));
-        assert_eq!(rule(-8), (Cfa::Unsupported, FpRule::Unsupported));
     }
 }

@@ -45,6 +45,9 @@ impl Runtime for Double {
     fn procs_map(&self) -> &'static str {
         "DOUBLE_PROCS"
     }
+    fn thread_pointer(&self) -> bool {
+        false
+    }
     fn counters(&self) -> RuntimeCounters {
         RuntimeCounters {
             runtime: "double",

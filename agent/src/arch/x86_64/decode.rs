@@ -7,6 +7,8 @@
 
 use iced_x86::{Decoder, DecoderOptions, FlowControl, Instruction, Mnemonic, OpKind, Register};
 
+use crate::arch::{FirstArgument, Place, SpecificLayout};
+
 /// The instructions of `code`, which starts at address `ip`; an undecodable byte ends them.
 pub fn instructions(code: &[u8], ip: u64) -> impl Iterator<Item = Instruction> + '_ {
     let mut decoder = Decoder::with_ip(64, code, ip, DecoderOptions::NONE);
@@ -17,25 +19,6 @@ pub fn instructions(code: &[u8], ip: u64) -> impl Iterator<Item = Instruction> +
         let instruction = decoder.decode();
         (!instruction.is_invalid()).then_some(instruction)
     })
-}
-
-/// Where a value lies: at a fixed address, or `offset` bytes past the address a pointer
-/// slot holds (a shared library reaches its own exported globals through its GOT).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Place {
-    Fixed(u64),
-    Pointed { slot: u64, offset: u64 },
-}
-
-/// What a function puts in its first argument register (`rdi`) before its first call or
-/// tail jump.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FirstArgument {
-    /// A 32-bit value loaded from this place (`mov edi, [address]`).
-    Loaded(Place),
-    /// This place's address itself (`mov edi, imm`, `lea rdi, [rip + x]`, or
-    /// `mov rax, [rip + got]; lea rdi, [rax + x]`).
-    Address(Place),
 }
 
 /// The place a memory operand names: a global (no base but `rip`, no index), or a fixed
@@ -60,8 +43,11 @@ fn operand_place(instruction: &Instruction, slots: &[(Register, u64)]) -> Option
 }
 
 /// What the function at `ip` puts in `rdi` (or `edi`) before its first call or
-/// unconditional jump, following the fall-through path; `None` when it is not one of the
-/// [`FirstArgument`] forms or the function returns first.
+/// unconditional jump, following the fall-through path; `None` when it is not one of these
+/// forms or the function returns first:
+/// - [`FirstArgument::Loaded`]: `mov edi, [address]`;
+/// - [`FirstArgument::Address`]: `mov edi, imm`, `lea rdi, [rip + x]`, or
+///   `mov rax, [rip + got]; lea rdi, [rax + x]`.
 pub fn first_argument(code: &[u8], ip: u64) -> Option<FirstArgument> {
     let mut argument = None;
     // 64-bit registers holding a pointer loaded from a global slot, and that slot.
@@ -166,6 +152,98 @@ pub fn jumps_out(code: &[u8], ip: u64) -> Vec<u64> {
     targets.sort_unstable();
     targets.dedup();
     targets
+}
+
+/// glibc's `struct pthread` starts with its TCB header, whose `self` pointer (at 0x10) is the
+/// thread's `fs` base: the value `pthread_getspecific` adds is that base.
+const TCB_SELF: u64 = 0x10;
+
+/// The layout `pthread_getspecific`, whose code starts at `ip`, reads its first block of
+/// keys with (glibc 2.36, keys below 32):
+///
+/// ```text
+/// cmp  $0x1f,%edi ; ja  <second level>
+/// mov  %edi,%eax ; add $0x31,%rax ; shl $0x4,%rax
+/// add  %fs:0x10,%rax            # the thread's own `struct pthread *` (its fs base)
+/// mov  0x8(%rax),%rdx           # `data` of that `struct pthread_key_data`
+/// ```
+///
+/// The error says which part is not a form known here.
+pub fn pthread_specific(code: &[u8], ip: u64) -> Result<SpecificLayout, &'static str> {
+    let mut first_block = None;
+    let mut index_bias = None;
+    let mut entry_shift = None;
+    let mut base = None;
+    for instruction in instructions(code, ip).take(40) {
+        let immediate = matches!(
+            instruction.op1_kind(),
+            OpKind::Immediate8
+                | OpKind::Immediate8to32
+                | OpKind::Immediate8to64
+                | OpKind::Immediate32
+                | OpKind::Immediate32to64
+        );
+        match instruction.mnemonic() {
+            Mnemonic::Cmp
+                if first_block.is_none()
+                    && instruction.op0_register() == Register::EDI
+                    && immediate =>
+            {
+                first_block = Some(instruction.immediate(1) + 1);
+            }
+            Mnemonic::Add if index_bias.is_none() && first_block.is_some() && immediate => {
+                index_bias = Some(instruction.immediate(1));
+            }
+            Mnemonic::Shl if entry_shift.is_none() && index_bias.is_some() && immediate => {
+                entry_shift = Some(instruction.immediate(1));
+            }
+            Mnemonic::Add
+                if base.is_none()
+                    && entry_shift.is_some()
+                    && instruction.op1_kind() == OpKind::Memory
+                    && instruction.memory_segment() == Register::FS
+                    && instruction.memory_base() == Register::None
+                    && instruction.memory_index() == Register::None =>
+            {
+                if instruction.memory_displacement64() != TCB_SELF {
+                    return Err("the fs operand is not the TCB's self pointer");
+                }
+                base = Some(instruction.op0_register());
+            }
+            Mnemonic::Mov
+                if base.is_some()
+                    && instruction.op1_kind() == OpKind::Memory
+                    && Some(instruction.memory_base()) == base
+                    && instruction.memory_index() == Register::None =>
+            {
+                let (Some(first_block), Some(index_bias), Some(entry_shift)) =
+                    (first_block, index_bias, entry_shift)
+                else {
+                    break;
+                };
+                let layout = SpecificLayout {
+                    first_block: u32::try_from(first_block).map_err(|_| "first block")?,
+                    index_bias,
+                    entry_shift: u32::try_from(entry_shift)
+                        .ok()
+                        .filter(|&s| s < 16)
+                        .ok_or("entry size")?,
+                    value_offset: instruction.memory_displacement64(),
+                };
+                // A `struct pthread` is a few KiB: anything past that is not its array.
+                if layout.first_block > 1024
+                    || layout
+                        .offset(layout.first_block - 1)
+                        .is_none_or(|o| o > 1 << 16)
+                {
+                    return Err("offsets beyond struct pthread");
+                }
+                return Ok(layout);
+            }
+            _ => {}
+        }
+    }
+    Err("the first-block lookup was not found")
 }
 
 #[cfg(test)]

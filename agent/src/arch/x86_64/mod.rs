@@ -1,7 +1,21 @@
 //! x86-64.
 
 pub mod decode;
+pub mod plt;
+
+use super::Relocation;
 
 /// Where `struct task_struct` keeps the thread pointer a user thread's TLS is found from
 /// (the `fs` base, which glibc points at the thread's `struct pthread`).
 pub const THREAD_POINTER: &[&str] = &["thread", "fsbase"];
+
+/// The relocation kinds of the x86-64 psABI the readers resolve.
+pub fn relocation(r_type: u32) -> Option<Relocation> {
+    match r_type {
+        object::elf::R_X86_64_RELATIVE => Some(Relocation::Relative),
+        object::elf::R_X86_64_64 => Some(Relocation::Absolute),
+        object::elf::R_X86_64_GLOB_DAT => Some(Relocation::GlobalData),
+        object::elf::R_X86_64_JUMP_SLOT => Some(Relocation::JumpSlot),
+        _ => None,
+    }
+}

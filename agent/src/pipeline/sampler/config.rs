@@ -40,9 +40,19 @@ pub struct SamplerConfig {
     pub exec_files: bool,
     /// The runtimes whose frames the BPF side walks (the registry's), each with its BPF map
     /// of processes: sized to the processes the unwinder tracks, and handed to the loader.
-    pub runtime_maps: Vec<(RuntimeId, &'static str)>,
+    pub runtime_maps: Vec<RuntimeMap>,
     /// The walked runtimes' counter arrays (the registry's), which the drain reads.
     pub runtime_counters: Vec<RuntimeCounters>,
+}
+
+/// A runtime's BPF side, as the sampler loads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RuntimeMap {
+    pub id: RuntimeId,
+    /// Its BPF map of processes.
+    pub procs: &'static str,
+    /// Whether its walk reads the thread pointer (`Runtime::thread_pointer`).
+    pub thread_pointer: bool,
 }
 
 /// Bytes of an unwind row.

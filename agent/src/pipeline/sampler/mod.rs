@@ -26,7 +26,7 @@ use super::{
 };
 use config::{off_cpu_map_sizes, per_window_map_entries, samples_per_window};
 
-pub use config::{SamplerConfig, UnwindCapacity, UnwindMode};
+pub use config::{RuntimeMap, SamplerConfig, UnwindCapacity, UnwindMode};
 
 /// The BPF object, built by build.rs with aya-build.
 static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/scorch-ebpf"));
@@ -147,22 +147,30 @@ impl Sampler {
             }
         };
         let pool_rows = capacity.pool_rows;
-        // Runtime frames are walked through the thread's pointer (x86-64's `fs` base), whose
-        // place in the task the kernel's BTF gives; without it they stay native frames.
-        let task_fsbase: u32 = if tables {
+        // A runtime whose walk reads the thread pointer is walked only when the kernel's BTF
+        // gives that pointer's place in the task; otherwise its frames stay native frames.
+        let needs_thread_pointer = tables && config.runtime_maps.iter().any(|r| r.thread_pointer);
+        let task_thread_pointer: u32 = if needs_thread_pointer {
             crate::sys::btf::task_thread_pointer_offset(crate::arch::native::THREAD_POINTER)
                 .unwrap_or_else(|err| {
-                    tracing::warn!("runtime frames (Python's) not walked: {err}");
+                    let ids: Vec<RuntimeId> = config
+                        .runtime_maps
+                        .iter()
+                        .filter(|r| r.thread_pointer)
+                        .map(|r| r.id)
+                        .collect();
+                    tracing::warn!("runtime frames not walked ({ids:?}): {err}");
                     0
                 })
         } else {
             0
         };
-        let runtime_maps: &[(RuntimeId, &'static str)] = if task_fsbase != 0 {
-            &config.runtime_maps
-        } else {
-            &[]
-        };
+        let runtime_maps: Vec<RuntimeMap> = config
+            .runtime_maps
+            .iter()
+            .filter(|r| tables && (!r.thread_pointer || task_thread_pointer != 0))
+            .copied()
+            .collect();
         let task_pid: u32 = match config.off_cpu {
             Some(_) => crate::sys::btf::task_pid_offset().map_err(SamplerError::TaskPid)?,
             None => 0,
@@ -180,7 +188,7 @@ impl Sampler {
         let (threads, user_stacks, ring_bytes) = off_cpu_map_sizes(config.off_cpu.is_some());
         let mut loader = EbpfLoader::new();
         loader
-            .override_global("TASK_FSBASE", &task_fsbase, true)
+            .override_global("TASK_THREAD_POINTER", &task_thread_pointer, true)
             .override_global("TASK_PID", &task_pid, true)
             .override_global("TASK_GROUP_LEADER", &task_group_leader, true)
             .override_global("TASK_COMM", &task_comm, true)
@@ -203,10 +211,10 @@ impl Sampler {
                     1
                 },
             );
-        for (_, name) in runtime_maps {
+        for runtime in &runtime_maps {
             // Not preallocated: the bound is what a full host could hold, never memory taken
             // up front. One more for an entry of processes without the runtime.
-            loader.map_max_entries(name, capacity.processes.saturating_add(1));
+            loader.map_max_entries(runtime.procs, capacity.processes.saturating_add(1));
         }
         let mut ebpf = loader.load(BPF_OBJECT)?;
         let logger = match aya_log::EbpfLogger::init(&mut ebpf) {
@@ -305,7 +313,7 @@ impl Sampler {
                 pool_rows,
                 capacity.processes,
                 runtime_stacks,
-                runtime_maps,
+                &runtime_maps,
             )?)
         } else {
             None
@@ -596,12 +604,15 @@ fn take_unwind_maps(
     pool_rows: u32,
     processes: u32,
     user_stacks: Option<UserStackOuters>,
-    runtime_maps: &[(RuntimeId, &'static str)],
+    runtime_maps: &[RuntimeMap],
 ) -> Result<UnwindMaps, SamplerError> {
     let rows = take_outer(ebpf, "UNWIND_ROWS")?;
     let procs = take_outer(ebpf, "UNWIND_PROCS")?;
     let mut runtime_procs = Vec::with_capacity(runtime_maps.len());
-    for &(id, name) in runtime_maps {
+    for &RuntimeMap {
+        id, procs: name, ..
+    } in runtime_maps
+    {
         let data = match ebpf.take_map(name).ok_or(SamplerError::MissingMap(name))? {
             Map::HashMap(data) => data,
             _ => return Err(SamplerError::MissingMap(name)),

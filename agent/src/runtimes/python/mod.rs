@@ -24,8 +24,9 @@ pub mod runtime;
 use std::{fmt, ops::Range};
 
 use super::image::{Image, ImageError, Symbol};
-use crate::arch::x86_64::decode::{
-    first_argument, jumps_out, returned_thread_local, FirstArgument, Place,
+use crate::arch::{
+    native::decode::{first_argument, jumps_out, returned_thread_local},
+    FirstArgument, Place,
 };
 pub use names::{PythonProcess, UNKNOWN_CODE};
 pub use offsets::{CodeOffsets, EntryMark, Offsets};

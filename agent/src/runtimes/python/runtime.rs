@@ -48,6 +48,12 @@ impl Runtime for Python {
         "PYTHON_PROCS"
     }
 
+    /// A thread's state is under a pthread key or in a thread-local: both from the thread
+    /// pointer.
+    fn thread_pointer(&self) -> bool {
+        true
+    }
+
     fn counters(&self) -> RuntimeCounters {
         RuntimeCounters {
             runtime: self.name(),

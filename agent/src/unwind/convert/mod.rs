@@ -17,6 +17,7 @@ use super::{
     row::{self, Cfa, FpRule, UnwindRow},
     Code, UnwindError,
 };
+pub(super) use x86_64::{go_frame, go_stack_bottom};
 use x86_64::{plt_cfa, return_address_where_read, signal_cfa, sp_offset, FP, RA, SP};
 
 mod x86_64;

@@ -6,7 +6,7 @@
 use gimli::{Expression, Operation, Register, RegisterRule, UnwindExpression};
 
 use super::{operations, Slice};
-use crate::unwind::row::Cfa;
+use crate::unwind::row::{Cfa, FpRule};
 
 /// DWARF register numbers (System V psABI, "DWARF Register Number Mapping"): rbp, the frame
 /// pointer, and rsp, the stack pointer.
@@ -91,5 +91,41 @@ pub(super) fn plt_cfa(expression: Expression<Slice<'_>>, encoding: gimli::Encodi
             })
         }
         _ => None,
+    }
+}
+
+/// A Go function's rule where it has moved rsp `delta` bytes below its entry (its `pcsp`
+/// table): the CFA is rsp plus the delta plus the return address's 8 bytes. Once the function
+/// has a frame, its caller's rbp is saved just below the return address (`PUSHQ BP` since Go
+/// 1.21, `MOVQ BP, framesize-8(SP)` before): at CFA - 16. A function that has not moved rsp
+/// has not touched rbp.
+pub(in crate::unwind) fn go_frame(delta: i32) -> (Cfa, FpRule) {
+    if delta < 0 {
+        return (Cfa::Unsupported, FpRule::Unsupported);
+    }
+    let cfa = Cfa::Sp(i64::from(delta) + 8);
+    let rbp = if delta >= 8 {
+        FpRule::CfaOffset(-16)
+    } else {
+        FpRule::Unchanged
+    };
+    (cfa, rbp)
+}
+
+/// The rule of a Go function at the bottom of a stack: at its entry, no caller.
+pub(in crate::unwind) fn go_stack_bottom() -> (Cfa, FpRule) {
+    (Cfa::Sp(8), FpRule::ReturnAddressUndefined)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn go_deltas_become_rsp_rules_with_the_saved_rbp_below_the_return_address() {
+        assert_eq!(go_frame(0), (Cfa::Sp(8), FpRule::Unchanged));
+        assert_eq!(go_frame(8), (Cfa::Sp(16), FpRule::CfaOffset(-16)));
+        assert_eq!(go_frame(0x58), (Cfa::Sp(0x60), FpRule::CfaOffset(-16)));
+        assert_eq!(go_frame(-8), (Cfa::Unsupported, FpRule::Unsupported));
     }
 }

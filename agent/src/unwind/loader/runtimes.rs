@@ -250,6 +250,9 @@ mod tests {
         fn procs_map(&self) -> &'static str {
             "DOUBLE_PROCS"
         }
+        fn thread_pointer(&self) -> bool {
+            false
+        }
         fn counters(&self) -> crate::pipeline::maps::RuntimeCounters {
             unreachable!("the loader never reads counters")
         }
