@@ -88,6 +88,15 @@ impl LoaderMaps for KernelMaps {
         self.pools.write(pool, first_row, rows)
     }
 
+    fn copy_rows(
+        &mut self,
+        from: (u32, u32),
+        to: (u32, u32),
+        rows: u32,
+    ) -> Result<(), LoaderError> {
+        self.pools.copy(from, to, rows)
+    }
+
     fn remove_pool(&mut self, index: u32) {
         self.pools.remove(&self.rows, index);
     }
@@ -204,49 +213,110 @@ impl PoolMaps {
     }
 
     fn write(&mut self, pool: u32, first_row: u32, rows: &[UnwindRow]) -> Result<(), LoaderError> {
-        let Some(Some((map, len))) = self.maps.get(pool as usize) else {
+        let len = u32::try_from(rows.len()).map_err(|_| LoaderError::NoPool(pool))?;
+        let target = self.mapped(pool, first_row, len, true)?;
+        // SAFETY: `target` maps `rows.len()` rows of the pool, writable; the BPF side reads
+        // these rows only once a process mapping points at them, which is written after this.
+        unsafe { std::ptr::copy_nonoverlapping(rows.as_ptr(), target.rows, rows.len()) };
+        Ok(())
+    }
+
+    /// Copies `len` rows from pool `from` at `from_row` to pool `to` at `to_row`, page by
+    /// page through the two maps' own memory: a table moved while the pools shrink is never
+    /// held whole in the agent's heap.
+    fn copy(
+        &mut self,
+        (from, from_row): (u32, u32),
+        (to, to_row): (u32, u32),
+        len: u32,
+    ) -> Result<(), LoaderError> {
+        let source = self.mapped(from, from_row, len, false)?;
+        let target = self.mapped(to, to_row, len, true)?;
+        if from == to {
+            // Distinct ranges of one pool, mapped twice: they do not overlap as rows do not.
+            assert!(
+                from_row.abs_diff(to_row) >= len,
+                "overlapping row ranges in one pool"
+            );
+        }
+        // SAFETY: both map `len` rows of their pools; the target's rows are read by the BPF
+        // side only once a process mapping points at them, which is written after this.
+        unsafe { std::ptr::copy_nonoverlapping(source.rows, target.rows, len as usize) };
+        Ok(())
+    }
+
+    /// `len` rows of pool `pool` from `first_row`, mapped into the agent until the value
+    /// is dropped.
+    fn mapped(
+        &self,
+        pool: u32,
+        first_row: u32,
+        len: u32,
+        writable: bool,
+    ) -> Result<MappedRows, LoaderError> {
+        let Some(Some((map, pool_len))) = self.maps.get(pool as usize) else {
             return Err(LoaderError::NoPool(pool));
         };
-        let first = first_row as usize;
         assert!(
-            first + rows.len() <= *len as usize,
+            u64::from(first_row) + u64::from(len) <= u64::from(*pool_len),
             "row range outside the pool"
         );
         let row = std::mem::size_of::<UnwindRow>();
         // SAFETY: sysconf has no preconditions.
         let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
-        let start = first * row;
-        let end = (first + rows.len()) * row;
+        let start = first_row as usize * row;
+        let end = (first_row as usize + len as usize) * row;
         let map_start = start / page * page;
-        let map_len = end.div_ceil(page) * page - map_start;
-        let map_error = || LoaderError::MapPool {
-            bytes: map_len,
-            source: std::io::Error::last_os_error(),
+        let map_len = end.div_ceil(page).max(1) * page - map_start;
+        let protection = if writable {
+            libc::PROT_READ | libc::PROT_WRITE
+        } else {
+            libc::PROT_READ
         };
         // SAFETY: a fresh shared mapping of whole pages of the map's fd, inside the pool (the
-        // kernel refuses a range past the map's size); nothing else maps these pages in this
-        // process, and the BPF side reads these rows only once a process mapping points at
-        // them, which is written after this.
-        unsafe {
-            let address = libc::mmap(
+        // kernel refuses a range past the map's size); nothing else in this process writes
+        // these pages while it is mapped.
+        let address = unsafe {
+            libc::mmap(
                 std::ptr::null_mut(),
                 map_len,
-                libc::PROT_READ | libc::PROT_WRITE,
+                protection,
                 libc::MAP_SHARED,
                 map.fd().as_fd_raw(),
                 map_start as libc::off_t,
-            );
-            if address == libc::MAP_FAILED {
-                return Err(map_error());
-            }
-            let rows_at = address
-                .cast::<u8>()
-                .add(start - map_start)
-                .cast::<UnwindRow>();
-            std::ptr::copy_nonoverlapping(rows.as_ptr(), rows_at, rows.len());
-            libc::munmap(address, map_len);
+            )
+        };
+        if address == libc::MAP_FAILED {
+            return Err(LoaderError::MapPool {
+                bytes: map_len,
+                source: std::io::Error::last_os_error(),
+            });
         }
-        Ok(())
+        Ok(MappedRows {
+            address,
+            len: map_len,
+            // SAFETY: `start - map_start` is inside the mapping.
+            rows: unsafe {
+                address
+                    .cast::<u8>()
+                    .add(start - map_start)
+                    .cast::<UnwindRow>()
+            },
+        })
+    }
+}
+
+/// Rows of a pool mapped into the agent, unmapped when dropped.
+struct MappedRows {
+    address: *mut libc::c_void,
+    len: usize,
+    rows: *mut UnwindRow,
+}
+
+impl Drop for MappedRows {
+    fn drop(&mut self) {
+        // SAFETY: the mapping `mapped` made, unmapped once.
+        unsafe { libc::munmap(self.address, self.len) };
     }
 }
 

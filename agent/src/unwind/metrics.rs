@@ -20,6 +20,10 @@ pub struct UnwindMetrics {
     pool_bytes: Gauge<u64, AtomicU64>,
     tables: Gauge<u64, AtomicU64>,
     evicted: Counter<u64, AtomicU64>,
+    idle: Counter<u64, AtomicU64>,
+    moved: Counter<u64, AtomicU64>,
+    pools_given_back: Counter<u64, AtomicU64>,
+    pool_bytes_given_back: Counter<u64, AtomicU64>,
     processes: Gauge<u64, AtomicU64>,
     without_room: Counter<u64, AtomicU64>,
     processes_read: Counter<u64, AtomicU64>,
@@ -38,6 +42,10 @@ impl UnwindMetrics {
             pool_bytes: Gauge::default(),
             tables: Gauge::default(),
             evicted: Counter::default(),
+            idle: Counter::default(),
+            moved: Counter::default(),
+            pools_given_back: Counter::default(),
+            pool_bytes_given_back: Counter::default(),
             processes: Gauge::default(),
             without_room: Counter::default(),
             processes_read: Counter::default(),
@@ -75,6 +83,29 @@ impl UnwindMetrics {
             "Unwind tables evicted for room at the row pools' ceiling (--unwind-pool-mib): \
              their code walks by frame pointers until a process maps them again",
             metrics.evicted.clone(),
+        );
+        registry.register(
+            "unwind_tables_idle",
+            "Unwind tables dropped because no process had mapped them for 30 s: a binary run \
+             again has its table built again",
+            metrics.idle.clone(),
+        );
+        registry.register(
+            "unwind_tables_moved",
+            "Unwind tables moved out of a row pool at most a quarter used, so that the pool \
+             could be given back",
+            metrics.moved.clone(),
+        );
+        registry.register(
+            "unwind_row_pools_given_back",
+            "Row pools given back to the kernel, emptied by idle, evicted or moved tables",
+            metrics.pools_given_back.clone(),
+        );
+        registry.register_with_unit(
+            "unwind_row_pools_given_back",
+            "BPF map memory of the row pools given back to the kernel",
+            Unit::Bytes,
+            metrics.pool_bytes_given_back.clone(),
         );
         registry.register(
             "unwind_processes",
@@ -142,6 +173,10 @@ impl UnwindMetrics {
         self.pool_bytes.set(stats.pool_bytes);
         self.tables.set(stats.tables_loaded as u64);
         advance(&self.evicted, stats.tables_evicted);
+        advance(&self.idle, stats.tables_idle);
+        advance(&self.moved, stats.tables_moved);
+        advance(&self.pools_given_back, stats.pools_given_back);
+        advance(&self.pool_bytes_given_back, stats.pool_bytes_given_back);
         self.processes.set(stats.processes as u64);
         advance(&self.processes_read, stats.processes_read);
         advance(&self.without_room, stats.processes_without_room);

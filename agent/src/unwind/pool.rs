@@ -8,12 +8,21 @@
 //! Pools are added as tables need room, each as large as all before it (from
 //! `MIN_POOL_ROWS`, or the table's own size when larger), so a quiet host holds one small pool
 //! and a busy one reaches its tables' size in a few steps, never more than twice what they
-//! took; the sum stays under a ceiling. This is the pure half: the loader creates the maps.
+//! took; the sum stays under a ceiling. A pool left mostly empty once the tables that filled
+//! it are gone (a build's compilers exited) is shrunk: the loader moves its few tables to the
+//! other pools' free rows, or to a pool sized for them, and gives it back
+//! ([`RowPools::sparse_pool`], [`RowPools::smaller_pool`]). This is the pure half: the loader
+//! creates the maps and moves the rows.
 
 use std::collections::BTreeMap;
 
 /// Rows are 8 bytes and pools are whole pages: a pool's rows are a multiple of 512.
 const PAGE_ROWS: u32 = 512;
+
+/// A pool is worth shrinking when at most this part of it is used (1 in 4): its tables then
+/// fit in the others' free rows or in a pool a quarter of its size. A pool more used than
+/// that stays, so a table that comes and goes does not move its neighbours back and forth.
+const SPARSE: u64 = 4;
 
 /// The free ranges of a pool of `capacity` rows.
 #[derive(Debug)]
@@ -122,6 +131,14 @@ impl RowPools {
         self.ceiling
     }
 
+    /// Rows pool `index` holds, used or not; 0 when it does not exist.
+    pub fn capacity_of(&self, index: u32) -> u32 {
+        self.pools
+            .get(index as usize)
+            .and_then(Option::as_ref)
+            .map_or(0, RowPool::capacity)
+    }
+
     /// Pools that exist.
     pub fn count(&self) -> usize {
         self.live().count()
@@ -137,10 +154,39 @@ impl RowPools {
     /// Rows `len` in a pool that exists: (pool, first row); `None` when none has room.
     /// Lower pools first, so the later ones empty out and can be given back.
     pub fn allocate(&mut self, len: u32) -> Option<(u32, u32)> {
+        self.allocate_outside(len, None)
+    }
+
+    /// As [`RowPools::allocate`], in any pool but `except`.
+    pub fn allocate_outside(&mut self, len: u32, except: Option<u32>) -> Option<(u32, u32)> {
         self.pools
             .iter_mut()
             .enumerate()
+            .filter(|(i, _)| Some(*i as u32) != except)
             .find_map(|(i, pool)| Some((i as u32, pool.as_mut()?.allocate(len)?)))
+    }
+
+    /// The pool to shrink: the largest that is larger than the smallest pool size and at
+    /// most a quarter used. Its tables are then moved out and it is given back.
+    pub fn sparse_pool(&self) -> Option<u32> {
+        self.live()
+            .filter(|(_, pool)| {
+                pool.capacity() > self.min_rows
+                    && u64::from(pool.used()) * SPARSE <= u64::from(pool.capacity())
+            })
+            .max_by_key(|(index, pool)| (pool.capacity(), *index))
+            .map(|(index, _)| index)
+    }
+
+    /// A pool for `len` rows moved out of pool `sparse`, (index, rows): `len` in whole pages,
+    /// at least the smallest pool size, and smaller than `sparse` by half at least, so that
+    /// moving is worth it; `None` when no slot is free or it would not be smaller.
+    pub fn smaller_pool(&self, sparse: u32, len: u32) -> Option<(u32, u32)> {
+        let slot = self.pools.iter().position(Option::is_none)? as u32;
+        let old = self.pools.get(sparse as usize)?.as_ref()?.capacity();
+        let rows =
+            u64::from(len.max(self.min_rows)).div_ceil(u64::from(PAGE_ROWS)) * u64::from(PAGE_ROWS);
+        (len > 0 && rows * 2 <= u64::from(old)).then_some((slot, rows as u32))
     }
 
     /// The pool to add for a table of `len` rows, (index, rows): as large as all pools
@@ -191,6 +237,30 @@ impl RowPools {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_mostly_empty_pool_is_found_and_a_smaller_one_offered() {
+        let mut pools = RowPools::new(4, 1 << 20, 1024);
+        pools.add(0, 1024);
+        pools.add(1, 8192);
+        // The smallest size is never shrunk, however empty; a full large pool is not either.
+        pools.pools[0].as_mut().unwrap().allocate(10);
+        pools.pools[1].as_mut().unwrap().allocate(8000);
+        assert_eq!(pools.sparse_pool(), None);
+        // A quarter used: worth shrinking.
+        pools.pools[1].as_mut().unwrap().release(2048, 8000 - 2048);
+        assert_eq!(pools.sparse_pool(), Some(1));
+        // Its 2048 rows fit in pool 0's free ones? No: 1014 free. A pool of 2048 rows, in the
+        // first free slot, is half its size.
+        assert_eq!(pools.allocate_outside(2048, Some(1)), None);
+        assert_eq!(pools.smaller_pool(1, 2048), Some((2, 2048)));
+        // Rows that would need a pool more than half the old one's size: not worth it.
+        assert_eq!(pools.smaller_pool(1, 4097), None);
+        // A few rows: the smallest pool size.
+        assert_eq!(pools.smaller_pool(1, 10), Some((2, 1024)));
+        // Allocation outside a pool skips it even where it has room.
+        assert_eq!(pools.allocate_outside(100, Some(0)), Some((1, 2048)));
+    }
 
     #[test]
     fn pools_double_from_the_smallest_and_stop_at_the_ceiling() {

@@ -26,6 +26,10 @@ pub trait LoaderMaps {
         first_row: u32,
         rows: &[UnwindRow],
     ) -> Result<(), LoaderError>;
+    /// Copies `rows` rows from `(pool, first_row)` to another place in the pools, whose
+    /// ranges do not overlap: a table moved out of a pool being shrunk.
+    fn copy_rows(&mut self, from: (u32, u32), to: (u32, u32), rows: u32)
+        -> Result<(), LoaderError>;
     /// Takes pool `index` out of `UNWIND_ROWS`, which frees its memory.
     fn remove_pool(&mut self, index: u32);
     /// Sets `ROW_EPOCH`, which drops the rows the program's walks hold in their cache.

@@ -25,6 +25,7 @@ use crate::{
 pub(super) enum Op {
     CreatePool { index: u32, rows: u32 },
     RemovePool(u32),
+    CopyRows { from: u32, to: u32, rows: u32 },
     RowEpoch(u64),
     InsertProcess(u32),
     RemoveProcess(u32),
@@ -116,6 +117,26 @@ impl LoaderMaps for MemoryMaps {
         let pool_rows = self.pools.get_mut(&pool).ok_or(LoaderError::NoPool(pool))?;
         let first = first_row as usize;
         pool_rows[first..first + rows.len()].copy_from_slice(rows);
+        Ok(())
+    }
+
+    fn copy_rows(
+        &mut self,
+        (from, from_row): (u32, u32),
+        (to, to_row): (u32, u32),
+        rows: u32,
+    ) -> Result<(), LoaderError> {
+        let (from_row, to_row, rows) = (from_row as usize, to_row as usize, rows as usize);
+        let source = self.pools.get(&from).ok_or(LoaderError::NoPool(from))?
+            [from_row..from_row + rows]
+            .to_vec();
+        let target = self.pools.get_mut(&to).ok_or(LoaderError::NoPool(to))?;
+        target[to_row..to_row + rows].copy_from_slice(&source);
+        self.ops.push(Op::CopyRows {
+            from,
+            to,
+            rows: rows as u32,
+        });
         Ok(())
     }
 

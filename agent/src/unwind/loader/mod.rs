@@ -36,6 +36,7 @@ use scorch_common::{RuntimeId, UnwindRow, MAX_ROW_POOLS, MIN_POOL_ROWS};
 mod maps;
 mod process_map;
 mod runtimes;
+mod shrink;
 mod tables;
 mod tracking;
 
@@ -175,6 +176,11 @@ pub struct LoaderStats {
     pub tables_evicted: u64,
     /// Tables dropped after no process mapped them for a while.
     pub tables_idle: u64,
+    /// Tables moved out of a mostly empty row pool, so that it could be given back.
+    pub tables_moved: u64,
+    /// Row pools given back (emptied by idle or evicted tables, or by moves), and their bytes.
+    pub pools_given_back: u64,
+    pub pool_bytes_given_back: u64,
     pub events: u64,
     /// Times a process's maps were read and described: at its first sample, while its
     /// libraries load, and after an exec or a new mapping made the BPF side ask again.
@@ -249,6 +255,12 @@ pub struct Unwinder<M = KernelMaps> {
     evicted: u64,
     /// Tables dropped as idle.
     idle: u64,
+    /// [`LoaderStats::tables_moved`].
+    moved: u64,
+    /// [`LoaderStats::pools_given_back`].
+    pools_given_back: u64,
+    /// [`LoaderStats::pool_bytes_given_back`].
+    pool_bytes_given_back: u64,
     /// [`LoaderStats::events`].
     events: u64,
     /// The vDSO image's length, when its table is loaded: a process's `[vdso]` mapping of
@@ -412,6 +424,9 @@ impl<M> Unwinder<M> {
             clock: 0,
             evicted: 0,
             idle: 0,
+            moved: 0,
+            pools_given_back: 0,
+            pool_bytes_given_back: 0,
             events: 0,
             vdso_len: None,
             without_room: HashSet::new(),
@@ -436,6 +451,9 @@ impl<M> Unwinder<M> {
             pools: self.pools.count(),
             tables_evicted: self.evicted,
             tables_idle: self.idle,
+            tables_moved: self.moved,
+            pools_given_back: self.pools_given_back,
+            pool_bytes_given_back: self.pool_bytes_given_back,
             events: self.events,
             processes_read: self.processes_read,
             processes_without_room: self.without_room_total,

@@ -11,8 +11,13 @@ use super::{
 };
 
 /// How long a table no process maps stays loaded: long enough that a binary run again and
-/// again (a build, a cron job, a shell loop) keeps its table between runs.
-const IDLE_TABLE_AGE: std::time::Duration = std::time::Duration::from_secs(300);
+/// again (a build's compilers, a shell loop) keeps its table between runs, short enough that
+/// the pools a build grew are given back within a minute of its end (with
+/// [`Unwinder::shrink_pools`]). A cron job's binary, run less often, is built again each run.
+const IDLE_TABLE_AGE: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Bytes of an unwind row.
+const ROW_BYTES: u64 = std::mem::size_of::<scorch_common::UnwindRow>() as u64;
 
 /// Longest [`Unwinder::poll`] waits for tables it has just asked for.
 const BUILD_WAIT: std::time::Duration = std::time::Duration::from_millis(20);
@@ -225,7 +230,7 @@ impl<M: LoaderMaps> Unwinder<M> {
     /// (`ROW_CACHE`) holds rows by their place in a pool, which from now on may be another
     /// table's. The mappings that used the rows were rewritten first, so a walk that reads the
     /// new epoch also reads mappings that no longer point here.
-    fn release(&mut self, pool: u32, first_row: u32, rows: u32) {
+    pub(super) fn release(&mut self, pool: u32, first_row: u32, rows: u32) {
         self.row_epoch += 1;
         if let Err(error) = self.maps.set_row_epoch(self.row_epoch) {
             // Not expected of a one-entry array; the rows stay taken, as a table no longer
@@ -234,8 +239,11 @@ impl<M: LoaderMaps> Unwinder<M> {
             return;
         }
         if self.pools.release(pool, first_row, rows) {
+            let bytes = u64::from(self.pools.capacity_of(pool)) * ROW_BYTES;
             self.maps.remove_pool(pool);
             self.pools.remove(pool);
+            self.pools_given_back += 1;
+            self.pool_bytes_given_back += bytes;
         }
     }
 
@@ -270,6 +278,7 @@ impl<M: LoaderMaps> Unwinder<M> {
                 tracing::debug!("evicting an idle unwind table: {error}");
             }
         }
+        self.shrink_pools();
     }
 }
 
