@@ -3,6 +3,7 @@
 
 mod adversarial;
 mod batch;
+mod build_host;
 mod cli;
 mod counting;
 mod daemon;
