@@ -608,8 +608,7 @@ impl Pipeline {
         // window would fault in and zero the same pages again.
         release_free_memory_above(FREE_MEMORY_KEPT);
         let cache = user.cache_stats();
-        self.metrics
-            .set_symbol_cache(cache.bytes, cache.hits, cache.misses);
+        self.metrics.set_symbol_cache(&cache);
         self.metrics
             .set_mapped_file_faults(crate::sys::sigbus::faults());
         self.metrics.set_process_captures(&user.capture_stats());

@@ -22,6 +22,7 @@ use crate::{
     pipeline::off_cpu::OffCpuCounts,
     process::captures::{CaptureDrop, CaptureStats},
     store::ErrorReason,
+    symbolize::user::CacheStats,
 };
 
 #[derive(Debug)]
@@ -43,6 +44,7 @@ pub struct WindowMetrics {
     /// processes and windows (CPU and off-CPU).
     threads_folded: Counter,
     symbol_cache_bytes: Gauge<u64, AtomicU64>,
+    symbol_cache_file_backed_bytes: Gauge<u64, AtomicU64>,
     symbol_cache_hits: Counter,
     symbol_cache_misses: Counter,
     /// The cache's own cumulative (hits, misses) at the last report: the counters advance by
@@ -158,7 +160,18 @@ impl WindowMetrics {
             ),
             symbol_cache_bytes: registry.register_with_unit(
                 "symbol_cache",
-                "Memory held by parsed binaries and debug info",
+                "The symbol cache's estimate of what its parsed binaries hold, which its \
+                 budget (--symbol-cache-mb) bounds: symbol tables, inflated debug sections, \
+                 and the debug sections read in place, which are file-backed pages counted \
+                 whole here (scorch_symbol_cache_file_backed_bytes) although only the pages \
+                 lookups touch are resident; scorch_footprint_bytes is what is charged",
+                Unit::Bytes,
+                Gauge::default(),
+            ),
+            symbol_cache_file_backed_bytes: registry.register_with_unit(
+                "symbol_cache_file_backed",
+                "Of scorch_symbol_cache_bytes, the debug sections mapped from their files and \
+                 read in place: page cache, not heap, and resident only where lookups read",
                 Unit::Bytes,
                 Gauge::default(),
             ),
@@ -360,8 +373,10 @@ impl WindowMetrics {
     }
 
     /// The symbol cache's size and its cumulative hit and miss counts.
-    pub fn set_symbol_cache(&mut self, bytes: u64, hits: u64, misses: u64) {
-        self.symbol_cache_bytes.set(bytes);
+    pub fn set_symbol_cache(&mut self, cache: &CacheStats) {
+        let (hits, misses) = (cache.hits, cache.misses);
+        self.symbol_cache_bytes.set(cache.bytes);
+        self.symbol_cache_file_backed_bytes.set(cache.file_backed);
         let reported = self.symbol_cache_reported;
         // A cache rebuilt from zero counts from zero again: its new totals are all new events.
         let advance = |now: u64, before: u64| if now >= before { now - before } else { now };
@@ -634,14 +649,33 @@ mod tests {
     fn symbol_cache_totals_become_counters() {
         let mut registry = Registry::new();
         let mut metrics = WindowMetrics::register(&mut registry);
-        metrics.set_symbol_cache(1000, 10, 2);
-        metrics.set_symbol_cache(3000, 25, 3);
+        metrics.set_symbol_cache(&CacheStats {
+            bytes: 1000,
+            file_backed: 600,
+            hits: 10,
+            misses: 2,
+        });
+        metrics.set_symbol_cache(&CacheStats {
+            bytes: 3000,
+            file_backed: 2000,
+            hits: 25,
+            misses: 3,
+        });
         let text = registry.encode();
         assert_eq!(value(&text, "scorch_symbol_cache_bytes"), 3000.0);
+        assert_eq!(
+            value(&text, "scorch_symbol_cache_file_backed_bytes"),
+            2000.0
+        );
         assert_eq!(value(&text, "scorch_symbol_cache_hits_total"), 25.0);
         assert_eq!(value(&text, "scorch_symbol_cache_misses_total"), 3.0);
         // A cache that starts over does not make the counters go back.
-        metrics.set_symbol_cache(0, 4, 1);
+        metrics.set_symbol_cache(&CacheStats {
+            bytes: 0,
+            file_backed: 0,
+            hits: 4,
+            misses: 1,
+        });
         let text = registry.encode();
         assert_eq!(value(&text, "scorch_symbol_cache_hits_total"), 29.0);
         assert_eq!(value(&text, "scorch_symbol_cache_misses_total"), 4.0);

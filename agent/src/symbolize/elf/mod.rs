@@ -429,6 +429,14 @@ impl ElfFile {
         self.symbols.bytes() + dwarf + 4096
     }
 
+    /// The part of [`ElfFile::cost`] that is debug sections read in place from the file:
+    /// file-backed pages, of which only those lookups touch are resident (and those are
+    /// released every few hundred lookups), unlike the heap and the inflated sections.
+    pub fn file_backed_bytes(&self) -> usize {
+        let dwarf = self.dwarf.as_ref().map_or(0, Dwarf::mapped_bytes);
+        dwarf.saturating_sub(self.inflated_bytes())
+    }
+
     /// Bytes of compressed sections inflated for the file's DWARF.
     pub fn inflated_bytes(&self) -> usize {
         self.inflated.iter().map(|data| data.bytes().len()).sum()

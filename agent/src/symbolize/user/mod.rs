@@ -213,8 +213,12 @@ const MAX_RESOLVED: usize = 16_384;
 /// The ELF cache's footprint and effectiveness, for metrics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CacheStats {
-    /// Estimated bytes the cached files hold (see `ElfFile::cost`).
+    /// Estimated bytes the cached files hold (see `ElfFile::cost`), what the cache's budget
+    /// bounds.
     pub bytes: u64,
+    /// Of `bytes`, the debug sections read in place from their files (`ElfFile::
+    /// file_backed_bytes`): mapped, not allocated; the rest is heap and inflated sections.
+    pub file_backed: u64,
     pub hits: u64,
     pub misses: u64,
 }
@@ -297,8 +301,16 @@ impl UserSymbolizer {
     }
 
     pub fn cache_stats(&self) -> CacheStats {
+        let file_backed = self
+            .cache
+            .entries
+            .values()
+            .filter_map(|entry| entry.file.as_ref())
+            .map(|file| file.file_backed_bytes() as u64)
+            .sum();
         CacheStats {
             bytes: self.cache.used as u64,
+            file_backed,
             hits: self.cache_hits,
             misses: self.cache_misses,
         }
@@ -861,6 +873,27 @@ mod tests {
         // The same file through another mapping is one entry.
         cache.insert(1, 10, 0, key(1, 10), Some(file.clone()));
         assert_eq!(cache.entries.len(), 2);
+    }
+
+    /// The cache's estimate counts the debug sections read in place whole, and says which
+    /// part of it they are: file-backed pages, not heap.
+    #[test]
+    fn the_cache_says_what_of_its_estimate_is_file_backed() {
+        let pid = std::process::id();
+        let mut symbolizer = UserSymbolizer {
+            own_executable: None,
+            ..UserSymbolizer::default()
+        };
+        symbolizer.capture([pid]);
+        let address = the_cache_says_what_of_its_estimate_is_file_backed as *const () as u64;
+        let frames = symbolizer.symbolize(pid, address, false).frames.unwrap();
+        assert!(frames.iter().any(|f| f.line > 0), "{frames:?}");
+        let stats = symbolizer.cache_stats();
+        // This test binary's DWARF is tens of MB, uncompressed, read in place.
+        assert!(
+            stats.file_backed > 1 << 20 && stats.file_backed < stats.bytes,
+            "{stats:?}"
+        );
     }
 
     #[test]
