@@ -11,10 +11,13 @@
 //! took; the sum stays under a ceiling. A pool left mostly empty once the tables that filled
 //! it are gone (a build's compilers exited) is shrunk: the loader moves its few tables to the
 //! other pools' free rows, or to a pool sized for them, and gives it back
-//! ([`RowPools::sparse_pool`], [`RowPools::smaller_pool`]). This is the pure half: the loader
+//! after a grace period ([`RowPools::sparse_pool`], [`RowPools::smaller_pool`]). This is the pure half: the loader
 //! creates the maps and moves the rows.
 
-use std::collections::BTreeMap;
+use std::{
+    collections::BTreeMap,
+    time::{Duration, Instant},
+};
 
 /// Rows are 8 bytes and pools are whole pages: a pool's rows are a multiple of 512.
 const PAGE_ROWS: u32 = 512;
@@ -31,6 +34,8 @@ pub struct RowPool {
     free: BTreeMap<u32, u32>,
     capacity: u32,
     used: u32,
+    /// Since when the pool has been sparse ([`RowPools::sparse_pool`]), as last looked at.
+    sparse_since: Option<Instant>,
 }
 
 impl RowPool {
@@ -43,6 +48,7 @@ impl RowPool {
             free,
             capacity,
             used: 0,
+            sparse_since: None,
         }
     }
 
@@ -166,16 +172,30 @@ impl RowPools {
             .find_map(|(i, pool)| Some((i as u32, pool.as_mut()?.allocate(len)?)))
     }
 
-    /// The pool to shrink: the largest that is larger than the smallest pool size and at
-    /// most a quarter used. Its tables are then moved out and it is given back.
-    pub fn sparse_pool(&self) -> Option<u32> {
-        self.live()
-            .filter(|(_, pool)| {
-                pool.capacity() > self.min_rows
-                    && u64::from(pool.used()) * SPARSE <= u64::from(pool.capacity())
-            })
-            .max_by_key(|(index, pool)| (pool.capacity(), *index))
-            .map(|(index, _)| index)
+    /// The pool to shrink: the largest that is larger than the smallest pool size and has
+    /// been at most a quarter used for `grace` (as seen by the calls up to `now`). Its tables
+    /// are then moved out and it is given back. The grace keeps a pool just added, as large
+    /// as all before it and nearly empty while the tables that needed it load, from being
+    /// shrunk at once and added again.
+    pub fn sparse_pool(&mut self, now: Instant, grace: Duration) -> Option<u32> {
+        let min_rows = self.min_rows;
+        let mut chosen: Option<(u32, u32)> = None;
+        for (index, slot) in self.pools.iter_mut().enumerate() {
+            let Some(pool) = slot else { continue };
+            let sparse = pool.capacity > min_rows
+                && u64::from(pool.used) * SPARSE <= u64::from(pool.capacity);
+            if !sparse {
+                pool.sparse_since = None;
+                continue;
+            }
+            let since = *pool.sparse_since.get_or_insert(now);
+            if now.duration_since(since) >= grace
+                && chosen.is_none_or(|(_, capacity)| pool.capacity >= capacity)
+            {
+                chosen = Some((index as u32, pool.capacity));
+            }
+        }
+        chosen.map(|(index, _)| index)
     }
 
     /// A pool for `len` rows moved out of pool `sparse`, (index, rows): `len` in whole pages,
@@ -246,10 +266,20 @@ mod tests {
         // The smallest size is never shrunk, however empty; a full large pool is not either.
         pools.pools[0].as_mut().unwrap().allocate(10);
         pools.pools[1].as_mut().unwrap().allocate(8000);
-        assert_eq!(pools.sparse_pool(), None);
-        // A quarter used: worth shrinking.
+        let start = Instant::now();
+        let grace = Duration::from_secs(30);
+        assert_eq!(pools.sparse_pool(start, grace), None);
+        // A quarter used: worth shrinking once it has been so for the grace period.
         pools.pools[1].as_mut().unwrap().release(2048, 8000 - 2048);
-        assert_eq!(pools.sparse_pool(), Some(1));
+        assert_eq!(pools.sparse_pool(start, grace), None);
+        assert_eq!(pools.sparse_pool(start + grace / 2, grace), None);
+        assert_eq!(pools.sparse_pool(start + grace, grace), Some(1));
+        // Used again in between: the grace starts over.
+        pools.pools[1].as_mut().unwrap().allocate(4000);
+        assert_eq!(pools.sparse_pool(start + grace * 2, grace), None);
+        pools.pools[1].as_mut().unwrap().release(2048, 4000);
+        assert_eq!(pools.sparse_pool(start + grace * 3, grace), None);
+        assert_eq!(pools.sparse_pool(start + grace * 4, grace), Some(1));
         // Its 2048 rows fit in pool 0's free ones? No: 1014 free. A pool of 2048 rows, in the
         // first free slot, is half its size.
         assert_eq!(pools.allocate_outside(2048, Some(1)), None);

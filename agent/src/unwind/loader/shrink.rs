@@ -1,7 +1,9 @@
 //! Shrinking the row pools: a pool grown for tables that are gone (a build's compilers exited,
 //! their tables idle) is left mostly empty, its few remaining tables (libc, the vDSO) holding
 //! it whole. Those tables move to the other pools' free rows, or to a pool sized for them, and
-//! the emptied pool is given back, so the pools follow what the running processes need.
+//! the emptied pool is given back, so the pools follow what the running processes need. A
+//! pool is shrunk only once it has been sparse for a grace period: one just added is nearly
+//! empty while the tables that needed it load.
 //!
 //! A move is an eviction's protocol with the rows kept: the rows are copied first, then every
 //! process mapping that used them is rewritten to the new place, and only then are the old
@@ -11,13 +13,18 @@ use std::collections::HashSet;
 
 use super::{FileState, LoaderError, LoaderMaps, TableKey, Unwinder};
 
+/// How long a pool stays sparse before it is shrunk: as long as an idle table stays, so a pool
+/// added for a build's tables is not shrunk while they still load, and what a build grew goes
+/// within a minute of its end.
+const SPARSE_POOL_AGE: std::time::Duration = super::tables::IDLE_TABLE_AGE;
+
 impl<M: LoaderMaps> Unwinder<M> {
     /// Shrinks the sparsest large pool (`RowPools::sparse_pool`): its tables, largest first,
     /// go to the other pools' free rows; the first that fits nowhere has a pool made for it and
     /// those after it, when that pool would be half the old one's size at most. A table that
     /// cannot move stays, and so does its pool.
-    pub(super) fn shrink_pools(&mut self) {
-        let Some(sparse) = self.pools.sparse_pool() else {
+    pub(super) fn shrink_pools(&mut self, now: std::time::Instant) {
+        let Some(sparse) = self.pools.sparse_pool(now, SPARSE_POOL_AGE) else {
             return;
         };
         let mut moving: Vec<(TableKey, u32)> = self
@@ -155,8 +162,12 @@ mod tests {
         unwinder.procs.remove(&(PID + 1));
         let start = std::time::Instant::now();
         unwinder.evict_idle(start);
+        let idle = start + std::time::Duration::from_secs(3600);
         let before = unwinder.maps.ops.len();
-        unwinder.evict_idle(start + std::time::Duration::from_secs(3600));
+        unwinder.evict_idle(idle);
+        // Sparse from now on; shrunk once it has been so for its grace period.
+        assert_eq!(unwinder.maps.ops[before..], [Op::RowEpoch(1)]);
+        unwinder.evict_idle(idle + SPARSE_POOL_AGE);
 
         assert_eq!(
             unwinder.maps.ops[before..],
@@ -192,7 +203,7 @@ mod tests {
 
         // Nothing more to do: the pools are as small as their tables allow.
         let before = unwinder.maps.ops.len();
-        unwinder.shrink_pools();
+        unwinder.shrink_pools(idle + SPARSE_POOL_AGE * 3);
         assert_eq!(unwinder.maps.ops.len(), before);
     }
 
@@ -215,14 +226,17 @@ mod tests {
             .unwrap();
         assert_eq!(place(&unwinder, PID + 2, 0), (1, 5000, 100));
         // Busy: nothing moves.
-        unwinder.shrink_pools();
+        let start = std::time::Instant::now();
+        unwinder.shrink_pools(start);
+        unwinder.shrink_pools(start + SPARSE_POOL_AGE * 2);
         assert_eq!(unwinder.stats().tables_moved, 0);
 
         // The compiler's tables go, leaving 212 rows free in the first pool.
         unwinder.procs.remove(&(PID + 1));
-        let start = std::time::Instant::now();
         unwinder.evict_idle(start);
-        unwinder.evict_idle(start + std::time::Duration::from_secs(3600));
+        let idle = start + std::time::Duration::from_secs(3600);
+        unwinder.evict_idle(idle);
+        unwinder.evict_idle(idle + SPARSE_POOL_AGE);
         assert_eq!(place(&unwinder, PID + 2, 0), (0, 300, 100));
         assert_eq!(place(&unwinder, PID, 0), (0, 0, 300));
         assert_eq!(unwinder.maps.pools.keys().copied().collect::<Vec<_>>(), [0]);

@@ -14,7 +14,7 @@ use super::{
 /// again (a build's compilers, a shell loop) keeps its table between runs, short enough that
 /// the pools a build grew are given back within a minute of its end (with
 /// [`Unwinder::shrink_pools`]). A cron job's binary, run less often, is built again each run.
-const IDLE_TABLE_AGE: std::time::Duration = std::time::Duration::from_secs(30);
+pub(super) const IDLE_TABLE_AGE: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Bytes of an unwind row.
 const ROW_BYTES: u64 = std::mem::size_of::<scorch_common::UnwindRow>() as u64;
@@ -278,7 +278,7 @@ impl<M: LoaderMaps> Unwinder<M> {
                 tracing::debug!("evicting an idle unwind table: {error}");
             }
         }
-        self.shrink_pools();
+        self.shrink_pools(now);
     }
 }
 
