@@ -8,7 +8,7 @@ use super::{
     row::{same_rule, CfaKind, UnwindRow},
 };
 
-/// Rows the table's storage grows by at least: a few page-sized steps for a small table.
+/// Rows (32 KiB) the table's storage grows by at least: a small table in one or two steps.
 const MIN_GROWTH: usize = 4096;
 
 /// The table being merged, and the functions that may still overlap the next one.
