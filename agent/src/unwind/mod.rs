@@ -5,17 +5,23 @@
 //!
 //! A table comes from `.eh_frame`, and for code it does not describe, from `.debug_frame` in
 //! the binary or in its separate debug file ([`convert`]), and then, in a Go binary, from the
-//! stack-pointer deltas of its `.gopclntab` ([`pcsp`]); its rows are then sorted and merged,
-//! with end-of-function markers before the gaps between functions ([`optimize`]). x86_64
-//! only: the rules name its registers, and other architectures are refused.
+//! stack-pointer deltas of its `.gopclntab` ([`pcsp`]). A first pass reads only which
+//! functions each source describes ([`index`]); the second converts them one at a time in pc
+//! order, each function's rows merged into the table as they come, with end-of-function
+//! markers before the gaps between functions ([`optimize`]). So a library of millions of rows
+//! is built in about its table's size, never through whole-table vectors of unsorted rows.
+//! x86_64 only: the rules name its registers, and other architectures are refused.
 //!
 //! The bytes come from files any user controls. Nothing in them panics the agent: malformed
 //! FDEs are skipped and counted, a malformed section is an [`UnwindError`], and the rows one
 //! table may allocate are capped.
 
 mod convert;
+mod index;
 mod kernel_maps;
 pub use kernel_maps::initial_process_entries;
+#[cfg(test)]
+mod large_table_tests;
 pub mod loader;
 pub mod metrics;
 mod optimize;
@@ -29,9 +35,11 @@ use std::{borrow::Cow, path::Path, path::PathBuf};
 use gimli::{BaseAddresses, DebugFrame, EhFrame, LittleEndian};
 use object::{Object, ObjectSection};
 
-use crate::binary::elf::Elf;
+use crate::binary::{elf::Elf, gopclntab::Pclntab};
 
-use convert::{Converted, FdeCounts, Section};
+use convert::{FdeCounts, FdeRows, Section, Slice};
+use index::{Entry, FunctionIndex, Source};
+use optimize::Merger;
 pub use row::{CfaKind, FpKind, UnwindRow};
 
 use scorch_common::{last_at_or_below, UNWIND_SEARCH_STEPS};
@@ -206,6 +214,16 @@ impl UnwindTable {
     }
 
     /// As [`UnwindTable::build_with_debug_file`], from a file already parsed.
+    ///
+    /// Two passes: the first reads which functions each source describes into a
+    /// [`FunctionIndex`], a few words a function; the second converts them one at a time in
+    /// pc order, each merged into the table as it comes ([`optimize::Merger`]). The rows are
+    /// held once, in the table's own storage: a whole table of unsorted rows and then a
+    /// sorted copy of it made a library of millions of rows cost several times its table.
+    ///
+    /// A source's function claims its code from the first pass on: an FDE whose program
+    /// turns out unreadable in the second leaves its code without rows rather than to a
+    /// later source (a corrupt section only).
     pub fn of_with_debug_file(
         path: &Path,
         parsed: &Elf<'_>,
@@ -214,66 +232,84 @@ impl UnwindTable {
         x86_64(path, parsed)?;
         let (file, elf) = (parsed.object(), parsed.data());
         let code = Code::of(parsed, path)?;
-        let mut converted = Converted::default();
         // In a Go binary, the runtime's functions that start or switch stacks come first:
         // its CFI (an unstripped build's `.debug_frame`) describes them as ordinary frames,
         // and a walk through them goes on into another stack's words.
-        let go = match crate::binary::gopclntab::Pclntab::of(parsed) {
+        let go = match Pclntab::of(parsed) {
             Ok(table) => table,
             Err(err) => {
                 tracing::debug!("{}: Go function table refused: {err}", path.display());
                 None
             }
         };
-        let go_stops = go.as_ref().map_or(FdeCounts::default(), |table| {
-            pcsp::convert(table, elf, &code, &[], pcsp::Which::Stops, &mut converted)
+        // `.debug_frame` is the binary's; only without one, its debug file's.
+        let debug_parsed = match debug_file {
+            Some((debug_path, bytes)) if file.section_by_name(DEBUG_FRAME).is_none() => {
+                Some((debug_path, parse(debug_path, bytes)?))
+            }
+            _ => None,
+        };
+        let (debug_path, debug_object) = match &debug_parsed {
+            Some((debug_path, debug)) => (*debug_path, debug.object()),
+            None => (path, file),
+        };
+        let debug_data = debug_frame_data(debug_object, debug_path)?;
+        let sections = Sections {
+            eh_frame: eh_frame(file, path),
+            debug_frame: debug_data
+                .as_deref()
+                .map(|data| debug_frame(data, debug_path)),
+            go: go.as_ref().map(|table| (table, elf)),
+        };
+
+        let mut index = FunctionIndex::default();
+        let go_stops = sections.go.map_or(FdeCounts::default(), |(table, data)| {
+            pcsp::index(table, data, &code, &[], pcsp::Which::Stops, &mut index)
         });
-        let eh_frame = eh_frame(file, path, &code, &converted.covered(), &mut converted)?;
-        let claimed = converted.covered();
-        let debug_frame = match debug_frame(file, path, &code, &claimed, &mut converted)? {
-            Some(counts) => counts,
-            None => match debug_file {
-                Some((debug_path, debug_bytes)) => {
-                    let debug = parse(debug_path, debug_bytes)?;
-                    let debug = debug.object();
-                    debug_frame(debug, debug_path, &code, &claimed, &mut converted)?
-                        .unwrap_or_default()
-                }
-                None => FdeCounts::default(),
-            },
+        let eh_frame = match &sections.eh_frame {
+            Some(source) => {
+                convert::index(source, Source::EhFrame, &code, &index.covered(), &mut index)?
+            }
+            None => FdeCounts::default(),
+        };
+        let claimed = index.covered();
+        let debug_frame = match &sections.debug_frame {
+            Some(source) => {
+                convert::index(source, Source::DebugFrame, &code, &claimed, &mut index)?
+            }
+            None => FdeCounts::default(),
         };
         // Go's own code has no CFI unless the linker kept `.debug_frame` (unstripped builds):
         // its pc tables describe every function the runtime can unwind.
-        let claimed = converted.covered();
-        let go = go.as_ref().map_or(FdeCounts::default(), |table| {
-            pcsp::convert(
-                table,
-                elf,
-                &code,
-                &claimed,
-                pcsp::Which::Rest,
-                &mut converted,
-            )
+        let go_rest = sections.go.map_or(FdeCounts::default(), |(table, data)| {
+            let claimed = index.covered();
+            pcsp::index(table, data, &code, &claimed, pcsp::Which::Rest, &mut index)
         });
-        let go = FdeCounts {
-            converted: go.converted + go_stops.converted,
-            skipped: go.skipped + go_stops.skipped,
-            claimed: go.claimed,
-        };
-        if eh_frame.converted + debug_frame.converted + go.converted == 0 {
+
+        let merged = sections.convert(&index.into_sorted(), &code)?;
+        let failed = |source: Source| merged.failed[source as usize];
+        let eh_frame_fdes = eh_frame.converted - failed(Source::EhFrame);
+        let debug_frame_fdes = debug_frame.converted - failed(Source::DebugFrame);
+        let go_functions = go_stops.converted + go_rest.converted
+            - failed(Source::GoStops)
+            - failed(Source::GoRest);
+        if eh_frame_fdes + debug_frame_fdes + go_functions == 0 {
             return Err(UnwindError::NoUnwindInfo {
                 path: path.to_owned(),
                 debug_file: debug_file.is_some(),
             });
         }
-        let rows_before_merging = converted.rows.len();
-        let rows = optimize::optimize(converted);
+        let rows = merged.rows;
         let stats = UnwindStats {
-            eh_frame_fdes: eh_frame.converted,
-            debug_frame_fdes: debug_frame.converted,
-            go_functions: go.converted,
-            fdes_skipped: eh_frame.skipped + debug_frame.skipped + go.skipped,
-            rows_before_merging,
+            eh_frame_fdes,
+            debug_frame_fdes,
+            go_functions,
+            fdes_skipped: eh_frame.skipped
+                + debug_frame.skipped
+                + go_stops.skipped
+                + go_rest.skipped
+                + merged.failed.iter().sum::<usize>(),
+            rows_before_merging: merged.given,
             rows: rows.len(),
             end_markers: rows
                 .iter()
@@ -302,6 +338,11 @@ impl UnwindTable {
 
     pub fn rows(&self) -> &[UnwindRow] {
         &self.rows
+    }
+
+    /// The rows, taken without a copy: the loader hands them on to its pools.
+    pub fn into_rows(self) -> Vec<UnwindRow> {
+        self.rows
     }
 
     /// Bytes the rows take, in memory as in a BPF map.
@@ -350,20 +391,14 @@ fn x86_64(path: &Path, elf: &Elf<'_>) -> Result<(), UnwindError> {
     Ok(())
 }
 
-/// Converts the file's `.eh_frame` FDEs that `claimed` leaves into `converted`.
-fn eh_frame(
-    file: &object::File<'_>,
-    path: &Path,
-    code: &Code,
-    claimed: &[(u32, u32)],
-    converted: &mut Converted,
-) -> Result<FdeCounts, UnwindError> {
-    let Some(section) = file.section_by_name(".eh_frame") else {
-        return Ok(FdeCounts::default());
-    };
+/// The file's `.eh_frame`, when it has one.
+fn eh_frame<'data, 'a>(
+    file: &object::File<'data>,
+    path: &'a Path,
+) -> Option<Section<'a, EhFrame<Slice<'data>>>> {
+    let section = file.section_by_name(".eh_frame")?;
     // An allocated section, never compressed.
     let data = section.data().unwrap_or_default();
-    converted.reserve_for(data.len());
     let address_of = |name| file.section_by_name(name).map(|s| s.address());
     // Pointers in `.eh_frame` are mostly pc-relative; text- and data-relative ones need these.
     let mut bases = BaseAddresses::default().set_eh_frame(section.address());
@@ -375,52 +410,117 @@ fn eh_frame(
     }
     let mut eh_frame = EhFrame::new(data, LittleEndian);
     eh_frame.set_address_size(8);
-    let source = Section {
+    Some(Section {
         section: eh_frame,
         bases,
         path,
         name: ".eh_frame",
-    };
-    convert::convert(&source, code, claimed, converted)
+    })
 }
 
-/// Converts the FDEs of the file's `.debug_frame` that `claimed` leaves; `None` when it has
-/// no such section.
-fn debug_frame(
-    file: &object::File<'_>,
+const DEBUG_FRAME: &str = ".debug_frame";
+
+/// The bytes of the file's `.debug_frame`, inflated when compressed; `None` when it has no
+/// such section.
+fn debug_frame_data<'data>(
+    file: &object::File<'data>,
     path: &Path,
-    code: &Code,
-    claimed: &[(u32, u32)],
-    converted: &mut Converted,
-) -> Result<Option<FdeCounts>, UnwindError> {
-    const NAME: &str = ".debug_frame";
-    let Some(section) = file.section_by_name(NAME) else {
+) -> Result<Option<Cow<'data, [u8]>>, UnwindError> {
+    let Some(section) = file.section_by_name(DEBUG_FRAME) else {
         return Ok(None);
     };
     let compressed_error = |source| UnwindError::Compressed {
         path: path.to_owned(),
-        section: NAME,
+        section: DEBUG_FRAME,
         source,
     };
     let compressed = section.compressed_data().map_err(compressed_error)?;
     if compressed.uncompressed_size > MAX_INFLATED_DEBUG_FRAME {
         return Err(UnwindError::CompressedTooLarge {
             path: path.to_owned(),
-            section: NAME,
+            section: DEBUG_FRAME,
             size: compressed.uncompressed_size,
             limit: MAX_INFLATED_DEBUG_FRAME,
         });
     }
-    let data: Cow<'_, [u8]> = compressed.decompress().map_err(compressed_error)?;
-    let mut debug_frame = DebugFrame::new(&data, LittleEndian);
+    compressed.decompress().map(Some).map_err(compressed_error)
+}
+
+/// `.debug_frame`'s bytes as the section to convert (`path` names the file they came from).
+fn debug_frame<'data, 'a>(
+    data: &'data [u8],
+    path: &'a Path,
+) -> Section<'a, DebugFrame<Slice<'data>>> {
+    let mut debug_frame = DebugFrame::new(data, LittleEndian);
     debug_frame.set_address_size(8);
-    let source = Section {
+    Section {
         section: debug_frame,
         bases: BaseAddresses::default(),
         path,
-        name: NAME,
-    };
-    convert::convert(&source, code, claimed, converted).map(Some)
+        name: DEBUG_FRAME,
+    }
+}
+
+/// The sections a table's functions come from, for the second pass.
+struct Sections<'a, 'data> {
+    eh_frame: Option<Section<'a, EhFrame<Slice<'data>>>>,
+    debug_frame: Option<Section<'a, DebugFrame<Slice<'data>>>>,
+    /// Go's function table, and the file's bytes it reads.
+    go: Option<(&'a Pclntab, &'data [u8])>,
+}
+
+/// What the second pass made of the index.
+struct Merged {
+    rows: Vec<UnwindRow>,
+    /// Rows converted, before merging.
+    given: usize,
+    /// Functions of the index whose rules could not be read after all, by [`Source`]: their
+    /// code has no row.
+    failed: [usize; 4],
+}
+
+impl Sections<'_, '_> {
+    /// The second pass: each function of `functions` (sorted by pc) converted from its
+    /// section and merged into the table, one at a time.
+    fn convert(&self, functions: &[Entry], code: &Code) -> Result<Merged, UnwindError> {
+        let mut eh_frame = self.eh_frame.as_ref().map(FdeRows::new);
+        let mut debug_frame = self.debug_frame.as_ref().map(FdeRows::new);
+        let mut merger = Merger::default();
+        let mut failed = [0; 4];
+        // One function's rows at a time: the largest function bounds it.
+        let mut rows = Vec::new();
+        for function in functions {
+            rows.clear();
+            let room = convert::MAX_ROWS.saturating_sub(merger.given());
+            let read = match function.source {
+                Source::EhFrame => match &mut eh_frame {
+                    Some(section) => section.rows(function.at, code, &mut rows, room)?,
+                    None => false,
+                },
+                Source::DebugFrame => match &mut debug_frame {
+                    Some(section) => section.rows(function.at, code, &mut rows, room)?,
+                    None => false,
+                },
+                Source::GoStops | Source::GoRest => match self.go {
+                    Some((table, data)) => {
+                        pcsp::rows(table, data, function.at, code, &mut rows, room)
+                    }
+                    None => false,
+                },
+            };
+            if read {
+                merger.add(function.start, function.end, &rows);
+            } else {
+                failed[function.source as usize] += 1;
+            }
+        }
+        let given = merger.given();
+        Ok(Merged {
+            rows: merger.finish(),
+            given,
+            failed,
+        })
+    }
 }
 
 #[cfg(test)]

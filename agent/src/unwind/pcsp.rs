@@ -4,15 +4,17 @@
 //! pointer: without these rows a frame-pointer walk skips each leaf's caller.
 //!
 //! Where the delta puts the CFA, the return address and the caller's frame pointer is the
-//! architecture's (`convert::go_frame`). Functions that start a stack (`runtime.goexit` under every goroutine, `runtime.mstart`, `runtime.rt0_go`)
-//! end the walk; those that switch stacks or write the stack pointer in ways the delta does not describe
+//! architecture's (`convert::go_frame`). Functions that start a stack (`runtime.goexit` under
+//! every goroutine, `runtime.mstart`, `runtime.rt0_go`) end the walk; those that switch
+//! stacks or write the stack pointer in ways the delta does not describe
 //! (`runtime.systemstack`, `runtime.mcall`, `runtime.morestack`, and whatever Go flags
 //! `SPWRITE`) stop it, as unsupported, rather than walk into another stack's words.
 
 use crate::binary::gopclntab::{GoFunc, Pclntab};
 
 use super::{
-    convert::{go_frame, go_stack_bottom, Converted, FdeCounts, Function, MAX_ROWS},
+    convert::{go_frame, go_stack_bottom, FdeCounts},
+    index::{overlaps, Entry, FunctionIndex, Source},
     row::{self, Cfa, FpRule},
     Code,
 };
@@ -35,7 +37,7 @@ const STACK_SWITCHES: [&str; 5] = [
     "runtime.asmcgocall",
 ];
 
-/// Which of a table's functions [`convert`] takes.
+/// Which of a table's functions [`index`] takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Which {
     /// Those that start or switch stacks: they take precedence over CFI, which describes them
@@ -45,19 +47,19 @@ pub(super) enum Which {
     Rest,
 }
 
-/// Appends the rows of each function of `table` of the kind `which` says that `claimed` (pcs
-/// already covered) leaves, each followed by an end-of-function marker. A function whose
-/// entry or pc table is corrupt is left out and counted as skipped; its code gets no row.
-pub(super) fn convert(
+/// The first pass: adds each function of `table` of the kind `which` says that `claimed`
+/// (pcs already covered) leaves to `index`. A function whose entry is corrupt is left out and
+/// counted as skipped; its code gets no row.
+pub(super) fn index(
     table: &Pclntab,
     data: &[u8],
     code: &Code,
     claimed: &[(u32, u32)],
     which: Which,
-    converted: &mut Converted,
+    index: &mut FunctionIndex,
 ) -> FdeCounts {
     let mut counts = FdeCounts::default();
-    for func in table.funcs(data) {
+    for (at, func) in table.funcs(data).enumerate() {
         let Ok(func) = func else {
             // Counted once, with the other functions.
             counts.skipped += usize::from(which == Which::Rest);
@@ -66,41 +68,63 @@ pub(super) fn convert(
         if (stop_of(&func).is_some()) != (which == Which::Stops) {
             continue;
         }
-        if func.entry >= func.end || !code.covers(func.entry, func.end) {
+        let (true, Ok(at)) = (
+            func.entry < func.end && code.covers(func.entry, func.end),
+            u32::try_from(at),
+        ) else {
             counts.skipped += 1;
             continue;
-        }
+        };
         let (start, end) = (code.pc(func.entry), code.pc(func.end));
-        if super::convert::overlaps(claimed, start, end) {
+        if overlaps(claimed, start, end) {
             counts.claimed += 1;
             continue;
         }
-        let first_row = converted.rows.len();
-        if !rows_of(table, data, &func, code, &mut converted.rows) {
-            converted.rows.truncate(first_row);
-            counts.skipped += 1;
-            continue;
-        }
-        converted.rows.push(row::no_row(end));
-        converted.functions.push(Function {
+        index.push(Entry {
             start,
             end,
-            first_row,
-            end_row: converted.rows.len(),
+            at,
+            source: match which {
+                Which::Stops => Source::GoStops,
+                Which::Rest => Source::GoRest,
+            },
         });
         counts.converted += 1;
     }
     counts
 }
 
-/// Pushes `func`'s rows; false when its pc table cannot be read or the rows would pass
-/// [`MAX_ROWS`].
+/// The second pass: appends the rows of function `at` of `table` (one [`index`] took), then
+/// its end-of-function marker, to `rows`; false, with `rows` as it was, when its pc table
+/// cannot be read or it would hold more than `room` rows.
+pub(super) fn rows(
+    table: &Pclntab,
+    data: &[u8],
+    at: u32,
+    code: &Code,
+    rows: &mut Vec<scorch_common::UnwindRow>,
+    room: usize,
+) -> bool {
+    let first_row = rows.len();
+    let Ok(func) = table.func(data, u64::from(at)) else {
+        return false;
+    };
+    if !rows_of(table, data, &func, code, rows, room) {
+        rows.truncate(first_row);
+        return false;
+    }
+    rows.push(row::no_row(code.pc(func.end)));
+    true
+}
+
+/// Pushes `func`'s rows; false when its pc table cannot be read or `rows` would pass `room`.
 fn rows_of(
     table: &Pclntab,
     data: &[u8],
     func: &GoFunc,
     code: &Code,
     rows: &mut Vec<scorch_common::UnwindRow>,
+    room: usize,
 ) -> bool {
     if let Some((cfa, rbp)) = stop_of(func) {
         rows.push(row::narrow(code.pc(func.entry), cfa, rbp));
@@ -110,7 +134,7 @@ fn rows_of(
         return false;
     };
     for (pc, delta) in deltas {
-        if rows.len() >= MAX_ROWS || pc < func.entry || pc >= func.end {
+        if rows.len() >= room || pc < func.entry || pc >= func.end {
             return false;
         }
         let (cfa, rbp) = go_frame(delta);

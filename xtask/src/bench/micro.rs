@@ -15,8 +15,9 @@ use crate::{
     run_command,
 };
 
-/// Unwind-table build time and size for libc, ld.so and libstdc++. Needs no scorch binary and
-/// no privileges, so it runs without the setup and release build the other benches need.
+/// Unwind-table build time, heap and size for libc, ld.so, libstdc++ and rustc's largest
+/// libraries. Needs no scorch binary and no privileges, so it runs without the setup and
+/// release build the other benches need.
 pub fn unwind(root: &Path, command: String) -> Result<BenchResult> {
     let report = lines_starting(&cargo_bench(root, "unwind", |_| {})?, "unwind:");
     keep(root, Bench::Unwind, "unwind-report.md", &report, command)

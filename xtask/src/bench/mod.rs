@@ -204,7 +204,9 @@ impl Bench {
             }
             Bench::Unwind => {
                 "`agent/benches/unwind.rs`: the unwind tables of libc, ld.so and libstdc++ \
-                 built from their files, 20 fresh builds each: rows, bytes and build time."
+                 built from their files, 20 fresh builds each, then those of rustc's \
+                 librustc_driver and libLLVM, 5 each: rows, bytes, build time, and the most \
+                 heap a build held (the table included)."
             }
             Bench::Heap => {
                 "`scorch run` under the overhead bench's churn, run under heaptrack: what held \

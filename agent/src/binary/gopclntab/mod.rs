@@ -421,6 +421,12 @@ impl Pclntab {
         (0..count).map(move |index| table.go_func(table.bytes(data)?, index))
     }
 
+    /// Function `index` of the table, as [`Pclntab::funcs`] gives it: a table's build reads
+    /// its functions once to place them, then again one at a time in pc order.
+    pub fn func<'d>(&self, data: &'d [u8], index: u64) -> Result<GoFunc<'d>> {
+        self.table.go_func(self.table.bytes(data)?, index)
+    }
+
     /// The stack-pointer deltas of `func` (its pcsp table): sorted `(pc, delta)` pairs, delta
     /// being the bytes the function has pushed or subtracted below its entry rsp for pcs from
     /// `pc` to the next pair's (the last, to `func.end`). The first pair is `(entry, 0)`.

@@ -1,5 +1,7 @@
-//! `.eh_frame` or `.debug_frame` to rows: every FDE's CFI program run through gimli's
-//! `UnwindTable`, each row of it narrowed to the few rules the BPF unwinder evaluates.
+//! `.eh_frame` or `.debug_frame` to rows, in two passes: [`index`] reads the FDE headers into
+//! the table's function index; [`FdeRows`] then runs one FDE's CFI program at a time, in pc
+//! order, through gimli's `UnwindTable`, each row of it narrowed to the few rules the BPF
+//! unwinder evaluates.
 //!
 //! DWARF expressions are never evaluated: the two the BPF side knows (the `.plt` CFA, and the
 //! signal trampoline's registers in the `ucontext`) are recognised by their exact operations,
@@ -14,6 +16,7 @@ use gimli::{
 };
 
 use super::{
+    index::{overlaps, Entry, FunctionIndex, Source},
     row::{self, Cfa, FpRule, UnwindRow},
     Code, UnwindError,
 };
@@ -55,7 +58,8 @@ pub(super) struct Section<'a, S> {
 /// What happened to the FDEs of a section.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(super) struct FdeCounts {
-    /// FDEs whose rows were taken.
+    /// FDEs whose rows were taken: in the first pass, those the index took; the second
+    /// counts the ones whose program it then cannot run as skipped instead.
     pub converted: usize,
     /// FDEs left out: unreadable (a bad CIE, a CFI program gimli refuses), or covering
     /// addresses outside the executable segments (FDEs of code the linker discarded). Their
@@ -65,8 +69,9 @@ pub(super) struct FdeCounts {
     pub claimed: usize,
 }
 
-/// The rows of every section converted so far, in section order, and where each function's
-/// rows are: what [`super::optimize`] sorts.
+/// The rows of functions converted together, and where each function's rows are: a cluster
+/// of overlapping functions that [`super::optimize`] sorts row by row, or (in the tests) a
+/// whole table.
 #[derive(Debug, Default)]
 pub(super) struct Converted {
     pub rows: Vec<UnwindRow>,
@@ -84,46 +89,37 @@ pub(super) struct Function {
     pub end_row: usize,
 }
 
-impl Converted {
-    /// Room for the rows a section of `bytes` usually gives (glibc's `.eh_frame` has a row
-    /// per 5 to 6 bytes), so that converting rarely grows the vector.
-    pub fn reserve_for(&mut self, bytes: usize) {
-        self.rows.reserve((bytes / 4).min(MAX_ROWS));
-        self.functions.reserve(bytes / 40);
-    }
+/// CIEs are few (glibc has three) and shared by thousands of FDEs: each is parsed once.
+type Cies<'data> = HashMap<usize, CommonInformationEntry<Slice<'data>>>;
 
-    /// The pcs the functions so far cover, sorted and disjoint: what a later section may not
-    /// claim again.
-    pub fn covered(&self) -> Vec<(u32, u32)> {
-        let mut ranges: Vec<(u32, u32)> = self.functions.iter().map(|f| (f.start, f.end)).collect();
-        ranges.sort_unstable();
-        ranges.dedup_by(|range, previous| {
-            if range.0 <= previous.1 {
-                previous.1 = previous.1.max(range.1);
-                true
-            } else {
-                false
-            }
-        });
-        ranges
+/// The CIE at `offset`, from `cies` or parsed into it.
+fn cie<'data, S>(
+    cies: &mut Cies<'data>,
+    section: &S,
+    bases: &BaseAddresses,
+    offset: S::Offset,
+) -> gimli::Result<CommonInformationEntry<Slice<'data>>>
+where
+    S: UnwindSection<Slice<'data>>,
+{
+    let key = UnwindOffset::into(offset);
+    if let Some(cie) = cies.get(&key) {
+        return Ok(cie.clone());
     }
+    let cie = section.cie_from_offset(bases, offset)?;
+    cies.insert(key, cie.clone());
+    Ok(cie)
 }
 
-/// True when `[start, end)` meets any of `ranges` (sorted, disjoint).
-pub(super) fn overlaps(ranges: &[(u32, u32)], start: u32, end: u32) -> bool {
-    // The last range starting before `end` is also the one reaching furthest.
-    let before_end = ranges.partition_point(|range| range.0 < end);
-    before_end > 0 && ranges[before_end - 1].1 > start
-}
-
-/// Appends the rows of every FDE in `source` to `converted`, each function's followed by an
-/// end-of-function marker. FDEs that overlap `claimed` (pcs an earlier section covers, as
-/// [`Converted::covered`] gives them) are left out.
-pub(super) fn convert<'data, S>(
+/// The first pass over a section: adds each FDE of `source` to `index` as `from`'s, from its
+/// header alone, unless it overlaps `claimed` (pcs an earlier section covers, as
+/// [`FunctionIndex::covered`] gives them) or lies outside the code.
+pub(super) fn index<'data, S>(
     source: &Section<'_, S>,
+    from: Source,
     code: &Code,
     claimed: &[(u32, u32)],
-    converted: &mut Converted,
+    index: &mut FunctionIndex,
 ) -> Result<FdeCounts, UnwindError>
 where
     S: UnwindSection<Slice<'data>>,
@@ -133,52 +129,95 @@ where
         section: source.name,
         source: source_error,
     };
-    let section = &source.section;
-    let bases = &source.bases;
-    let rows = &mut converted.rows;
     let mut counts = FdeCounts::default();
-    // CIEs are few (glibc has three) and shared by thousands of FDEs: parse each once.
-    let mut cies: HashMap<usize, CommonInformationEntry<Slice<'data>>> = HashMap::new();
-    let mut context = Box::new(UnwindContext::<usize, RuleStorage>::new_in());
-    let mut entries = section.entries(bases);
+    let mut cies = Cies::new();
+    let mut entries = source.section.entries(&source.bases);
     // A broken entry header leaves no way to find the next entry: that is the section's error.
     while let Some(entry) = entries.next().map_err(section_error)? {
         let CieOrFde::Fde(partial) = entry else {
             continue;
         };
-        let fde = partial.parse(|section, bases, offset| {
-            let key = UnwindOffset::into(offset);
-            if let Some(cie) = cies.get(&key) {
-                return Ok(cie.clone());
-            }
-            let cie = section.cie_from_offset(bases, offset)?;
-            cies.insert(key, cie.clone());
-            Ok(cie)
-        });
+        let fde = partial.parse(|section, bases, offset| cie(&mut cies, section, bases, offset));
         let Ok(fde) = fde else {
             counts.skipped += 1;
             continue;
         };
         let (start, end) = (fde.initial_address(), fde.end_address());
-        if start >= end || !code.covers(start, end) {
+        let at = u32::try_from(fde.offset());
+        let (true, Ok(at)) = (start < end && code.covers(start, end), at) else {
             counts.skipped += 1;
             continue;
-        }
-        let (start_pc, end_pc) = (code.pc(start), code.pc(end));
-        if overlaps(claimed, start_pc, end_pc) {
+        };
+        let (start, end) = (code.pc(start), code.pc(end));
+        if overlaps(claimed, start, end) {
             counts.claimed += 1;
             continue;
         }
+        index.push(Entry {
+            start,
+            end,
+            at,
+            source: from,
+        });
+        counts.converted += 1;
+    }
+    Ok(counts)
+}
+
+/// The second pass over a section: the rows of one FDE at a time, as the index asks for them.
+pub(super) struct FdeRows<'s, 'data, S> {
+    source: &'s Section<'s, S>,
+    cies: Cies<'data>,
+    context: Box<UnwindContext<usize, RuleStorage>>,
+}
+
+impl<'s, 'data, S> FdeRows<'s, 'data, S>
+where
+    S: UnwindSection<Slice<'data>>,
+{
+    pub fn new(source: &'s Section<'s, S>) -> Self {
+        FdeRows {
+            source,
+            cies: Cies::new(),
+            context: Box::new(UnwindContext::new_in()),
+        }
+    }
+
+    /// Appends the rows of the FDE at offset `at` (one [`index`] took), then its
+    /// end-of-function marker, to `rows`; false, with `rows` as it was, when its program
+    /// cannot be run (the FDE is skipped). More than `room` rows is the table's error.
+    pub fn rows(
+        &mut self,
+        at: u32,
+        code: &Code,
+        rows: &mut Vec<UnwindRow>,
+        room: usize,
+    ) -> Result<bool, UnwindError> {
+        let Section {
+            section,
+            bases,
+            path,
+            name,
+        } = self.source;
+        let cies = &mut self.cies;
+        let offset = S::Offset::from(at as usize);
+        let fde = section.fde_from_offset(bases, offset, |section, bases, offset| {
+            cie(cies, section, bases, offset)
+        });
+        let Ok(fde) = fde else {
+            return Ok(false);
+        };
         let signal = fde.is_signal_trampoline();
         let encoding = fde.cie().encoding();
         let ra_is_rip = fde.cie().return_address_register() == RA;
         let first_row = rows.len();
         // Checked row by row: one FDE's program can run as long as the section.
         let mut too_many = false;
+        let context = &mut self.context;
         let read = (|| -> gimli::Result<()> {
-            let mut table = fde.rows(section, bases, &mut context)?;
+            let mut table = fde.rows(section, bases, context)?;
             while let Some(dwarf_row) = table.next_row()? {
-                if rows.len() >= MAX_ROWS {
+                if rows.len() >= room {
                     too_many = true;
                     break;
                 }
@@ -192,26 +231,18 @@ where
         })();
         if too_many {
             return Err(UnwindError::TooManyRows {
-                path: source.path.to_owned(),
-                section: source.name,
+                path: path.to_path_buf(),
+                section: name,
                 limit: MAX_ROWS,
             });
         }
         if read.is_err() {
             rows.truncate(first_row);
-            counts.skipped += 1;
-            continue;
+            return Ok(false);
         }
-        rows.push(row::no_row(end_pc));
-        converted.functions.push(Function {
-            start: start_pc,
-            end: end_pc,
-            first_row,
-            end_row: rows.len(),
-        });
-        counts.converted += 1;
+        rows.push(row::no_row(code.pc(fde.end_address())));
+        Ok(true)
     }
-    Ok(counts)
 }
 
 /// The CFA and rbp rules of one DWARF row.

@@ -483,9 +483,11 @@ fn build_from(elf: &Elf<'_>, path: &Path) -> Option<Built> {
         path.display(),
         table.rows().len()
     );
+    let base = table.base();
     Some(Built {
-        rows: table.rows().to_vec(),
-        base: table.base(),
+        // Moved, not copied: a second copy of a library's table would be the build's peak.
+        rows: table.into_rows(),
+        base,
         segments,
         // A Go binary without a GNU build id is keyed by its Go one.
         build_id: elf.build_id().map(|id| Box::from(&*id)),
