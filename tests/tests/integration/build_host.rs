@@ -73,7 +73,9 @@ fn row_pools_grown_for_a_large_table_shrink_back_after_it() -> Result<()> {
         Ok(metric(&address, "scorch_unwind_tables_loaded")? >= 2.0)
     })?;
     std::thread::sleep(Duration::from_secs(2));
+    let tables = || metric(&address, "scorch_unwind_tables_bytes");
     let before = pools()?;
+    let tables_before = tables()?;
 
     // The "compiler": its table alone needs a pool of its own.
     let compiler = Workload::start(&big, &["8"])?;
@@ -92,25 +94,41 @@ fn row_pools_grown_for_a_large_table_shrink_back_after_it() -> Result<()> {
     drop(compiler);
     let ended = Instant::now();
 
-    // Back within a page's worth of pools of before, after the grace period: the idle
-    // table's 30 s, a window to notice.
+    // Back after the grace periods (the idle table's 30 s, a sparse pool's 10 s, a window to
+    // notice): the large table's pool given back, and the pools no larger than before but for
+    // the tables other processes loaded meanwhile (this test's own, when it is sampled), which
+    // a pool holds at a quarter at least.
+    let given_back = || metric(&address, "scorch_unwind_row_pools_given_back_bytes_total");
     wait_for("the pools to shrink back", Duration::from_secs(60), &|| {
-        Ok(pools()? <= before + 1024.0 * 1024.0)
+        let others = (tables()? - tables_before).max(0.0);
+        Ok(given_back()? >= 0.9 * table && pools()? <= before + 4.0 * others + 1048576.0)
+    })
+    .with_context(|| {
+        let metric = |name| metric(&address, name).ok();
+        format!(
+            "row pools {:?} bytes, {before} before, {grown} grown; tables {:?} bytes, {:?} \
+             loaded, {:?} idle, {:?} moved; {:?} pools given back",
+            pools().ok(),
+            metric("scorch_unwind_tables_bytes"),
+            metric("scorch_unwind_tables_loaded"),
+            metric("scorch_unwind_tables_idle_total"),
+            metric("scorch_unwind_tables_moved_total"),
+            metric("scorch_unwind_row_pools_given_back_total"),
+        )
     })?;
     let after = pools()?;
     let took = ended.elapsed();
-    let given_back = metric(&address, "scorch_unwind_row_pools_given_back_bytes_total")?;
-    ensure!(
-        given_back >= 0.9 * table,
-        "{given_back} bytes of pools given back, for a table of {table}"
-    );
+    let given_back = given_back()?;
     println!(
         "row pools: {:.1} MiB before, {:.1} MiB with the large table, {:.1} MiB {:.0} s after \
-         it exited; {:.1} MiB given back",
+         it exited, holding {:.1} MiB of tables (other processes' loaded since: {:.1} MiB); \
+         {:.1} MiB given back",
         before / 1048576.0,
         grown / 1048576.0,
         after / 1048576.0,
         took.as_secs_f64(),
+        tables()? / 1048576.0,
+        (tables()? - tables_before).max(0.0) / 1048576.0,
         given_back / 1048576.0
     );
 

@@ -13,10 +13,11 @@ use std::collections::HashSet;
 
 use super::{FileState, LoaderError, LoaderMaps, TableKey, Unwinder};
 
-/// How long a pool stays sparse before it is shrunk: as long as an idle table stays, so a pool
-/// added for a build's tables is not shrunk while they still load, and what a build grew goes
-/// within a minute of its end.
-const SPARSE_POOL_AGE: std::time::Duration = super::tables::IDLE_TABLE_AGE;
+/// How long a pool stays sparse before it is shrunk: long enough that a pool added for a
+/// burst of tables (a build starting its compilers) is not shrunk while they load, and so
+/// pools are shrunk and added again at most this often; short enough that, after the idle
+/// tables' own 30 s, what a build grew goes within a minute of its end.
+const SPARSE_POOL_AGE: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl<M: LoaderMaps> Unwinder<M> {
     /// Shrinks the sparsest large pool (`RowPools::sparse_pool`): its tables, largest first,

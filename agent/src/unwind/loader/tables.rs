@@ -14,7 +14,7 @@ use super::{
 /// again (a build's compilers, a shell loop) keeps its table between runs, short enough that
 /// the pools a build grew are given back within a minute of its end (with
 /// [`Unwinder::shrink_pools`]). A cron job's binary, run less often, is built again each run.
-pub(super) const IDLE_TABLE_AGE: std::time::Duration = std::time::Duration::from_secs(30);
+const IDLE_TABLE_AGE: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Bytes of an unwind row.
 const ROW_BYTES: u64 = std::mem::size_of::<scorch_common::UnwindRow>() as u64;
