@@ -4,6 +4,7 @@
 //! are in [`super::measure`].
 
 use std::{
+    net::TcpListener,
     path::Path,
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
@@ -84,6 +85,30 @@ pub fn start_daemon_logging(
         .spawn()
         .context("starting scorch run")?;
     Ok(Processes(vec![child]))
+}
+
+/// A local address no one listens on now.
+pub fn free_address() -> Result<String> {
+    let listener = TcpListener::bind("127.0.0.1:0").context("finding a free port")?;
+    Ok(listener.local_addr()?.to_string())
+}
+
+/// Waits until the daemon started by [`start_daemon_logging`] with its log at `log` samples:
+/// its HTTP server answers before its BPF program is attached, and the log says when it is.
+pub fn wait_until_profiling(daemon: &mut Processes, log: &Path) -> Result<()> {
+    let ready = Instant::now();
+    while !std::fs::read_to_string(log).is_ok_and(|text| text.contains(" profiling; ")) {
+        if let Some(status) = daemon.0[0].try_wait()? {
+            bail!("scorch run exited with {status}; see {}", log.display());
+        }
+        ensure!(
+            ready.elapsed() < Duration::from_secs(60),
+            "scorch run did not start sampling within a minute; see {}",
+            log.display()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Ok(())
 }
 
 /// SIGTERM, so the daemon flushes and closes its store, and a check that it exited cleanly.

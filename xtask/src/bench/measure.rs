@@ -247,6 +247,15 @@ pub fn load_average() -> String {
         .unwrap_or_default()
 }
 
+/// The 1-minute load average alone; NaN when `/proc/loadavg` cannot be read.
+pub fn load_one_minute() -> f64 {
+    load_average()
+        .split_whitespace()
+        .next()
+        .and_then(|l| l.parse().ok())
+        .unwrap_or(f64::NAN)
+}
+
 /// The lines of `scorch query --format folded` output (`comm;frame;...;leaf count`, kernel
 /// frames marked `_[k]`): each line's comm, its user frames root first, and its count; lines
 /// that are not one are skipped.

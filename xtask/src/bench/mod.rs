@@ -10,6 +10,7 @@
 //! README's cost table. [`Bench::about`] says what each bench measures; the module of each
 //! says how.
 
+mod buildhost;
 mod capture;
 mod daemon;
 mod go;
@@ -44,6 +45,8 @@ pub enum Bench {
     Slowdown,
     /// The daemon with 100 to 1,000 processes of 10 to 300 distinct binaries, and libLLVM.
     Scale,
+    /// The daemon beside `cargo build --release`: its peak, and the memory it gives back.
+    Buildhost,
     /// The daemon under process churn alone (`--baseline`, `--off-cpu` to compare).
     Churn,
     /// scorch record, perf and bpftrace side by side; BPF cost per sample; kallsyms.
@@ -72,10 +75,11 @@ pub enum Bench {
 
 impl Bench {
     /// Every bench, in the order `docs/benchmarks.md` gives them.
-    pub const ALL: [Bench; 15] = [
+    pub const ALL: [Bench; 16] = [
         Bench::Overhead,
         Bench::Slowdown,
         Bench::Scale,
+        Bench::Buildhost,
         Bench::Churn,
         Bench::Record,
         Bench::Walk,
@@ -96,6 +100,7 @@ impl Bench {
             Bench::Overhead => "overhead",
             Bench::Slowdown => "slowdown",
             Bench::Scale => "scale",
+            Bench::Buildhost => "buildhost",
             Bench::Churn => "churn",
             Bench::Record => "record",
             Bench::Walk => "walk",
@@ -117,6 +122,7 @@ impl Bench {
             Bench::Overhead => "Overhead: scorch beside perf and bpftrace",
             Bench::Slowdown => "The workload's slowdown",
             Bench::Scale => "The daemon as the host's work grows",
+            Bench::Buildhost => "A build host",
             Bench::Churn => "The daemon under process churn",
             Bench::Record => "Recording side by side",
             Bench::Walk => "The BPF unwinder's walk",
@@ -157,6 +163,13 @@ impl Bench {
                  binaries, and once beside a process compiling in libLLVM: the daemon's CPU, \
                  RSS, BPF maps, unwind tables loaded and evicted, and the share of stacks \
                  walked whole."
+            }
+            Bench::Buildhost => {
+                "A fresh `scorch run` at 19 Hz, profiling the whole host, beside `cargo build \
+                 --release -p xtask --offline` of this repository into an empty target \
+                 directory (each rustc maps librustc_driver and libLLVM): the daemon's peak RSS \
+                 and footprint (RSS + BPF maps) during the build, and how long after it the \
+                 footprint is back within 12 MiB of its level before."
             }
             Bench::Churn => {
                 "The overhead bench's churn alone: `scorch run` while a loop starts \
@@ -353,6 +366,7 @@ fn measure(
         }
         Bench::Offcpu => offcpu::offcpu(root, scorch()?, runs(5), command),
         Bench::Scale => scale::scale(root, scorch()?, runs(1), command),
+        Bench::Buildhost => buildhost::buildhost(root, scorch()?, runs(3), command),
     }
 }
 

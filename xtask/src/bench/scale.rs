@@ -43,21 +43,21 @@
 use std::{
     collections::BTreeSet,
     fmt::Write as _,
-    net::TcpListener,
     os::unix::fs::MetadataExt as _,
     path::{Path, PathBuf},
     process::{Command, Stdio},
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
-use anyhow::{bail, ensure, Context, Result};
+use anyhow::{ensure, Context, Result};
 
 use crate::{
     bench::{
-        harness::{start_daemon_logging, stop},
+        harness::{free_address, start_daemon_logging, stop, wait_until_profiling},
         measure::{
-            bpf_run_seconds, command_output, load_average, median, metric_value, metrics_text,
-            path_str, sample_rss, status_kib, verdict, with_bpf_stats, CpuAccount, Processes,
+            bpf_run_seconds, command_output, load_average, load_one_minute, median, metric_value,
+            metrics_text, path_str, sample_rss, status_kib, verdict, with_bpf_stats, CpuAccount,
+            Processes,
         },
         results::{self, BenchResult, Host, Table},
         Bench,
@@ -510,12 +510,6 @@ fn build_id(notes: &str) -> Option<&str> {
         .filter(|id| !id.is_empty())
 }
 
-/// A local address no one listens on now.
-fn free_address() -> Result<String> {
-    let listener = TcpListener::bind("127.0.0.1:0").context("finding a free port")?;
-    Ok(listener.local_addr()?.to_string())
-}
-
 fn unix_seconds(time: SystemTime) -> u64 {
     time.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
@@ -540,22 +534,7 @@ fn measure_cell(
     let mut daemon = start_daemon_logging(scorch, &store, 19, &address, &keep, log.into())?;
     let pid = daemon.0[0].id();
     let account = CpuAccount::of_process(pid)?;
-    // Its HTTP server answers before the BPF program is attached; the log says when it is.
-    let ready = Instant::now();
-    while !std::fs::read_to_string(&log_path).is_ok_and(|log| log.contains(" profiling; ")) {
-        if let Some(status) = daemon.0[0].try_wait()? {
-            bail!(
-                "scorch run exited with {status}; see {}",
-                log_path.display()
-            );
-        }
-        ensure!(
-            ready.elapsed() < Duration::from_secs(60),
-            "scorch run did not start sampling within a minute; see {}",
-            log_path.display()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_until_profiling(&mut daemon, &log_path)?;
 
     // They outlive the cell by a minute if nothing kills them; dropping `processes` does.
     let lifetime = (cell.duration() + Duration::from_secs(60))
@@ -588,11 +567,7 @@ fn measure_cell(
     std::thread::sleep(WARM_UP);
 
     let before = metrics_text(&address)?;
-    let load = load_average()
-        .split_whitespace()
-        .next()
-        .and_then(|l| l.parse().ok())
-        .unwrap_or(f64::NAN);
+    let load = load_one_minute();
     let cpu_before = account.cpu_seconds()?;
     let bpf_before = bpf_run_seconds(pid)?;
     let (from, started) = (SystemTime::now(), Instant::now());
