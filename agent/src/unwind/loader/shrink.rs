@@ -9,9 +9,7 @@
 //! process mapping that used them is rewritten to the new place, and only then are the old
 //! rows freed (the row epoch moves on, and the emptied pool goes).
 
-use std::collections::HashSet;
-
-use super::{FileState, LoaderError, LoaderMaps, TableKey, Unwinder};
+use super::{LoaderError, LoaderMaps, TableKey, Unwinder};
 
 /// How long a pool stays sparse before it is shrunk: long enough that a pool added for a
 /// burst of tables (a build starting its compilers) is not shrunk while they load, and so
@@ -76,24 +74,7 @@ impl<M: LoaderMaps> Unwinder<M> {
         if let Some(table) = self.tables.get_mut(key) {
             (table.pool, table.first_row) = to;
         }
-        let loaded = FileState::Loaded(key.clone());
-        let files: HashSet<_> = self
-            .files
-            .iter()
-            .filter(|(_, state)| **state == loaded)
-            .map(|(file, _)| *file)
-            .collect();
-        let users: Vec<u32> = self
-            .procs
-            .iter()
-            .filter(|(_, mappings)| {
-                mappings
-                    .iter()
-                    .any(|m| m.key.is_some_and(|k| files.contains(&k)))
-            })
-            .map(|(&pid, _)| pid)
-            .collect();
-        for pid in users {
+        for pid in self.users_of(&self.files_of(key)) {
             self.write(pid)?;
         }
         self.moved += 1;

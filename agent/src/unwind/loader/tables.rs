@@ -41,21 +41,34 @@ impl<M: LoaderMaps> Unwinder<M> {
             self.finished(result, &mut changed)?;
         }
         if !changed.is_empty() {
-            let pids: Vec<u32> = self
-                .procs
-                .iter()
-                .filter(|(_, mappings)| {
-                    mappings
-                        .iter()
-                        .any(|m| m.key.is_some_and(|k| changed.contains(&k)))
-                })
-                .map(|(&pid, _)| pid)
-                .collect();
-            for pid in pids {
+            for pid in self.users_of(&changed) {
                 self.placed(|unwinder| unwinder.write(pid).map(|()| false))?;
             }
         }
         Ok(())
+    }
+
+    /// The files whose table is `key`'s.
+    pub(super) fn files_of(&self, key: &TableKey) -> HashSet<FileKey> {
+        let loaded = FileState::Loaded(key.clone());
+        self.files
+            .iter()
+            .filter(|(_, state)| **state == loaded)
+            .map(|(file, _)| *file)
+            .collect()
+    }
+
+    /// The processes that map any of `files`: whose process-map entries name their tables.
+    pub(super) fn users_of(&self, files: &HashSet<FileKey>) -> Vec<u32> {
+        self.procs
+            .iter()
+            .filter(|(_, mappings)| {
+                mappings
+                    .iter()
+                    .any(|m| m.key.is_some_and(|k| files.contains(&k)))
+            })
+            .map(|(&pid, _)| pid)
+            .collect()
     }
 
     /// Tables the worker has not finished.
@@ -194,13 +207,7 @@ impl<M: LoaderMaps> Unwinder<M> {
         self.evicted += u64::from(for_room);
         // Its files are built again by the next process that maps one. Evicted for room, the
         // processes mapping them now count their walks through it; idle, none maps them.
-        let loaded = FileState::Loaded(key);
-        let files: HashSet<FileKey> = self
-            .files
-            .iter()
-            .filter(|(_, state)| **state == loaded)
-            .map(|(file, _)| *file)
-            .collect();
+        let files = self.files_of(&key);
         if for_room {
             for file in &files {
                 self.files.insert(*file, FileState::Evicted);
@@ -208,17 +215,7 @@ impl<M: LoaderMaps> Unwinder<M> {
         } else {
             self.files.retain(|file, _| !files.contains(file));
         }
-        let users: Vec<u32> = self
-            .procs
-            .iter()
-            .filter(|(_, mappings)| {
-                mappings
-                    .iter()
-                    .any(|m| m.key.is_some_and(|k| files.contains(&k)))
-            })
-            .map(|(&pid, _)| pid)
-            .collect();
-        for pid in users {
+        for pid in self.users_of(&files) {
             self.write(pid)?;
         }
         self.release(table.pool, table.first_row, table.rows);
