@@ -285,6 +285,18 @@ impl Captures {
             .retain(|_, held| processes.contains_key(&held.pid));
     }
 
+    /// The files (device, inode) the captured processes map: after [`Captures::forget_exited`],
+    /// those of processes alive.
+    pub fn mapped_files(&self) -> std::collections::HashSet<(u64, u64)> {
+        self.processes
+            .values()
+            .flat_map(|capture| capture.history.versions())
+            .flat_map(|maps| maps.entries())
+            .filter(|entry| entry.is_file())
+            .map(|entry| (entry.dev, entry.inode))
+            .collect()
+    }
+
     fn remove(&mut self, pid: u32) {
         if let Some(capture) = self.processes.remove(&pid) {
             self.bytes -= capture.bytes;

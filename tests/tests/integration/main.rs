@@ -7,6 +7,7 @@ mod build_host;
 mod cli;
 mod counting;
 mod daemon;
+mod debug_memory;
 mod go;
 mod kernel_frames;
 mod known_call_tree;

@@ -557,9 +557,11 @@ fn python_processes_that_start_late_and_exit_mid_window_are_named() -> Result<()
         Interpreter::debian("trixie", "python3.13")?,
         Interpreter::debian("sid", "python3.14")?,
     ];
-    // Not 3.15 yet: a 3.15 process sampled in its first moments, before its tables are
-    // loaded, can get a Python frame past its root that names no code object (2-7% of its
-    // samples here), over this test's 1%. The other 3.15 tests run it.
+    // Not 3.15 yet: a 3.15 process sampled in its first moments, in C code between
+    // `PyEval_EvalCode` and its first eval loop, can have a walk that runs past libc's start
+    // into no mapping and, by frame pointer, into the eval loop, where the thread's first
+    // Python frame is not yet set up: a frame that names no code object (5-8% of its samples
+    // here), over this test's 1%. The other 3.15 tests run it.
     let path = scorch_tests::work_dir().join("python-late.pb.gz");
     let recording = scorch_tests::BackgroundRecording::start(&[
         "record",
@@ -592,43 +594,24 @@ fn python_processes_that_start_late_and_exit_mid_window_are_named() -> Result<()
             functions.contains(&"run") && functions.last() == Some(&"<module>")
         };
         let whole: i64 = own.iter().filter(named).map(|s| s.count).sum();
-        // Where an unknown code object is: inside the stack, or past the process's start
-        // (`Py_BytesMain` and libc's start), where a frame-pointer walk of the first moments,
-        // before the tables load, reads stale words, one of which may point into the eval
-        // loop. The first is a naming failure; the second a known walk artifact, bounded.
-        let unknown_at = |s: &&&scorch_tests::DetailedSample| {
-            let start = s
-                .frames
-                .iter()
-                .position(|f| f.function() == Some("Py_BytesMain"));
-            s.frames
-                .iter()
-                .enumerate()
-                .filter(|(_, f)| f.function() == Some(scorch::runtimes::python::UNKNOWN_CODE))
-                .map(|(i, _)| start.is_some_and(|start| i > start))
-                .collect::<Vec<bool>>()
-        };
+        // An unknown code object anywhere: a code object not read while the process ran, or
+        // Python frames hung where no eval loop called them: in a process's first moments,
+        // before its tables load, a frame-pointer walk through a libpython built without them
+        // reads stale stack words, and one past the process's start can point into the eval
+        // loop (the native walk hands no frame to a runtime past such a step).
         let unknown: i64 = own
             .iter()
-            .filter(|s| unknown_at(s).contains(&false))
-            .map(|s| s.count)
-            .sum();
-        let past_start: i64 = own
-            .iter()
-            .filter(|s| unknown_at(s).contains(&true))
+            .filter(|s| {
+                s.frames
+                    .iter()
+                    .any(|f| f.function() == Some(scorch::runtimes::python::UNKNOWN_CODE))
+            })
             .map(|s| s.count)
             .sum();
         println!(
             "{} (pid {pid}): {whole} of {total} samples named from <module> to run, {unknown} \
-             with an unknown code object, {past_start} with one past the process's start",
+             with an unknown code object",
             interpreter.binary
-        );
-        ensure!(
-            past_start as f64 <= 0.1 * total as f64,
-            "{}: {past_start} of {total} samples have an unknown code object past the \
-             process's start: {}",
-            interpreter.binary,
-            report.summary
         );
         ensure!(total >= 300, "{}: only {total} samples", interpreter.binary);
         // Not all: a new interpreter's first samples, before its tables are built (a few

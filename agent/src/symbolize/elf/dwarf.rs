@@ -408,7 +408,7 @@ mod tests {
         // Every byte of every function: starts, inlined bodies, ends, and the gaps between.
         let mut addresses = Vec::new();
         for symbol in by_unit.symbols.functions() {
-            for offset in 0..symbol.size.max(1) + 4 {
+            for offset in 0..u64::from(symbol.size.max(1)) + 4 {
                 addresses.push(ElfAddress(symbol.start + offset));
             }
         }
@@ -444,7 +444,7 @@ mod tests {
             .iter()
             .step_by(23)
             .take(400)
-            .flat_map(|s| [s.start, s.start + s.size / 2])
+            .flat_map(|s| [s.start, s.start + u64::from(s.size) / 2])
             .map(ElfAddress)
             .collect();
         let mut inlined = 0;

@@ -341,7 +341,7 @@ impl ElfFile {
                 address: segment.address,
             })
             .collect();
-        let symbols = SymbolTable::read(file, &|| data.release_resident_pages());
+        let symbols = SymbolTable::read(file, &data, &|| data.release_resident_pages());
         // Corrupt or oversized DWARF costs the file its line tables, not its symbol names.
         let loaded = if options.skip {
             Ok(DwarfLoad::Absent)

@@ -15,6 +15,17 @@ pub(super) enum CacheKey {
     Inode { dev: u64, inode: u64, mtime: i64 },
 }
 
+impl CacheKey {
+    /// The (device, inode) of the file.
+    pub(super) fn file(&self) -> (u64, u64) {
+        match *self {
+            CacheKey::BuildId { dev, inode, .. } | CacheKey::Inode { dev, inode, .. } => {
+                (dev, inode)
+            }
+        }
+    }
+}
+
 pub(super) struct CacheEntry {
     /// `None` remembers a file that could not be used, so it is not retried every window.
     pub(super) file: Option<Rc<ElfFile>>,
@@ -116,17 +127,22 @@ impl ElfCache {
         entry.cost = cost;
     }
 
-    /// Ends a window, and evicts the files no lookup used in the last [`IDLE_WINDOWS`]: the
-    /// binaries of processes that came and went (a build, a burst of scripts) would otherwise
-    /// stay parsed, within the budget but for good, and the daemon's memory would never go
-    /// back to what it was before them. Returns the bytes released.
-    pub(super) fn evict_idle(&mut self) -> usize {
+    /// Ends a window, and evicts the files no lookup used in the last [`IDLE_WINDOWS`], or in
+    /// the last [`UNMAPPED_IDLE_WINDOWS`] when no captured process maps them (`mapped` says):
+    /// the binaries of processes that came and went (a build's compilers, a burst of scripts)
+    /// would otherwise stay parsed, within the budget but for good, and the daemon's memory
+    /// would not go back to what it was before them. Returns the bytes released.
+    pub(super) fn evict_idle(&mut self, mapped: &dyn Fn(u64, u64) -> bool) -> usize {
         self.window += 1;
         let window = self.window;
         let idle: Vec<CacheKey> = self
             .entries
             .iter()
-            .filter(|(_, e)| window - e.last_window > IDLE_WINDOWS)
+            .filter(|(key, e)| {
+                let unused = window - e.last_window;
+                let (dev, inode) = key.file();
+                unused > IDLE_WINDOWS || (unused > UNMAPPED_IDLE_WINDOWS && !mapped(dev, inode))
+            })
             .map(|(k, _)| k.clone())
             .collect();
         let mut released = 0;
@@ -174,6 +190,11 @@ pub(super) const RELEASE_PAGES_EVERY: u64 = 256;
 /// Windows a cached file may go unused before it is evicted: a minute of the daemon's default
 /// 10 s windows. A binary that runs again soon after (the same script every few seconds) stays.
 pub(super) const IDLE_WINDOWS: u64 = 6;
+
+/// Windows a cached file that no captured process maps any more may go unused before it is
+/// evicted: the window its last process's samples were named in, and one more, for a binary
+/// started again at once (a script run in a loop).
+pub(super) const UNMAPPED_IDLE_WINDOWS: u64 = 1;
 
 /// Default budget for parsed binaries and their debug info.
 pub const DEFAULT_CACHE_BYTES: usize = 256 << 20;

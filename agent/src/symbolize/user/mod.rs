@@ -390,7 +390,10 @@ impl UserSymbolizer {
     pub fn enforce_budget(&mut self) {
         // The files may go, or be replaced under the same inode once their processes exit.
         self.resolved = HashMap::new();
-        let idle = self.cache.evict_idle();
+        let mapped = self.captures.mapped_files();
+        let idle = self
+            .cache
+            .evict_idle(&|dev, inode| mapped.contains(&(dev, inode)));
         if idle + self.cache.enforce_budget() > 0 {
             release_free_memory();
         }
@@ -830,13 +833,40 @@ mod tests {
         for _ in 0..IDLE_WINDOWS {
             // Inode 1 is looked up every window; inode 2 never again.
             assert!(cache.get(1, 1).is_some());
-            assert_eq!(cache.evict_idle(), 0);
+            assert_eq!(cache.evict_idle(&|_, _| true), 0);
         }
         assert!(cache.get(1, 1).is_some());
-        assert_eq!(cache.evict_idle(), cost);
+        assert_eq!(cache.evict_idle(&|_, _| true), cost);
         assert!(cache.get(1, 2).is_none(), "the idle file is gone");
         assert!(cache.get(1, 1).is_some(), "the busy file stays");
         assert_eq!(cache.used, cost);
+    }
+
+    /// A file no process maps any more goes after two windows unused, not six: a build's
+    /// compilers are gone, and so is what naming their frames took.
+    #[test]
+    fn cache_evicts_files_no_process_maps_after_two_idle_windows() {
+        let exe = std::fs::read_link("/proc/self/exe").unwrap();
+        let file = Rc::new(ElfFile::open(&exe).unwrap());
+        let cost = file.cost();
+        let mut cache = ElfCache::new(usize::MAX);
+        let key = |i: u64| CacheKey::Inode {
+            dev: 1,
+            inode: i,
+            mtime: 0,
+        };
+        cache.insert(1, 1, 0, key(1), Some(file.clone()));
+        cache.insert(1, 2, 0, key(2), Some(file.clone()));
+        cache.insert(1, 3, 0, key(3), Some(file.clone()));
+        // Inode 2 is mapped by a live process, inode 3 by none; 1 by none but looked up.
+        let mapped = |_: u64, inode: u64| inode == 2;
+        for _ in 0..UNMAPPED_IDLE_WINDOWS {
+            assert!(cache.get(1, 1).is_some());
+            assert_eq!(cache.evict_idle(&mapped), 0);
+        }
+        assert_eq!(cache.evict_idle(&mapped), 2 * cost);
+        assert!(cache.get(1, 3).is_none(), "the unmapped idle file is gone");
+        assert!(cache.get(1, 2).is_some(), "the mapped one stays");
     }
 
     #[test]
