@@ -513,8 +513,13 @@ pub fn frame(walk: &mut WalkState, procs: &ProcMappings) -> u32 {
     let mapping = index.map(|i| mapping_at(procs, i));
     // Code a runtime owns (an interpreter's eval loop): its walk runs in the next iteration
     // and may replace this frame with its own; then this frame is stepped past here again.
+    // Not once the walk has taken a frame-pointer step out of code whose table is not loaded:
+    // that code most often keeps no frame pointers (a distribution's libpython), so the
+    // frames past it are stack words read as frames, and one of them can point into the eval
+    // loop, where the runtime would hang its real frames below the process's start.
+    let guessed = walk.table_pending != 0 || walk.table_evicted != 0;
     if let Some(m) = mapping {
-        if m.runtime != 0 && walk.handed == 0 {
+        if m.runtime != 0 && walk.handed == 0 && !guessed {
             walk.handed = 1;
             walk.runtime = u32::from(m.runtime);
             return WALKING;
