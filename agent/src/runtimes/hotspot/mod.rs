@@ -10,8 +10,8 @@
 //!   JVM.
 //! - **Per process** ([`read_layout`], then [`heaps::code_cache`]): the tables themselves,
 //!   walked in the process's memory (`vmstructs`: the geometry is set by a static constructor
-//!   in Debian's builds, so even it is read there), into a typed [`Layout`] with the JVM's
-//!   version; then the code cache's heaps and segment maps, once the JVM has set them up.
+//!   in Debian's builds, so even it is read there), the JVM's version (`version`), and a
+//!   typed [`Layout`] (`layout`, pure); then the code cache's heaps and segment maps, once the JVM has set them up.
 //!
 //! HotSpot is not yet in the runtimes' `Registry`: nothing here is called by the loader. Its
 //! BPF walk (the code heaps' frames, from the segment map to the blob and its frame) lands
@@ -19,13 +19,15 @@
 
 pub mod heaps;
 pub mod layout;
+pub mod version;
 pub mod vmstructs;
 
 #[cfg(test)]
 mod tests;
 
 pub use heaps::{code_cache, CodeCache, HeapsError};
-pub use layout::{Layout, LayoutError, Version};
+pub use layout::{Layout, LayoutError};
+pub use version::{Version, VersionError};
 pub use vmstructs::{Memory, ProcessMemory, Regions, Symbols, VmStructs, VmStructsError};
 
 /// Why a JVM's layout was not read.
@@ -33,6 +35,8 @@ pub use vmstructs::{Memory, ProcessMemory, Regions, Symbols, VmStructs, VmStruct
 pub enum HotspotError {
     #[error(transparent)]
     Tables(#[from] VmStructsError),
+    #[error(transparent)]
+    Version(#[from] VersionError),
     #[error(transparent)]
     Layout(#[from] LayoutError),
 }
@@ -43,7 +47,7 @@ impl HotspotError {
         matches!(
             self,
             HotspotError::Tables(VmStructsError::NotYetSetUp { .. })
-                | HotspotError::Layout(LayoutError::VersionNotYetSet)
+                | HotspotError::Version(VersionError::NotYetSet)
         )
     }
 }
@@ -60,7 +64,7 @@ pub fn read_layout(
     bias: u64,
 ) -> Result<(VmStructs, Layout), HotspotError> {
     let tables = vmstructs::read(memory, symbols, bias, &wanted)?;
-    let version = layout::version(memory, &tables, bias)?;
+    let version = version::read(memory, &tables, bias)?;
     let layout = layout::layout(&tables, version)?;
     Ok((tables, layout))
 }

@@ -4,7 +4,8 @@
 use std::time::{Duration, Instant};
 
 use super::heaps::{code_cache, HeapsError, MAX_HEAPS};
-use super::layout::{parse_release, Heaps, LayoutError, Place, SourceFile};
+use super::layout::{Heaps, LayoutError, Place, SourceFile};
+use super::version::{parse_release, VersionError};
 use super::vmstructs::{
     read_c_string, Memory, ProcessMemory, Regions, StringError, StructSymbols, Symbols,
     TypeSymbols, VmStructsError, MAX_ENTRIES, MAX_NAME,
@@ -381,7 +382,7 @@ fn other_geometries_and_jdks_spellings_read_alike() {
     jvm.release = b"21.0.5+11-LTS\0".to_vec();
     assert!(matches!(
         refused(&jvm),
-        HotspotError::Layout(LayoutError::VersionDisagrees {
+        HotspotError::Version(VersionError::Disagrees {
             parsed: 21,
             major: 17,
             ..
@@ -553,7 +554,7 @@ fn unreadable_tables_are_refused() {
     jvm.release = Vec::new();
     assert!(matches!(
         refused(&jvm),
-        HotspotError::Layout(LayoutError::Release { .. })
+        HotspotError::Version(VersionError::Release { .. })
     ));
 }
 
