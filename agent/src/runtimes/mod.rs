@@ -18,10 +18,13 @@
 //!
 //! - `image`: one ELF image as these readers need it (symbols by name, bytes at an address,
 //!   the ranges its `.eh_frame` describes).
+//! - `hotspot`: HotSpot JVMs' layout, read from the JVM's own `gHotSpotVMStructs` tables, and
+//!   their code cache (not yet in the [`Registry`]: its BPF walk lands next).
 //! - `libc`: where glibc keeps a thread's `pthread_getspecific` values, which an interpreter
 //!   keeping its thread state under a pthread key needs ([`Support`]).
 //! - `python`: CPython 3.11 to 3.15.
 
+pub mod hotspot;
 pub mod image;
 pub mod libc;
 pub mod python;
