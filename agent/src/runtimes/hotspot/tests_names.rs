@@ -608,6 +608,57 @@ fn the_hosts_jdk_17_names_its_compiled_methods() {
             found: compile_id
         })
     );
+    // Every nmethod's pcs: the outermost scope is the compiled method itself, and inner ones
+    // are what it inlined there.
+    let (mut checked, mut inlined, mut evicted) = (0, Vec::new(), 0);
+    let mut failures = Vec::new();
+    for (blob, name) in blobs(&memory, &layout, &cache) {
+        let Some(method) = read_u64(&memory, blob + layout.nmethod.method) else {
+            continue;
+        };
+        let (Ok(own), Some(begin), Some(end), Some(id)) = (
+            name_method(&memory, &layout, method, 0),
+            read_u64(&memory, blob + begin_at),
+            read_u64(&memory, blob + end_at),
+            read_i32(&memory, blob + layout.nmethod.compile_id),
+        ) else {
+            continue;
+        };
+        if name != "nmethod" || end <= begin {
+            continue;
+        }
+        for pc in [0, (end - begin) / 3, (end - begin) / 2, end - begin - 1] {
+            match name_compiled(&memory, &layout, blob, pc as u32, id as u32) {
+                Ok(frames) => {
+                    checked += 1;
+                    let outer = frames.last().expect("at least the method");
+                    assert_eq!(
+                        (&outer.class, &outer.method, &outer.signature),
+                        (&own.class, &own.method, &own.signature)
+                    );
+                    if frames.len() > 1 && inlined.len() < 5 {
+                        inlined.push(
+                            frames
+                                .iter()
+                                .map(|f| format!("{}:{:?}", f.display(), f.line))
+                                .collect::<Vec<_>>(),
+                        );
+                    }
+                }
+                // Freed and reused while the JVM runs: what the error is for.
+                Err(NmethodError::Evicted { .. }) => evicted += 1,
+                Err(err) => failures.push((own.display(), pc, err)),
+            }
+        }
+    }
+    eprintln!(
+        "JDK 17: {checked} compiled pcs named, {evicted} evicted, failures {failures:?}; \
+         inlined e.g. {inlined:#?}"
+    );
+    assert!(failures.is_empty(), "{failures:?}");
+    assert!(checked >= 80, "{checked}");
+    assert!(!inlined.is_empty(), "no pc with inlined frames");
+
     // main, compiled on stack or not, is named at its first line where its nmethod is found.
     if let Some(main) = named.iter().find(|f| f.display() == "Hot.main") {
         assert_eq!(main.line, Some(10));
