@@ -19,6 +19,9 @@
 
 pub mod heaps;
 pub mod layout;
+pub mod method;
+pub mod nmethod;
+pub mod unsigned5;
 pub mod version;
 pub mod vmstructs;
 
@@ -27,6 +30,8 @@ mod tests;
 
 pub use heaps::{code_cache, CodeCache, HeapsError};
 pub use layout::{Layout, LayoutError};
+pub use method::{demangle_signature, name_method, JavaFrame, MethodError};
+pub use nmethod::{name_compiled, NmethodError};
 pub use version::{Version, VersionError};
 pub use vmstructs::{Memory, ProcessMemory, Regions, Symbols, VmStructs, VmStructsError};
 
@@ -100,4 +105,132 @@ pub fn fuzz_one(data: &[u8]) {
     if let Ok((_, layout)) = read_layout(&memory, &symbols, 0) {
         let _ = heaps::code_cache(&memory, &layout, 0);
     }
+}
+
+/// A JDK 17-like layout (offsets made up, forms JDK 17's) for the naming fuzz target.
+fn fuzz_layout(excluded: u8) -> Layout {
+    use layout::*;
+    Layout {
+        version: Version {
+            major: 17,
+            minor: 0,
+            security: 0,
+            build: 0,
+            release: "17.0.0".into(),
+        },
+        unsigned5_excluded: excluded,
+        nmethod_uses_offsets: false,
+        code_blob: CodeBlob {
+            size_of: 0x70,
+            name: 0x08,
+            frame_complete_offset: 0x18,
+            frame_size: 0x20,
+            code_begin: Place::Pointer(0x28),
+            code_end: Place::Pointer(0x30),
+            size: 0x10,
+            relocation_size: None,
+            mutable_data_size: None,
+            mutable_data: None,
+        },
+        code_cache: layout::CodeCache {
+            heaps: Heaps::Segmented(0),
+            low_bound: None,
+            high_bound: None,
+        },
+        code_heap: layout::CodeHeap {
+            size_of: 0xa0,
+            log2_segment_size: 0x90,
+            memory: 0,
+            segmap: 0x38,
+        },
+        virtual_space: VirtualSpace {
+            low_boundary: 0,
+            high_boundary: 8,
+            low: None,
+            high: None,
+        },
+        heap_block_size: 0x10,
+        constant_pool: ConstantPool {
+            size_of: 0x50,
+            pool_holder: 0x20,
+        },
+        source_file: SourceFile::PoolIndex(0x40),
+        const_method: ConstMethod {
+            size_of: 0x38,
+            constants: 0x08,
+            code_size: 0x28,
+            flags: 0x2c,
+            name_index: 0x30,
+            signature_index: 0x32,
+        },
+        method_const_method: 0x08,
+        instance_klass_size: 0x1c0,
+        klass_name: 0x10,
+        nmethod: Nmethod {
+            size_of: 0x100,
+            compile_id: 0xe0,
+            metadata_offset: Some(0xc0),
+            scopes_pcs_offset: 0xc8,
+            scopes_data: Place::Pointer(0x80),
+            dependencies_offset: Some(0xcc),
+            immutable_data: None,
+            immutable_data_size: None,
+            immutable_data_ref_count_offset: None,
+            orig_pc_offset: 0xd4,
+            deopt_handler: Place::Pointer(0x98),
+            method: 0x60,
+        },
+        pc_desc: PcDesc {
+            size_of: 0x10,
+            pc_offset: 0,
+            scope_decode_offset: 4,
+        },
+        symbol: Symbol {
+            size_of: 0x10,
+            body: 0x06,
+            length: 0x04,
+        },
+        growable_array: GrowableArray {
+            size_of: 0x18,
+            data: 0x10,
+            len: 0,
+        },
+        vm_version: VmVersion {
+            release: 0,
+            major: None,
+            minor: None,
+            security: None,
+            build: None,
+        },
+    }
+}
+
+/// Arbitrary bytes as what the naming reads: UNSIGNED5 values, a line stream and scope
+/// chains over the bytes themselves, then a `Method*` and an `nmethod*` at [`FUZZ_BASE`],
+/// whose pointers are the input's words (so the input chooses the graph). The first byte
+/// chooses the exclusion count. Must never panic, and ends within the readers' bounds.
+pub fn fuzz_names(data: &[u8]) {
+    let excluded = data.first().map_or(0, |b| b & 1);
+    let mut reader = unsigned5::Reader::new(data, excluded);
+    while reader.uint().is_ok() {}
+    let _ = method::line_of(data, excluded, 0);
+    let _ = method::line_of(data, excluded, u32::MAX);
+    let _ = demangle_signature(&String::from_utf8_lossy(data));
+    let layout = fuzz_layout(excluded);
+    let half = data.len() / 2;
+    let info = nmethod::DebugInfo {
+        metadata: data[..half / 2].to_vec(),
+        scopes_data: data[half / 2..half].to_vec(),
+        scopes_pcs: data[half..].to_vec(),
+    };
+    for pc in [0, 0x40, u32::MAX] {
+        let _ = nmethod::scopes(&info, &layout, FUZZ_BASE, pc);
+    }
+    let mut memory = Regions::new();
+    memory.add(FUZZ_BASE, data.to_vec());
+    let _ = name_method(&memory, &layout, FUZZ_BASE, 0);
+    let id = data
+        .get(4..8)
+        .map_or(0, |b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+    let _ = name_compiled(&memory, &layout, FUZZ_BASE, 0x40, id);
 }

@@ -45,7 +45,7 @@ enum Entry {
 
 /// A JVM's tables and version, laid out in memory by [`Jvm::memory`] with a chosen geometry.
 #[derive(Debug, Clone)]
-struct Jvm {
+pub(super) struct Jvm {
     fields: Vec<(&'static str, &'static str, Entry)>,
     sizes: Vec<(&'static str, u64)>,
     /// `VMStructEntry`: stride, then where the type name, field name, static flag, offset and
@@ -62,7 +62,7 @@ struct Jvm {
 }
 
 /// A JDK 17-like JVM (offsets made up, names and forms JDK 17's).
-fn jdk17() -> Jvm {
+pub(super) fn jdk17() -> Jvm {
     use Entry::{Member as M, Static as S};
     Jvm {
         fields: vec![
@@ -265,7 +265,7 @@ impl Jvm {
         memory
     }
 
-    fn read(&self) -> Result<super::Layout, HotspotError> {
+    pub(super) fn read(&self) -> Result<super::Layout, HotspotError> {
         read_layout(&self.memory(), &Jvm::symbols(), BIAS).map(|(_, layout)| layout)
     }
 }
@@ -781,7 +781,7 @@ fn the_fuzz_entry_survives_what_it_is_given() {
 }
 
 /// Kills the JVM when the test ends, however it ends.
-struct Jdk(std::process::Child);
+pub(super) struct Jdk(pub(super) std::process::Child);
 
 impl Drop for Jdk {
     fn drop(&mut self) {
@@ -790,35 +790,18 @@ impl Drop for Jdk {
     }
 }
 
-/// The host's JDK 17 (Debian's openjdk-17), running a program that sleeps, read as the
-/// agent will: its libjvm from the file, its tables and heaps from its memory.
-#[test]
-fn the_hosts_jdk_17_describes_itself() {
-    let home = std::path::Path::new("/usr/lib/jvm/java-17-openjdk-amd64");
-    let dir = tempfile::tempdir().unwrap();
-    let source = dir.path().join("Sleep.java");
-    std::fs::write(
-        &source,
-        "public class Sleep { public static void main(String[] a) throws Exception { \
-         Thread.sleep(Long.parseLong(a[0]) * 1000); } }",
-    )
-    .unwrap();
-    let flags = dir.path().join("flags");
-    let jdk = Jdk(std::process::Command::new(home.join("bin/java"))
-        .args([
-            "-XX:+UnlockExperimentalVMOptions",
-            "-XX:+UnlockDiagnosticVMOptions",
-            "-XX:+PrintFlagsFinal",
-        ])
-        .arg(&source)
-        .arg("60")
-        .stdout(std::fs::File::create(&flags).unwrap())
-        .spawn()
-        .expect("running the host's JDK 17 (openjdk-17-jdk-headless)"));
-    let pid = jdk.0.id();
-
+/// The host's JVM `pid` read as the agent will: its libjvm from the file, its tables, layout
+/// and code heaps from its memory, waiting until `deadline` for it to set them up.
+pub(super) fn attach(
+    pid: u32,
+    deadline: Instant,
+) -> (
+    ProcessMemory,
+    super::VmStructs,
+    super::Layout,
+    super::CodeCache,
+) {
     // Until the JVM has loaded libjvm and set up its tables and code cache.
-    let deadline = Instant::now() + Duration::from_secs(30);
     let libjvm = loop {
         assert!(Instant::now() < deadline, "the JVM never mapped libjvm.so");
         if let Ok(maps) = crate::process::maps::ProcessMaps::read(pid) {
@@ -860,6 +843,37 @@ fn the_hosts_jdk_17_describes_itself() {
             Err(err) => panic!("JDK 17's code cache: {err}"),
         }
     };
+    (memory, tables, layout, cache)
+}
+
+/// The host's JDK 17 (Debian's openjdk-17), running a program that sleeps, read as the
+/// agent will: its libjvm from the file, its tables and heaps from its memory.
+#[test]
+fn the_hosts_jdk_17_describes_itself() {
+    let home = std::path::Path::new("/usr/lib/jvm/java-17-openjdk-amd64");
+    let dir = tempfile::tempdir().unwrap();
+    let source = dir.path().join("Sleep.java");
+    std::fs::write(
+        &source,
+        "public class Sleep { public static void main(String[] a) throws Exception { \
+         Thread.sleep(Long.parseLong(a[0]) * 1000); } }",
+    )
+    .unwrap();
+    let flags = dir.path().join("flags");
+    let jdk = Jdk(std::process::Command::new(home.join("bin/java"))
+        .args([
+            "-XX:+UnlockExperimentalVMOptions",
+            "-XX:+UnlockDiagnosticVMOptions",
+            "-XX:+PrintFlagsFinal",
+        ])
+        .arg(&source)
+        .arg("60")
+        .stdout(std::fs::File::create(&flags).unwrap())
+        .spawn()
+        .expect("running the host's JDK 17 (openjdk-17-jdk-headless)"));
+    let pid = jdk.0.id();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let (memory, tables, layout, cache) = attach(pid, deadline);
     eprintln!(
         "JDK 17: {:?}, {} vmStructs entries, {} vmTypes entries, heaps {:#x?}, segment shift {}, \
          bounds {:#x?}",
@@ -929,3 +943,6 @@ fn the_hosts_jdk_17_describes_itself() {
         );
     }
 }
+
+#[path = "tests_names.rs"]
+mod names;
