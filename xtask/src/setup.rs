@@ -26,7 +26,8 @@ const BPF_LINKER_VERSION: &str = "0.13.0";
 /// qemu-system-x86 boots the kernel matrix (`vm-test`) whose initramfs holds busybox-static's
 /// busybox, xz-utils unpacks the kernels' compressed modules, libc6-dbg is libc's debug info
 /// (the overhead bench's `scorch record` names libc frames from it, as on a host that has it
-/// installed), and heaptrack profiles the daemon's heap (`cargo xtask bench --only heap`).
+/// installed), heaptrack profiles the daemon's heap (`cargo xtask bench --only heap`), and
+/// openjdk-17-jdk-headless is the JVM whose layout tables the HotSpot readers' tests read.
 const PACKAGES: &[&str] = &[
     "gcc",
     "g++",
@@ -48,6 +49,7 @@ const PACKAGES: &[&str] = &[
     "xz-utils",
     "libc6-dbg",
     "heaptrack",
+    "openjdk-17-jdk-headless",
 ];
 
 /// cargo-deb release for `cargo xtask package`; it builds with Rust 1.85 and later.
