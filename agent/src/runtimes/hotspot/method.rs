@@ -20,7 +20,7 @@
 
 use super::layout::{Layout, SourceFile, MAX_SYMBOL_SIZE};
 use super::unsigned5::{Reader, Unsigned5Error};
-use super::vmstructs::{read_u64, Memory};
+use super::vmstructs::{read_u64, u16_in, u64_in, Memory};
 
 /// Most line entries decoded: a class file's `LineNumberTable` counts its entries in a `u2`,
 /// so no table javac writes is cut.
@@ -131,20 +131,6 @@ fn pointer(memory: &dyn Memory, what: &'static str, address: u64) -> Result<u64,
         Some(value) => Ok(value),
         None => Err(unreadable(what, address)),
     }
-}
-
-fn u16_in(bytes: &[u8], offset: u64) -> u16 {
-    let at = offset as usize;
-    bytes
-        .get(at..at + 2)
-        .map_or(0, |b| u16::from_le_bytes([b[0], b[1]]))
-}
-
-fn u64_in(bytes: &[u8], offset: u64) -> u64 {
-    let at = offset as usize;
-    bytes
-        .get(at..at + 8)
-        .map_or(0, |b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8])))
 }
 
 /// The text of the `Symbol` at `address`: its header, then its body at its `u2` length, each

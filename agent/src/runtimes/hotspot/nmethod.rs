@@ -24,7 +24,7 @@
 use super::layout::{Layout, Place};
 use super::method::{name_method, JavaFrame, MethodError};
 use super::unsigned5::{Reader, Unsigned5Error};
-use super::vmstructs::Memory;
+use super::vmstructs::{i32_in, u16_in, u64_in, Memory};
 
 /// Most bytes of metadata and scopes read for one nmethod (OTel's bound): real ones are a
 /// few KiB, a large method with deep inlining some tens.
@@ -77,27 +77,6 @@ pub struct DebugInfo {
     pub scopes_pcs: Vec<u8>,
 }
 
-fn int_in(bytes: &[u8], offset: u64) -> i32 {
-    let at = offset as usize;
-    bytes
-        .get(at..at + 4)
-        .map_or(0, |b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-}
-
-fn u16_in(bytes: &[u8], offset: u64) -> u16 {
-    let at = offset as usize;
-    bytes
-        .get(at..at + 2)
-        .map_or(0, |b| u16::from_le_bytes([b[0], b[1]]))
-}
-
-fn u64_in(bytes: &[u8], offset: u64) -> u64 {
-    let at = offset as usize;
-    bytes
-        .get(at..at + 8)
-        .map_or(0, |b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8])))
-}
-
 fn read(
     memory: &dyn Memory,
     what: &'static str,
@@ -125,7 +104,7 @@ pub fn name_compiled(
 ) -> Result<Vec<JavaFrame>, NmethodError> {
     let n = &layout.nmethod;
     let bytes = read(memory, "nmethod", nmethod, n.size_of)?;
-    let found = int_in(&bytes, n.compile_id) as u32;
+    let found = i32_in(&bytes, n.compile_id) as u32;
     if found != compile_id {
         return Err(NmethodError::Evicted {
             expected: compile_id,
@@ -149,10 +128,10 @@ pub fn debug_info(
     bytes: &[u8],
 ) -> Result<DebugInfo, NmethodError> {
     let n = &layout.nmethod;
-    let scopes_pcs = int_in(bytes, n.scopes_pcs_offset) as i64;
+    let scopes_pcs = i32_in(bytes, n.scopes_pcs_offset) as i64;
     let scopes_data = match n.scopes_data {
         Place::Pointer(at) => u64_in(bytes, at).wrapping_sub(nmethod) as i64,
-        Place::Offset(at) => int_in(bytes, at) as i64,
+        Place::Offset(at) => i32_in(bytes, at) as i64,
     };
     if let Some(immutable) = n.immutable_data {
         // JDK 23+: scopes_pcs then scopes_data in the immutable area, up to its size.
@@ -160,7 +139,7 @@ pub fn debug_info(
             .immutable_data_size
             .ok_or(NmethodError::NoField("_immutable_data_size"))?;
         let area = u64_in(bytes, immutable);
-        let size = int_in(bytes, size_at) as i64;
+        let size = i32_in(bytes, size_at) as i64;
         if !(0 <= scopes_pcs && scopes_pcs <= scopes_data && scopes_data <= size) {
             return Err(NmethodError::Bounds {
                 what: "scopes",
@@ -188,8 +167,8 @@ pub fn debug_info(
     let dependencies_at = n
         .dependencies_offset
         .ok_or(NmethodError::NoField("_dependencies_offset"))?;
-    let metadata = int_in(bytes, metadata_at) as i64;
-    let dependencies = int_in(bytes, dependencies_at) as i64;
+    let metadata = i32_in(bytes, metadata_at) as i64;
+    let dependencies = i32_in(bytes, dependencies_at) as i64;
     if !(0 <= metadata
         && metadata <= scopes_data
         && scopes_data <= scopes_pcs
@@ -234,8 +213,8 @@ fn metadata_after_code(
         blob.mutable_data_size,
     ) {
         let data = u64_in(bytes, data);
-        let relocations = int_in(bytes, relocations) as i64;
-        let size = int_in(bytes, size) as i64;
+        let relocations = i32_in(bytes, relocations) as i64;
+        let size = i32_in(bytes, size) as i64;
         if !(0 <= relocations && relocations <= size) {
             return Err(NmethodError::Bounds {
                 what: "mutable data",
@@ -256,8 +235,8 @@ fn metadata_after_code(
     let Place::Offset(code_end) = blob.code_end else {
         return Err(NmethodError::NoField("CodeBlob._data_offset"));
     };
-    let start = int_in(bytes, code_end) as i64 + i64::from(u16_in(bytes, metadata_at));
-    let end = int_in(bytes, blob.size) as i64;
+    let start = i32_in(bytes, code_end) as i64 + i64::from(u16_in(bytes, metadata_at));
+    let end = i32_in(bytes, blob.size) as i64;
     if !(0 <= start && start <= end) {
         return Err(NmethodError::Bounds {
             what: "metadata",
@@ -281,9 +260,9 @@ pub fn scope_at(info: &DebugInfo, layout: &Layout, pc_offset: u32) -> Option<usi
     let target = i64::from(pc_offset);
     let mut best: Option<(i64, i32)> = None;
     for entry in info.scopes_pcs.chunks_exact(stride) {
-        let pc = i64::from(int_in(entry, desc.pc_offset));
+        let pc = i64::from(i32_in(entry, desc.pc_offset));
         if pc <= target && best.is_none_or(|(b, _)| pc >= b) {
-            best = Some((pc, int_in(entry, desc.scope_decode_offset)));
+            best = Some((pc, i32_in(entry, desc.scope_decode_offset)));
             if pc == target {
                 break;
             }

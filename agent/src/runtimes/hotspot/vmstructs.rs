@@ -97,6 +97,28 @@ pub fn read_u8(memory: &dyn Memory, address: u64) -> Option<u8> {
     memory.read(address, &mut byte).then_some(byte[0])
 }
 
+/// The little-endian value at `offset` in bytes read whole (a class at its `sizeof`); 0 when
+/// it lies past them, which the layout's bounds rule out for the offsets it gives.
+fn le_in<const N: usize>(bytes: &[u8], offset: u64) -> [u8; N] {
+    usize::try_from(offset)
+        .ok()
+        .and_then(|at| bytes.get(at..at.checked_add(N)?))
+        .and_then(|b| b.try_into().ok())
+        .unwrap_or([0; N])
+}
+
+pub(super) fn u16_in(bytes: &[u8], offset: u64) -> u16 {
+    u16::from_le_bytes(le_in(bytes, offset))
+}
+
+pub(super) fn i32_in(bytes: &[u8], offset: u64) -> i32 {
+    i32::from_le_bytes(le_in(bytes, offset))
+}
+
+pub(super) fn u64_in(bytes: &[u8], offset: u64) -> u64 {
+    u64::from_le_bytes(le_in(bytes, offset))
+}
+
 /// Why a C string was not read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StringError {
