@@ -472,6 +472,39 @@ pub fn run_scorch(args: &[&str]) -> Result<Output> {
     Ok(output)
 }
 
+/// `scorch query --store STORE RANGE --match MATCHER --format folded`'s output: `range` is
+/// `["--since", "1h"]` or `["--from", SECONDS]`.
+pub fn query_folded(store: &Path, range: &[&str], matcher: &str) -> Result<String> {
+    let store = store.to_str().context("store path not UTF-8")?;
+    let mut args = vec!["query", "--store", store];
+    args.extend_from_slice(range);
+    args.extend_from_slice(&["--match", matcher, "--format", "folded"]);
+    Ok(String::from_utf8(run_scorch(&args)?.stdout)?)
+}
+
+/// A `/proc/PID/status` field in KiB (`VmRSS:`, `VmHWM:`).
+pub fn status_kib(pid: u32, field: &str) -> Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .with_context(|| format!("{field} in /proc/{pid}/status"))
+}
+
+/// Polls `condition` every 500 ms for up to `limit`, failing with `what` past it.
+pub fn wait_for(what: &str, limit: Duration, condition: &dyn Fn() -> Result<bool>) -> Result<()> {
+    let deadline = std::time::Instant::now() + limit;
+    while !condition()? {
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "waited {limit:?} for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    Ok(())
+}
+
 /// Reads a gzipped pprof file.
 pub fn read_pprof(path: &Path) -> Result<pprof::Profile> {
     let gz = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;

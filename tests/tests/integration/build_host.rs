@@ -11,8 +11,8 @@ use std::{
 
 use anyhow::{ensure, Context, Result};
 use scorch_tests::{
-    build_workload, build_workload_linked_to, compile, metric, run_scorch, work_dir, Daemon,
-    Workload,
+    build_workload, build_workload_linked_to, compile, metric, query_folded, wait_for, work_dir,
+    Daemon, Workload,
 };
 
 /// Functions in the generated library, and push/pop pairs in each: two rows a pair, about a
@@ -45,16 +45,6 @@ fn big_library() -> Result<PathBuf> {
         &["-shared"],
         &[],
     )
-}
-
-/// Polls `condition` every 500 ms for up to `limit`.
-fn wait_for(what: &str, limit: Duration, condition: &dyn Fn() -> Result<bool>) -> Result<()> {
-    let deadline = Instant::now() + limit;
-    while !condition()? {
-        ensure!(Instant::now() < deadline, "waited {limit:?} for {what}");
-        std::thread::sleep(Duration::from_millis(500));
-    }
-    Ok(())
 }
 
 #[test]
@@ -143,18 +133,11 @@ fn row_pools_grown_for_a_large_table_shrink_back_after_it() -> Result<()> {
     })?;
     let (status, _, stderr) = daemon.stop()?;
     ensure!(status.success(), "{stderr}");
-    let folded = run_scorch(&[
-        "query",
-        "--store",
-        store.to_str().context("store path not UTF-8")?,
-        "--from",
-        &from.to_string(),
-        "--match",
+    let folded = query_folded(
+        &store,
+        &["--from", &from.to_string()],
         r#"{comm="calltree"}"#,
-        "--format",
-        "folded",
-    ])?;
-    let folded = String::from_utf8(folded.stdout)?;
+    )?;
     let mut leaves = 0u64;
     for line in folded.lines() {
         let Some((stack, count)) = line.rsplit_once(' ') else {

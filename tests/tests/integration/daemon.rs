@@ -102,18 +102,8 @@ fn daemon_stores_windows_that_query_merges() -> Result<()> {
         "go tool pprof -top:\n{pprof_top}"
     );
     // A selector that excludes the workload.
-    let others = run_scorch(&[
-        "query",
-        "--store",
-        &store_arg,
-        "--since",
-        "1h",
-        "--match",
-        r#"{comm!="calltree"}"#,
-        "--format",
-        "folded",
-    ])?;
-    ensure!(!String::from_utf8(others.stdout)?.contains("leaf_a"));
+    let others = scorch_tests::query_folded(&store, &["--since", "1h"], r#"{comm!="calltree"}"#)?;
+    ensure!(!others.contains("leaf_a"));
     Ok(())
 }
 
@@ -166,13 +156,7 @@ fn metrics_report_what_the_bpf_side_costs() -> Result<()> {
     ensure!(maps > 1e6, "{maps} bytes of BPF maps");
     // The footprint is the daemon's RSS, read from /proc here, plus the maps.
     let footprint = metric(&address, "scorch_footprint_bytes")?;
-    let status = std::fs::read_to_string(format!("/proc/{}/status", daemon.pid()))?;
-    let rss = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
-        .context("VmRSS")?
-        * 1024.0;
+    let rss = scorch_tests::status_kib(daemon.pid(), "VmRSS:")? as f64 * 1024.0;
     ensure!(
         (footprint - maps - rss).abs() < 0.25 * rss,
         "footprint {footprint} is not maps {maps} + RSS {rss}"

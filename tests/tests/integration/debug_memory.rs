@@ -10,8 +10,8 @@ use std::{
     time::{Duration, Instant, SystemTime},
 };
 
-use anyhow::{ensure, Context, Result};
-use scorch_tests::{run_scorch, run_tool, work_dir, Daemon, Workload};
+use anyhow::{ensure, Result};
+use scorch_tests::{query_folded, run_tool, status_kib, wait_for, work_dir, Daemon, Workload};
 
 /// Compilation units, functions in each, and inlined calls in each function: about 30 MB of
 /// `.debug_info` and `.debug_line` at -O0, where every call of the `always_inline` helper is
@@ -165,13 +165,7 @@ fn dwarf_bytes(binary: &Path) -> Result<u64> {
 
 /// A `/proc/PID/status` field in MiB.
 fn status_mib(pid: u32, field: &str) -> Result<f64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let kib: f64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .with_context(|| format!("{field} in /proc/{pid}/status"))?;
-    Ok(kib / 1024.0)
+    Ok(status_kib(pid, field)? as f64 / 1024.0)
 }
 
 fn median(mut values: Vec<f64>) -> f64 {
@@ -194,11 +188,11 @@ fn naming_a_binary_with_large_dwarf_holds_the_rss_and_gives_it_back() -> Result<
     let (pid, address) = (daemon.pid(), daemon.address.clone());
     let windows = || scorch_tests::metric(&address, "scorch_windows_written_total");
     // Settled: the host's processes named, their files cached and the idle ones let go.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while windows()? < 10.0 {
-        ensure!(Instant::now() < deadline, "the daemon wrote no windows");
-        std::thread::sleep(Duration::from_millis(500));
-    }
+    wait_for(
+        "the daemon's first windows",
+        Duration::from_secs(30),
+        &|| Ok(windows()? >= 10.0),
+    )?;
     let mut readings = Vec::new();
     for _ in 0..5 {
         readings.push(status_mib(pid, "VmRSS:")?);
@@ -215,9 +209,9 @@ fn naming_a_binary_with_large_dwarf_holds_the_rss_and_gives_it_back() -> Result<
     ensure!(workload.child.wait()?.success(), "bigdwarf failed");
     // Its last window named.
     let written = windows()?;
-    while windows()? < written + 2.0 {
-        std::thread::sleep(Duration::from_millis(250));
-    }
+    wait_for("its last windows", Duration::from_secs(20), &|| {
+        Ok(windows()? >= written + 2.0)
+    })?;
     let peak = status_mib(pid, "VmHWM:")?;
     let ended = Instant::now();
 
@@ -232,18 +226,11 @@ fn naming_a_binary_with_large_dwarf_holds_the_rss_and_gives_it_back() -> Result<
     ensure!(status.success(), "{stderr}");
 
     // The lookups reached the DWARF of most units: the inlined helper is named in them.
-    let folded = run_scorch(&[
-        "query",
-        "--store",
-        store.to_str().context("store path not UTF-8")?,
-        "--from",
-        &from.to_string(),
-        "--match",
+    let folded = query_folded(
+        &store,
+        &["--from", &from.to_string()],
         r#"{comm="bigdwarf"}"#,
-        "--format",
-        "folded",
-    ])?;
-    let folded = String::from_utf8(folded.stdout)?;
+    )?;
     let samples: u64 = folded
         .lines()
         .filter_map(|l| l.rsplit_once(' ')?.1.parse::<u64>().ok())

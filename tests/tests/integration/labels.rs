@@ -6,7 +6,7 @@ use std::{path::Path, time::Duration};
 
 use anyhow::{ensure, Context, Result};
 use scorch::store::{Store, TimeRange};
-use scorch_tests::{build_workload, http_get, run_scorch, work_dir, Cgroup, Daemon, Workload};
+use scorch_tests::{build_workload, http_get, work_dir, Cgroup, Daemon, Workload};
 
 const CONTAINER: &str = "5f1a2b3c4d5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f708192a3b4c5d6e7f8";
 const POD_UID: &str = "0e1d2c3b-4a59-4867-9786-a5b4c3d2e1f0";
@@ -107,18 +107,11 @@ fn cgroups_name_units_containers_and_pods() -> Result<()> {
     );
 
     // A query by unit selects exactly the service's process.
-    let top = run_scorch(&[
-        "query",
-        "--store",
-        &store.to_string_lossy(),
-        "--since",
-        "1h",
-        "--match",
+    let folded = scorch_tests::query_folded(
+        &store,
+        &["--since", "1h"],
         r#"{systemd_unit="scorch-test-svc.service"}"#,
-        "--format",
-        "folded",
-    ])?;
-    let folded = String::from_utf8(top.stdout)?;
+    )?;
     ensure!(folded.contains("leaf_a"), "{folded}");
     ensure!(
         folded.lines().all(|l| l.starts_with("svcwork")),
