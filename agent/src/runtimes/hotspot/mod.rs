@@ -84,24 +84,7 @@ pub const FUZZ_BASE: u64 = 0x10_000;
 pub fn fuzz_one(data: &[u8]) {
     let mut memory = Regions::new();
     memory.add(FUZZ_BASE, data.to_vec());
-    let word = |i: u64| FUZZ_BASE + 8 * i;
-    let symbols = Symbols {
-        structs: vmstructs::StructSymbols {
-            table: word(0),
-            stride: word(1),
-            type_name: word(2),
-            field_name: word(3),
-            is_static: word(4),
-            offset: word(5),
-            address: word(6),
-        },
-        types: vmstructs::TypeSymbols {
-            table: word(7),
-            stride: word(8),
-            type_name: word(9),
-            size: word(10),
-        },
-    };
+    let symbols = Symbols::consecutive(FUZZ_BASE);
     if let Ok((_, layout)) = read_layout(&memory, &symbols, 0) {
         let _ = heaps::code_cache(&memory, &layout, 0);
     }

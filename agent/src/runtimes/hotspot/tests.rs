@@ -7,8 +7,8 @@ use super::heaps::{code_cache, HeapsError, MAX_HEAPS};
 use super::layout::{Heaps, LayoutError, Place, SourceFile};
 use super::version::{parse_release, VersionError};
 use super::vmstructs::{
-    read_c_string, Memory, ProcessMemory, Regions, StringError, StructSymbols, Symbols,
-    TypeSymbols, VmStructsError, MAX_ENTRIES, MAX_NAME,
+    read_c_string, Memory, ProcessMemory, Regions, StringError, Symbols, VmStructsError,
+    MAX_ENTRIES, MAX_NAME,
 };
 use super::{read_layout, HotspotError};
 
@@ -154,24 +154,7 @@ impl Jvm {
     }
 
     fn symbols() -> Symbols {
-        let word = |i: u64| GLOBALS + 8 * i;
-        Symbols {
-            structs: StructSymbols {
-                table: word(0),
-                stride: word(1),
-                type_name: word(2),
-                field_name: word(3),
-                is_static: word(4),
-                offset: word(5),
-                address: word(6),
-            },
-            types: TypeSymbols {
-                table: word(7),
-                stride: word(8),
-                type_name: word(9),
-                size: word(10),
-            },
-        }
+        Symbols::consecutive(GLOBALS)
     }
 
     /// The JVM's memory: its globals and statics, its names, its tables.

@@ -249,6 +249,29 @@ pub enum VmStructsError {
 }
 
 impl Symbols {
+    /// The eleven globals as consecutive words from `base`, in [`STRUCT_SYMBOLS`]' then
+    /// [`TYPE_SYMBOLS`]' order: the layout the fuzz target and the tests give a JVM's memory.
+    pub fn consecutive(base: u64) -> Symbols {
+        let word = |i: u64| base + 8 * i;
+        Symbols {
+            structs: StructSymbols {
+                table: word(0),
+                stride: word(1),
+                type_name: word(2),
+                field_name: word(3),
+                is_static: word(4),
+                offset: word(5),
+                address: word(6),
+            },
+            types: TypeSymbols {
+                table: word(7),
+                stride: word(8),
+                type_name: word(9),
+                size: word(10),
+            },
+        }
+    }
+
     /// The tables' symbols in `image`: `Ok(None)` when it defines neither table (it is not a
     /// HotSpot libjvm), an error naming the first missing symbol when it defines one.
     pub fn of(image: &Image) -> Result<Option<Symbols>, VmStructsError> {
