@@ -47,17 +47,20 @@ pub enum WordKind {
     Native = 0,
     /// A CPython frame: code object and instruction offset.
     Python = 1,
+    /// A HotSpot frame's first word: its subtype and pointer (a continuation follows).
+    Hotspot = 2,
     /// More payload for the frame of the word before.
     Continuation = 7,
 }
 
 impl WordKind {
-    /// The kind of `word`; `None` for a kind no runtime has taken yet (2-6). The walk writes
+    /// The kind of `word`; `None` for a kind no runtime has taken yet (3-6). The walk writes
     /// none of those: such a word is a native walk's garbage read, whose top bits are set.
     pub const fn of(word: u64) -> Option<WordKind> {
         match word >> WORD_KIND_SHIFT {
             0 => Some(WordKind::Native),
             1 => Some(WordKind::Python),
+            2 => Some(WordKind::Hotspot),
             7 => Some(WordKind::Continuation),
             _ => None,
         }
@@ -105,6 +108,78 @@ pub const fn python_frame_parts(word: u64) -> Option<(u64, u16)> {
     let payload = word_payload(word);
     let code = (payload & ((1 << PYTHON_INSTR_SHIFT) - 1)) << 3;
     Some((code, (payload >> PYTHON_INSTR_SHIFT) as u16))
+}
+
+/// What a HotSpot frame is (bits 59-60 of its first word).
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum HotspotSubtype {
+    /// The template interpreter: the pointer is the `Method*`, the detail its bci, the cookie
+    /// `ConstMethod*` >> 3.
+    Interpreted = 0,
+    /// A compiled method (C1, C2, or a native method's wrapper): the pointer is the nmethod,
+    /// the detail the pc's offset from its code, the cookie its compile id.
+    Compiled = 1,
+    /// A stub: the pointer is its `CodeBlob`, the detail the pc's offset, the cookie the
+    /// first four bytes of its name.
+    Stub = 2,
+    /// vtable chunks (a megamorphic call's dispatch), as a stub.
+    Vtable = 3,
+}
+
+/// Where a HotSpot word's subtype starts.
+pub const HOTSPOT_SUBTYPE_SHIFT: u32 = 59;
+/// The pointer bits a HotSpot word keeps: below 2^48, 8-byte aligned (a `Method*` and a
+/// `CodeBlob*` are both); any other bit set makes the pointer 0, which the agent leaves
+/// unnamed.
+pub const HOTSPOT_POINTER_BITS: u64 = ((1 << 48) - 1) & !7;
+
+/// A HotSpot frame as two stack words: the first with its subtype and pointer, then a
+/// continuation with the detail (bci or pc offset, at most 2^29 - 1) and the cookie.
+pub const fn hotspot_frame_words(
+    subtype: HotspotSubtype,
+    pointer: u64,
+    detail: u32,
+    cookie: u32,
+) -> [u64; 2] {
+    let outside = pointer & !HOTSPOT_POINTER_BITS;
+    let refused = (outside | outside.wrapping_neg()) >> 63;
+    let pointer = pointer & refused.wrapping_sub(1);
+    let detail = if detail > (1 << 29) - 1 {
+        (1 << 29) - 1
+    } else {
+        detail
+    };
+    [
+        WordKind::Hotspot.word(((subtype as u64) << HOTSPOT_SUBTYPE_SHIFT) | (pointer >> 3)),
+        WordKind::Continuation.word(((detail as u64) << 32) | cookie as u64),
+    ]
+}
+
+/// A HotSpot frame's parts from its first word and its continuation's payload: subtype,
+/// pointer, detail and cookie; `None` when `word` is no HotSpot word.
+pub const fn hotspot_frame_parts(
+    word: u64,
+    continuation: u64,
+) -> Option<(HotspotSubtype, u64, u32, u32)> {
+    if !matches!(WordKind::of(word), Some(WordKind::Hotspot)) {
+        return None;
+    }
+    let payload = word_payload(word);
+    let subtype = match (payload >> HOTSPOT_SUBTYPE_SHIFT) & 3 {
+        0 => HotspotSubtype::Interpreted,
+        1 => HotspotSubtype::Compiled,
+        2 => HotspotSubtype::Stub,
+        _ => HotspotSubtype::Vtable,
+    };
+    let pointer = (payload << 3) & HOTSPOT_POINTER_BITS;
+    let continuation = continuation & WORD_PAYLOAD_MASK;
+    Some((
+        subtype,
+        pointer,
+        ((continuation >> 32) & ((1 << 29) - 1)) as u32,
+        continuation as u32,
+    ))
 }
 
 #[cfg(test)]
@@ -160,6 +235,36 @@ mod tests {
     }
 
     #[test]
+    fn hotspot_frames_round_trip_and_refuse_what_they_cannot_hold() {
+        let [word, more] =
+            hotspot_frame_words(HotspotSubtype::Compiled, 0x7f12_3456_7898, 0x1234, 77);
+        assert_eq!(WordKind::of(word), Some(WordKind::Hotspot));
+        assert_eq!(WordKind::of(more), Some(WordKind::Continuation));
+        assert_eq!(
+            hotspot_frame_parts(word, word_payload(more)),
+            Some((HotspotSubtype::Compiled, 0x7f12_3456_7898, 0x1234, 77))
+        );
+        for subtype in [
+            HotspotSubtype::Interpreted,
+            HotspotSubtype::Stub,
+            HotspotSubtype::Vtable,
+        ] {
+            let [word, more] = hotspot_frame_words(subtype, 0x1000, u32::MAX, u32::MAX);
+            // The detail saturates at 29 bits; the cookie keeps all 32.
+            assert_eq!(
+                hotspot_frame_parts(word, word_payload(more)),
+                Some((subtype, 0x1000, (1 << 29) - 1, u32::MAX))
+            );
+        }
+        // A pointer at or above 2^48, or unaligned, is 0: left unnamed, never another.
+        for pointer in [1 << 48, u64::MAX, 0x7f00_0000_1004] {
+            let [word, more] = hotspot_frame_words(HotspotSubtype::Interpreted, pointer, 1, 2);
+            assert_eq!(hotspot_frame_parts(word, more).map(|p| p.1), Some(0));
+        }
+        assert_eq!(hotspot_frame_parts(0x1000, 0), None);
+    }
+
+    #[test]
     fn kinds_are_read_from_the_top_bits() {
         assert_eq!(
             WordKind::of(WordKind::Continuation.word(u64::MAX)),
@@ -170,7 +275,7 @@ mod tests {
             WORD_PAYLOAD_MASK
         );
         // Unassigned kinds: what a garbage pc with its top bits set reads as.
-        for kind in 2..7u64 {
+        for kind in 3..7u64 {
             assert_eq!(WordKind::of(kind << WORD_KIND_SHIFT | 0x1234), None);
         }
         // The old Python tag (bit 63) is no Python word now.

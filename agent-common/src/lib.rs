@@ -509,6 +509,9 @@ pub enum RuntimeId {
     /// CPython's eval loop: the frame stands for the Python frames its call runs
     /// ([`PythonProc`], `PYTHON_PROCS`).
     Python = 1,
+    /// HotSpot's code cache: the frame and those after it, to the call stub, are Java frames
+    /// ([`HotspotProc`], `HOTSPOT_PROCS`).
+    Hotspot = 2,
 }
 
 /// One executable mapping of a process, as the BPF unwinder sees it. The agent may describe
@@ -1062,3 +1065,65 @@ impl PythonCount {
         }
     }
 }
+
+/// Most JVMs the BPF side walks at once; the map is not preallocated.
+pub const MAX_HOTSPOT_PROCS: u32 = 1024;
+/// Code heaps a JVM may have: JDK 9+'s segmented cache has three (non-methods, profiled and
+/// non-profiled methods), JDK 8 one.
+pub const HOTSPOT_HEAPS: usize = 4;
+/// [`HotspotProc::flags`]: code begin/end and the deopt handler are u32 offsets from the blob
+/// (JDK 8 and 23+), not pointers.
+pub const HOTSPOT_USES_OFFSETS: u16 = 1;
+/// [`HotspotProc::flags`]: the interpreter frame's bcp is 8 words below fp (JDK 9+), not 7.
+pub const HOTSPOT_NEW_BCP_SLOT: u16 = 2;
+
+/// What the HotSpot walk needs of one JVM process, written by the agent into
+/// `HOTSPOT_PROCS`, keyed by tgid. Every offset is one the agent checked to lie within the
+/// blob bytes the walk reads at once.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HotspotProc {
+    /// Each code heap's code, `[start, end)`, and its segment map, in the first `heap_count`.
+    pub heap_start: [u64; HOTSPOT_HEAPS],
+    pub heap_end: [u64; HOTSPOT_HEAPS],
+    pub heap_segmap: [u64; HOTSPOT_HEAPS],
+    pub heap_count: u32,
+    /// log2 of the code cache's segment size.
+    pub segment_shift: u32,
+    /// `sizeof(HeapBlock)`: the blob follows its block's header.
+    pub heapblock_size: u32,
+    /// `sizeof(ConstMethod)`: the bytecode follows it.
+    pub cmethod_size: u32,
+    pub method_constmethod: u16,
+    pub codeblob_name: u16,
+    pub codeblob_code_begin: u16,
+    pub codeblob_frame_size: u16,
+    pub codeblob_frame_complete: u16,
+    pub nmethod_compile_id: u16,
+    pub nmethod_orig_pc_offset: u16,
+    pub nmethod_deopt_handler: u16,
+    /// [`HOTSPOT_USES_OFFSETS`], [`HOTSPOT_NEW_BCP_SLOT`].
+    pub flags: u16,
+    pub _reserved: [u16; 3],
+}
+
+/// Index into the per-CPU `HOTSPOT_COUNTS` array: Java frames the walk emitted, and why a
+/// walk through the code cache stopped early. The native walk goes on after any of these.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HotspotCount {
+    Frames = 0,
+    /// The segment map led to no blob (a free segment, a chain too long, a read fault).
+    NoCodeBlob = 1,
+    /// The blob or its name could not be read.
+    InvalidCodeBlob = 2,
+    /// An interpreter frame whose frame pointer is not near its stack pointer.
+    InterpreterFrame = 3,
+    /// A compiled or stub frame whose return address was not found.
+    InvalidReturnAddress = 4,
+    /// The stack had no room for more frames.
+    FrameLimit = 5,
+}
+
+/// Number of [`HotspotCount`] kinds.
+pub const HOTSPOT_COUNTS: u32 = 6;
