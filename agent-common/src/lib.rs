@@ -945,6 +945,8 @@ mod pod {
     unsafe impl aya::Pod for super::UnwindEvent {}
     // SAFETY: see above.
     unsafe impl aya::Pod for super::PythonProc {}
+    // SAFETY: see above; explicit padding.
+    unsafe impl aya::Pod for super::HotspotProc {}
     // SAFETY: see above.
     unsafe impl aya::Pod for super::OffCpuControl {}
     // SAFETY: see above; explicit padding.
@@ -1071,6 +1073,9 @@ pub const MAX_HOTSPOT_PROCS: u32 = 1024;
 /// Code heaps a JVM may have: JDK 9+'s segmented cache has three (non-methods, profiled and
 /// non-profiled methods), JDK 8 one.
 pub const HOTSPOT_HEAPS: usize = 4;
+/// Bytes of a `CodeBlob` the walk reads at once: every field it reads of a blob must lie in
+/// them (the agent checks each offset when it writes a process's entry).
+pub const HOTSPOT_BLOB_BYTES: usize = 512;
 /// [`HotspotProc::flags`]: code begin/end and the deopt handler are u32 offsets from the blob
 /// (JDK 8 and 23+), not pointers.
 pub const HOTSPOT_USES_OFFSETS: u16 = 1;
@@ -1127,3 +1132,27 @@ pub enum HotspotCount {
 
 /// Number of [`HotspotCount`] kinds.
 pub const HOTSPOT_COUNTS: u32 = 6;
+
+impl HotspotCount {
+    /// All kinds, in index order.
+    pub const ALL: [HotspotCount; HOTSPOT_COUNTS as usize] = [
+        HotspotCount::Frames,
+        HotspotCount::NoCodeBlob,
+        HotspotCount::InvalidCodeBlob,
+        HotspotCount::InterpreterFrame,
+        HotspotCount::InvalidReturnAddress,
+        HotspotCount::FrameLimit,
+    ];
+
+    /// Short name used in summaries, logs and `/metrics` labels.
+    pub const fn name(self) -> &'static str {
+        match self {
+            HotspotCount::Frames => "frames",
+            HotspotCount::NoCodeBlob => "no code blob",
+            HotspotCount::InvalidCodeBlob => "invalid code blob",
+            HotspotCount::InterpreterFrame => "invalid interpreter frame",
+            HotspotCount::InvalidReturnAddress => "return address not found",
+            HotspotCount::FrameLimit => "frame limit",
+        }
+    }
+}

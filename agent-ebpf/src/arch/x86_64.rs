@@ -28,6 +28,7 @@ pub fn sample_regs(ctx: &PerfEventContext) -> UserRegs {
         pc: regs.rip,
         sp: regs.rsp,
         fp: regs.rbp,
+        bcp: regs.r13,
     }
 }
 
@@ -38,6 +39,7 @@ pub fn user_regs(regs: &pt_regs) -> Option<UserRegs> {
         pc: regs.rip,
         sp: regs.rsp,
         fp: regs.rbp,
+        bcp: regs.r13,
     })
 }
 

@@ -10,6 +10,7 @@
 //! once on its own. Adding one: a file here, a value in `scorch_common::RuntimeId`, an arm in
 //! [`walk`] and [`forget`].
 
+mod hotspot;
 mod python;
 
 use scorch_common::RuntimeId;
@@ -22,6 +23,8 @@ use crate::shared::stack::WalkState;
 pub fn walk(runtime: u32, walk: &mut WalkState) {
     if runtime == RuntimeId::Python as u32 {
         python::scorch_python_walk(walk.slot);
+    } else if runtime == RuntimeId::Hotspot as u32 {
+        hotspot::scorch_hotspot_walk(walk.slot);
     }
 }
 
@@ -29,4 +32,5 @@ pub fn walk(runtime: u32, walk: &mut WalkState) {
 #[inline(always)]
 pub fn forget(tgid: u32) {
     python::forget(tgid);
+    hotspot::forget(tgid);
 }

@@ -21,6 +21,9 @@ pub struct UserRegs {
     pub sp: u64,
     /// The frame pointer.
     pub fp: u64,
+    /// The register HotSpot's interpreter keeps its bytecode pointer in (x86-64's r13): a
+    /// leaf interpreted frame's bci is there, not in its frame.
+    pub bcp: u64,
 }
 
 /// Per-CPU walk state: slot [`WALK_SAMPLE`] for the perf-event sampler, [`WALK_OFF_CPU`] for
@@ -79,6 +82,13 @@ pub struct WalkState {
     pub claimed: u32,
     /// Frames any runtime added to this walk.
     pub runtime_frames: u32,
+    /// Non-zero when the runtime unwound its frames itself and left `pc`, `sp` and `fp` at
+    /// the first frame past them: the native walk goes on from there without a step.
+    pub stepped: u32,
+    /// Explicit padding.
+    pub _reserved: u32,
+    /// [`UserRegs::bcp`] at the walk's start.
+    pub bcp: u64,
     /// The run of the counter arrays this walk counts in (`COUNTER_RUNS`).
     pub counters: u32,
     /// Non-zero when the process map held the process.

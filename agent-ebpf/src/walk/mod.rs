@@ -117,6 +117,7 @@ pub fn walk_from(
     walk.pc = regs.pc;
     walk.sp = regs.sp;
     walk.fp = regs.fp;
+    walk.bcp = regs.bcp;
     walk.unknown_pc = 0;
     walk.fp_known = 1;
     walk.return_address = 0;
@@ -130,6 +131,7 @@ pub fn walk_from(
     clear(&mut walk.handed);
     clear(&mut walk.claimed);
     clear(&mut walk.runtime_frames);
+    clear(&mut walk.stepped);
     walk.counters = counters;
     walk.tgid = tgid;
     walk.slot = slot;

@@ -485,6 +485,13 @@ pub fn frame(walk: &mut WalkState, procs: &ProcMappings) -> u32 {
         walk.no_row_next = 0;
         return checked_frame_pointer_step(walk, procs);
     }
+    // The runtime walked its frames and left the registers at the first frame past them (a
+    // return address, in native code): a fresh frame, which nothing has handed or claimed.
+    if walk.stepped != 0 {
+        walk.stepped = 0;
+        walk.handed = 0;
+        walk.claimed = 0;
+    }
     let pc = walk.pc;
     let lookup = if walk.return_address != 0 { pc - 1 } else { pc };
     // A caller is most often in the mapping of the frame it called (a recursion, a library

@@ -20,7 +20,7 @@ use crate::{
     export::{RemoteCompression, RemoteProtocol},
     labels::relabel::{self, RuleConfig},
     pipeline::sampler::UnwindMode,
-    runtimes::python::PythonMode,
+    runtimes::{hotspot::JvmMode, python::PythonMode},
     symbolize::user::SymbolizeMode,
 };
 
@@ -105,6 +105,9 @@ pub struct RunArgs {
     /// [default: auto].
     #[arg(long, value_enum)]
     pub python: Option<PythonMode>,
+    /// `auto` (name the Java frames of HotSpot JVMs, JDK 8 to 26) or `off` [default: auto].
+    #[arg(long, value_enum)]
+    pub jvm: Option<JvmMode>,
     /// Also record off-CPU time: where threads wait (sleep, I/O, locks, preemption) and for
     /// how long, stored beside the CPU samples as its own profile type (`off-cpu`)
     /// [default: false].
@@ -196,6 +199,7 @@ struct FileConfig {
     unwind_pool_mib: Option<u32>,
     stack_map_entries: Option<u32>,
     python: Option<String>,
+    jvm: Option<String>,
     off_cpu: Option<bool>,
     off_cpu_mean: Option<String>,
     off_cpu_min: Option<String>,
@@ -319,6 +323,10 @@ fn apply_file(config: &mut RunConfig, text: &str, path: &Path) -> Result<(), Con
     if let Some(mode) = file.python {
         config.python = <PythonMode as clap::ValueEnum>::from_str(&mode, false)
             .map_err(|_| value("python", format!("{mode:?}: expected auto or off")))?;
+    }
+    if let Some(mode) = file.jvm {
+        config.jvm = <JvmMode as clap::ValueEnum>::from_str(&mode, false)
+            .map_err(|_| value("jvm", format!("{mode:?}: expected auto or off")))?;
     }
     if let Some(on) = file.off_cpu {
         config.off_cpu = on;
@@ -465,6 +473,9 @@ fn apply_flags(config: &mut RunConfig, args: &RunArgs) {
     }
     if let Some(mode) = args.python {
         config.python = mode;
+    }
+    if let Some(mode) = args.jvm {
+        config.jvm = mode;
     }
     if let Some(on) = args.off_cpu {
         config.off_cpu = on;
@@ -700,6 +711,7 @@ mod tests {
             file.unwind_pool_mib.is_some(),
             file.stack_map_entries.is_some(),
             file.python.is_some(),
+            file.jvm.is_some(),
             file.off_cpu.is_some(),
             file.off_cpu_mean.is_some(),
             file.off_cpu_min.is_some(),

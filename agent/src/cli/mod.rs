@@ -19,7 +19,7 @@ use crate::{
         encode::{svg::Orientation, Format},
         SampleKind,
     },
-    runtimes::python::PythonMode,
+    runtimes::{hotspot::JvmMode, python::PythonMode},
     symbolize::user::SymbolizeMode,
 };
 
@@ -131,6 +131,10 @@ pub struct RecordArgs {
     /// the interpreter's eval loop; `off`: show the interpreter's C frames only.
     #[arg(long, value_enum, default_value = "auto")]
     pub python: PythonMode,
+    /// `auto`: name the Java frames of HotSpot JVMs (JDK 8 to 26), walked in BPF through
+    /// their code cache; `off`: leave them unnamed addresses.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub jvm: JvmMode,
     /// Record off-CPU time instead of CPU samples: where threads wait (sleep, I/O, locks,
     /// preemption) and for how long, from the scheduler's `sched_switch`. The profile's values
     /// are nanoseconds blocked, labelled `state` (sleeping, disk, preempted) and `thread`.
@@ -180,6 +184,7 @@ impl RecordArgs {
             unwind_pool_mib: self.unwind_pool_mib,
             stack_map_entries: self.stack_map_entries,
             python: self.python,
+            jvm: self.jvm,
             off_cpu: self.off_cpu.then_some(OffCpuSettings {
                 mean: self.off_cpu_mean,
                 min: self.off_cpu_min,

@@ -21,7 +21,7 @@ use crate::{
         encode::{self, svg::Orientation, EncodeOptions, Format},
         SampleType,
     },
-    runtimes::{python::PythonMode, Registry, RuntimeConfig},
+    runtimes::{hotspot::JvmMode, python::PythonMode, Registry, RuntimeConfig},
     symbolize::{
         self,
         elf::SectionCache,
@@ -65,6 +65,8 @@ pub struct RecordConfig {
     pub stack_map_entries: u32,
     /// Whether interpreters' Python frames are walked.
     pub python: PythonMode,
+    /// Whether JVMs' Java frames are walked.
+    pub jvm: JvmMode,
     /// Record off-CPU time, sampled so, instead of CPU samples.
     pub off_cpu: Option<OffCpuSettings>,
     /// Label samples with their thread's id too (`--thread-ids`).
@@ -243,6 +245,7 @@ pub async fn record(args: &RecordConfig) -> Result<RecordSummary, RecordError> {
     }
     let registry = Registry::new(RuntimeConfig {
         python: args.python,
+        jvm: args.jvm,
     });
     let mut sampling = Sampling::start(&config, registry, symbolizer)?;
     tracing::info!(

@@ -48,7 +48,7 @@ use crate::{
     pipeline::sampler::{Sampler, SamplerConfig, UnwindCapacity, UnwindMode},
     pipeline::stack_sizing::DEFAULT_MAX_STACK_ENTRIES,
     profile::{Labels, Profile, SampleType},
-    runtimes::{self, python::PythonMode, RuntimeConfig},
+    runtimes::{self, hotspot::JvmMode, python::PythonMode, RuntimeConfig},
     serve::{
         guard::AllowedHosts,
         http::{self, HttpState},
@@ -104,6 +104,8 @@ pub struct RunConfig {
     pub stack_map_entries: u32,
     /// Whether interpreters' Python frames are walked (`--python`, `python`).
     pub python: PythonMode,
+    /// Whether JVMs' Java frames are walked (`--jvm`, `jvm`).
+    pub jvm: JvmMode,
     /// Whether off-CPU time is recorded beside the CPU samples (`--off-cpu`, `off-cpu`).
     pub off_cpu: bool,
     /// How off-CPU time is sampled (`off-cpu-mean`, `off-cpu-min`, `off-cpu-max-events`),
@@ -137,6 +139,7 @@ impl Default for RunConfig {
             unwind_pool_mib: UnwindCapacity::DAEMON.pool_mib(),
             stack_map_entries: DEFAULT_MAX_STACK_ENTRIES,
             python: PythonMode::Auto,
+            jvm: JvmMode::Auto,
             off_cpu: false,
             off_cpu_sampling: OffCpuSettings::default(),
             thread_ids: false,
@@ -309,6 +312,7 @@ pub async fn run(
     }
     let registry = runtimes::Registry::new(RuntimeConfig {
         python: config.python,
+        jvm: config.jvm,
     });
     let mut sampling = Sampling::start(&sampler_config, registry, user_symbolizer)?;
     // What processes exec'd names the executable of one that exited before it was read.

@@ -37,7 +37,7 @@ pub fn decode_user(words: &[u64]) -> Vec<Frame> {
     for &word in words {
         let frame = match WordKind::of(word) {
             Some(WordKind::Native) => Frame::Native(word_payload(word)),
-            Some(WordKind::Python) => Frame::Runtime(word),
+            Some(WordKind::Python | WordKind::Hotspot) => Frame::Runtime(word),
             Some(WordKind::Continuation) => continue,
             None => Frame::Native(word),
         };

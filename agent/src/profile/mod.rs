@@ -146,6 +146,8 @@ pub enum FrameKind {
     Python,
     /// Go code: a pc its binary's `.gopclntab` holds a function for.
     Go,
+    /// TEMP
+    Jvm,
 }
 
 impl FrameKind {
@@ -165,6 +167,7 @@ impl FrameKind {
             FrameKind::Kernel => 1,
             FrameKind::Python => 2,
             FrameKind::Go => 3,
+            FrameKind::Jvm => 4,
         }
     }
 

@@ -18,8 +18,8 @@
 //!
 //! - `image`: one ELF image as these readers need it (symbols by name, bytes at an address,
 //!   the ranges its `.eh_frame` describes).
-//! - `hotspot`: HotSpot JVMs' layout, read from the JVM's own `gHotSpotVMStructs` tables, and
-//!   their code cache (not yet in the [`Registry`]: its BPF walk lands next).
+//! - `hotspot`: HotSpot JVMs (JDK 8 to 26), whose layout is read from the JVM's own
+//!   `gHotSpotVMStructs` tables and whose code heaps the walk takes over.
 //! - `libc`: where glibc keeps a thread's `pthread_getspecific` values, which an interpreter
 //!   keeping its thread state under a pthread key needs ([`Support`]).
 //! - `python`: CPython 3.11 to 3.15.
@@ -74,9 +74,22 @@ pub trait Runtime: Send + Sync + fmt::Debug {
 pub trait Binary: Send + Sync + fmt::Debug {
     /// What it is, for the log (`CPython 3.12.4`).
     fn describe(&self) -> String;
-    /// What a process mapping this binary at load bias `bias` gets; `None` when that process
-    /// cannot be walked (it lacks what [`Support`] should give).
-    fn attach(&self, bias: u64, support: &Support) -> Option<Attachment>;
+    /// What process `pid`, mapping this binary at load bias `bias`, gets. A runtime that
+    /// reads the process's memory to know it (a JVM describes itself only there) may find it
+    /// starting, and asks to be called again.
+    fn attach(&self, pid: u32, bias: u64, support: &Support) -> Attach;
+}
+
+/// What [`Binary::attach`] made of a process.
+#[derive(Debug, Clone)]
+pub enum Attach {
+    /// The runtime's walk takes the process's frames from now on.
+    Attached(Attachment),
+    /// The process cannot be walked (it lacks what [`Support`] should give, or its runtime's
+    /// data is not what the walk reads).
+    Unsupported,
+    /// The process is still setting its runtime up: the loader asks again shortly.
+    Later,
 }
 
 /// What a process's other binaries give a runtime: read once per binary by the registry, as
@@ -133,6 +146,7 @@ pub struct Registry {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RuntimeConfig {
     pub python: python::PythonMode,
+    pub jvm: hotspot::JvmMode,
 }
 
 impl Registry {
@@ -141,6 +155,9 @@ impl Registry {
         let mut runtimes: Vec<Arc<dyn Runtime>> = Vec::new();
         if config.python == python::PythonMode::Auto {
             runtimes.push(Arc::new(python::Python));
+        }
+        if config.jvm == hotspot::JvmMode::Auto {
+            runtimes.push(Arc::new(hotspot::Hotspot));
         }
         Registry { runtimes }
     }

@@ -10,6 +10,7 @@ mod daemon;
 mod debug_memory;
 mod go;
 mod kernel_frames;
+mod jvm;
 mod known_call_tree;
 mod kubernetes;
 mod labels;

@@ -316,6 +316,7 @@ fn frame_type(profile: &Profile, index: LocationIndex) -> &'static str {
         FrameKind::Kernel => "kernel",
         FrameKind::Python => "cpython",
         FrameKind::Go => "go",
+        FrameKind::Jvm => "jvm",
     }
 }
 

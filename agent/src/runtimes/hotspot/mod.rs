@@ -20,7 +20,9 @@
 pub mod heaps;
 pub mod layout;
 pub mod method;
+pub mod names;
 pub mod nmethod;
+pub mod runtime;
 pub mod unsigned5;
 pub mod version;
 pub mod vmstructs;
@@ -32,8 +34,21 @@ pub use heaps::{code_cache, CodeCache, HeapsError};
 pub use layout::{Layout, LayoutError};
 pub use method::{demangle_signature, name_method, JavaFrame, MethodError};
 pub use nmethod::{name_compiled, NmethodError};
+pub use runtime::{hotspot_proc, EntryError, Hotspot};
 pub use version::{Version, VersionError};
 pub use vmstructs::{Memory, ProcessMemory, Regions, Symbols, VmStructs, VmStructsError};
+
+/// Whether Java frames are walked (`--jvm`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum JvmMode {
+    /// HotSpot JVMs are recognised from their libjvm and their Java frames (interpreted,
+    /// compiled with what they inlined, and the JVM's stubs) walked in BPF, in place of the
+    /// code cache's unnamed addresses.
+    #[default]
+    Auto,
+    /// JVMs are not looked for: their Java code shows as unnamed addresses.
+    Off,
+}
 
 /// Why a JVM's layout was not read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -13,7 +13,7 @@ use super::{interpreter, names::PythonNames, EntryMark, Interpreter, PythonProce
 use crate::{
     pipeline::maps::RuntimeCounters,
     profile::FrameKind,
-    runtimes::{image::Image, Attachment, Binary, Names, Runtime, Support},
+    runtimes::{image::Image, Attach, Attachment, Binary, Names, Runtime, Support},
 };
 
 /// `PYTHON_COUNTS_MAP`'s counters by [`PythonCount`], frames first.
@@ -91,13 +91,16 @@ impl Binary for Interpreter {
 
     /// Needs glibc's layout: the walk finds a thread's state from its pthread values (3.15's
     /// thread-local one too, as glibc's thread pointer is where both are).
-    fn attach(&self, bias: u64, support: &Support) -> Option<Attachment> {
-        let (value, process) = python_value(self, bias, &support.libc?);
+    fn attach(&self, _: u32, bias: u64, support: &Support) -> Attach {
+        let Some(libc) = support.libc else {
+            return Attach::Unsupported;
+        };
+        let (value, process) = python_value(self, bias, &libc);
         let count = (value.eval_count as usize).min(PYTHON_EVAL_RANGES);
         let owned = (0..count)
             .map(|i| value.eval_start[i]..value.eval_end[i])
             .collect();
-        Some(Attachment {
+        Attach::Attached(Attachment {
             owned,
             entry: entry_bytes(&value),
             process: Arc::new(process) as Arc<dyn Any + Send + Sync>,

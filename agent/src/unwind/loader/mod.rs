@@ -299,6 +299,14 @@ pub struct Unwinder<M = KernelMaps> {
     /// [`LOADING_REREAD`]: tracking::LOADING_REREAD
     /// [`LOADING_RECHECK`]: tracking::LOADING_RECHECK
     loading: HashMap<u32, Loading>,
+    /// Processes a runtime could not attach yet, as they were setting it up
+    /// ([`crate::runtimes::Attach::Later`]: a JVM's code cache), with when that was first and
+    /// last found: described again [`ATTACH_REREAD`] after the last time, for
+    /// [`ATTACH_RETRY`] at most.
+    ///
+    /// [`ATTACH_REREAD`]: tracking::ATTACH_REREAD
+    /// [`ATTACH_RETRY`]: tracking::ATTACH_RETRY
+    attach_later: HashMap<u32, Loading>,
 }
 
 impl Unwinder {
@@ -439,6 +447,7 @@ impl<M> Unwinder<M> {
             attachment_changes: Vec::new(),
             runtime_words: HashSet::new(),
             loading: HashMap::new(),
+            attach_later: HashMap::new(),
         }
     }
 

@@ -15,7 +15,7 @@ use scorch_common::{ShortUserStack, UserStack, WalkedStack, SHORT_USER_STACK_ID}
 
 use super::{KernelMaps, LoaderMaps, Unwinder};
 use crate::binary::elf::{load_bias, Elf, Segment};
-use crate::runtimes::{Attachment, Detected, Support};
+use crate::runtimes::{Attach, Attachment, Detected, Support};
 use crate::{runtimes::Registry, sys::inner_maps::inner_map};
 
 /// What a binary is to the runtime walks, found before its table is built (in
@@ -141,10 +141,10 @@ impl<M: LoaderMaps> Unwinder<M> {
     }
 
     /// What each runtime whose binary `pid` maps gives it, with what the process's other
-    /// binaries support it with.
-    pub(super) fn attachments(&self, pid: u32) -> Vec<(RuntimeId, Attachment)> {
+    /// binaries support it with; and whether one asked to be attached later.
+    pub(super) fn attachments(&self, pid: u32) -> (Vec<(RuntimeId, Attachment)>, bool) {
         let Some(mappings) = self.procs.get(&pid) else {
-            return Vec::new();
+            return (Vec::new(), false);
         };
         let mut support = Support::default();
         let mut found = Vec::new();
@@ -165,13 +165,18 @@ impl<M: LoaderMaps> Unwinder<M> {
         // One attachment per runtime: a process mapping two interpreters of one runtime (an
         // executable and a libpython) is walked through the last one met.
         let mut attachments: Vec<(RuntimeId, Attachment)> = Vec::new();
+        let mut later = false;
         for (id, binary, bias) in found {
-            if let Some(attachment) = binary.attach(bias, &support) {
-                attachments.retain(|(other, _)| *other != id);
-                attachments.push((id, attachment));
+            match binary.attach(pid, bias, &support) {
+                Attach::Attached(attachment) => {
+                    attachments.retain(|(other, _)| *other != id);
+                    attachments.push((id, attachment));
+                }
+                Attach::Later => later = true,
+                Attach::Unsupported => {}
             }
         }
-        attachments
+        (attachments, later)
     }
 }
 
@@ -275,10 +280,12 @@ mod tests {
         fn describe(&self) -> String {
             "double 1.0".into()
         }
-        fn attach(&self, bias: u64, support: &Support) -> Option<super::Attachment> {
-            support.libc?;
+        fn attach(&self, _: u32, bias: u64, support: &Support) -> Attach {
+            if support.libc.is_none() {
+                return Attach::Unsupported;
+            }
             let owned = OWNED.start + bias..OWNED.end + bias;
-            Some(super::Attachment {
+            Attach::Attached(super::Attachment {
                 owned: std::iter::once(owned).collect(),
                 entry: bias.to_le_bytes().to_vec(),
                 process: Arc::new(bias) as Arc<dyn Any + Send + Sync>,

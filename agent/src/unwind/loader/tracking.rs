@@ -23,6 +23,13 @@ pub(super) const LOADING_RECHECK: std::time::Duration = std::time::Duration::fro
 /// churn bench's `python3 -c pass`s), a large share of the daemon's CPU under churn.
 pub(super) const LOADING_REREAD: std::time::Duration = std::time::Duration::from_millis(50);
 
+/// How long a process whose runtime was met setting itself up is described again: a JVM sets
+/// its code cache up in its first tens of milliseconds, seconds on a loaded host.
+pub(super) const ATTACH_RETRY: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// The least time between two descriptions of a process a runtime attaches later.
+pub(super) const ATTACH_REREAD: std::time::Duration = std::time::Duration::from_millis(200);
+
 /// A process caught in its dynamic loader's start-up ([`Unwinder::loading`]).
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Loading {
@@ -67,6 +74,23 @@ impl Unwinder {
 }
 
 impl<M: LoaderMaps> Unwinder<M> {
+    /// Notes whether a runtime of `pid` asked to be attached later (see
+    /// [`Unwinder::attach_later`]).
+    pub(super) fn note_attach_later(&mut self, pid: u32, later: bool) {
+        if !later {
+            self.attach_later.remove(&pid);
+            return;
+        }
+        let now = std::time::Instant::now();
+        self.attach_later
+            .entry(pid)
+            .and_modify(|later| later.read = now)
+            .or_insert(Loading {
+                since: now,
+                read: now,
+            });
+    }
+
     /// The processes to read at a poll at `now`: those the events named (`pids`) and the
     /// loading ones due a read again, less those that found no room and those `wanted`
     /// drops.
@@ -82,6 +106,14 @@ impl<M: LoaderMaps> Unwinder<M> {
             self.loading
                 .iter()
                 .filter(|(_, loading)| now.duration_since(loading.read) >= LOADING_REREAD)
+                .map(|(&pid, _)| pid),
+        );
+        self.attach_later
+            .retain(|_, later| now.duration_since(later.since) < ATTACH_RETRY);
+        pids.extend(
+            self.attach_later
+                .iter()
+                .filter(|(_, later)| now.duration_since(later.read) >= ATTACH_REREAD)
                 .map(|(&pid, _)| pid),
         );
         pids.into_iter()
@@ -102,6 +134,7 @@ impl<M: LoaderMaps> Unwinder<M> {
             let Ok(maps) = read(pid) else {
                 // Gone (or unreadable): nothing will show its libraries.
                 self.loading.remove(&pid);
+                self.attach_later.remove(&pid);
                 continue;
             };
             self.processes_read += 1;

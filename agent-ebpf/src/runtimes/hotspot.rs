@@ -1,0 +1,433 @@
+//! HotSpot's Java frames, walked where the native walk meets the JVM's code cache.
+//!
+//! The agent marks each code heap's executable range (`HotspotProc::heap_*`) as owned by
+//! [`RuntimeId::Hotspot`](scorch_common::RuntimeId) in the process's anonymous mappings. When
+//! the native walk meets a pc there it hands the frame over ([`walk_at`]); unlike CPython's
+//! eval loop, whose frame the native walk steps past itself, the code cache holds no native
+//! frames and no unwind tables: this walk unwinds every Java frame itself, from one to the
+//! next, and leaves the walk's registers at the first frame outside the cache (the call
+//! stub's caller, `JavaCalls::call_helper` in libjvm), with `WalkState::stepped` set so the
+//! native walk goes on from there without a step of its own.
+//!
+//! Per frame (libjvm_db's algorithm, as the OpenTelemetry profiler also reads it):
+//! 1. **The blob.** The segment map: `(pc - heap start) >> shift` is the pc's segment; its
+//!    byte in the map says how many segments back the block may start (0 at the start, 0xff
+//!    for a free segment); at most [`SEGMAP_STEPS`] bytes are read. The `CodeBlob` starts
+//!    after the block's `HeapBlock` header.
+//! 2. **Its kind**, from the first four bytes of its `_name`: `nmet` (a compiled method, C1 or
+//!    C2), `nati` (a native method's wrapper), `Inte` (the template interpreter), `vtab`
+//!    (vtable chunks), anything else a stub.
+//! 3. **Its rule.** The interpreter: the frame pointer's slots (method at fp - 3 words, the
+//!    sender's sp at fp - 1, the saved fp at fp, the return pc at fp + 1) and the bytecode
+//!    pointer (a slot for a caller; `r13` at the leaf, where the interpreter keeps it). A
+//!    compiled method (C2 keeps no frame pointer): its deoptimised pc recovered from
+//!    `sp + orig_pc_offset`; its caller at `sp + frame_size`, where the return address must
+//!    lie in the code cache, as whoever calls Java code is Java code or the call stub; at the
+//!    leaf, when the frame is not set up (its prologue, `pc < code begin + frame_complete`,
+//!    or its epilogue), the return address at `sp` or one word above. A stub with a frame size
+//!    as a compiled method; one without: at the leaf the return address at `sp` (a jump or a
+//!    leaf routine), else its frame pointer (the call stub, called from C++).
+//! 4. **Its words**: the subtype and the `Method*` (interpreted) or `CodeBlob*` (the rest),
+//!    then a continuation word with the bci or pc delta and a cookie the agent checks (the
+//!    compile id, or `ConstMethod*` >> 3): an nmethod freed and reused since is left unnamed.
+
+use core::ffi::c_void;
+
+use aya_ebpf::{
+    helpers::bpf_probe_read_user,
+    macros::map,
+    maps::{HashMap, PerCpuArray},
+};
+use scorch_common::{
+    hotspot_frame_words, HotspotCount, HotspotProc, HotspotSubtype, COUNTER_RUNS,
+    HOTSPOT_BLOB_BYTES, HOTSPOT_COUNTS, HOTSPOT_HEAPS, HOTSPOT_NEW_BCP_SLOT, HOTSPOT_USES_OFFSETS,
+    MAX_HOTSPOT_PROCS,
+};
+
+use crate::shared::{
+    counters,
+    loops::repeat,
+    stack::{push_frame, WalkState, WALK},
+};
+
+/// Processes running a JVM, written by the agent; not preallocated.
+#[map]
+static HOTSPOT_PROCS: HashMap<u32, HotspotProc> =
+    HashMap::with_max_entries(MAX_HOTSPOT_PROCS, crate::shared::flags::BPF_F_NO_PREALLOC);
+
+/// Per-CPU counters indexed by [`HotspotCount`]; cumulative, the agent takes differences.
+#[map]
+static HOTSPOT_COUNTS_MAP: PerCpuArray<u64> =
+    PerCpuArray::with_max_entries(HOTSPOT_COUNTS * COUNTER_RUNS, 0);
+
+/// Bytes of a `CodeBlob` read at once: every field the rules read lies in the first few
+/// hundred bytes of an nmethod (the agent checks each offset against it when it writes the
+/// entry), and one read costs about as much as several small ones.
+const BLOB_BYTES: usize = HOTSPOT_BLOB_BYTES;
+
+/// The blob just read, per CPU: too large for the stack.
+#[repr(C)]
+struct Scratch {
+    blob: [u8; BLOB_BYTES],
+}
+
+#[map]
+static HOTSPOT_SCRATCH: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1, 0);
+
+/// Most segment-map bytes read to find a blob's start. A tag holds at most 0xfe, so a blob of
+/// n segments needs about n / 254 steps; libjvm_db's longest chains are under ten.
+const SEGMAP_STEPS: u32 = 12;
+
+/// Java frames walked in one hand-over. A deep Spring stack has a few hundred, but the stack
+/// has room for `MAX_USER_STACK_DEPTH` frames in all.
+const MAX_JAVA_FRAMES: u32 = 128;
+
+/// The blob kinds, from the first four bytes of their names (little-endian).
+const NAME_NMETHOD: u32 = u32::from_le_bytes(*b"nmet");
+const NAME_NATIVE: u32 = u32::from_le_bytes(*b"nati");
+const NAME_INTERPRETER: u32 = u32::from_le_bytes(*b"Inte");
+const NAME_VTABLE: u32 = u32::from_le_bytes(*b"vtab");
+
+/// After an exec the process runs another program: forget its JVM.
+#[inline(always)]
+pub fn forget(tgid: u32) {
+    let _ = HOTSPOT_PROCS.remove(tgid);
+}
+
+#[inline(always)]
+fn count(run: u32, kind: HotspotCount, n: u64) {
+    counters::add(&HOTSPOT_COUNTS_MAP, run * HOTSPOT_COUNTS + kind as u32, n);
+}
+
+#[inline(always)]
+fn read_u64(address: u64) -> Option<u64> {
+    // SAFETY: bpf_probe_read_user checks the address; a fault is an error, never a crash.
+    unsafe { bpf_probe_read_user(address as *const u64) }.ok()
+}
+
+#[inline(always)]
+fn read_u32(address: u64) -> Option<u32> {
+    // SAFETY: as above.
+    unsafe { bpf_probe_read_user(address as *const u32) }.ok()
+}
+
+#[inline(always)]
+fn read_u8(address: u64) -> Option<u8> {
+    // SAFETY: as above.
+    unsafe { bpf_probe_read_user(address as *const u8) }.ok()
+}
+
+/// A field of the blob in the scratch buffer, at an offset the agent checked to lie within
+/// it (clamped again here for the verifier).
+#[inline(always)]
+fn blob_u64(scratch: &Scratch, offset: u16) -> u64 {
+    let at = (offset as usize).min(BLOB_BYTES - 8);
+    u64::from_le_bytes(scratch.blob[at..at + 8].try_into().unwrap_or([0; 8]))
+}
+
+#[inline(always)]
+fn blob_u32(scratch: &Scratch, offset: u16) -> u32 {
+    let at = (offset as usize).min(BLOB_BYTES - 4);
+    u32::from_le_bytes(scratch.blob[at..at + 4].try_into().unwrap_or([0; 4]))
+}
+
+/// The code heap holding `pc`: its code start and its segment map.
+#[inline(always)]
+fn heap_of(proc: &HotspotProc, pc: u64) -> Option<(u64, u64)> {
+    let count = (proc.heap_count as usize).min(HOTSPOT_HEAPS);
+    for i in 0..HOTSPOT_HEAPS {
+        if i < count && pc >= proc.heap_start[i] && pc < proc.heap_end[i] {
+            return Some((proc.heap_start[i], proc.heap_segmap[i]));
+        }
+    }
+    None
+}
+
+/// The segment-map walk's state.
+#[repr(C)]
+struct SegmapWalk {
+    segmap: u64,
+    segment: u64,
+    /// 0 once the block's start is found; 0xff for a free segment or a failed read.
+    tag: u8,
+}
+
+extern "C" fn segmap_step(_index: u64, context: *mut c_void) -> i64 {
+    // SAFETY: `find_blob` passes its `SegmapWalk`.
+    let walk = unsafe { &mut *(context as *mut SegmapWalk) };
+    let Some(tag) = read_u8(walk.segmap.wrapping_add(walk.segment)) else {
+        walk.tag = 0xff;
+        return 1;
+    };
+    walk.tag = tag;
+    if tag == 0 || tag == 0xff || u64::from(tag) > walk.segment {
+        if u64::from(tag) > walk.segment {
+            walk.tag = 0xff;
+        }
+        return 1;
+    }
+    walk.segment -= u64::from(tag);
+    0
+}
+
+/// The `CodeBlob` holding `pc`, through its heap's segment map.
+#[inline(always)]
+fn find_blob(proc: &HotspotProc, pc: u64) -> Option<u64> {
+    let (start, segmap) = heap_of(proc, pc)?;
+    let shift = proc.segment_shift & 31;
+    let mut walk = SegmapWalk {
+        segmap,
+        segment: (pc - start) >> shift,
+        tag: 0xff,
+    };
+    repeat(SEGMAP_STEPS, segmap_step, &mut walk);
+    (walk.tag == 0).then(|| {
+        start
+            .wrapping_add(walk.segment << shift)
+            .wrapping_add(u64::from(proc.heapblock_size))
+    })
+}
+
+/// Where the walk is within the Java frames.
+#[repr(C)]
+struct Java {
+    walk: *mut WalkState,
+    proc: *const HotspotProc,
+    scratch: *mut Scratch,
+    /// The interpreter's bytecode pointer at the leaf (`r13` at the sample).
+    leaf_bcp: u64,
+}
+
+extern "C" fn java_step(_index: u64, context: *mut c_void) -> i64 {
+    // SAFETY: `walk_at` passes its `Java`, whose pointers are map values.
+    let java = unsafe { &mut *(context as *mut Java) };
+    java_frame(java)
+}
+
+/// One Java frame: its words, and the caller's registers. Returns 1 when the walk leaves
+/// the code cache, fails, or the stack is full.
+#[inline(always)]
+fn java_frame(java: &mut Java) -> i64 {
+    // SAFETY: map values, alive while the program runs; this CPU's.
+    let (walk, proc, scratch) = unsafe { (&mut *java.walk, &*java.proc, &mut *java.scratch) };
+    let pc = walk.pc;
+    let leaf = walk.return_address == 0;
+    // A return address's call is one byte before it.
+    let lookup = if leaf { pc } else { pc - 1 };
+    if heap_of(proc, lookup).is_none() {
+        return 1;
+    }
+    let Some(blob) = find_blob(proc, lookup) else {
+        count(walk.counters, HotspotCount::NoCodeBlob, 1);
+        return 1;
+    };
+    // SAFETY: bpf_probe_read_user fills the scratch value or fails.
+    if unsafe {
+        aya_ebpf::helpers::generated::bpf_probe_read_user(
+            scratch.blob.as_mut_ptr() as *mut c_void,
+            BLOB_BYTES as u32,
+            blob as *const c_void,
+        )
+    } != 0
+    {
+        count(walk.counters, HotspotCount::InvalidCodeBlob, 1);
+        return 1;
+    }
+    let mut code_begin = blob_u64(scratch, proc.codeblob_code_begin);
+    if proc.flags & HOTSPOT_USES_OFFSETS != 0 {
+        code_begin = blob.wrapping_add(code_begin & 0xffff_ffff);
+    }
+    let frame_size = u64::from(blob_u32(scratch, proc.codeblob_frame_size)) * 8;
+    let Some(kind) = read_u32(blob_u64(scratch, proc.codeblob_name)) else {
+        count(walk.counters, HotspotCount::InvalidCodeBlob, 1);
+        return 1;
+    };
+    let (sp, fp) = (walk.sp, walk.fp);
+    // The caller's (pc, sp, fp) and this frame's words.
+    let (caller, words) = if kind == NAME_INTERPRETER {
+        // The interpreter keeps a frame pointer; its slots are not in vmStructs but have not
+        // moved since JDK 9 (a `mirror` slot moved the bcp then).
+        if fp < sp || fp >= sp + 0x1000 {
+            count(walk.counters, HotspotCount::InterpreterFrame, 1);
+            return 1;
+        }
+        let (Some(method), Some(sender_sp), Some(saved_fp), Some(ret)) = (
+            read_u64(fp - 24),
+            read_u64(fp - 8),
+            read_u64(fp),
+            read_u64(fp + 8),
+        ) else {
+            count(walk.counters, HotspotCount::InterpreterFrame, 1);
+            return 1;
+        };
+        let bcp_slot = if proc.flags & HOTSPOT_NEW_BCP_SLOT != 0 {
+            64
+        } else {
+            56
+        };
+        let bcp = if leaf {
+            java.leaf_bcp
+        } else {
+            read_u64(fp - bcp_slot).unwrap_or(0)
+        };
+        let const_method =
+            read_u64(method.wrapping_add(u64::from(proc.method_constmethod))).unwrap_or(0);
+        let code = const_method.wrapping_add(u64::from(proc.cmethod_size));
+        let bci = if bcp >= code {
+            (bcp - code).min(0xffff)
+        } else {
+            0xffff
+        };
+        (
+            (ret, sender_sp, saved_fp),
+            hotspot_frame_words(
+                HotspotSubtype::Interpreted,
+                method,
+                bci as u32,
+                (const_method >> 3) as u32,
+            ),
+        )
+    } else if kind == NAME_NMETHOD || kind == NAME_NATIVE {
+        let compile_id = blob_u32(scratch, proc.nmethod_compile_id);
+        let mut deopt = blob_u64(scratch, proc.nmethod_deopt_handler);
+        if proc.flags & HOTSPOT_USES_OFFSETS != 0 {
+            deopt = blob.wrapping_add(deopt & 0xffff_ffff);
+        }
+        // A deoptimised frame returns to the handler; its own pc was saved in the frame.
+        let mut at = pc;
+        if pc == deopt {
+            let orig = u64::from(blob_u32(scratch, proc.nmethod_orig_pc_offset));
+            if let Some(original) = read_u64(sp.wrapping_add(orig)) {
+                at = original;
+            }
+        }
+        let frame_complete = u64::from(blob_u32(scratch, proc.codeblob_frame_complete) & 0xffff);
+        // Whoever calls a compiled method is Java code (compiled, the interpreter, the call
+        // stub): its return address is in the code cache, which tells the frame's shape.
+        let whole = !leaf || at >= code_begin.wrapping_add(frame_complete);
+        let Some(caller) = compiled_caller(proc, sp, fp, frame_size, whole, leaf) else {
+            count(walk.counters, HotspotCount::InvalidReturnAddress, 1);
+            return 1;
+        };
+        (
+            caller,
+            hotspot_frame_words(
+                HotspotSubtype::Compiled,
+                blob,
+                at.wrapping_sub(code_begin) as u32,
+                compile_id,
+            ),
+        )
+    } else {
+        let subtype = if kind == NAME_VTABLE {
+            HotspotSubtype::Vtable
+        } else {
+            HotspotSubtype::Stub
+        };
+        // A stub with a frame size is a runtime stub compiled code calls; one without is a
+        // jump (vtable chunks, adapters), a leaf routine, or the call stub, which keeps a
+        // frame pointer and is called from the JVM's C++.
+        let caller = if frame_size != 0 {
+            compiled_caller(proc, sp, fp, frame_size, true, leaf)
+        } else if leaf {
+            compiled_caller(proc, sp, fp, 0, false, true).or_else(|| caller_at(fp + 16, fp, true))
+        } else {
+            caller_at(fp + 16, fp, true)
+        };
+        let Some(caller) = caller else {
+            count(walk.counters, HotspotCount::InvalidReturnAddress, 1);
+            return 1;
+        };
+        (
+            caller,
+            hotspot_frame_words(subtype, blob, pc.wrapping_sub(code_begin) as u32, kind),
+        )
+    };
+    if !push_frame(walk, words[0]) || !push_frame(walk, words[1]) {
+        count(walk.counters, HotspotCount::FrameLimit, 1);
+        return 1;
+    }
+    walk.runtime_frames += 1;
+    (walk.pc, walk.sp, walk.fp) = caller;
+    walk.return_address = 1;
+    0
+}
+
+/// The caller's registers from a frame whose return address is the word below `cfa`, and
+/// whose saved frame pointer (when `saved_fp`) is the word below that.
+#[inline(always)]
+fn caller_at(cfa: u64, fp: u64, saved_fp: bool) -> Option<(u64, u64, u64)> {
+    let ret = read_u64(cfa - 8)?;
+    let fp = if saved_fp { read_u64(cfa - 16)? } else { fp };
+    Some((ret, cfa, fp))
+}
+
+/// The caller of a frame whose caller is Java code, so that its return address lies in the
+/// code cache. `whole`: the frame is set up, `frame_size` bytes from `sp` with the return
+/// address and the saved frame pointer on top. Otherwise, and as a fallback at the leaf, the
+/// frame is being built or torn down: the return address at `sp` (before `push rbp`, or
+/// after the epilogue's `pop rbp`), or above the pushed frame pointer.
+#[inline(always)]
+fn compiled_caller(
+    proc: &HotspotProc,
+    sp: u64,
+    fp: u64,
+    frame_size: u64,
+    whole: bool,
+    leaf: bool,
+) -> Option<(u64, u64, u64)> {
+    if whole {
+        if let Some(caller) = caller_at(sp + frame_size, fp, true) {
+            if heap_of(proc, caller.0).is_some() {
+                return Some(caller);
+            }
+        }
+    }
+    if !leaf {
+        return None;
+    }
+    if let Some(caller) = caller_at(sp + 8, fp, false) {
+        if heap_of(proc, caller.0).is_some() {
+            return Some(caller);
+        }
+    }
+    let caller = caller_at(sp + 16, fp, true)?;
+    heap_of(proc, caller.0).map(|_| caller)
+}
+
+/// Replaces the code-cache frame the walk in `WALK`'s `slot` is at with the Java frames from
+/// it to the call stub, and leaves the walk's registers at the first frame past them; returns
+/// 0. A global function, so the verifier checks it once on its own (see `python.rs`).
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn scorch_hotspot_walk(slot: u32) -> u32 {
+    if let Some(walk) = WALK.get_ptr_mut(slot) {
+        // SAFETY: this CPU's walk state, which the walk that called this has handed over.
+        walk_at(unsafe { &mut *walk });
+    }
+    0
+}
+
+#[inline(always)]
+fn walk_at(walk: &mut WalkState) {
+    let Some(proc) = HOTSPOT_PROCS.get_ptr(walk.tgid) else {
+        return;
+    };
+    let Some(scratch) = HOTSPOT_SCRATCH.get_ptr_mut(0) else {
+        return;
+    };
+    let before = walk.runtime_frames;
+    let mut java = Java {
+        walk: walk as *mut WalkState,
+        proc,
+        scratch,
+        leaf_bcp: walk.bcp,
+    };
+    repeat(MAX_JAVA_FRAMES, java_step, &mut java);
+    let emitted = walk.runtime_frames.wrapping_sub(before);
+    if emitted > 0 {
+        walk.claimed = 1;
+        walk.stepped = 1;
+        count(walk.counters, HotspotCount::Frames, u64::from(emitted));
+    }
+}
