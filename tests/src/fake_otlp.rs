@@ -275,7 +275,8 @@ fn check_dictionary(d: &ProfilesDictionary) -> Result<()> {
         }
         let types = frame_types(d, l);
         ensure!(
-            types.len() == 1 && ["native", "kernel", "cpython", "go"].contains(&types[0].as_str()),
+            types.len() == 1
+                && ["native", "kernel", "cpython", "go", "jvm"].contains(&types[0].as_str()),
             "location {i}: profile.frame.type {types:?}"
         );
     }
@@ -410,6 +411,7 @@ fn to_pprof(d: &ProfilesDictionary, profile: &Profile) -> scorch::pprof::Profile
                 Some("kernel") => 1,
                 Some("cpython") => 2,
                 Some("go") => 3,
+                Some("jvm") => 4,
                 _ => 0,
             },
         })

@@ -523,7 +523,7 @@ pub struct NamedSample {
     /// True per frame when its mapping is the kernel's.
     pub kernel: Vec<bool>,
     /// Per frame, its kind as scorch's own `Location` field says it (`FrameKind::code`: 0
-    /// native, 1 kernel, 2 Python, 3 Go).
+    /// native, 1 kernel, 2 Python, 3 Go, 4 JVM).
     pub kinds: Vec<u32>,
     pub count: i64,
     pub pid: i64,

@@ -101,8 +101,8 @@ impl Session {
             names.attach(pid, runtime, process);
         }
         // After the processes: a new one's first stacks come with it.
-        for (pid, word) in unwinder.take_runtime_words() {
-            names.capture(pid, word);
+        for (pid, word, more) in unwinder.take_runtime_words() {
+            names.capture(pid, word, more);
         }
     }
 

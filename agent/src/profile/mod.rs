@@ -146,17 +146,18 @@ pub enum FrameKind {
     Python,
     /// Go code: a pc its binary's `.gopclntab` holds a function for.
     Go,
-    /// TEMP
+    /// A HotSpot JVM's Java frame (interpreted or compiled), or one of its stubs.
     Jvm,
 }
 
 impl FrameKind {
     /// Every kind, in [`FrameKind::code`] order.
-    pub const ALL: [FrameKind; 4] = [
+    pub const ALL: [FrameKind; 5] = [
         FrameKind::Native,
         FrameKind::Kernel,
         FrameKind::Python,
         FrameKind::Go,
+        FrameKind::Jvm,
     ];
 
     /// The kind's number where it is stored (the store's `locations.kind`, pprof's

@@ -121,17 +121,24 @@ impl fmt::Debug for Attachment {
 }
 
 /// Names one runtime's frames; see the module documentation.
+///
+/// A frame is its first word (`word`, kind bits included) and the payload of the
+/// continuation word the walk wrote after it (`more`, 0 when there is none: a Python frame
+/// fits one word, a HotSpot frame takes two), as `pipeline::frames::Frame::Runtime` holds
+/// them.
 pub trait Names: Send {
     /// Notes that `pid` runs the runtime (with what [`Attachment::process`] gave), or, with
     /// `None`, no longer does.
     fn attach(&mut self, pid: u32, process: Option<Arc<dyn Any + Send + Sync>>);
-    /// Reads what naming `word` (one of the runtime's frame words in `pid`) needs now, while
-    /// the process runs: a process that exits before the window ends is named from it.
-    fn capture(&mut self, pid: u32, word: u64);
+    /// Reads what naming the frame (`word`, `more`) of `pid` needs now, while the process
+    /// runs: a process that exits before the window ends is named from it.
+    fn capture(&mut self, pid: u32, word: u64, more: u64);
     /// Ends a window: what was read may be stale by the next, and exited processes go.
     fn end_window(&mut self, alive: &dyn Fn(u32) -> bool);
-    /// The name of the frame `word` in `pid`.
-    fn line(&mut self, pid: u32, word: u64) -> Line;
+    /// The names of the frame (`word`, `more`) in `pid`, innermost first, never empty: one
+    /// for most frames, several for compiled code with methods inlined at its pc (one
+    /// location with several lines, as a native frame's DWARF inlines are).
+    fn lines(&mut self, pid: u32, word: u64, more: u64) -> Vec<Line>;
     /// Frames named so far, and frames left unknown.
     fn counts(&self) -> (u64, u64);
 }
@@ -287,10 +294,11 @@ impl RuntimeNames {
         }
     }
 
-    /// Reads what naming the runtime frame `word` of `pid` needs, while the process runs.
-    pub fn capture(&mut self, pid: u32, word: u64) {
+    /// Reads what naming the runtime frame (`word`, `more`) of `pid` needs, while the
+    /// process runs.
+    pub fn capture(&mut self, pid: u32, word: u64, more: u64) {
         if let Some((_, names)) = self.of_word(word) {
-            names.capture(pid, word);
+            names.capture(pid, word, more);
         }
     }
 
@@ -300,11 +308,19 @@ impl RuntimeNames {
         }
     }
 
-    /// The line and kind of the runtime frame `word` of `pid`.
-    pub fn line(&mut self, pid: u32, word: u64) -> (Line, FrameKind) {
+    /// The lines (innermost first, never empty) and kind of the runtime frame (`word`,
+    /// `more`) of `pid`.
+    pub fn lines(&mut self, pid: u32, word: u64, more: u64) -> (Vec<Line>, FrameKind) {
         match self.of_word(word) {
-            Some((runtime, names)) => (names.line(pid, word), runtime.frame_kind()),
-            None => (Line::named(UNKNOWN_RUNTIME_FRAME), FrameKind::Native),
+            Some((runtime, names)) => {
+                let mut lines = names.lines(pid, word, more);
+                if lines.is_empty() {
+                    // A namer's slip is an unnamed frame, not a location without a name.
+                    lines.push(Line::named(UNKNOWN_RUNTIME_FRAME));
+                }
+                (lines, runtime.frame_kind())
+            }
+            None => (vec![Line::named(UNKNOWN_RUNTIME_FRAME)], FrameKind::Native),
         }
     }
 

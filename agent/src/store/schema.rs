@@ -52,7 +52,7 @@ CREATE TABLE locations (
     hash INTEGER NOT NULL,    -- content_hash of the other columns
     mapping INTEGER NOT NULL, -- mappings.id, 0 for none
     address INTEGER NOT NULL,
-    kind INTEGER NOT NULL,    -- FrameKind::code: 0 native, 1 kernel, 2 Python, 3 Go
+    kind INTEGER NOT NULL,    -- FrameKind::code: 0 native, 1 kernel, 2 Python, 3 Go, 4 JVM
     lines BLOB NOT NULL,      -- varint (functions.id, line) pairs, innermost first
     last_window INTEGER NOT NULL
 );

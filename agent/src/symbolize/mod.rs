@@ -33,9 +33,10 @@ use user::UserSymbolizer;
 enum LocationKey {
     Kernel(u64),
     User(Option<MappingIndex>, u64),
-    /// A runtime's frame of a process: the word its walk wrote (a CPython frame's code object
-    /// address is the process's own).
-    Runtime(u32, u64),
+    /// A runtime's frame of a process: the word its walk wrote and its continuation's
+    /// payload (a CPython frame's code object address, a HotSpot frame's `Method*` and bci,
+    /// are the process's own).
+    Runtime(u32, u64, u64),
     /// A placeholder for a stack that could not be recorded.
     Lost {
         kernel: bool,
@@ -341,13 +342,15 @@ fn user_location(
     let (pid, version) = (stack.tgid, stack.maps_version);
     let address = match frame {
         Frame::Native(pc) | Frame::Kernel(pc) => pc,
-        Frame::Runtime(word) => {
-            return builder.location(LocationKey::Runtime(pid, word), || {
-                let (line, kind) = user.runtime_line(pid, word);
+        Frame::Runtime(word, more) => {
+            return builder.location(LocationKey::Runtime(pid, word, more), || {
+                // A compiled frame with methods inlined at its pc is one location of several
+                // lines, innermost first, as a native frame's inlines are.
+                let (lines, kind) = user.runtime_lines(pid, word, more);
                 Location {
                     mapping: None,
                     address: 0,
-                    lines: vec![line],
+                    lines,
                     kind,
                 }
             });

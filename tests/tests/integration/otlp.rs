@@ -428,7 +428,7 @@ fn otlp_http_sink_sends_stored_windows() -> Result<()> {
 
 /// Each frame name of `pid`'s profiles as received, with the `profile.frame.type`s it
 /// arrived with (the receiver turns each into scorch's pprof field: 0 native, 1 kernel,
-/// 2 cpython, 3 go).
+/// 2 cpython, 3 go, 4 jvm).
 fn frame_types_of(fake: &FakeRemote, pid: u32) -> Result<BTreeMap<String, BTreeSet<u32>>> {
     use prost::Message as _;
     let pid = pid.to_string();

@@ -82,20 +82,20 @@ impl Names for DoubleNames {
             None => self.processes.remove(&pid),
         };
     }
-    fn capture(&mut self, _: u32, _: u64) {}
+    fn capture(&mut self, _: u32, _: u64, _: u64) {}
     fn end_window(&mut self, _: &dyn Fn(u32) -> bool) {}
-    fn line(&mut self, pid: u32, word: u64) -> Line {
+    fn lines(&mut self, pid: u32, word: u64, _: u64) -> Vec<Line> {
         let Some(file) = self.processes.get(&pid) else {
             self.unknown += 1;
-            return Line::named("[double: unknown]");
+            return vec![Line::named("[double: unknown]")];
         };
         self.named += 1;
         let number = scorch_common::word_payload(word);
-        Line {
+        vec![Line {
             file: Some(file.clone()),
             line: number as u32,
             ..Line::named(format!("double_fn_{number}"))
-        }
+        }]
     }
     fn counts(&self) -> (u64, u64) {
         (self.named, self.unknown)
@@ -113,8 +113,8 @@ fn window() -> Aggregated {
         tgid: PID,
         maps_version: 0,
         user: Stack::Frames(vec![
-            Frame::Runtime(WordKind::Python.word(7)),
-            Frame::Runtime(WordKind::Python.word(3)),
+            Frame::Runtime(WordKind::Python.word(7), 0),
+            Frame::Runtime(WordKind::Python.word(3), 0),
             Frame::Native(0x1000),
         ]),
         kernel: Stack::Absent,

@@ -308,8 +308,8 @@ fn resource_attributes(labels: &Labels, host_name: &str) -> Vec<KeyValue> {
 }
 
 /// The kind of frame a location is, as the semantic conventions' `profile.frame.type` names
-/// it (their well-known values: `native`, `kernel`, `cpython`, `go`; `jvm`, `v8js`, `ruby`
-/// for the runtimes to come).
+/// it (their well-known values: `native`, `kernel`, `cpython`, `go`, `jvm` (HotSpot, as
+/// OTel's profiler names its frames); `v8js`, `ruby` for the runtimes to come).
 fn frame_type(profile: &Profile, index: LocationIndex) -> &'static str {
     match profile.locations[index].kind {
         FrameKind::Native => "native",
@@ -530,6 +530,7 @@ mod tests {
             (FrameKind::Kernel, "kernel"),
             (FrameKind::Python, "cpython"),
             (FrameKind::Go, "go"),
+            (FrameKind::Jvm, "jvm"),
         ] {
             profile.locations[1].kind = kind;
             assert_eq!(frame_type(&profile, 1), name);

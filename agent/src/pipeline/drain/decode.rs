@@ -359,7 +359,26 @@ mod tests {
         );
         assert_eq!(
             stacks.resolve_walked(1).0,
-            Stack::Frames(vec![Frame::Native(0x10), Frame::Runtime(python)])
+            Stack::Frames(vec![Frame::Native(0x10), Frame::Runtime(python, 0)])
+        );
+        // A HotSpot frame's two words are one frame; a continuation after a native word
+        // (what a native walk's garbage could look like) is no frame.
+        let [java, more] = scorch_common::hotspot_frame_words(
+            scorch_common::HotspotSubtype::Compiled,
+            0x7f00_0000_2000,
+            0x40,
+            9,
+        );
+        stacks.add_walked(
+            2,
+            &short_stack(4, UnwindOutcome::Completed, &[java, more, 0x20, more]),
+        );
+        assert_eq!(
+            stacks.resolve_walked(2).0,
+            Stack::Frames(vec![
+                Frame::Runtime(java, scorch_common::word_payload(more)),
+                Frame::Native(0x20)
+            ])
         );
     }
 

@@ -12,6 +12,10 @@
 //!   walked in the process's memory (`vmstructs`: the geometry is set by a static constructor
 //!   in Debian's builds, so even it is read there), the JVM's version (`version`), and a
 //!   typed [`Layout`] (`layout`, pure); then the code cache's heaps and segment maps, once the JVM has set them up.
+//! - **Per frame** ([`HotspotNames`], `names`): the two words the BPF walk writes for a Java
+//!   frame, checked against their cookie and named from the process's memory (`method`: an
+//!   interpreted `Method*` and bci; `nmethod`: a compiled pc and the methods inlined there;
+//!   a stub's blob name), while the process runs.
 //!
 //! HotSpot is not yet in the runtimes' `Registry`: nothing here is called by the loader. Its
 //! BPF walk (the code heaps' frames, from the segment map to the blob and its frame) lands
@@ -33,6 +37,7 @@ mod tests;
 pub use heaps::{code_cache, CodeCache, HeapsError};
 pub use layout::{Layout, LayoutError};
 pub use method::{demangle_signature, name_method, JavaFrame, MethodError};
+pub use names::{name_frame, HotspotNames, Process, UNKNOWN_FRAME};
 pub use nmethod::{name_compiled, NmethodError};
 pub use runtime::{hotspot_proc, EntryError, Hotspot};
 pub use version::{Version, VersionError};
@@ -205,8 +210,9 @@ fn fuzz_layout(excluded: u8) -> Layout {
 
 /// Arbitrary bytes as what the naming reads: UNSIGNED5 values, a line stream and scope
 /// chains over the bytes themselves, then a `Method*` and an `nmethod*` at [`FUZZ_BASE`],
-/// whose pointers are the input's words (so the input chooses the graph). The first byte
-/// chooses the exclusion count. Must never panic, and ends within the readers' bounds.
+/// whose pointers are the input's words (so the input chooses the graph), and a frame of
+/// each subtype there as the walk's words ([`name_frame`]: a stub's name too). The first
+/// byte chooses the exclusion count. Must never panic, and ends within the readers' bounds.
 pub fn fuzz_names(data: &[u8]) {
     let excluded = data.first().map_or(0, |b| b & 1);
     let mut reader = unsigned5::Reader::new(data, excluded);
@@ -231,4 +237,20 @@ pub fn fuzz_names(data: &[u8]) {
         .get(4..8)
         .map_or(0, |b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
     let _ = name_compiled(&memory, &layout, FUZZ_BASE, 0x40, id);
+    // The frame words as the walk writes them, the input's words as cookies.
+    let cookie = data
+        .get(8..12)
+        .map_or(0, |b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+    for subtype in [
+        scorch_common::HotspotSubtype::Interpreted,
+        scorch_common::HotspotSubtype::Compiled,
+        scorch_common::HotspotSubtype::Stub,
+        scorch_common::HotspotSubtype::Vtable,
+    ] {
+        for (detail, cookie) in [(0, cookie), (names::UNKNOWN_BCI, id)] {
+            let [word, more] =
+                scorch_common::hotspot_frame_words(subtype, FUZZ_BASE, detail, cookie);
+            let _ = name_frame(&memory, &layout, word, scorch_common::word_payload(more));
+        }
+    }
 }

@@ -928,4 +928,4 @@ fn the_hosts_jdk_17_describes_itself() {
 }
 
 #[path = "tests_names.rs"]
-mod names;
+pub(super) mod names;

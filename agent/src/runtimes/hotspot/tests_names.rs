@@ -115,8 +115,8 @@ fn unsigned5_refuses_truncated_and_excluded_bytes() {
 // ConstMethod (0x38 bytes) _constants 0x08, _code_size 0x28, _flags 0x2c, _name_index 0x30,
 // _signature_index 0x32; ConstantPool (0x50) _pool_holder 0x20, _source_file_name_index 0x40;
 // Klass._name 0x10; Symbol (0x10) _length 0x04, _body 0x06.
-const METHOD: u64 = 0x1000_0000;
-const CONST_METHOD: u64 = 0x1100_0000;
+pub(in crate::runtimes::hotspot) const METHOD: u64 = 0x1000_0000;
+pub(in crate::runtimes::hotspot) const CONST_METHOD: u64 = 0x1100_0000;
 const POOL: u64 = 0x1200_0000;
 const KLASS: u64 = 0x1300_0000;
 const SYMBOLS: u64 = 0x1400_0000;
@@ -198,7 +198,7 @@ fn method_graph(class_symbol: Vec<u8>, after_code: Vec<u8>) -> Regions {
     memory
 }
 
-fn demo() -> Regions {
+pub(in crate::runtimes::hotspot) fn demo() -> Regions {
     method_graph(
         symbol_bytes("demo/Demo", 9),
         line_stream(&LINES, layout().unsigned5_excluded),
@@ -328,12 +328,12 @@ fn hostile_methods_are_refused_fast() {
 // _scopes_data_begin 0x80 (a pointer), _metadata_offset 0xc0, _scopes_pcs_offset 0xc8,
 // _dependencies_offset 0xcc, _compile_id 0xe0; PcDesc (0x10) _pc_offset 0x00,
 // _scope_decode_offset 0x04.
-const NMETHOD: u64 = 0x2000_0000;
-const COMPILE_ID: u32 = 7;
+pub(in crate::runtimes::hotspot) const NMETHOD: u64 = 0x2000_0000;
+pub(in crate::runtimes::hotspot) const COMPILE_ID: u32 = 7;
 
 /// The nmethod of [`METHOD`] with two scopes: at pc 0x40 on, the method at bci 9 inlined into
 /// itself at bci 4.
-fn nmethod(memory: &mut Regions) {
+pub(in crate::runtimes::hotspot) fn nmethod(memory: &mut Regions) {
     let mut bytes = vec![0u8; 0x140];
     put(&mut bytes, 0x60, &METHOD.to_le_bytes());
     put(&mut bytes, 0x80, &(NMETHOD + 0x110).to_le_bytes());
@@ -448,7 +448,7 @@ fn the_names_fuzz_entry_survives_what_it_is_given() {
 }
 
 /// Hot.java: `spin`'s statements are on lines 3 to 7, `main`'s first on 10.
-const HOT: &str = "public class Hot {
+pub(in crate::runtimes::hotspot) const HOT: &str = "public class Hot {
     static long spin(long n) {
         long acc = 0;
         for (long i = 0; i < n; i++) {
@@ -467,7 +467,7 @@ const HOT: &str = "public class Hot {
 ";
 
 /// A used blob of the code heaps: (blob, name).
-fn blobs(
+pub(in crate::runtimes::hotspot) fn blobs(
     memory: &dyn Memory,
     layout: &Layout,
     cache: &super::super::CodeCache,

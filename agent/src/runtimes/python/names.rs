@@ -124,8 +124,9 @@ impl Names for PythonNames {
         self.set_process(pid, process);
     }
 
-    fn capture(&mut self, pid: u32, word: u64) {
-        // Code 0 is a frame whose code object the walk could not keep: nothing to read.
+    fn capture(&mut self, pid: u32, word: u64, _more: u64) {
+        // A Python frame is one word (no continuation). Code 0 is a frame whose code object
+        // the walk could not keep: nothing to read.
         if let Some((code @ 1.., _)) = python_frame_parts(word) {
             PythonNames::capture(self, pid, code);
         }
@@ -135,9 +136,9 @@ impl Names for PythonNames {
         PythonNames::end_window(self, alive);
     }
 
-    fn line(&mut self, pid: u32, word: u64) -> Line {
+    fn lines(&mut self, pid: u32, word: u64, _more: u64) -> Vec<Line> {
         let (code, instr) = python_frame_parts(word).unwrap_or((0, 0));
-        PythonNames::line(self, pid, code, instr)
+        vec![PythonNames::line(self, pid, code, instr)]
     }
 
     fn counts(&self) -> (u64, u64) {

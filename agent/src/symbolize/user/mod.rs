@@ -36,6 +36,7 @@ use crate::process::captures::{process_alive, CaptureStats, Captures};
 use crate::process::maps::{own_vdso, MapEntry, MapsHistory, ProcessMaps};
 use crate::process::open::{open_mapped, OpenError};
 use crate::process::perf_map::PerfMap;
+use crate::profile::{FrameKind, Line};
 use crate::runtimes::{Registry, RuntimeNames};
 use crate::sys::allocator::release_free_memory;
 use crate::sys::hex::to_hex;
@@ -469,13 +470,9 @@ impl UserSymbolizer {
         &mut self.runtimes
     }
 
-    /// The line and kind of the runtime frame `word` of `pid` (see [`RuntimeNames::line`]).
-    pub fn runtime_line(
-        &mut self,
-        pid: u32,
-        word: u64,
-    ) -> (crate::profile::Line, crate::profile::FrameKind) {
-        self.runtimes.line(pid, word)
+    /// The lines and kind of the runtime frame (`word`, `more`) of `pid` ([`RuntimeNames::lines`]).
+    pub fn runtime_lines(&mut self, pid: u32, word: u64, more: u64) -> (Vec<Line>, FrameKind) {
+        self.runtimes.lines(pid, word, more)
     }
 
     /// Each runtime's frames named and left unknown since start, by its name.

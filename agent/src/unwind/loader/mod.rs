@@ -285,9 +285,9 @@ pub struct Unwinder<M = KernelMaps> {
     attached: HashMap<(u32, RuntimeId), Vec<u8>>,
     /// Changes to `attached` the symbolizer has not taken yet.
     attachment_changes: Vec<runtimes::AttachmentChange>,
-    /// Runtime frames of new stacks (process, word), for the symbolizer to read while their
-    /// processes run.
-    runtime_words: HashSet<(u32, u64)>,
+    /// Runtime frames of new stacks (process, word, continuation's payload), for the
+    /// symbolizer to read while their processes run.
+    runtime_words: HashSet<(u32, u64, u64)>,
     /// Processes whose maps were read while their dynamic loader was starting them
     /// ([`still_loading`]), with when they were first and last read: read again at a poll
     /// [`LOADING_REREAD`] after the last read until their libraries show, for

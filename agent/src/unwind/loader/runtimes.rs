@@ -5,7 +5,7 @@
 
 use std::{any::Any, sync::Arc};
 
-use scorch_common::{RuntimeId, WordKind};
+use scorch_common::RuntimeId;
 
 use std::collections::HashSet;
 use std::path::Path;
@@ -15,6 +15,7 @@ use scorch_common::{ShortUserStack, UserStack, WalkedStack, SHORT_USER_STACK_ID}
 
 use super::{KernelMaps, LoaderMaps, Unwinder};
 use crate::binary::elf::{load_bias, Elf, Segment};
+use crate::pipeline::frames::{decode_user, Frame};
 use crate::runtimes::{Attach, Attachment, Detected, Support};
 use crate::{runtimes::Registry, sys::inner_maps::inner_map};
 
@@ -74,9 +75,9 @@ impl Unwinder<KernelMaps> {
 }
 
 impl<M: LoaderMaps> Unwinder<M> {
-    /// The runtime frames (process, word) of the stacks stored since the last call, for the
-    /// symbolizer to read while their processes run.
-    pub fn take_runtime_words(&mut self) -> HashSet<(u32, u64)> {
+    /// The runtime frames (process, word, continuation's payload) of the stacks stored since
+    /// the last call, for the symbolizer to read while their processes run.
+    pub fn take_runtime_words(&mut self) -> HashSet<(u32, u64, u64)> {
         std::mem::take(&mut self.runtime_words)
     }
 
@@ -193,18 +194,16 @@ pub(super) fn runtime(registry: &Registry, elf: &Elf<'_>, path: &Path) -> Option
     })
 }
 
-/// Adds the runtime frames of `stack` (of process `tgid`) to `words`, up to
-/// [`MAX_RUNTIME_WORDS`].
-fn note_runtime_words(words: &mut HashSet<(u32, u64)>, tgid: u32, stack: &dyn WalkedStack) {
-    for &word in stack.frames() {
+/// Adds the runtime frames of `stack` (of process `tgid`) to `words`, as (process, word,
+/// continuation's payload), up to [`MAX_RUNTIME_WORDS`]. The stack's words are decoded as the
+/// drain decodes them, so a frame noted here is the frame the symbolizer is later asked for.
+fn note_runtime_words(words: &mut HashSet<(u32, u64, u64)>, tgid: u32, stack: &dyn WalkedStack) {
+    for frame in decode_user(stack.frames()) {
         if words.len() >= MAX_RUNTIME_WORDS {
             break;
         }
-        if !matches!(
-            WordKind::of(word),
-            Some(WordKind::Native | WordKind::Continuation) | None
-        ) {
-            words.insert((tgid, word));
+        if let Frame::Runtime(word, more) = frame {
+            words.insert((tgid, word, more));
         }
     }
 }
@@ -423,6 +422,22 @@ mod tests {
         // Past `len`: not a frame.
         stack.pcs[3] = scorch_common::python_frame_word(0x7f00_0000_2000, 1);
         note_runtime_words(&mut words, 7, &stack);
-        assert_eq!(words, HashSet::from([(7, python)]));
+        assert_eq!(words, HashSet::from([(7, python, 5)]));
+
+        // A HotSpot frame with its continuation; a continuation after a native word is none.
+        let [java, more] = scorch_common::hotspot_frame_words(
+            scorch_common::HotspotSubtype::Interpreted,
+            0x7f00_0000_3000,
+            4,
+            0x1234,
+        );
+        stack.len = 5;
+        stack.pcs[..5].copy_from_slice(&[0x5555_0000_1000, more, java, more, 0x5555_0000_2000]);
+        words.clear();
+        note_runtime_words(&mut words, 8, &stack);
+        assert_eq!(
+            words,
+            HashSet::from([(8, java, scorch_common::word_payload(more))])
+        );
     }
 }
