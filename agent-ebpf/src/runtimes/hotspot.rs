@@ -1,13 +1,13 @@
 //! HotSpot's Java frames, walked where the native walk meets the JVM's code cache.
 //!
 //! The agent marks each code heap's executable range (`HotspotProc::heap_*`) as owned by
-//! [`RuntimeId::Hotspot`](scorch_common::RuntimeId) in the process's anonymous mappings. When
+//! [`RuntimeId::Hotspot`] in the process's anonymous mappings. When
 //! the native walk meets a pc there it hands the frame over ([`walk_at`]); unlike CPython's
 //! eval loop, whose frame the native walk steps past itself, the code cache holds no native
-//! frames and no unwind tables: this walk unwinds every Java frame itself, from one to the
-//! next, and leaves the walk's registers at the first frame outside the cache (the call
-//! stub's caller, `JavaCalls::call_helper` in libjvm), with `WalkState::stepped` set so the
-//! native walk goes on from there without a step of its own.
+//! frames and no unwind tables: this walk unwinds every Java frame itself, one per iteration
+//! of the walk's loop, and leaves the walk's registers at the first frame outside the cache
+//! (the call stub's caller, `JavaCalls::call_helper` in libjvm), with `WalkState::stepped`
+//! set so the native walk goes on from there without a step of its own.
 //!
 //! Per frame (libjvm_db's algorithm, as the OpenTelemetry profiler also reads it):
 //! 1. **The blob.** The segment map: `(pc - heap start) >> shift` is the pc's segment; its
@@ -39,14 +39,13 @@ use aya_ebpf::{
     maps::{HashMap, PerCpuArray},
 };
 use scorch_common::{
-    hotspot_frame_words, HotspotCount, HotspotProc, HotspotSubtype, COUNTER_RUNS,
+    hotspot_frame_words, HotspotCount, HotspotProc, HotspotSubtype, RuntimeId, COUNTER_RUNS,
     HOTSPOT_BLOB_BYTES, HOTSPOT_COUNTS, HOTSPOT_HEAPS, HOTSPOT_NEW_BCP_SLOT, HOTSPOT_USES_OFFSETS,
     MAX_HOTSPOT_PROCS,
 };
 
 use crate::shared::{
     counters,
-    loops::repeat,
     stack::{push_frame, WalkState, WALK},
 };
 
@@ -77,10 +76,6 @@ static HOTSPOT_SCRATCH: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1, 
 /// Most segment-map bytes read to find a blob's start. A tag holds at most 0xfe, so a blob of
 /// n segments needs about n / 254 steps; libjvm_db's longest chains are under ten.
 const SEGMAP_STEPS: u32 = 12;
-
-/// Java frames walked in one hand-over. A deep Spring stack has a few hundred, but the stack
-/// has room for `MAX_USER_STACK_DEPTH` frames in all.
-const MAX_JAVA_FRAMES: u32 = 128;
 
 /// The blob kinds, from the first four bytes of their names (little-endian).
 const NAME_NMETHOD: u32 = u32::from_le_bytes(*b"nmet");
@@ -143,83 +138,46 @@ fn heap_of(proc: &HotspotProc, pc: u64) -> Option<(u64, u64)> {
     None
 }
 
-/// The segment-map walk's state.
-#[repr(C)]
-struct SegmapWalk {
-    segmap: u64,
-    segment: u64,
-    /// 0 once the block's start is found; 0xff for a free segment or a failed read.
-    tag: u8,
-}
-
-extern "C" fn segmap_step(_index: u64, context: *mut c_void) -> i64 {
-    // SAFETY: `find_blob` passes its `SegmapWalk`.
-    let walk = unsafe { &mut *(context as *mut SegmapWalk) };
-    let Some(tag) = read_u8(walk.segmap.wrapping_add(walk.segment)) else {
-        walk.tag = 0xff;
-        return 1;
-    };
-    walk.tag = tag;
-    if tag == 0 || tag == 0xff || u64::from(tag) > walk.segment {
-        if u64::from(tag) > walk.segment {
-            walk.tag = 0xff;
-        }
-        return 1;
-    }
-    walk.segment -= u64::from(tag);
-    0
-}
-
-/// The `CodeBlob` holding `pc`, through its heap's segment map.
+/// The `CodeBlob` holding `pc`, through its heap's segment map. A loop of its own, not a
+/// `bpf_loop` callback: a callback's frame would take the call chain's stack past the
+/// verifier's 512 bytes (its frames are counted in 32-byte steps).
 #[inline(always)]
 fn find_blob(proc: &HotspotProc, pc: u64) -> Option<u64> {
     let (start, segmap) = heap_of(proc, pc)?;
     let shift = proc.segment_shift & 31;
-    let mut walk = SegmapWalk {
-        segmap,
-        segment: (pc - start) >> shift,
-        tag: 0xff,
-    };
-    repeat(SEGMAP_STEPS, segmap_step, &mut walk);
-    (walk.tag == 0).then(|| {
-        start
-            .wrapping_add(walk.segment << shift)
-            .wrapping_add(u64::from(proc.heapblock_size))
-    })
+    let mut segment = (pc - start) >> shift;
+    for _ in 0..SEGMAP_STEPS {
+        let tag = u64::from(read_u8(segmap.wrapping_add(segment))?);
+        if tag == 0 {
+            return Some(
+                start
+                    .wrapping_add(segment << shift)
+                    .wrapping_add(u64::from(proc.heapblock_size)),
+            );
+        }
+        // 0xff: a free segment; a tag past the heap's start: not a map.
+        if tag == 0xff || tag > segment {
+            return None;
+        }
+        segment -= tag;
+    }
+    None
 }
 
-/// Where the walk is within the Java frames.
-#[repr(C)]
-struct Java {
-    walk: *mut WalkState,
-    proc: *const HotspotProc,
-    scratch: *mut Scratch,
-    /// The interpreter's bytecode pointer at the leaf (`r13` at the sample).
-    leaf_bcp: u64,
-}
-
-extern "C" fn java_step(_index: u64, context: *mut c_void) -> i64 {
-    // SAFETY: `walk_at` passes its `Java`, whose pointers are map values.
-    let java = unsafe { &mut *(context as *mut Java) };
-    java_frame(java)
-}
-
-/// One Java frame: its words, and the caller's registers. Returns 1 when the walk leaves
-/// the code cache, fails, or the stack is full.
+/// One Java frame: its words, and the caller's registers. Returns false when it is not one
+/// (the pc is outside the code heaps), its frame cannot be read, or the stack is full.
 #[inline(always)]
-fn java_frame(java: &mut Java) -> i64 {
-    // SAFETY: map values, alive while the program runs; this CPU's.
-    let (walk, proc, scratch) = unsafe { (&mut *java.walk, &*java.proc, &mut *java.scratch) };
+fn java_frame(walk: &mut WalkState, proc: &HotspotProc, scratch: &mut Scratch) -> bool {
     let pc = walk.pc;
     let leaf = walk.return_address == 0;
     // A return address's call is one byte before it.
     let lookup = if leaf { pc } else { pc - 1 };
     if heap_of(proc, lookup).is_none() {
-        return 1;
+        return false;
     }
     let Some(blob) = find_blob(proc, lookup) else {
         count(walk.counters, HotspotCount::NoCodeBlob, 1);
-        return 1;
+        return false;
     };
     // SAFETY: bpf_probe_read_user fills the scratch value or fails.
     if unsafe {
@@ -231,7 +189,7 @@ fn java_frame(java: &mut Java) -> i64 {
     } != 0
     {
         count(walk.counters, HotspotCount::InvalidCodeBlob, 1);
-        return 1;
+        return false;
     }
     let mut code_begin = blob_u64(scratch, proc.codeblob_code_begin);
     if proc.flags & HOTSPOT_USES_OFFSETS != 0 {
@@ -240,7 +198,7 @@ fn java_frame(java: &mut Java) -> i64 {
     let frame_size = u64::from(blob_u32(scratch, proc.codeblob_frame_size)) * 8;
     let Some(kind) = read_u32(blob_u64(scratch, proc.codeblob_name)) else {
         count(walk.counters, HotspotCount::InvalidCodeBlob, 1);
-        return 1;
+        return false;
     };
     let (sp, fp) = (walk.sp, walk.fp);
     // The caller's (pc, sp, fp) and this frame's words.
@@ -249,7 +207,7 @@ fn java_frame(java: &mut Java) -> i64 {
         // moved since JDK 9 (a `mirror` slot moved the bcp then).
         if fp < sp || fp >= sp + 0x1000 {
             count(walk.counters, HotspotCount::InterpreterFrame, 1);
-            return 1;
+            return false;
         }
         let (Some(method), Some(sender_sp), Some(saved_fp), Some(ret)) = (
             read_u64(fp - 24),
@@ -258,7 +216,7 @@ fn java_frame(java: &mut Java) -> i64 {
             read_u64(fp + 8),
         ) else {
             count(walk.counters, HotspotCount::InterpreterFrame, 1);
-            return 1;
+            return false;
         };
         let bcp_slot = if proc.flags & HOTSPOT_NEW_BCP_SLOT != 0 {
             64
@@ -266,7 +224,7 @@ fn java_frame(java: &mut Java) -> i64 {
             56
         };
         let bcp = if leaf {
-            java.leaf_bcp
+            walk.bcp
         } else {
             read_u64(fp - bcp_slot).unwrap_or(0)
         };
@@ -307,7 +265,7 @@ fn java_frame(java: &mut Java) -> i64 {
         let whole = !leaf || at >= code_begin.wrapping_add(frame_complete);
         let Some(caller) = compiled_caller(proc, sp, fp, frame_size, whole, leaf) else {
             count(walk.counters, HotspotCount::InvalidReturnAddress, 1);
-            return 1;
+            return false;
         };
         (
             caller,
@@ -336,7 +294,7 @@ fn java_frame(java: &mut Java) -> i64 {
         };
         let Some(caller) = caller else {
             count(walk.counters, HotspotCount::InvalidReturnAddress, 1);
-            return 1;
+            return false;
         };
         (
             caller,
@@ -345,12 +303,12 @@ fn java_frame(java: &mut Java) -> i64 {
     };
     if !push_frame(walk, words[0]) || !push_frame(walk, words[1]) {
         count(walk.counters, HotspotCount::FrameLimit, 1);
-        return 1;
+        return false;
     }
     walk.runtime_frames += 1;
     (walk.pc, walk.sp, walk.fp) = caller;
     walk.return_address = 1;
-    0
+    true
 }
 
 /// The caller's registers from a frame whose return address is the word below `cfa`, and
@@ -395,9 +353,14 @@ fn compiled_caller(
     heap_of(proc, caller.0).map(|_| caller)
 }
 
-/// Replaces the code-cache frame the walk in `WALK`'s `slot` is at with the Java frames from
-/// it to the call stub, and leaves the walk's registers at the first frame past them; returns
-/// 0. A global function, so the verifier checks it once on its own (see `python.rs`).
+/// Replaces the code-cache frame the walk in `WALK`'s `slot` is at with its Java frame, and
+/// leaves the walk's registers at its caller; returns 0. One frame per call: while the caller
+/// is in the code cache too, the walk's next iteration comes back here (`WalkState::runtime`
+/// set again), and once it is not, the native walk goes on from it (`stepped`). A frame that
+/// cannot be read goes back to the native walk as a pc it records and steps past by frame
+/// pointer. A global function, so the verifier checks it once on its own (see `python.rs`);
+/// one frame per call keeps its stack off the loop's (the verifier bounds a call chain's
+/// stack at 512 bytes).
 #[unsafe(no_mangle)]
 #[inline(never)]
 pub extern "C" fn scorch_hotspot_walk(slot: u32) -> u32 {
@@ -416,18 +379,19 @@ fn walk_at(walk: &mut WalkState) {
     let Some(scratch) = HOTSPOT_SCRATCH.get_ptr_mut(0) else {
         return;
     };
-    let before = walk.runtime_frames;
-    let mut java = Java {
-        walk: walk as *mut WalkState,
-        proc,
-        scratch,
-        leaf_bcp: walk.bcp,
-    };
-    repeat(MAX_JAVA_FRAMES, java_step, &mut java);
-    let emitted = walk.runtime_frames.wrapping_sub(before);
-    if emitted > 0 {
-        walk.claimed = 1;
+    // SAFETY: map values, alive while the program runs; the scratch is this CPU's.
+    let (proc, scratch) = unsafe { (&*proc, &mut *scratch) };
+    if !java_frame(walk, proc, scratch) {
+        // Handed over and not claimed: the native walk records the pc and steps past it.
+        walk.claimed = 0;
+        walk.stepped = 0;
+        return;
+    }
+    count(walk.counters, HotspotCount::Frames, 1);
+    walk.claimed = 1;
+    if heap_of(proc, walk.pc.wrapping_sub(1)).is_some() {
+        walk.runtime = RuntimeId::Hotspot as u32;
+    } else {
         walk.stepped = 1;
-        count(walk.counters, HotspotCount::Frames, u64::from(emitted));
     }
 }

@@ -123,7 +123,12 @@ pub struct WalkState {
 /// when the stack is full.
 #[inline(always)]
 pub fn push_frame(walk: &mut WalkState, word: u64) -> bool {
-    let len = walk.stack.len as usize;
+    // Read from memory each time: for two pushes in a row (a runtime's frame and its
+    // continuation) the compiler otherwise reuses the first's `len + 1` and folds the second's
+    // bound check into the first's `len != 255`, which 6.1's verifier does not turn into a
+    // bound on the index.
+    // SAFETY: a plain read of a field of this CPU's walk state.
+    let len = unsafe { core::ptr::read_volatile(&walk.stack.len) } as usize;
     let Some(slot) = walk.stack.pcs.get_mut(len) else {
         return false;
     };
