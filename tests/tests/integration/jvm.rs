@@ -286,6 +286,17 @@ fn call_tree_like_jfr(jdk: &Jdk, tag: &str, flags: &[&str]) -> Result<()> {
         report.summary
     );
 
+    // Each worker's samples under its own thread name, about half each (the pool's threads
+    // run the same tree).
+    let threads = tree_threads(&profile);
+    for worker in ["worker-0", "worker-1"] {
+        let share = threads.get(worker).copied().unwrap_or(0) as f64 / total as f64;
+        ensure!(
+            (0.35..=0.65).contains(&share),
+            "{worker} has {share:.3} of the tree's samples: {threads:?}"
+        );
+    }
+
     // Names as JFR gives them: the call tree's file, and lines within its methods.
     let source = std::fs::read_to_string(scorch_tests::workload_source("CallTree.java"))?;
     let spin_lines = method_lines(&source, "static long spin(");
@@ -331,6 +342,39 @@ fn call_tree_like_jfr(jdk: &Jdk, tag: &str, flags: &[&str]) -> Result<()> {
     Ok(())
 }
 
+/// The call tree's samples (those under `CallTree.run`) by their `thread` label.
+fn tree_threads(profile: &scorch::pprof::Profile) -> HashMap<String, i64> {
+    let strings = &profile.string_table;
+    let in_tree: std::collections::HashSet<u64> = profile
+        .location
+        .iter()
+        .filter(|l| {
+            l.line.iter().any(|line| {
+                profile
+                    .function
+                    .iter()
+                    .find(|f| f.id == line.function_id)
+                    .is_some_and(|f| strings[f.name as usize] == "CallTree.run")
+            })
+        })
+        .map(|l| l.id)
+        .collect();
+    let mut threads = HashMap::new();
+    for sample in &profile.sample {
+        if !sample.location_id.iter().any(|id| in_tree.contains(id)) {
+            continue;
+        }
+        let thread = sample
+            .label
+            .iter()
+            .find(|l| strings[l.key as usize] == "thread")
+            .map(|l| strings[l.str as usize].clone())
+            .unwrap_or_default();
+        *threads.entry(thread).or_default() += sample.value[0];
+    }
+    threads
+}
+
 /// The lines of the method whose declaration starts with `declaration` in `source`: from it
 /// to its closing brace (at the declaration's indent).
 fn method_lines(source: &str, declaration: &str) -> std::ops::RangeInclusive<u32> {
@@ -365,6 +409,72 @@ fn jdk17_c1_call_tree_is_named_like_jfr() -> Result<()> {
 #[test]
 fn jdk21_call_tree_is_named_like_jfr() -> Result<()> {
     call_tree_like_jfr(&Jdk::trixie21()?, "21", &[])
+}
+
+/// A Java thread blocking in `Blocker.nap` (sleep, 3 ms) and `Blocker.park` (park, 1 ms) in
+/// turn, recorded off-CPU: the time under `Blocker.run` goes three quarters to nap and one
+/// to park, the Java frames named above the JVM's native ones as on-CPU.
+#[test]
+fn jdk17_off_cpu_stacks_name_the_java_frames() -> Result<()> {
+    let jdk = Jdk::host17();
+    let (here, inside) = jdk.shared_dir("17-off-cpu")?;
+    std::fs::copy(
+        scorch_tests::workload_source("Blocker.java"),
+        here.join("Blocker.java"),
+    )?;
+    run_tool(
+        jdk.command("javac")
+            .args(["-g", "-d", &inside])
+            .arg(format!("{inside}/Blocker.java")),
+    )?;
+    let mut java = jdk
+        .command("java")
+        .args(["-cp", &inside, "Blocker", "16"])
+        .spawn()?;
+    let _kill = KillOnDrop(java.id());
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    let path = work_dir().join("jvm-off-cpu-17.pb.gz");
+    let output = scorch_tests::record_pid_to(
+        java.id(),
+        8,
+        &path,
+        &["--off-cpu", "--off-cpu-mean", "1ms"],
+    )?;
+    let report = scorch_tests::parse_record_output(&output)?;
+    ensure!(java.wait()?.success(), "the JVM failed");
+    println!("scorch: {}", report.summary);
+    let samples = scorch_tests::off_cpu_samples(&scorch_tests::read_pprof(&path)?);
+    let under = |name: &str| -> i64 {
+        samples
+            .iter()
+            .filter(|s| s.frames.iter().any(|f| f == "Blocker.run") && s.frames.iter().any(|f| f == name))
+            .map(|s| s.value)
+            .sum()
+    };
+    let run = under("Blocker.run");
+    ensure!(run > 0, "no off-CPU time under Blocker.run: {}", report.summary);
+    let (nap, park) = (under("Blocker.nap") as f64 / run as f64, under("Blocker.park") as f64 / run as f64);
+    println!("nap {nap:.3}, park {park:.3} of {run} ns");
+    ensure!(
+        (0.6..=0.9).contains(&nap) && (0.1..=0.4).contains(&park),
+        "nap {nap:.3}, park {park:.3} of the time under Blocker.run"
+    );
+    // Whole stacks: from the blocking call through the Java frames to `Blocker.main` and the
+    // JVM's native code that called it.
+    let whole: i64 = samples
+        .iter()
+        .filter(|s| s.frames.iter().any(|f| f == "Blocker.run"))
+        .filter(|s| {
+            s.frames.iter().any(|f| f == "Blocker.main")
+                && s.frames.iter().any(|f| f.starts_with("JavaCalls::call_helper"))
+        })
+        .map(|s| s.value)
+        .sum();
+    ensure!(
+        whole as f64 >= 0.95 * run as f64,
+        "{whole} ns of the {run} under Blocker.run reach Blocker.main and call_helper"
+    );
+    Ok(())
 }
 
 #[test]
