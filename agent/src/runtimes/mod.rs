@@ -85,9 +85,9 @@ pub trait Binary: Send + Sync + fmt::Debug {
 pub enum Attach {
     /// The runtime's walk takes the process's frames from now on.
     Attached(Attachment),
-    /// The process cannot be walked (it lacks what [`Support`] should give, or its runtime's
-    /// data is not what the walk reads).
-    Unsupported,
+    /// The process cannot be walked, for the reason given (it lacks what [`Support`] should
+    /// give, or its runtime's data is not what the walk reads).
+    Unsupported(String),
     /// The process is still setting its runtime up: the loader asks again shortly.
     Later,
 }

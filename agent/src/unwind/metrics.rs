@@ -32,6 +32,7 @@ pub struct UnwindMetrics {
     /// Each runtime's chains that stopped early, by runtime and reason.
     runtime_stops: Family<[(&'static str, &'static str); 2], Counter<u64, AtomicU64>>,
     runtime_processes: Gauge<u64, AtomicU64>,
+    runtime_processes_refused: Gauge<u64, AtomicU64>,
 }
 
 impl UnwindMetrics {
@@ -52,6 +53,7 @@ impl UnwindMetrics {
             runtime_frames: Family::default(),
             runtime_stops: Family::default(),
             runtime_processes: Gauge::default(),
+            runtime_processes_refused: Gauge::default(),
         };
         registry.register(
             "unwind_walks",
@@ -140,9 +142,16 @@ impl UnwindMetrics {
         );
         registry.register(
             "runtime_processes",
-            "Processes running a runtime whose frames the BPF walk takes over (CPython's), \
-             once per runtime a process runs",
+            "Processes running a runtime whose frames the BPF walk takes over (CPython's, \
+             HotSpot's), once per runtime a process runs",
             metrics.runtime_processes.clone(),
+        );
+        registry.register(
+            "runtime_processes_refused",
+            "Processes that map a runtime's binary but whose runtime the walk cannot take \
+             (a JVM whose vmStructs tables are not what the walk reads, or lie), once per \
+             runtime a process runs; the reason is in the debug log",
+            metrics.runtime_processes_refused.clone(),
         );
         metrics
     }
@@ -166,6 +175,8 @@ impl UnwindMetrics {
             }
         }
         self.runtime_processes.set(stats.runtime_processes as u64);
+        self.runtime_processes_refused
+            .set(stats.runtime_processes_refused as u64);
         for (outcome, count) in outcomes {
             self.outcomes.inc_by(outcome, count);
         }

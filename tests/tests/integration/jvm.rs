@@ -434,12 +434,8 @@ fn jdk17_off_cpu_stacks_name_the_java_frames() -> Result<()> {
     let _kill = KillOnDrop(java.id());
     std::thread::sleep(std::time::Duration::from_secs(3));
     let path = work_dir().join("jvm-off-cpu-17.pb.gz");
-    let output = scorch_tests::record_pid_to(
-        java.id(),
-        8,
-        &path,
-        &["--off-cpu", "--off-cpu-mean", "1ms"],
-    )?;
+    let output =
+        scorch_tests::record_pid_to(java.id(), 8, &path, &["--off-cpu", "--off-cpu-mean", "1ms"])?;
     let report = scorch_tests::parse_record_output(&output)?;
     ensure!(java.wait()?.success(), "the JVM failed");
     println!("scorch: {}", report.summary);
@@ -447,13 +443,22 @@ fn jdk17_off_cpu_stacks_name_the_java_frames() -> Result<()> {
     let under = |name: &str| -> i64 {
         samples
             .iter()
-            .filter(|s| s.frames.iter().any(|f| f == "Blocker.run") && s.frames.iter().any(|f| f == name))
+            .filter(|s| {
+                s.frames.iter().any(|f| f == "Blocker.run") && s.frames.iter().any(|f| f == name)
+            })
             .map(|s| s.value)
             .sum()
     };
     let run = under("Blocker.run");
-    ensure!(run > 0, "no off-CPU time under Blocker.run: {}", report.summary);
-    let (nap, park) = (under("Blocker.nap") as f64 / run as f64, under("Blocker.park") as f64 / run as f64);
+    ensure!(
+        run > 0,
+        "no off-CPU time under Blocker.run: {}",
+        report.summary
+    );
+    let (nap, park) = (
+        under("Blocker.nap") as f64 / run as f64,
+        under("Blocker.park") as f64 / run as f64,
+    );
     println!("nap {nap:.3}, park {park:.3} of {run} ns");
     ensure!(
         (0.6..=0.9).contains(&nap) && (0.1..=0.4).contains(&park),
@@ -466,7 +471,9 @@ fn jdk17_off_cpu_stacks_name_the_java_frames() -> Result<()> {
         .filter(|s| s.frames.iter().any(|f| f == "Blocker.run"))
         .filter(|s| {
             s.frames.iter().any(|f| f == "Blocker.main")
-                && s.frames.iter().any(|f| f.starts_with("JavaCalls::call_helper"))
+                && s.frames
+                    .iter()
+                    .any(|f| f.starts_with("JavaCalls::call_helper"))
         })
         .map(|s| s.value)
         .sum();
@@ -475,6 +482,76 @@ fn jdk17_off_cpu_stacks_name_the_java_frames() -> Result<()> {
         "{whole} ns of the {run} under Blocker.run reach Blocker.main and call_helper"
     );
     Ok(())
+}
+
+/// Processes that export a JVM's `gHotSpotVMStructs` and lie about it (tables at garbage, a
+/// terabyte stride, no end, names without one, names that are the table): the daemon counts
+/// each as a JVM it will not walk, walks their native frames as any process's, and stays up,
+/// its CPU and memory those of a quiet host.
+#[test]
+fn lying_jvms_are_refused_and_cost_the_daemon_nothing() -> Result<()> {
+    const MODES: [&str; 5] = ["garbage", "stride", "endless", "longname", "selfref"];
+    let program = scorch_tests::build_workload("fakejvm", &["-O2", "-rdynamic", "-g"])?;
+    let store = work_dir().join("jvm-lying-store");
+    let _ = std::fs::remove_dir_all(&store);
+    let daemon = scorch_tests::Daemon::start(&store, &["--window", "1s", "--frequency", "49"])?;
+    let (pid, address) = (daemon.pid(), daemon.address.clone());
+    let mut fakes = Vec::new();
+    for mode in MODES {
+        fakes.push(scorch_tests::Workload::start(&program, &[mode, "20"])?);
+    }
+    let cpu_before = cpu_seconds(pid)?;
+    let started = std::time::Instant::now();
+    scorch_tests::wait_for(
+        "the lying processes to be refused",
+        std::time::Duration::from_secs(15),
+        &|| Ok(scorch_tests::metric(&address, "scorch_runtime_processes_refused")? >= 5.0),
+    )?;
+    std::thread::sleep(std::time::Duration::from_secs(8));
+    let cpu = (cpu_seconds(pid)? - cpu_before) / started.elapsed().as_secs_f64();
+    let peak = scorch_tests::status_kib(pid, "VmHWM:")? as f64 / 1024.0;
+    let (status, body) = scorch_tests::http_get(&address, "/healthz")?;
+    for mut fake in fakes {
+        ensure!(fake.child.wait()?.success(), "fakejvm failed");
+    }
+    let (stopped, _, stderr) = daemon.stop()?;
+    ensure!(stopped.success(), "{stderr}");
+    println!("daemon: {cpu:.3} of a CPU, peak RSS {peak:.1} MiB; /healthz {status}");
+    ensure!(
+        status == 200,
+        "/healthz answered {status}: {}",
+        String::from_utf8_lossy(&body)
+    );
+    // A quiet host's daemon at 49 Hz: well under a tenth of a CPU, and tens of MiB.
+    ensure!(
+        cpu < 0.15,
+        "the daemon took {cpu:.3} of a CPU beside the lying processes"
+    );
+    ensure!(peak < 120.0, "the daemon's RSS peaked at {peak:.1} MiB");
+    // Their own frames are walked and named as any native process's.
+    let folded = scorch_tests::query_folded(&store, &[], r#"{comm="fakejvm"}"#)?;
+    let spins: u64 = folded
+        .lines()
+        .filter(|l| l.contains("main;fake_spin"))
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<u64>().ok())
+        .sum();
+    ensure!(spins > 100, "fake_spin named in {spins} samples:\n{folded}");
+    // None of them was walked as a JVM.
+    ensure!(
+        !folded.contains("[jvm"),
+        "a lying process has JVM frames:\n{folded}"
+    );
+    Ok(())
+}
+
+/// User plus system CPU seconds of `pid`, from `/proc/PID/stat`.
+fn cpu_seconds(pid: u32) -> Result<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks: f64 = fields[11].parse::<f64>()? + fields[12].parse::<f64>()?;
+    // USER_HZ, the unit of /proc's clock ticks, is 100 in Linux's ABI.
+    Ok(ticks / 100.0)
 }
 
 #[test]

@@ -55,6 +55,11 @@ pub enum MethodError {
          {MAX_LINE_TABLE} bytes"
     )]
     Unended { address: u64 },
+    /// A symbol that is not one the JVM could hold there: bytes that are no modified UTF-8,
+    /// a control character, or a character the JVM refuses in such a name. What a symbol
+    /// freed since the sample and its memory reused reads as.
+    #[error("the {what} at {address:#x} is no name the JVM gives")]
+    Garbled { what: &'static str, address: u64 },
 }
 
 /// A named Java frame.
@@ -134,8 +139,19 @@ fn pointer(memory: &dyn Memory, what: &'static str, address: u64) -> Result<u64,
 }
 
 /// The text of the `Symbol` at `address`: its header, then its body at its `u2` length, each
-/// read once.
+/// read once, decoded as the modified UTF-8 the JVM keeps; `None` for bytes that are not.
 pub fn symbol(memory: &dyn Memory, layout: &Layout, address: u64) -> Result<String, MethodError> {
+    symbol_text(memory, layout, address)?.ok_or(MethodError::Garbled {
+        what: "symbol",
+        address,
+    })
+}
+
+fn symbol_text(
+    memory: &dyn Memory,
+    layout: &Layout,
+    address: u64,
+) -> Result<Option<String>, MethodError> {
     let mut header = [0u8; MAX_SYMBOL_SIZE as usize];
     let header = &mut header[..layout.symbol.size_of as usize];
     if !memory.read(address, header) {
@@ -147,9 +163,89 @@ pub fn symbol(memory: &dyn Memory, layout: &Layout, address: u64) -> Result<Stri
     if !memory.read(body, &mut text) {
         return Err(unreadable("Symbol's body", body));
     }
-    // Modified UTF-8: only NUL and supplementary characters differ, neither in names javac
-    // writes; a lossy reading still names the frame.
-    Ok(String::from_utf8_lossy(&text).into_owned())
+    Ok(modified_utf8(&text))
+}
+
+/// `bytes` as the JVM's modified UTF-8 (JVMS 4.4.7): UTF-8 but for NUL, written `C0 80`, and
+/// supplementary characters, written as their two surrogates of three bytes each. `None`
+/// for anything else, and for a control character, which no name holds.
+pub fn modified_utf8(bytes: &[u8]) -> Option<String> {
+    let mut text = String::with_capacity(bytes.len());
+    let mut rest = bytes;
+    while let Some(&first) = rest.first() {
+        let (c, used) = match first {
+            0x01..=0x7f => (u32::from(first), 1),
+            0xc0..=0xdf => {
+                let &[_, b, ..] = rest else { return None };
+                if b & 0xc0 != 0x80 {
+                    return None;
+                }
+                (u32::from(first & 0x1f) << 6 | u32::from(b & 0x3f), 2)
+            }
+            0xe0..=0xef => {
+                let &[_, b, c, ..] = rest else { return None };
+                if b & 0xc0 != 0x80 || c & 0xc0 != 0x80 {
+                    return None;
+                }
+                let unit =
+                    u32::from(first & 0x0f) << 12 | u32::from(b & 0x3f) << 6 | u32::from(c & 0x3f);
+                if (0xd800..0xdc00).contains(&unit) {
+                    // A high surrogate: its low one follows, three bytes more.
+                    let &[_, _, _, d, e, f, ..] = rest else {
+                        return None;
+                    };
+                    let low =
+                        u32::from(d & 0x0f) << 12 | u32::from(e & 0x3f) << 6 | u32::from(f & 0x3f);
+                    if d != 0xed
+                        || e & 0xc0 != 0x80
+                        || f & 0xc0 != 0x80
+                        || !(0xdc00..0xe000).contains(&low)
+                    {
+                        return None;
+                    }
+                    (0x10000 + ((unit - 0xd800) << 10) + (low - 0xdc00), 6)
+                } else {
+                    (unit, 3)
+                }
+            }
+            _ => return None,
+        };
+        let c = char::from_u32(c)?;
+        if c.is_control() {
+            return None;
+        }
+        text.push(c);
+        rest = &rest[used..];
+    }
+    Some(text)
+}
+
+/// Whether `name` is a method's name as the JVM accepts one (JVMS 4.2.2): not empty, none
+/// of `. ; [ /`, and `<` or `>` only in `<init>` and `<clinit>`.
+pub fn is_method_name(name: &str) -> bool {
+    name == "<init>"
+        || name == "<clinit>"
+        || (!name.is_empty() && !name.contains(['.', ';', '[', '/', '<', '>']))
+}
+
+/// Whether `name` is a class's name as `Klass::_name` holds one: an internal binary name
+/// (JVMS 4.2.1; a hidden class's has a `/` and its address, or JDK 21's `+0x...`), or an
+/// array's descriptor.
+pub fn is_class_name(name: &str) -> bool {
+    if let Some(element) = name.strip_prefix('[') {
+        return !element.is_empty();
+    }
+    !name.is_empty()
+        && !name.contains(['.', ';', '['])
+        && name.split('/').all(|part| !part.is_empty())
+}
+
+/// Whether `descriptor` is a method descriptor's shape: `(` the parameters `)` the return.
+fn is_method_descriptor(descriptor: &str) -> bool {
+    descriptor.starts_with('(')
+        && descriptor
+            .split_once(')')
+            .is_some_and(|(_, ret)| !ret.is_empty())
 }
 
 /// The `Symbol*` at `index` in the constant pool at `pool`. The low bit is masked, as OTel
@@ -204,7 +300,17 @@ pub fn name_method(
         "Klass._name",
         holder.wrapping_add(layout.klass_name),
     )?;
-    let class = symbol(memory, layout, name)?.replace('/', ".");
+    // Each name checked to be one the JVM gives: a class unloaded since the sample may have
+    // had its symbols freed and their memory reused, while its Method and ConstMethod still
+    // read as they were.
+    let class = symbol(memory, layout, name)?;
+    if !is_class_name(&class) {
+        return Err(MethodError::Garbled {
+            what: "class name",
+            address: name,
+        });
+    }
+    let class = class.replace('/', ".");
     let method_name = pool_symbol(
         memory,
         layout,
@@ -212,6 +318,12 @@ pub fn name_method(
         u16_in(&bytes, cm.name_index),
         "method name",
     )?;
+    if !is_method_name(&method_name) {
+        return Err(MethodError::Garbled {
+            what: "method name",
+            address: pool,
+        });
+    }
     let signature = pool_symbol(
         memory,
         layout,
@@ -219,6 +331,12 @@ pub fn name_method(
         u16_in(&bytes, cm.signature_index),
         "signature",
     )?;
+    if !is_method_descriptor(&signature) {
+        return Err(MethodError::Garbled {
+            what: "method descriptor",
+            address: pool,
+        });
+    }
     let file = source_file(memory, layout, pool, holder)?;
 
     let code_size = u16_in(&bytes, cm.code_size);

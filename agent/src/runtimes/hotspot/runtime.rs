@@ -105,28 +105,36 @@ impl Runtime for Hotspot {
     }
 }
 
-/// A libjvm: where its tables' globals are, and the layouts read from the processes loading
+/// What reading a JVM's layout gave.
+type LayoutRead = Result<Arc<Layout>, HotspotError>;
+
+/// A libjvm: where its tables' globals are, and what was read from the processes loading
 /// it, by (process, load bias).
 #[derive(Debug)]
 struct Jvm {
     symbols: Symbols,
-    layouts: Mutex<HashMap<(u32, u64), Arc<Layout>>>,
+    layouts: Mutex<HashMap<(u32, u64), LayoutRead>>,
 }
 
 impl Jvm {
     /// The layout of the JVM `pid` runs from this libjvm at `bias`, read at its first attach.
+    /// A failure is kept as well, but for a JVM still starting: a process whose tables lie
+    /// is described again at each of its events, and reading them again each time (up to the
+    /// readers' bounds) would be its way to spend the agent's CPU.
     fn layout(&self, pid: u32, bias: u64) -> Result<Arc<Layout>, HotspotError> {
         let mut layouts = self.layouts.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(layout) = layouts.get(&(pid, bias)) {
-            return Ok(Arc::clone(layout));
+        if let Some(read) = layouts.get(&(pid, bias)) {
+            return read.clone();
         }
-        let (_, layout) = read_layout(&ProcessMemory(pid), &self.symbols, bias)?;
-        let layout = Arc::new(layout);
+        let read = read_layout(&ProcessMemory(pid), &self.symbols, bias).map(|(_, l)| Arc::new(l));
+        if matches!(&read, Err(err) if err.is_not_yet_set_up()) {
+            return read;
+        }
         if layouts.len() >= MAX_LAYOUTS {
             layouts.clear();
         }
-        layouts.insert((pid, bias), Arc::clone(&layout));
-        Ok(layout)
+        layouts.insert((pid, bias), read.clone());
+        read
     }
 }
 
@@ -139,27 +147,17 @@ impl Binary for Jvm {
         let layout = match self.layout(pid, bias) {
             Ok(layout) => layout,
             Err(err) if err.is_not_yet_set_up() => return Attach::Later,
-            Err(err) => {
-                tracing::debug!("process {pid}: its JVM's Java frames not walked: {err}");
-                return Attach::Unsupported;
-            }
+            Err(err) => return Attach::Unsupported(err.to_string()),
         };
         let cache = match code_cache(&ProcessMemory(pid), &layout, bias) {
             Ok(cache) => cache,
             Err(HeapsError::NotYetSetUp(_)) => return Attach::Later,
-            Err(err) => {
-                tracing::debug!("process {pid}: its JVM's Java frames not walked: {err}");
-                return Attach::Unsupported;
-            }
+            Err(err) => return Attach::Unsupported(err.to_string()),
         };
         let entry = match hotspot_proc(&layout, &cache) {
             Ok(entry) => entry,
             Err(err) => {
-                tracing::debug!(
-                    "process {pid}: JVM {}: Java frames not walked: {err}",
-                    layout.version.release
-                );
-                return Attach::Unsupported;
+                return Attach::Unsupported(format!("JVM {}: {err}", layout.version.release))
             }
         };
         let count = entry.heap_count as usize;

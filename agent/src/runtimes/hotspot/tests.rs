@@ -929,3 +929,56 @@ fn the_hosts_jdk_17_describes_itself() {
 
 #[path = "tests_names.rs"]
 pub(super) mod names;
+
+#[test]
+fn symbols_decode_as_modified_utf8_and_garbage_does_not() {
+    use super::method::{is_class_name, is_method_name, modified_utf8};
+    assert_eq!(
+        modified_utf8(b"java/lang/String").as_deref(),
+        Some("java/lang/String")
+    );
+    assert_eq!(
+        modified_utf8("caf\u{e9}".as_bytes()).as_deref(),
+        Some("caf\u{e9}")
+    );
+    assert_eq!(
+        modified_utf8("\u{4e2d}".as_bytes()).as_deref(),
+        Some("\u{4e2d}")
+    );
+    // U+1F600 as its two surrogates, three bytes each.
+    let surrogates = [0xed, 0xa0, 0xbd, 0xed, 0xb8, 0x80];
+    assert_eq!(modified_utf8(&surrogates).as_deref(), Some("\u{1f600}"));
+    // A NUL (C0 80) or any control character is no name; neither are stray bytes, a lone
+    // surrogate, standard UTF-8's four-byte form, or a sequence cut short.
+    for garbage in [
+        &[0xc0, 0x80][..],
+        b"a\x01b",
+        b"\x7f",
+        &[0xff, 0x41],
+        &[0xed, 0xa0, 0xbd],
+        &[0xf0, 0x9f, 0x98, 0x80],
+        &[0xe4, 0xb8],
+        &[0x80],
+    ] {
+        assert_eq!(modified_utf8(garbage), None, "{garbage:x?}");
+    }
+    for good in ["spin", "<init>", "<clinit>", "lambda$main$0", "access$000"] {
+        assert!(is_method_name(good), "{good}");
+    }
+    for bad in ["", "a.b", "a;b", "[a", "a/b", "<spin>", "x<"] {
+        assert!(!is_method_name(bad), "{bad}");
+    }
+    for good in [
+        "java/lang/String",
+        "CallTree$$Lambda$14/0x0000000800c03000",
+        "CallTree$$Lambda+0x00007f6d98006a08",
+        "[I",
+        "[Ljava/lang/Object;",
+        "Gen000001",
+    ] {
+        assert!(is_class_name(good), "{good}");
+    }
+    for bad in ["", "java.lang.String", "a;", "a//b", "/a", "["] {
+        assert!(!is_class_name(bad), "{bad}");
+    }
+}

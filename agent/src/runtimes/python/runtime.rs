@@ -93,7 +93,7 @@ impl Binary for Interpreter {
     /// thread-local one too, as glibc's thread pointer is where both are).
     fn attach(&self, _: u32, bias: u64, support: &Support) -> Attach {
         let Some(libc) = support.libc else {
-            return Attach::Unsupported;
+            return Attach::Unsupported("no glibc mapped".into());
         };
         let (value, process) = python_value(self, bias, &libc);
         let count = (value.eval_count as usize).min(PYTHON_EVAL_RANGES);

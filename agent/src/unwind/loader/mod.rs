@@ -190,6 +190,8 @@ pub struct LoaderStats {
     pub processes_without_room: u64,
     /// Processes with a runtime the BPF side walks (one per runtime a process runs).
     pub runtime_processes: usize,
+    /// Processes a runtime's binary is mapped in that the runtime cannot walk.
+    pub runtime_processes_refused: usize,
 }
 
 impl std::fmt::Display for LoaderStats {
@@ -307,6 +309,10 @@ pub struct Unwinder<M = KernelMaps> {
     /// [`ATTACH_REREAD`]: tracking::ATTACH_REREAD
     /// [`ATTACH_RETRY`]: tracking::ATTACH_RETRY
     attach_later: HashMap<u32, Loading>,
+    /// The (process, runtime) pairs a runtime's binary is mapped in but whose runtime refused
+    /// to walk them (`Attach::Unsupported`): a JVM whose tables are not what the walk reads,
+    /// one that lies about them. Counted in `scorch_runtime_processes_refused`.
+    refused: HashSet<(u32, RuntimeId)>,
 }
 
 impl Unwinder {
@@ -448,6 +454,7 @@ impl<M> Unwinder<M> {
             runtime_words: HashSet::new(),
             loading: HashMap::new(),
             attach_later: HashMap::new(),
+            refused: HashSet::new(),
         }
     }
 
@@ -467,6 +474,7 @@ impl<M> Unwinder<M> {
             processes_read: self.processes_read,
             processes_without_room: self.without_room_total,
             runtime_processes: self.attached.len(),
+            runtime_processes_refused: self.refused.len(),
             ..LoaderStats::default()
         };
         stats.tables_loaded = self.tables.len();

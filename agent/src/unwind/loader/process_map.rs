@@ -11,6 +11,7 @@ use crate::binary::elf::load_bias;
 
 use super::{
     super::{kernel_maps::is_full, owned::mark_owned},
+    runtimes::Attachments,
     FileState, LoaderError, LoaderMaps, ProcMapping, Unwinder,
 };
 
@@ -66,7 +67,11 @@ impl<M: LoaderMaps> Unwinder<M> {
         };
         // Mappings with a table first: when a process has more than the BPF side holds, the
         // ones left out fall back to frame pointers either way.
-        let (attachments, later) = self.attachments(pid);
+        let Attachments {
+            attached: attachments,
+            refused,
+            later,
+        } = self.attachments(pid);
         let mut chosen: Vec<UnwindMapping> = mappings.iter().map(|m| self.describe(m)).collect();
         // The walk hands a frame in a runtime's code to that runtime's walk when its mapping
         // says so.
@@ -79,6 +84,7 @@ impl<M: LoaderMaps> Unwinder<M> {
             chosen = mark_owned(chosen, &ranges, *id);
         }
         self.note_attach_later(pid, later);
+        self.note_refused(pid, refused);
         chosen.sort_by_key(|m| (m.state == MAPPING_NO_TABLE && m.runtime == 0, m.start));
         chosen.truncate(MAX_PROC_MAPPINGS);
         chosen.sort_by_key(|m| m.start);

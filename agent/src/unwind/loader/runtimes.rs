@@ -34,6 +34,17 @@ pub(super) struct FileRuntime {
 /// a ring buffer's worth of stacks, but nothing here grows without bound if none takes them.
 const MAX_RUNTIME_WORDS: usize = 65_536;
 
+/// What the runtimes made of one process at its description.
+#[derive(Debug, Default)]
+pub(super) struct Attachments {
+    /// Those that walk it, each with its entry.
+    pub(super) attached: Vec<(RuntimeId, Attachment)>,
+    /// Those that cannot, and why.
+    pub(super) refused: Vec<(RuntimeId, String)>,
+    /// Whether one asked to be asked again (the process is setting its runtime up).
+    pub(super) later: bool,
+}
+
 /// A change in which runtimes a process runs, for the symbolizer: the process, the runtime,
 /// and what naming its frames needs (`None`: it no longer runs it).
 pub type AttachmentChange = (u32, RuntimeId, Option<Arc<dyn Any + Send + Sync>>);
@@ -130,6 +141,7 @@ impl<M: LoaderMaps> Unwinder<M> {
 
     /// Forgets an exited process's runtimes.
     pub(super) fn detach_all(&mut self, pid: u32) {
+        self.refused.retain(|&(p, _)| p != pid);
         let ids: Vec<RuntimeId> = self
             .attached
             .keys()
@@ -142,10 +154,12 @@ impl<M: LoaderMaps> Unwinder<M> {
     }
 
     /// What each runtime whose binary `pid` maps gives it, with what the process's other
-    /// binaries support it with; and whether one asked to be attached later.
-    pub(super) fn attachments(&self, pid: u32) -> (Vec<(RuntimeId, Attachment)>, bool) {
+    /// binaries support it with: the attachments, and the runtimes that refused it or asked
+    /// to be asked again.
+    pub(super) fn attachments(&self, pid: u32) -> Attachments {
+        let mut result = Attachments::default();
         let Some(mappings) = self.procs.get(&pid) else {
-            return (Vec::new(), false);
+            return result;
         };
         let mut support = Support::default();
         let mut found = Vec::new();
@@ -165,19 +179,33 @@ impl<M: LoaderMaps> Unwinder<M> {
         }
         // One attachment per runtime: a process mapping two interpreters of one runtime (an
         // executable and a libpython) is walked through the last one met.
-        let mut attachments: Vec<(RuntimeId, Attachment)> = Vec::new();
-        let mut later = false;
         for (id, binary, bias) in found {
             match binary.attach(pid, bias, &support) {
                 Attach::Attached(attachment) => {
-                    attachments.retain(|(other, _)| *other != id);
-                    attachments.push((id, attachment));
+                    result.attached.retain(|(other, _)| *other != id);
+                    result.attached.push((id, attachment));
                 }
-                Attach::Later => later = true,
-                Attach::Unsupported => {}
+                Attach::Later => result.later = true,
+                Attach::Unsupported(reason) => result.refused.push((id, reason)),
             }
         }
-        (attachments, later)
+        result
+            .refused
+            .retain(|(id, _)| !result.attached.iter().any(|(other, _)| other == id));
+        result
+    }
+
+    /// Notes which runtimes refused `pid` now ([`Unwinder::refused`]), logging a new refusal
+    /// once (at debug: a process caught before its runtime's support is mapped is refused
+    /// until it is).
+    pub(super) fn note_refused(&mut self, pid: u32, refused: Vec<(RuntimeId, String)>) {
+        self.refused
+            .retain(|&(p, id)| p != pid || refused.iter().any(|(r, _)| *r == id));
+        for (id, reason) in refused {
+            if self.refused.insert((pid, id)) {
+                tracing::debug!("process {pid}: its {id:?} frames are not walked: {reason}");
+            }
+        }
     }
 }
 
@@ -281,7 +309,7 @@ mod tests {
         }
         fn attach(&self, _: u32, bias: u64, support: &Support) -> Attach {
             if support.libc.is_none() {
-                return Attach::Unsupported;
+                return Attach::Unsupported("no glibc".into());
             }
             let owned = OWNED.start + bias..OWNED.end + bias;
             Attach::Attached(super::Attachment {
@@ -399,11 +427,20 @@ mod tests {
         assert!(mappings.mappings[..mappings.count as usize]
             .iter()
             .all(|m| m.runtime == 0));
-        // Its glibc loads: attached from the next description on.
+        // Counted as refused, once however often it is described.
+        unwinder.scan_all(&[PID], |_| Ok(process(&[1, 2]))).unwrap();
+        assert_eq!(unwinder.stats().runtime_processes_refused, 1);
+        // Its glibc loads: attached from the next description on, and no longer refused.
         unwinder
             .scan_all(&[PID], |_| Ok(process(&[1, 2, 3])))
             .unwrap();
         assert_eq!(unwinder.stats().runtime_processes, 1);
+        assert_eq!(unwinder.stats().runtime_processes_refused, 0);
+        // Refused again (its glibc unmapped), then gone: forgotten.
+        unwinder.scan_all(&[PID], |_| Ok(process(&[1, 2]))).unwrap();
+        assert_eq!(unwinder.stats().runtime_processes_refused, 1);
+        unwinder.forget(|pid| pid != PID);
+        assert_eq!(unwinder.stats().runtime_processes_refused, 0);
     }
 
     #[test]
