@@ -7,7 +7,8 @@
 //! JFR's, the stacks whole from the leaf through `CallTree.run` and the JVM's `call_helper`
 //! to the thread's start, and names as JFR gives them (class, method, file, line). The JVM
 //! runs as it is tuned by default (both JIT compilers), with `-Xint` (the interpreter only)
-//! and with `-XX:TieredStopAtLevel=1` (C1 only).
+//! and with `-XX:TieredStopAtLevel=1` (C1 only); Debian 13's JDK 21 and 25 run in debootstrap
+//! roots.
 
 use std::{collections::HashMap, path::PathBuf, process::Command};
 
@@ -74,6 +75,17 @@ impl Jdk {
         let root = root_filesystem("trixie", &["openjdk-21-jdk-headless"])?;
         Ok(Jdk {
             home: "/usr/lib/jvm/java-21-openjdk-amd64",
+            _proc: Some(ProcMount::in_root(&root)?),
+            root: Some(root),
+        })
+    }
+
+    /// Debian 13's OpenJDK 25, in a root of that release: 23+'s layout (code offsets, the
+    /// immutable data) and 25's mutable data.
+    fn trixie25() -> Result<Jdk> {
+        let root = root_filesystem("trixie", &["openjdk-25-jdk-headless"])?;
+        Ok(Jdk {
+            home: "/usr/lib/jvm/java-25-openjdk-amd64",
             _proc: Some(ProcMount::in_root(&root)?),
             root: Some(root),
         })
@@ -409,6 +421,11 @@ fn jdk17_c1_call_tree_is_named_like_jfr() -> Result<()> {
 #[test]
 fn jdk21_call_tree_is_named_like_jfr() -> Result<()> {
     call_tree_like_jfr(&Jdk::trixie21()?, "21", &[])
+}
+
+#[test]
+fn jdk25_call_tree_is_named_like_jfr() -> Result<()> {
+    call_tree_like_jfr(&Jdk::trixie25()?, "25", &[])
 }
 
 /// A Java thread blocking in `Blocker.nap` (sleep, 3 ms) and `Blocker.park` (park, 1 ms) in
