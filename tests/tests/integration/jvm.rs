@@ -434,12 +434,8 @@ fn jdk17_off_cpu_stacks_name_the_java_frames() -> Result<()> {
     let _kill = KillOnDrop(java.id());
     std::thread::sleep(std::time::Duration::from_secs(3));
     let path = work_dir().join("jvm-off-cpu-17.pb.gz");
-    let output = scorch_tests::record_pid_to(
-        java.id(),
-        8,
-        &path,
-        &["--off-cpu", "--off-cpu-mean", "1ms"],
-    )?;
+    let output =
+        scorch_tests::record_pid_to(java.id(), 8, &path, &["--off-cpu", "--off-cpu-mean", "1ms"])?;
     let report = scorch_tests::parse_record_output(&output)?;
     ensure!(java.wait()?.success(), "the JVM failed");
     println!("scorch: {}", report.summary);
@@ -447,13 +443,22 @@ fn jdk17_off_cpu_stacks_name_the_java_frames() -> Result<()> {
     let under = |name: &str| -> i64 {
         samples
             .iter()
-            .filter(|s| s.frames.iter().any(|f| f == "Blocker.run") && s.frames.iter().any(|f| f == name))
+            .filter(|s| {
+                s.frames.iter().any(|f| f == "Blocker.run") && s.frames.iter().any(|f| f == name)
+            })
             .map(|s| s.value)
             .sum()
     };
     let run = under("Blocker.run");
-    ensure!(run > 0, "no off-CPU time under Blocker.run: {}", report.summary);
-    let (nap, park) = (under("Blocker.nap") as f64 / run as f64, under("Blocker.park") as f64 / run as f64);
+    ensure!(
+        run > 0,
+        "no off-CPU time under Blocker.run: {}",
+        report.summary
+    );
+    let (nap, park) = (
+        under("Blocker.nap") as f64 / run as f64,
+        under("Blocker.park") as f64 / run as f64,
+    );
     println!("nap {nap:.3}, park {park:.3} of {run} ns");
     ensure!(
         (0.6..=0.9).contains(&nap) && (0.1..=0.4).contains(&park),
@@ -466,7 +471,9 @@ fn jdk17_off_cpu_stacks_name_the_java_frames() -> Result<()> {
         .filter(|s| s.frames.iter().any(|f| f == "Blocker.run"))
         .filter(|s| {
             s.frames.iter().any(|f| f == "Blocker.main")
-                && s.frames.iter().any(|f| f.starts_with("JavaCalls::call_helper"))
+                && s.frames
+                    .iter()
+                    .any(|f| f.starts_with("JavaCalls::call_helper"))
         })
         .map(|s| s.value)
         .sum();
