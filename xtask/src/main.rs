@@ -73,7 +73,7 @@ enum Task {
         #[arg(long, default_value_t = 60)]
         seconds: u64,
         /// Runs of each measurement (default 3; `slowdown` and `offcpu`: rounds, default 5;
-        /// `scale`: runs of each cell, default 1).
+        /// `scale`: runs of each cell, default 1; `python` and `jvm` record at least 5 times).
         #[arg(long)]
         runs: Option<usize>,
         /// Run only this bench (default: record, symbolize, daemon, remote, unwind, walk).
@@ -178,7 +178,8 @@ pub fn run_command(command: &mut Command) -> Result<()> {
     Ok(())
 }
 
-/// Builds the release binary and returns its path.
+/// Builds the release binary and returns its path: under `CARGO_TARGET_DIR` when it is set
+/// (relative to the workspace, as cargo takes it), else under `target/`.
 fn build(root: &Path) -> Result<PathBuf> {
     setup::ensure_bpf_toolchain()?;
     run_command(Command::new("cargo").current_dir(root).args([
@@ -187,7 +188,10 @@ fn build(root: &Path) -> Result<PathBuf> {
         "--package",
         "scorch",
     ]))?;
-    Ok(root.join("target/release/scorch"))
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .filter(|dir| !dir.is_empty())
+        .map_or_else(|| root.join("target"), |dir| root.join(dir));
+    Ok(target.join("release/scorch"))
 }
 
 fn run(root: &Path, args: &[String]) -> Result<()> {

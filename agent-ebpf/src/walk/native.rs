@@ -20,7 +20,7 @@ use aya_ebpf::{
 use scorch_common::{
     Bisect, CfaKind, FpKind, ProcMappings, RaKind, UnwindMapping, UnwindOutcome, UnwindRow,
     MAPPING_SEARCH_STEPS, MAPPING_TABLE_EVICTED, MAPPING_TABLE_LOADED, MAPPING_TABLE_PENDING,
-    MAX_PROC_MAPPINGS, MAX_ROW_POOLS, ROW_CACHE_SLOTS, UNWIND_SEARCH_STEPS,
+    MAX_PROC_MAPPINGS, MAX_ROW_POOLS, ROW_CACHE_SLOTS, UNWIND_SEARCH_STEPS, WORD_KIND_SHIFT,
 };
 
 use crate::{
@@ -493,6 +493,11 @@ pub fn frame(walk: &mut WalkState, procs: &ProcMappings) -> u32 {
         walk.claimed = 0;
     }
     let pc = walk.pc;
+    // A "pc" past every user address space (2^57 at most) is a stack word read as one: a
+    // corrupt stack. Pushed, its top bits would read as a runtime's frame kind.
+    if pc >> WORD_KIND_SHIFT != 0 {
+        return UnwindOutcome::ReadFault as u32;
+    }
     let lookup = if walk.return_address != 0 { pc - 1 } else { pc };
     // A caller is most often in the mapping of the frame it called (a recursion, a library
     // calling itself): that one is tried before the search.

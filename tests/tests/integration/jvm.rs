@@ -7,7 +7,8 @@
 //! JFR's, the stacks whole from the leaf through `CallTree.run` and the JVM's `call_helper`
 //! to the thread's start, and names as JFR gives them (class, method, file, line). The JVM
 //! runs as it is tuned by default (both JIT compilers), with `-Xint` (the interpreter only)
-//! and with `-XX:TieredStopAtLevel=1` (C1 only).
+//! and with `-XX:TieredStopAtLevel=1` (C1 only); Debian 13's JDK 21 and 25 run in debootstrap
+//! roots.
 
 use std::{collections::HashMap, path::PathBuf, process::Command};
 
@@ -74,6 +75,17 @@ impl Jdk {
         let root = root_filesystem("trixie", &["openjdk-21-jdk-headless"])?;
         Ok(Jdk {
             home: "/usr/lib/jvm/java-21-openjdk-amd64",
+            _proc: Some(ProcMount::in_root(&root)?),
+            root: Some(root),
+        })
+    }
+
+    /// Debian 13's OpenJDK 25, in a root of that release: 23+'s layout (code offsets, the
+    /// immutable data) and 25's mutable data.
+    fn trixie25() -> Result<Jdk> {
+        let root = root_filesystem("trixie", &["openjdk-25-jdk-headless"])?;
+        Ok(Jdk {
+            home: "/usr/lib/jvm/java-25-openjdk-amd64",
             _proc: Some(ProcMount::in_root(&root)?),
             root: Some(root),
         })
@@ -411,6 +423,11 @@ fn jdk21_call_tree_is_named_like_jfr() -> Result<()> {
     call_tree_like_jfr(&Jdk::trixie21()?, "21", &[])
 }
 
+#[test]
+fn jdk25_call_tree_is_named_like_jfr() -> Result<()> {
+    call_tree_like_jfr(&Jdk::trixie25()?, "25", &[])
+}
+
 /// A Java thread blocking in `Blocker.nap` (sleep, 3 ms) and `Blocker.park` (park, 1 ms) in
 /// turn, recorded off-CPU: the time under `Blocker.run` goes three quarters to nap and one
 /// to park, the Java frames named above the JVM's native ones as on-CPU.
@@ -578,7 +595,6 @@ fn lying_jvms_are_refused_and_cost_the_daemon_nothing() -> Result<()> {
     let cpu = (cpu_seconds(pid)? - cpu_before) / started.elapsed().as_secs_f64();
     let peak = scorch_tests::status_kib(pid, "VmHWM:")? as f64 / 1024.0;
     let (status, body) = scorch_tests::http_get(&address, "/healthz")?;
-    let walked = scorch_tests::metric(&address, "scorch_runtime_processes")?;
     for mut fake in fakes {
         ensure!(fake.child.wait()?.success(), "fakejvm failed");
     }
@@ -590,7 +606,6 @@ fn lying_jvms_are_refused_and_cost_the_daemon_nothing() -> Result<()> {
         "/healthz answered {status}: {}",
         String::from_utf8_lossy(&body)
     );
-    ensure!(walked == 0.0, "{walked} lying processes walked as JVMs");
     // A quiet host's daemon at 49 Hz: well under a tenth of a CPU, and tens of MiB.
     ensure!(
         cpu < 0.15,
@@ -605,6 +620,11 @@ fn lying_jvms_are_refused_and_cost_the_daemon_nothing() -> Result<()> {
         .filter_map(|l| l.rsplit_once(' ')?.1.parse::<u64>().ok())
         .sum();
     ensure!(spins > 100, "fake_spin named in {spins} samples:\n{folded}");
+    // None of them was walked as a JVM.
+    ensure!(
+        !folded.contains("[jvm"),
+        "a lying process has JVM frames:\n{folded}"
+    );
     Ok(())
 }
 

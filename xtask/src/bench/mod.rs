@@ -16,6 +16,7 @@ mod daemon;
 mod go;
 mod harness;
 mod heap;
+mod jvm;
 pub mod measure;
 mod micro;
 mod offcpu;
@@ -55,6 +56,8 @@ pub enum Bench {
     Walk,
     /// The Python walk's cost, and the daemon with 20 interpreters beside py-spy.
     Python,
+    /// The Java walk's cost beside the native walk's, and the daemon with 5 JVMs.
+    Jvm,
     /// Stripped Go binaries named from .gopclntab, and the daemon with 20 of them.
     Go,
     /// A context switch's cost with `record --off-cpu`, beside perf on sched_switch.
@@ -75,7 +78,7 @@ pub enum Bench {
 
 impl Bench {
     /// Every bench, in the order `docs/benchmarks.md` gives them.
-    pub const ALL: [Bench; 16] = [
+    pub const ALL: [Bench; 17] = [
         Bench::Overhead,
         Bench::Slowdown,
         Bench::Scale,
@@ -84,6 +87,7 @@ impl Bench {
         Bench::Record,
         Bench::Walk,
         Bench::Python,
+        Bench::Jvm,
         Bench::Go,
         Bench::Offcpu,
         Bench::Daemon,
@@ -105,6 +109,7 @@ impl Bench {
             Bench::Record => "record",
             Bench::Walk => "walk",
             Bench::Python => "python",
+            Bench::Jvm => "jvm",
             Bench::Go => "go",
             Bench::Offcpu => "offcpu",
             Bench::Daemon => "daemon",
@@ -127,6 +132,7 @@ impl Bench {
             Bench::Record => "Recording side by side",
             Bench::Walk => "The BPF unwinder's walk",
             Bench::Python => "Python frames",
+            Bench::Jvm => "Java frames",
             Bench::Go => "Stripped Go binaries",
             Bench::Offcpu => "Off-CPU: a context switch's cost",
             Bench::Daemon => "The daemon in steady state",
@@ -190,6 +196,12 @@ impl Bench {
                 "`python3.11` 50 Python frames deep recorded at 999 Hz with `--python auto` \
                  and `--python off`; then `scorch run` beside 20 interpreters, walking on and \
                  off, and 20 `py-spy record` processes on the same interpreters."
+            }
+            Bench::Jvm => {
+                "OpenJDK 17 50 Java frames deep, each a compiled frame, recorded at 999 Hz \
+                 with `--jvm auto` and `--jvm off`, beside a C program 50 native frames deep \
+                 walked through unwind tables; then `scorch run` beside 5 JVMs, walking on and \
+                 off."
             }
             Bench::Go => {
                 "10,000 pcs of a stripped Go service named from `.gopclntab` beside DWARF \
@@ -345,6 +357,7 @@ fn measure(
         Bench::Daemon => daemon::daemon(root, scorch()?, options.daemon_windows, command),
         Bench::Heap => heap::heap(root, scorch()?, command),
         Bench::Python => python::python(root, scorch()?, runs(3), command),
+        Bench::Jvm => jvm::jvm(root, scorch()?, runs(3), command),
         Bench::Go => go::go(root, scorch()?, runs(3), command),
         Bench::Overhead => overhead::overhead(root, scorch()?, runs(3), phases, command),
         Bench::Churn => overhead::churn_ab(

@@ -105,12 +105,22 @@ impl Runtime for Hotspot {
     }
 }
 
+<<<<<<< HEAD
+=======
+/// What reading a JVM's layout gave.
+type LayoutRead = Result<Arc<Layout>, HotspotError>;
+
+>>>>>>> main
 /// A libjvm: where its tables' globals are, and what was read from the processes loading
 /// it, by (process, load bias).
 #[derive(Debug)]
 struct Jvm {
     symbols: Symbols,
+<<<<<<< HEAD
     layouts: Mutex<HashMap<(u32, u64), Result<Arc<Layout>, HotspotError>>>,
+=======
+    layouts: Mutex<HashMap<(u32, u64), LayoutRead>>,
+>>>>>>> main
 }
 
 impl Jvm {
