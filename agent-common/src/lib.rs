@@ -1110,6 +1110,31 @@ pub struct HotspotProc {
     /// [`HOTSPOT_USES_OFFSETS`], [`HOTSPOT_NEW_BCP_SLOT`].
     pub flags: u16,
     pub _reserved: [u16; 3],
+    /// Where the JVM's `CollectedHeap*` is (`Universe::_collectedHeap`, in the process's
+    /// addresses), and its `_total_collections`' offset in the heap: the collections count
+    /// read with the sample, in each frame's cookie ([`hotspot_cookie`]). 0 where the JVM
+    /// does not say.
+    pub collected_heap: u64,
+    pub total_collections: u32,
+    pub _reserved2: u32,
+}
+
+/// Where a HotSpot frame's cookie keeps the low bits of the JVM's collections count at the
+/// sample; the bits below it keep the frame's own check (the compile id, or the
+/// `ConstMethod*` >> 3).
+pub const HOTSPOT_EPOCH_SHIFT: u32 = 24;
+
+/// A HotSpot frame's cookie: the low 24 bits of `check` and the low 8 of `epoch`.
+pub const fn hotspot_cookie(check: u32, epoch: u32) -> u32 {
+    (check & ((1 << HOTSPOT_EPOCH_SHIFT) - 1)) | (epoch << HOTSPOT_EPOCH_SHIFT)
+}
+
+/// A cookie's check and epoch ([`hotspot_cookie`]).
+pub const fn hotspot_cookie_parts(cookie: u32) -> (u32, u32) {
+    (
+        cookie & ((1 << HOTSPOT_EPOCH_SHIFT) - 1),
+        cookie >> HOTSPOT_EPOCH_SHIFT,
+    )
 }
 
 /// Index into the per-CPU `HOTSPOT_COUNTS` array: Java frames the walk emitted, and why a

@@ -28,8 +28,10 @@
 //!    as a compiled method; one without: at the leaf the return address at `sp` (a jump or a
 //!    leaf routine), else its frame pointer (the call stub, called from C++).
 //! 4. **Its words**: the subtype and the `Method*` (interpreted) or `CodeBlob*` (the rest),
-//!    then a continuation word with the bci or pc delta and a cookie the agent checks (the
-//!    compile id, or `ConstMethod*` >> 3): an nmethod freed and reused since is left unnamed.
+//!    then a continuation word with the bci or pc delta and a cookie the agent checks: the
+//!    low 24 bits of the compile id or of `ConstMethod*` >> 3 (an nmethod or a method freed
+//!    and reused since is left unnamed), and the low 8 of the JVM's collections count at the
+//!    sample (a class unloaded since, whose symbols may be reused, is left unnamed too).
 
 use core::ffi::c_void;
 
@@ -39,9 +41,9 @@ use aya_ebpf::{
     maps::{HashMap, PerCpuArray},
 };
 use scorch_common::{
-    hotspot_frame_words, HotspotCount, HotspotProc, HotspotSubtype, RuntimeId, COUNTER_RUNS,
-    HOTSPOT_BLOB_BYTES, HOTSPOT_COUNTS, HOTSPOT_HEAPS, HOTSPOT_NEW_BCP_SLOT, HOTSPOT_USES_OFFSETS,
-    MAX_HOTSPOT_PROCS,
+    hotspot_cookie, hotspot_frame_words, HotspotCount, HotspotProc, HotspotSubtype, RuntimeId,
+    COUNTER_RUNS, HOTSPOT_BLOB_BYTES, HOTSPOT_COUNTS, HOTSPOT_HEAPS, HOTSPOT_NEW_BCP_SLOT,
+    HOTSPOT_USES_OFFSETS, MAX_HOTSPOT_PROCS,
 };
 
 use crate::shared::{
@@ -242,7 +244,7 @@ fn java_frame(walk: &mut WalkState, proc: &HotspotProc, scratch: &mut Scratch) -
                 HotspotSubtype::Interpreted,
                 method,
                 bci as u32,
-                (const_method >> 3) as u32,
+                hotspot_cookie((const_method >> 3) as u32, walk.epoch),
             ),
         )
     } else if kind == NAME_NMETHOD || kind == NAME_NATIVE {
@@ -273,7 +275,7 @@ fn java_frame(walk: &mut WalkState, proc: &HotspotProc, scratch: &mut Scratch) -
                 HotspotSubtype::Compiled,
                 blob,
                 at.wrapping_sub(code_begin) as u32,
-                compile_id,
+                hotspot_cookie(compile_id, walk.epoch),
             ),
         )
     } else {
@@ -381,6 +383,18 @@ fn walk_at(walk: &mut WalkState) {
     };
     // SAFETY: map values, alive while the program runs; the scratch is this CPU's.
     let (proc, scratch) = unsafe { (&*proc, &mut *scratch) };
+    // The JVM's collections count, once per hand-over: its low bits go in each frame's
+    // cookie, and the agent names a frame only while the count is the same (a class is
+    // unloaded only by a collection, and its memory may be reused after).
+    if walk.claimed == 0 {
+        walk.epoch = 0;
+        if proc.collected_heap != 0 {
+            if let Some(heap) = read_u64(proc.collected_heap) {
+                walk.epoch =
+                    read_u32(heap.wrapping_add(u64::from(proc.total_collections))).unwrap_or(0);
+            }
+        }
+    }
     if !java_frame(walk, proc, scratch) {
         // Handed over and not claimed: the native walk records the pc and steps past it.
         walk.claimed = 0;

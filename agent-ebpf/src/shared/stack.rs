@@ -85,8 +85,9 @@ pub struct WalkState {
     /// Non-zero when the runtime unwound its frames itself and left `pc`, `sp` and `fp` at
     /// the first frame past them: the native walk goes on from there without a step.
     pub stepped: u32,
-    /// Explicit padding.
-    pub _reserved: u32,
+    /// The JVM's collections count at this sample, read by HotSpot's walk at its first frame
+    /// of each hand-over (see `runtimes/hotspot.rs`).
+    pub epoch: u32,
     /// [`UserRegs::bcp`] at the walk's start.
     pub bcp: u64,
     /// The run of the counter arrays this walk counts in (`COUNTER_RUNS`).

@@ -51,6 +51,8 @@ pub const TYPES: &[&str] = &[
     "GrowableArray<int>",
     "GenericGrowableArray",
     "GrowableArrayBase",
+    "Universe",
+    "CollectedHeap",
 ];
 
 /// Why a JVM's layout was not read.
@@ -290,6 +292,19 @@ pub struct Layout {
     pub symbol: Symbol,
     pub growable_array: GrowableArray,
     pub vm_version: VmVersion,
+    /// Where the JVM counts its collections, which the walk reads with each sample and the
+    /// naming again: a class is unloaded only by a collection, so a frame sampled before one
+    /// and named after may be of memory freed since. `None` where the table has no
+    /// `Universe::_collectedHeap` or `CollectedHeap::_total_collections`.
+    pub collections: Option<Collections>,
+}
+
+/// `Universe::_collectedHeap` (a static `CollectedHeap*`, at an address of the libjvm) and
+/// `CollectedHeap::_total_collections` (a u32 in it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Collections {
+    pub heap: u64,
+    pub total: u64,
 }
 
 /// A class under its names across JDKs, the first its table holds giving its size.
@@ -604,6 +619,14 @@ pub fn layout(tables: &VmStructs, version: Version) -> Result<Layout, LayoutErro
         build: vm.static_at("_vm_build_number")?,
     };
 
+    let collections = match (
+        class(&["Universe"]).static_at("_collectedHeap")?,
+        class(&["CollectedHeap"]).optional("_total_collections")?,
+    ) {
+        (Some(heap), Some(total)) => Some(Collections { heap, total }),
+        _ => None,
+    };
+
     let unsigned5_excluded = u8::from(
         (
             version.major,
@@ -631,6 +654,7 @@ pub fn layout(tables: &VmStructs, version: Version) -> Result<Layout, LayoutErro
         symbol,
         growable_array,
         vm_version,
+        collections,
         version,
     })
 }

@@ -205,6 +205,10 @@ fn fuzz_layout(excluded: u8) -> Layout {
             security: None,
             build: None,
         },
+        collections: Some(Collections {
+            heap: 0x18,
+            total: 0x28,
+        }),
     }
 }
 

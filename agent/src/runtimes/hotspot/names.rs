@@ -37,7 +37,7 @@
 
 use std::{any::Any, collections::HashMap, sync::Arc};
 
-use scorch_common::{hotspot_frame_parts, HotspotSubtype};
+use scorch_common::{hotspot_cookie_parts, hotspot_frame_parts, HotspotSubtype};
 
 use super::layout::Layout;
 use super::method::{name_method, JavaFrame, MethodError};
@@ -50,6 +50,9 @@ use crate::{profile::Line, runtimes::Names};
 #[derive(Debug, Clone)]
 pub struct Process {
     pub layout: Arc<Layout>,
+    /// `Universe::_collectedHeap` in the process (0: the JVM does not say): the collections
+    /// count a frame's cookie carries is read again through it before the frame is named.
+    pub collected_heap: u64,
 }
 
 /// The name of a frame that could not be named: unreadable, freed and reused, or a process
@@ -84,12 +87,59 @@ pub enum FrameError {
         expected: u32,
         found: u32,
     },
+    #[error(
+        "sampled after collection {sampled} (its low 8 bits), named after {now}: its class \
+         may be unloaded"
+    )]
+    Collected { sampled: u32, now: u32 },
     #[error("the blob's name at {address:#x}: {reason:?}")]
     BlobName { address: u64, reason: StringError },
     #[error(transparent)]
     Method(#[from] MethodError),
     #[error(transparent)]
     Compiled(#[from] NmethodError),
+}
+
+/// `Ok` when the JVM has counted as many collections (their low 8 bits) as when the frame
+/// was sampled, which its cookie carries: a class is unloaded only by a collection, and one
+/// unloaded since may have had its symbols freed and their memory reused by another class's,
+/// while its `Method` still reads as it was. Stubs are never unloaded; a JVM that does not
+/// say how many it made is taken at its word (the walk wrote 0).
+pub fn same_collections(
+    memory: &dyn Memory,
+    process: &Process,
+    word: u64,
+    more: u64,
+) -> Result<(), FrameError> {
+    let Some((subtype, _, _, cookie)) = hotspot_frame_parts(word, more) else {
+        return Err(FrameError::NotHotspot);
+    };
+    if matches!(subtype, HotspotSubtype::Stub | HotspotSubtype::Vtable) {
+        return Ok(());
+    }
+    let (Some(collections), true) = (process.layout.collections, process.collected_heap != 0)
+    else {
+        return Ok(());
+    };
+    let heap = read_u64(memory, process.collected_heap).ok_or(FrameError::Unreadable {
+        what: "Universe::_collectedHeap",
+        address: process.collected_heap,
+    })?;
+    let at = heap.wrapping_add(collections.total);
+    let mut count = [0u8; 4];
+    if !memory.read(at, &mut count) {
+        return Err(FrameError::Unreadable {
+            what: "CollectedHeap::_total_collections",
+            address: at,
+        });
+    }
+    let (_, sampled) = hotspot_cookie_parts(cookie);
+    let now = u32::from_le_bytes(count) & 0xff;
+    if now == sampled {
+        Ok(())
+    } else {
+        Err(FrameError::Collected { sampled, now })
+    }
 }
 
 /// The lines of the HotSpot frame (`word`, `more`: its first word and its continuation's
@@ -112,11 +162,12 @@ pub fn name_frame(
                 what: "Method._constMethod",
                 address: at,
             })?;
-            let found = (const_method >> 3) as u32;
-            if found != cookie {
+            let (check, _) = hotspot_cookie_parts(cookie);
+            let (found, _) = hotspot_cookie_parts((const_method >> 3) as u32);
+            if found != check {
                 return Err(FrameError::Cookie {
-                    what: "Method._constMethod >> 3",
-                    expected: cookie,
+                    what: "Method._constMethod >> 3 (its low 24 bits)",
+                    expected: check,
                     found,
                 });
             }
@@ -128,7 +179,8 @@ pub fn name_frame(
             Ok(vec![java_line(frame)])
         }
         HotspotSubtype::Compiled => {
-            let frames = name_compiled(memory, layout, pointer, detail, cookie)?;
+            let (compile_id, _) = hotspot_cookie_parts(cookie);
+            let frames = name_compiled(memory, layout, pointer, detail, compile_id)?;
             Ok(frames.into_iter().map(java_line).collect())
         }
         HotspotSubtype::Stub | HotspotSubtype::Vtable => {
@@ -212,7 +264,7 @@ enum Source {
 /// Names HotSpot frames; see the module documentation.
 pub struct HotspotNames {
     /// Each JVM process's layout, from its attachment.
-    processes: HashMap<u32, Arc<Layout>>,
+    processes: HashMap<u32, Process>,
     /// Frames named this window (`None`: left unknown), by (process, word, continuation).
     cache: HashMap<(u32, u64, u64), Option<Vec<Line>>>,
     /// The bytes of names `cache` holds, against [`MAX_CACHED_TEXT`].
@@ -263,10 +315,10 @@ impl HotspotNames {
     }
 
     /// Notes that `pid` runs a JVM of `layout` (or, with `None`, no longer does).
-    pub fn set_process(&mut self, pid: u32, layout: Option<Arc<Layout>>) {
-        match layout {
-            Some(layout) => {
-                self.processes.insert(pid, layout);
+    pub fn set_process(&mut self, pid: u32, process: Option<Process>) {
+        match process {
+            Some(process) => {
+                self.processes.insert(pid, process);
             }
             // What was captured stays until the window ends: a process that exited is
             // named from it.
@@ -279,11 +331,14 @@ impl HotspotNames {
     /// The frame's lines read now, `None` when it cannot be named (or `pid` is no JVM the
     /// namer was told of).
     fn read(&self, pid: u32, word: u64, more: u64) -> Option<Vec<Line>> {
-        let layout = self.processes.get(&pid)?;
-        let named = match &self.source {
-            Source::Processes => name_frame(&ProcessMemory(pid), layout, word, more),
-            Source::Given(memory) => name_frame(memory.as_ref(), layout, word, more),
+        let process = self.processes.get(&pid)?;
+        let process_memory = ProcessMemory(pid);
+        let memory: &dyn Memory = match &self.source {
+            Source::Processes => &process_memory,
+            Source::Given(memory) => memory.as_ref(),
         };
+        let named = same_collections(memory, process, word, more)
+            .and_then(|()| name_frame(memory, &process.layout, word, more));
         match named {
             Ok(lines) if !lines.is_empty() => Some(lines),
             Ok(_) => None,
@@ -314,11 +369,11 @@ impl HotspotNames {
 
 impl Names for HotspotNames {
     fn attach(&mut self, pid: u32, process: Option<Arc<dyn Any + Send + Sync>>) {
-        let layout = process
+        let process = process
             .as_ref()
             .and_then(|p| p.downcast_ref::<Process>())
-            .map(|p| Arc::clone(&p.layout));
-        self.set_process(pid, layout);
+            .cloned();
+        self.set_process(pid, process);
     }
 
     fn capture(&mut self, pid: u32, word: u64, more: u64) {

@@ -94,7 +94,8 @@ fn read(
 }
 
 /// The frames of the pc `pc_offset` bytes past the code's start in the nmethod at `nmethod`,
-/// which the sample saw with `compile_id`: innermost first.
+/// which the sample saw with `compile_id` (its low 24 bits, as a frame's cookie keeps it):
+/// innermost first.
 pub fn name_compiled(
     memory: &dyn Memory,
     layout: &Layout,
@@ -104,7 +105,8 @@ pub fn name_compiled(
 ) -> Result<Vec<JavaFrame>, NmethodError> {
     let n = &layout.nmethod;
     let bytes = read(memory, "nmethod", nmethod, n.size_of)?;
-    let found = i32_in(&bytes, n.compile_id) as u32;
+    let (found, _) = scorch_common::hotspot_cookie_parts(i32_in(&bytes, n.compile_id) as u32);
+    let (compile_id, _) = scorch_common::hotspot_cookie_parts(compile_id);
     if found != compile_id {
         return Err(NmethodError::Evicted {
             expected: compile_id,

@@ -105,22 +105,15 @@ impl Runtime for Hotspot {
     }
 }
 
-<<<<<<< HEAD
-=======
 /// What reading a JVM's layout gave.
 type LayoutRead = Result<Arc<Layout>, HotspotError>;
 
->>>>>>> main
 /// A libjvm: where its tables' globals are, and what was read from the processes loading
 /// it, by (process, load bias).
 #[derive(Debug)]
 struct Jvm {
     symbols: Symbols,
-<<<<<<< HEAD
-    layouts: Mutex<HashMap<(u32, u64), Result<Arc<Layout>, HotspotError>>>,
-=======
     layouts: Mutex<HashMap<(u32, u64), LayoutRead>>,
->>>>>>> main
 }
 
 impl Jvm {
@@ -161,7 +154,7 @@ impl Binary for Jvm {
             Err(HeapsError::NotYetSetUp(_)) => return Attach::Later,
             Err(err) => return Attach::Unsupported(err.to_string()),
         };
-        let entry = match hotspot_proc(&layout, &cache) {
+        let entry = match hotspot_proc(&layout, &cache, bias) {
             Ok(entry) => entry,
             Err(err) => {
                 return Attach::Unsupported(format!("JVM {}: {err}", layout.version.release))
@@ -173,7 +166,10 @@ impl Binary for Jvm {
                 .map(|i| entry.heap_start[i]..entry.heap_end[i])
                 .collect(),
             entry: entry_bytes(&entry),
-            process: Arc::new(Process { layout }) as Arc<dyn Any + Send + Sync>,
+            process: Arc::new(Process {
+                layout,
+                collected_heap: entry.collected_heap,
+            }) as Arc<dyn Any + Send + Sync>,
         })
     }
 }
@@ -196,9 +192,13 @@ pub enum EntryError {
     },
 }
 
-/// The `HOTSPOT_PROCS` value of a JVM with `layout` and code heaps `cache`: every field the
-/// walk reads of a blob checked to lie in the bytes it reads at once.
-pub fn hotspot_proc(layout: &Layout, cache: &CodeCache) -> Result<HotspotProc, EntryError> {
+/// The `HOTSPOT_PROCS` value of a JVM with `layout` and code heaps `cache`, its libjvm at
+/// `bias`: every field the walk reads of a blob checked to lie in the bytes it reads at once.
+pub fn hotspot_proc(
+    layout: &Layout,
+    cache: &CodeCache,
+    bias: u64,
+) -> Result<HotspotProc, EntryError> {
     if cache.heaps.len() > HOTSPOT_HEAPS {
         return Err(EntryError::Heaps {
             count: cache.heaps.len(),
@@ -256,6 +256,10 @@ pub fn hotspot_proc(layout: &Layout, cache: &CodeCache) -> Result<HotspotProc, E
     if uses_offsets {
         entry.flags |= HOTSPOT_USES_OFFSETS;
     }
+    if let Some(collections) = layout.collections {
+        entry.collected_heap = collections.heap.wrapping_add(bias);
+        entry.total_collections = wide("CollectedHeap::_total_collections", collections.total)?;
+    }
     // JDK 9 put the method's mirror in the interpreter's frame, a word above the bcp.
     if layout.version.major >= 9 {
         entry.flags |= HOTSPOT_NEW_BCP_SLOT;
@@ -310,7 +314,7 @@ mod tests {
     #[test]
     fn a_jdk17_layout_gives_the_walk_its_heaps_offsets_and_flags() {
         let layout = super::super::fuzz_layout(0);
-        let entry = hotspot_proc(&layout, &cache(3)).unwrap();
+        let entry = hotspot_proc(&layout, &cache(3), 0x7f00).unwrap();
         assert_eq!(entry.heap_count, 3);
         assert_eq!(entry.segment_shift, 7);
         assert_eq!(entry.heap_start[1], 0x7f00_0100_0000);
@@ -329,6 +333,11 @@ mod tests {
         assert_eq!(entry.nmethod_deopt_handler, 0x98);
         // JDK 17: pointers, and the bcp below the mirror's slot.
         assert_eq!(entry.flags, HOTSPOT_NEW_BCP_SLOT);
+        // The collections count's place, in the process's addresses.
+        assert_eq!(
+            (entry.collected_heap, entry.total_collections),
+            (0x7f18, 0x28)
+        );
         assert_eq!(
             entry_bytes(&entry).len(),
             std::mem::size_of::<HotspotProc>()
@@ -341,7 +350,7 @@ mod tests {
         layout.version.major = 8;
         layout.code_blob.code_begin = Place::Offset(0x2c);
         layout.nmethod.deopt_handler = Place::Offset(0xd8);
-        let entry = hotspot_proc(&layout, &cache(1)).unwrap();
+        let entry = hotspot_proc(&layout, &cache(1), 0x7f00).unwrap();
         assert_eq!(entry.flags, HOTSPOT_USES_OFFSETS);
         assert_eq!(entry.codeblob_code_begin, 0x2c);
     }
@@ -351,7 +360,7 @@ mod tests {
         let mut layout = super::super::fuzz_layout(0);
         layout.nmethod.compile_id = HOTSPOT_BLOB_BYTES as u64 - 2;
         assert_eq!(
-            hotspot_proc(&layout, &cache(3)),
+            hotspot_proc(&layout, &cache(3), 0x7f00),
             Err(EntryError::OutsideBlob {
                 field: "nmethod::_compile_id",
                 offset: HOTSPOT_BLOB_BYTES as u64 - 2
@@ -360,18 +369,18 @@ mod tests {
         let mut layout = super::super::fuzz_layout(0);
         layout.method_const_method = 0x1_0000;
         assert!(matches!(
-            hotspot_proc(&layout, &cache(3)),
+            hotspot_proc(&layout, &cache(3), 0x7f00),
             Err(EntryError::TooFar { .. })
         ));
         let mut layout = super::super::fuzz_layout(0);
         layout.code_blob.code_begin = Place::Offset(0x2c);
         assert!(matches!(
-            hotspot_proc(&layout, &cache(3)),
+            hotspot_proc(&layout, &cache(3), 0x7f00),
             Err(EntryError::MixedPlaces { .. })
         ));
         let layout = super::super::fuzz_layout(0);
         assert_eq!(
-            hotspot_proc(&layout, &cache(HOTSPOT_HEAPS + 1)),
+            hotspot_proc(&layout, &cache(HOTSPOT_HEAPS + 1), 0x7f00),
             Err(EntryError::Heaps {
                 count: HOTSPOT_HEAPS + 1
             })

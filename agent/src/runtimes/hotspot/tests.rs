@@ -933,11 +933,6 @@ pub(super) mod names;
 #[test]
 fn symbols_decode_as_modified_utf8_and_garbage_does_not() {
     use super::method::{is_class_name, is_method_name, modified_utf8};
-<<<<<<< HEAD
-    assert_eq!(modified_utf8(b"java/lang/String").as_deref(), Some("java/lang/String"));
-    assert_eq!(modified_utf8("caf\u{e9}".as_bytes()).as_deref(), Some("caf\u{e9}"));
-    assert_eq!(modified_utf8("\u{4e2d}".as_bytes()).as_deref(), Some("\u{4e2d}"));
-=======
     assert_eq!(
         modified_utf8(b"java/lang/String").as_deref(),
         Some("java/lang/String")
@@ -950,7 +945,6 @@ fn symbols_decode_as_modified_utf8_and_garbage_does_not() {
         modified_utf8("\u{4e2d}".as_bytes()).as_deref(),
         Some("\u{4e2d}")
     );
->>>>>>> main
     // U+1F600 as its two surrogates, three bytes each.
     let surrogates = [0xed, 0xa0, 0xbd, 0xed, 0xb8, 0x80];
     assert_eq!(modified_utf8(&surrogates).as_deref(), Some("\u{1f600}"));

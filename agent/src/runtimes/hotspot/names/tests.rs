@@ -60,7 +60,10 @@ fn memory_with_stub(name: &[u8]) -> Regions {
 
 fn names_over(memory: Regions) -> HotspotNames {
     let mut names = HotspotNames::reading(Arc::new(memory));
-    let process: Arc<dyn Any + Send + Sync> = Arc::new(Process { layout: layout() });
+    let process: Arc<dyn Any + Send + Sync> = Arc::new(Process {
+        layout: layout(),
+        collected_heap: 0,
+    });
     names.attach(PID, Some(process));
     names
 }
@@ -280,6 +283,7 @@ fn the_hosts_jdk_17_frames_are_named_from_their_words() {
     let mut names = HotspotNames::new();
     let process: Arc<dyn Any + Send + Sync> = Arc::new(Process {
         layout: Arc::new(layout.clone()),
+        collected_heap: 0,
     });
     names.attach(pid, Some(process));
     let named = |names: &mut HotspotNames, (word, more): (u64, u64)| names.lines(pid, word, more);
