@@ -8,7 +8,8 @@ use crate::shared::stack::UserRegs;
 /// Whether saved registers are user mode's: the low two bits of CS are the privilege level.
 #[inline(always)]
 fn is_user(regs: &pt_regs) -> bool {
-    regs.cs & 3 == 3
+    // SAFETY: a plain read of a field of a valid reference; volatile as in `user_regs`.
+    (unsafe { core::ptr::read_volatile(&regs.cs) }) & 3 == 3
 }
 
 /// True when the sample interrupted user mode.
@@ -33,13 +34,19 @@ pub fn sample_regs(ctx: &PerfEventContext) -> UserRegs {
 }
 
 /// A task's saved registers, when they are user mode's (a kernel thread's are not).
+///
+/// Volatile reads: `regs` is a map value and [`sample_regs`]' a context, and the compiler
+/// would merge the two's loads of the same offsets into one instruction, which the verifier
+/// refuses ("same insn cannot be used with different pointers").
 #[inline(always)]
 pub fn user_regs(regs: &pt_regs) -> Option<UserRegs> {
-    is_user(regs).then_some(UserRegs {
-        pc: regs.rip,
-        sp: regs.rsp,
-        fp: regs.rbp,
-        bcp: regs.r13,
+    // SAFETY: plain reads of fields of a valid reference.
+    let read = |field: &u64| unsafe { core::ptr::read_volatile(field) };
+    is_user(regs).then(|| UserRegs {
+        pc: read(&regs.rip),
+        sp: read(&regs.rsp),
+        fp: read(&regs.rbp),
+        bcp: read(&regs.r13),
     })
 }
 

@@ -4,16 +4,19 @@
 //! [`RuntimeId::Hotspot`] in the process's anonymous mappings. When
 //! the native walk meets a pc there it hands the frame over ([`walk_at`]); unlike CPython's
 //! eval loop, whose frame the native walk steps past itself, the code cache holds no native
-//! frames and no unwind tables: this walk unwinds every Java frame itself, one per iteration
-//! of the walk's loop, and leaves the walk's registers at the first frame outside the cache
-//! (the call stub's caller, `JavaCalls::call_helper` in libjvm), with `WalkState::stepped`
-//! set so the native walk goes on from there without a step of its own.
+//! frames and no unwind tables: this walk unwinds every Java frame itself, up to
+//! [`FRAMES_PER_CALL`] per iteration of the walk's loop, and leaves the walk's registers at
+//! the first frame outside the cache (the call stub's caller, `JavaCalls::call_helper` in
+//! libjvm), with `WalkState::stepped` set so the native walk goes on from there without a
+//! step of its own.
 //!
 //! Per frame (libjvm_db's algorithm, as the OpenTelemetry profiler also reads it):
 //! 1. **The blob.** The segment map: `(pc - heap start) >> shift` is the pc's segment; its
 //!    byte in the map says how many segments back the block may start (0 at the start, 0xff
 //!    for a free segment); at most [`SEGMAP_STEPS`] bytes are read. The `CodeBlob` starts
-//!    after the block's `HeapBlock` header.
+//!    after the block's `HeapBlock` header. What the walk needs of it is kept per CPU by pc
+//!    ([`BlobFacts`]): a stack's return addresses recur from sample to sample, and one read
+//!    of the blob's compile id or name pointer tells the blob is still the one found.
 //! 2. **Its kind**, from the first four bytes of its `_name`: `nmet` (a compiled method, C1 or
 //!    C2), `nati` (a native method's wrapper), `Inte` (the template interpreter), `vtab`
 //!    (vtable chunks), anything else a stub.
@@ -66,10 +69,50 @@ static HOTSPOT_COUNTS_MAP: PerCpuArray<u64> =
 /// entry), and one read costs about as much as several small ones.
 const BLOB_BYTES: usize = HOTSPOT_BLOB_BYTES;
 
-/// The blob just read, per CPU: too large for the stack.
+/// Slots of the per-CPU cache of blobs found ([`BlobFacts`]), a power of two. A service's hot
+/// stacks return to a few hundred call sites; a slot lost to another costs one lookup more.
+const CACHE_SLOTS: usize = 128;
+
+/// What a pc's blob told the walk the last time this CPU looked it up: the segment-map walk
+/// and the blob's read are skipped while one read says the blob is still there ([`cached`]).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct BlobFacts {
+    /// The pc looked up (0: an empty slot), and its process.
+    pc: u64,
+    tgid: u32,
+    /// The first four bytes of the blob's name.
+    kind: u32,
+    blob: u64,
+    /// Read again at each use: an nmethod's compile id, or another blob's name pointer. A
+    /// blob freed and its memory reused holds another there (compile ids are never reused).
+    check: u64,
+    code_begin: u64,
+    deopt: u64,
+    frame_size: u32,
+    frame_complete: u32,
+    orig_pc_offset: u32,
+    compile_id: u32,
+}
+
+/// Java frames unwound per call of [`scorch_hotspot_walk`]: the walk's loop, the hand-over and
+/// the map lookups are paid once for each so many frames, while the verifier checks the
+/// frame's code that many times over.
+const FRAMES_PER_CALL: u32 = 8;
+
+/// Words of an interpreter frame read at once, from fp - 8 words to fp + 2.
+const INTERPRETER_WORDS: usize = 10;
+
+/// Per CPU, too large for the stack: the blob being read, the words of an interpreter frame,
+/// and the cache of blobs found.
 #[repr(C)]
 struct Scratch {
     blob: [u8; BLOB_BYTES],
+    /// An interpreter frame's slots.
+    words: [u64; INTERPRETER_WORDS],
+    /// Java frames this hand-over emitted, counted once when it ends.
+    frames: u64,
+    cache: [BlobFacts; CACHE_SLOTS],
 }
 
 #[map]
@@ -117,15 +160,15 @@ fn read_u8(address: u64) -> Option<u8> {
 /// A field of the blob in the scratch buffer, at an offset the agent checked to lie within
 /// it (clamped again here for the verifier).
 #[inline(always)]
-fn blob_u64(scratch: &Scratch, offset: u16) -> u64 {
+fn blob_u64(blob: &[u8; BLOB_BYTES], offset: u16) -> u64 {
     let at = (offset as usize).min(BLOB_BYTES - 8);
-    u64::from_le_bytes(scratch.blob[at..at + 8].try_into().unwrap_or([0; 8]))
+    u64::from_le_bytes(blob[at..at + 8].try_into().unwrap_or([0; 8]))
 }
 
 #[inline(always)]
-fn blob_u32(scratch: &Scratch, offset: u16) -> u32 {
+fn blob_u32(blob: &[u8; BLOB_BYTES], offset: u16) -> u32 {
     let at = (offset as usize).min(BLOB_BYTES - 4);
-    u32::from_le_bytes(scratch.blob[at..at + 4].try_into().unwrap_or([0; 4]))
+    u32::from_le_bytes(blob[at..at + 4].try_into().unwrap_or([0; 4]))
 }
 
 /// The code heap holding `pc`: its code start and its segment map.
@@ -166,6 +209,85 @@ fn find_blob(proc: &HotspotProc, pc: u64) -> Option<u64> {
     None
 }
 
+/// The cache slot of `pc` in `tgid`.
+#[inline(always)]
+fn slot_of(tgid: u32, pc: u64) -> usize {
+    let mixed = (pc ^ (pc >> 9) ^ (pc >> 21) ^ u64::from(tgid)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    (mixed >> 57) as usize & (CACHE_SLOTS - 1)
+}
+
+/// Whether `facts` still describe the blob of `pc` in `tgid`: the same key, and the blob's
+/// compile id (an nmethod) or name pointer (any other) read again unchanged.
+#[inline(always)]
+fn cached(facts: &BlobFacts, proc: &HotspotProc, tgid: u32, pc: u64) -> bool {
+    if facts.pc != pc || facts.tgid != tgid {
+        return false;
+    }
+    if facts.kind == NAME_NMETHOD || facts.kind == NAME_NATIVE {
+        read_u32(facts.blob.wrapping_add(u64::from(proc.nmethod_compile_id)))
+            == Some(facts.check as u32)
+    } else {
+        read_u64(facts.blob.wrapping_add(u64::from(proc.codeblob_name))) == Some(facts.check)
+    }
+}
+
+/// Finds `pc`'s blob through the segment map, reads it, and writes what the walk needs of it
+/// into `facts`. False (counted) when there is none or it cannot be read.
+#[inline(always)]
+fn look_up(
+    walk: &WalkState,
+    proc: &HotspotProc,
+    blob_bytes: &mut [u8; BLOB_BYTES],
+    facts: &mut BlobFacts,
+    pc: u64,
+) -> bool {
+    facts.pc = 0;
+    let Some(blob) = find_blob(proc, pc) else {
+        count(walk.counters, HotspotCount::NoCodeBlob, 1);
+        return false;
+    };
+    // SAFETY: bpf_probe_read_user fills the scratch value or fails.
+    if unsafe {
+        aya_ebpf::helpers::generated::bpf_probe_read_user(
+            blob_bytes.as_mut_ptr() as *mut c_void,
+            BLOB_BYTES as u32,
+            blob as *const c_void,
+        )
+    } != 0
+    {
+        count(walk.counters, HotspotCount::InvalidCodeBlob, 1);
+        return false;
+    }
+    let name = blob_u64(blob_bytes, proc.codeblob_name);
+    let Some(kind) = read_u32(name) else {
+        count(walk.counters, HotspotCount::InvalidCodeBlob, 1);
+        return false;
+    };
+    let mut code_begin = blob_u64(blob_bytes, proc.codeblob_code_begin);
+    let mut deopt = blob_u64(blob_bytes, proc.nmethod_deopt_handler);
+    if proc.flags & HOTSPOT_USES_OFFSETS != 0 {
+        code_begin = blob.wrapping_add(code_begin & 0xffff_ffff);
+        deopt = blob.wrapping_add(deopt & 0xffff_ffff);
+    }
+    let compile_id = blob_u32(blob_bytes, proc.nmethod_compile_id);
+    facts.tgid = walk.tgid;
+    facts.kind = kind;
+    facts.blob = blob;
+    facts.check = if kind == NAME_NMETHOD || kind == NAME_NATIVE {
+        u64::from(compile_id)
+    } else {
+        name
+    };
+    facts.code_begin = code_begin;
+    facts.deopt = deopt;
+    facts.frame_size = blob_u32(blob_bytes, proc.codeblob_frame_size);
+    facts.frame_complete = blob_u32(blob_bytes, proc.codeblob_frame_complete) & 0xffff;
+    facts.orig_pc_offset = blob_u32(blob_bytes, proc.nmethod_orig_pc_offset);
+    facts.compile_id = compile_id;
+    facts.pc = pc;
+    true
+}
+
 /// One Java frame: its words, and the caller's registers. Returns false when it is not one
 /// (the pc is outside the code heaps), its frame cannot be read, or the stack is full.
 #[inline(always)]
@@ -177,31 +299,14 @@ fn java_frame(walk: &mut WalkState, proc: &HotspotProc, scratch: &mut Scratch) -
     if heap_of(proc, lookup).is_none() {
         return false;
     }
-    let Some(blob) = find_blob(proc, lookup) else {
-        count(walk.counters, HotspotCount::NoCodeBlob, 1);
-        return false;
-    };
-    // SAFETY: bpf_probe_read_user fills the scratch value or fails.
-    if unsafe {
-        aya_ebpf::helpers::generated::bpf_probe_read_user(
-            scratch.blob.as_mut_ptr() as *mut c_void,
-            BLOB_BYTES as u32,
-            blob as *const c_void,
-        )
-    } != 0
+    let facts = &mut scratch.cache[slot_of(walk.tgid, lookup)];
+    if !cached(facts, proc, walk.tgid, lookup)
+        && !look_up(walk, proc, &mut scratch.blob, facts, lookup)
     {
-        count(walk.counters, HotspotCount::InvalidCodeBlob, 1);
         return false;
     }
-    let mut code_begin = blob_u64(scratch, proc.codeblob_code_begin);
-    if proc.flags & HOTSPOT_USES_OFFSETS != 0 {
-        code_begin = blob.wrapping_add(code_begin & 0xffff_ffff);
-    }
-    let frame_size = u64::from(blob_u32(scratch, proc.codeblob_frame_size)) * 8;
-    let Some(kind) = read_u32(blob_u64(scratch, proc.codeblob_name)) else {
-        count(walk.counters, HotspotCount::InvalidCodeBlob, 1);
-        return false;
-    };
+    let (kind, blob, code_begin) = (facts.kind, facts.blob, facts.code_begin);
+    let frame_size = u64::from(facts.frame_size) * 8;
     let (sp, fp) = (walk.sp, walk.fp);
     // The caller's (pc, sp, fp) and this frame's words.
     let (caller, words) = if kind == NAME_INTERPRETER {
@@ -211,24 +316,29 @@ fn java_frame(walk: &mut WalkState, proc: &HotspotProc, scratch: &mut Scratch) -
             count(walk.counters, HotspotCount::InterpreterFrame, 1);
             return false;
         }
-        let (Some(method), Some(sender_sp), Some(saved_fp), Some(ret)) = (
-            read_u64(fp - 24),
-            read_u64(fp - 8),
-            read_u64(fp),
-            read_u64(fp + 8),
-        ) else {
+        // The frame's slots from the bcp's (8 words below fp) to the return pc, in one read.
+        let frame = &mut scratch.words;
+        // SAFETY: bpf_probe_read_user fills the scratch words or fails.
+        if unsafe {
+            aya_ebpf::helpers::generated::bpf_probe_read_user(
+                frame.as_mut_ptr() as *mut c_void,
+                (INTERPRETER_WORDS * 8) as u32,
+                (fp - 64) as *const c_void,
+            )
+        } != 0
+        {
             count(walk.counters, HotspotCount::InterpreterFrame, 1);
             return false;
-        };
-        let bcp_slot = if proc.flags & HOTSPOT_NEW_BCP_SLOT != 0 {
-            64
-        } else {
-            56
-        };
+        }
+        // Words from fp - 64: the method at fp - 24, the sender's sp at fp - 8, the saved fp
+        // at fp, the return pc at fp + 8.
+        let (method, sender_sp, saved_fp, ret) = (frame[5], frame[7], frame[8], frame[9]);
         let bcp = if leaf {
             walk.bcp
+        } else if proc.flags & HOTSPOT_NEW_BCP_SLOT != 0 {
+            frame[0]
         } else {
-            read_u64(fp - bcp_slot).unwrap_or(0)
+            frame[1]
         };
         let const_method =
             read_u64(method.wrapping_add(u64::from(proc.method_constmethod))).unwrap_or(0);
@@ -248,20 +358,16 @@ fn java_frame(walk: &mut WalkState, proc: &HotspotProc, scratch: &mut Scratch) -
             ),
         )
     } else if kind == NAME_NMETHOD || kind == NAME_NATIVE {
-        let compile_id = blob_u32(scratch, proc.nmethod_compile_id);
-        let mut deopt = blob_u64(scratch, proc.nmethod_deopt_handler);
-        if proc.flags & HOTSPOT_USES_OFFSETS != 0 {
-            deopt = blob.wrapping_add(deopt & 0xffff_ffff);
-        }
+        let compile_id = facts.compile_id;
         // A deoptimised frame returns to the handler; its own pc was saved in the frame.
         let mut at = pc;
-        if pc == deopt {
-            let orig = u64::from(blob_u32(scratch, proc.nmethod_orig_pc_offset));
+        if pc == facts.deopt {
+            let orig = u64::from(facts.orig_pc_offset);
             if let Some(original) = read_u64(sp.wrapping_add(orig)) {
                 at = original;
             }
         }
-        let frame_complete = u64::from(blob_u32(scratch, proc.codeblob_frame_complete) & 0xffff);
+        let frame_complete = u64::from(facts.frame_complete);
         // Whoever calls a compiled method is Java code (compiled, the interpreter, the call
         // stub): its return address is in the code cache, which tells the frame's shape.
         let whole = !leaf || at >= code_begin.wrapping_add(frame_complete);
@@ -317,9 +423,12 @@ fn java_frame(walk: &mut WalkState, proc: &HotspotProc, scratch: &mut Scratch) -
 /// whose saved frame pointer (when `saved_fp`) is the word below that.
 #[inline(always)]
 fn caller_at(cfa: u64, fp: u64, saved_fp: bool) -> Option<(u64, u64, u64)> {
-    let ret = read_u64(cfa - 8)?;
-    let fp = if saved_fp { read_u64(cfa - 16)? } else { fp };
-    Some((ret, cfa, fp))
+    if !saved_fp {
+        return Some((read_u64(cfa - 8)?, cfa, fp));
+    }
+    // SAFETY: bpf_probe_read_user checks the address.
+    let [saved_fp, ret] = unsafe { bpf_probe_read_user((cfa - 16) as *const [u64; 2]) }.ok()?;
+    Some((ret, cfa, saved_fp))
 }
 
 /// The caller of a frame whose caller is Java code, so that its return address lies in the
@@ -355,14 +464,14 @@ fn compiled_caller(
     heap_of(proc, caller.0).map(|_| caller)
 }
 
-/// Replaces the code-cache frame the walk in `WALK`'s `slot` is at with its Java frame, and
-/// leaves the walk's registers at its caller; returns 0. One frame per call: while the caller
-/// is in the code cache too, the walk's next iteration comes back here (`WalkState::runtime`
-/// set again), and once it is not, the native walk goes on from it (`stepped`). A frame that
-/// cannot be read goes back to the native walk as a pc it records and steps past by frame
-/// pointer. A global function, so the verifier checks it once on its own (see `python.rs`);
-/// one frame per call keeps its stack off the loop's (the verifier bounds a call chain's
-/// stack at 512 bytes).
+/// Replaces the code-cache frame the walk in `WALK`'s `slot` is at with its Java frames, up to
+/// [`FRAMES_PER_CALL`], and leaves the walk's registers at the last one's caller; returns 0.
+/// While that caller is in the code cache too, the walk's next iteration comes back here
+/// (`WalkState::runtime` set again), and once it is not, the native walk goes on from it
+/// (`stepped`). A frame that cannot be read goes back to the native walk as a pc it records
+/// and steps past by frame pointer. A global function, so the verifier checks it once on its
+/// own (see `python.rs`); a plain loop of a few frames, not a `bpf_loop` callback, keeps
+/// its stack off the chain of calls the verifier bounds at 512 bytes.
 #[unsafe(no_mangle)]
 #[inline(never)]
 pub extern "C" fn scorch_hotspot_walk(slot: u32) -> u32 {
@@ -387,6 +496,7 @@ fn walk_at(walk: &mut WalkState) {
     // cookie, and the agent names a frame only while the count is the same (a class is
     // unloaded only by a collection, and its memory may be reused after).
     if walk.claimed == 0 {
+        scratch.frames = 0;
         walk.epoch = 0;
         if proc.collected_heap != 0 {
             if let Some(heap) = read_u64(proc.collected_heap) {
@@ -395,17 +505,23 @@ fn walk_at(walk: &mut WalkState) {
             }
         }
     }
-    if !java_frame(walk, proc, scratch) {
-        // Handed over and not claimed: the native walk records the pc and steps past it.
-        walk.claimed = 0;
-        walk.stepped = 0;
-        return;
+    for _ in 0..FRAMES_PER_CALL {
+        if !java_frame(walk, proc, scratch) {
+            // Not claimed: the native walk records the pc and steps past it.
+            count(walk.counters, HotspotCount::Frames, scratch.frames);
+            walk.claimed = 0;
+            walk.stepped = 0;
+            return;
+        }
+        scratch.frames += 1;
+        walk.claimed = 1;
+        if heap_of(proc, walk.pc.wrapping_sub(1)).is_none() {
+            // The hand-over ends: its frames are counted once.
+            count(walk.counters, HotspotCount::Frames, scratch.frames);
+            walk.stepped = 1;
+            return;
+        }
     }
-    count(walk.counters, HotspotCount::Frames, 1);
-    walk.claimed = 1;
-    if heap_of(proc, walk.pc.wrapping_sub(1)).is_some() {
-        walk.runtime = RuntimeId::Hotspot as u32;
-    } else {
-        walk.stepped = 1;
-    }
+    // More Java frames: the walk's next iteration comes back here.
+    walk.runtime = RuntimeId::Hotspot as u32;
 }

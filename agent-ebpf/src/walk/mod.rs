@@ -17,7 +17,7 @@ use core::ffi::c_void;
 
 use aya_ebpf::{
     bindings::pt_regs,
-    helpers::{bpf_get_current_task_btf, bpf_probe_read_kernel, bpf_task_pt_regs},
+    helpers::{bpf_get_current_task_btf, bpf_task_pt_regs},
     macros::map,
     maps::PerCpuArray,
     programs::PerfEventContext,
@@ -61,6 +61,11 @@ fn user_regs(ctx: &PerfEventContext, user_mode: bool) -> Option<UserRegs> {
     current_user_regs()
 }
 
+/// The task's `pt_regs` as read by [`current_user_regs`], per CPU: on the stack they would
+/// take a third of the 512 bytes the verifier allows the sampler and the calls beneath it.
+#[map]
+static SAVED_REGS: PerCpuArray<pt_regs> = PerCpuArray::with_max_entries(1, 0);
+
 /// The current task's saved user registers, from its kernel stack's `pt_regs`; `None` for
 /// kernel threads.
 #[inline(always)]
@@ -70,9 +75,20 @@ pub fn current_user_regs() -> Option<UserRegs> {
     if regs.is_null() {
         return None;
     }
-    // SAFETY: bpf_probe_read_kernel checks the address.
-    let regs = unsafe { bpf_probe_read_kernel(regs) }.ok()?;
-    arch::user_regs(&regs)
+    let saved = SAVED_REGS.get_ptr_mut(0)?;
+    // SAFETY: bpf_probe_read_kernel checks the source and fills this CPU's map value.
+    let read = unsafe {
+        aya_ebpf::helpers::generated::bpf_probe_read_kernel(
+            saved as *mut c_void,
+            core::mem::size_of::<pt_regs>() as u32,
+            regs as *const c_void,
+        )
+    };
+    if read != 0 {
+        return None;
+    }
+    // SAFETY: this CPU's value, just filled.
+    arch::user_regs(unsafe { &*saved })
 }
 
 /// Walks the current task's user stack into `WALK`, counting in generation `generation`'s run;

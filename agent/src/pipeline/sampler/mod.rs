@@ -72,6 +72,21 @@ pub enum SamplerError {
     CpuList { path: PathBuf, text: String },
 }
 
+/// A verifier's refusal in one line: the load's error, which starts the log, and the log's
+/// last line, which says what the verifier refused.
+fn refusal(error: &str) -> String {
+    // The log ends with the verifier's statistics: the refusal is the line before them.
+    let statistics = ["processed ", "verification time ", "stack depth "];
+    let mut lines = error.lines().map(str::trim).filter(|line| {
+        !line.is_empty() && !statistics.iter().any(|prefix| line.starts_with(prefix))
+    });
+    let first = lines.next().unwrap_or_default();
+    match lines.next_back() {
+        Some(last) => format!("{first} ... {last}"),
+        None => first.to_owned(),
+    }
+}
+
 /// A loaded and attached sampler. Dropping it detaches the program.
 pub struct Sampler {
     ebpf: Ebpf,
@@ -104,8 +119,8 @@ impl Sampler {
     pub fn start(config: &SamplerConfig) -> Result<(Sampler, SamplerMaps, Control), SamplerError> {
         match Self::start_as(config) {
             Err(SamplerError::Program(error)) if config.unwind == UnwindMode::Auto => {
-                let reason = error.to_string();
-                let reason = reason.lines().next().unwrap_or_default().to_owned();
+                let reason = refusal(&error.to_string());
+                tracing::debug!("the verifier's log of the BPF unwinder: {error}");
                 tracing::warn!(
                     "the BPF unwinder does not pass this kernel's verifier ({reason}); user \
                      stacks are walked with frame pointers, as with --unwind fp"
@@ -676,5 +691,20 @@ mod tests {
         assert_eq!(parse_cpu_list(""), None);
         assert_eq!(parse_cpu_list("3-1"), None);
         assert_eq!(parse_cpu_list("x"), None);
+    }
+
+    #[test]
+    fn a_refusal_keeps_the_error_and_the_verifiers_last_word() {
+        let log = "the BPF_PROG_LOAD syscall returned Permission denied (os error 13). \
+                   Verifier output: 0: R1=ctx() R10=fp0\n1: (85) call 14\n\ncombined stack \
+                   size of 3 calls is 544. Too large\nverification time 33560 usec\nstack depth \
+                   160+72\nprocessed 8579 insns (limit 1000000) \
+                   max_states_per_insn 11\n";
+        assert_eq!(
+            refusal(log),
+            "the BPF_PROG_LOAD syscall returned Permission denied (os error 13). Verifier \
+             output: 0: R1=ctx() R10=fp0 ... combined stack size of 3 calls is 544. Too large"
+        );
+        assert_eq!(refusal("no log"), "no log");
     }
 }
