@@ -619,6 +619,8 @@ impl Pipeline {
         self.metrics
             .set_start_frames_completed(user.entry_completions());
         self.metrics.set_runtime_unnamed(&user.runtime_counts());
+        self.metrics
+            .set_runtime_names_bytes(&user.runtime_window_bytes());
         self.metrics.set_store_bytes(self.store.disk_bytes());
     }
 

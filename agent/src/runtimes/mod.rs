@@ -141,6 +141,10 @@ pub trait Names: Send {
     fn lines(&mut self, pid: u32, word: u64, more: u64) -> Vec<Line>;
     /// Frames named so far, and frames left unknown.
     fn counts(&self) -> (u64, u64);
+    /// The most memory the names of the last window took before it ended and they were
+    /// dropped: each entry's slot and the heap its names use (by capacity, before the
+    /// allocator's own overhead).
+    fn window_bytes(&self) -> usize;
 }
 
 /// The runtimes the agent walks: the one list the loader, the symbolizer and the CLI use.
@@ -329,5 +333,12 @@ impl RuntimeNames {
         self.names
             .iter()
             .map(|(runtime, names)| (runtime.name(), names.counts()))
+    }
+
+    /// Each runtime's names' memory in the last window ([`Names::window_bytes`]), by its name.
+    pub fn window_bytes(&self) -> impl Iterator<Item = (&'static str, usize)> + '_ {
+        self.names
+            .iter()
+            .map(|(runtime, names)| (runtime.name(), names.window_bytes()))
     }
 }

@@ -100,6 +100,10 @@ impl Names for DoubleNames {
     fn counts(&self) -> (u64, u64) {
         (self.named, self.unknown)
     }
+    /// Its names are made from the word, never kept.
+    fn window_bytes(&self) -> usize {
+        0
+    }
 }
 
 /// Process ids no process has (above the kernel's most, 2^22).

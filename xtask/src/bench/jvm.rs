@@ -11,12 +11,12 @@
 //!   the Java frames per sample the BPF walk emitted (the summary's `hotspot: N frames`), and
 //!   the workload's own frames per sample in the profile written (JavaDepth's methods,
 //!   deeprec's functions), which show the depth was walked and named.
-//! - **Daemon with 5 JVMs.** 5 `java CallTree` processes (one busy thread each); a fresh
-//!   `scorch run` at 19 Hz with `--jvm auto`, then one with `--jvm off`, alternating by run:
-//!   after a warm-up, the daemon's CPU over the measured span (its own cgroup), its median RSS
-//!   (`VmRSS` once a second), its BPF maps and the Java frames it walked (`/metrics`). The
-//!   daemon keeps no figure of the memory its Java names take (the namer's cache lives for a
-//!   window), so the RSS with the walk on against off stands for it.
+//! - **Daemon with 5 JVMs and with none.** A fresh `scorch run` at 19 Hz beside 5 fresh
+//!   `java CallTree` processes (one busy thread each) with `--jvm auto`, the same with `--jvm
+//!   off`, and `--jvm auto` with no JVM running, the order turning by run: after a warm-up,
+//!   the daemon's CPU over the measured span (its own cgroup), its median RSS (`VmRSS` once a
+//!   second), its BPF maps, the memory its Java names took in the last window
+//!   (`scorch_runtime_names_bytes`) and the Java frames it walked (`/metrics`).
 
 use std::{
     fmt::Write as _,
@@ -133,41 +133,48 @@ pub fn jvm(root: &Path, scorch: &Path, runs: usize, command: String) -> Result<B
     )?;
     writeln!(
         out,
-        "## Daemon at 19 Hz with {PROCESSES} JVMs, {} s measured after {} s\n",
+        "## Daemon at 19 Hz with {PROCESSES} JVMs and with none, {} s measured after {} s\n",
         SPAN.as_secs(),
         WARM_UP.as_secs()
     )?;
     writeln!(
         out,
-        "| | CPU, % of a core | RSS, MiB | BPF maps, MiB | RSS + maps, MiB | Java frames/s, \
-         JVMs walked |"
+        "| | CPU, % of a core | RSS, MiB | BPF maps, MiB | RSS + maps, MiB | Java names, KiB \
+         | Java frames/s, JVMs walked |"
     )?;
-    writeln!(out, "|---|---|---|---|---|---|")?;
-    for mode in ["auto", "off"] {
+    writeln!(out, "|---|---|---|---|---|---|---|")?;
+    for mode in Mode::ALL {
         let rows: Vec<&DaemonCost> = daemons.iter().filter(|d| d.mode == mode).collect();
         let column = |f: &dyn Fn(&DaemonCost) -> f64| rows.iter().map(|d| f(d)).collect::<Vec<_>>();
         writeln!(
             out,
-            "| scorch `--jvm {mode}` | {} | {} | {} | {} | {}, {} |",
+            "| {} | {} | {} | {} | {} | {} | {}, {} |",
+            mode.label(),
             spread(&column(&|d| d.core_percent), 2),
             spread(&column(&|d| d.rss_mib), 1),
             spread(&column(&|d| d.maps_mib), 1),
             spread(&column(&|d| d.rss_mib + d.maps_mib), 1),
+            spread(&column(&|d| d.names_kib), 0),
             spread(&column(&|d| d.java_frames), 0),
             spread(&column(&|d| d.jvms), 0),
         )?;
     }
-    let of = |mode: &str, f: &dyn Fn(&DaemonCost) -> f64| {
+    let of = |mode: Mode, f: &dyn Fn(&DaemonCost) -> f64| {
         median(daemons.iter().filter(|d| d.mode == mode).map(f).collect())
     };
-    let cpu = of("auto", &|d| d.core_percent) - of("off", &|d| d.core_percent);
-    let rss = of("auto", &|d| d.rss_mib) - of("off", &|d| d.rss_mib);
-    let maps = of("auto", &|d| d.maps_mib) - of("off", &|d| d.maps_mib);
+    let footprint = |d: &DaemonCost| d.rss_mib + d.maps_mib;
     writeln!(
         out,
-        "\nJava walking on, against off: {cpu:+.2}% of a core, {rss:+.1} MiB of RSS (the Java \
-         names and the JVMs' layouts: the daemon counts them apart nowhere), {maps:+.1} MiB of \
-         BPF maps."
+        "\nWith {PROCESSES} JVMs walked, against no JVM running: {:+.2}% of a core, {:+.1} MiB \
+         of RSS + maps. Against `--jvm off` beside the same JVMs: {:+.2}% of a core, {:+.1} MiB \
+         of RSS, {:+.1} MiB of BPF maps. The Java names of a window take {:.0} KiB \
+         (`scorch_runtime_names_bytes`, at the window's end).",
+        of(Mode::Auto, &|d| d.core_percent) - of(Mode::NoJvm, &|d| d.core_percent),
+        of(Mode::Auto, &footprint) - of(Mode::NoJvm, &footprint),
+        of(Mode::Auto, &|d| d.core_percent) - of(Mode::Off, &|d| d.core_percent),
+        of(Mode::Auto, &|d| d.rss_mib) - of(Mode::Off, &|d| d.rss_mib),
+        of(Mode::Auto, &|d| d.maps_mib) - of(Mode::Off, &|d| d.maps_mib),
+        of(Mode::Auto, &|d| d.names_kib),
     )?;
     let path = root.join("target/bench/jvm.md");
     std::fs::create_dir_all(path.parent().context("bench dir")?)?;
@@ -227,7 +234,7 @@ fn daemon_table(daemons: &[DaemonCost]) -> Table {
     let mut daemon = Table::new(
         "daemon",
         &format!(
-            "The daemon at 19 Hz beside {PROCESSES} JVMs, {} s measured after {} s",
+            "The daemon at 19 Hz beside {PROCESSES} JVMs and beside none, {} s measured after {} s",
             SPAN.as_secs(),
             WARM_UP.as_secs()
         ),
@@ -237,32 +244,65 @@ fn daemon_table(daemons: &[DaemonCost]) -> Table {
             "RSS MiB",
             "BPF maps MiB",
             "RSS + maps MiB",
+            "Java names KiB",
             "Java frames/s",
             "JVMs walked",
         ],
     )
     .with_note(
-        "Each JVM runs `CallTree` in one busy thread. The daemon keeps no figure of the memory \
-         its Java names take: its RSS with `--jvm auto` against `--jvm off` stands for it.",
+        "Each JVM runs `CallTree` in one busy thread, started afresh for each daemon. Java \
+         names: `scorch_runtime_names_bytes{runtime=\"hotspot\"}`, what the last window's \
+         names took before it ended.",
     );
-    for mode in ["auto", "off"] {
+    for mode in Mode::ALL {
         let rows: Vec<&DaemonCost> = daemons.iter().filter(|d| d.mode == mode).collect();
         let column = |f: &dyn Fn(&DaemonCost) -> f64, decimals| {
             Cell::of(&rows.iter().map(|d| f(d)).collect::<Vec<_>>(), decimals)
         };
         daemon.row(
-            format!("`scorch run --jvm {mode}`"),
+            mode.label().to_owned(),
             vec![
                 column(&|d| d.core_percent, 2),
                 column(&|d| d.rss_mib, 1),
                 column(&|d| d.maps_mib, 1),
                 column(&|d| d.rss_mib + d.maps_mib, 1),
+                column(&|d| d.names_kib, 0),
                 column(&|d| d.java_frames, 0),
                 column(&|d| d.jvms, 0),
             ],
         );
     }
     daemon
+}
+
+/// What a daemon of the second part runs beside.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// The JVMs, walked.
+    Auto,
+    /// The JVMs, not walked (`--jvm off`).
+    Off,
+    /// No JVM running (`--jvm auto`).
+    NoJvm,
+}
+
+impl Mode {
+    const ALL: [Mode; 3] = [Mode::Auto, Mode::Off, Mode::NoJvm];
+
+    fn label(self) -> &'static str {
+        match self {
+            Mode::Auto => "scorch `--jvm auto`, 5 JVMs",
+            Mode::Off => "scorch `--jvm off`, 5 JVMs",
+            Mode::NoJvm => "scorch `--jvm auto`, no JVM",
+        }
+    }
+
+    fn flag(self) -> &'static str {
+        match self {
+            Mode::Auto | Mode::NoJvm => "auto",
+            Mode::Off => "off",
+        }
+    }
 }
 
 /// What one recording of the first part walks.
@@ -409,57 +449,68 @@ fn walk_costs(
 }
 
 struct DaemonCost {
-    mode: &'static str,
+    mode: Mode,
     core_percent: f64,
     rss_mib: f64,
     maps_mib: f64,
+    /// The Java names of the last window (`/metrics`).
+    names_kib: f64,
     /// Java frames walked a second, and JVMs walked (`/metrics`): the path measured.
     java_frames: f64,
     jvms: f64,
 }
 
 fn daemon_costs(scorch: &Path, classes: &Path, dir: &Path, runs: usize) -> Result<Vec<DaemonCost>> {
-    // Long enough for every run, with a minute to spare: the JVMs stop by themselves.
-    let per_daemon = WARM_UP + SPAN + Duration::from_secs(15);
-    let seconds = (per_daemon.as_secs() * 2 * runs as u64 + 60).to_string();
-    let jvms = Processes(
-        (0..PROCESSES)
-            .map(|_| {
-                Command::new(format!("{JDK}/bin/java"))
-                    .args(["-cp", path_str(classes)?, "CallTree", &seconds, "1"])
-                    .stdout(Stdio::null())
-                    .spawn()
-                    .context("starting java")
-            })
-            .collect::<Result<_>>()?,
-    );
-    // Past the JVMs' start and their first compilations.
-    std::thread::sleep(JVM_WARM_UP);
+    // Long enough for one daemon, with a minute to spare: the JVMs stop by themselves.
+    let seconds = (JVM_WARM_UP + WARM_UP + SPAN + Duration::from_secs(60))
+        .as_secs()
+        .to_string();
     let mut daemons = Vec::new();
     for run in 0..runs {
-        let modes = if run % 2 == 0 {
-            ["auto", "off"]
-        } else {
-            ["off", "auto"]
-        };
-        for mode in modes {
-            let store = dir.join(format!("store-{run}-{mode}"));
+        let mut order = Mode::ALL;
+        order.rotate_left(run % Mode::ALL.len());
+        for mode in order {
+            let jvms = if mode == Mode::NoJvm {
+                Processes(Vec::new())
+            } else {
+                let jvms = Processes(
+                    (0..PROCESSES)
+                        .map(|_| {
+                            Command::new(format!("{JDK}/bin/java"))
+                                .args(["-cp", path_str(classes)?, "CallTree", &seconds, "1"])
+                                .stdout(Stdio::null())
+                                .spawn()
+                                .context("starting java")
+                        })
+                        .collect::<Result<_>>()?,
+                );
+                // Past the JVMs' start and their first compilations.
+                std::thread::sleep(JVM_WARM_UP);
+                jvms
+            };
+            let store = dir.join(format!("store-{run}-{}", mode.flag()));
             let cost = daemon_run(scorch, &store, mode)?;
+            drop(jvms);
             let _ = std::fs::remove_dir_all(&store);
             eprintln!(
-                "bench: daemon --jvm {mode}: {:.2}% of a core, RSS {:.1} MiB, maps {:.1} MiB, \
-                 {:.0} Java frames/s from {} JVMs",
-                cost.core_percent, cost.rss_mib, cost.maps_mib, cost.java_frames, cost.jvms
+                "bench: daemon, {}: {:.2}% of a core, RSS {:.1} MiB, maps {:.1} MiB, Java \
+                 names {:.0} KiB, {:.0} Java frames/s from {} JVMs",
+                mode.label(),
+                cost.core_percent,
+                cost.rss_mib,
+                cost.maps_mib,
+                cost.names_kib,
+                cost.java_frames,
+                cost.jvms
             );
             daemons.push(cost);
         }
     }
-    drop(jvms);
     Ok(daemons)
 }
 
-fn daemon_run(scorch: &Path, store: &Path, mode: &'static str) -> Result<DaemonCost> {
-    let daemon = start_daemon(scorch, store, 19, ADDRESS, &["--jvm", mode])?;
+fn daemon_run(scorch: &Path, store: &Path, mode: Mode) -> Result<DaemonCost> {
+    let daemon = start_daemon(scorch, store, 19, ADDRESS, &["--jvm", mode.flag()])?;
     let pid = daemon.0[0].id();
     let account = CpuAccount::of_process(pid)?;
     std::thread::sleep(WARM_UP);
@@ -473,20 +524,20 @@ fn daemon_run(scorch: &Path, store: &Path, mode: &'static str) -> Result<DaemonC
         .context("no scorch_bpf_map_memory_bytes in /metrics")?
         / (1 << 20) as f64;
     // With `--jvm off` the daemon has no HotSpot counters at all.
-    let java_frames = metric_value(
-        &metrics,
-        r#"scorch_runtime_frames_total{runtime="hotspot"}"#,
-    )
-    .unwrap_or(0.0)
-        / (WARM_UP + SPAN).as_secs_f64();
+    let hotspot = |name: &str| {
+        metric_value(&metrics, &format!(r#"{name}{{runtime="hotspot"}}"#)).unwrap_or(0.0)
+    };
+    let java_frames = hotspot("scorch_runtime_frames_total") / (WARM_UP + SPAN).as_secs_f64();
+    let names_kib = hotspot("scorch_runtime_names_bytes") / 1024.0;
     let jvms = metric_value(&metrics, "scorch_runtime_processes").unwrap_or(0.0);
-    stop(daemon).with_context(|| format!("scorch run --jvm {mode}"))?;
+    stop(daemon).with_context(|| format!("scorch run, {}", mode.label()))?;
     drop(account);
     Ok(DaemonCost {
         mode,
         core_percent: cpu / elapsed * 100.0,
         rss_mib: median(rss),
         maps_mib: maps,
+        names_kib,
         java_frames,
         jvms,
     })

@@ -75,6 +75,7 @@ pub struct WindowMetrics {
     /// Runtime frame locations left unnamed, by runtime, and the totals at the last report.
     runtime_unnamed: Family<[(&'static str, &'static str); 1], Counter>,
     runtime_unnamed_reported: BTreeMap<&'static str, u64>,
+    runtime_names_bytes: Family<[(&'static str, &'static str); 1], Gauge<u64, AtomicU64>>,
     /// The distinct stacks the last window stored in each stack map, and the entries each holds.
     stack_map_entries: Family<[(&'static str, &'static str); 1], Gauge<u64, AtomicU64>>,
     stack_map_max_entries: Family<[(&'static str, &'static str); 1], Gauge<u64, AtomicU64>>,
@@ -261,6 +262,12 @@ impl WindowMetrics {
                 Family::default(),
             ),
             runtime_unnamed_reported: BTreeMap::new(),
+            runtime_names_bytes: registry.register(
+                "runtime_names_bytes",
+                "The memory the last window's runtime frame names took before the window \
+                 ended and they were dropped, by runtime: entries and their text, by capacity",
+                Family::default(),
+            ),
             stack_map_entries: registry.register(
                 "stack_map_entries",
                 "Distinct stacks the last window stored, by stack map (`stacks`: kernel stacks, \
@@ -451,6 +458,15 @@ impl WindowMetrics {
                 .get_or_create(&[("runtime", runtime)])
                 .inc_by(unknown.saturating_sub(*reported));
             *reported = (*reported).max(unknown);
+        }
+    }
+
+    /// Each runtime's names' memory in the last window.
+    pub fn set_runtime_names_bytes(&mut self, bytes: &[(&'static str, usize)]) {
+        for &(runtime, bytes) in bytes {
+            self.runtime_names_bytes
+                .get_or_create(&[("runtime", runtime)])
+                .set(bytes as u64);
         }
     }
 

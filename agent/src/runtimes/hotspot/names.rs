@@ -269,6 +269,8 @@ pub struct HotspotNames {
     cache: HashMap<(u32, u64, u64), Option<Vec<Line>>>,
     /// The bytes of names `cache` holds, against [`MAX_CACHED_TEXT`].
     cached_text: usize,
+    /// What the last window's names took ([`Names::window_bytes`]).
+    window_bytes: usize,
     source: Source,
     /// Frames named and frames left unknown, since start.
     pub named: u64,
@@ -308,6 +310,7 @@ impl HotspotNames {
             processes: HashMap::new(),
             cache: HashMap::new(),
             cached_text: 0,
+            window_bytes: 0,
             source,
             named: 0,
             unknown: 0,
@@ -391,6 +394,17 @@ impl Names for HotspotNames {
     }
 
     fn end_window(&mut self, alive: &dyn Fn(u32) -> bool) {
+        // The cache only grows within a window: what it holds now is its most.
+        self.window_bytes = self
+            .cache
+            .values()
+            .map(|lines| {
+                size_of::<((u32, u64, u64), Option<Vec<Line>>)>()
+                    + lines.as_ref().map_or(0, |lines| {
+                        lines.capacity() * size_of::<Line>() + text_size(lines)
+                    })
+            })
+            .sum();
         self.cache.clear();
         self.cached_text = 0;
         self.processes.retain(|&pid, _| alive(pid));
@@ -423,6 +437,10 @@ impl Names for HotspotNames {
 
     fn counts(&self) -> (u64, u64) {
         (self.named, self.unknown)
+    }
+
+    fn window_bytes(&self) -> usize {
+        self.window_bytes
     }
 }
 

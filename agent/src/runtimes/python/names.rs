@@ -49,6 +49,10 @@ struct Code {
 pub struct PythonNames {
     processes: HashMap<u32, PythonProcess>,
     code: HashMap<(u32, u64), Option<Code>>,
+    /// The most `code` took since the window started, and in the last window
+    /// ([`Names::window_bytes`]).
+    peak_bytes: usize,
+    window_bytes: usize,
     /// Frames named and frames left unknown, since start.
     pub named: u64,
     pub unknown: u64,
@@ -84,14 +88,32 @@ impl PythonNames {
 
     /// Forgets what was read: called once a window, so a reused address is read again.
     pub fn end_window(&mut self, alive: impl Fn(u32) -> bool) {
+        self.window_bytes = self.peak_bytes.max(self.code_bytes());
+        self.peak_bytes = 0;
         self.code.clear();
         self.processes.retain(|&pid, _| alive(pid));
+    }
+
+    /// What the code objects read take: each entry's slot and its names and line table.
+    fn code_bytes(&self) -> usize {
+        self.code
+            .values()
+            .map(|code| {
+                size_of::<((u32, u64), Option<Code>)>()
+                    + code.as_ref().map_or(0, |code| {
+                        code.qualname.capacity()
+                            + code.filename.capacity()
+                            + code.linetable.capacity()
+                    })
+            })
+            .sum()
     }
 
     /// The line of the frame at `code` (an address in `pid`), `instr` code units into it.
     pub fn line(&mut self, pid: u32, code: u64, instr: u16) -> Line {
         let process = self.processes.get(&pid).copied();
         if self.code.len() >= MAX_CODE {
+            self.peak_bytes = self.peak_bytes.max(self.code_bytes());
             self.code.clear();
         }
         let read = self
@@ -143,6 +165,10 @@ impl Names for PythonNames {
 
     fn counts(&self) -> (u64, u64) {
         (self.named, self.unknown)
+    }
+
+    fn window_bytes(&self) -> usize {
+        self.window_bytes
     }
 }
 

@@ -480,6 +480,11 @@ impl UserSymbolizer {
         self.runtimes.counts().collect()
     }
 
+    /// Each runtime's names' memory in the last window, by its name.
+    pub fn runtime_window_bytes(&self) -> Vec<(&'static str, usize)> {
+        self.runtimes.window_bytes().collect()
+    }
+
     /// Samples whose stacks got the frames below glibc's start code, since start.
     pub fn entry_completions(&self) -> u64 {
         self.entry_chains.completed

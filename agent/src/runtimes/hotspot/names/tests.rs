@@ -117,6 +117,26 @@ fn a_compiled_frame_is_one_location_of_its_inlined_methods() {
 }
 
 #[test]
+fn a_window_s_names_are_measured_when_it_ends_and_then_dropped() {
+    let mut names = names_over(memory_with_stub(b"Interpreter\0"));
+    let compiled = |pc| frame(HotspotSubtype::Compiled, NMETHOD, pc, COMPILE_ID);
+    let lines = lines_of(&mut names, compiled(0x40));
+    names.end_window(&|_| true);
+    let text: usize = lines
+        .iter()
+        .map(|l| l.function.len() + l.system_name.len() + l.file.as_ref().map_or(0, String::len))
+        .sum();
+    let held = names.window_bytes();
+    assert!(
+        held >= text + 2 * size_of::<Line>(),
+        "{held} bytes for {text} of text"
+    );
+    assert_eq!(names.cached(), 0);
+    names.end_window(&|_| true);
+    assert_eq!(names.window_bytes(), 0);
+}
+
+#[test]
 fn a_stub_is_its_blobs_name_when_its_first_bytes_match() {
     let name = b"StubRoutines (1)\0";
     let mut names = names_over(memory_with_stub(name));
