@@ -4,6 +4,7 @@
 //! command that needs it runs first, so `cargo xtask test` works from a clean clone.
 
 mod bench;
+mod cross;
 mod lint;
 mod package;
 mod setup;
@@ -30,7 +31,12 @@ enum Task {
     Setup,
     /// Build the scorch binary (release) with its embedded BPF program, then the pair to copy
     /// to other machines: `target/dist/scorch` (stripped) and `target/dist/scorch.debug`.
-    Build,
+    Build {
+        /// Cross-build for this target (`aarch64-unknown-linux-gnu`): the binary where cargo
+        /// puts it (`target/TARGET/release/scorch`), the pair in `target/dist/TARGET/`.
+        #[arg(long)]
+        target: Option<String>,
+    },
     /// Build, then run `scorch ARGS` (through sudo when not root).
     Run {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
@@ -65,6 +71,11 @@ enum Task {
         /// Skip the host kernel's row.
         #[arg(long)]
         no_host: bool,
+        /// Boot this architecture's kernels (`arm64`: Debian's cloud-arm64 builds under
+        /// qemu-system-aarch64, with scorch cross-built for it); the host's row is x86-64's
+        /// and is left out.
+        #[arg(long, default_value = "amd64")]
+        arch: String,
     },
     /// Measure what scorch costs beside perf and bpftrace; write the figures to
     /// target/bench/ (a markdown report and a JSON file per bench) and docs/benchmarks.md.
@@ -107,15 +118,31 @@ fn main() -> Result<()> {
     match cli.command {
         Task::Setup => setup::setup(),
         Task::Lint => lint::lint(&root),
-        Task::Build => {
+        Task::Build { target: None } => {
             let scorch = build(&root)?;
             package::dist(&root, &scorch).map(|_| ())
         }
+        Task::Build {
+            target: Some(target),
+        } => {
+            let cross = cross::Target::named(&target)?;
+            let scorch = cross::build(&root, cross)?;
+            package::dist_for(&root, &scorch, Some(cross)).map(|_| ())
+        }
         Task::Run { args } => run(&root, &args),
         Task::Test { filter } => test(&root, filter.as_deref()),
-        Task::VmTest { kernels, no_host } => {
+        Task::VmTest {
+            kernels,
+            no_host,
+            arch,
+        } => {
             setup::setup()?;
-            let scorch = build(&root)?;
+            let machine = vmtest::Machine::named(&arch)?;
+            let scorch = if machine.debian == vmtest::ARM64.debian {
+                cross::build(&root, cross::Target::named("aarch64-unknown-linux-gnu")?)?
+            } else {
+                build(&root)?
+            };
             let kernels = if kernels.is_empty() {
                 vmtest::DEFAULT_KERNELS
                     .iter()
@@ -124,7 +151,8 @@ fn main() -> Result<()> {
             } else {
                 kernels
             };
-            vmtest::vm_test(&root, &scorch, &kernels, !no_host)
+            let host = !no_host && machine.debian == vmtest::X86_64.debian;
+            vmtest::vm_test(&root, &scorch, &kernels, host, machine)
         }
         Task::Package { check } => {
             setup::setup()?;
@@ -252,7 +280,7 @@ fn test(root: &Path, filter: Option<&str>) -> Result<()> {
             .iter()
             .map(|k| k.to_string())
             .collect();
-        vmtest::vm_test(root, &scorch, &kernels, true)?;
+        vmtest::vm_test(root, &scorch, &kernels, true, &vmtest::X86_64)?;
     }
     Ok(())
 }

@@ -32,7 +32,19 @@ pub struct Dist {
 
 /// Writes `target/dist/scorch` and `target/dist/scorch.debug` from the release binary.
 pub fn dist(root: &Path, scorch: &Path) -> Result<Dist> {
-    let dir = root.join("target/dist");
+    dist_for(root, scorch, None)
+}
+
+/// [`dist`] of a binary cross-built for `target` (in `target/dist/TRIPLE/`, with the
+/// target's objcopy), or of this machine's (`None`).
+pub fn dist_for(root: &Path, scorch: &Path, target: Option<&crate::cross::Target>) -> Result<Dist> {
+    let (dir, objcopy) = match target {
+        Some(target) => (
+            root.join("target/dist").join(target.triple),
+            target.tool("objcopy"),
+        ),
+        None => (root.join("target/dist"), "objcopy".to_owned()),
+    };
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let binary = dir.join("scorch");
     let debug = dir.join("scorch.debug");
@@ -40,13 +52,13 @@ pub fn dist(root: &Path, scorch: &Path) -> Result<Dist> {
     // named here, so it is written first, and the link is a plain name that resolves next to
     // the binary wherever the pair is copied.
     run_command(
-        Command::new("objcopy")
+        Command::new(&objcopy)
             .args(["--only-keep-debug", "--compress-debug-sections=zlib"])
             .arg(scorch)
             .arg(&debug),
     )?;
     run_command(
-        Command::new("objcopy")
+        Command::new(&objcopy)
             .arg("--strip-debug")
             .arg(format!("--add-gnu-debuglink={}", debug.display()))
             .arg(scorch)

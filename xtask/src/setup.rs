@@ -129,7 +129,12 @@ pub fn ensure_bpf_toolchain() -> Result<()> {
 }
 
 fn install_packages() -> Result<()> {
-    let missing: Vec<&str> = PACKAGES
+    ensure_packages(PACKAGES)
+}
+
+/// Installs those of `packages` not installed yet, with apt-get (through sudo when not root).
+pub fn ensure_packages(packages: &[&str]) -> Result<()> {
+    let missing: Vec<&str> = packages
         .iter()
         .copied()
         .filter(|p| {

@@ -1,5 +1,7 @@
 //! `cargo xtask vm-test`: the same scorch build, booted under Debian's kernels in qemu (TCG),
-//! and on the host kernel, through the same checks (vmtest/checks.sh), judged here.
+//! and on the host kernel, through the same checks (vmtest/checks.sh), judged here. With
+//! `--arch arm64` ([`ARM64`]), Debian's arm64 kernels under `qemu-system-aarch64`, with scorch
+//! and the workloads cross-built.
 //!
 //! Each kernel comes from Debian's archive through apt (`apt-cache` picks the newest build of
 //! the asked version, `apt-get download` fetches it); only vmlinuz, its config and the few
@@ -27,9 +29,90 @@ use report::Row;
 /// which bookworm-security also carries as `6.12.*+deb12`.
 pub const DEFAULT_KERNELS: &[&str] = &["6.1", "6.12"];
 
-/// The default Debian kernel flavour: the cloud one is small (no hardware drivers) and boots
-/// quickly.
-const FLAVOUR: &str = "cloud-amd64";
+/// A machine the kernels boot on: its Debian flavour, qemu, and the tools that build for it.
+#[derive(Debug)]
+pub struct Machine {
+    /// Debian's name for the architecture (`amd64`, `arm64`).
+    pub debian: &'static str,
+    /// The default kernel flavour: the cloud one is small (no hardware drivers) and boots
+    /// quickly.
+    flavour: &'static str,
+    /// This machine's own, or one apt fetches as a foreign architecture (`pkg:arm64`).
+    foreign: bool,
+    qemu: &'static str,
+    /// qemu's machine and CPU.
+    qemu_machine: &'static [&'static str],
+    /// The kernel's serial console.
+    console: &'static str,
+    /// Prefix of the C toolchain that builds the workloads (`aarch64-linux-gnu-`), empty for
+    /// the host's.
+    tools: &'static str,
+    /// Where that toolchain's libraries are, as the guest sees them at `/`.
+    sysroot: &'static str,
+    /// Whether scorch reads this architecture's unwind tables: without, code built without
+    /// frame pointers is walked by frame pointer and its callers are lost.
+    pub unwind_tables: bool,
+    /// Flags added to a workload built with frame pointers: arm64's gcc leaves them out of
+    /// leaf functions unless told, and a leaf without its frame record hides its caller from
+    /// a frame-pointer walk (its return address is only in x30).
+    frame_pointer_flags: &'static [&'static str],
+    /// Debian packages the boot and the builds need beyond `cargo xtask setup`'s.
+    packages: &'static [&'static str],
+}
+
+/// This machine: x86-64.
+pub const X86_64: Machine = Machine {
+    debian: "amd64",
+    flavour: "cloud-amd64",
+    foreign: false,
+    qemu: "qemu-system-x86_64",
+    qemu_machine: &["-cpu", "max"],
+    console: "ttyS0",
+    tools: "",
+    sysroot: "/",
+    unwind_tables: true,
+    frame_pointer_flags: &[],
+    packages: &[],
+};
+
+/// arm64 under TCG. `pauth-impdef=on`: the kernels sign their own return addresses, and
+/// qemu's emulation of the architected algorithm (QARMA) makes a boot twice as slow.
+pub const ARM64: Machine = Machine {
+    debian: "arm64",
+    flavour: "cloud-arm64",
+    foreign: true,
+    qemu: "qemu-system-aarch64",
+    qemu_machine: &["-M", "virt", "-cpu", "max,pauth-impdef=on"],
+    console: "ttyAMA0",
+    tools: "aarch64-linux-gnu-",
+    sysroot: "/usr/aarch64-linux-gnu",
+    unwind_tables: false,
+    frame_pointer_flags: &["-mno-omit-leaf-frame-pointer"],
+    packages: &["qemu-system-arm", "gcc-aarch64-linux-gnu"],
+};
+
+impl Machine {
+    /// The machine Debian names `name`.
+    pub fn named(name: &str) -> Result<&'static Machine> {
+        [&X86_64, &ARM64]
+            .into_iter()
+            .find(|m| m.debian == name || (name == "x86-64" && m.debian == "amd64"))
+            .with_context(|| format!("vm-test boots amd64 (x86-64) or arm64, not {name:?}"))
+    }
+
+    fn tool(&self, tool: &str) -> String {
+        format!("{}{tool}", self.tools)
+    }
+
+    /// A package of this architecture, as apt-get names it.
+    fn package(&self, name: &str) -> String {
+        if self.foreign {
+            format!("{name}:{}", self.debian)
+        } else {
+            name.to_owned()
+        }
+    }
+}
 
 /// A VM that has not powered off by then has hung. A run takes well under two minutes even
 /// with the host's two cores shared; this leaves room for a loaded machine.
@@ -68,20 +151,35 @@ const CHECKS: &str = include_str!("vmtest/checks.sh");
 
 /// Runs the checks on the host (when `host`) and under each kernel, writes
 /// target/vm-test/report.md, and fails when any check failed.
-pub fn vm_test(root: &Path, scorch: &Path, kernels: &[String], host: bool) -> Result<()> {
-    let dir = root.join("target/vm-test");
+pub fn vm_test(
+    root: &Path,
+    scorch: &Path,
+    kernels: &[String],
+    host: bool,
+    machine: &Machine,
+) -> Result<()> {
+    let dir = if machine.foreign {
+        root.join("target/vm-test").join(machine.debian)
+    } else {
+        root.join("target/vm-test")
+    };
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     std::fs::write(dir.join("checks.sh"), CHECKS)?;
-    let workloads = build_workloads(root, &dir)?;
+    crate::setup::ensure_packages(machine.packages)?;
+    if machine.foreign {
+        add_foreign_architecture(machine)?;
+    }
+    let workloads = build_workloads(root, &dir, machine)?;
     let mut rows = Vec::new();
     if host {
+        ensure!(!machine.foreign, "the host is not {}", machine.debian);
         rows.push(run_host(&dir, scorch, &workloads)?);
     }
     if !kernels.is_empty() {
-        let base = base_initramfs(&dir, scorch, &workloads)?;
+        let base = base_initramfs(&dir, scorch, &workloads, machine)?;
         for spec in kernels {
             let started = Instant::now();
-            let row = match run_kernel(&dir, &base, spec) {
+            let row = match run_kernel(&dir, &base, spec, machine) {
                 Ok(row) => row,
                 Err(err) => Row::failed(spec, format!("{err:#}")),
             };
@@ -110,15 +208,38 @@ pub fn vm_test(root: &Path, scorch: &Path, kernels: &[String], host: bool) -> Re
     Ok(())
 }
 
-/// Compiles each workload with gcc, static, into target/vm-test/workloads/.
-fn build_workloads(root: &Path, dir: &Path) -> Result<PathBuf> {
+/// Lets apt fetch `machine`'s packages (`dpkg --add-architecture`), once.
+fn add_foreign_architecture(machine: &Machine) -> Result<()> {
+    let foreign = Command::new("dpkg")
+        .arg("--print-foreign-architectures")
+        .output()
+        .context("running dpkg")?;
+    if String::from_utf8_lossy(&foreign.stdout)
+        .lines()
+        .any(|a| a.trim() == machine.debian)
+    {
+        return Ok(());
+    }
+    run_command(Command::new("dpkg").args(["--add-architecture", machine.debian]))?;
+    run_command(Command::new("apt-get").args(["update", "-q"]))
+}
+
+/// Compiles each workload with `machine`'s gcc, static, into its vm-test directory's
+/// workloads/.
+fn build_workloads(root: &Path, dir: &Path, machine: &Machine) -> Result<PathBuf> {
     let out = dir.join("workloads");
     std::fs::create_dir_all(&out)?;
     for (name, source, flags) in WORKLOADS {
         let source = root.join("tests/workloads").join(source);
+        let frame_pointers = flags.contains(&"-fno-omit-frame-pointer");
         run_command(
-            Command::new("gcc")
+            Command::new(machine.tool("gcc"))
                 .args(*flags)
+                .args(if frame_pointers {
+                    machine.frame_pointer_flags
+                } else {
+                    &[]
+                })
                 .arg("-static")
                 .arg(&source)
                 .arg("-o")
@@ -152,7 +273,7 @@ fn run_host(dir: &Path, scorch: &Path, workloads: &Path) -> Result<Row> {
         .context("running checks.sh with busybox sh (is busybox-static installed?)")?;
     ensure!(status.success(), "checks.sh on the host: {status}");
     let config = host_config();
-    let mut row = report::judge("host", &results, config.as_deref());
+    let mut row = report::judge("host", &results, config.as_deref(), &X86_64);
     row.seconds = started.elapsed().as_secs_f64();
     Ok(row)
 }
@@ -164,9 +285,9 @@ fn host_config() -> Option<String> {
 }
 
 /// Boots one kernel with the base initramfs plus its modules, and judges what comes back.
-fn run_kernel(dir: &Path, base: &cpio::Archive, spec: &str) -> Result<Row> {
-    let package = newest_package(spec)?;
-    let kernel = fetch_kernel(dir, &package)?;
+fn run_kernel(dir: &Path, base: &cpio::Archive, spec: &str, machine: &Machine) -> Result<Row> {
+    let package = newest_package(spec, machine)?;
+    let kernel = fetch_kernel(dir, &package, machine)?;
     let run_dir = dir.join(&package);
     let _ = std::fs::remove_dir_all(&run_dir);
     std::fs::create_dir_all(&run_dir)?;
@@ -186,7 +307,7 @@ fn run_kernel(dir: &Path, base: &cpio::Archive, spec: &str) -> Result<Row> {
     let initramfs = run_dir.join("initramfs.cpio");
     std::fs::write(&initramfs, archive.finish())?;
     let started = Instant::now();
-    let booted = boot(&kernel.vmlinuz, &initramfs, &run_dir);
+    let booted = boot(&kernel.vmlinuz, &initramfs, &run_dir, machine);
     let seconds = started.elapsed().as_secs_f64();
     // 20 MB per kernel, rebuilt each run: not worth keeping.
     let _ = std::fs::remove_file(&initramfs);
@@ -209,17 +330,19 @@ fn run_kernel(dir: &Path, base: &cpio::Archive, spec: &str) -> Result<Row> {
     );
     let _ = std::fs::remove_file(&tar);
     let config = std::fs::read_to_string(&kernel.config).ok();
-    let mut row = report::judge(&package, &results, config.as_deref());
+    let mut row = report::judge(&package, &results, config.as_deref(), machine);
     row.seconds = seconds;
     Ok(row)
 }
 
 /// Runs qemu until the guest powers off, or kills it at the timeout.
-fn boot(vmlinuz: &Path, initramfs: &Path, run_dir: &Path) -> Result<()> {
+fn boot(vmlinuz: &Path, initramfs: &Path, run_dir: &Path, machine: &Machine) -> Result<()> {
     let console = run_dir.join("console.log");
     let tar = run_dir.join("results.tar");
-    let mut qemu = Command::new("qemu-system-x86_64");
-    qemu.args(["-accel", "tcg", "-cpu", "max", "-smp", "2", "-m", "1G"])
+    let mut qemu = Command::new(machine.qemu);
+    qemu.args(["-accel", "tcg"])
+        .args(machine.qemu_machine)
+        .args(["-smp", "2", "-m", "1G"])
         // No default NIC, VGA or monitor: nothing the checks need, and the NIC wants a ROM.
         .args(["-nodefaults", "-no-reboot", "-display", "none"])
         .arg("-kernel")
@@ -227,7 +350,8 @@ fn boot(vmlinuz: &Path, initramfs: &Path, run_dir: &Path) -> Result<()> {
         .arg("-initrd")
         .arg(initramfs)
         // panic=-1 with -no-reboot: a panic (or init exiting) ends qemu at once.
-        .args(["-append", "console=ttyS0 panic=-1 quiet"])
+        .arg("-append")
+        .arg(format!("console={} panic=-1 quiet", machine.console))
         .arg("-serial")
         .arg(format!("file:{}", console.display()))
         .args(["-device", "virtio-serial-pci"])
@@ -238,7 +362,9 @@ fn boot(vmlinuz: &Path, initramfs: &Path, run_dir: &Path) -> Result<()> {
             "virtserialport,chardev=results,name=scorch.results",
         ])
         .stdin(Stdio::null());
-    let mut child = qemu.spawn().context("starting qemu-system-x86_64")?;
+    let mut child = qemu
+        .spawn()
+        .with_context(|| format!("starting {}", machine.qemu))?;
     let deadline = Instant::now() + VM_TIMEOUT;
     loop {
         if let Some(status) = child.try_wait()? {
@@ -261,8 +387,8 @@ fn boot(vmlinuz: &Path, initramfs: &Path, run_dir: &Path) -> Result<()> {
 /// `6.1` -> `linux-image-6.1.0-57-cloud-amd64`: the newest signed build apt knows of. An
 /// exact ABI (`6.1.0-57`, `6.12.117+deb12`) names one build; `:FLAVOUR` picks another
 /// flavour than cloud (`6.1:rt-amd64`, the PREEMPT_RT build).
-fn newest_package(spec: &str) -> Result<String> {
-    let (spec, flavour) = spec.split_once(':').unwrap_or((spec, FLAVOUR));
+fn newest_package(spec: &str, machine: &Machine) -> Result<String> {
+    let (spec, flavour) = spec.split_once(':').unwrap_or((spec, machine.flavour));
     let output = Command::new("apt-cache")
         .args(["pkgnames", "linux-image-"])
         .output()
@@ -301,7 +427,7 @@ struct Kernel {
 }
 
 /// Downloads and unpacks the package once; keeps vmlinuz, its config and the guest modules.
-fn fetch_kernel(dir: &Path, package: &str) -> Result<Kernel> {
+fn fetch_kernel(dir: &Path, package: &str, machine: &Machine) -> Result<Kernel> {
     let cache = dir.join("kernels").join(package);
     let kernel = Kernel {
         vmlinuz: cache.join("vmlinuz"),
@@ -311,28 +437,8 @@ fn fetch_kernel(dir: &Path, package: &str) -> Result<Kernel> {
     if !cache.join("complete").exists() {
         let _ = std::fs::remove_dir_all(&cache);
         let download = dir.join("download");
-        let _ = std::fs::remove_dir_all(&download);
-        std::fs::create_dir_all(&download)?;
         eprintln!("xtask: vm-test: downloading {package}");
-        let fetch = || {
-            run_command(
-                Command::new("apt-get")
-                    .current_dir(&download)
-                    .args(["download", "-q", package]),
-            )
-        };
-        // Stale package lists name builds the mirror has since dropped: refresh once.
-        if fetch().is_err() {
-            run_command(Command::new("apt-get").args(["update", "-q"]))?;
-            fetch()?;
-        }
-        let deb = std::fs::read_dir(&download)?
-            .flatten()
-            .map(|e| e.path())
-            .find(|p| p.extension().is_some_and(|e| e == "deb"))
-            .context("apt-get download left no .deb")?;
-        let unpacked = download.join("root");
-        run_command(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&unpacked))?;
+        let unpacked = download_package(&download, &machine.package(package))?;
         unpack_kernel(&unpacked, &cache)?;
         // The package is 30 MB; what the VM uses is a tenth of that.
         std::fs::remove_dir_all(&download)?;
@@ -343,6 +449,33 @@ fn fetch_kernel(dir: &Path, package: &str) -> Result<Kernel> {
         modules: order.lines().map(|m| cache.join(m)).collect(),
         ..kernel
     })
+}
+
+/// Downloads `package` (apt's name, `pkg:arch` for a foreign one) into `download`, emptied
+/// first, and unpacks it there; returns the unpacked root. Stale package lists name builds the
+/// mirror has since dropped: a failed download refreshes them once.
+fn download_package(download: &Path, package: &str) -> Result<PathBuf> {
+    let _ = std::fs::remove_dir_all(download);
+    std::fs::create_dir_all(download)?;
+    let fetch = || {
+        run_command(
+            Command::new("apt-get")
+                .current_dir(download)
+                .args(["download", "-q", package]),
+        )
+    };
+    if fetch().is_err() {
+        run_command(Command::new("apt-get").args(["update", "-q"]))?;
+        fetch()?;
+    }
+    let deb = std::fs::read_dir(download)?
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|e| e == "deb"))
+        .with_context(|| format!("apt-get download {package} left no .deb"))?;
+    let unpacked = download.join("root");
+    run_command(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&unpacked))?;
+    Ok(unpacked)
 }
 
 /// Copies vmlinuz, config and the guest modules (decompressed, dependencies first) out of an
@@ -457,7 +590,12 @@ fn module_depends(module: &[u8]) -> Vec<String> {
 }
 
 /// Everything but the modules: the same for every kernel.
-fn base_initramfs(dir: &Path, scorch: &Path, workloads: &Path) -> Result<cpio::Archive> {
+fn base_initramfs(
+    dir: &Path,
+    scorch: &Path,
+    workloads: &Path,
+    machine: &Machine,
+) -> Result<cpio::Archive> {
     let mut archive = cpio::Archive::default();
     for directory in [
         "proc",
@@ -475,15 +613,27 @@ fn base_initramfs(dir: &Path, scorch: &Path, workloads: &Path) -> Result<cpio::A
     // The shipped binary keeps its line tables (92 MB); the VM needs none of them, and a
     // smaller initramfs boots faster under TCG.
     let stripped = dir.join("scorch.stripped");
-    run_command(Command::new("strip").arg("-o").arg(&stripped).arg(scorch))?;
+    run_command(
+        Command::new(machine.tool("strip"))
+            .arg("-o")
+            .arg(&stripped)
+            .arg(scorch),
+    )?;
     archive.file("usr/bin/scorch", &std::fs::read(&stripped)?, 0o755);
     std::fs::remove_file(&stripped)?;
-    for library in shared_libraries(scorch)? {
-        let inside = library.to_string_lossy().trim_start_matches('/').to_owned();
-        archive.file(&inside, &std::fs::read(&library)?, 0o755);
+    if machine.foreign {
+        for (inside, library) in foreign_libraries(scorch, machine)? {
+            archive.file(&inside, &std::fs::read(&library)?, 0o755);
+        }
+        archive.file("bin/busybox", &foreign_busybox(dir, machine)?, 0o755);
+    } else {
+        for library in shared_libraries(scorch)? {
+            let inside = library.to_string_lossy().trim_start_matches('/').to_owned();
+            archive.file(&inside, &std::fs::read(&library)?, 0o755);
+        }
+        let busybox = which("busybox")?;
+        archive.file("bin/busybox", &std::fs::read(busybox)?, 0o755);
     }
-    let busybox = which("busybox")?;
-    archive.file("bin/busybox", &std::fs::read(busybox)?, 0o755);
     for (name, _, _) in WORKLOADS {
         archive.file(
             &format!("workloads/{name}"),
@@ -508,6 +658,72 @@ fn shared_libraries(binary: &Path) -> Result<Vec<PathBuf>> {
         .collect())
 }
 
+/// A cross-built binary's libraries, from its toolchain's sysroot (host `ldd` cannot run
+/// it): each `NEEDED` entry and the loader (`PT_INTERP`), as `(path in the guest, file)`.
+/// Debian's loader looks in `/lib/TRIPLE/`, where they go.
+fn foreign_libraries(binary: &Path, machine: &Machine) -> Result<Vec<(String, PathBuf)>> {
+    let readelf = |flag: &str| -> Result<String> {
+        let output = Command::new(machine.tool("readelf"))
+            .arg(flag)
+            .arg(binary)
+            .output()
+            .with_context(|| format!("running {}", machine.tool("readelf")))?;
+        ensure!(
+            output.status.success(),
+            "readelf {flag} {}",
+            binary.display()
+        );
+        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    };
+    let lib = Path::new(machine.sysroot).join("lib");
+    let triple = machine.tools.trim_end_matches('-');
+    let mut libraries = Vec::new();
+    for line in readelf("-d")?.lines() {
+        // ` 0x0000000000000001 (NEEDED)             Shared library: [libc.so.6]`
+        let Some(name) = line
+            .contains("(NEEDED)")
+            .then(|| line.split('[').nth(1)?.split(']').next())
+            .flatten()
+        else {
+            continue;
+        };
+        let file = lib.join(name);
+        ensure!(
+            file.exists(),
+            "{} needs {name}, not in {}",
+            binary.display(),
+            lib.display()
+        );
+        libraries.push((format!("lib/{triple}/{name}"), file));
+    }
+    let interpreter = readelf("-l")?
+        .lines()
+        .find_map(|line| {
+            // `      [Requesting program interpreter: /lib/ld-linux-aarch64.so.1]`
+            let path = line.split("interpreter: ").nth(1)?.trim_end_matches(']');
+            Some(path.to_owned())
+        })
+        .context("the binary names no program interpreter")?;
+    let name = interpreter.rsplit('/').next().unwrap_or(&interpreter);
+    libraries.push((
+        interpreter.trim_start_matches('/').to_owned(),
+        lib.join(name),
+    ));
+    Ok(libraries)
+}
+
+/// `machine`'s static busybox, from Debian's busybox-static package for it, kept in `dir`.
+fn foreign_busybox(dir: &Path, machine: &Machine) -> Result<Vec<u8>> {
+    let kept = dir.join("busybox");
+    if !kept.exists() {
+        let download = dir.join("download-busybox");
+        let unpacked = download_package(&download, &machine.package("busybox-static"))?;
+        std::fs::copy(unpacked.join("bin/busybox"), &kept)?;
+        std::fs::remove_dir_all(&download)?;
+    }
+    Ok(std::fs::read(&kept)?)
+}
+
 /// The static busybox: busybox-static installs it as /bin/busybox.
 fn which(program: &str) -> Result<PathBuf> {
     let path = std::env::var_os("PATH").unwrap_or_default();
@@ -521,6 +737,16 @@ fn which(program: &str) -> Result<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn machines_by_debian_name() {
+        assert_eq!(Machine::named("arm64").unwrap().qemu, "qemu-system-aarch64");
+        assert_eq!(Machine::named("amd64").unwrap().flavour, "cloud-amd64");
+        assert_eq!(Machine::named("x86-64").unwrap().debian, "amd64");
+        assert_eq!(ARM64.package("busybox-static"), "busybox-static:arm64");
+        assert_eq!(X86_64.package("busybox-static"), "busybox-static");
+        assert!(Machine::named("riscv64").is_err());
+    }
 
     #[test]
     fn versions_compare_numerically() {

@@ -50,6 +50,12 @@ pub fn user_regs(regs: &pt_regs) -> Option<UserRegs> {
     })
 }
 
+/// A return address read from a frame: x86-64 signs none.
+#[inline(always)]
+pub const fn return_address(address: u64) -> u64 {
+    address
+}
+
 /// Where a signal trampoline's frame keeps the interrupted stack pointer and pc, from the
 /// stack pointer plus the row's offset (which points at `uc_mcontext`'s rsp): rip follows
 /// rsp in `struct sigcontext`.

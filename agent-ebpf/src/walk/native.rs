@@ -235,7 +235,7 @@ fn frame_pointer_step(walk: &mut WalkState) -> u32 {
     if !read_up_to(walk, bp.wrapping_add(16), 2) {
         return UnwindOutcome::ReadFault as u32;
     }
-    let (caller_bp, return_address) = (word(walk, 0), word(walk, 1));
+    let (caller_bp, return_address) = (word(walk, 0), arch::return_address(word(walk, 1)));
     if return_address == 0 {
         return UnwindOutcome::Completed as u32;
     }
@@ -260,7 +260,7 @@ fn checked_frame_pointer_step(walk: &mut WalkState, procs: &ProcMappings) -> u32
     if !read_up_to(walk, bp.wrapping_add(16), 2) {
         return UnwindOutcome::NoRow as u32;
     }
-    let (caller_bp, return_address) = (word(walk, 0), word(walk, 1));
+    let (caller_bp, return_address) = (word(walk, 0), arch::return_address(word(walk, 1)));
     // The call instruction before the return address must be code this process maps.
     let call = return_address.wrapping_sub(1);
     let mut search = MappingSearch {
@@ -367,7 +367,7 @@ fn table_step(walk: &mut WalkState, mapping: &UnwindMapping, row_pc: u32) -> u32
     if !read_up_to(walk, cfa, words) {
         return UnwindOutcome::ReadFault as u32;
     }
-    let return_address = word(walk, words - 1);
+    let return_address = arch::return_address(word(walk, words - 1));
     match fp_kind {
         FpKind::Unchanged => {}
         FpKind::CfaOffset if saved_below => walk.fp = word(walk, 0),

@@ -3,20 +3,23 @@
 //! holds what the rest of the agent asks of them, in words no architecture owns: the places
 //! and layouts the instruction decoders find, and the relocation kinds the readers resolve.
 //!
-//! x86-64 is the only one today. What a second one (arm64) adds here, beside its twin of each
-//! item of [`x86_64`]:
+//! Each architecture's module has:
 //! - the instruction patterns the runtime readers recognise in compiled code (`decode`:
-//!   CPython's `_PyRuntime` and thread state, glibc's `pthread_getspecific`);
+//!   CPython's `_PyRuntime` and thread state, glibc's `pthread_getspecific`): x86-64 only,
+//!   and the dispatchers below refuse another architecture's code by name;
 //! - its dynamic relocation kinds (`relocation`);
-//! - its PLT stubs, named `function@plt` (`plt`);
+//! - its PLT stubs, named `function@plt` (`plt`): x86-64 only;
 //! - where the kernel keeps a thread's thread pointer (`THREAD_POINTER`).
 //!
 //! Elsewhere, in files of their own named for the architecture: the BPF program's registers,
 //! user-mode test, signal frame and thread pointer (agent-ebpf's `arch/`), the unwind rows'
 //! register numbers, PLT, signal and Go frame rows (`unwind/convert/`).
 
+pub mod aarch64;
 pub mod x86_64;
 
+#[cfg(target_arch = "aarch64")]
+pub use aarch64 as native;
 #[cfg(target_arch = "x86_64")]
 pub use x86_64 as native;
 
@@ -78,7 +81,62 @@ pub enum Relocation {
 pub fn relocation(architecture: Architecture, r_type: u32) -> Option<Relocation> {
     match architecture {
         Architecture::X86_64 => x86_64::relocation(r_type),
+        Architecture::Aarch64 => aarch64::relocation(r_type),
         _ => None,
+    }
+}
+
+/// Why code of `architecture` is not decoded: only x86-64's patterns are known.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("no decoder for {architecture:?} code")]
+pub struct NoDecoder {
+    pub architecture: Architecture,
+}
+
+/// What a function of `architecture` puts in its first argument register before its first
+/// call or tail jump ([`x86_64::decode::first_argument`]).
+pub fn first_argument(
+    architecture: Architecture,
+    code: &[u8],
+    ip: u64,
+) -> Result<Option<FirstArgument>, NoDecoder> {
+    match architecture {
+        Architecture::X86_64 => Ok(x86_64::decode::first_argument(code, ip)),
+        _ => Err(NoDecoder { architecture }),
+    }
+}
+
+/// The thread-pointer offset of the thread-local a function returns
+/// ([`x86_64::decode::returned_thread_local`]).
+pub fn returned_thread_local(
+    architecture: Architecture,
+    code: &[u8],
+    ip: u64,
+) -> Result<Option<i64>, NoDecoder> {
+    match architecture {
+        Architecture::X86_64 => Ok(x86_64::decode::returned_thread_local(code, ip)),
+        _ => Err(NoDecoder { architecture }),
+    }
+}
+
+/// Where a function's direct jumps land outside it ([`x86_64::decode::jumps_out`]).
+pub fn jumps_out(architecture: Architecture, code: &[u8], ip: u64) -> Result<Vec<u64>, NoDecoder> {
+    match architecture {
+        Architecture::X86_64 => Ok(x86_64::decode::jumps_out(code, ip)),
+        _ => Err(NoDecoder { architecture }),
+    }
+}
+
+/// glibc's `pthread_getspecific` layout from its code ([`x86_64::decode::pthread_specific`]):
+/// the inner error says which form the code was not.
+pub fn pthread_specific(
+    architecture: Architecture,
+    code: &[u8],
+    ip: u64,
+) -> Result<Result<SpecificLayout, &'static str>, NoDecoder> {
+    match architecture {
+        Architecture::X86_64 => Ok(x86_64::decode::pthread_specific(code, ip)),
+        _ => Err(NoDecoder { architecture }),
     }
 }
 

@@ -185,6 +185,26 @@ pub fn run_checks() -> Vec<Item> {
             ));
             items.push(footprint(sampler.cpus().len()));
             items.push(match sampler.unwind_refused() {
+                None if !crate::arch::native::UNWIND_TABLES => item(
+                    Status::Warn,
+                    "BPF unwinder",
+                    format!(
+                        "loaded, but this build reads no unwind tables for {}: user stacks are \
+                         walked by frame pointer, and code built without them loses its \
+                         callers{}",
+                        std::env::consts::ARCH,
+                        sampler
+                            .verified_instructions()
+                            .map(|n| format!(
+                                "; the verifier walked {n} instructions of its 1,000,000"
+                            ))
+                            .unwrap_or_default()
+                    ),
+                    Some(
+                        "binaries built with frame pointers (-fno-omit-frame-pointer \
+                         -mno-omit-leaf-frame-pointer)",
+                    ),
+                ),
                 None => {
                     let walked = match sampler.verified_instructions() {
                         Some(n) => format!(

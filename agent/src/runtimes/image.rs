@@ -67,6 +67,12 @@ impl<'a> Image<'a> {
         }
     }
 
+    /// The machine the file's code is for.
+    pub fn architecture(&self) -> object::Architecture {
+        use object::Object;
+        self.file.architecture()
+    }
+
     pub fn symbol(&self, name: &str) -> Option<Symbol> {
         self.symbols.get(name).copied()
     }

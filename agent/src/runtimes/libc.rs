@@ -5,7 +5,7 @@
 //! the first keys in an array inside `struct pthread`, whose layout is private and changes
 //! between releases: it is read here from the function's own code rather than assumed.
 //!
-//! The code's pattern is the architecture's (`arch::native::decode::pthread_specific`).
+//! The code's pattern is its architecture's (`arch::pthread_specific`).
 
 use super::image::{Image, ImageError};
 pub use crate::arch::SpecificLayout;
@@ -19,6 +19,8 @@ pub enum LibcError {
     NoSymbol,
     #[error("pthread_getspecific's code is not a form known here ({0})")]
     UnknownCode(&'static str),
+    #[error("pthread_getspecific: {0}")]
+    NoDecoder(#[from] crate::arch::NoDecoder),
 }
 
 /// Whether a binary may be a glibc: it defines `pthread_getspecific` among its dynamic
@@ -42,7 +44,7 @@ pub fn specific_layout(image: &Image) -> Result<SpecificLayout, LibcError> {
         .or_else(|| image.symbol("__pthread_getspecific"))
         .ok_or(LibcError::NoSymbol)?;
     let code = image.code("pthread_getspecific", symbol)?;
-    crate::arch::native::decode::pthread_specific(code, symbol.address)
+    crate::arch::pthread_specific(image.architecture(), code, symbol.address)?
         .map_err(LibcError::UnknownCode)
 }
 

@@ -24,10 +24,7 @@ pub mod runtime;
 use std::{fmt, ops::Range};
 
 use super::image::{Image, ImageError, Symbol};
-use crate::arch::{
-    native::decode::{first_argument, jumps_out, returned_thread_local},
-    FirstArgument, Place,
-};
+use crate::arch::{first_argument, jumps_out, returned_thread_local, FirstArgument, Place};
 pub use names::{PythonProcess, UNKNOWN_CODE};
 pub use offsets::{CodeOffsets, EntryMark, Offsets};
 pub use runtime::{may_be, Python};
@@ -88,6 +85,11 @@ pub enum PythonError {
          placed when it is loaded, is not walked)"
     )]
     NoThreadLocal { version: Version },
+    #[error("Python {version}: {source}")]
+    NoDecoder {
+        version: Version,
+        source: crate::arch::NoDecoder,
+    },
 }
 
 /// Where a thread's `PyThreadState` is found, from the thread pointer (`fs` base).
@@ -197,7 +199,7 @@ pub fn interpreter(image: &Image) -> Result<Option<Interpreter>, PythonError> {
     Ok(Some(Interpreter {
         version,
         runtime,
-        eval: eval_ranges(image, eval)?,
+        eval: eval_ranges(image, version, eval)?,
         thread_state,
         code_type: code_type.address,
         none,
@@ -274,7 +276,9 @@ fn thread_state(
     let code = image.code("PyGILState_GetThisThreadState", function)?;
     if version.minor >= 15 {
         // An executable's thread-locals sit below the thread pointer (x86-64's TLS variant II).
-        return returned_thread_local(code, function.address)
+        let no_decoder = |source| PythonError::NoDecoder { version, source };
+        return returned_thread_local(image.architecture(), code, function.address)
+            .map_err(no_decoder)?
             .filter(|&offset| offset < 0)
             .and_then(|offset| i32::try_from(offset).ok())
             .map(ThreadState::ThreadLocal)
@@ -288,7 +292,9 @@ fn thread_state(
                 .wrapping_add(offset),
         })
     };
-    let key = match first_argument(code, function.address) {
+    let first = first_argument(image.architecture(), code, function.address)
+        .map_err(|source| PythonError::NoDecoder { version, source })?;
+    let key = match first {
         Some(FirstArgument::Loaded(place)) => resolve(place)?,
         Some(FirstArgument::Address(tss)) => resolve(tss)?.wrapping_add(TSS_KEY),
         None => return Err(PythonError::NoThreadKey { version }),
@@ -303,7 +309,11 @@ fn thread_state(
 /// `_PyEval_EvalFrameDefault`'s range and those of its split-off parts: the `.eh_frame`
 /// ranges its direct jumps land in that no symbol names (a jump into a named function is a
 /// tail call).
-fn eval_ranges(image: &Image, eval: Symbol) -> Result<Vec<Range<u64>>, PythonError> {
+fn eval_ranges(
+    image: &Image,
+    version: Version,
+    eval: Symbol,
+) -> Result<Vec<Range<u64>>, PythonError> {
     let own = eval.address..eval.address + eval.size;
     let code = image.code("_PyEval_EvalFrameDefault", eval)?;
     let named: Vec<Range<u64>> = image
@@ -313,7 +323,9 @@ fn eval_ranges(image: &Image, eval: Symbol) -> Result<Vec<Range<u64>>, PythonErr
         .collect();
     let fdes = image.fde_ranges();
     let mut ranges = vec![own.clone()];
-    for target in jumps_out(code, eval.address) {
+    let jumps = jumps_out(image.architecture(), code, eval.address)
+        .map_err(|source| PythonError::NoDecoder { version, source })?;
+    for target in jumps {
         if named.iter().any(|r| r.contains(&target)) {
             continue;
         }
