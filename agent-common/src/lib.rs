@@ -217,13 +217,14 @@ impl Loss {
 /// The registers are named by role: SP the stack pointer, FP the frame pointer (x86-64: rsp
 /// and rbp; arm64: sp and x29). Which kinds each architecture's tables use:
 ///
-/// | kind | x86-64 | arm64 (to come) |
+/// | kind | x86-64 | arm64 |
 /// |---|---|---|
 /// | [`CfaKind::Sp`], [`CfaKind::Fp`] | yes | yes |
 /// | [`CfaKind::Plt`] | the `.plt`'s one expression | no (its stubs do not push) |
-/// | [`CfaKind::Signal`] | `__restore_rt`'s `ucontext` | its own `rt_sigframe` layout |
-/// | [`RaKind::CfaMinus8`] | always (the call pushed it) | once the frame record is saved |
-/// | [`RaKind::LinkRegister`] | never | before the prologue saves x30 |
+/// | [`CfaKind::Signal`] | `__restore_rt`'s `ucontext` | the vDSO's `rt_sigframe` |
+/// | [`RaKind::CfaMinus8`] | always (the call pushed it) | never (see [`FpKind`]) |
+/// | [`RaKind::LinkRegister`] | never | before the prologue saves x30, and in `.plt` |
+/// | [`FpKind::Record`], [`FpKind::RecordFromBase`], [`FpKind::ReturnAddressAt`] | never | once the prologue saved x30 |
 #[repr(u8)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum CfaKind {
@@ -285,6 +286,18 @@ pub enum FpKind {
     /// side of `clone`/`clone3`). The walk ends here, cleanly, whatever the CFA kind says; the
     /// unwinder checks this before the CFA.
     ReturnAddressUndefined = 4,
+    /// A frame record `{caller's FP, return address}` at CFA + `fp_offset` * 8: arm64's
+    /// prologue saves x29 and x30 as a pair, most often at the bottom of the frame (GCC's
+    /// `stp x29, x30, [sp, #-N]!`), so the return address is seldom at CFA - 8. The row's
+    /// [`RaKind`] is ignored.
+    Record = 5,
+    /// The frame record at the CFA's base register + `fp_offset` * 8 (CFA - `cfa_offset` +
+    /// `fp_offset` * 8): for frames larger than an i8 of words reaches from the CFA, whose
+    /// record still lies near the register the CFA is computed from.
+    RecordFromBase = 6,
+    /// FP unchanged, the return address alone at CFA + `fp_offset` * 8 (arm64's `str x30,
+    /// [sp, #-16]!` in a function that keeps no frame record).
+    ReturnAddressAt = 7,
 }
 
 impl FpKind {
@@ -295,22 +308,28 @@ impl FpKind {
             1 => FpKind::CfaOffset,
             2 => FpKind::AtSp,
             4 => FpKind::ReturnAddressUndefined,
+            5 => FpKind::Record,
+            6 => FpKind::RecordFromBase,
+            7 => FpKind::ReturnAddressAt,
             _ => FpKind::Unsupported,
         }
     }
 }
 
-/// Where the caller's pc (the return address) is. Bit 3 of [`UnwindRow::kinds`]; 0, so every
-/// row written before the kind existed reads as [`RaKind::CfaMinus8`]. A return address
-/// anywhere else makes the row [`CfaKind::Unsupported`].
+/// Where the caller's pc (the return address) is, unless the [`FpKind`] says (a frame
+/// record). Bit 3 of [`UnwindRow::kinds`]; 0, so every row written before the kind existed
+/// reads as [`RaKind::CfaMinus8`]. A return address anywhere else makes the row
+/// [`CfaKind::Unsupported`].
 #[repr(u8)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum RaKind {
     /// Saved at CFA - 8: where x86-64's `call` pushes it, and where arm64's frame record puts
     /// x30 once the prologue has saved it.
     CfaMinus8 = 0,
-    /// Still in the link register (arm64's x30, before the prologue saves it). x86-64 has no
-    /// link register: its walk treats such a row as unsupported.
+    /// Still in the link register (arm64's x30, before the prologue saves it). Its value is
+    /// known only in the frame whose registers the walk started from (the sample's, or a
+    /// signal frame's): in a caller's frame x30 is long overwritten, and the walk stops.
+    /// x86-64 has no link register: its walk treats such a row as unsupported.
     LinkRegister = 1,
 }
 
@@ -327,6 +346,10 @@ pub enum RaKind {
 /// | 4..6 | `cfa_offset: u16` | per [`CfaKind`] |
 /// | 6 | `kinds: u8` | bits 0-2 [`CfaKind`], bit 3 [`RaKind`], bits 4-7 [`FpKind`] |
 /// | 7 | `fp_offset: i8` | per [`FpKind`], in units of 8 bytes; for [`CfaKind::Plt`] the threshold |
+///
+/// On arm64 the frame record's offset from the CFA reaches tens of KiB in large frames (one
+/// glibc row in twenty lies beyond the +-1 KiB an i8 of words reaches), but the record lies
+/// near the register the CFA is computed from: [`FpKind::RecordFromBase`].
 ///
 /// Why this shape: the anchors use 8 bytes (lightswitch) to 14 (Parca) per row, and a busy
 /// host holds hundreds of thousands of rows in BPF maps. A full u32 pc (offset from the base)
@@ -347,7 +370,8 @@ pub struct UnwindRow {
     pub cfa_offset: u16,
     /// [`CfaKind`] in bits 0-2, [`RaKind`] in bit 3, [`FpKind`] in the high nibble.
     pub kinds: u8,
-    /// [`FpKind::CfaOffset`], [`FpKind::AtSp`]: the offset in units of 8 bytes.
+    /// [`FpKind::CfaOffset`], [`FpKind::AtSp`], [`FpKind::Record`],
+    /// [`FpKind::RecordFromBase`], [`FpKind::ReturnAddressAt`]: the offset in units of 8 bytes.
     /// [`CfaKind::Plt`]: the `rip & 15` from which the stub has pushed.
     pub fp_offset: i8,
 }

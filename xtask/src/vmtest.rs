@@ -49,13 +49,15 @@ pub struct Machine {
     tools: &'static str,
     /// Where that toolchain's libraries are, as the guest sees them at `/`.
     sysroot: &'static str,
-    /// Whether scorch reads this architecture's unwind tables: without, code built without
-    /// frame pointers is walked by frame pointer and its callers are lost.
-    pub unwind_tables: bool,
+    /// Flags added to a workload built without frame pointers: on arm64, return addresses
+    /// signed with pointer authentication, which the unwinder must strip.
+    no_frame_pointer_flags: &'static [&'static str],
     /// Flags added to a workload built with frame pointers: arm64's gcc leaves them out of
     /// leaf functions unless told, and a leaf without its frame record hides its caller from
     /// a frame-pointer walk (its return address is only in x30).
     frame_pointer_flags: &'static [&'static str],
+    /// Go's name for the architecture (`GOARCH`).
+    goarch: &'static str,
     /// Debian packages the boot and the builds need beyond `cargo xtask setup`'s.
     packages: &'static [&'static str],
 }
@@ -70,8 +72,9 @@ pub const X86_64: Machine = Machine {
     console: "ttyS0",
     tools: "",
     sysroot: "/",
-    unwind_tables: true,
+    no_frame_pointer_flags: &[],
     frame_pointer_flags: &[],
+    goarch: "amd64",
     packages: &[],
 };
 
@@ -86,8 +89,9 @@ pub const ARM64: Machine = Machine {
     console: "ttyAMA0",
     tools: "aarch64-linux-gnu-",
     sysroot: "/usr/aarch64-linux-gnu",
-    unwind_tables: false,
+    no_frame_pointer_flags: &["-mbranch-protection=standard"],
     frame_pointer_flags: &["-mno-omit-leaf-frame-pointer"],
+    goarch: "arm64",
     packages: &["qemu-system-arm", "gcc-aarch64-linux-gnu"],
 };
 
@@ -238,7 +242,7 @@ fn build_workloads(root: &Path, dir: &Path, machine: &Machine) -> Result<PathBuf
                 .args(if frame_pointers {
                     machine.frame_pointer_flags
                 } else {
-                    &[]
+                    machine.no_frame_pointer_flags
                 })
                 .arg("-static")
                 .arg(&source)
@@ -246,6 +250,20 @@ fn build_workloads(root: &Path, dir: &Path, machine: &Machine) -> Result<PathBuf
                 .arg(out.join(name)),
         )?;
     }
+    // The Go call tree, stripped as images ship it, static (no cgo) for the bare guest.
+    let go_cache = root.join("target/vm-test/go-cache");
+    run_command(
+        Command::new("go")
+            .current_dir(root.join("tests/workloads"))
+            .env("GOARCH", machine.goarch)
+            .env("CGO_ENABLED", "0")
+            .env("GOCACHE", &go_cache)
+            .env("GOFLAGS", "")
+            .env("GOTOOLCHAIN", "local")
+            .args(["build", "-ldflags=-s -w", "-o"])
+            .arg(out.join("gotree"))
+            .arg("gotree.go"),
+    )?;
     Ok(out)
 }
 
@@ -273,7 +291,7 @@ fn run_host(dir: &Path, scorch: &Path, workloads: &Path) -> Result<Row> {
         .context("running checks.sh with busybox sh (is busybox-static installed?)")?;
     ensure!(status.success(), "checks.sh on the host: {status}");
     let config = host_config();
-    let mut row = report::judge("host", &results, config.as_deref(), &X86_64);
+    let mut row = report::judge("host", &results, config.as_deref());
     row.seconds = started.elapsed().as_secs_f64();
     Ok(row)
 }
@@ -330,7 +348,7 @@ fn run_kernel(dir: &Path, base: &cpio::Archive, spec: &str, machine: &Machine) -
     );
     let _ = std::fs::remove_file(&tar);
     let config = std::fs::read_to_string(&kernel.config).ok();
-    let mut row = report::judge(&package, &results, config.as_deref(), machine);
+    let mut row = report::judge(&package, &results, config.as_deref());
     row.seconds = seconds;
     Ok(row)
 }

@@ -2,10 +2,9 @@
 //! pointer-authentication bits of a return address; the kernel's `rt_sigframe`.
 //!
 //! The frame record `{x29, x30}` that x29 points at is read as x86-64's `{rbp, return
-//! address}`: the frame-pointer step is the same. What differs from x86-64 in the rows (the
-//! return address still in x30 at a leaf, the record at the bottom of the frame) is not
-//! described by the rows this build's agent writes: it reads no arm64 unwind tables yet, so
-//! every frame is walked by frame pointer.
+//! address}`: the frame-pointer step is the same. What differs in the rows (the return
+//! address still in x30, the record anywhere in the frame) has kinds of its own
+//! (`FpKind::Record`, `RaKind::LinkRegister`), which the walk reads when [`LINK_REGISTER`].
 
 use aya_ebpf::{bindings::pt_regs, programs::PerfEventContext};
 
@@ -17,15 +16,22 @@ const PSR_MODE_EL0T: u64 = 0;
 /// `pstate`: an AArch32 task (a 32-bit compat process), whose registers are not these.
 const PSR_MODE32_BIT: u64 = 0x10;
 
-/// The bits of a user address below the pointer-authentication code: user space is 48 bits
-/// wide unless a process asks `mmap` for more, and the code sits above it (bits 48/52 to 54,
-/// and the top byte). Stripping by this mask is what the kernel's own frame-pointer walk does
-/// with its exact mask (`ptrauth_strip_user_insn_pac`), for every kernel's VA size.
-const ADDRESS_MASK: u64 = (1 << 48) - 1;
+/// The bits of a user return address below its pointer-authentication code, set by the
+/// agent from the running kernel's mask (`NT_ARM_PAC_MASK`): the code sits above the user
+/// address, from bit 48 or 52 (the kernel's address size) to 54. The kernel's own
+/// frame-pointer walk strips the same bits (`ptrauth_strip_user_insn_pac`). Unset, the 48
+/// bits every kernel gives user space unless a process asks `mmap` for more.
+#[unsafe(no_mangle)]
+static RETURN_ADDRESS_MASK: u64 = (1 << 48) - 1;
 
-/// The frame pointer, x29, and HotSpot's bytecode pointer register, x22 (`rbcp`).
+/// The frame pointer, x29, the link register, x30, and HotSpot's bytecode pointer register,
+/// x22 (`rbcp`).
 const FP: usize = 29;
+const LR: usize = 30;
 const BCP: usize = 22;
+
+/// arm64's `bl` leaves the return address in x30: rows may say it is still there.
+pub const LINK_REGISTER: bool = true;
 
 /// Whether saved registers are user mode's (EL0, AArch64). A kernel thread's saved
 /// `pstate` says EL1.
@@ -54,6 +60,7 @@ pub fn sample_regs(ctx: &PerfEventContext) -> UserRegs {
         sp: regs.sp,
         fp: regs.regs[FP],
         bcp: regs.regs[BCP],
+        lr: regs.regs[LR],
     }
 }
 
@@ -72,14 +79,16 @@ pub fn user_regs(regs: &pt_regs) -> Option<UserRegs> {
         sp: read(&regs.sp),
         fp: read(&regs.regs[FP]),
         bcp: read(&regs.regs[BCP]),
+        lr: read(&regs.regs[LR]),
     })
 }
 
 /// A return address read from a frame, without the pointer-authentication code a function
 /// built with `-mbranch-protection` signed it with (`paciasp`).
 #[inline(always)]
-pub const fn return_address(address: u64) -> u64 {
-    address & ADDRESS_MASK
+pub fn return_address(address: u64) -> u64 {
+    // SAFETY: a plain value the agent set before load (read volatile: the loader rewrites it).
+    address & unsafe { core::ptr::read_volatile(&RETURN_ADDRESS_MASK) }
 }
 
 /// Where the signal frame keeps the interrupted sp and pc, from the stack pointer plus the
@@ -89,6 +98,13 @@ pub const fn return_address(address: u64) -> u64 {
 pub const fn signal_frame(sp: u64, offset: u64) -> (u64, u64) {
     let at = sp.wrapping_add(offset);
     (at, at.wrapping_add(8))
+}
+
+/// Where the signal frame keeps the interrupted x30, from [`signal_frame`]'s sp slot: it is
+/// `regs[30]`, just below.
+#[inline(always)]
+pub const fn signal_link_register(sp_at: u64) -> u64 {
+    sp_at.wrapping_sub(8)
 }
 
 /// arm64's PLT stubs push nothing (they jump through x16 and x17): the CFA stays at

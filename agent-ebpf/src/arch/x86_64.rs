@@ -30,6 +30,7 @@ pub fn sample_regs(ctx: &PerfEventContext) -> UserRegs {
         sp: regs.rsp,
         fp: regs.rbp,
         bcp: regs.r13,
+        lr: 0,
     }
 }
 
@@ -47,8 +48,13 @@ pub fn user_regs(regs: &pt_regs) -> Option<UserRegs> {
         sp: read(&regs.rsp),
         fp: read(&regs.rbp),
         bcp: read(&regs.r13),
+        lr: 0,
     })
 }
+
+/// x86-64 has no link register: `call` pushes the return address, and no row keeps it in a
+/// register (`RaKind::LinkRegister`, the frame-record kinds).
+pub const LINK_REGISTER: bool = false;
 
 /// A return address read from a frame: x86-64 signs none.
 #[inline(always)]
@@ -63,6 +69,13 @@ pub const fn return_address(address: u64) -> u64 {
 pub const fn signal_frame(sp: u64, offset: u64) -> (u64, u64) {
     let at = sp.wrapping_add(offset);
     (at, at.wrapping_add(8))
+}
+
+/// Where the signal frame keeps the interrupted link register, from [`signal_frame`]'s sp
+/// slot: x86-64 has none ([`LINK_REGISTER`] is false, so this is never read).
+#[inline(always)]
+pub const fn signal_link_register(sp_at: u64) -> u64 {
+    sp_at
 }
 
 /// The CFA in a PLT stub: the stub pushes once, at a fixed place in its 16 bytes, from

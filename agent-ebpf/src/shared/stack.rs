@@ -24,6 +24,9 @@ pub struct UserRegs {
     /// The register HotSpot's interpreter keeps its bytecode pointer in (x86-64's r13): a
     /// leaf interpreted frame's bci is there, not in its frame.
     pub bcp: u64,
+    /// The link register (arm64's x30; 0 where there is none): the return address of a
+    /// function that has not saved it yet.
+    pub lr: u64,
 }
 
 /// Per-CPU walk state: slot [`WALK_SAMPLE`] for the perf-event sampler, [`WALK_OFF_CPU`] for
@@ -56,6 +59,11 @@ pub struct WalkState {
     pub unknown_pc: u64,
     /// Zero once a rule left the caller's frame pointer unknown.
     pub fp_known: u32,
+    /// Non-zero while `lr` holds the current frame's link register: in the frame the walk
+    /// started from, and in the one a signal frame interrupted. A caller's is long gone.
+    pub lr_valid: u32,
+    /// The link register, when `lr_valid`.
+    pub lr: u64,
     /// Non-zero when `pc` is a return address: its call instruction (pc - 1) is looked up.
     pub return_address: u32,
     /// `UnwindOutcome` of the end, or [`WALKING`].

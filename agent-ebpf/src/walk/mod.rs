@@ -136,6 +136,8 @@ pub fn walk_from(
     walk.bcp = regs.bcp;
     walk.unknown_pc = 0;
     walk.fp_known = 1;
+    walk.lr = regs.lr;
+    walk.lr_valid = u32::from(arch::LINK_REGISTER);
     walk.return_address = 0;
     walk.stop = WALKING;
     clear(&mut walk.no_mapping);

@@ -328,20 +328,16 @@ fn find_row(walk: &WalkState, mapping: &UnwindMapping, row_pc: u32) -> Option<Un
     Some(row)
 }
 
-/// The caller by the row of `mapping`'s table that covers `row_pc`.
+/// The caller by the row of `mapping`'s table that covers `row_pc`. `lr_valid`: the link
+/// register holds this frame's return address, if a row says it is there.
 #[inline(always)]
-fn table_step(walk: &mut WalkState, mapping: &UnwindMapping, row_pc: u32) -> u32 {
+fn table_step(walk: &mut WalkState, mapping: &UnwindMapping, row_pc: u32, lr_valid: bool) -> u32 {
     let Some(row) = find_row(walk, mapping, row_pc) else {
         return UnwindOutcome::NoRow as u32;
     };
     let fp_kind = row.fp_kind();
     if fp_kind == FpKind::ReturnAddressUndefined {
         return UnwindOutcome::Completed as u32;
-    }
-    // The return address is read at CFA - 8 below; one in a link register is a row of an
-    // architecture that has one, which `crate::arch` would read.
-    if row.ra_kind() != RaKind::CfaMinus8 {
-        return UnwindOutcome::UnsupportedCfa as u32;
     }
     let sp = walk.sp;
     let offset = u64::from(row.cfa_offset);
@@ -354,6 +350,25 @@ fn table_step(walk: &mut WalkState, mapping: &UnwindMapping, row_pc: u32) -> u32
         CfaKind::NoRow => return UnwindOutcome::NoRow as u32,
         CfaKind::Fp | CfaKind::Unsupported => return UnwindOutcome::UnsupportedCfa as u32,
     };
+    // An architecture with a link register (arm64) keeps the return address apart from the
+    // CFA: in x30, or in the frame record wherever the prologue put it. Compiled out of
+    // x86-64's walk, whose agent writes none of these kinds.
+    if arch::LINK_REGISTER {
+        if row.ra_kind() == RaKind::LinkRegister {
+            return link_register_step(walk, cfa, fp_kind, lr_valid);
+        }
+        match fp_kind {
+            FpKind::Record | FpKind::RecordFromBase | FpKind::ReturnAddressAt => {
+                return record_step(walk, cfa, offset, fp_kind, fp_offset)
+            }
+            _ => {}
+        }
+    }
+    // The return address is read at CFA - 8 below; one in a link register is a row of an
+    // architecture that has one, read above.
+    if row.ra_kind() != RaKind::CfaMinus8 {
+        return UnwindOutcome::UnsupportedCfa as u32;
+    }
     // A saved frame pointer a few words below the return address, as a prologue's pushes leave it,
     // comes in the same read.
     let saved_below = fp_kind == FpKind::CfaOffset
@@ -389,8 +404,68 @@ fn table_step(walk: &mut WalkState, mapping: &UnwindMapping, row_pc: u32) -> u32
     WALKING
 }
 
+/// The caller of a frame whose return address is still in the link register (a function
+/// before its prologue saved x30, a leaf that never does, a PLT stub): known only while
+/// `lr_valid`, in the frame the walk started from or a signal interrupted. Elsewhere x30
+/// holds whatever the frame's callees left, and the walk stops rather than make a caller up.
+#[inline(always)]
+fn link_register_step(walk: &mut WalkState, cfa: u64, fp_kind: FpKind, lr_valid: bool) -> u32 {
+    if !lr_valid {
+        return UnwindOutcome::UnsupportedCfa as u32;
+    }
+    if fp_kind != FpKind::Unchanged {
+        walk.fp_known = 0;
+    }
+    let return_address = arch::return_address(walk.lr);
+    if return_address == 0 {
+        return UnwindOutcome::Completed as u32;
+    }
+    walk.pc = return_address;
+    walk.sp = cfa;
+    WALKING
+}
+
+/// The caller by a frame record `{caller's FP, return address}` at CFA + `fp_offset`
+/// ([`FpKind::Record`]) or at the CFA's register + `fp_offset` ([`FpKind::RecordFromBase`]),
+/// or by the return address alone at CFA + `fp_offset` ([`FpKind::ReturnAddressAt`]).
+#[inline(always)]
+fn record_step(
+    walk: &mut WalkState,
+    cfa: u64,
+    offset: u64,
+    fp_kind: FpKind,
+    fp_offset: i64,
+) -> u32 {
+    let base = if fp_kind == FpKind::RecordFromBase {
+        cfa.wrapping_sub(offset)
+    } else {
+        cfa
+    };
+    let at = base.wrapping_add(fp_offset as u64);
+    let return_address = if fp_kind == FpKind::ReturnAddressAt {
+        if !read_up_to(walk, at.wrapping_add(8), 1) {
+            return UnwindOutcome::ReadFault as u32;
+        }
+        word(walk, 0)
+    } else {
+        if !read_up_to(walk, at.wrapping_add(16), 2) {
+            return UnwindOutcome::ReadFault as u32;
+        }
+        walk.fp = word(walk, 0);
+        word(walk, 1)
+    };
+    let return_address = arch::return_address(return_address);
+    if return_address == 0 {
+        return UnwindOutcome::Completed as u32;
+    }
+    walk.pc = return_address;
+    walk.sp = cfa;
+    WALKING
+}
+
 /// A signal trampoline: the interrupted registers are in the `ucontext` on the stack. The
-/// interrupted pc is where the signal came, not a return address.
+/// interrupted pc is where the signal came, not a return address; on an architecture with a
+/// link register, the interrupted frame's is there too, and valid for that frame.
 #[inline(always)]
 fn signal_step(walk: &mut WalkState, offset: u64, fp_kind: FpKind, fp_offset: i64) -> u32 {
     let sp = walk.sp;
@@ -398,6 +473,12 @@ fn signal_step(walk: &mut WalkState, offset: u64, fp_kind: FpKind, fp_offset: i6
     let (Some(interrupted_sp), Some(interrupted_pc)) = (read(sp_at), read(pc_at)) else {
         return UnwindOutcome::ReadFault as u32;
     };
+    if arch::LINK_REGISTER {
+        if let Some(lr) = read(arch::signal_link_register(sp_at)) {
+            walk.lr = lr;
+            walk.lr_valid = 1;
+        }
+    }
     if fp_kind == FpKind::AtSp {
         match read(sp.wrapping_add(fp_offset as u64)) {
             Some(bp) => walk.fp = bp,
@@ -491,6 +572,7 @@ pub fn frame(walk: &mut WalkState, procs: &ProcMappings) -> u32 {
         walk.stepped = 0;
         walk.handed = 0;
         walk.claimed = 0;
+        walk.lr_valid = 0;
     }
     let pc = walk.pc;
     // A "pc" past every user address space (2^57 at most) is a stack word read as one: a
@@ -544,13 +626,16 @@ pub fn frame(walk: &mut WalkState, procs: &ProcMappings) -> u32 {
         return UnwindOutcome::FrameLimit as u32;
     }
     walk.return_address = 1;
+    // The link register is this frame's only: whatever step is taken, the caller's is not.
+    let lr_valid = walk.lr_valid != 0;
+    walk.lr_valid = 0;
     match mapping {
         Some(m) if m.state == MAPPING_TABLE_LOADED => {
             let row_pc = lookup.wrapping_sub(m.bias);
             let outcome = if row_pc > u64::from(u32::MAX) {
                 UnwindOutcome::NoRow as u32
             } else {
-                table_step(walk, m, row_pc as u32)
+                table_step(walk, m, row_pc as u32, lr_valid)
             };
             // Code the binary's CFI leaves out (generated or hand-written, as V8's builtins
             // inside `node`) often keeps frame pointers: one checked step, in the next

@@ -184,27 +184,9 @@ pub fn run_checks() -> Vec<Item> {
                 None,
             ));
             items.push(footprint(sampler.cpus().len()));
+            #[cfg(target_arch = "aarch64")]
+            items.push(pointer_authentication());
             items.push(match sampler.unwind_refused() {
-                None if !crate::arch::native::UNWIND_TABLES => item(
-                    Status::Warn,
-                    "BPF unwinder",
-                    format!(
-                        "loaded, but this build reads no unwind tables for {}: user stacks are \
-                         walked by frame pointer, and code built without them loses its \
-                         callers{}",
-                        std::env::consts::ARCH,
-                        sampler
-                            .verified_instructions()
-                            .map(|n| format!(
-                                "; the verifier walked {n} instructions of its 1,000,000"
-                            ))
-                            .unwrap_or_default()
-                    ),
-                    Some(
-                        "binaries built with frame pointers (-fno-omit-frame-pointer \
-                         -mno-omit-leaf-frame-pointer)",
-                    ),
-                ),
                 None => {
                     let walked = match sampler.verified_instructions() {
                         Some(n) => format!(
@@ -306,6 +288,35 @@ const DAEMON_RSS_MIB: (u64, u64) = (20, 30);
 /// that the program is loaded with the daemon's defaults (sized for this host's CPUs), plus
 /// the unwinder's first row pool and process map (created by the daemon, not by this check),
 /// plus the resident memory the benches measure.
+/// Whether signed return addresses are stripped with the kernel's own mask (arm64).
+#[cfg(target_arch = "aarch64")]
+fn pointer_authentication() -> Item {
+    use crate::arch::aarch64::pac::{address_mask, code_mask, CodeMask};
+    match code_mask() {
+        Ok(code @ CodeMask::Bits(bits)) => item(
+            Status::Ok,
+            "pointer authentication",
+            format!(
+                "return addresses signed in bits {bits:#018x} (the kernel's NT_ARM_PAC_MASK),                  stripped to {:#x}",
+                address_mask(Some(code))
+            ),
+            None,
+        ),
+        Ok(CodeMask::Unsupported) => item(
+            Status::Ok,
+            "pointer authentication",
+            "not enabled for user space: return addresses are never signed",
+            None,
+        ),
+        Err(err) => item(
+            Status::Warn,
+            "pointer authentication",
+            format!("{err}: return addresses are stripped to 48 bits"),
+            Some("allow ptrace of the agent's own child (Yama's ptrace_scope below 3)"),
+        ),
+    }
+}
+
 fn footprint(cpus: usize) -> Item {
     match crate::pipeline::cost::bpf_map_memory() {
         Ok(bytes) => {

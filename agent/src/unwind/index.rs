@@ -14,7 +14,12 @@ pub(super) enum Source {
     DebugFrame,
     /// Any other Go function (`pcsp::Which::Rest`).
     GoRest,
+    /// Rows the architecture writes for code without CFI (`convert::Generated`).
+    Generated,
 }
+
+/// How many [`Source`]s there are.
+pub(super) const SOURCES: usize = 5;
 
 /// One function the table will hold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -8,7 +8,7 @@ use std::path::Path;
 use super::{
     convert::{Converted, Function},
     optimize::optimize,
-    row::{narrow, no_row, Cfa, FpRule},
+    row::{narrow, no_row, Cfa, FpRule, RaKind},
     UnwindTable,
 };
 use crate::sys::allocator::counting::peak_heap;
@@ -39,7 +39,12 @@ impl Generated {
                 } else {
                     FpRule::Unchanged
                 };
-                narrow((self.start + offset) as u32, Cfa::Sp(cfa), rbp)
+                narrow(
+                    (self.start + offset) as u32,
+                    Cfa::Sp(cfa),
+                    rbp,
+                    RaKind::CfaMinus8,
+                )
             })
             .collect();
         rows.push(no_row((self.start + self.len) as u32));

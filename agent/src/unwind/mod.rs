@@ -10,7 +10,9 @@
 //! order, each function's rows merged into the table as they come, with end-of-function
 //! markers before the gaps between functions ([`optimize`]). So a library of millions of rows
 //! is built in about its table's size, never through whole-table vectors of unsorted rows.
-//! x86_64 only: the rules name its registers, and other architectures are refused.
+//! x86-64 and arm64 (`convert/x86_64.rs`, `convert/aarch64.rs`, each naming its registers);
+//! other architectures are refused. The tables a running agent builds are its own
+//! architecture's: another's is refused by the loader (`arch::native`).
 //!
 //! The bytes come from files any user controls. Nothing in them panics the agent: malformed
 //! FDEs are skipped and counted, a malformed section is an [`UnwindError`], and the rows one
@@ -37,8 +39,8 @@ use object::{Object, ObjectSection};
 
 use crate::binary::{elf::Elf, gopclntab::Pclntab};
 
-use convert::{FdeCounts, FdeRows, Section, Slice};
-use index::{Entry, FunctionIndex, Source};
+use convert::{Arch, FdeCounts, FdeRows, Generated, Section, Slice};
+use index::{Entry, FunctionIndex, Source, SOURCES};
 use optimize::Merger;
 pub use row::{CfaKind, FpKind, UnwindRow};
 
@@ -52,7 +54,9 @@ pub enum UnwindError {
         path: PathBuf,
         source: crate::binary::elf::ElfError,
     },
-    #[error("{path} is {architecture} code: unwind tables are built for x86_64 only")]
+    #[error(
+        "{path} is {architecture} code: unwind tables are built for 64-bit x86-64 and arm64 only"
+    )]
     Architecture { path: PathBuf, architecture: String },
     #[error("{path} has no executable PT_LOAD segment")]
     NoCode { path: PathBuf },
@@ -229,7 +233,7 @@ impl UnwindTable {
         parsed: &Elf<'_>,
         debug_file: Option<(&Path, &[u8])>,
     ) -> Result<Self, UnwindError> {
-        x86_64(path, parsed)?;
+        let arch = arch(path, parsed)?;
         let (file, elf) = (parsed.object(), parsed.data());
         let code = Code::of(parsed, path)?;
         // In a Go binary, the runtime's functions that start or switch stacks come first:
@@ -255,11 +259,13 @@ impl UnwindTable {
         };
         let debug_data = debug_frame_data(debug_object, debug_path)?;
         let sections = Sections {
-            eh_frame: eh_frame(file, path),
+            eh_frame: eh_frame(file, path, arch),
             debug_frame: debug_data
                 .as_deref()
-                .map(|data| debug_frame(data, debug_path)),
+                .map(|data| debug_frame(data, debug_path, arch)),
             go: go.as_ref().map(|table| (table, elf)),
+            generated: arch.generated(file, &code),
+            arch,
         };
 
         let mut index = FunctionIndex::default();
@@ -286,6 +292,7 @@ impl UnwindTable {
             pcsp::index(table, data, &code, &claimed, pcsp::Which::Rest, &mut index)
         });
 
+        let generated = convert::index_generated(&sections.generated, &mut index);
         let merged = sections.convert(&index.into_sorted(), &code)?;
         let failed = |source: Source| merged.failed[source as usize];
         let eh_frame_fdes = eh_frame.converted - failed(Source::EhFrame);
@@ -293,7 +300,9 @@ impl UnwindTable {
         let go_functions = go_stops.converted + go_rest.converted
             - failed(Source::GoStops)
             - failed(Source::GoRest);
-        if eh_frame_fdes + debug_frame_fdes + go_functions == 0 {
+        // Generated rows alone (a vDSO without CFI) are a table too.
+        let generated = generated.converted - failed(Source::Generated);
+        if eh_frame_fdes + debug_frame_fdes + go_functions + generated == 0 {
             return Err(UnwindError::NoUnwindInfo {
                 path: path.to_owned(),
                 debug_file: debug_file.is_some(),
@@ -368,33 +377,32 @@ impl UnwindTable {
     }
 }
 
-/// Parses `bytes` (`path` names them in errors) as x86_64 ELF.
+/// Parses `bytes` (`path` names them in errors) as ELF of an architecture whose rows are
+/// known.
 fn parse<'data>(path: &Path, bytes: &'data [u8]) -> Result<Elf<'data>, UnwindError> {
     let elf = Elf::parse(bytes).map_err(|source| UnwindError::Parse {
         path: path.to_owned(),
         source,
     })?;
-    x86_64(path, &elf)?;
+    arch(path, &elf)?;
     Ok(elf)
 }
 
-/// Refuses a file of another architecture: the rows name x86_64's registers.
-fn x86_64(path: &Path, elf: &Elf<'_>) -> Result<(), UnwindError> {
+/// The file's architecture; another one is refused, as the rows name x86-64's or arm64's
+/// registers.
+fn arch(path: &Path, elf: &Elf<'_>) -> Result<Arch, UnwindError> {
     let file = elf.object();
-    let architecture = file.architecture();
-    if architecture != object::Architecture::X86_64 || !file.is_little_endian() || !file.is_64() {
-        return Err(UnwindError::Architecture {
-            path: path.to_owned(),
-            architecture: format!("{architecture:?}"),
-        });
-    }
-    Ok(())
+    Arch::of(file).ok_or_else(|| UnwindError::Architecture {
+        path: path.to_owned(),
+        architecture: format!("{:?}", file.architecture()),
+    })
 }
 
 /// The file's `.eh_frame`, when it has one.
 fn eh_frame<'data, 'a>(
     file: &object::File<'data>,
     path: &'a Path,
+    arch: Arch,
 ) -> Option<Section<'a, EhFrame<Slice<'data>>>> {
     let section = file.section_by_name(".eh_frame")?;
     // An allocated section, never compressed.
@@ -410,11 +418,13 @@ fn eh_frame<'data, 'a>(
     }
     let mut eh_frame = EhFrame::new(data, LittleEndian);
     eh_frame.set_address_size(8);
+    eh_frame.set_vendor(arch.vendor());
     Some(Section {
         section: eh_frame,
         bases,
         path,
         name: ".eh_frame",
+        arch,
     })
 }
 
@@ -450,14 +460,17 @@ fn debug_frame_data<'data>(
 fn debug_frame<'data, 'a>(
     data: &'data [u8],
     path: &'a Path,
+    arch: Arch,
 ) -> Section<'a, DebugFrame<Slice<'data>>> {
     let mut debug_frame = DebugFrame::new(data, LittleEndian);
     debug_frame.set_address_size(8);
+    debug_frame.set_vendor(arch.vendor());
     Section {
         section: debug_frame,
         bases: BaseAddresses::default(),
         path,
         name: DEBUG_FRAME,
+        arch,
     }
 }
 
@@ -467,6 +480,9 @@ struct Sections<'a, 'data> {
     debug_frame: Option<Section<'a, DebugFrame<Slice<'data>>>>,
     /// Go's function table, and the file's bytes it reads.
     go: Option<(&'a Pclntab, &'data [u8])>,
+    /// The architecture's rows for code without CFI.
+    generated: Vec<Generated>,
+    arch: Arch,
 }
 
 /// What the second pass made of the index.
@@ -476,7 +492,7 @@ struct Merged {
     given: usize,
     /// Functions of the index whose rules could not be read after all, by [`Source`]: their
     /// code has no row.
-    failed: [usize; 4],
+    failed: [usize; SOURCES],
 }
 
 impl Sections<'_, '_> {
@@ -486,7 +502,7 @@ impl Sections<'_, '_> {
         let mut eh_frame = self.eh_frame.as_ref().map(FdeRows::new);
         let mut debug_frame = self.debug_frame.as_ref().map(FdeRows::new);
         let mut merger = Merger::default();
-        let mut failed = [0; 4];
+        let mut failed = [0; SOURCES];
         // One function's rows at a time: the largest function bounds it.
         let mut rows = Vec::new();
         for function in functions {
@@ -503,7 +519,14 @@ impl Sections<'_, '_> {
                 },
                 Source::GoStops | Source::GoRest => match self.go {
                     Some((table, data)) => {
-                        pcsp::rows(table, data, function.at, code, &mut rows, room)
+                        pcsp::rows(table, data, function.at, self.arch, code, &mut rows, room)
+                    }
+                    None => false,
+                },
+                Source::Generated => match self.generated.get(function.at as usize) {
+                    Some(generated) => {
+                        rows.extend_from_slice(&generated.rows);
+                        true
                     }
                     None => false,
                 },
@@ -527,10 +550,10 @@ impl Sections<'_, '_> {
 mod tests {
     use std::{collections::HashMap, path::Path, process::Command};
 
-    use object::{Object, ObjectSection, ObjectSegment};
+    use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol};
 
     use super::*;
-    use crate::symbolize::elf::FileData;
+    use crate::{symbolize::elf::FileData, unwind::row::RaKind};
 
     const LIBC: &str = "/lib/x86_64-linux-gnu/libc.so.6";
 
@@ -556,6 +579,8 @@ mod tests {
     struct ReferenceCie {
         /// Augmentation `S`.
         signal: bool,
+        /// The return address column (`ra=N`).
+        return_address: u64,
         rows: Vec<ReferenceRow>,
     }
 
@@ -568,8 +593,10 @@ mod tests {
         overlapping: Vec<bool>,
         /// For each FDE, the furthest end of it and every FDE before it.
         reach: Vec<u64>,
-        /// `.plt` sections: where an expression CFA is the PLT one.
+        /// `.plt` sections: where an expression CFA is the PLT one (x86-64), or where the
+        /// table has generated rows (arm64).
         plt: Ranges,
+        arch: Arch,
     }
 
     /// `[start, end)` ELF addresses.
@@ -609,6 +636,11 @@ mod tests {
             path.display()
         );
         let text = String::from_utf8_lossy(&output.stdout);
+        let arch = Arch::of(&object::File::parse(bytes).unwrap()).unwrap();
+        let fp_column = match arch {
+            Arch::X86_64 => "rbp",
+            Arch::Aarch64 => "x29",
+        };
         let mut cies: HashMap<u64, ReferenceCie> = HashMap::new();
         let mut fdes = Vec::new();
         let mut in_section = false;
@@ -627,10 +659,16 @@ mod tests {
             if fields.get(3) == Some(&"CIE") {
                 let offset = hex(fields[0]);
                 let signal = fields[4].trim_matches('"').contains('S');
+                let return_address = fields
+                    .iter()
+                    .find_map(|field| field.strip_prefix("ra="))
+                    .and_then(|ra| ra.parse().ok())
+                    .unwrap();
                 cies.insert(
                     offset,
                     ReferenceCie {
                         signal,
+                        return_address,
                         rows: Vec::new(),
                     },
                 );
@@ -675,7 +713,7 @@ mod tests {
             let row = ReferenceRow {
                 pc: hex(fields[0]),
                 cfa: column("CFA").unwrap(),
-                rbp: column("rbp"),
+                rbp: column(fp_column),
                 ra: column("ra"),
             };
             match entry {
@@ -705,6 +743,7 @@ mod tests {
             overlapping,
             reach,
             plt,
+            arch,
         }
     }
 
@@ -717,6 +756,8 @@ mod tests {
         /// The rbp kinds readelf's column allows (`exp` does not say which expression).
         rbp: Vec<FpKind>,
         fp_offset: Option<i8>,
+        /// Compared when known.
+        ra: Option<RaKind>,
     }
 
     fn expected(row: &ReferenceRow, signal: bool, in_plt: bool) -> Expected {
@@ -760,6 +801,75 @@ mod tests {
             cfa_offset,
             rbp,
             fp_offset,
+            ra: None,
+        }
+    }
+
+    /// What an arm64 table must say, from readelf's columns: x29 and the return address saved
+    /// as a frame record, the return address alone, or neither (the return address still in
+    /// x30). readelf prints `u` for a register without a rule as for an undefined one, so an
+    /// unsaved x30 may also be the outermost frame.
+    fn expected_aarch64(row: &ReferenceRow, return_address: u64) -> Expected {
+        let saved = |column: Option<&str>| match column {
+            None | Some("u") | Some("s") => Some(None),
+            Some(saved) => match saved.strip_prefix('c').map(str::parse::<i64>) {
+                Some(Ok(offset)) => Some(Some(offset)),
+                _ => None,
+            },
+        };
+        let cfa = |kind, offset: &str| match offset.parse::<u16>() {
+            Ok(offset) => (kind, Some(offset)),
+            Err(_) => (CfaKind::Unsupported, None),
+        };
+        let (cfa, cfa_offset) = if let Some(offset) = row.cfa.strip_prefix("sp+") {
+            cfa(CfaKind::Sp, offset)
+        } else if let Some(offset) = row.cfa.strip_prefix("x29+") {
+            cfa(CfaKind::Fp, offset)
+        } else {
+            (CfaKind::Unsupported, None)
+        };
+        let words = |offset: i64| {
+            (offset % 8 == 0)
+                .then_some(offset / 8)
+                .and_then(|words| i8::try_from(words).ok())
+        };
+        // The walk stops at an unsupported CFA, whatever the rest of the row says.
+        let unsupported = Expected {
+            cfa: CfaKind::Unsupported,
+            cfa_offset: None,
+            rbp: (0..16).map(FpKind::from_bits).collect(),
+            fp_offset: None,
+            ra: None,
+        };
+        let expected = |rbp, fp_offset, ra| Expected {
+            cfa,
+            cfa_offset,
+            rbp,
+            fp_offset,
+            ra,
+        };
+        match (saved(row.rbp.as_deref()), saved(row.ra.as_deref())) {
+            // A return address column other than x30 (glibc's `__rawmemchr` moves it to x15).
+            _ if cfa == CfaKind::Unsupported || return_address != 30 => unsupported,
+            (Some(None), Some(None)) => expected(
+                vec![FpKind::Unchanged, FpKind::ReturnAddressUndefined],
+                None,
+                None,
+            ),
+            (Some(Some(fp)), Some(Some(ra))) if ra == fp + 8 => {
+                match (words(fp), words(fp + i64::from(cfa_offset.unwrap()))) {
+                    (Some(near), _) => expected(vec![FpKind::Record], Some(near), None),
+                    (None, Some(from_base)) => {
+                        expected(vec![FpKind::RecordFromBase], Some(from_base), None)
+                    }
+                    (None, None) => expected(vec![FpKind::Unsupported], None, None),
+                }
+            }
+            (Some(None), Some(Some(ra))) => match words(ra) {
+                Some(ra) => expected(vec![FpKind::ReturnAddressAt], Some(ra), None),
+                None => expected(vec![FpKind::Unsupported], None, None),
+            },
+            _ => unsupported,
         }
     }
 
@@ -767,6 +877,16 @@ mod tests {
         /// What readelf says applies at `pc`: `Some(None)` for no FDE, `None` where FDEs
         /// overlap (the table's choice there is its own rule, not readelf's).
         fn at(&self, pc: u64) -> Option<Option<Expected>> {
+            // arm64's `.plt` has no FDE: its stubs get the table's generated row.
+            if self.arch == Arch::Aarch64 && self.plt.iter().any(|&(s, e)| s <= pc && pc < e) {
+                return Some(Some(Expected {
+                    cfa: CfaKind::Plt,
+                    cfa_offset: Some(0),
+                    rbp: vec![FpKind::Unchanged],
+                    fp_offset: None,
+                    ra: Some(RaKind::LinkRegister),
+                }));
+            }
             let after = self.fdes.partition_point(|fde| fde.start <= pc);
             if after == 0 {
                 return Some(None);
@@ -787,7 +907,10 @@ mod tests {
             };
             let row = rows.iter().rev().find(|row| row.pc <= pc || row.pc == 0)?;
             let in_plt = self.plt.iter().any(|&(s, e)| s <= pc && pc < e);
-            Some(Some(expected(row, cie.signal, in_plt)))
+            Some(Some(match self.arch {
+                Arch::X86_64 => expected(row, cie.signal, in_plt),
+                Arch::Aarch64 => expected_aarch64(row, cie.return_address),
+            }))
         }
 
         /// Pcs to compare: every row start of every `every`-th FDE, a pc inside each row, the
@@ -867,8 +990,14 @@ mod tests {
                     fidelity.bottom +=
                         usize::from(expected.rbp == [FpKind::ReturnAddressUndefined]);
                     fidelity.unsupported += usize::from(expected.cfa == CfaKind::Unsupported);
-                    row.cfa_kind() == expected.cfa
+                    // arm64's PLT rows are counted as `plt`, but their CFA is sp's.
+                    let cfa = match (expected.cfa, reference.arch) {
+                        (CfaKind::Plt, Arch::Aarch64) => CfaKind::Sp,
+                        (cfa, _) => cfa,
+                    };
+                    row.cfa_kind() == cfa
                         && expected.cfa_offset.is_none_or(|o| o == row.cfa_offset)
+                        && expected.ra.is_none_or(|ra| ra == row.ra_kind())
                         && expected.rbp.contains(&row.fp_kind())
                         && expected.fp_offset.is_none_or(|o| o == row.fp_offset)
                 }
@@ -919,6 +1048,109 @@ mod tests {
         assert_eq!(stats.debug_frame_fdes, 0);
         assert!(stats.eh_frame_fdes > 3000, "{stats:?}");
         assert_eq!(table.size_bytes(), stats.rows * 8);
+    }
+
+    /// Debian's arm64 glibc, from `libc6-arm64-cross` (`cargo xtask setup` installs it).
+    const ARM64_LIBC: &str = "/usr/aarch64-linux-gnu/lib/libc.so.6";
+
+    fn arm64_file(path: &str) -> FileData {
+        assert!(
+            Path::new(path).exists(),
+            "{path} is missing: `cargo xtask setup` installs Debian's arm64 cross toolchain"
+        );
+        map(path)
+    }
+
+    #[test]
+    fn arm64_libc_agrees_with_readelf_at_every_row() {
+        let data = arm64_file(ARM64_LIBC);
+        let table = UnwindTable::build(Path::new(ARM64_LIBC), data.bytes()).unwrap();
+        let stats = table.stats();
+        let reference = readelf(Path::new(ARM64_LIBC), data.bytes(), ".eh_frame");
+        let mut pcs = reference.sample(1);
+        // Each PLT stub's first and last byte.
+        for &(start, end) in &reference.plt {
+            pcs.extend((start..end).step_by(16).flat_map(|stub| [stub, stub + 15]));
+        }
+        let fidelity = compare(&table, &reference, &pcs);
+        fidelity.print_and_check(&format!(
+            "arm64 libc: {stats:?}, {} bytes",
+            table.size_bytes()
+        ));
+        assert!(fidelity.compared > 3000, "{fidelity:?}");
+        assert!(fidelity.gaps > 100 && fidelity.plt > 20, "{fidelity:?}");
+        assert_eq!(stats.fdes_skipped, 0, "{stats:?}");
+        // Every kind arm64's rows use was met, large frames among them.
+        let kinds: std::collections::HashSet<(FpKind, RaKind)> = table
+            .rows()
+            .iter()
+            .map(|row| (row.fp_kind(), row.ra_kind()))
+            .collect();
+        for kind in [
+            (FpKind::Unchanged, RaKind::LinkRegister),
+            (FpKind::Record, RaKind::CfaMinus8),
+            (FpKind::RecordFromBase, RaKind::CfaMinus8),
+            (FpKind::ReturnAddressAt, RaKind::CfaMinus8),
+            (FpKind::ReturnAddressUndefined, RaKind::CfaMinus8),
+        ] {
+            assert!(kinds.contains(&kind), "no {kind:?} row in {kinds:?}");
+        }
+    }
+
+    /// A C program built for arm64 with return addresses signed (`-mbranch-protection`): its
+    /// FDEs toggle the signing state (`DW_CFA_AARCH64_negate_ra_state`), which gimli reads
+    /// only when told the file is arm64's.
+    #[test]
+    fn arm64_functions_that_sign_their_return_address_keep_their_rows() {
+        let dir = tempfile::tempdir().unwrap();
+        let source = dir.path().join("signed.c");
+        std::fs::write(
+            &source,
+            "#include <stdio.h>\n\
+             __attribute__((noinline)) int leaf(int x) { return x * 3; }\n\
+             __attribute__((noinline)) int middle(int x) { char b[64]; \
+             snprintf(b, sizeof b, \"%d\", leaf(x)); return b[0]; }\n\
+             int main(int argc, char **argv) { return middle(argc); }\n",
+        )
+        .unwrap();
+        let program = dir.path().join("signed");
+        let compiler = "aarch64-linux-gnu-gcc";
+        let status = Command::new(compiler)
+            .args([
+                "-O2",
+                "-fomit-frame-pointer",
+                "-mbranch-protection=standard",
+            ])
+            .arg(&source)
+            .arg("-o")
+            .arg(&program)
+            .status()
+            .unwrap_or_else(|e| panic!("{compiler}: {e} (`cargo xtask setup` installs it)"));
+        assert!(status.success());
+        let data = FileData::map(&program).unwrap();
+        let table = UnwindTable::build(&program, data.bytes()).unwrap();
+        let stats = table.stats();
+        assert_eq!(stats.fdes_skipped, 0, "{stats:?}");
+        let reference = readelf(&program, data.bytes(), ".eh_frame");
+        let fidelity = compare(&table, &reference, &reference.sample(1));
+        fidelity.print_and_check(&format!("signed arm64 program: {stats:?}"));
+        // `middle` signs x30, then saves it (without x29: no frame pointer is kept).
+        let file = object::File::parse(data.bytes()).unwrap();
+        let middle = file
+            .symbols()
+            .find(|symbol| symbol.name() == Ok("middle"))
+            .unwrap();
+        let code = file
+            .section_by_name(".text")
+            .unwrap()
+            .data_range(middle.address(), 4)
+            .unwrap()
+            .unwrap();
+        assert_eq!(code, [0x3f, 0x23, 0x03, 0xd5], "paciasp");
+        let entry = table.lookup(middle.address()).unwrap();
+        assert_eq!(entry.ra_kind(), RaKind::LinkRegister, "{entry:?}");
+        let body = table.lookup(middle.address() + 12).unwrap();
+        assert_eq!(body.fp_kind(), FpKind::ReturnAddressAt, "{body:?}");
     }
 
     #[test]
@@ -1156,15 +1388,16 @@ mod tests {
         use object::write;
         let mut object = write::Object::new(
             object::BinaryFormat::Elf,
-            object::Architecture::Aarch64,
+            object::Architecture::Riscv64,
             object::Endianness::Little,
         );
         let text = object.section_id(write::StandardSection::Text);
-        object.append_section_data(text, &[0xd6, 0x5f, 0x03, 0xc0], 4);
+        // `ret`.
+        object.append_section_data(text, &[0x67, 0x80, 0x00, 0x00], 4);
         let bytes = object.write().unwrap();
-        let error = UnwindTable::build(Path::new("arm.o"), &bytes).unwrap_err();
+        let error = UnwindTable::build(Path::new("riscv.o"), &bytes).unwrap_err();
         assert!(matches!(error, UnwindError::Architecture { .. }), "{error}");
-        assert!(error.to_string().contains("x86_64 only"), "{error}");
+        assert!(error.to_string().contains("Riscv64"), "{error}");
         let error = UnwindTable::build(Path::new("junk"), b"not an ELF file").unwrap_err();
         assert!(matches!(error, UnwindError::Parse { .. }), "{error}");
     }

@@ -136,12 +136,12 @@ pub(super) fn optimize(converted: Converted) -> Vec<UnwindRow> {
 mod tests {
     use super::super::{
         convert::Function,
-        row::{narrow, no_row, Cfa, FpRule},
+        row::{narrow, no_row, Cfa, FpRule, RaKind},
     };
     use super::*;
 
     fn rsp(pc: u32, offset: i64) -> UnwindRow {
-        narrow(pc, Cfa::Sp(offset), FpRule::Unchanged)
+        narrow(pc, Cfa::Sp(offset), FpRule::Unchanged, RaKind::CfaMinus8)
     }
 
     /// Converted rows from functions given as their rows, in section order.

@@ -4,7 +4,7 @@
 //! pointer: without these rows a frame-pointer walk skips each leaf's caller.
 //!
 //! Where the delta puts the CFA, the return address and the caller's frame pointer is the
-//! architecture's (`convert::go_frame`). Functions that start a stack (`runtime.goexit` under
+//! architecture's (`convert::Arch::go_frame`). Functions that start a stack (`runtime.goexit` under
 //! every goroutine, `runtime.mstart`, `runtime.rt0_go`) end the walk; those that switch
 //! stacks or write the stack pointer in ways the delta does not describe
 //! (`runtime.systemstack`, `runtime.mcall`, `runtime.morestack`, and whatever Go flags
@@ -13,9 +13,9 @@
 use crate::binary::gopclntab::{GoFunc, Pclntab};
 
 use super::{
-    convert::{go_frame, go_stack_bottom, FdeCounts},
+    convert::{go_stack_bottom, Arch, FdeCounts},
     index::{overlaps, Entry, FunctionIndex, Source},
-    row::{self, Cfa, FpRule},
+    row::{self, Cfa, FpRule, RaKind},
     Code,
 };
 
@@ -101,6 +101,7 @@ pub(super) fn rows(
     table: &Pclntab,
     data: &[u8],
     at: u32,
+    arch: Arch,
     code: &Code,
     rows: &mut Vec<scorch_common::UnwindRow>,
     room: usize,
@@ -109,7 +110,7 @@ pub(super) fn rows(
     let Ok(func) = table.func(data, u64::from(at)) else {
         return false;
     };
-    if !rows_of(table, data, &func, code, rows, room) {
+    if !rows_of(table, data, &func, arch, code, rows, room) {
         rows.truncate(first_row);
         return false;
     }
@@ -122,12 +123,18 @@ fn rows_of(
     table: &Pclntab,
     data: &[u8],
     func: &GoFunc,
+    arch: Arch,
     code: &Code,
     rows: &mut Vec<scorch_common::UnwindRow>,
     room: usize,
 ) -> bool {
     if let Some((cfa, rbp)) = stop_of(func) {
-        rows.push(row::narrow(code.pc(func.entry), cfa, rbp));
+        rows.push(row::narrow(
+            code.pc(func.entry),
+            cfa,
+            rbp,
+            RaKind::CfaMinus8,
+        ));
         return true;
     }
     let Ok(deltas) = table.sp_deltas(data, func) else {
@@ -137,8 +144,8 @@ fn rows_of(
         if rows.len() >= room || pc < func.entry || pc >= func.end {
             return false;
         }
-        let (cfa, rbp) = go_frame(delta);
-        rows.push(row::narrow(code.pc(pc), cfa, rbp));
+        let (cfa, rbp, ra) = arch.go_frame(delta);
+        rows.push(row::narrow(code.pc(pc), cfa, rbp, ra));
     }
     true
 }

@@ -36,6 +36,15 @@ step record-nofp "$SCORCH" record --pid "$workload" --frequency 199 --duration 1
 kill "$workload" 2>/dev/null
 wait "$workload" 2>/dev/null
 
+# A stripped Go binary (tests/workloads/gotree.go): named from its .gopclntab and unwound by
+# its pc tables' stack deltas, which its frameless leaf `spin` needs to keep its caller.
+"$WORKLOADS/gotree" 900 &
+workload=$!
+step record-go "$SCORCH" record --pid "$workload" --frequency 199 --duration 10s \
+    --symbolize local --output "$R/gotree.folded"
+kill "$workload" 2>/dev/null
+wait "$workload" 2>/dev/null
+
 # Off-CPU time from the sched_switch hook: threads blocked 60/30/10% of the time in
 # sleep_in_nanosleep, read_from_pipe and wait_for_mutex.
 "$WORKLOADS/blocker" 900 &

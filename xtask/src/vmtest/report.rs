@@ -11,10 +11,11 @@ const TOLERANCE: f64 = 0.05;
 const MIN_SAMPLES: u64 = 500;
 
 /// The columns, in order.
-pub const CHECKS: [&str; 8] = [
+pub const CHECKS: [&str; 9] = [
     "scorch check",
     "record: call tree",
     "no frame pointers",
+    "Go, stripped",
     "off-CPU",
     "map ceilings",
     "kernel stacks",
@@ -119,7 +120,7 @@ pub fn table(rows: &[Row]) -> String {
 
 /// Reads the results directory checks.sh filled. `config` is the kernel's build config, when
 /// known: it is what can justify a warning or a skip.
-pub fn judge(label: &str, results: &Path, config: Option<&str>, machine: &super::Machine) -> Row {
+pub fn judge(label: &str, results: &Path, config: Option<&str>) -> Row {
     let read = |name: &str| std::fs::read_to_string(results.join(name)).unwrap_or_default();
     let status = |name: &str| read(&format!("{name}.rc")).trim().parse::<i32>().ok();
     let shown = |name: &str| results.join(name).display().to_string();
@@ -141,12 +142,7 @@ pub fn judge(label: &str, results: &Path, config: Option<&str>, machine: &super:
         .unwrap_or_default();
     let no_btf = config.is_some_and(|c| !c.lines().any(|l| l == "CONFIG_DEBUG_INFO_BTF=y"));
 
-    outcomes.push(judge_check(
-        &read("check.out"),
-        status("check"),
-        no_btf,
-        machine,
-    ));
+    outcomes.push(judge_check(&read("check.out"), status("check"), no_btf));
     if !missing.is_empty() {
         let why = format!("kernel built without {}", missing.join(", "));
         outcomes.extend((1..CHECKS.len()).map(|_| Outcome::Skip(why.clone())));
@@ -172,11 +168,6 @@ pub fn judge(label: &str, results: &Path, config: Option<&str>, machine: &super:
     // main, which without frame pointers only the unwind tables can give.
     let record_nofp = read("record-nofp.out");
     outcomes.push(match status("record-nofp") {
-        Some(0) if !machine.unwind_tables => Outcome::Skip(format!(
-            "scorch reads no {} unwind tables yet: frame pointers walk, and a call tree built \
-             without them loses its callers",
-            machine.debian
-        )),
         Some(0) if record_nofp.contains("does not pass this kernel's verifier") => {
             Outcome::Skip(format!(
                 "this kernel's verifier refuses the BPF unwinder, so frame pointers walk: {}",
@@ -192,6 +183,15 @@ pub fn judge(label: &str, results: &Path, config: Option<&str>, machine: &super:
             "scorch record failed: {} (in {})",
             last_line(&read("record-nofp.out")),
             shown("record-nofp.out")
+        )),
+    });
+
+    outcomes.push(match status("record-go") {
+        Some(0) => judge_go_tree(&read("gotree.folded")),
+        _ => Outcome::Fail(format!(
+            "scorch record failed: {} (in {})",
+            last_line(&read("record-go.out")),
+            shown("record-go.out")
         )),
     });
 
@@ -257,12 +257,7 @@ pub fn judge(label: &str, results: &Path, config: Option<&str>, machine: &super:
 
 /// `scorch check` passes with every line OK. A WARN fails it unless the kernel's config
 /// explains it (then it is a skip with that reason); no FAIL may appear.
-fn judge_check(
-    output: &str,
-    status: Option<i32>,
-    no_btf: bool,
-    machine: &super::Machine,
-) -> Outcome {
+fn judge_check(output: &str, status: Option<i32>, no_btf: bool) -> Outcome {
     let mut unjustified = Vec::new();
     let mut justified = Vec::new();
     for line in output.lines() {
@@ -272,12 +267,6 @@ fn judge_check(
         if line.starts_with("WARN") {
             if no_btf && line.starts_with("WARN BTF") {
                 justified.push("kernel built without CONFIG_DEBUG_INFO_BTF".to_owned());
-            } else if line.starts_with("WARN BPF unwinder")
-                && !machine.unwind_tables
-                && line.contains("reads no unwind tables")
-            {
-                // What this build lacks on this architecture, said in the row.
-                justified.push(format!("{} unwind tables are not read yet", machine.debian));
             } else if line.starts_with("WARN BPF unwinder") && line.contains("verifier refuses") {
                 // The kernel's verifier, not scorch's setup: said in the row, never a pass.
                 justified.push(format!(
@@ -391,6 +380,64 @@ fn judge_call_tree(text: &str) -> Outcome {
     Outcome::Pass(shown)
 }
 
+/// The functions of tests/workloads/gotree.go and their shares of the samples under
+/// `main.run`.
+const GO_SHARES: [(&str, f64); 5] = [
+    ("main.compute", 0.75),
+    ("main.matmul", 0.5),
+    ("main.reduce", 0.25),
+    ("main.parse", 0.125),
+    ("main.digest", 0.125),
+];
+
+/// The stripped Go call tree: each function's share within [`TOLERANCE`], nearly every sample
+/// under `main.main` (a walk that loses its way in Go code ends short of it), and the
+/// frameless leaf `spin` under the function that called it, which only its pc table's
+/// stack-pointer deltas give (a frame-pointer walk skips that caller).
+fn judge_go_tree(text: &str) -> Outcome {
+    let stacks = folded(text);
+    let total: u64 = stacks.iter().map(|(_, c)| c).sum();
+    if total < MIN_SAMPLES {
+        return Outcome::Fail(format!("only {total} samples at 199 Hz over 10 s"));
+    }
+    let count = |test: &dyn Fn(&[String]) -> bool| -> u64 {
+        stacks
+            .iter()
+            .filter(|(frames, _)| test(frames))
+            .map(|(_, c)| c)
+            .sum()
+    };
+    let has = |frames: &[String], function: &str| frames.iter().any(|f| f == function);
+    let in_main = count(&|f| has(f, "main.main"));
+    if (in_main as f64) < 0.9 * total as f64 {
+        return Outcome::Fail(format!("only {in_main} of {total} samples reach main.main"));
+    }
+    let run = count(&|f| has(f, "main.run"));
+    let mut shown = Vec::new();
+    for (function, expected) in GO_SHARES {
+        let share = count(&|f| has(f, function)) as f64 / run.max(1) as f64;
+        if (share - expected).abs() > TOLERANCE {
+            return Outcome::Fail(format!(
+                "{function} has {share:.3} of main.run's samples, expected {expected} ± \
+                 {TOLERANCE}"
+            ));
+        }
+        shown.push(format!("{share:.2}"));
+    }
+    let spin = count(&|f| f.last().is_some_and(|leaf| leaf == "main.spin"));
+    let spin_under_caller = count(&|f| {
+        f.len() >= 2
+            && f[f.len() - 1] == "main.spin"
+            && ["main.parse", "main.matmul", "main.reduce"].contains(&f[f.len() - 2].as_str())
+    });
+    if (spin_under_caller as f64) < 0.95 * spin as f64 {
+        return Outcome::Fail(format!(
+            "only {spin_under_caller} of {spin} main.spin stacks are under its caller"
+        ));
+    }
+    Outcome::Pass(format!("{} of {total}", shown.join("/")))
+}
+
 /// The blocking functions of tests/workloads/blocker.c and their shares of the time the three
 /// spend blocked together: 6 ms, 3 ms and 1 ms of each 10 ms.
 const BLOCKERS: [(&str, f64); 3] = [
@@ -476,45 +523,33 @@ fn last_line(text: &str) -> &str {
 
 #[cfg(test)]
 mod tests {
-    use super::{
-        super::{ARM64, X86_64},
-        *,
-    };
+    use super::*;
 
     #[test]
     fn check_warnings_fail_unless_the_kernel_explains_them() {
         let ok = "OK   kernel version         6.1.0\nOK   BTF                    present\n";
         assert_eq!(
-            judge_check(ok, Some(0), false, &X86_64),
+            judge_check(ok, Some(0), false),
             Outcome::Pass("2 OK".into())
         );
         let warn = format!("{ok}WARN kptr_restrict          0: hides addresses\n");
         assert!(matches!(
-            judge_check(&warn, Some(0), false, &X86_64),
+            judge_check(&warn, Some(0), false),
             Outcome::Fail(_)
         ));
         let btf = "OK   kernel version         5.4\nWARN BTF                    missing\n";
-        assert!(matches!(
-            judge_check(btf, Some(0), false, &X86_64),
-            Outcome::Fail(_)
-        ));
-        assert!(matches!(
-            judge_check(btf, Some(0), true, &X86_64),
-            Outcome::Skip(_)
-        ));
+        assert!(matches!(judge_check(btf, Some(0), false), Outcome::Fail(_)));
+        assert!(matches!(judge_check(btf, Some(0), true), Outcome::Skip(_)));
         let fail = "FAIL BPF program loads      verifier said no\n";
         assert!(matches!(
-            judge_check(fail, Some(1), false, &X86_64),
+            judge_check(fail, Some(1), false),
             Outcome::Fail(_)
         ));
-        assert!(matches!(
-            judge_check(ok, Some(1), false, &X86_64),
-            Outcome::Fail(_)
-        ));
+        assert!(matches!(judge_check(ok, Some(1), false), Outcome::Fail(_)));
         let refused =
             format!("{ok}WARN BPF unwinder           this kernel's verifier refuses it\n");
         assert!(matches!(
-            judge_check(&refused, Some(0), false, &X86_64),
+            judge_check(&refused, Some(0), false),
             Outcome::Skip(_)
         ));
         // The unwinder loads, but a tracepoint it needs is missing: scorch's own gap.
@@ -523,20 +558,7 @@ mod tests {
              vm_unmapped_area tracepoint cannot be attached (not found)\n"
         );
         assert!(matches!(
-            judge_check(&no_hook, Some(0), false, &X86_64),
-            Outcome::Fail(_)
-        ));
-        // arm64's tables are not read yet: said in the row there, a failure on x86-64.
-        let no_tables = format!(
-            "{ok}WARN BPF unwinder           loaded, but this build reads no unwind tables for \
-             aarch64\n"
-        );
-        assert!(matches!(
-            judge_check(&no_tables, Some(0), false, &ARM64),
-            Outcome::Skip(_)
-        ));
-        assert!(matches!(
-            judge_check(&no_tables, Some(0), false, &X86_64),
+            judge_check(&no_hook, Some(0), false),
             Outcome::Fail(_)
         ));
     }

@@ -4,11 +4,9 @@
 //! instruction patterns the runtime readers look for (CPython's thread state, glibc's
 //! `pthread_getspecific`), and names for the PLT's stubs.
 
-use super::Relocation;
+pub mod pac;
 
-/// Whether the agent reads this architecture's unwind tables: not yet (`unwind::convert` has
-/// no arm64 rows), so every user frame is walked by frame pointer.
-pub const UNWIND_TABLES: bool = false;
+use super::Relocation;
 
 /// Where `struct task_struct` keeps the thread pointer a user thread's TLS is found from
 /// (`TPIDR_EL0`, saved at each context switch; glibc's `struct pthread` sits below it).

@@ -5,9 +5,6 @@ pub mod plt;
 
 use super::Relocation;
 
-/// Whether the agent reads this architecture's unwind tables (`unwind::convert`).
-pub const UNWIND_TABLES: bool = true;
-
 /// Where `struct task_struct` keeps the thread pointer a user thread's TLS is found from
 /// (the `fs` base, which glibc points at the thread's `struct pthread`).
 pub const THREAD_POINTER: &[&str] = &["thread", "fsbase"];

@@ -10,7 +10,8 @@
 //!
 //! Formats, told by the header's magic: 1.2 to 1.15 (names, lines and deltas; no inlined
 //! frames), 1.16/1.17, 1.18/1.19 and 1.20 onwards. Only little-endian tables with 8-byte
-//! pointers and a 1-byte pc quantum (x86-64) are read; others are refused naming the field.
+//! pointers and a pc quantum of 1 byte (x86-64) or 4 (arm64) are read; others are refused
+//! naming the field.
 //!
 //! The file is hostile: every read is bounds-checked, every loop is bounded by the bytes it
 //! consumes or a fixed depth, and a table found inconsistent gives an error rather than a
@@ -47,7 +48,7 @@ pub enum PclntabError {
     UnknownMagic { magic: u32, offset: u64 },
     #[error(
         "the Go pclntab at offset {offset:#x} has {field} {value:#x}: only little-endian tables \
-         with ptrSize 8 and minLC 1 (x86-64) are read"
+         with ptrSize 8 and minLC 1 (x86-64) or 4 (arm64) are read"
     )]
     Unsupported {
         field: &'static str,

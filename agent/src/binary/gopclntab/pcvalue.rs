@@ -17,6 +17,8 @@ pub(super) struct PcValues<'d> {
     pub(super) pc: u64,
     pub(super) entry: u64,
     pub(super) value: i32,
+    /// The unit of the pc deltas, in bytes (`minLC`).
+    pub(super) quantum: u8,
 }
 
 impl PcValues<'_> {
@@ -31,8 +33,11 @@ impl PcValues<'_> {
         let (pc_delta, m) = self.tab.varint(self.pos + n)?;
         self.pos += n + m;
         let start = self.pc;
-        // minLC is 1: the delta is in bytes. pc + 2^32 cannot overflow a real address.
-        self.pc = self.pc.saturating_add(u64::from(pc_delta));
+        // The delta counts quanta (`minLC`: 1 byte, or 4 on arm64). pc + 4 * 2^32 cannot
+        // overflow a real address.
+        self.pc = self
+            .pc
+            .saturating_add(u64::from(pc_delta) * u64::from(self.quantum));
         Ok(Some(Run {
             start,
             end: self.pc,

@@ -25,6 +25,9 @@ pub(super) struct Table {
     pub(super) functab: u64,
     /// 1.2: the file table's entry count (entry 0 is the count itself).
     pub(super) nfiles: u64,
+    /// The unit of the pc-value tables' pc deltas (`minLC`): 1 on x86-64, 4 on arm64, whose
+    /// instructions are all 4 bytes.
+    pub(super) quantum: u8,
 }
 
 /// One `_func`, decoded.
@@ -87,13 +90,13 @@ impl Table {
             }
         };
         let header = tab.sub(0, 8, "the Go pclntab's header")?.bytes;
-        for (field, at, want) in [
-            ("pad", 4, 0),
-            ("pad", 5, 0),
-            ("minLC", 6, 1),
-            ("ptrSize", 7, 8),
+        for (field, at, wanted) in [
+            ("pad", 4, &[0][..]),
+            ("pad", 5, &[0]),
+            ("minLC", 6, &[1, 4]),
+            ("ptrSize", 7, &[8]),
         ] {
-            if header[at] != want {
+            if !wanted.contains(&header[at]) {
                 return Err(unsupported(field, u64::from(header[at])));
             }
         }
@@ -132,6 +135,7 @@ impl Table {
             pctab,
             functab: if format == Format::Go12 { 16 } else { functab },
             nfiles: 0,
+            quantum: header[6],
         };
         if format != Format::Go12 {
             table.nfiles = word(1, "nfiles")?;
@@ -304,6 +308,7 @@ impl Table {
             pc,
             entry,
             value: -1,
+            quantum: self.quantum,
         })
     }
 

@@ -119,6 +119,19 @@ fn binaries() -> &'static Path {
             );
             std::fs::rename(dir.join(partial), dir.join(name)).unwrap();
         }
+        // For arm64, whose pc tables count 4-byte instructions (minLC 4).
+        for (name, flags) in [
+            ("arm64-plain", "-ldflags=-compressdwarf=false"),
+            ("arm64-stripped", "-ldflags=-s -w"),
+        ] {
+            let partial = format!("{name}.{pid}");
+            output(
+                go(&dir)
+                    .env("GOARCH", "arm64")
+                    .args(["build", flags, "-o", &partial, "x.go"]),
+            );
+            std::fs::rename(dir.join(partial), dir.join(name)).unwrap();
+        }
         // What sstrip leaves: no section headers at all.
         let mut bytes = std::fs::read(dir.join("pie")).unwrap();
         bytes[0x28..0x30].fill(0); // e_shoff
@@ -406,6 +419,59 @@ fn objdump(binary: &str, pattern: &str) -> Vec<(u64, u64, String)> {
         Some((pc, length, fields.get(3)?.trim().to_owned()))
     };
     text.lines().filter_map(instruction).collect()
+}
+
+#[test]
+fn arm64_builds_count_their_pcs_in_instructions() {
+    let plain = binary("arm64-plain");
+    let stripped = binary("arm64-stripped");
+    let table = table(&stripped);
+    let symbols = symbols(&plain);
+    let mut count = 0;
+    for func in table.funcs(&stripped) {
+        let func = func.unwrap();
+        let named = symbols.get(&func.entry).into_iter().flatten();
+        assert!(named.clone().any(|n| n == func.name), "{func:?}");
+        // Every delta lies on an instruction of its function.
+        let deltas = table.sp_deltas(&stripped, &func).unwrap();
+        assert_eq!(deltas[0], (func.entry, 0), "{}", func.name);
+        assert!(
+            deltas
+                .iter()
+                .all(|d| d.0 % 4 == 0 && (func.entry..func.end).contains(&d.0)),
+            "{}: {deltas:?}",
+            func.name
+        );
+        count += 1;
+    }
+    assert!(count > 1000, "{count} functions");
+    // The prologue `MOVD.W R30, -N(RSP)` moves sp by N from the next instruction on.
+    let compute = func(&table, &stripped, "main.compute");
+    let deltas = table.sp_deltas(&stripped, &compute).unwrap();
+    let delta_at = |pc: u64| deltas.iter().rev().find(|d| d.0 <= pc).unwrap().1;
+    let (pc, _, text) = objdump("arm64-plain", "^main.compute$")
+        .into_iter()
+        .find(|(_, _, text)| text.starts_with("MOVD.W R30, -"))
+        .unwrap();
+    let frame: i32 = text
+        .strip_prefix("MOVD.W R30, -")
+        .and_then(|rest| rest.strip_suffix("(RSP)"))
+        .and_then(|decimal| decimal.parse().ok())
+        .unwrap();
+    assert_eq!((delta_at(pc), delta_at(pc + 4)), (0, frame), "{text}");
+    // Lines too: the prologue's is the `func` line.
+    let frames = table.frames(&stripped, compute.entry + 4).unwrap();
+    let declared = PROGRAM
+        .lines()
+        .position(|line| line.starts_with("func compute("))
+        .unwrap()
+        + 1;
+    let last = frames.last().unwrap();
+    assert_eq!(
+        (last.function.as_str(), last.line as usize),
+        ("main.compute", declared),
+        "{frames:?}"
+    );
 }
 
 #[test]
@@ -892,7 +958,7 @@ fn corrupt_headers_and_functabs_give_errors() {
     let refused = |data: Vec<u8>| find(&data).unwrap_err();
     for (at, bytes, field) in [
         (7, &[4][..], "ptrSize"),
-        (6, &[4], "minLC"),
+        (6, &[2], "minLC"),
         (4, &[1], "pad"),
         (0, &[0xff, 0xff, 0xff, 0xf0], "byte order"),
     ] {

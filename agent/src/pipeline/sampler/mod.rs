@@ -202,6 +202,19 @@ impl Sampler {
             });
         let (threads, user_stacks, ring_bytes) = off_cpu_map_sizes(config.off_cpu.is_some());
         let mut loader = EbpfLoader::new();
+        // Signed return addresses are stripped with the running kernel's mask.
+        #[cfg(target_arch = "aarch64")]
+        let return_address_mask = {
+            use crate::arch::aarch64::pac;
+            let code = pac::code_mask()
+                .inspect_err(|err| {
+                    tracing::warn!("{err}: stripping return addresses to 48 bits instead")
+                })
+                .ok();
+            pac::address_mask(code)
+        };
+        #[cfg(target_arch = "aarch64")]
+        loader.override_global("RETURN_ADDRESS_MASK", &return_address_mask, true);
         loader
             .override_global("TASK_THREAD_POINTER", &task_thread_pointer, true)
             .override_global("TASK_PID", &task_pid, true)

@@ -10,20 +10,104 @@
 use std::{collections::HashMap, path::Path};
 
 use gimli::{
-    BaseAddresses, CfaRule, CieOrFde, CommonInformationEntry, EndianSlice, Expression,
-    LittleEndian, Operation, ReaderOffset, Register, RegisterRule, UnwindContext,
-    UnwindContextStorage, UnwindOffset, UnwindSection, UnwindTableRow,
+    BaseAddresses, CieOrFde, CommonInformationEntry, EndianSlice, Expression, LittleEndian,
+    Operation, ReaderOffset, Register, RegisterRule, UnwindContext, UnwindContextStorage,
+    UnwindOffset, UnwindSection, UnwindTableRow,
 };
 
 use super::{
     index::{overlaps, Entry, FunctionIndex, Source},
-    row::{self, Cfa, FpRule, UnwindRow},
+    row::{self, UnwindRow},
     Code, UnwindError,
 };
-pub(super) use x86_64::{go_frame, go_stack_bottom};
-use x86_64::{plt_cfa, return_address_where_read, signal_cfa, sp_offset, FP, RA, SP};
+pub(super) use x86_64::go_stack_bottom;
 
+mod aarch64;
 mod x86_64;
+
+/// The architectures whose CFI becomes rows: each names its own registers and reads its own
+/// rules (`x86_64.rs`, `aarch64.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Arch {
+    X86_64,
+    Aarch64,
+}
+
+impl Arch {
+    /// The architecture of a file, when its rows can be read: 64-bit little-endian x86-64 or
+    /// arm64.
+    pub fn of(file: &object::File<'_>) -> Option<Arch> {
+        use object::Object;
+        if !file.is_little_endian() || !file.is_64() {
+            return None;
+        }
+        match file.architecture() {
+            object::Architecture::X86_64 => Some(Arch::X86_64),
+            object::Architecture::Aarch64 => Some(Arch::Aarch64),
+            _ => None,
+        }
+    }
+
+    /// How gimli must read the architecture's CFI: arm64's `DW_CFA_AARCH64_negate_ra_state`
+    /// shares its opcode with SPARC's `DW_CFA_GNU_window_save`, and gimli refuses every FDE of
+    /// a function that signs its return address unless told the vendor.
+    pub fn vendor(self) -> gimli::Vendor {
+        match self {
+            Arch::X86_64 => gimli::Vendor::Default,
+            Arch::Aarch64 => gimli::Vendor::AArch64,
+        }
+    }
+
+    /// A Go function's rule where it has moved the stack pointer `delta` bytes below its
+    /// entry (its `pcsp` table).
+    pub fn go_frame(self, delta: i32) -> (row::Cfa, row::FpRule, row::RaKind) {
+        match self {
+            Arch::X86_64 => {
+                let (cfa, fp) = x86_64::go_frame(delta);
+                (cfa, fp, row::RaKind::CfaMinus8)
+            }
+            Arch::Aarch64 => aarch64::go_frame(delta),
+        }
+    }
+
+    /// The architecture's generated rows for code no CFI describes (`aarch64::generated`).
+    pub fn generated(self, file: &object::File<'_>, code: &Code) -> Vec<Generated> {
+        match self {
+            Arch::X86_64 => Vec::new(),
+            Arch::Aarch64 => aarch64::generated(file, code),
+        }
+    }
+}
+
+/// Rows the agent writes for code that has no CFI but a rule it knows (arm64's `.plt` stubs,
+/// its vDSO's signal trampoline): one function each, its end-of-function marker last.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Generated {
+    pub start: u32,
+    pub end: u32,
+    pub rows: Vec<UnwindRow>,
+}
+
+/// Adds the generated functions to `index` (as [`Source::Generated`], `at` their position in
+/// `generated`), where no earlier section claimed their code.
+pub(super) fn index_generated(generated: &[Generated], index: &mut FunctionIndex) -> FdeCounts {
+    let claimed = index.covered();
+    let mut counts = FdeCounts::default();
+    for (at, function) in generated.iter().enumerate() {
+        if overlaps(&claimed, function.start, function.end) {
+            counts.claimed += 1;
+            continue;
+        }
+        index.push(Entry {
+            start: function.start,
+            end: function.end,
+            at: at as u32,
+            source: Source::Generated,
+        });
+        counts.converted += 1;
+    }
+    counts
+}
 
 pub(super) type Slice<'data> = EndianSlice<'data, LittleEndian>;
 
@@ -35,8 +119,9 @@ pub(super) const MAX_ROWS: usize = 8 << 20;
 /// Where gimli keeps a row's register rules while it runs a CFI program. Its default has room
 /// for 192 rules, and every FDE starts from a fresh row that is built and moved whole: 6 KiB
 /// copied per FDE, a seventh of libc's build time. x86_64 CFI names at most its 16 general
-/// registers and rip (a signal frame names them all), so 32 leave room; an FDE naming more
-/// fails alone, counted as skipped.
+/// registers and rip (a signal frame names them all), arm64's its 12 callee-saved general
+/// registers, 8 vector registers and the return address's signing state, so 32 leave room;
+/// an FDE naming more fails alone, counted as skipped.
 struct RuleStorage;
 
 impl<T: ReaderOffset> UnwindContextStorage<T> for RuleStorage {
@@ -53,6 +138,8 @@ pub(super) struct Section<'a, S> {
     pub path: &'a Path,
     /// `.eh_frame` or `.debug_frame`.
     pub name: &'static str,
+    /// Whose registers its rules name.
+    pub arch: Arch,
 }
 
 /// What happened to the FDEs of a section.
@@ -198,6 +285,7 @@ where
             bases,
             path,
             name,
+            arch,
         } = self.source;
         let cies = &mut self.cies;
         let offset = S::Offset::from(at as usize);
@@ -209,7 +297,11 @@ where
         };
         let signal = fde.is_signal_trampoline();
         let encoding = fde.cie().encoding();
-        let ra_is_rip = fde.cie().return_address_register() == RA;
+        let return_address = fde.cie().return_address_register();
+        let outermost_from = match arch {
+            Arch::X86_64 => None,
+            Arch::Aarch64 => aarch64::outermost_from(&fde, section, bases),
+        };
         let first_row = rows.len();
         // Checked row by row: one FDE's program can run as long as the section.
         let mut too_many = false;
@@ -224,8 +316,19 @@ where
                 if dwarf_row.start_address() >= dwarf_row.end_address() {
                     continue;
                 }
-                let (cfa, rbp) = rule_of(dwarf_row, section, encoding, signal, ra_is_rip);
-                rows.push(row::narrow(code.pc(dwarf_row.start_address()), cfa, rbp));
+                let (cfa, rbp, ra) = match arch {
+                    Arch::X86_64 => {
+                        let ra_is_rip = return_address == x86_64::RA;
+                        x86_64::rule_of(dwarf_row, section, encoding, signal, ra_is_rip)
+                    }
+                    Arch::Aarch64 => {
+                        let outermost =
+                            outermost_from.is_some_and(|from| dwarf_row.start_address() >= from);
+                        aarch64::rule_of(dwarf_row, return_address, outermost)
+                    }
+                };
+                let pc = code.pc(dwarf_row.start_address());
+                rows.push(row::narrow(pc, cfa, rbp, ra));
             }
             Ok(())
         })();
@@ -243,67 +346,6 @@ where
         rows.push(row::no_row(code.pc(fde.end_address())));
         Ok(true)
     }
-}
-
-/// The CFA and rbp rules of one DWARF row.
-fn rule_of<'data, S>(
-    dwarf_row: &UnwindTableRow<usize, RuleStorage>,
-    section: &S,
-    encoding: gimli::Encoding,
-    signal: bool,
-    ra_is_rip: bool,
-) -> (Cfa, FpRule)
-where
-    S: UnwindSection<Slice<'data>>,
-{
-    let expression = |expression: &gimli::UnwindExpression<usize>| expression.get(section).ok();
-    let ra = dwarf_row.register(RA);
-    let cfa = match dwarf_row.cfa() {
-        CfaRule::RegisterAndOffset {
-            register: SP,
-            offset,
-        } => Cfa::Sp(*offset),
-        CfaRule::RegisterAndOffset {
-            register: FP,
-            offset,
-        } => Cfa::Fp(*offset),
-        CfaRule::RegisterAndOffset { .. } => Cfa::Unsupported,
-        CfaRule::Expression(cfa) => match expression(cfa) {
-            Some(cfa) if signal => signal_cfa(cfa, encoding).unwrap_or(Cfa::Unsupported),
-            Some(cfa) => plt_cfa(cfa, encoding).unwrap_or(Cfa::Unsupported),
-            None => Cfa::Unsupported,
-        },
-    };
-    // The BPF side reads the return address where these kinds put it; a row that keeps it
-    // anywhere else (`setcontext`'s, `__start_context`'s) is one it cannot unwind. An
-    // undefined one ends the walk (below), and the CFA stays as DWARF gives it.
-    let ra_where_expected = ra == RegisterRule::Undefined
-        || ra_is_rip && return_address_where_read(&ra, cfa, expression, encoding);
-    let cfa = if ra_where_expected {
-        cfa
-    } else {
-        Cfa::Unsupported
-    };
-    let rbp = match dwarf_row.register(FP) {
-        // gimli reports a register without a rule as undefined; rbp is callee-saved, so no
-        // rule means the caller's value is still in it.
-        RegisterRule::Undefined | RegisterRule::SameValue => FpRule::Unchanged,
-        RegisterRule::Offset(offset) => FpRule::CfaOffset(offset),
-        RegisterRule::Expression(at) => {
-            match expression(&at).and_then(|at| sp_offset(at, encoding)) {
-                Some(offset) => FpRule::AtSp(offset),
-                None => FpRule::Unsupported,
-            }
-        }
-        _ => FpRule::Unsupported,
-    };
-    // Checked first by the unwinder: the outermost frame ends the walk, whatever else it says.
-    let rbp = if ra == RegisterRule::Undefined {
-        FpRule::ReturnAddressUndefined
-    } else {
-        rbp
-    };
-    (cfa, rbp)
 }
 
 /// The operations of an expression of at most `MAX_OPERATIONS`, or `None` when it is longer

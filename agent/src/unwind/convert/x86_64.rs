@@ -1,12 +1,15 @@
 //! x86-64's side of the conversion: its DWARF register numbers, where its return address is,
 //! and the two DWARF expressions the BPF walk knows (the `.plt`'s CFA, and the signal
 //! trampoline's registers in the `ucontext`), recognised by their exact operations. arm64's
-//! twin (`aarch64.rs`) will name its registers (sp 31, x29, x30) and its own rows.
+//! twin is `aarch64.rs`.
 
-use gimli::{Expression, Operation, Register, RegisterRule, UnwindExpression};
+use gimli::{
+    CfaRule, Expression, Operation, Register, RegisterRule, UnwindExpression, UnwindSection,
+    UnwindTableRow,
+};
 
-use super::{operations, Slice};
-use crate::unwind::row::{Cfa, FpRule};
+use super::{operations, RuleStorage, Slice};
+use crate::unwind::row::{Cfa, FpRule, RaKind};
 
 /// DWARF register numbers (System V psABI, "DWARF Register Number Mapping"): rbp, the frame
 /// pointer, and rsp, the stack pointer.
@@ -14,6 +17,68 @@ pub(super) const FP: Register = Register(6);
 pub(super) const SP: Register = Register(7);
 /// The return address column (rip).
 pub(super) const RA: Register = Register(16);
+
+/// The CFA and rbp rules of one DWARF row; the return address is always at CFA - 8 (or
+/// in a signal frame's `ucontext`).
+pub(super) fn rule_of<'data, S>(
+    dwarf_row: &UnwindTableRow<usize, RuleStorage>,
+    section: &S,
+    encoding: gimli::Encoding,
+    signal: bool,
+    ra_is_rip: bool,
+) -> (Cfa, FpRule, RaKind)
+where
+    S: UnwindSection<Slice<'data>>,
+{
+    let expression = |expression: &gimli::UnwindExpression<usize>| expression.get(section).ok();
+    let ra = dwarf_row.register(RA);
+    let cfa = match dwarf_row.cfa() {
+        CfaRule::RegisterAndOffset {
+            register: SP,
+            offset,
+        } => Cfa::Sp(*offset),
+        CfaRule::RegisterAndOffset {
+            register: FP,
+            offset,
+        } => Cfa::Fp(*offset),
+        CfaRule::RegisterAndOffset { .. } => Cfa::Unsupported,
+        CfaRule::Expression(cfa) => match expression(cfa) {
+            Some(cfa) if signal => signal_cfa(cfa, encoding).unwrap_or(Cfa::Unsupported),
+            Some(cfa) => plt_cfa(cfa, encoding).unwrap_or(Cfa::Unsupported),
+            None => Cfa::Unsupported,
+        },
+    };
+    // The BPF side reads the return address where these kinds put it; a row that keeps it
+    // anywhere else (`setcontext`'s, `__start_context`'s) is one it cannot unwind. An
+    // undefined one ends the walk (below), and the CFA stays as DWARF gives it.
+    let ra_where_expected = ra == RegisterRule::Undefined
+        || ra_is_rip && return_address_where_read(&ra, cfa, expression, encoding);
+    let cfa = if ra_where_expected {
+        cfa
+    } else {
+        Cfa::Unsupported
+    };
+    let rbp = match dwarf_row.register(FP) {
+        // gimli reports a register without a rule as undefined; rbp is callee-saved, so no
+        // rule means the caller's value is still in it.
+        RegisterRule::Undefined | RegisterRule::SameValue => FpRule::Unchanged,
+        RegisterRule::Offset(offset) => FpRule::CfaOffset(offset),
+        RegisterRule::Expression(at) => {
+            match expression(&at).and_then(|at| sp_offset(at, encoding)) {
+                Some(offset) => FpRule::AtSp(offset),
+                None => FpRule::Unsupported,
+            }
+        }
+        _ => FpRule::Unsupported,
+    };
+    // Checked first by the unwinder: the outermost frame ends the walk, whatever else it says.
+    let rbp = if ra == RegisterRule::Undefined {
+        FpRule::ReturnAddressUndefined
+    } else {
+        rbp
+    };
+    (cfa, rbp, RaKind::CfaMinus8)
+}
 
 /// Whether the return address `ra` is where the BPF walk reads it for `cfa`: at CFA - 8
 /// (`RaKind::CfaMinus8`, where `call` pushed it), or for a signal frame, in the `ucontext`
@@ -99,7 +164,7 @@ pub(super) fn plt_cfa(expression: Expression<Slice<'_>>, encoding: gimli::Encodi
 /// has a frame, its caller's rbp is saved just below the return address (`PUSHQ BP` since Go
 /// 1.21, `MOVQ BP, framesize-8(SP)` before): at CFA - 16. A function that has not moved rsp
 /// has not touched rbp.
-pub(in crate::unwind) fn go_frame(delta: i32) -> (Cfa, FpRule) {
+pub(super) fn go_frame(delta: i32) -> (Cfa, FpRule) {
     if delta < 0 {
         return (Cfa::Unsupported, FpRule::Unsupported);
     }
