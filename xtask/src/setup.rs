@@ -1,6 +1,6 @@
 //! `cargo xtask setup`: the nightly `rust-src`, bpf-linker built against the nightly rustc's
-//! own LLVM, and the Debian packages the tests and benchmarks use. Every step checks first and
-//! does nothing when already done.
+//! own LLVM, the Debian packages the tests and benchmarks use, and the Debian arm64 binaries
+//! the agent's unit tests read. Every step checks first and does nothing when already done.
 
 use std::{
     path::{Path, PathBuf},
@@ -26,8 +26,10 @@ const BPF_LINKER_VERSION: &str = "0.13.0";
 /// qemu-system-x86 boots the kernel matrix (`vm-test`) whose initramfs holds busybox-static's
 /// busybox, xz-utils unpacks the kernels' compressed modules, libc6-dbg is libc's debug info
 /// (the overhead bench's `scorch record` names libc frames from it, as on a host that has it
-/// installed), heaptrack profiles the daemon's heap (`cargo xtask bench --only heap`), and
-/// openjdk-17-jdk-headless is the JVM whose layout tables the HotSpot readers' tests read.
+/// installed), heaptrack profiles the daemon's heap (`cargo xtask bench --only heap`),
+/// openjdk-17-jdk-headless is the JVM whose layout tables the HotSpot readers' tests read,
+/// libc6-arm64-cross is the arm64 glibc whose code the arm64 readers' unit tests read, and
+/// binutils-aarch64-linux-gnu the objdump they compare its PLT's names with.
 const PACKAGES: &[&str] = &[
     "gcc",
     "g++",
@@ -50,7 +52,19 @@ const PACKAGES: &[&str] = &[
     "libc6-dbg",
     "heaptrack",
     "openjdk-17-jdk-headless",
+    "libc6-arm64-cross",
+    "binutils-aarch64-linux-gnu",
 ];
+
+/// Where Debian 12's arm64 packages the agent's unit tests read are unpacked, one directory
+/// each (the agent's `arch::aarch64::test_file` names the same paths): outside the clone, so
+/// a machine fetches them once.
+const ARM64_DEBS: &str = "/var/cache/scorch-tests/debian/bookworm-arm64";
+
+/// The arm64 CPython 3.11 of Debian 12: the interpreter (`python3.11-minimal`, libpython
+/// linked in) and the shared libpython (`libpython3.11`, which reaches `_PyRuntime` through
+/// its GOT), read by the arm64 CPython readers' tests.
+const ARM64_PACKAGES: &[&str] = &["python3.11-minimal", "libpython3.11"];
 
 /// cargo-deb release for `cargo xtask package`; it builds with Rust 1.85 and later.
 const CARGO_DEB_VERSION: &str = "3.8.0";
@@ -61,6 +75,7 @@ const KUBERNETES_VALIDATE_VERSION: &str = "1.37.0";
 
 pub fn setup() -> Result<()> {
     install_packages()?;
+    ensure_arm64_packages()?;
     ensure_bpf_toolchain()?;
     ensure_cargo_deb()?;
     ensure_kubernetes_validate()
@@ -166,6 +181,74 @@ pub fn ensure_packages(packages: &[&str]) -> Result<()> {
     let mut install = apt(&["install", "-y", "-q", "--no-install-recommends"]);
     install.args(&missing);
     run_command(&mut install)
+}
+
+/// Downloads and unpacks (never installs) [`ARM64_PACKAGES`], through apt lists of their own
+/// for arm64, so the host needs no `dpkg --add-architecture`.
+fn ensure_arm64_packages() -> Result<()> {
+    let dir = Path::new(ARM64_DEBS);
+    let missing: Vec<&str> = ARM64_PACKAGES
+        .iter()
+        .copied()
+        .filter(|p| !dir.join(p).join(".complete").exists())
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    eprintln!("xtask: fetching Debian 12's arm64 {}", missing.join(" "));
+    let apt = dir.join("apt");
+    for sub in ["lists/partial", "archives/partial", "cache", "download"] {
+        let sub = apt.join(sub);
+        std::fs::create_dir_all(&sub).with_context(|| format!("creating {}", sub.display()))?;
+    }
+    let sources = apt.join("sources.list");
+    std::fs::write(
+        &sources,
+        "deb [arch=arm64 signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] \
+         http://deb.debian.org/debian bookworm main\n",
+    )
+    .with_context(|| format!("writing {}", sources.display()))?;
+    let options = [
+        format!("-oDir::Etc::SourceList={}", sources.display()),
+        "-oDir::Etc::SourceParts=/dev/null".to_owned(),
+        format!("-oDir::State::Lists={}", apt.join("lists").display()),
+        format!("-oDir::Cache::Archives={}", apt.join("archives").display()),
+        format!("-oDir::Cache={}", apt.join("cache").display()),
+        "-oAPT::Architecture=arm64".to_owned(),
+        "-oAPT::Architectures::=arm64".to_owned(),
+        // The directories belong to root; apt's sandbox user could not write them.
+        "-oAPT::Sandbox::User=root".to_owned(),
+    ];
+    run_command(
+        Command::new("apt-get")
+            .args(&options)
+            .args(["update", "-q"]),
+    )?;
+    let download = apt.join("download");
+    for package in missing {
+        run_command(
+            Command::new("apt-get")
+                .current_dir(&download)
+                .args(&options)
+                .args(["download", "-q", package]),
+        )?;
+        let prefix = format!("{package}_");
+        let deb = std::fs::read_dir(&download)
+            .with_context(|| format!("listing {}", download.display()))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .find(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with(&prefix) && n.ends_with("_arm64.deb"))
+            })
+            .with_context(|| format!("no {package} .deb in {}", download.display()))?;
+        let root = dir.join(package);
+        let _ = std::fs::remove_dir_all(&root);
+        run_command(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&root))?;
+        std::fs::write(root.join(".complete"), deb.display().to_string())
+            .with_context(|| format!("marking {} complete", root.display()))?;
+    }
+    Ok(())
 }
 
 fn ensure_rust_src() -> Result<()> {

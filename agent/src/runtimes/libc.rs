@@ -1,9 +1,11 @@
 //! Where glibc keeps a thread's `pthread_getspecific` values, read from `libc.so.6`.
 //!
 //! CPython finds a thread's state through a pthread key (`autoTSSkey`), so the BPF walk must
-//! do what `pthread_getspecific` does, from the thread pointer (x86-64's `fs` base). glibc keeps the values of
-//! the first keys in an array inside `struct pthread`, whose layout is private and changes
-//! between releases: it is read here from the function's own code rather than assumed.
+//! do what `pthread_getspecific` does, from the thread pointer (x86-64's `fs` base, AArch64's
+//! `tpidr_el0`). glibc keeps the values of the first keys in an array inside `struct
+//! pthread`, whose layout is private and changes between releases and architectures (above
+//! the thread pointer on x86-64, below it on AArch64): it is read here from the function's
+//! own code rather than assumed.
 //!
 //! The code's pattern is its architecture's (`arch::pthread_specific`).
 
@@ -69,6 +71,28 @@ mod tests {
             }
         );
         assert_eq!(layout.offset(0), Some(0x318));
+        assert_eq!(layout.offset(32), None);
+    }
+
+    #[test]
+    fn debian_12s_arm64_glibc_keeps_them_below_the_thread_pointer() {
+        use crate::arch::aarch64::test_files;
+        let data = test_files::read(test_files::LIBC);
+        let elf = crate::binary::elf::Elf::parse(&data).unwrap();
+        let image = Image::of(&elf);
+        let layout = specific_layout(&image).unwrap();
+        // `*(tpidr_el0 + key * 16 - 0x630 + 8)`: `struct pthread` ends at the thread pointer.
+        assert_eq!(
+            layout,
+            SpecificLayout {
+                first_block: 32,
+                index_bias: 0,
+                entry_shift: 4,
+                value_offset: 8u64.wrapping_sub(0x630),
+            }
+        );
+        assert_eq!(layout.offset(0).map(|o| o as i64), Some(-0x628));
+        assert_eq!(layout.offset(31).map(|o| o as i64), Some(-0x438));
         assert_eq!(layout.offset(32), None);
     }
 

@@ -1,11 +1,8 @@
 //! x86-64's PLT stubs, read from `.plt`, `.plt.sec` and `.plt.got`.
 
-use object::{
-    Object, ObjectSection, ObjectSymbol, ObjectSymbolTable, RelocationFlags, RelocationTarget,
-};
+use object::{Object, ObjectSection};
 
-use super::relocation;
-use crate::arch::Relocation;
+use crate::arch::plt_slot_names;
 
 /// Bytes of an x86-64 PLT entry in `.plt` and `.plt.sec`, and in `.plt.got` with IBT.
 const PLT_ENTRY: u64 = 16;
@@ -18,25 +15,9 @@ const PLT_ENTRY: u64 = 16;
 /// `.plt.sec`, `R_X86_64_GLOB_DAT` for `.plt.got`) names the function. Entries that decode to
 /// no relocated slot (`.plt`'s header, lazy stubs beside a `.plt.sec`) stay unnamed.
 pub fn stubs(file: &object::File<'_>) -> Vec<(u64, u64, String)> {
-    let (Some(relocations), Some(dynsym)) =
-        (file.dynamic_relocations(), file.dynamic_symbol_table())
-    else {
+    let slots = plt_slot_names(file);
+    if slots.is_empty() {
         return Vec::new();
-    };
-    let mut slots = std::collections::HashMap::new();
-    for (slot, entry) in relocations {
-        let RelocationFlags::Elf { r_type } = entry.flags() else {
-            continue;
-        };
-        if !matches!(
-            relocation(r_type),
-            Some(Relocation::JumpSlot | Relocation::GlobalData)
-        ) {
-            continue;
-        }
-        if let RelocationTarget::Symbol(index) = entry.target() {
-            slots.insert(slot, index);
-        }
     }
     let mut stubs = Vec::new();
     for name in [".plt", ".plt.sec", ".plt.got"] {
@@ -55,11 +36,7 @@ pub fn stubs(file: &object::File<'_>) -> Vec<(u64, u64, String)> {
                 PLT_ENTRY
             };
             let address = section.address() + at as u64;
-            let named = rip_jump_slot(entry, endbr, address)
-                .and_then(|slot| slots.get(&slot))
-                .and_then(|&index| dynsym.symbol_by_index(index).ok())
-                .and_then(|symbol| symbol.name().ok())
-                .filter(|name| !name.is_empty());
+            let named = rip_jump_slot(entry, endbr, address).and_then(|slot| slots.get(&slot));
             if let Some(function) = named {
                 stubs.push((address, size, format!("{function}@plt")));
             }

@@ -24,7 +24,9 @@ pub mod runtime;
 use std::{fmt, ops::Range};
 
 use super::image::{Image, ImageError, Symbol};
-use crate::arch::{first_argument, jumps_out, returned_thread_local, FirstArgument, Place};
+use crate::arch::{
+    executable_thread_local, first_argument, jumps_out, returned_thread_local, FirstArgument, Place,
+};
 pub use names::{PythonProcess, UNKNOWN_CODE};
 pub use offsets::{CodeOffsets, EntryMark, Offsets};
 pub use runtime::{may_be, Python};
@@ -92,14 +94,16 @@ pub enum PythonError {
     },
 }
 
-/// Where a thread's `PyThreadState` is found, from the thread pointer (`fs` base).
+/// Where a thread's `PyThreadState` is found, from the thread pointer (x86-64's `fs` base,
+/// AArch64's `tpidr_el0`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ThreadState {
     /// 3.11 to 3.14: the value of a pthread key, whose `int` is at this address, inside
     /// `_PyRuntime` (`autoTSSkey`).
     Key(u64),
-    /// 3.15 and later: a thread-local of the interpreter's executable, at this (negative)
-    /// offset from the thread pointer (`_Py_tss_gilstate`).
+    /// 3.15 and later: a thread-local of the interpreter's executable, at this offset from
+    /// the thread pointer (`_Py_tss_gilstate`): negative on x86-64, past the thread control
+    /// block on AArch64.
     ThreadLocal(i32),
 }
 
@@ -146,7 +150,7 @@ pub struct Interpreter {
     pub offsets: Offsets,
 }
 
-/// `PyTypeObject` on x86-64: `tp_basicsize` and `tp_members`, stable since 3.0.
+/// `PyTypeObject` on x86-64 and AArch64: `tp_basicsize` and `tp_members`, stable since 3.0.
 const TP_BASICSIZE: u64 = 32;
 const TP_MEMBERS: u64 = 240;
 /// `PyMemberDef`: `name` at 0, `offset` at 16, 40 bytes each.
@@ -275,11 +279,11 @@ fn thread_state(
     let function = symbol(image, version, "PyGILState_GetThisThreadState")?;
     let code = image.code("PyGILState_GetThisThreadState", function)?;
     if version.minor >= 15 {
-        // An executable's thread-locals sit below the thread pointer (x86-64's TLS variant II).
+        let architecture = image.architecture();
         let no_decoder = |source| PythonError::NoDecoder { version, source };
-        return returned_thread_local(image.architecture(), code, function.address)
+        return returned_thread_local(architecture, code, function.address)
             .map_err(no_decoder)?
-            .filter(|&offset| offset < 0)
+            .filter(|&offset| executable_thread_local(architecture, offset))
             .and_then(|offset| i32::try_from(offset).ok())
             .map(ThreadState::ThreadLocal)
             .ok_or(PythonError::NoThreadLocal { version });
@@ -381,6 +385,46 @@ mod tests {
             .find(|r| r.start != eval.address)
             .unwrap();
         assert!(cold.end - cold.start > 1024, "{cold:x?}");
+    }
+
+    /// Debian 12's arm64 interpreter: the same readers, on the AArch64 decoder.
+    #[test]
+    fn debian_12s_arm64_python_3_11() {
+        use crate::arch::aarch64::test_files;
+        let data = test_files::read(test_files::PYTHON);
+        let elf = crate::binary::elf::Elf::parse(&data).unwrap();
+        let image = Image::of(&elf);
+        let interpreter = interpreter(&image).unwrap().expect("an interpreter");
+        assert_eq!(
+            (interpreter.version.major, interpreter.version.minor),
+            (3, 11)
+        );
+        // `_PyRuntime.autoTSSkey._key`: 16 bytes further than on x86-64, past the GIL's two
+        // `pthread_mutex_t`s, 8 bytes larger each on arm64.
+        assert_eq!(
+            interpreter.thread_state,
+            ThreadState::Key(interpreter.runtime.address + 0x264)
+        );
+        // Nothing split off the loop in this build: every direct branch in it lands inside
+        // it (`aarch64-linux-gnu-objdump -d` agrees), unlike x86-64's `.cold` part.
+        let eval = image.symbol("_PyEval_EvalFrameDefault").unwrap();
+        let own = eval.address..eval.address + eval.size;
+        assert_eq!(interpreter.eval, vec![own], "{:x?}", interpreter.eval);
+    }
+
+    /// Debian 12's arm64 shared libpython, which reaches `_PyRuntime` through its GOT: the key
+    /// is found from the slot's relocation.
+    #[test]
+    fn debian_12s_arm64_libpython_3_11() {
+        use crate::arch::aarch64::test_files;
+        let data = test_files::read(test_files::LIBPYTHON);
+        let elf = crate::binary::elf::Elf::parse(&data).unwrap();
+        let image = Image::of(&elf);
+        let interpreter = interpreter(&image).unwrap().expect("an interpreter");
+        assert_eq!(
+            interpreter.thread_state,
+            ThreadState::Key(interpreter.runtime.address + 0x264)
+        );
     }
 
     #[test]

@@ -6,6 +6,12 @@
 //! here. Either way the code-object offsets are checked against the binary's own
 //! `PyCode_Type` (its `tp_basicsize` and `tp_members`), so a table that does not fit the
 //! interpreter is refused rather than read.
+//!
+//! One table serves x86-64 and AArch64: both are LP64, and where their C layouts part is
+//! glibc's pthread types (`pthread_mutex_t` is 40 bytes on x86-64, 48 on AArch64), which
+//! none of these structures holds before a field read here (3.11's headers compiled with
+//! `gcc` and `aarch64-linux-gnu-gcc` give every offset below alike). `_PyRuntime`'s
+//! `autoTSSkey`, which lies past the GIL's mutexes and moves, is read from code instead.
 
 use super::Version;
 
@@ -60,7 +66,7 @@ pub struct Offsets {
     pub bytes_data: u16,
 }
 
-/// 3.11 on x86-64 (CPython's `Include/internal/pycore_frame.h` and `pycore_code.h` of 3.11).
+/// 3.11 (CPython's `Include/internal/pycore_frame.h` and `pycore_code.h` of 3.11).
 const PYTHON_3_11: Offsets = Offsets {
     tstate_cframe: Some(56),
     current_frame: 8,
@@ -85,7 +91,7 @@ const PYTHON_3_11: Offsets = Offsets {
     bytes_data: 32,
 };
 
-/// 3.12 on x86-64 (CPython 3.12's headers): `f_code` moved to the frame's start, the
+/// 3.12 (CPython 3.12's headers): `f_code` moved to the frame's start, the
 /// `_PyCFrame` lost its tracing byte, and `PyASCIIObject` its `wstr`.
 const PYTHON_3_12: Offsets = Offsets {
     tstate_cframe: Some(56),

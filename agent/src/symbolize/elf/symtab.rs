@@ -210,11 +210,19 @@ mod tests {
 
     /// `name@plt` -> address, as `objdump -d` labels the stubs of `binary`.
     fn objdump_plt(binary: &std::path::Path) -> std::collections::HashMap<String, u64> {
-        let output = std::process::Command::new("objdump")
+        objdump_plt_with("objdump", binary)
+    }
+
+    /// The same, with the objdump named `objdump`.
+    fn objdump_plt_with(
+        objdump: &str,
+        binary: &std::path::Path,
+    ) -> std::collections::HashMap<String, u64> {
+        let output = std::process::Command::new(objdump)
             .arg("-d")
             .arg(binary)
             .output()
-            .unwrap();
+            .unwrap_or_else(|e| panic!("{objdump}: {e} (`cargo xtask setup` installs it)"));
         assert!(output.status.success());
         String::from_utf8_lossy(&output.stdout)
             .lines()
@@ -261,6 +269,33 @@ mod tests {
                         "{name}: {address:#x}+{offset}"
                     );
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn names_arm64_plt_stubs_as_objdump_does() {
+        use crate::arch::aarch64::test_files;
+        let binary = test_files::existing(test_files::LIBC);
+        let expected = objdump_plt_with("aarch64-linux-gnu-objdump", binary);
+        assert!(expected.contains_key("calloc@plt"), "{expected:?}");
+        let data = Arc::new(FileData::map(binary).unwrap());
+        let file = object::File::parse(data.bytes()).unwrap();
+        let stubs = crate::arch::plt_stubs(&file);
+        // Every stub objdump names, and no other.
+        let mut named: Vec<(&str, u64)> = stubs.iter().map(|(a, _, n)| (n.as_str(), *a)).collect();
+        let mut wanted: Vec<(&str, u64)> = expected.iter().map(|(n, &a)| (n.as_str(), a)).collect();
+        named.sort_unstable();
+        wanted.sort_unstable();
+        assert_eq!(named, wanted);
+        let table = SymbolTable::read(&file, &data, &|| {});
+        for (stub, &address) in &expected {
+            for offset in [0, 4, 15] {
+                assert_eq!(
+                    table.lookup(address + offset),
+                    Some(stub.as_str()),
+                    "{address:#x}+{offset}"
+                );
             }
         }
     }
