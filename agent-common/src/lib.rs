@@ -1023,12 +1023,13 @@ pub struct PythonProc {
     /// Bits of a frame's code reference that are address (3.14 and 3.15 tag the low ones).
     pub code_mask: u64,
     pub eval_count: u32,
-    /// glibc: a key's value is at `fs_base + ((key + specific_bias) << specific_shift) +
-    /// specific_value`, for keys below `specific_keys`.
+    /// glibc: a key's value is at `thread_pointer + ((key + specific_bias) << specific_shift)
+    /// + specific_value`, for keys below `specific_keys`. `specific_value` is signed: arm64's
+    /// glibc keeps `struct pthread` below the thread pointer (TLS variant I).
     pub specific_keys: u32,
     pub specific_bias: u32,
     pub specific_shift: u32,
-    pub specific_value: u32,
+    pub specific_value: i32,
     /// `PyThreadState.cframe` (3.11, 3.12), or [`PYTHON_NO_CFRAME`].
     pub tstate_cframe: u16,
     /// The running frame, in the `_PyCFrame` or in the thread state.

@@ -79,12 +79,22 @@ pub fn ensure(target: &Target) -> Result<()> {
 
 /// Builds scorch for `target`; returns the binary, where cargo puts it.
 pub fn build(root: &Path, target: &Target) -> Result<PathBuf> {
+    build_in(root, target, None)
+}
+
+/// As [`build`], into `target_dir` when given (a directory kept outside a clone, so a fresh
+/// clone's build recompiles only what changed), else cargo's own.
+pub fn build_in(root: &Path, target: &Target, target_dir: Option<&Path>) -> Result<PathBuf> {
     setup::ensure_bpf_toolchain()?;
     ensure(target)?;
     let env_triple = target.triple.replace('-', "_");
     let gcc = target.tool("gcc");
+    let mut command = Command::new("cargo");
+    if let Some(dir) = target_dir {
+        command.env("CARGO_TARGET_DIR", dir);
+    }
     run_command(
-        Command::new("cargo")
+        command
             .current_dir(root)
             .args(["build", "--release", "--package", "scorch", "--target"])
             .arg(target.triple)
@@ -95,9 +105,12 @@ pub fn build(root: &Path, target: &Target) -> Result<PathBuf> {
             .env(format!("CC_{env_triple}"), &gcc)
             .env(format!("AR_{env_triple}"), target.tool("ar")),
     )?;
-    let dir = std::env::var_os("CARGO_TARGET_DIR")
-        .filter(|dir| !dir.is_empty())
-        .map_or_else(|| root.join("target"), |dir| root.join(dir));
+    let dir = match target_dir {
+        Some(dir) => dir.to_owned(),
+        None => std::env::var_os("CARGO_TARGET_DIR")
+            .filter(|dir| !dir.is_empty())
+            .map_or_else(|| root.join("target"), |dir| root.join(dir)),
+    };
     Ok(dir.join(target.triple).join("release/scorch"))
 }
 

@@ -281,9 +281,20 @@ fn test(root: &Path, filter: Option<&str>) -> Result<()> {
             .map(|k| k.to_string())
             .collect();
         vmtest::vm_test(root, &scorch, &kernels, true, &vmtest::X86_64)?;
+        // arm64: the same checks on Debian's arm64 kernels, scorch cross-built for them.
+        let arm64 = cross::build_in(
+            root,
+            cross::Target::named("aarch64-unknown-linux-gnu")?,
+            Some(Path::new(CROSS_TARGET_DIR)),
+        )?;
+        vmtest::vm_test(root, &arm64, &kernels, false, &vmtest::ARM64)?;
     }
     Ok(())
 }
+
+/// The cross build's target directory in `cargo xtask test`, beside the kernels and roots the
+/// tests cache outside the clone: a clean clone then rebuilds only what changed.
+const CROSS_TARGET_DIR: &str = "/var/cache/scorch-tests/target-cross";
 
 /// The unit, the manifests, then the .deb built from `scorch`, installed, run and purged.
 fn check_packaging(root: &Path, scorch: &Path) -> Result<()> {

@@ -59,12 +59,20 @@ const PACKAGES: &[&str] = &[
 /// Where Debian 12's arm64 packages the agent's unit tests read are unpacked, one directory
 /// each (the agent's `arch::aarch64::test_file` names the same paths): outside the clone, so
 /// a machine fetches them once.
-const ARM64_DEBS: &str = "/var/cache/scorch-tests/debian/bookworm-arm64";
+pub const ARM64_DEBS: &str = "/var/cache/scorch-tests/debian/bookworm-arm64";
 
 /// The arm64 CPython 3.11 of Debian 12: the interpreter (`python3.11-minimal`, libpython
 /// linked in) and the shared libpython (`libpython3.11`, which reaches `_PyRuntime` through
-/// its GOT), read by the arm64 CPython readers' tests.
-const ARM64_PACKAGES: &[&str] = &["python3.11-minimal", "libpython3.11"];
+/// its GOT), read by the arm64 CPython readers' tests; and what the interpreter needs to run
+/// in `cargo xtask vm-test --arch arm64`'s guests: its standard library's core
+/// (`libpython3.11-minimal`) and the libraries it links beyond glibc.
+pub const ARM64_PACKAGES: &[&str] = &[
+    "python3.11-minimal",
+    "libpython3.11",
+    "libpython3.11-minimal",
+    "zlib1g",
+    "libexpat1",
+];
 
 /// cargo-deb release for `cargo xtask package`; it builds with Rust 1.85 and later.
 const CARGO_DEB_VERSION: &str = "3.8.0";
@@ -185,7 +193,7 @@ pub fn ensure_packages(packages: &[&str]) -> Result<()> {
 
 /// Downloads and unpacks (never installs) [`ARM64_PACKAGES`], through apt lists of their own
 /// for arm64, so the host needs no `dpkg --add-architecture`.
-fn ensure_arm64_packages() -> Result<()> {
+pub fn ensure_arm64_packages() -> Result<()> {
     let dir = Path::new(ARM64_DEBS);
     let missing: Vec<&str> = ARM64_PACKAGES
         .iter()

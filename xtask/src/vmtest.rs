@@ -250,6 +250,10 @@ fn build_workloads(root: &Path, dir: &Path, machine: &Machine) -> Result<PathBuf
                 .arg(out.join(name)),
         )?;
     }
+    std::fs::copy(
+        root.join("tests/workloads/calltree.py"),
+        out.join("calltree.py"),
+    )?;
     // The Go call tree, stripped as images ship it, static (no cgo) for the bare guest.
     let go_cache = root.join("target/vm-test/go-cache");
     run_command(
@@ -659,7 +663,99 @@ fn base_initramfs(
             0o755,
         );
     }
+    archive.file(
+        "workloads/gotree",
+        &std::fs::read(workloads.join("gotree"))?,
+        0o755,
+    );
+    archive.file(
+        "workloads/calltree.py",
+        &std::fs::read(workloads.join("calltree.py"))?,
+        0o644,
+    );
+    for (inside, file) in python(machine)? {
+        archive.file(&inside, &std::fs::read(&file)?, 0o755);
+    }
     Ok(archive)
+}
+
+/// Debian 12's CPython 3.11 for `machine`, as (path in the guest, file) pairs: the interpreter
+/// at /usr/bin/python3.11, its standard library's core (`libpython3.11-minimal`: enough for
+/// the call tree's `random`, `sys` and `time`), and the libraries it links. The host's own
+/// packages on x86-64; on arm64, the ones `cargo xtask setup` unpacks.
+fn python(machine: &Machine) -> Result<Vec<(String, PathBuf)>> {
+    let mut files = Vec::new();
+    let add_tree = |root: &Path, under: &str, files: &mut Vec<(String, PathBuf)>| {
+        let start = root.join(under);
+        let mut pending = vec![start.clone()];
+        while let Some(dir) = pending.pop() {
+            for entry in
+                std::fs::read_dir(&dir).with_context(|| format!("listing {}", dir.display()))?
+            {
+                let path = entry?.path();
+                if path.is_dir() {
+                    pending.push(path);
+                } else if path.is_file() {
+                    let inside = path.strip_prefix(root)?.to_string_lossy().into_owned();
+                    files.push((inside, path));
+                }
+            }
+        }
+        anyhow::Ok(())
+    };
+    if !machine.foreign {
+        let listed = Command::new("dpkg")
+            .args(["-L", "libpython3.11-minimal"])
+            .output()
+            .context("listing libpython3.11-minimal (apt-get install python3.11)")?;
+        ensure!(
+            listed.status.success(),
+            "libpython3.11-minimal is not installed"
+        );
+        for line in String::from_utf8_lossy(&listed.stdout).lines() {
+            let path = Path::new(line);
+            if line.starts_with("/usr/lib/python3.11/") && path.is_file() {
+                files.push((line.trim_start_matches('/').to_owned(), path.to_owned()));
+            }
+        }
+        let interpreter = Path::new("/usr/bin/python3.11");
+        files.push(("usr/bin/python3.11".to_owned(), interpreter.to_owned()));
+        for library in shared_libraries(interpreter)? {
+            let inside = library.to_string_lossy().trim_start_matches('/').to_owned();
+            files.push((inside, library));
+        }
+        return Ok(files);
+    }
+    crate::setup::ensure_arm64_packages()?;
+    let debs = Path::new(crate::setup::ARM64_DEBS);
+    add_tree(
+        &debs.join("libpython3.11-minimal"),
+        "usr/lib/python3.11",
+        &mut files,
+    )?;
+    let interpreter = debs.join("python3.11-minimal/usr/bin/python3.11");
+    files.push(("usr/bin/python3.11".to_owned(), interpreter));
+    let triple = machine.tools.trim_end_matches('-');
+    for (package, library) in [("zlib1g", "libz.so.1"), ("libexpat1", "libexpat.so.1")] {
+        let file = debs.join(package).join("lib").join(triple).join(library);
+        let file = if file.exists() {
+            file
+        } else {
+            debs.join(package)
+                .join("usr/lib")
+                .join(triple)
+                .join(library)
+        };
+        ensure!(file.exists(), "{} has no {library}", package);
+        // The link's target, under the link's name.
+        files.push((
+            format!("lib/{triple}/{library}"),
+            std::fs::canonicalize(&file)?,
+        ));
+    }
+    let libm = Path::new(machine.sysroot).join("lib/libm.so.6");
+    files.push((format!("lib/{triple}/libm.so.6"), libm));
+    Ok(files)
 }
 
 /// The libraries `ldd` resolves for a binary, the dynamic loader included.

@@ -105,7 +105,7 @@ fn current_frame(python: &PythonProc) -> Option<u64> {
             return None;
         }
         ((key as u64 + python.specific_bias as u64) << (python.specific_shift & 15))
-            + python.specific_value as u64
+            .wrapping_add(python.specific_value as i64 as u64)
     };
     let tstate = read_u64(thread_pointer.wrapping_add(slot))?;
     if tstate == 0 {

@@ -297,7 +297,8 @@ fn pointer_authentication() -> Item {
             Status::Ok,
             "pointer authentication",
             format!(
-                "return addresses signed in bits {bits:#018x} (the kernel's NT_ARM_PAC_MASK),                  stripped to {:#x}",
+                "return addresses signed in bits {bits:#018x} (the kernel's NT_ARM_PAC_MASK), \
+                 stripped to {:#x}",
                 address_mask(Some(code))
             ),
             None,

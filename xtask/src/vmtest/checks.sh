@@ -45,6 +45,15 @@ step record-go "$SCORCH" record --pid "$workload" --frequency 199 --duration 10s
 kill "$workload" 2>/dev/null
 wait "$workload" 2>/dev/null
 
+# The Python call tree (tests/workloads/calltree.py) on the distribution's CPython 3.11, its
+# frames walked by the BPF program and named from the interpreter's memory.
+/usr/bin/python3.11 "$WORKLOADS/calltree.py" 900 &
+workload=$!
+step record-python "$SCORCH" record --pid "$workload" --frequency 199 --duration 10s \
+    --symbolize local --output "$R/calltree-py.folded"
+kill "$workload" 2>/dev/null
+wait "$workload" 2>/dev/null
+
 # Off-CPU time from the sched_switch hook: threads blocked 60/30/10% of the time in
 # sleep_in_nanosleep, read_from_pipe and wait_for_mutex.
 "$WORKLOADS/blocker" 900 &

@@ -83,10 +83,15 @@ impl Runtime for Hotspot {
         }
     }
 
-    /// libjvm exports its tables for the serviceability agent: a dynamic symbol.
+    /// libjvm exports its tables for the serviceability agent: a dynamic symbol. Only an
+    /// x86-64 one: the BPF walk knows that architecture's frame layouts (the interpreter's
+    /// slots, the return address above the saved frame pointer) and not arm64's yet, whose
+    /// JVMs are left to the native walk rather than read wrong.
     fn may_be(&self, elf: &object::File) -> bool {
-        elf.dynamic_symbols()
-            .any(|s| s.name_bytes() == Ok(b"gHotSpotVMStructs"))
+        elf.architecture() == object::Architecture::X86_64
+            && elf
+                .dynamic_symbols()
+                .any(|s| s.name_bytes() == Ok(b"gHotSpotVMStructs"))
     }
 
     fn detect(&self, image: &Image) -> Result<Option<Arc<dyn Binary>>, String> {

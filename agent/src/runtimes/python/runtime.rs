@@ -140,7 +140,9 @@ fn python_value(
         specific_keys: layout.first_block,
         specific_bias: layout.index_bias as u32,
         specific_shift: layout.entry_shift,
-        specific_value: layout.value_offset as u32,
+        // Within 64 KiB of the thread pointer either way (`arch::SpecificLayout`'s readers
+        // check it): the low 32 bits of the wrapped offset are the signed one.
+        specific_value: layout.value_offset as i32,
         tstate_cframe: offsets.tstate_cframe.unwrap_or(PYTHON_NO_CFRAME),
         current_frame: offsets.current_frame,
         frame_code: offsets.frame_code,
