@@ -194,8 +194,29 @@ pub fn ensure_packages(packages: &[&str]) -> Result<()> {
 /// Downloads and unpacks (never installs) [`ARM64_PACKAGES`], through apt lists of their own
 /// for arm64, so the host needs no `dpkg --add-architecture`.
 pub fn ensure_arm64_packages() -> Result<()> {
-    let dir = Path::new(ARM64_DEBS);
-    let missing: Vec<&str> = ARM64_PACKAGES
+    ensure_debian_packages("arm64", Path::new(ARM64_DEBS), ARM64_PACKAGES)
+}
+
+/// Where Debian 12's amd64 CPython 3.11 is unpacked for `cargo xtask vm-test`'s x86-64 guests
+/// and host row: the same interpreter on any host distribution.
+pub const AMD64_DEBS: &str = "/var/cache/scorch-tests/debian/bookworm-amd64";
+
+/// The x86-64 guests' CPython 3.11, as [`ARM64_PACKAGES`] gives arm64's.
+const AMD64_PACKAGES: &[&str] = &[
+    "python3.11-minimal",
+    "libpython3.11-minimal",
+    "zlib1g",
+    "libexpat1",
+];
+
+/// Downloads and unpacks [`AMD64_PACKAGES`] under [`AMD64_DEBS`].
+pub fn ensure_amd64_packages() -> Result<()> {
+    ensure_debian_packages("amd64", Path::new(AMD64_DEBS), AMD64_PACKAGES)
+}
+
+/// Downloads Debian 12's `packages` for `arch` and unpacks each under `dir`, once.
+fn ensure_debian_packages(arch: &str, dir: &Path, packages: &[&str]) -> Result<()> {
+    let missing: Vec<&str> = packages
         .iter()
         .copied()
         .filter(|p| !dir.join(p).join(".complete").exists())
@@ -203,7 +224,7 @@ pub fn ensure_arm64_packages() -> Result<()> {
     if missing.is_empty() {
         return Ok(());
     }
-    eprintln!("xtask: fetching Debian 12's arm64 {}", missing.join(" "));
+    eprintln!("xtask: fetching Debian 12's {arch} {}", missing.join(" "));
     let apt = dir.join("apt");
     for sub in ["lists/partial", "archives/partial", "cache", "download"] {
         let sub = apt.join(sub);
@@ -212,8 +233,10 @@ pub fn ensure_arm64_packages() -> Result<()> {
     let sources = apt.join("sources.list");
     std::fs::write(
         &sources,
-        "deb [arch=arm64 signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] \
-         http://deb.debian.org/debian bookworm main\n",
+        format!(
+            "deb [arch={arch} signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] \
+             http://deb.debian.org/debian bookworm main\n"
+        ),
     )
     .with_context(|| format!("writing {}", sources.display()))?;
     let options = [
@@ -222,8 +245,8 @@ pub fn ensure_arm64_packages() -> Result<()> {
         format!("-oDir::State::Lists={}", apt.join("lists").display()),
         format!("-oDir::Cache::Archives={}", apt.join("archives").display()),
         format!("-oDir::Cache={}", apt.join("cache").display()),
-        "-oAPT::Architecture=arm64".to_owned(),
-        "-oAPT::Architectures::=arm64".to_owned(),
+        format!("-oAPT::Architecture={arch}"),
+        format!("-oAPT::Architectures::={arch}"),
         // The directories belong to root; apt's sandbox user could not write them.
         "-oAPT::Sandbox::User=root".to_owned(),
     ];
@@ -241,13 +264,14 @@ pub fn ensure_arm64_packages() -> Result<()> {
                 .args(["download", "-q", package]),
         )?;
         let prefix = format!("{package}_");
+        let suffix = format!("_{arch}.deb");
         let deb = std::fs::read_dir(&download)
             .with_context(|| format!("listing {}", download.display()))?
             .filter_map(|e| e.ok().map(|e| e.path()))
             .find(|p| {
                 p.file_name()
                     .and_then(|n| n.to_str())
-                    .is_some_and(|n| n.starts_with(&prefix) && n.ends_with("_arm64.deb"))
+                    .is_some_and(|n| n.starts_with(&prefix) && n.ends_with(&suffix))
             })
             .with_context(|| format!("no {package} .deb in {}", download.display()))?;
         let root = dir.join(package);

@@ -58,6 +58,10 @@ pub struct Machine {
     frame_pointer_flags: &'static [&'static str],
     /// Go's name for the architecture (`GOARCH`).
     goarch: &'static str,
+    /// Debian's multiarch name for it (`lib/x86_64-linux-gnu`).
+    multiarch: &'static str,
+    /// Where the guest's glibc comes from (the host's, or the cross toolchain's).
+    libraries: &'static str,
     /// Debian packages the boot and the builds need beyond `cargo xtask setup`'s.
     packages: &'static [&'static str],
 }
@@ -75,6 +79,8 @@ pub const X86_64: Machine = Machine {
     no_frame_pointer_flags: &[],
     frame_pointer_flags: &[],
     goarch: "amd64",
+    multiarch: "x86_64-linux-gnu",
+    libraries: "/lib/x86_64-linux-gnu",
     packages: &[],
 };
 
@@ -92,6 +98,8 @@ pub const ARM64: Machine = Machine {
     no_frame_pointer_flags: &["-mbranch-protection=standard"],
     frame_pointer_flags: &["-mno-omit-leaf-frame-pointer"],
     goarch: "arm64",
+    multiarch: "aarch64-linux-gnu",
+    libraries: "/usr/aarch64-linux-gnu/lib",
     packages: &["qemu-system-arm", "gcc-aarch64-linux-gnu"],
 };
 
@@ -291,6 +299,15 @@ fn run_host(dir: &Path, scorch: &Path, workloads: &Path) -> Result<Row> {
         .env("PORT", port.to_string())
         .env("STORE", host.join("store"))
         .env("WGET", "busybox wget")
+        // Debian 12's CPython 3.11, as the guests run it, whatever the host's Python is.
+        .env(
+            "PYTHON",
+            python_debs(&X86_64)?.join("python3.11-minimal/usr/bin/python3.11"),
+        )
+        .env(
+            "PYTHONHOME",
+            python_debs(&X86_64)?.join("libpython3.11-minimal/usr"),
+        )
         .status()
         .context("running checks.sh with busybox sh (is busybox-static installed?)")?;
     ensure!(status.success(), "checks.sh on the host: {status}");
@@ -679,82 +696,57 @@ fn base_initramfs(
     Ok(archive)
 }
 
+/// Where Debian 12's CPython 3.11 for `machine` is unpacked, one directory per package,
+/// fetched when missing (`cargo xtask setup` fetches arm64's for the unit tests too).
+fn python_debs(machine: &Machine) -> Result<PathBuf> {
+    if machine.foreign {
+        crate::setup::ensure_arm64_packages()?;
+        Ok(PathBuf::from(crate::setup::ARM64_DEBS))
+    } else {
+        crate::setup::ensure_amd64_packages()?;
+        Ok(PathBuf::from(crate::setup::AMD64_DEBS))
+    }
+}
+
 /// Debian 12's CPython 3.11 for `machine`, as (path in the guest, file) pairs: the interpreter
 /// at /usr/bin/python3.11, its standard library's core (`libpython3.11-minimal`: enough for
-/// the call tree's `random`, `sys` and `time`), and the libraries it links. The host's own
-/// packages on x86-64; on arm64, the ones `cargo xtask setup` unpacks.
+/// the call tree's `random`, `sys` and `time`), and the libraries it links beyond those
+/// scorch brings (libz, libexpat, and libm from where the guest's libc comes from).
 fn python(machine: &Machine) -> Result<Vec<(String, PathBuf)>> {
+    let debs = python_debs(machine)?;
     let mut files = Vec::new();
-    let add_tree = |root: &Path, under: &str, files: &mut Vec<(String, PathBuf)>| {
-        let start = root.join(under);
-        let mut pending = vec![start.clone()];
-        while let Some(dir) = pending.pop() {
-            for entry in
-                std::fs::read_dir(&dir).with_context(|| format!("listing {}", dir.display()))?
-            {
-                let path = entry?.path();
-                if path.is_dir() {
-                    pending.push(path);
-                } else if path.is_file() {
-                    let inside = path.strip_prefix(root)?.to_string_lossy().into_owned();
-                    files.push((inside, path));
-                }
+    let root = debs.join("libpython3.11-minimal");
+    let mut pending = vec![root.join("usr/lib/python3.11")];
+    while let Some(dir) = pending.pop() {
+        for entry in
+            std::fs::read_dir(&dir).with_context(|| format!("listing {}", dir.display()))?
+        {
+            let path = entry?.path();
+            if path.is_dir() {
+                pending.push(path);
+            } else if path.is_file() {
+                let inside = path.strip_prefix(&root)?.to_string_lossy().into_owned();
+                files.push((inside, path));
             }
         }
-        anyhow::Ok(())
-    };
-    if !machine.foreign {
-        let listed = Command::new("dpkg")
-            .args(["-L", "libpython3.11-minimal"])
-            .output()
-            .context("listing libpython3.11-minimal (apt-get install python3.11)")?;
-        ensure!(
-            listed.status.success(),
-            "libpython3.11-minimal is not installed"
-        );
-        for line in String::from_utf8_lossy(&listed.stdout).lines() {
-            let path = Path::new(line);
-            if line.starts_with("/usr/lib/python3.11/") && path.is_file() {
-                files.push((line.trim_start_matches('/').to_owned(), path.to_owned()));
-            }
-        }
-        let interpreter = Path::new("/usr/bin/python3.11");
-        files.push(("usr/bin/python3.11".to_owned(), interpreter.to_owned()));
-        for library in shared_libraries(interpreter)? {
-            let inside = library.to_string_lossy().trim_start_matches('/').to_owned();
-            files.push((inside, library));
-        }
-        return Ok(files);
     }
-    crate::setup::ensure_arm64_packages()?;
-    let debs = Path::new(crate::setup::ARM64_DEBS);
-    add_tree(
-        &debs.join("libpython3.11-minimal"),
-        "usr/lib/python3.11",
-        &mut files,
-    )?;
     let interpreter = debs.join("python3.11-minimal/usr/bin/python3.11");
     files.push(("usr/bin/python3.11".to_owned(), interpreter));
-    let triple = machine.tools.trim_end_matches('-');
+    let multiarch = machine.multiarch;
     for (package, library) in [("zlib1g", "libz.so.1"), ("libexpat1", "libexpat.so.1")] {
-        let file = debs.join(package).join("lib").join(triple).join(library);
-        let file = if file.exists() {
-            file
-        } else {
-            debs.join(package)
-                .join("usr/lib")
-                .join(triple)
-                .join(library)
-        };
-        ensure!(file.exists(), "{} has no {library}", package);
+        let file = ["lib", "usr/lib"]
+            .iter()
+            .map(|dir| debs.join(package).join(dir).join(multiarch).join(library))
+            .find(|file| file.exists())
+            .with_context(|| format!("{package} has no {library} in {}", debs.display()))?;
         // The link's target, under the link's name.
         files.push((
-            format!("lib/{triple}/{library}"),
+            format!("lib/{multiarch}/{library}"),
             std::fs::canonicalize(&file)?,
         ));
     }
-    let libm = Path::new(machine.sysroot).join("lib/libm.so.6");
-    files.push((format!("lib/{triple}/libm.so.6"), libm));
+    let libm = Path::new(machine.libraries).join("libm.so.6");
+    files.push((format!("lib/{multiarch}/libm.so.6"), libm));
     Ok(files)
 }
 

@@ -1,8 +1,10 @@
 # The checks of `cargo xtask vm-test`, the same on the host and inside each VM (run there by
 # init.sh). Every step leaves NAME.out (its output) and NAME.rc (its exit status) in $RESULTS;
 # xtask/src/vmtest.rs judges them, so this script decides nothing.
-# Environment: SCORCH (the binary), WORKLOADS (the static test programs), RESULTS, PORT (for
-# scorch run's HTTP server), STORE (a scratch store directory), WGET (a wget command).
+# Environment: SCORCH (the binary), WORKLOADS (the test programs), RESULTS, PORT (for
+# scorch run's HTTP server), STORE (a scratch store directory), WGET (a wget command), and
+# on the host PYTHON and PYTHONHOME (Debian 12's CPython 3.11, which the guests have at
+# /usr/bin/python3.11).
 set -u
 R=$RESULTS
 WGET=${WGET:-wget}
@@ -45,9 +47,9 @@ step record-go "$SCORCH" record --pid "$workload" --frequency 199 --duration 10s
 kill "$workload" 2>/dev/null
 wait "$workload" 2>/dev/null
 
-# The Python call tree (tests/workloads/calltree.py) on the distribution's CPython 3.11, its
-# frames walked by the BPF program and named from the interpreter's memory.
-/usr/bin/python3.11 "$WORKLOADS/calltree.py" 900 &
+# The Python call tree (tests/workloads/calltree.py) on Debian 12's CPython 3.11 (PYTHON, on
+# the host), its frames walked by the BPF program and named from the interpreter's memory.
+${PYTHON:-/usr/bin/python3.11} "$WORKLOADS/calltree.py" 900 &
 workload=$!
 step record-python "$SCORCH" record --pid "$workload" --frequency 199 --duration 10s \
     --symbolize local --output "$R/calltree-py.folded"
