@@ -300,7 +300,16 @@ fn judge_check(output: &str, status: Option<i32>, no_btf: bool) -> Outcome {
     if !justified.is_empty() {
         return Outcome::Skip(justified.join("; "));
     }
-    Outcome::Pass(format!("{lines} OK"))
+    // What the kernel's verifier walked of the sampler's unwinder: the margin to its limit.
+    let verified = output
+        .lines()
+        .find(|l| l.contains("BPF unwinder"))
+        .and_then(|l| l.split("the verifier walked ").nth(1))
+        .and_then(|rest| rest.split(' ').next());
+    match verified {
+        Some(n) => Outcome::Pass(format!("{lines} OK; unwinder verified in {n} instructions")),
+        None => Outcome::Pass(format!("{lines} OK")),
+    }
 }
 
 /// A recording whose maps all sat at their least ceilings: it sampled, its stack maps held
@@ -589,6 +598,14 @@ mod tests {
         assert_eq!(
             judge_check(ok, Some(0), false),
             Outcome::Pass("2 OK".into())
+        );
+        let unwinder = format!(
+            "{ok}OK   BPF unwinder           user stacks walked with .eh_frame tables (--unwind \
+             auto); the verifier walked 54505 instructions of its 1,000,000\n"
+        );
+        assert_eq!(
+            judge_check(&unwinder, Some(0), false),
+            Outcome::Pass("3 OK; unwinder verified in 54505 instructions".into())
         );
         let warn = format!("{ok}WARN kptr_restrict          0: hides addresses\n");
         assert!(matches!(
