@@ -21,12 +21,18 @@ pub struct Target {
     prefix: &'static str,
     /// The Debian package of its C cross compiler (binutils come with it).
     package: &'static str,
+    /// Debian's name for the architecture (a .deb's `Architecture`).
+    pub debian: &'static str,
+    /// How readelf names its ELF machine.
+    pub elf_machine: &'static str,
 }
 
 const TARGETS: &[Target] = &[Target {
     triple: "aarch64-unknown-linux-gnu",
     prefix: "aarch64-linux-gnu-",
     package: "gcc-aarch64-linux-gnu",
+    debian: "arm64",
+    elf_machine: "AArch64",
 }];
 
 impl Target {

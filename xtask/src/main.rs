@@ -48,6 +48,10 @@ enum Task {
         /// install, run and purge (as root).
         #[arg(long)]
         check: bool,
+        /// Package a cross build for this target (`aarch64-unknown-linux-gnu`): the .deb of
+        /// its architecture, checked to hold a binary for it.
+        #[arg(long, conflicts_with = "check")]
+        target: Option<String>,
     },
     /// Check that the agent's modules import only downward (the order lib.rs declares), that
     /// no file has more than 800 lines of non-test code, and that the README (size, first
@@ -154,7 +158,20 @@ fn main() -> Result<()> {
             let host = !no_host && machine.debian == vmtest::X86_64.debian;
             vmtest::vm_test(&root, &scorch, &kernels, host, machine)
         }
-        Task::Package { check } => {
+        Task::Package {
+            target: Some(target),
+            ..
+        } => {
+            setup::setup()?;
+            let cross = cross::Target::named(&target)?;
+            // The man pages and completions come from the CLI, which this machine's build
+            // runs; the packaged binary is the target's.
+            let host = build(&root)?;
+            let scorch = cross::build(&root, cross)?;
+            let deb = package::package_for(&root, &host, Some(cross), None)?;
+            package::check_foreign_deb(&deb, &scorch, cross)
+        }
+        Task::Package { check, .. } => {
             setup::setup()?;
             let scorch = build(&root)?;
             if check {
@@ -288,6 +305,11 @@ fn test(root: &Path, filter: Option<&str>) -> Result<()> {
             Some(Path::new(CROSS_TARGET_DIR)),
         )?;
         vmtest::vm_test(root, &arm64, &kernels, false, &vmtest::ARM64)?;
+        // And its .deb: arm64's, holding that build.
+        let cross_dir = Path::new(CROSS_TARGET_DIR);
+        let target = cross::Target::named("aarch64-unknown-linux-gnu")?;
+        let deb = package::package_for(root, &scorch, Some(target), Some(cross_dir))?;
+        package::check_foreign_deb(&deb, &arm64, target)?;
     }
     Ok(())
 }

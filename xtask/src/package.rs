@@ -135,8 +135,27 @@ pub fn check_dist(dist: &Dist) -> Result<()> {
 /// Builds `target/debian/scorch_<version>_<arch>.deb` from the release binary `scorch`:
 /// man pages and completions first (the binary writes them from its own CLI definition).
 pub fn package(root: &Path, scorch: &Path) -> Result<PathBuf> {
-    // cargo-deb reads assets under `target/release/` from the real target directory.
-    let assets = root.join("target/release/package-assets");
+    package_for(root, scorch, None, None)
+}
+
+/// As [`package`], for `target`'s cross build when given (cargo-deb reads it from
+/// `TARGET_DIR/TRIPLE/release/`, `target_dir` the cross build's target directory when not
+/// the clone's): `scorch`, a binary this machine runs, writes the man pages and completions,
+/// which are the same for every architecture.
+pub fn package_for(
+    root: &Path,
+    scorch: &Path,
+    target: Option<&crate::cross::Target>,
+    target_dir: Option<&Path>,
+) -> Result<PathBuf> {
+    // cargo-deb reads assets under `target/release/` (`target/TRIPLE/release/` for a cross
+    // build) from the real target directory.
+    let dir = target_dir.map_or_else(|| root.join("target"), Path::to_path_buf);
+    let release = match target {
+        Some(target) => dir.join(target.triple).join("release"),
+        None => dir.join("release"),
+    };
+    let assets = release.join("package-assets");
     let _ = std::fs::remove_dir_all(&assets);
     let man = assets.join("man");
     run_command(Command::new(scorch).arg("man").arg(&man))?;
@@ -165,9 +184,17 @@ pub fn package(root: &Path, scorch: &Path) -> Result<PathBuf> {
         std::fs::write(&path, &output.stdout)
             .with_context(|| format!("writing {}", path.display()))?;
     }
-    let output = Command::new("cargo")
+    let mut command = Command::new("cargo");
+    command
         .current_dir(root)
-        .args(["deb", "--package", "scorch", "--no-build"])
+        .args(["deb", "--package", "scorch", "--no-build"]);
+    if let Some(target) = target {
+        command.args(["--target", target.triple]);
+    }
+    if let Some(dir) = target_dir {
+        command.env("CARGO_TARGET_DIR", dir);
+    }
+    let output = command
         .output()
         .context("running cargo deb (cargo xtask setup installs it)")?;
     ensure!(
@@ -183,6 +210,61 @@ pub fn package(root: &Path, scorch: &Path) -> Result<PathBuf> {
     );
     eprintln!("xtask: built {}", deb.display());
     Ok(deb)
+}
+
+/// A cross build's .deb: of the target's Debian architecture, its `/usr/bin/scorch` the
+/// binary built for it (the same bytes, less what cargo-deb moved to the debug file, so
+/// compared by ELF machine and build id).
+pub fn check_foreign_deb(deb: &Path, scorch: &Path, target: &crate::cross::Target) -> Result<()> {
+    let field = |name: &str| -> Result<String> {
+        let output = Command::new("dpkg-deb")
+            .arg("-f")
+            .arg(deb)
+            .arg(name)
+            .output()
+            .context("running dpkg-deb")?;
+        ensure!(output.status.success(), "dpkg-deb -f {}", deb.display());
+        Ok(String::from_utf8_lossy(&output.stdout).trim().to_owned())
+    };
+    let architecture = field("Architecture")?;
+    ensure!(
+        architecture == target.debian,
+        "{} is for {architecture}, not {}",
+        deb.display(),
+        target.debian
+    );
+    let dir = deb.with_extension("unpacked");
+    let _ = std::fs::remove_dir_all(&dir);
+    run_command(Command::new("dpkg-deb").arg("-x").arg(deb).arg(&dir))?;
+    let header = |path: &Path| -> Result<String> {
+        let output = Command::new(target.tool("readelf"))
+            .args(["-h", "-n"])
+            .arg(path)
+            .output()
+            .with_context(|| format!("running {}", target.tool("readelf")))?;
+        ensure!(output.status.success(), "readelf {}", path.display());
+        let text = String::from_utf8_lossy(&output.stdout);
+        Ok(text
+            .lines()
+            .filter(|l| l.contains("Machine:") || l.contains("Build ID:"))
+            .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+            .collect::<Vec<_>>()
+            .join("; "))
+    };
+    let packaged = header(&dir.join("usr/bin/scorch"))?;
+    let built = header(scorch)?;
+    std::fs::remove_dir_all(&dir)?;
+    ensure!(
+        packaged == built && packaged.contains(target.elf_machine),
+        "the .deb's /usr/bin/scorch ({packaged}) is not the {} build ({built})",
+        target.triple
+    );
+    eprintln!(
+        "xtask: {} holds the {} build ({packaged})",
+        deb.display(),
+        target.triple
+    );
+    Ok(())
 }
 
 /// `systemd-analyze verify` must print nothing, and the offline security rating must be at
