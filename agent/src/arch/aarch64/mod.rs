@@ -7,6 +7,9 @@ pub mod pac;
 
 use super::Relocation;
 
+/// The architecture as `object` names it: the code this build's BPF walk unwinds.
+pub const ARCHITECTURE: object::Architecture = object::Architecture::Aarch64;
+
 /// Where `struct task_struct` keeps the thread pointer a user thread's TLS is found from
 /// (`TPIDR_EL0`, saved at each context switch; glibc's `struct pthread` sits below it).
 pub const THREAD_POINTER: &[&str] = &["thread", "uw", "tp_value"];

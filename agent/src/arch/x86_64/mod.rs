@@ -5,6 +5,9 @@ pub mod plt;
 
 use super::Relocation;
 
+/// The architecture as `object` names it: the code this build's BPF walk unwinds.
+pub const ARCHITECTURE: object::Architecture = object::Architecture::X86_64;
+
 /// Where `struct task_struct` keeps the thread pointer a user thread's TLS is found from
 /// (the `fs` base, which glibc points at the thread's `struct pthread`).
 pub const THREAD_POINTER: &[&str] = &["thread", "fsbase"];

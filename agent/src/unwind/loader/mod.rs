@@ -491,6 +491,16 @@ impl<M> Unwinder<M> {
 /// binary has none the BPF side can use; why is logged, as it is data about the binary, not a
 /// fault of the agent.
 fn build_from(elf: &Elf<'_>, path: &Path) -> Option<Built> {
+    // The walk evaluates rows for this machine's registers: another architecture's code (an
+    // emulator such as qemu-user maps it) gets no table, rather than rules naming others.
+    let architecture = object::Object::architecture(elf.object());
+    if architecture != crate::arch::native::ARCHITECTURE {
+        tracing::debug!(
+            "no unwind table for {}: {architecture:?} code, not this machine's",
+            path.display()
+        );
+        return None;
+    }
     let table = UnwindTable::of(path, elf)
         .map_err(|err| tracing::debug!("unwind table for {}: {err}", path.display()))
         .ok()?;
@@ -530,6 +540,17 @@ mod tests {
         assert!(built.segments[0].is_executable());
         assert_eq!(built.base, built.segments[0].address);
         assert!(!built.rows.is_empty());
+    }
+
+    /// Another architecture's library gets no table, though its rows could be read.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn another_architecture_s_library_gets_no_table() {
+        let path = Path::new("/usr/aarch64-linux-gnu/lib/libc.so.6");
+        let data = std::fs::read(path).expect("libc6-arm64-cross (cargo xtask setup)");
+        let elf = Elf::parse(&data).unwrap();
+        assert!(UnwindTable::of(path, &elf).is_ok());
+        assert!(build_from(&elf, path).is_none());
     }
 
     /// A Go toolchain binary without a GNU build id is keyed by its Go one, as the symbolizer
