@@ -347,9 +347,9 @@ pub enum RaKind {
 /// | 6 | `kinds: u8` | bits 0-2 [`CfaKind`], bit 3 [`RaKind`], bits 4-7 [`FpKind`] |
 /// | 7 | `fp_offset: i8` | per [`FpKind`], in units of 8 bytes; for [`CfaKind::Plt`] the threshold |
 ///
-/// On arm64 the frame record's offset from the CFA reaches tens of KiB in large frames (one
-/// glibc row in twenty lies beyond the +-1 KiB an i8 of words reaches), but the record lies
-/// near the register the CFA is computed from: [`FpKind::RecordFromBase`].
+/// On arm64 a large frame keeps its frame record far below the CFA, beyond the +-1 KiB an i8
+/// of words reaches, but near the register the CFA is computed from (the prologue stores it
+/// at the new stack pointer): [`FpKind::RecordFromBase`].
 ///
 /// Why this shape: the anchors use 8 bytes (lightswitch) to 14 (Parca) per row, and a busy
 /// host holds hundreds of thousands of rows in BPF maps. A full u32 pc (offset from the base)

@@ -396,6 +396,13 @@ fn table_step(walk: &mut WalkState, mapping: &UnwindMapping, row_pc: u32, lr_val
         },
         _ => walk.fp_known = 0,
     }
+    to_caller(walk, return_address, cfa)
+}
+
+/// Moves the walk to the caller at `return_address`, whose stack pointer is `cfa`; a return
+/// address of 0 is the outermost frame's (the C runtime clears it), and ends the walk.
+#[inline(always)]
+fn to_caller(walk: &mut WalkState, return_address: u64, cfa: u64) -> u32 {
     if return_address == 0 {
         return UnwindOutcome::Completed as u32;
     }
@@ -417,12 +424,7 @@ fn link_register_step(walk: &mut WalkState, cfa: u64, fp_kind: FpKind, lr_valid:
         walk.fp_known = 0;
     }
     let return_address = arch::return_address(walk.lr);
-    if return_address == 0 {
-        return UnwindOutcome::Completed as u32;
-    }
-    walk.pc = return_address;
-    walk.sp = cfa;
-    WALKING
+    to_caller(walk, return_address, cfa)
 }
 
 /// The caller by a frame record `{caller's FP, return address}` at CFA + `fp_offset`
@@ -455,12 +457,7 @@ fn record_step(
         word(walk, 1)
     };
     let return_address = arch::return_address(return_address);
-    if return_address == 0 {
-        return UnwindOutcome::Completed as u32;
-    }
-    walk.pc = return_address;
-    walk.sp = cfa;
-    WALKING
+    to_caller(walk, return_address, cfa)
 }
 
 /// A signal trampoline: the interrupted registers are in the `ucontext` on the stack. The
@@ -627,8 +624,10 @@ pub fn frame(walk: &mut WalkState, procs: &ProcMappings) -> u32 {
     }
     walk.return_address = 1;
     // The link register is this frame's only: whatever step is taken, the caller's is not.
-    let lr_valid = walk.lr_valid != 0;
-    walk.lr_valid = 0;
+    let lr_valid = arch::LINK_REGISTER && walk.lr_valid != 0;
+    if arch::LINK_REGISTER {
+        walk.lr_valid = 0;
+    }
     match mapping {
         Some(m) if m.state == MAPPING_TABLE_LOADED => {
             let row_pc = lookup.wrapping_sub(m.bias);
