@@ -5,7 +5,9 @@
 
 mod bench;
 mod cross;
+mod image;
 mod lint;
+mod machine;
 mod package;
 mod setup;
 mod vmtest;
@@ -52,6 +54,16 @@ enum Task {
         /// its architecture, checked to hold a binary for it.
         #[arg(long, conflicts_with = "check")]
         target: Option<String>,
+    },
+    /// Build the container image for x86-64 and arm64 (scorch cross-built): one OCI image
+    /// index, tagged with the version, in the OCI image layout target/image/, written without
+    /// a container engine. Push both platforms under one tag with `skopeo copy --all
+    /// oci:target/image:VERSION docker://REGISTRY/scorch:VERSION`.
+    Image {
+        /// Then read it back with skopeo and umoci, and run this machine's platform from its
+        /// root filesystem: `scorch check` and a recording (as root).
+        #[arg(long)]
+        check: bool,
     },
     /// Check that the agent's modules import only downward (the order lib.rs declares), that
     /// no file has more than 800 lines of non-test code, and that the README (size, first
@@ -141,9 +153,9 @@ fn main() -> Result<()> {
             arch,
         } => {
             setup::setup()?;
-            let machine = vmtest::Machine::named(&arch)?;
-            let scorch = if machine.debian == vmtest::ARM64.debian {
-                cross::build(&root, cross::Target::named("aarch64-unknown-linux-gnu")?)?
+            let machine = machine::Machine::named(&arch)?;
+            let scorch = if machine.debian == machine::ARM64.debian {
+                cross::build(&root, cross::Target::named(ARM64_TRIPLE)?)?
             } else {
                 build(&root)?
             };
@@ -155,8 +167,14 @@ fn main() -> Result<()> {
             } else {
                 kernels
             };
-            let host = !no_host && machine.debian == vmtest::X86_64.debian;
+            let host = !no_host && machine.debian == machine::X86_64.debian;
             vmtest::vm_test(&root, &scorch, &kernels, host, machine)
+        }
+        Task::Image { check } => {
+            setup::setup()?;
+            let host = build(&root)?;
+            let arm64 = cross::build(&root, cross::Target::named(ARM64_TRIPLE)?)?;
+            image(&root, &host, &arm64, check)
         }
         Task::Package {
             target: Some(target),
@@ -297,19 +315,43 @@ fn test(root: &Path, filter: Option<&str>) -> Result<()> {
             .iter()
             .map(|k| k.to_string())
             .collect();
-        vmtest::vm_test(root, &scorch, &kernels, true, &vmtest::X86_64)?;
+        vmtest::vm_test(root, &scorch, &kernels, true, &machine::X86_64)?;
         // arm64: the same checks on Debian's arm64 kernels, scorch cross-built for them.
         let arm64 = cross::build_in(
             root,
-            cross::Target::named("aarch64-unknown-linux-gnu")?,
+            cross::Target::named(ARM64_TRIPLE)?,
             Some(Path::new(CROSS_TARGET_DIR)),
         )?;
-        vmtest::vm_test(root, &arm64, &kernels, false, &vmtest::ARM64)?;
+        vmtest::vm_test(root, &arm64, &kernels, false, &machine::ARM64)?;
         // And its .deb: arm64's, holding that build.
         let cross_dir = Path::new(CROSS_TARGET_DIR);
-        let target = cross::Target::named("aarch64-unknown-linux-gnu")?;
+        let target = cross::Target::named(ARM64_TRIPLE)?;
         let deb = package::package_for(root, &scorch, Some(target), Some(cross_dir))?;
         package::check_foreign_deb(&deb, &arm64, target)?;
+        // The container image of both builds, read back and run.
+        image(root, &scorch, &arm64, true)?;
+    }
+    Ok(())
+}
+
+const ARM64_TRIPLE: &str = "aarch64-unknown-linux-gnu";
+
+/// Writes the multi-platform image of the `host` (x86-64) and `arm64` builds to target/image/,
+/// and checks it when asked.
+fn image(root: &Path, host: &Path, arm64: &Path, check: bool) -> Result<()> {
+    let builds = [(&machine::X86_64, host), (&machine::ARM64, arm64)];
+    let layout = root.join("target/image");
+    image::build(root, &builds, &layout)?;
+    eprintln!(
+        "xtask: image written to {} (tag {}); push it with `skopeo copy --all oci:{}:{} docker://REGISTRY/scorch:{}`",
+        layout.display(),
+        image::tag(),
+        layout.display(),
+        image::tag(),
+        image::tag(),
+    );
+    if check {
+        image::check(root, &layout, &builds)?;
     }
     Ok(())
 }

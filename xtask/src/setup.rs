@@ -29,7 +29,8 @@ const BPF_LINKER_VERSION: &str = "0.13.0";
 /// installed), heaptrack profiles the daemon's heap (`cargo xtask bench --only heap`),
 /// openjdk-17-jdk-headless is the JVM whose layout tables the HotSpot readers' tests read,
 /// libc6-arm64-cross is the arm64 glibc whose code the arm64 readers' unit tests read, and
-/// binutils-aarch64-linux-gnu the objdump they compare its PLT's names with.
+/// binutils-aarch64-linux-gnu the objdump they compare its PLT's names with; skopeo and umoci
+/// read the container image back (`cargo xtask image --check`).
 const PACKAGES: &[&str] = &[
     "gcc",
     "g++",
@@ -54,6 +55,8 @@ const PACKAGES: &[&str] = &[
     "openjdk-17-jdk-headless",
     "libc6-arm64-cross",
     "binutils-aarch64-linux-gnu",
+    "skopeo",
+    "umoci",
 ];
 
 /// Where Debian 12's arm64 packages the agent's unit tests read are unpacked, one directory

@@ -1,14 +1,15 @@
 //! `cargo xtask vm-test`: the same scorch build, booted under Debian's kernels in qemu (TCG),
 //! and on the host kernel, through the same checks (vmtest/checks.sh), judged here. With
-//! `--arch arm64` ([`ARM64`]), Debian's arm64 kernels under `qemu-system-aarch64`, with scorch
-//! and the workloads cross-built.
+//! `--arch arm64` ([`crate::machine::ARM64`]), Debian's arm64 kernels under
+//! `qemu-system-aarch64`, with scorch and the workloads cross-built.
 //!
 //! Each kernel comes from Debian's archive through apt (`apt-cache` picks the newest build of
 //! the asked version, `apt-get download` fetches it); only vmlinuz, its config and the few
 //! modules the initramfs needs are kept under target/vm-test/kernels/. The initramfs is an
-//! uncompressed cpio written here: the stripped scorch and the libraries ldd names, busybox,
-//! the static workloads, and vmtest/init.sh as PID 1. Results come back as a tar stream over a
-//! virtio-serial port, never scraped from the console.
+//! uncompressed cpio written here: the container image's files (scorch stripped, the
+//! libraries it loads; [`crate::image::root_filesystem`]), busybox, the static workloads,
+//! and vmtest/init.sh as PID 1. Results come back as a tar stream over a virtio-serial port,
+//! never scraped from the console.
 
 mod cpio;
 mod report;
@@ -22,109 +23,14 @@ use std::{
 
 use anyhow::{bail, ensure, Context, Result};
 
+use crate::image;
+use crate::machine::{Machine, X86_64};
 use crate::run_command;
 use report::Row;
 
 /// The kernels `cargo xtask test` boots: Debian 12's own (6.1) and the one Debian 13 ships,
 /// which bookworm-security also carries as `6.12.*+deb12`.
 pub const DEFAULT_KERNELS: &[&str] = &["6.1", "6.12"];
-
-/// A machine the kernels boot on: its Debian flavour, qemu, and the tools that build for it.
-#[derive(Debug)]
-pub struct Machine {
-    /// Debian's name for the architecture (`amd64`, `arm64`).
-    pub debian: &'static str,
-    /// The default kernel flavour: the cloud one is small (no hardware drivers) and boots
-    /// quickly.
-    flavour: &'static str,
-    /// This machine's own, or one apt fetches as a foreign architecture (`pkg:arm64`).
-    foreign: bool,
-    qemu: &'static str,
-    /// qemu's machine and CPU.
-    qemu_machine: &'static [&'static str],
-    /// The kernel's serial console.
-    console: &'static str,
-    /// Prefix of the C toolchain that builds the workloads (`aarch64-linux-gnu-`), empty for
-    /// the host's.
-    tools: &'static str,
-    /// Where that toolchain's libraries are, as the guest sees them at `/`.
-    sysroot: &'static str,
-    /// Flags added to a workload built without frame pointers: on arm64, return addresses
-    /// signed with pointer authentication, which the unwinder must strip.
-    no_frame_pointer_flags: &'static [&'static str],
-    /// Flags added to a workload built with frame pointers: arm64's gcc leaves them out of
-    /// leaf functions unless told, and a leaf without its frame record hides its caller from
-    /// a frame-pointer walk (its return address is only in x30).
-    frame_pointer_flags: &'static [&'static str],
-    /// Go's name for the architecture (`GOARCH`).
-    goarch: &'static str,
-    /// Debian's multiarch name for it (`lib/x86_64-linux-gnu`).
-    multiarch: &'static str,
-    /// Where the guest's glibc comes from (the host's, or the cross toolchain's).
-    libraries: &'static str,
-    /// Debian packages the boot and the builds need beyond `cargo xtask setup`'s.
-    packages: &'static [&'static str],
-}
-
-/// This machine: x86-64.
-pub const X86_64: Machine = Machine {
-    debian: "amd64",
-    flavour: "cloud-amd64",
-    foreign: false,
-    qemu: "qemu-system-x86_64",
-    qemu_machine: &["-cpu", "max"],
-    console: "ttyS0",
-    tools: "",
-    sysroot: "/",
-    no_frame_pointer_flags: &[],
-    frame_pointer_flags: &[],
-    goarch: "amd64",
-    multiarch: "x86_64-linux-gnu",
-    libraries: "/lib/x86_64-linux-gnu",
-    packages: &[],
-};
-
-/// arm64 under TCG. `pauth-impdef=on`: the kernels sign their own return addresses, and
-/// qemu's emulation of the architected algorithm (QARMA) makes a boot twice as slow.
-pub const ARM64: Machine = Machine {
-    debian: "arm64",
-    flavour: "cloud-arm64",
-    foreign: true,
-    qemu: "qemu-system-aarch64",
-    qemu_machine: &["-M", "virt", "-cpu", "max,pauth-impdef=on"],
-    console: "ttyAMA0",
-    tools: "aarch64-linux-gnu-",
-    sysroot: "/usr/aarch64-linux-gnu",
-    no_frame_pointer_flags: &["-mbranch-protection=standard"],
-    frame_pointer_flags: &["-mno-omit-leaf-frame-pointer"],
-    goarch: "arm64",
-    multiarch: "aarch64-linux-gnu",
-    libraries: "/usr/aarch64-linux-gnu/lib",
-    packages: &["qemu-system-arm", "gcc-aarch64-linux-gnu"],
-};
-
-impl Machine {
-    /// The machine Debian names `name`.
-    pub fn named(name: &str) -> Result<&'static Machine> {
-        [&X86_64, &ARM64]
-            .into_iter()
-            .find(|m| m.debian == name || (name == "x86-64" && m.debian == "amd64"))
-            .with_context(|| format!("vm-test boots amd64 (x86-64) or arm64, not {name:?}"))
-    }
-
-    fn tool(&self, tool: &str) -> String {
-        format!("{}{tool}", self.tools)
-    }
-
-    /// A package of this architecture, as apt-get names it.
-    fn package(&self, name: &str) -> String {
-        if self.foreign {
-            format!("{name}:{}", self.debian)
-        } else {
-            name.to_owned()
-        }
-    }
-}
 
 /// A VM that has not powered off by then has hung. A run takes well under two minutes even
 /// with the host's two cores shared; this leaves room for a loaded machine.
@@ -188,7 +94,7 @@ pub fn vm_test(
         rows.push(run_host(&dir, scorch, &workloads)?);
     }
     if !kernels.is_empty() {
-        let base = base_initramfs(&dir, scorch, &workloads, machine)?;
+        let base = base_initramfs(root, &dir, scorch, &workloads, machine)?;
         for spec in kernels {
             let started = Instant::now();
             let row = match run_kernel(&dir, &base, spec, machine) {
@@ -630,6 +536,7 @@ fn module_depends(module: &[u8]) -> Vec<String> {
 
 /// Everything but the modules: the same for every kernel.
 fn base_initramfs(
+    root: &Path,
     dir: &Path,
     scorch: &Path,
     workloads: &Path,
@@ -649,27 +556,29 @@ fn base_initramfs(
     }
     archive.file("init", INIT.as_bytes(), 0o755);
     archive.file("checks.sh", CHECKS.as_bytes(), 0o644);
-    // The shipped binary keeps its line tables (92 MB); the VM needs none of them, and a
+    // The container image's files (`cargo xtask image`), so every kernel runs what the
+    // image ships. Its binary keeps its line tables (92 MB); the VM needs none of them, and a
     // smaller initramfs boots faster under TCG.
-    let stripped = dir.join("scorch.stripped");
-    run_command(
-        Command::new(machine.tool("strip"))
-            .arg("-o")
-            .arg(&stripped)
-            .arg(scorch),
-    )?;
-    archive.file("usr/bin/scorch", &std::fs::read(&stripped)?, 0o755);
-    std::fs::remove_file(&stripped)?;
-    if machine.foreign {
-        for (inside, library) in foreign_libraries(scorch, machine)? {
-            archive.file(&inside, &std::fs::read(&library)?, 0o755);
+    for entry in image::root_filesystem(root, scorch, machine)? {
+        match entry.content {
+            image::Content::Directory => archive.directory(&entry.path),
+            _ if entry.path == image::BINARY => {
+                let stripped = dir.join("scorch.stripped");
+                run_command(
+                    Command::new(machine.tool("strip"))
+                        .arg("-o")
+                        .arg(&stripped)
+                        .arg(scorch),
+                )?;
+                archive.file(&entry.path, &std::fs::read(&stripped)?, entry.mode);
+                std::fs::remove_file(&stripped)?;
+            }
+            _ => archive.file(&entry.path, &entry.bytes()?, entry.mode),
         }
+    }
+    if machine.foreign {
         archive.file("bin/busybox", &foreign_busybox(dir, machine)?, 0o755);
     } else {
-        for library in shared_libraries(scorch)? {
-            let inside = library.to_string_lossy().trim_start_matches('/').to_owned();
-            archive.file(&inside, &std::fs::read(&library)?, 0o755);
-        }
         let busybox = which("busybox")?;
         archive.file("bin/busybox", &std::fs::read(busybox)?, 0o755);
     }
@@ -750,74 +659,6 @@ fn python(machine: &Machine) -> Result<Vec<(String, PathBuf)>> {
     Ok(files)
 }
 
-/// The libraries `ldd` resolves for a binary, the dynamic loader included.
-fn shared_libraries(binary: &Path) -> Result<Vec<PathBuf>> {
-    let output = Command::new("ldd").arg(binary).output()?;
-    ensure!(output.status.success(), "ldd {}", binary.display());
-    Ok(String::from_utf8_lossy(&output.stdout)
-        .lines()
-        .filter_map(|line| {
-            // `libc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x...)` or `/lib64/ld-linux... (0x...)`
-            let path = line.split("=>").last()?.split_whitespace().next()?;
-            path.starts_with('/').then(|| PathBuf::from(path))
-        })
-        .collect())
-}
-
-/// A cross-built binary's libraries, from its toolchain's sysroot (host `ldd` cannot run
-/// it): each `NEEDED` entry and the loader (`PT_INTERP`), as `(path in the guest, file)`.
-/// Debian's loader looks in `/lib/TRIPLE/`, where they go.
-fn foreign_libraries(binary: &Path, machine: &Machine) -> Result<Vec<(String, PathBuf)>> {
-    let readelf = |flag: &str| -> Result<String> {
-        let output = Command::new(machine.tool("readelf"))
-            .arg(flag)
-            .arg(binary)
-            .output()
-            .with_context(|| format!("running {}", machine.tool("readelf")))?;
-        ensure!(
-            output.status.success(),
-            "readelf {flag} {}",
-            binary.display()
-        );
-        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
-    };
-    let lib = Path::new(machine.sysroot).join("lib");
-    let triple = machine.tools.trim_end_matches('-');
-    let mut libraries = Vec::new();
-    for line in readelf("-d")?.lines() {
-        // ` 0x0000000000000001 (NEEDED)             Shared library: [libc.so.6]`
-        let Some(name) = line
-            .contains("(NEEDED)")
-            .then(|| line.split('[').nth(1)?.split(']').next())
-            .flatten()
-        else {
-            continue;
-        };
-        let file = lib.join(name);
-        ensure!(
-            file.exists(),
-            "{} needs {name}, not in {}",
-            binary.display(),
-            lib.display()
-        );
-        libraries.push((format!("lib/{triple}/{name}"), file));
-    }
-    let interpreter = readelf("-l")?
-        .lines()
-        .find_map(|line| {
-            // `      [Requesting program interpreter: /lib/ld-linux-aarch64.so.1]`
-            let path = line.split("interpreter: ").nth(1)?.trim_end_matches(']');
-            Some(path.to_owned())
-        })
-        .context("the binary names no program interpreter")?;
-    let name = interpreter.rsplit('/').next().unwrap_or(&interpreter);
-    libraries.push((
-        interpreter.trim_start_matches('/').to_owned(),
-        lib.join(name),
-    ));
-    Ok(libraries)
-}
-
 /// `machine`'s static busybox, from Debian's busybox-static package for it, kept in `dir`.
 fn foreign_busybox(dir: &Path, machine: &Machine) -> Result<Vec<u8>> {
     let kept = dir.join("busybox");
@@ -843,16 +684,6 @@ fn which(program: &str) -> Result<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn machines_by_debian_name() {
-        assert_eq!(Machine::named("arm64").unwrap().qemu, "qemu-system-aarch64");
-        assert_eq!(Machine::named("amd64").unwrap().flavour, "cloud-amd64");
-        assert_eq!(Machine::named("x86-64").unwrap().debian, "amd64");
-        assert_eq!(ARM64.package("busybox-static"), "busybox-static:arm64");
-        assert_eq!(X86_64.package("busybox-static"), "busybox-static");
-        assert!(Machine::named("riscv64").is_err());
-    }
 
     #[test]
     fn versions_compare_numerically() {
