@@ -87,6 +87,7 @@ const KUBERNETES_VALIDATE_VERSION: &str = "1.37.0";
 pub fn setup() -> Result<()> {
     install_packages()?;
     ensure_arm64_packages()?;
+    ensure_libnode_packages()?;
     ensure_bpf_toolchain()?;
     ensure_cargo_deb()?;
     ensure_kubernetes_validate()
@@ -219,6 +220,32 @@ pub fn ensure_amd64_packages() -> Result<()> {
 
 /// Downloads Debian 12's `packages` for `arch` and unpacks each under `dir`, once.
 fn ensure_debian_packages(arch: &str, dir: &Path, packages: &[&str]) -> Result<()> {
+    ensure_suite_packages("bookworm", arch, dir, packages)
+}
+
+/// Where Debian's builds of libnode are unpacked, one directory per suite and package
+/// (`bookworm/libnode108/usr/lib/x86_64-linux-gnu/libnode.so.108`): the V8 readers' unit
+/// tests read their constants (`agent/src/runtimes/v8/tests.rs` names the same paths).
+pub const LIBNODE_DEBS: &str = "/var/cache/scorch-tests/debian/libnode";
+
+/// Node 18 (V8 10.2), 20 (11.3) and 24 (13.6), as Debian 12, 13 and unstable ship them.
+const LIBNODE_PACKAGES: &[(&str, &str)] = &[
+    ("bookworm", "libnode108"),
+    ("trixie", "libnode115"),
+    ("sid", "libnode137"),
+];
+
+/// Downloads and unpacks [`LIBNODE_PACKAGES`] under [`LIBNODE_DEBS`], once.
+pub fn ensure_libnode_packages() -> Result<()> {
+    for (suite, package) in LIBNODE_PACKAGES {
+        let dir = Path::new(LIBNODE_DEBS).join(suite);
+        ensure_suite_packages(suite, "amd64", &dir, &[package])?;
+    }
+    Ok(())
+}
+
+/// Downloads `suite`'s `packages` for `arch` and unpacks each under `dir`, once.
+fn ensure_suite_packages(suite: &str, arch: &str, dir: &Path, packages: &[&str]) -> Result<()> {
     let missing: Vec<&str> = packages
         .iter()
         .copied()
@@ -227,7 +254,10 @@ fn ensure_debian_packages(arch: &str, dir: &Path, packages: &[&str]) -> Result<(
     if missing.is_empty() {
         return Ok(());
     }
-    eprintln!("xtask: fetching Debian 12's {arch} {}", missing.join(" "));
+    eprintln!(
+        "xtask: fetching Debian {suite}'s {arch} {}",
+        missing.join(" ")
+    );
     let apt = dir.join("apt");
     for sub in ["lists/partial", "archives/partial", "cache", "download"] {
         let sub = apt.join(sub);
@@ -238,7 +268,7 @@ fn ensure_debian_packages(arch: &str, dir: &Path, packages: &[&str]) -> Result<(
         &sources,
         format!(
             "deb [arch={arch} signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] \
-             http://deb.debian.org/debian bookworm main\n"
+             http://deb.debian.org/debian {suite} main\n"
         ),
     )
     .with_context(|| format!("writing {}", sources.display()))?;
@@ -250,6 +280,8 @@ fn ensure_debian_packages(arch: &str, dir: &Path, packages: &[&str]) -> Result<(
         format!("-oDir::Cache={}", apt.join("cache").display()),
         format!("-oAPT::Architecture={arch}"),
         format!("-oAPT::Architectures::={arch}"),
+        // trixie's and sid's Release files here are past their Valid-Until date.
+        "-oAcquire::Check-Valid-Until=false".to_owned(),
         // The directories belong to root; apt's sandbox user could not write them.
         "-oAPT::Sandbox::User=root".to_owned(),
     ];

@@ -163,6 +163,21 @@ impl<'a> Image<'a> {
         Ok(i32::from_le_bytes(bytes.try_into().expect("4 bytes")))
     }
 
+    /// A little-endian i32 at `address`, or 0 where `address` is in a zero-filled section
+    /// (`.bss`): a constant whose value is 0 is placed there and has no bytes in the file.
+    pub fn i32_or_zero_at(&self, what: &'static str, address: u64) -> Result<i32, ImageError> {
+        let zero_filled = self.file.sections().any(|s| {
+            s.kind() == SectionKind::UninitializedData
+                && address >= s.address()
+                && address - s.address() < s.size()
+                && s.size() - (address - s.address()) >= 4
+        });
+        if zero_filled {
+            return Ok(0);
+        }
+        self.i32_at(what, address)
+    }
+
     /// A NUL-terminated string of at most `max` bytes at `address`.
     pub fn c_str_at(
         &self,

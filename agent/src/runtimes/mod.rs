@@ -23,11 +23,13 @@
 //! - `libc`: where glibc keeps a thread's `pthread_getspecific` values, which an interpreter
 //!   keeping its thread state under a pthread key needs ([`Support`]).
 //! - `python`: CPython 3.11 to 3.15.
+//! - `v8`: V8 (Node.js): its layout, read from its post-mortem constants; not yet walked.
 
 pub mod hotspot;
 pub mod image;
 pub mod libc;
 pub mod python;
+pub mod v8;
 
 use std::{any::Any, fmt, ops::Range, path::Path, sync::Arc};
 

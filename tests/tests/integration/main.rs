@@ -30,4 +30,5 @@ mod ui;
 mod ui_compare;
 mod ui_flame;
 mod unwind;
+mod v8_layout;
 mod workloads;

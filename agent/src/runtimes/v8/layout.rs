@@ -1,0 +1,383 @@
+//! What walking a V8 stack reads, typed: a build's tagging, a JavaScript frame's slots, the
+//! frame markers, the instance types and fields that lead from a frame to its function and
+//! its code. Pure: made from a build's [`Constants`].
+//!
+//! Most of it is exported by every release Node ships. What one release leaves out is given
+//! by a rule keyed on the version, and every rule is checked against the process's memory
+//! by the tests (`tests/tests/integration/v8_layout.rs`: a function's fields read at the
+//! addresses V8's own `%DebugPrint` gives), on Node 18 (V8 10.2), 20 (11.3) and 24 (13.6):
+//! - the range of instance types that are JavaScript functions (`JSFunction` has subclasses
+//!   for class constructors and others, exported as a range only since 13.x);
+//! - where a function keeps its code: a tagged `Code` pointer three words past its
+//!   `SharedFunctionInfo` before 11.7.368, a word before it from then; with leaptiering (V8
+//!   13, Node 24) that word holds a 32-bit handle into the isolate's dispatch table instead;
+//! - `Code`'s fields in 11.x, whose metadata V8 lost there: its instruction start is the
+//!   pointer two words past its source-position table, then its flags and instruction size.
+
+use super::constants::{Constants, Version};
+
+/// Why a build's layout was not made.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LayoutError {
+    #[error("V8 {version}: no {what} in its v8dbg constants")]
+    Missing { version: Version, what: String },
+    #[error("V8 {0} is older than 10.0, which no supported Node runs")]
+    TooOld(Version),
+    #[error("V8 builds with pointer compression are not walked (SmiShiftSize is {0}, not 31)")]
+    PointerCompression(i32),
+    #[error("V8 {version}: {what} is {value}, out of range")]
+    OutOfRange {
+        version: Version,
+        what: String,
+        value: i64,
+    },
+    #[error("no V8 version")]
+    NoVersion,
+}
+
+/// The oldest V8 read: Node 18's is 10.2.
+pub const OLDEST: Version = Version::new(10, 0, 0);
+
+/// Bytes in a pointer and a tagged word: 64-bit builds without pointer compression only.
+pub const POINTER: i32 = 8;
+
+/// A V8 build's layout, as the walk reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Layout {
+    pub version: Version,
+    pub tagging: Tagging,
+    pub frame: FrameSlots,
+    /// The frame markers (`EntryFrame`...), by value, with their names.
+    pub markers: Vec<(u32, String)>,
+    pub types: InstanceTypes,
+    /// `HeapObject::map`: the word every heap object starts with.
+    pub map: u16,
+    /// `Map::instance_type`: a 16-bit field of the map.
+    pub instance_type: u16,
+    /// `JSFunction::shared`: its `SharedFunctionInfo`.
+    pub function_shared: u16,
+    pub function_code: FunctionCode,
+    pub code: CodeFields,
+    pub code_kind: CodeKinds,
+}
+
+/// How tagged words are told apart: a heap object's address has `heap_object_tag` in its
+/// low bits; a small integer (Smi) has `smi_tag_mask` clear and its value in the upper half.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tagging {
+    pub heap_object_tag_mask: u64,
+    pub heap_object_tag: u64,
+    pub smi_tag_mask: u64,
+    /// A Smi's value is the word shifted right this much (32).
+    pub smi_shift: u32,
+}
+
+/// A JavaScript frame's slots, relative to its frame pointer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FrameSlots {
+    /// The function (a `JSFunction`) of a JavaScript frame.
+    pub function: i32,
+    /// The context, or a typed frame's marker (a Smi) in the same slot.
+    pub context: i32,
+    /// An interpreted frame's `BytecodeArray` and its current offset (a Smi).
+    pub bytecode_array: i32,
+    pub bytecode_offset: i32,
+}
+
+/// Instance types (a map's `instance_type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InstanceTypes {
+    /// `JSFunction` and its subclasses, inclusive.
+    pub first_function: u16,
+    pub last_function: u16,
+    pub shared_function_info: u16,
+    pub code: u16,
+    pub bytecode_array: u16,
+    pub script: u16,
+}
+
+/// Where a `JSFunction` keeps its code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FunctionCode {
+    /// A tagged pointer to its `Code` at this offset.
+    Code(u16),
+    /// A 32-bit handle into the isolate group's dispatch table (leaptiering), at this offset.
+    DispatchHandle(u16),
+}
+
+/// `Code`'s fields.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CodeFields {
+    pub instruction_start: InstructionStart,
+    /// A 32-bit size of its instructions.
+    pub instruction_size: u16,
+    /// A 32-bit flags word holding its kind.
+    pub flags: u16,
+}
+
+/// Where a `Code`'s instructions start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InstructionStart {
+    /// Inside the object, this far from its start (V8 10: instructions follow the header).
+    Inline(u16),
+    /// At the address held in this field (V8 11.1 and later, and every embedded builtin).
+    Pointer(u16),
+}
+
+/// `CodeKind`s in a `Code`'s flags: `(flags >> shift) & mask`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CodeKinds {
+    pub mask: u32,
+    pub shift: u32,
+    /// Ignition's bytecode, run by the interpreter's builtins.
+    pub interpreted_function: u32,
+    /// Sparkplug's code. The kinds after it (Maglev, TurboFan) are optimised code.
+    pub baseline: u32,
+}
+
+impl CodeKinds {
+    /// The kind a `Code`'s flags word says.
+    pub fn of(&self, flags: u32) -> u32 {
+        flags.checked_shr(self.shift).unwrap_or(0) & self.mask
+    }
+}
+
+/// The layout of the build whose constants are `constants`.
+pub fn layout(constants: &Constants) -> Result<Layout, LayoutError> {
+    let version = constants.version.ok_or(LayoutError::NoVersion)?;
+    if version < OLDEST {
+        return Err(LayoutError::TooOld(version));
+    }
+    let missing = |what: &str| LayoutError::Missing {
+        version,
+        what: what.to_owned(),
+    };
+    let constant = |name: &str| constants.get(name).ok_or_else(|| missing(name));
+    let field = |class: &str, field: &str| {
+        constants
+            .field(class, field)
+            .ok_or_else(|| missing(&format!("{class}::{field}")))
+    };
+    let smi_shift_size = constant("SmiShiftSize")?;
+    if smi_shift_size != 31 {
+        return Err(LayoutError::PointerCompression(smi_shift_size));
+    }
+    let tagging = Tagging {
+        heap_object_tag_mask: unsigned(
+            version,
+            "HeapObjectTagMask",
+            constant("HeapObjectTagMask")?,
+        )?,
+        heap_object_tag: unsigned(version, "HeapObjectTag", constant("HeapObjectTag")?)?,
+        smi_tag_mask: unsigned(version, "SmiTagMask", constant("SmiTagMask")?)?,
+        smi_shift: 32,
+    };
+    let frame = FrameSlots {
+        function: slot(version, "off_fp_function", constant("off_fp_function")?)?,
+        context: slot(version, "off_fp_context", constant("off_fp_context")?)?,
+        bytecode_array: slot(
+            version,
+            "off_fp_bytecode_array",
+            constant("off_fp_bytecode_array")?,
+        )?,
+        bytecode_offset: slot(
+            version,
+            "off_fp_bytecode_offset",
+            constant("off_fp_bytecode_offset")?,
+        )?,
+    };
+    let mut markers: Vec<(u32, String)> = constants
+        .with_prefix("frametype_")
+        .filter_map(|(name, value)| Some((u32::try_from(value).ok()?, name.to_owned())))
+        .collect();
+    markers.sort();
+    if !markers.iter().any(|(_, name)| name == "EntryFrame") {
+        return Err(missing("frametype_EntryFrame"));
+    }
+
+    let instance_type = |names: &[&str]| -> Result<u16, LayoutError> {
+        let value = constants
+            .instance_type(names)
+            .ok_or_else(|| missing(&format!("type_{}", names[0])))?;
+        narrow(version, names[0], value)
+    };
+    let function = instance_type(&["JSFunction__JS_FUNCTION_TYPE"])?;
+    let (first_function, last_function) = match (
+        constants.get("FirstJSFunctionType"),
+        constants.get("LastJSFunctionType"),
+    ) {
+        (Some(first), Some(last)) => (
+            narrow(version, "FirstJSFunctionType", first)?,
+            narrow(version, "LastJSFunctionType", last)?,
+        ),
+        // JSFunction's subclasses (class constructors, the builtin classes' constructors)
+        // follow it and are not exported: up to the next type that is. The range may then
+        // take in a few types that are not functions; the walk's next check, the type of
+        // the function's SharedFunctionInfo, refuses those.
+        _ => {
+            let next = constants
+                .with_prefix("type_")
+                .filter_map(|(_, value)| u16::try_from(value).ok())
+                .filter(|&value| value > function)
+                .min()
+                .ok_or_else(|| missing("an instance type after JS_FUNCTION_TYPE"))?;
+            (function, next - 1)
+        }
+    };
+    if !(first_function..=last_function).contains(&function) {
+        return Err(LayoutError::OutOfRange {
+            version,
+            what: "JS_FUNCTION_TYPE, outside the function types".into(),
+            value: function.into(),
+        });
+    }
+    let types = InstanceTypes {
+        first_function,
+        last_function,
+        shared_function_info: instance_type(&["SharedFunctionInfo__SHARED_FUNCTION_INFO_TYPE"])?,
+        code: instance_type(&["Code__CODE_TYPE"])?,
+        bytecode_array: instance_type(&["BytecodeArray__BYTECODE_ARRAY_TYPE"])?,
+        script: instance_type(&["Script__SCRIPT_TYPE"])?,
+    };
+
+    let offset = |what: &str, value: i32| offset(version, what, value);
+    let map = offset("HeapObject::map", field("HeapObject", "map")?)?;
+    let instance_type = offset("Map::instance_type", field("Map", "instance_type")?)?;
+    let shared = field("JSFunction", "shared")?;
+    let function_shared = offset("JSFunction::shared", shared)?;
+    let function_code = match constants.field("JSFunction", "code") {
+        Some(code) => FunctionCode::Code(offset("JSFunction::code", code)?),
+        None if version.major >= 13 => {
+            FunctionCode::DispatchHandle(offset("JSFunction::dispatch_handle", shared - POINTER)?)
+        }
+        None if version.at_least(11, 7, 368) => {
+            FunctionCode::Code(offset("JSFunction::code", shared - POINTER)?)
+        }
+        None => FunctionCode::Code(offset("JSFunction::code", shared + 3 * POINTER)?),
+    };
+    let code = code_fields(constants, version)?;
+    let code_kind = CodeKinds {
+        mask: unsigned(version, "CodeKindFieldMask", constant("CodeKindFieldMask")?)? as u32,
+        shift: unsigned(
+            version,
+            "CodeKindFieldShift",
+            constant("CodeKindFieldShift")?,
+        )? as u32,
+        interpreted_function: unsigned(
+            version,
+            "CodeKindInterpretedFunction",
+            constant("CodeKindInterpretedFunction")?,
+        )? as u32,
+        baseline: unsigned(version, "CodeKindBaseline", constant("CodeKindBaseline")?)? as u32,
+    };
+    if code_kind.shift >= 32 || code_kind.mask == 0 {
+        return Err(LayoutError::OutOfRange {
+            version,
+            what: "CodeKind's field".into(),
+            value: code_kind.shift.into(),
+        });
+    }
+    Ok(Layout {
+        version,
+        tagging,
+        frame,
+        markers,
+        types,
+        map,
+        instance_type,
+        function_shared,
+        function_code,
+        code,
+        code_kind,
+    })
+}
+
+/// `Code`'s instruction start, size and flags: exported in 10.x and from 12.x on; in 11.x
+/// placed after its source-position table (see the module documentation).
+fn code_fields(constants: &Constants, version: Version) -> Result<CodeFields, LayoutError> {
+    let offset = |what: &str, value: i32| offset(version, what, value);
+    let exported_start = constants
+        .with_prefix("class_Code__instruction_start__")
+        .next();
+    let size = constants.field("Code", "instruction_size");
+    let flags = constants.field("Code", "flags");
+    if let (Some((spelling, start)), Some(size), Some(flags)) = (exported_start, size, flags) {
+        // `uintptr_t` names the offset of the instructions themselves; `Address`, a field
+        // holding their address.
+        let start = offset("Code::instruction_start", start)?;
+        let instruction_start = if spelling == "uintptr_t" {
+            InstructionStart::Inline(start)
+        } else {
+            InstructionStart::Pointer(start)
+        };
+        return Ok(CodeFields {
+            instruction_start,
+            instruction_size: offset("Code::instruction_size", size)?,
+            flags: offset("Code::flags", flags)?,
+        });
+    }
+    let positions = constants
+        .field("Code", "source_position_table")
+        .ok_or_else(|| LayoutError::Missing {
+            version,
+            what: "Code::instruction_start, or Code::source_position_table to place it".into(),
+        })?;
+    let start = positions + 2 * POINTER;
+    let flags = start + POINTER;
+    // Until 11.4.59, two 16-bit fields (the builtin id, kind-specific flags) sat between
+    // the flags and the size.
+    let size = if version.at_least(11, 4, 59) {
+        flags + 4
+    } else {
+        flags + 8
+    };
+    Ok(CodeFields {
+        instruction_start: InstructionStart::Pointer(offset("Code::instruction_start", start)?),
+        instruction_size: offset("Code::instruction_size", size)?,
+        flags: offset("Code::flags", flags)?,
+    })
+}
+
+/// Objects are read at most this far from their start.
+const MAX_OFFSET: i32 = 4096;
+
+fn offset(version: Version, what: &str, value: i32) -> Result<u16, LayoutError> {
+    if (0..MAX_OFFSET).contains(&value) {
+        Ok(value as u16)
+    } else {
+        Err(LayoutError::OutOfRange {
+            version,
+            what: what.to_owned(),
+            value: value.into(),
+        })
+    }
+}
+
+/// A frame slot: below the frame pointer, within a few words.
+fn slot(version: Version, what: &str, value: i32) -> Result<i32, LayoutError> {
+    if (-256..0).contains(&value) && value % POINTER == 0 {
+        Ok(value)
+    } else {
+        Err(LayoutError::OutOfRange {
+            version,
+            what: what.to_owned(),
+            value: value.into(),
+        })
+    }
+}
+
+fn unsigned(version: Version, what: &str, value: i32) -> Result<u64, LayoutError> {
+    u64::try_from(value).map_err(|_| LayoutError::OutOfRange {
+        version,
+        what: what.to_owned(),
+        value: value.into(),
+    })
+}
+
+fn narrow(version: Version, what: &str, value: i32) -> Result<u16, LayoutError> {
+    u16::try_from(value).map_err(|_| LayoutError::OutOfRange {
+        version,
+        what: what.to_owned(),
+        value: value.into(),
+    })
+}
