@@ -1,5 +1,5 @@
 //! HotSpot JVMs: the layout of a JVM's classes and its code cache, read from the JVM itself,
-//! which walking its Java frames in BPF and naming them will need (issue 49).
+//! which walking its Java frames in BPF and naming them need (issue 49).
 //!
 //! Every HotSpot libjvm.so describes itself for the serviceability agent: `gHotSpotVMStructs`
 //! gives each field of each class it names (an offset, or a static's address) and
@@ -11,15 +11,15 @@
 //! - **Per process** ([`read_layout`], then [`heaps::code_cache`]): the tables themselves,
 //!   walked in the process's memory (`vmstructs`: the geometry is set by a static constructor
 //!   in Debian's builds, so even it is read there), the JVM's version (`version`), and a
-//!   typed [`Layout`] (`layout`, pure); then the code cache's heaps and segment maps, once the JVM has set them up.
+//!   typed [`Layout`] (`layout`, pure); then the code cache's heaps and segment maps, once
+//!   the JVM has set them up.
 //! - **Per frame** ([`HotspotNames`], `names`): the two words the BPF walk writes for a Java
 //!   frame, checked against their cookie and named from the process's memory (`method`: an
 //!   interpreted `Method*` and bci; `nmethod`: a compiled pc and the methods inlined there;
 //!   a stub's blob name), while the process runs.
-//!
-//! HotSpot is not yet in the runtimes' `Registry`: nothing here is called by the loader. Its
-//! BPF walk (the code heaps' frames, from the segment map to the blob and its frame) lands
-//! next, and the registry's entry with it.
+//! - **The registry's entry** ([`Hotspot`], `runtime`): `--jvm auto` recognises a libjvm,
+//!   and a process's `HOTSPOT_PROCS` value (from its layout and code heaps) hands its code
+//!   heaps to the BPF walk (agent-ebpf/src/runtimes/hotspot.rs).
 
 pub mod heaps;
 pub mod layout;
