@@ -20,6 +20,7 @@
 //!   the ranges its `.eh_frame` describes).
 //! - `hotspot`: HotSpot JVMs (JDK 8 to 26), whose layout is read from the JVM's own
 //!   `gHotSpotVMStructs` tables and whose code heaps the walk takes over.
+//! - `memory`: another process's memory as the readers see it, and reads of its values.
 //! - `libc`: where glibc keeps a thread's `pthread_getspecific` values, which an interpreter
 //!   keeping its thread state under a pthread key needs ([`Support`]).
 //! - `python`: CPython 3.11 to 3.15.
@@ -28,6 +29,7 @@
 pub mod hotspot;
 pub mod image;
 pub mod libc;
+pub mod memory;
 pub mod python;
 pub mod v8;
 

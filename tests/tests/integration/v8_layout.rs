@@ -2,7 +2,8 @@
 //! against live Node processes: a script (tests/workloads/v8_layout.js) puts functions at
 //! known tiers and prints them with V8's own `%DebugPrint` (function, `SharedFunctionInfo`
 //! and `Code` addresses, and the code's kind); the test reads the same fields from the
-//! process's memory with the layout, and they must agree. This is what makes the layout's
+//! process's memory with the layout, and they must agree; each function's name is read as a
+//! V8 string. This is what makes the layout's
 //! rules for what a release leaves out (a function's code slot, `Code`'s fields in 11.x, the
 //! range of function types) facts about the builds rather than guesses.
 //!
@@ -22,9 +23,11 @@ use scorch::{
     binary::elf::Elf,
     runtimes::{
         image::Image,
+        memory::ProcessMemory,
         v8::{
             self,
             layout::{FunctionCode, InstructionStart},
+            strings::read_string,
             Layout,
         },
     },
@@ -97,6 +100,8 @@ struct Printed {
     code: u64,
     /// The code's kind as V8 prints it (`TURBOFAN`, `BUILTIN`...).
     kind: String,
+    /// The function's name string.
+    name_string: u64,
 }
 
 fn hex(text: &str) -> Option<u64> {
@@ -119,6 +124,7 @@ fn parse(output: &str) -> Vec<Printed> {
                 shared: 0,
                 code: 0,
                 kind: String::new(),
+                name_string: 0,
             });
             continue;
         }
@@ -127,6 +133,10 @@ fn parse(output: &str) -> Vec<Printed> {
         };
         if let Some(rest) = line.strip_prefix("DebugPrint: ") {
             current.function = hex(rest).unwrap_or(0);
+        } else if let Some(rest) = line.strip_prefix(" - name: ") {
+            if current.name_string == 0 {
+                current.name_string = hex(rest).unwrap_or(0);
+            }
         } else if let Some(rest) = line.trim_start().strip_prefix("- shared_info: ") {
             current.shared = hex(rest).unwrap_or(0);
         } else if let Some(rest) = line.trim_start().strip_prefix("- code: ") {
@@ -332,8 +342,12 @@ fn check(node: &Node) -> Result<()> {
             ),
             other => bail!("{what}: V8 printed its code as {other:?}"),
         }
+        // Its name, read as the namer will read strings.
+        let name = read_string(&ProcessMemory(child.id()), &layout, p.name_string, 256)
+            .with_context(|| format!("{what}: its name at {:#x}", p.name_string))?;
+        ensure!(name == p.name, "{what}: its name reads {name:?}");
         eprintln!(
-            "{what}: type {}, code kind {code_kind} ({}), {size} bytes at {start:#x}",
+            "{what}: named {name:?}, type {}, code kind {code_kind} ({}), {size} bytes at {start:#x}",
             instance_type(&memory, &layout, p.function)?,
             p.kind
         );

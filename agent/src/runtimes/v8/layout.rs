@@ -59,6 +59,33 @@ pub struct Layout {
     pub function_code: FunctionCode,
     pub code: CodeFields,
     pub code_kind: CodeKinds,
+    pub strings: Strings,
+}
+
+/// How strings are told apart and laid out: a string's instance type is below
+/// `first_nonstring_type`, its representation and encoding are bits of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Strings {
+    pub first_nonstring_type: u16,
+    pub representation_mask: u16,
+    pub sequential: u16,
+    pub cons: u16,
+    pub external: u16,
+    pub sliced: u16,
+    pub thin: u16,
+    pub encoding_mask: u16,
+    /// The encoding bits of a one-byte (Latin-1) string; others are two-byte (UTF-16).
+    pub one_byte: u16,
+    /// `String::length`, a 32-bit count of characters.
+    pub length: u16,
+    /// Where a sequential string's characters start (the same for both encodings).
+    pub characters: u16,
+    pub cons_first: u16,
+    pub cons_second: u16,
+    pub thin_actual: u16,
+    pub sliced_parent: u16,
+    /// A Smi.
+    pub sliced_offset: u16,
 }
 
 /// How tagged words are told apart: a heap object's address has `heap_object_tag` in its
@@ -277,6 +304,7 @@ pub fn layout(constants: &Constants) -> Result<Layout, LayoutError> {
             value: code_kind.shift.into(),
         });
     }
+    let strings = strings(constants, version)?;
     Ok(Layout {
         version,
         tagging,
@@ -289,6 +317,54 @@ pub fn layout(constants: &Constants) -> Result<Layout, LayoutError> {
         function_code,
         code,
         code_kind,
+        strings,
+    })
+}
+
+/// Strings' tags and fields: exported by every release read.
+fn strings(constants: &Constants, version: Version) -> Result<Strings, LayoutError> {
+    let missing = |what: &str| LayoutError::Missing {
+        version,
+        what: what.to_owned(),
+    };
+    let tag = |name: &str| -> Result<u16, LayoutError> {
+        narrow(
+            version,
+            name,
+            constants.get(name).ok_or_else(|| missing(name))?,
+        )
+    };
+    let field = |class: &str, name: &str| -> Result<u16, LayoutError> {
+        let value = constants
+            .field(class, name)
+            .ok_or_else(|| missing(&format!("{class}::{name}")))?;
+        offset(version, &format!("{class}::{name}"), value)
+    };
+    let one_byte_characters = field("SeqOneByteString", "chars")?;
+    if field("SeqTwoByteString", "chars")? != one_byte_characters {
+        return Err(LayoutError::OutOfRange {
+            version,
+            what: "SeqTwoByteString::chars, unlike SeqOneByteString's".into(),
+            value: one_byte_characters.into(),
+        });
+    }
+    Ok(Strings {
+        first_nonstring_type: tag("FirstNonstringType")?,
+        representation_mask: tag("StringRepresentationMask")?,
+        sequential: tag("SeqStringTag")?,
+        cons: tag("ConsStringTag")?,
+        external: tag("ExternalStringTag")?,
+        sliced: tag("SlicedStringTag")?,
+        thin: tag("ThinStringTag")?,
+        encoding_mask: tag("StringEncodingMask")?,
+        one_byte: tag("OneByteStringTag")?,
+        length: field("String", "length")?,
+        characters: one_byte_characters,
+        cons_first: field("ConsString", "first")?,
+        cons_second: field("ConsString", "second")?,
+        thin_actual: field("ThinString", "actual")?,
+        sliced_parent: field("SlicedString", "parent")?,
+        sliced_offset: field("SlicedString", "offset")?,
     })
 }
 

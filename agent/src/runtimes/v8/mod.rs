@@ -10,6 +10,8 @@
 //!   markers, and the instance types and fields from a frame's function to its code
 //!   ([`Layout`]), with what a release leaves out given by rules the tests check against
 //!   live processes.
+//! - **Strings** ([`strings::read_string`]): a string in the process's memory, whatever its
+//!   representation (sequential, cons, thin, sliced), within bounds.
 //!
 //! V8 is not yet in the runtimes' `Registry`: nothing here is called by the loader. The BPF
 //! walk of JavaScript frames lands next, the naming of their functions, scripts and lines
@@ -17,6 +19,7 @@
 
 pub mod constants;
 pub mod layout;
+pub mod strings;
 
 pub use constants::{Constants, ConstantsError, Version};
 pub use layout::{layout, Layout, LayoutError};
@@ -47,8 +50,77 @@ pub fn read_layout(image: &Image) -> Result<Option<Layout>, V8Error> {
     Ok(Some(layout::layout(&constants)?))
 }
 
-/// Arbitrary bytes as a V8 build's constants: pairs of a name's index into the names the
-/// layout reads and a value, after a version. Makes the layout; must never panic.
+/// Node 20's constants that the layout reads (V8 11.3.244, as its builds export them): the
+/// fuzz targets' layout, and what the unit tests vary.
+pub(crate) const NODE_20_VERSION: Version = Version::new(11, 3, 244);
+pub(crate) const NODE_20: &[(&str, i32)] = &[
+    ("SmiShiftSize", 31),
+    ("HeapObjectTagMask", 3),
+    ("HeapObjectTag", 1),
+    ("SmiTagMask", 1),
+    ("off_fp_function", -16),
+    ("off_fp_context", -8),
+    ("off_fp_bytecode_array", -32),
+    ("off_fp_bytecode_offset", -40),
+    ("frametype_EntryFrame", 1),
+    ("type_JSFunction__JS_FUNCTION_TYPE", 2066),
+    ("type_JSAtomicsCondition__JS_ATOMICS_CONDITION_TYPE", 2097),
+    ("type_SharedFunctionInfo__SHARED_FUNCTION_INFO_TYPE", 262),
+    ("type_Code__CODE_TYPE", 245),
+    ("type_BytecodeArray__BYTECODE_ARRAY_TYPE", 191),
+    ("type_Script__SCRIPT_TYPE", 167),
+    ("class_HeapObject__map__Map", 0),
+    ("class_Map__instance_type__uint16_t", 12),
+    ("class_JSFunction__shared__SharedFunctionInfo", 24),
+    ("class_Code__source_position_table__ByteArray", 24),
+    ("CodeKindFieldMask", 15),
+    ("CodeKindFieldShift", 0),
+    ("CodeKindInterpretedFunction", 10),
+    ("CodeKindBaseline", 11),
+    ("FirstNonstringType", 128),
+    ("StringRepresentationMask", 7),
+    ("SeqStringTag", 0),
+    ("ConsStringTag", 1),
+    ("ExternalStringTag", 2),
+    ("SlicedStringTag", 3),
+    ("ThinStringTag", 5),
+    ("StringEncodingMask", 8),
+    ("OneByteStringTag", 8),
+    ("class_String__length__int32_t", 12),
+    ("class_SeqOneByteString__chars__char", 16),
+    ("class_SeqTwoByteString__chars__char", 16),
+    ("class_ConsString__first__String", 16),
+    ("class_ConsString__second__String", 24),
+    ("class_ThinString__actual__String", 16),
+    ("class_SlicedString__parent__String", 16),
+    ("class_SlicedString__offset__SMI", 24),
+];
+
+/// Constants a build may have beyond [`NODE_20`]'s, for the fuzz target to choose too.
+const OTHER_NAMES: &[&str] = &[
+    "FirstJSFunctionType",
+    "LastJSFunctionType",
+    "class_JSFunction__shared__Tagged_SharedFunctionInfo_",
+    "class_JSFunction__code__CodeT",
+    "class_Code__instruction_start__uintptr_t",
+    "class_Code__instruction_start__Address",
+    "class_Code__instruction_size__int",
+    "class_Code__flags__uint32_t",
+];
+
+/// Node 20's layout, made from [`NODE_20`].
+pub(crate) fn node_20_layout() -> Layout {
+    let constants = Constants::of(
+        NODE_20_VERSION,
+        NODE_20
+            .iter()
+            .map(|&(name, value)| (name.to_owned(), value)),
+    );
+    layout::layout(&constants).expect("Node 20's constants make a layout")
+}
+
+/// Arbitrary bytes as a V8 build's constants: a version, then pairs of a name (an index into
+/// the names the layout reads) and a value. Makes the layout; must never panic.
 pub fn fuzz_one(data: &[u8]) {
     let mut words = data
         .chunks_exact(4)
@@ -60,49 +132,34 @@ pub fn fuzz_one(data: &[u8]) {
         build: next() as u32,
         patch: 0,
     };
+    let names: Vec<&str> = NODE_20
+        .iter()
+        .map(|&(name, _)| name)
+        .chain(OTHER_NAMES.iter().copied())
+        .collect();
     let mut values = Vec::new();
     for _ in 0..data.len() / 8 {
-        let name = FUZZ_NAMES[(next() as u32 as usize) % FUZZ_NAMES.len()];
+        let name = names[(next() as u32 as usize) % names.len()];
         values.push((name.to_owned(), next()));
     }
     let _ = layout::layout(&Constants::of(version, values));
 }
 
-/// The constants [`layout::layout`] reads, for the fuzz target to choose among.
-const FUZZ_NAMES: &[&str] = &[
-    "SmiShiftSize",
-    "HeapObjectTagMask",
-    "HeapObjectTag",
-    "SmiTagMask",
-    "off_fp_function",
-    "off_fp_context",
-    "off_fp_bytecode_array",
-    "off_fp_bytecode_offset",
-    "frametype_EntryFrame",
-    "frametype_ExitFrame",
-    "type_JSFunction__JS_FUNCTION_TYPE",
-    "type_JSAtomicsCondition__JS_ATOMICS_CONDITION_TYPE",
-    "FirstJSFunctionType",
-    "LastJSFunctionType",
-    "type_SharedFunctionInfo__SHARED_FUNCTION_INFO_TYPE",
-    "type_Code__CODE_TYPE",
-    "type_BytecodeArray__BYTECODE_ARRAY_TYPE",
-    "type_Script__SCRIPT_TYPE",
-    "class_HeapObject__map__Map",
-    "class_Map__instance_type__uint16_t",
-    "class_JSFunction__shared__SharedFunctionInfo",
-    "class_JSFunction__shared__Tagged_SharedFunctionInfo_",
-    "class_JSFunction__code__CodeT",
-    "class_Code__instruction_start__uintptr_t",
-    "class_Code__instruction_start__Address",
-    "class_Code__instruction_size__int",
-    "class_Code__flags__uint32_t",
-    "class_Code__source_position_table__ByteArray",
-    "CodeKindFieldMask",
-    "CodeKindFieldShift",
-    "CodeKindInterpretedFunction",
-    "CodeKindBaseline",
-];
+/// Where the string fuzz target's input is, as a process's memory.
+pub const FUZZ_BASE: u64 = 0x10_000;
+
+/// Arbitrary bytes as the memory a string is read from: the input lies at [`FUZZ_BASE`] and
+/// its first word is the string's tagged pointer, so the input chooses every map, type,
+/// length and link. Reads it with Node 20's layout; must never panic, and ends within the
+/// reader's bounds.
+pub fn fuzz_strings(data: &[u8]) {
+    let mut memory = crate::runtimes::memory::Regions::new();
+    memory.add(FUZZ_BASE, data.to_vec());
+    let tagged = data.get(..8).map_or(FUZZ_BASE + 1, |b| {
+        u64::from_le_bytes(b.try_into().expect("8 bytes"))
+    });
+    let _ = strings::read_string(&memory, &node_20_layout(), tagged, 256);
+}
 
 #[cfg(test)]
 mod tests;
