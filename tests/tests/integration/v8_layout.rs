@@ -3,7 +3,7 @@
 //! known tiers and prints them with V8's own `%DebugPrint` (function, `SharedFunctionInfo`
 //! and `Code` addresses, and the code's kind); the test reads the same fields from the
 //! process's memory with the layout, and they must agree; each function's name is read as a
-//! V8 string. This is what makes the layout's
+//! V8 string, and its script's name through its `SharedFunctionInfo`. This is what makes the layout's
 //! rules for what a release leaves out (a function's code slot, `Code`'s fields in 11.x, the
 //! range of function types) facts about the builds rather than guesses.
 //!
@@ -27,6 +27,7 @@ use scorch::{
         v8::{
             self,
             layout::{FunctionCode, InstructionStart},
+            shared::script_name,
             strings::read_string,
             Layout,
         },
@@ -346,6 +347,14 @@ fn check(node: &Node) -> Result<()> {
         let name = read_string(&ProcessMemory(child.id()), &layout, p.name_string, 256)
             .with_context(|| format!("{what}: its name at {:#x}", p.name_string))?;
         ensure!(name == p.name, "{what}: its name reads {name:?}");
+        // Its script, from its SharedFunctionInfo: the path node was given.
+        let script = script_name(&ProcessMemory(child.id()), &layout, p.shared)
+            .with_context(|| format!("{what}: its script"))?;
+        let expected = format!("{inside}/v8_layout.js");
+        ensure!(
+            script.as_deref() == Some(expected.as_str()),
+            "{what}: its script is {script:?}, not {expected:?}"
+        );
         eprintln!(
             "{what}: named {name:?}, type {}, code kind {code_kind} ({}), {size} bytes at {start:#x}",
             instance_type(&memory, &layout, p.function)?,

@@ -60,6 +60,11 @@ pub struct Layout {
     pub code: CodeFields,
     pub code_kind: CodeKinds,
     pub strings: Strings,
+    /// `SharedFunctionInfo::script` (`script_or_debug_info` before 12.x: a `DebugInfo` there
+    /// while a debugger is attached).
+    pub shared_script: u16,
+    /// `Script::name`: a string, or `undefined` for code without a name (`eval`).
+    pub script_name: u16,
 }
 
 /// How strings are told apart and laid out: a string's instance type is below
@@ -305,6 +310,12 @@ pub fn layout(constants: &Constants) -> Result<Layout, LayoutError> {
         });
     }
     let strings = strings(constants, version)?;
+    let shared_script = constants
+        .field("SharedFunctionInfo", "script")
+        .or_else(|| constants.field("SharedFunctionInfo", "script_or_debug_info"))
+        .ok_or_else(|| missing("SharedFunctionInfo::script"))?;
+    let shared_script = offset("SharedFunctionInfo::script", shared_script)?;
+    let script_name = offset("Script::name", field("Script", "name")?)?;
     Ok(Layout {
         version,
         tagging,
@@ -318,6 +329,8 @@ pub fn layout(constants: &Constants) -> Result<Layout, LayoutError> {
         code,
         code_kind,
         strings,
+        shared_script,
+        script_name,
     })
 }
 

@@ -12,6 +12,8 @@
 //!   live processes.
 //! - **Strings** ([`strings::read_string`]): a string in the process's memory, whatever its
 //!   representation (sequential, cons, thin, sliced), within bounds.
+//! - **A function's script** ([`shared::script_name`]): the name of the script a
+//!   `SharedFunctionInfo` belongs to.
 //!
 //! V8 is not yet in the runtimes' `Registry`: nothing here is called by the loader. The BPF
 //! walk of JavaScript frames lands next, the naming of their functions, scripts and lines
@@ -19,6 +21,7 @@
 
 pub mod constants;
 pub mod layout;
+pub mod shared;
 pub mod strings;
 
 pub use constants::{Constants, ConstantsError, Version};
@@ -94,6 +97,11 @@ pub(crate) const NODE_20: &[(&str, i32)] = &[
     ("class_ThinString__actual__String", 16),
     ("class_SlicedString__parent__String", 16),
     ("class_SlicedString__offset__SMI", 24),
+    (
+        "class_SharedFunctionInfo__script_or_debug_info__HeapObject",
+        32,
+    ),
+    ("class_Script__name__Object", 16),
 ];
 
 /// Constants a build may have beyond [`NODE_20`]'s, for the fuzz target to choose too.
@@ -106,6 +114,7 @@ const OTHER_NAMES: &[&str] = &[
     "class_Code__instruction_start__Address",
     "class_Code__instruction_size__int",
     "class_Code__flags__uint32_t",
+    "class_SharedFunctionInfo__script__Tagged_HeapObject_",
 ];
 
 /// Node 20's layout, made from [`NODE_20`].

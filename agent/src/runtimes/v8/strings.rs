@@ -141,7 +141,7 @@ pub fn read_string(
 }
 
 /// The address of the heap object `tagged` points to.
-fn untag(layout: &Layout, tagged: u64) -> Result<u64, StringError> {
+pub fn untag(layout: &Layout, tagged: u64) -> Result<u64, StringError> {
     let tagging = &layout.tagging;
     if tagged & tagging.heap_object_tag_mask != tagging.heap_object_tag {
         return Err(StringError::NotAnObject(tagged));

@@ -244,13 +244,18 @@ const CONS: u16 = 9;
 const EXTERNAL: u16 = 10;
 const SLICED: u16 = 11;
 const THIN: u16 = 13;
+/// Node 20's SharedFunctionInfo and Script.
+const SHARED: u16 = 262;
+const SCRIPT: u16 = 167;
 
 impl Heap {
     fn new() -> Heap {
         let mut heap = Heap {
             bytes: vec![0; 0x10000],
         };
-        for kind in [ONE_BYTE, TWO_BYTE, CONS, EXTERNAL, SLICED, THIN, 200] {
+        for kind in [
+            ONE_BYTE, TWO_BYTE, CONS, EXTERNAL, SLICED, THIN, 200, SHARED, SCRIPT,
+        ] {
             heap.put(MAPS + u64::from(kind) * 16 + 12, &kind.to_le_bytes());
         }
         heap
@@ -348,4 +353,33 @@ fn the_strings_fuzz_target_survives_its_own_seeds() {
     seed.extend_from_slice(&(FUZZ_BASE + 1).to_le_bytes());
     seed.extend_from_slice(&[0x10; 48]);
     fuzz_strings(&seed);
+}
+
+#[test]
+fn a_function_names_its_script() {
+    let mut heap = Heap::new();
+    let read = |heap: &Heap, shared: u64| {
+        let mut memory = crate::runtimes::memory::Regions::new();
+        memory.add(HEAP, heap.bytes.clone());
+        shared::script_name(&memory, &node_20_layout(), shared)
+    };
+    let path = heap.one_byte(HEAP, "/srv/app/server.js");
+    // Script::name at 16, SharedFunctionInfo::script_or_debug_info at 32.
+    heap.put(HEAP + 0x100 + 16, &path.to_le_bytes());
+    let script = heap.object(HEAP + 0x100, SCRIPT, 0);
+    heap.put(HEAP + 0x200 + 32, &script.to_le_bytes());
+    let shared = heap.object(HEAP + 0x200, SHARED, 0);
+    assert_eq!(read(&heap, shared), Ok(Some("/srv/app/server.js".into())));
+    // eval'd code: the script's name is not a string.
+    heap.put(HEAP + 0x100 + 16, &(HEAP + 0x300 + 1).to_le_bytes());
+    heap.object(HEAP + 0x300, 200, 0);
+    assert_eq!(read(&heap, shared), Ok(None));
+    // A DebugInfo (here: any other object) where the script would be.
+    heap.put(HEAP + 0x200 + 32, &(HEAP + 0x300 + 1).to_le_bytes());
+    assert_eq!(read(&heap, shared), Ok(None));
+    // Not a SharedFunctionInfo at all.
+    assert!(matches!(
+        read(&heap, script),
+        Err(shared::SharedError::NotShared { kind: SCRIPT, .. })
+    ));
 }
