@@ -86,6 +86,18 @@ impl Recording {
         path: &[&str],
         floor: i64,
     ) -> anyhow::Result<()> {
+        self.assert_whole_or_stopped(relevant, path, floor, 0)
+    }
+
+    /// [`Recording::assert_whole`], where `stopped` walks may also have ended early, each
+    /// counted as such in the summary.
+    fn assert_whole_or_stopped(
+        &self,
+        relevant: impl Fn(&NamedSample) -> bool,
+        path: &[&str],
+        floor: i64,
+        stopped: i64,
+    ) -> anyhow::Result<()> {
         let unnamed: i64 = self
             .samples
             .iter()
@@ -100,9 +112,10 @@ impl Recording {
             show(self.samples.iter())
         );
         anyhow::ensure!(
-            whole + self.fallbacks + unnamed >= total && whole as f64 >= 0.85 * total as f64,
+            whole + self.fallbacks + unnamed + stopped >= total
+                && whole as f64 >= 0.85 * total as f64,
             "{whole} of {total} samples show {path:?} in order ({} fallbacks, {unnamed} with an \
-             unnamed frame): {}\n{}",
+             unnamed frame, {stopped} stopped): {}\n{}",
             self.fallbacks,
             self.summary,
             show(self.samples.iter())
@@ -1369,11 +1382,21 @@ fn copies_of_a_binary_share_one_table_by_build_id() -> anyhow::Result<()> {
 fn assembly_without_cfi_that_keeps_frame_pointers_is_walked_to_main() -> anyhow::Result<()> {
     let program = build_no_fp("nocfi.c", "nocfi", &[])?;
     let recording = record(&program, &["30"], 4, &[])?;
-    recording.assert_whole(
+    // A sample on asm_spin's `push %rbp` (its frame not made yet) or its `ret` (unmade) has
+    // no row and no frame to step through: the walk stops there, counted as `no row`, rather
+    // than skip spin_caller. Those few are honest stops, not wrong stacks.
+    let stopped = summary_count(&recording.summary, "no row") as i64;
+    recording.assert_whole_or_stopped(
         |s| s.frames.first().is_some_and(|f| f == "asm_spin"),
         &["asm_spin", "spin_caller", "run", "main"],
         150,
+        stopped,
     )?;
+    anyhow::ensure!(
+        stopped * 50 < recording.samples.iter().map(|s| s.count).sum::<i64>(),
+        "{stopped} walks stopped at asm_spin: more than its first and last instructions: {}",
+        recording.summary
+    );
     let steps = summary_count(&recording.summary, "frame pointer where no row");
     anyhow::ensure!(
         steps > 150,
