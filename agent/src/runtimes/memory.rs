@@ -84,14 +84,6 @@ pub fn read_u8(memory: &dyn Memory, address: u64) -> Option<u8> {
     memory.read(address, &mut byte).then_some(byte[0])
 }
 
-/// A little-endian u32 at `address`.
-pub fn read_u32(memory: &dyn Memory, address: u64) -> Option<u32> {
-    let mut bytes = [0u8; 4];
-    memory
-        .read(address, &mut bytes)
-        .then(|| u32::from_le_bytes(bytes))
-}
-
 /// A little-endian u16 at `address`.
 pub fn read_u16(memory: &dyn Memory, address: u64) -> Option<u16> {
     let mut bytes = [0u8; 2];
