@@ -12,7 +12,7 @@
 use std::ops::Range;
 
 use super::layout::{Heaps, Layout};
-use super::vmstructs::{read_i32, read_u64, Memory};
+use crate::runtimes::memory::{read_i32, read_u64, Memory};
 
 /// Most heaps read. JDK 9+'s segmented cache has three (non-profiled, profiled, non-method)
 /// or one; HotSpot's `CodeBlobType` allows a handful more. OTel's bound.

@@ -20,7 +20,8 @@
 
 use super::layout::{Layout, SourceFile, MAX_SYMBOL_SIZE};
 use super::unsigned5::{Reader, Unsigned5Error};
-use super::vmstructs::{read_u64, u16_in, u64_in, Memory};
+use super::vmstructs::{u16_in, u64_in};
+use crate::runtimes::memory::{read_u64, Memory};
 
 /// Most line entries decoded: a class file's `LineNumberTable` counts its entries in a `u2`,
 /// so no table javac writes is cut.

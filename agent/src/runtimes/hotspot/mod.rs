@@ -41,7 +41,9 @@ pub use names::{name_frame, HotspotNames, Process, UNKNOWN_FRAME};
 pub use nmethod::{name_compiled, NmethodError};
 pub use runtime::{hotspot_proc, EntryError, Hotspot};
 pub use version::{Version, VersionError};
-pub use vmstructs::{Memory, ProcessMemory, Regions, Symbols, VmStructs, VmStructsError};
+pub use vmstructs::{Symbols, VmStructs, VmStructsError};
+
+use crate::runtimes::memory::{Memory, Regions};
 
 /// Whether Java frames are walked (`--jvm`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]

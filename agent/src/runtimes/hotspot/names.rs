@@ -42,7 +42,8 @@ use scorch_common::{hotspot_cookie_parts, hotspot_frame_parts, HotspotSubtype};
 use super::layout::Layout;
 use super::method::{name_method, JavaFrame, MethodError};
 use super::nmethod::{name_compiled, NmethodError};
-use super::vmstructs::{read_c_string, read_u64, Memory, ProcessMemory, StringError};
+use super::vmstructs::{read_c_string, StringError};
+use crate::runtimes::memory::{read_u64, Memory, ProcessMemory};
 use crate::{profile::Line, runtimes::Names};
 
 /// What the loader's attachment hands the namer for a JVM process (through

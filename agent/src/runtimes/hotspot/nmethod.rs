@@ -24,7 +24,8 @@
 use super::layout::{Layout, Place};
 use super::method::{name_method, JavaFrame, MethodError};
 use super::unsigned5::{Reader, Unsigned5Error};
-use super::vmstructs::{i32_in, u16_in, u64_in, Memory};
+use super::vmstructs::{i32_in, u16_in, u64_in};
+use crate::runtimes::memory::Memory;
 
 /// Most bytes of metadata and scopes read for one nmethod (OTel's bound): real ones are a
 /// few KiB, a large method with deep inlining some tens.

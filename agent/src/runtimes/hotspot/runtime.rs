@@ -25,13 +25,15 @@ use super::{
     layout::{Layout, Place},
     names::{HotspotNames, Process},
     read_layout,
-    vmstructs::{ProcessMemory, Symbols},
+    vmstructs::Symbols,
     HotspotError,
 };
 use crate::{
     pipeline::maps::RuntimeCounters,
     profile::FrameKind,
-    runtimes::{image::Image, Attach, Attachment, Binary, Names, Runtime, Support},
+    runtimes::{
+        image::Image, memory::ProcessMemory, Attach, Attachment, Binary, Names, Runtime, Support,
+    },
 };
 
 /// `HOTSPOT_COUNTS_MAP`'s counters by [`HotspotCount`], frames first.

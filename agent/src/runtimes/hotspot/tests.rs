@@ -7,10 +7,10 @@ use super::heaps::{code_cache, HeapsError, MAX_HEAPS};
 use super::layout::{Heaps, LayoutError, Place, SourceFile};
 use super::version::{parse_release, VersionError};
 use super::vmstructs::{
-    read_c_string, Memory, ProcessMemory, Regions, StringError, Symbols, VmStructsError,
-    MAX_ENTRIES, MAX_NAME,
+    read_c_string, StringError, Symbols, VmStructsError, MAX_ENTRIES, MAX_NAME,
 };
 use super::{read_layout, HotspotError};
+use crate::runtimes::memory::{Memory, ProcessMemory, Regions};
 
 /// Where the synthetic libjvm is loaded.
 const BIAS: u64 = 0x7f00_0000_0000;

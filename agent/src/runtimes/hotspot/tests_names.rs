@@ -8,9 +8,10 @@ use super::super::method::{
 };
 use super::super::nmethod::{name_compiled, scopes, DebugInfo, NmethodError, MAX_SCOPES};
 use super::super::unsigned5::{Reader, Unsigned5Error};
-use super::super::vmstructs::{read_c_string, read_i32, read_u64, read_u8, Memory, Regions};
+use super::super::vmstructs::read_c_string;
 use super::super::Layout;
 use super::{attach, jdk17, Jdk};
+use crate::runtimes::memory::{read_i32, read_u64, read_u8, Memory, Regions};
 
 /// UNSIGNED5 as HotSpot's `UNSIGNED5::write_uint` defines it, for `excluded` byte values:
 /// None where the value needs more than five bytes.

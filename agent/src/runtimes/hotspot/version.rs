@@ -7,7 +7,8 @@
 //! Where both a number and a parsable string are there they must agree, or the memory is not
 //! the JVM it claims to be.
 
-use super::vmstructs::{read_c_string, read_i32, read_u64, read_u8, Field, Memory, VmStructs};
+use super::vmstructs::{read_c_string, Field, VmStructs};
+use crate::runtimes::memory::{read_i32, read_u64, read_u8, Memory};
 
 /// Longest version string read.
 const MAX_RELEASE: usize = 256;

@@ -16,8 +16,7 @@
 use std::collections::HashMap;
 
 use super::super::image::Image;
-// Shared by every room; re-exported so the JVM's readers keep their paths.
-pub use crate::runtimes::memory::{read_i32, read_u64, read_u8, Memory, ProcessMemory, Regions};
+use crate::runtimes::memory::{read_u64, Memory};
 
 /// The little-endian value at `offset` in bytes read whole (a class at its `sizeof`); 0 when
 /// it lies past them, which the layout's bounds rule out for the offsets it gives.

@@ -11,7 +11,7 @@ use scorch_common::{hotspot_frame_words, word_payload, HotspotSubtype};
 
 use super::super::tests::names::{demo, nmethod, COMPILE_ID, CONST_METHOD, METHOD, NMETHOD};
 use super::*;
-use crate::runtimes::hotspot::{vmstructs::Regions, Layout};
+use crate::runtimes::{hotspot::Layout, memory::Regions};
 
 const PID: u32 = 4_500_000;
 /// A stub's `CodeBlob` (its `_name` at 0x08) and its name.
@@ -262,7 +262,7 @@ fn the_cache_is_bounded_and_frames_past_it_are_named_when_asked() {
 fn the_hosts_jdk_17_frames_are_named_from_their_words() {
     use super::super::tests::names::{blobs, HOT};
     use super::super::tests::{attach, Jdk};
-    use super::super::vmstructs::{read_i32, read_u64};
+    use crate::runtimes::memory::{read_i32, read_u64};
 
     let home = std::path::Path::new("/usr/lib/jvm/java-17-openjdk-amd64");
     let dir = tempfile::tempdir().unwrap();
