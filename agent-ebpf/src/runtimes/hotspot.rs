@@ -36,10 +36,7 @@
 //!    and reused since is left unnamed), and the low 8 of the JVM's collections count at the
 //!    sample (a class unloaded since, whose symbols may be reused, is left unnamed too).
 
-use core::ffi::c_void;
-
 use aya_ebpf::{
-    helpers::bpf_probe_read_user,
     macros::map,
     maps::{HashMap, PerCpuArray},
 };
@@ -52,6 +49,7 @@ use scorch_common::{
 use crate::shared::{
     counters,
     stack::{push_frame, WalkState, WALK},
+    user::{read, read_into, read_u32, read_u64, read_u8},
 };
 
 /// Processes running a JVM, written by the agent; not preallocated.
@@ -137,24 +135,6 @@ pub fn forget(tgid: u32) {
 #[inline(always)]
 fn count(run: u32, kind: HotspotCount, n: u64) {
     counters::add(&HOTSPOT_COUNTS_MAP, run * HOTSPOT_COUNTS + kind as u32, n);
-}
-
-#[inline(always)]
-fn read_u64(address: u64) -> Option<u64> {
-    // SAFETY: bpf_probe_read_user checks the address; a fault is an error, never a crash.
-    unsafe { bpf_probe_read_user(address as *const u64) }.ok()
-}
-
-#[inline(always)]
-fn read_u32(address: u64) -> Option<u32> {
-    // SAFETY: as above.
-    unsafe { bpf_probe_read_user(address as *const u32) }.ok()
-}
-
-#[inline(always)]
-fn read_u8(address: u64) -> Option<u8> {
-    // SAFETY: as above.
-    unsafe { bpf_probe_read_user(address as *const u8) }.ok()
 }
 
 /// A field of the blob in the scratch buffer, at an offset the agent checked to lie within
@@ -246,15 +226,7 @@ fn look_up(
         count(walk.counters, HotspotCount::NoCodeBlob, 1);
         return false;
     };
-    // SAFETY: bpf_probe_read_user fills the scratch value or fails.
-    if unsafe {
-        aya_ebpf::helpers::generated::bpf_probe_read_user(
-            blob_bytes.as_mut_ptr() as *mut c_void,
-            BLOB_BYTES as u32,
-            blob as *const c_void,
-        )
-    } != 0
-    {
+    if !read_into(blob_bytes, blob) {
         count(walk.counters, HotspotCount::InvalidCodeBlob, 1);
         return false;
     }
@@ -318,15 +290,7 @@ fn java_frame(walk: &mut WalkState, proc: &HotspotProc, scratch: &mut Scratch) -
         }
         // The frame's slots from the bcp's (8 words below fp) to the return pc, in one read.
         let frame = &mut scratch.words;
-        // SAFETY: bpf_probe_read_user fills the scratch words or fails.
-        if unsafe {
-            aya_ebpf::helpers::generated::bpf_probe_read_user(
-                frame.as_mut_ptr() as *mut c_void,
-                (INTERPRETER_WORDS * 8) as u32,
-                (fp - 64) as *const c_void,
-            )
-        } != 0
-        {
+        if !read_into(frame, fp - 64) {
             count(walk.counters, HotspotCount::InterpreterFrame, 1);
             return false;
         }
@@ -426,8 +390,7 @@ fn caller_at(cfa: u64, fp: u64, saved_fp: bool) -> Option<(u64, u64, u64)> {
     if !saved_fp {
         return Some((read_u64(cfa - 8)?, cfa, fp));
     }
-    // SAFETY: bpf_probe_read_user checks the address.
-    let [saved_fp, ret] = unsafe { bpf_probe_read_user((cfa - 16) as *const [u64; 2]) }.ok()?;
+    let [saved_fp, ret] = read::<[u64; 2]>(cfa - 16)?;
     Some((ret, cfa, saved_fp))
 }
 

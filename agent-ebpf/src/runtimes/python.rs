@@ -19,7 +19,6 @@
 use core::ffi::c_void;
 
 use aya_ebpf::{
-    helpers::bpf_probe_read_user,
     macros::map,
     maps::{HashMap, PerCpuArray},
 };
@@ -34,6 +33,7 @@ use crate::shared::{
     loops::repeat,
     stack::{push_frame, WalkState, WALK},
     task,
+    user::{read_u32, read_u64, read_u8},
 };
 
 /// Processes running a CPython interpreter, written by the agent; not preallocated.
@@ -72,24 +72,6 @@ pub fn forget(tgid: u32) {
 #[inline(always)]
 fn count(run: u32, kind: PythonCount, n: u64) {
     counters::add(&PYTHON_COUNTS_MAP, run * PYTHON_COUNTS + kind as u32, n);
-}
-
-#[inline(always)]
-fn read_u64(address: u64) -> Option<u64> {
-    // SAFETY: bpf_probe_read_user checks the address; a fault is an error, never a crash.
-    unsafe { bpf_probe_read_user(address as *const u64) }.ok()
-}
-
-#[inline(always)]
-fn read_u32(address: u64) -> Option<u32> {
-    // SAFETY: as above.
-    unsafe { bpf_probe_read_user(address as *const u32) }.ok()
-}
-
-#[inline(always)]
-fn read_u8(address: u64) -> Option<u8> {
-    // SAFETY: as above.
-    unsafe { bpf_probe_read_user(address as *const u8) }.ok()
 }
 
 /// The running thread's innermost Python frame, through its thread state; `None` when the

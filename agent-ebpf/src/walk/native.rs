@@ -13,7 +13,7 @@ use core::ffi::c_void;
 
 use aya_ebpf::{
     btf_maps,
-    helpers::{bpf_probe_read_kernel, bpf_probe_read_user},
+    helpers::bpf_probe_read_kernel,
     macros::{btf_map, map},
     maps::{Array, PerCpuArray},
 };
@@ -28,6 +28,7 @@ use crate::{
     shared::{
         loops::repeat,
         stack::{push_frame, WalkState, WALKING, WINDOW_WORDS},
+        user,
     },
 };
 
@@ -212,8 +213,7 @@ fn word(walk: &WalkState, i: u64) -> u64 {
 
 #[inline(always)]
 fn read(address: u64) -> Option<u64> {
-    // SAFETY: bpf_probe_read_user checks the address; a fault is an error, never a crash.
-    unsafe { bpf_probe_read_user(address as *const u64) }.ok()
+    user::read_u64(address)
 }
 
 /// The caller by the frame pointer: `[fp]` is the caller's fp, `[fp + 8]` the return
