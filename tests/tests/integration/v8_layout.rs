@@ -27,7 +27,7 @@ use scorch::{
         v8::{
             self,
             layout::{FunctionCode, InstructionStart},
-            shared::script_name,
+            shared::{function_name, script_name},
             strings::read_string,
             Layout,
         },
@@ -261,7 +261,7 @@ fn check(node: &Node) -> Result<()> {
     };
     let printed = parse(&text);
     ensure!(
-        printed.len() == 3
+        printed.len() == 6
             && printed
                 .iter()
                 .all(|p| p.function != 0 && p.shared != 0 && p.code != 0),
@@ -347,6 +347,22 @@ fn check(node: &Node) -> Result<()> {
         let name = read_string(&ProcessMemory(child.id()), &layout, p.name_string, 256)
             .with_context(|| format!("{what}: its name at {:#x}", p.name_string))?;
         ensure!(name == p.name, "{what}: its name reads {name:?}");
+        // Its name again, through its SharedFunctionInfo (in its ScopeInfo once compiled),
+        // as the namer reads it.
+        let named = function_name(&ProcessMemory(child.id()), &layout, p.shared)
+            .with_context(|| format!("{what}: its name from its SharedFunctionInfo"))?;
+        ensure!(
+            named.as_deref() == Some(p.name.as_str()),
+            "{what}: its SharedFunctionInfo names it {named:?}"
+        );
+        // Every function here has run, so that name came from its ScopeInfo.
+        let scope_info = field(&memory, &layout, p.shared, layout.shared_name)?;
+        let kind = instance_type(&memory, &layout, scope_info)?;
+        ensure!(
+            kind == layout.types.scope_info,
+            "{what}: its SharedFunctionInfo holds a {kind}, not its ScopeInfo"
+        );
+        let flags = memory.u64(scope_info - layout.tagging.heap_object_tag + 8)?;
         // Its script, from its SharedFunctionInfo: the path node was given.
         let script = script_name(&ProcessMemory(child.id()), &layout, p.shared)
             .with_context(|| format!("{what}: its script"))?;
@@ -356,7 +372,8 @@ fn check(node: &Node) -> Result<()> {
             "{what}: its script is {script:?}, not {expected:?}"
         );
         eprintln!(
-            "{what}: named {name:?}, type {}, code kind {code_kind} ({}), {size} bytes at {start:#x}",
+            "{what}: named {name:?}, type {}, code kind {code_kind} ({}), {size} bytes at \
+             {start:#x}, scope flags {flags:#x}",
             instance_type(&memory, &layout, p.function)?,
             p.kind
         );

@@ -65,6 +65,23 @@ pub struct Layout {
     pub shared_script: u16,
     /// `Script::name`: a string, or `undefined` for code without a name (`eval`).
     pub script_name: u16,
+    /// `SharedFunctionInfo::name_or_scope_info`: the function's name (a string) until it is
+    /// compiled, then its `ScopeInfo`, which holds the name; a Smi when it has none.
+    pub shared_name: u16,
+    pub scope_info: ScopeInfoSlots,
+}
+
+/// Where a `ScopeInfo` keeps what naming a function reads, in tagged slots after its map:
+/// its flags in the first, then the exported indices. The name's own slot follows the
+/// locals' names and infos, so it moves with their count (see `shared::function_name`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ScopeInfoSlots {
+    /// `scopeinfo_idx_ncontextlocals`: a Smi, how many locals live in the function's
+    /// context.
+    pub context_local_count: u8,
+    /// `scopeinfo_idx_first_vars`: where the locals' names start (3 before 12.x; 5 once the
+    /// source positions moved ahead of them).
+    pub first_vars: u8,
 }
 
 /// How strings are told apart and laid out: a string's instance type is below
@@ -126,6 +143,7 @@ pub struct InstanceTypes {
     pub code: u16,
     pub bytecode_array: u16,
     pub script: u16,
+    pub scope_info: u16,
 }
 
 /// Where a `JSFunction` keeps its code.
@@ -270,6 +288,7 @@ pub fn layout(constants: &Constants) -> Result<Layout, LayoutError> {
         code: instance_type(&["Code__CODE_TYPE"])?,
         bytecode_array: instance_type(&["BytecodeArray__BYTECODE_ARRAY_TYPE"])?,
         script: instance_type(&["Script__SCRIPT_TYPE"])?,
+        scope_info: instance_type(&["ScopeInfo__SCOPE_INFO_TYPE"])?,
     };
 
     let offset = |what: &str, value: i32| offset(version, what, value);
@@ -316,6 +335,25 @@ pub fn layout(constants: &Constants) -> Result<Layout, LayoutError> {
         .ok_or_else(|| missing("SharedFunctionInfo::script"))?;
     let shared_script = offset("SharedFunctionInfo::script", shared_script)?;
     let script_name = offset("Script::name", field("Script", "name")?)?;
+    let shared_name = offset(
+        "SharedFunctionInfo::name_or_scope_info",
+        field("SharedFunctionInfo", "name_or_scope_info")?,
+    )?;
+    let scope_slot = |name: &str| -> Result<u8, LayoutError> {
+        let value = constant(name)?;
+        u8::try_from(value)
+            .ok()
+            .filter(|&slot| (1..MAX_SCOPE_INFO_SLOT).contains(&slot))
+            .ok_or_else(|| LayoutError::OutOfRange {
+                version,
+                what: name.into(),
+                value: value.into(),
+            })
+    };
+    let scope_info = ScopeInfoSlots {
+        context_local_count: scope_slot("scopeinfo_idx_ncontextlocals")?,
+        first_vars: scope_slot("scopeinfo_idx_first_vars")?,
+    };
     Ok(Layout {
         version,
         tagging,
@@ -331,8 +369,13 @@ pub fn layout(constants: &Constants) -> Result<Layout, LayoutError> {
         strings,
         shared_script,
         script_name,
+        shared_name,
+        scope_info,
     })
 }
+
+/// Past the few header slots a `ScopeInfo` has (flags, counts, positions).
+const MAX_SCOPE_INFO_SLOT: u8 = 16;
 
 /// Strings' tags and fields: exported by every release read.
 fn strings(constants: &Constants, version: Version) -> Result<Strings, LayoutError> {

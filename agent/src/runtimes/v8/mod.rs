@@ -102,6 +102,10 @@ pub(crate) const NODE_20: &[(&str, i32)] = &[
         32,
     ),
     ("class_Script__name__Object", 16),
+    ("class_SharedFunctionInfo__name_or_scope_info__Object", 16),
+    ("type_ScopeInfo__SCOPE_INFO_TYPE", 261),
+    ("scopeinfo_idx_ncontextlocals", 2),
+    ("scopeinfo_idx_first_vars", 3),
 ];
 
 /// Constants a build may have beyond [`NODE_20`]'s, for the fuzz target to choose too.
@@ -115,6 +119,7 @@ const OTHER_NAMES: &[&str] = &[
     "class_Code__instruction_size__int",
     "class_Code__flags__uint32_t",
     "class_SharedFunctionInfo__script__Tagged_HeapObject_",
+    "class_SharedFunctionInfo__name_or_scope_info__Tagged_NameOrScopeInfoT_",
 ];
 
 /// Node 20's layout, made from [`NODE_20`].
@@ -159,15 +164,19 @@ pub const FUZZ_BASE: u64 = 0x10_000;
 
 /// Arbitrary bytes as the memory a string is read from: the input lies at [`FUZZ_BASE`] and
 /// its first word is the string's tagged pointer, so the input chooses every map, type,
-/// length and link. Reads it with Node 20's layout; must never panic, and ends within the
-/// reader's bounds.
+/// length and link. Reads it with Node 20's layout, as a string and as a
+/// `SharedFunctionInfo` whose name and script are read (through its `ScopeInfo` when the
+/// input puts one there); must never panic, and ends within the readers' bounds.
 pub fn fuzz_strings(data: &[u8]) {
     let mut memory = crate::runtimes::memory::Regions::new();
     memory.add(FUZZ_BASE, data.to_vec());
     let tagged = data.get(..8).map_or(FUZZ_BASE + 1, |b| {
         u64::from_le_bytes(b.try_into().expect("8 bytes"))
     });
-    let _ = strings::read_string(&memory, &node_20_layout(), tagged, 256);
+    let layout = node_20_layout();
+    let _ = strings::read_string(&memory, &layout, tagged, 256);
+    let _ = shared::function_name(&memory, &layout, tagged);
+    let _ = shared::script_name(&memory, &layout, tagged);
 }
 
 #[cfg(test)]

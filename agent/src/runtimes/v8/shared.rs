@@ -1,7 +1,21 @@
 //! What a `SharedFunctionInfo` (the part of a JavaScript function its closures share) says
-//! of the function, read from the process's memory: the script it belongs to.
+//! of the function, read from the process's memory: its name and the script it belongs to.
+//!
+//! A function's name is a string in its `SharedFunctionInfo` until the function is compiled;
+//! from then on that slot holds the function's `ScopeInfo`, which keeps the name among its
+//! variable-length parts. Where, depends on bits of its flags (`ScopeFlags` in V8's
+//! `scope-info.tq`) and on how many locals its context holds: after the header slots come
+//! the locals' names (inline below [`MAX_INLINED_LOCAL_NAMES`], else one slot for a hash
+//! table), their infos, a class's saved variable when the flags say, then the function
+//! variable's name and slot.
+//!
+//! The live test (`tests/tests/integration/v8_layout.rs`) reads the names of functions of
+//! each shape on Node 18, 20 and 24 (V8 10.2, 11.3, 13.6): the flags are a Smi in the first
+//! two and a raw 32-bit word in 13.6, and the function variable's two bits are at 12 in
+//! all three. The saved class variable's bit (10) is V8's `scope-info.tq`'s; no function in
+//! that test sets it.
 
-use super::layout::Layout;
+use super::layout::{Layout, POINTER};
 use super::strings::{instance_type, read_string, untag, StringError};
 use crate::runtimes::memory::{read_u64, Memory};
 
@@ -10,12 +24,125 @@ use crate::runtimes::memory::{read_u64, Memory};
 pub enum SharedError {
     #[error("the object at {address:#x} has instance type {kind}, not a SharedFunctionInfo's")]
     NotShared { address: u64, kind: u16 },
+    #[error("the ScopeInfo at {address:#x} has {word:#x} for {what}")]
+    BadScopeInfo {
+        address: u64,
+        what: &'static str,
+        word: u64,
+    },
     #[error(transparent)]
     Read(#[from] StringError),
 }
 
 /// Longest script name read: a URL or a path.
 pub const MAX_SCRIPT_NAME: usize = 1024;
+
+/// Longest function name read.
+pub const MAX_FUNCTION_NAME: usize = 256;
+
+/// `ScopeFlags::has_saved_class_variable`: a slot for the class variable follows the
+/// locals' infos.
+const SAVED_CLASS_VARIABLE: u32 = 1 << 10;
+/// `ScopeFlags::function_variable`, two bits: `NONE` (0) when the scope keeps no function
+/// name; otherwise where the function's own variable lives, and its name is kept either way.
+const FUNCTION_VARIABLE_SHIFT: u32 = 12;
+/// `kScopeInfoMaxInlinedLocalNamesSize`: from this many context locals on, their names are
+/// in a hash table, one slot, instead of inline.
+pub const MAX_INLINED_LOCAL_NAMES: u64 = 75;
+/// Most context locals believed: more is not a `ScopeInfo` this reads.
+const MAX_CONTEXT_LOCALS: u64 = 1 << 16;
+
+/// The name of the function whose `SharedFunctionInfo` is `shared` (a tagged pointer):
+/// `Ok(None)` when it has none (an anonymous function, a script's or a module's top level).
+/// Names longer than [`MAX_FUNCTION_NAME`] are cut.
+pub fn function_name(
+    memory: &dyn Memory,
+    layout: &Layout,
+    shared: u64,
+) -> Result<Option<String>, SharedError> {
+    let shared = shared_object(memory, layout, shared)?;
+    let at = shared + u64::from(layout.shared_name);
+    let value = read_u64(memory, at).ok_or(StringError::Unreadable(at))?;
+    // A Smi: `kNoSharedNameSentinel`.
+    let Ok(object) = untag(layout, value) else {
+        return Ok(None);
+    };
+    let kind = instance_type(memory, layout, object)?;
+    let name = if layout.strings.is_string(kind) {
+        value
+    } else if kind == layout.types.scope_info {
+        match scope_info_name(memory, layout, object)? {
+            Some(name) => name,
+            None => return Ok(None),
+        }
+    } else {
+        return Ok(None);
+    };
+    let name = read_string(memory, layout, name, MAX_FUNCTION_NAME)?;
+    Ok((!name.is_empty()).then_some(name))
+}
+
+/// The tagged name a `ScopeInfo` (at `scope_info`, untagged) keeps of its function, if any.
+fn scope_info_name(
+    memory: &dyn Memory,
+    layout: &Layout,
+    scope_info: u64,
+) -> Result<Option<u64>, SharedError> {
+    // Slot `index` is the tagged word `index` after the map.
+    let slot = |index: u64| -> Result<u64, SharedError> {
+        let at = scope_info + POINTER as u64 * (1 + index);
+        Ok(read_u64(memory, at).ok_or(StringError::Unreadable(at))?)
+    };
+    let word = slot(0)?;
+    // A Smi's value is in the upper half, its lower half zero; a raw word's upper half is
+    // padding. A function scope's flags are never zero (it is a declaration scope).
+    let flags = if word as u32 == 0 {
+        (word >> 32) as u32
+    } else {
+        word as u32
+    };
+    if (flags >> FUNCTION_VARIABLE_SHIFT) & 3 == 0 {
+        return Ok(None);
+    }
+    let at = u64::from(layout.scope_info.context_local_count);
+    let count = slot(at)?;
+    let locals = count >> layout.tagging.smi_shift;
+    if count & layout.tagging.smi_tag_mask != 0 || locals > MAX_CONTEXT_LOCALS {
+        return Err(SharedError::BadScopeInfo {
+            address: scope_info,
+            what: "its count of context locals",
+            word: count,
+        });
+    }
+    let names = if locals < MAX_INLINED_LOCAL_NAMES {
+        locals
+    } else {
+        1
+    };
+    let index = u64::from(layout.scope_info.first_vars)
+        + names
+        + locals
+        + u64::from(flags & SAVED_CLASS_VARIABLE != 0);
+    let name = slot(index)?;
+    // `Zero`: the scope has a function variable but no name for it.
+    if untag(layout, name).is_err() {
+        return Ok(None);
+    }
+    Ok(Some(name))
+}
+
+/// The untagged address of the `SharedFunctionInfo` at `shared`, checked to be one.
+fn shared_object(memory: &dyn Memory, layout: &Layout, shared: u64) -> Result<u64, SharedError> {
+    let object = untag(layout, shared)?;
+    let kind = instance_type(memory, layout, object)?;
+    if kind != layout.types.shared_function_info {
+        return Err(SharedError::NotShared {
+            address: object,
+            kind,
+        });
+    }
+    Ok(object)
+}
 
 /// The name of the script the function whose `SharedFunctionInfo` is `shared` (a tagged
 /// pointer) belongs to: `Ok(None)` when it has none to give (code from `eval` or `new
@@ -25,14 +152,7 @@ pub fn script_name(
     layout: &Layout,
     shared: u64,
 ) -> Result<Option<String>, SharedError> {
-    let shared = untag(layout, shared)?;
-    let kind = instance_type(memory, layout, shared)?;
-    if kind != layout.types.shared_function_info {
-        return Err(SharedError::NotShared {
-            address: shared,
-            kind,
-        });
-    }
+    let shared = shared_object(memory, layout, shared)?;
     let at = shared + u64::from(layout.shared_script);
     let script = read_u64(memory, at).ok_or(StringError::Unreadable(at))?;
     let Ok(script) = untag(layout, script) else {

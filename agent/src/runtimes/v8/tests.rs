@@ -247,6 +247,7 @@ const THIN: u16 = 13;
 /// Node 20's SharedFunctionInfo and Script.
 const SHARED: u16 = 262;
 const SCRIPT: u16 = 167;
+const SCOPE_INFO: u16 = 261;
 
 impl Heap {
     fn new() -> Heap {
@@ -254,7 +255,7 @@ impl Heap {
             bytes: vec![0; 0x10000],
         };
         for kind in [
-            ONE_BYTE, TWO_BYTE, CONS, EXTERNAL, SLICED, THIN, 200, SHARED, SCRIPT,
+            ONE_BYTE, TWO_BYTE, CONS, EXTERNAL, SLICED, THIN, 200, SHARED, SCRIPT, SCOPE_INFO,
         ] {
             heap.put(MAPS + u64::from(kind) * 16 + 12, &kind.to_le_bytes());
         }
@@ -381,5 +382,105 @@ fn a_function_names_its_script() {
     assert!(matches!(
         read(&heap, script),
         Err(shared::SharedError::NotShared { kind: SCRIPT, .. })
+    ));
+}
+
+/// A `ScopeInfo` at `at` as Node 20 lays it out: flags (a Smi, or a raw word), the
+/// parameter count, the context locals' count, their names (inline below 75, else one hash
+/// table slot) and infos, then the function variable's name and slot. Returns it tagged.
+fn scope_info(heap: &mut Heap, at: u64, flags: u64, locals: u64, name: u64) -> u64 {
+    let slot = |index: u64| at + 8 * (1 + index);
+    heap.put(slot(0), &flags.to_le_bytes());
+    heap.put(slot(1), &(1u64 << 32).to_le_bytes());
+    heap.put(slot(2), &(locals << 32).to_le_bytes());
+    let names = if locals < 75 { locals } else { 1 };
+    for i in 0..names + locals {
+        // Names of locals (any string will do) and Smi infos: never the function's name.
+        let word = if i < names { HEAP + 1 } else { 7 << 32 };
+        heap.put(slot(3 + i), &word.to_le_bytes());
+    }
+    heap.put(slot(3 + names + locals), &name.to_le_bytes());
+    heap.put(slot(4 + names + locals), &(2u64 << 32).to_le_bytes());
+    // Its map only: `Heap::object`'s length would overwrite the flags' upper half.
+    heap.put(at, &(MAPS + u64::from(SCOPE_INFO) * 16 + 1).to_le_bytes());
+    at + 1
+}
+
+#[test]
+fn a_function_is_named_from_its_shared_info_or_its_scope_info() {
+    let mut heap = Heap::new();
+    let read = |heap: &Heap, shared: u64| {
+        let mut memory = crate::runtimes::memory::Regions::new();
+        memory.add(HEAP, heap.bytes.clone());
+        shared::function_name(&memory, &node_20_layout(), shared)
+    };
+    heap.one_byte(HEAP, "local");
+    let name = heap.one_byte(HEAP + 0x40, "captures");
+    // SharedFunctionInfo::name_or_scope_info at 16.
+    let shared = heap.object(HEAP + 0x200, SHARED, 0);
+    let set = |heap: &mut Heap, value: u64| heap.put(HEAP + 0x200 + 16, &value.to_le_bytes());
+    // Not compiled yet: the name itself.
+    set(&mut heap, name);
+    assert_eq!(read(&heap, shared), Ok(Some("captures".into())));
+    // No name: the Smi sentinel.
+    set(&mut heap, 0);
+    assert_eq!(read(&heap, shared), Ok(None));
+    // Compiled: in its ScopeInfo, past two locals' names and infos. The function variable
+    // is UNUSED (3) in bits 12 and 13; the flags a Smi (V8 10 and 11) or a raw word.
+    let unused = 3u64 << 12 | 1 << 6 | 2;
+    for flags in [unused << 32, unused] {
+        let info = scope_info(&mut heap, HEAP + 0x1000, flags, 2, name);
+        set(&mut heap, info);
+        assert_eq!(
+            read(&heap, shared),
+            Ok(Some("captures".into())),
+            "{flags:#x}"
+        );
+    }
+    // More locals than V8 keeps inline: their names are one hash table slot.
+    let info = scope_info(&mut heap, HEAP + 0x2000, unused << 32, 80, name);
+    set(&mut heap, info);
+    assert_eq!(read(&heap, shared), Ok(Some("captures".into())));
+    // A saved class variable takes the slot before it.
+    let info = scope_info(
+        &mut heap,
+        HEAP + 0x3000,
+        (unused | 1 << 10) << 32,
+        0,
+        5 << 32,
+    );
+    heap.put(HEAP + 0x3000 + 8 * 5, &name.to_le_bytes());
+    set(&mut heap, info);
+    assert_eq!(read(&heap, shared), Ok(Some("captures".into())));
+    // No function variable: no name kept.
+    let info = scope_info(&mut heap, HEAP + 0x1000, (1u64 << 6) << 32, 2, name);
+    set(&mut heap, info);
+    assert_eq!(read(&heap, shared), Ok(None));
+    // A function variable without a name (`Zero`).
+    let info = scope_info(&mut heap, HEAP + 0x1000, unused << 32, 2, 0);
+    set(&mut heap, info);
+    assert_eq!(read(&heap, shared), Ok(None));
+    // A count of locals that is not a Smi, or too large: refused, never followed.
+    for count in [(1u64 << 40) | 1, 1 << 60] {
+        let info = scope_info(&mut heap, HEAP + 0x1000, unused << 32, 2, name);
+        heap.put(HEAP + 0x1000 + 8 * 3, &count.to_le_bytes());
+        set(&mut heap, info);
+        assert!(
+            matches!(
+                read(&heap, shared),
+                Err(shared::SharedError::BadScopeInfo { .. })
+            ),
+            "{count:#x}"
+        );
+    }
+    // Its name slot past the readable memory.
+    let info = scope_info(&mut heap, HEAP + 0x1000, unused << 32, 2, name);
+    heap.put(HEAP + 0x1000 + 8 * 3, &(60_000u64 << 32).to_le_bytes());
+    set(&mut heap, info);
+    assert!(matches!(
+        read(&heap, shared),
+        Err(shared::SharedError::Read(strings::StringError::Unreadable(
+            _
+        )))
     ));
 }
