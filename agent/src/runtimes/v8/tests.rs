@@ -286,9 +286,14 @@ impl Heap {
     }
 
     fn read(&self, tagged: u64, max: usize) -> Result<String, strings::StringError> {
+        strings::read_string(&self.memory(), &node_20_layout(), tagged, max)
+    }
+
+    /// The heap as the memory of a process.
+    fn memory(&self) -> crate::runtimes::memory::Regions {
         let mut memory = crate::runtimes::memory::Regions::new();
         memory.add(HEAP, self.bytes.clone());
-        strings::read_string(&memory, &node_20_layout(), tagged, max)
+        memory
     }
 }
 
@@ -359,11 +364,8 @@ fn the_strings_fuzz_target_survives_its_own_seeds() {
 #[test]
 fn a_function_names_its_script() {
     let mut heap = Heap::new();
-    let read = |heap: &Heap, shared: u64| {
-        let mut memory = crate::runtimes::memory::Regions::new();
-        memory.add(HEAP, heap.bytes.clone());
-        shared::script_name(&memory, &node_20_layout(), shared)
-    };
+    let read =
+        |heap: &Heap, shared: u64| shared::script_name(&heap.memory(), &node_20_layout(), shared);
     let path = heap.one_byte(HEAP, "/srv/app/server.js");
     // Script::name at 16, SharedFunctionInfo::script_or_debug_info at 32.
     heap.put(HEAP + 0x100 + 16, &path.to_le_bytes());
@@ -409,11 +411,8 @@ fn scope_info(heap: &mut Heap, at: u64, flags: u64, locals: u64, name: u64) -> u
 #[test]
 fn a_function_is_named_from_its_shared_info_or_its_scope_info() {
     let mut heap = Heap::new();
-    let read = |heap: &Heap, shared: u64| {
-        let mut memory = crate::runtimes::memory::Regions::new();
-        memory.add(HEAP, heap.bytes.clone());
-        shared::function_name(&memory, &node_20_layout(), shared)
-    };
+    let read =
+        |heap: &Heap, shared: u64| shared::function_name(&heap.memory(), &node_20_layout(), shared);
     heap.one_byte(HEAP, "local");
     let name = heap.one_byte(HEAP + 0x40, "captures");
     // SharedFunctionInfo::name_or_scope_info at 16.
