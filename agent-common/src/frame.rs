@@ -49,18 +49,21 @@ pub enum WordKind {
     Python = 1,
     /// A HotSpot frame's first word: its subtype and pointer (a continuation follows).
     Hotspot = 2,
+    /// A V8 frame's first word: its subtype and pointer (a continuation follows).
+    V8 = 3,
     /// More payload for the frame of the word before.
     Continuation = 7,
 }
 
 impl WordKind {
-    /// The kind of `word`; `None` for a kind no runtime has taken yet (3-6). The walk writes
+    /// The kind of `word`; `None` for a kind no runtime has taken yet (4-6). The walk writes
     /// none of those: such a word is a native walk's garbage read, whose top bits are set.
     pub const fn of(word: u64) -> Option<WordKind> {
         match word >> WORD_KIND_SHIFT {
             0 => Some(WordKind::Native),
             1 => Some(WordKind::Python),
             2 => Some(WordKind::Hotspot),
+            3 => Some(WordKind::V8),
             7 => Some(WordKind::Continuation),
             _ => None,
         }
@@ -127,33 +130,73 @@ pub enum HotspotSubtype {
     Vtable = 3,
 }
 
+/// Where a two-word frame's subtype starts (HotSpot's, V8's).
+pub const SUBTYPE_SHIFT: u32 = 59;
 /// Where a HotSpot word's subtype starts.
-pub const HOTSPOT_SUBTYPE_SHIFT: u32 = 59;
-/// The pointer bits a HotSpot word keeps: below 2^48, 8-byte aligned (a `Method*` and a
-/// `CodeBlob*` are both); any other bit set makes the pointer 0, which the agent leaves
-/// unnamed.
-pub const HOTSPOT_POINTER_BITS: u64 = ((1 << 48) - 1) & !7;
+pub const HOTSPOT_SUBTYPE_SHIFT: u32 = SUBTYPE_SHIFT;
+/// The pointer bits a two-word frame keeps: below 2^48, 8-byte aligned (a `Method*`, a
+/// `CodeBlob*` and an untagged V8 heap object all are); any other bit set makes the pointer
+/// 0, which the agent leaves unnamed.
+pub const POINTER_BITS: u64 = ((1 << 48) - 1) & !7;
+/// [`POINTER_BITS`], by its HotSpot name.
+pub const HOTSPOT_POINTER_BITS: u64 = POINTER_BITS;
+/// The largest detail a two-word frame keeps; a larger one is written as this.
+pub const MAX_DETAIL: u32 = (1 << 29) - 1;
 
-/// A HotSpot frame as two stack words: the first with its subtype and pointer, then a
-/// continuation with the detail (bci or pc offset, at most 2^29 - 1) and the cookie.
+/// A frame of a runtime that takes two words: the first of `kind` with its `subtype` (2
+/// bits) and pointer, then a continuation with the detail (a bytecode index or offset, a pc
+/// offset; at most [`MAX_DETAIL`]) and the cookie.
+pub const fn pointer_frame_words(
+    kind: WordKind,
+    subtype: u8,
+    pointer: u64,
+    detail: u32,
+    cookie: u32,
+) -> [u64; 2] {
+    // Branchless, as `python_frame_word`.
+    let outside = pointer & !POINTER_BITS;
+    let refused = (outside | outside.wrapping_neg()) >> 63;
+    let pointer = pointer & refused.wrapping_sub(1);
+    let detail = if detail > MAX_DETAIL {
+        MAX_DETAIL
+    } else {
+        detail
+    };
+    [
+        kind.word((((subtype & 3) as u64) << SUBTYPE_SHIFT) | (pointer >> 3)),
+        WordKind::Continuation.word(((detail as u64) << 32) | cookie as u64),
+    ]
+}
+
+/// A two-word frame's parts from its first word and its continuation's payload: subtype
+/// bits, pointer, detail and cookie; `None` when `word` is not of `kind`.
+pub const fn pointer_frame_parts(
+    kind: WordKind,
+    word: u64,
+    continuation: u64,
+) -> Option<(u8, u64, u32, u32)> {
+    if word >> WORD_KIND_SHIFT != kind as u64 {
+        return None;
+    }
+    let payload = word_payload(word);
+    let pointer = (payload << 3) & POINTER_BITS;
+    let continuation = continuation & WORD_PAYLOAD_MASK;
+    Some((
+        ((payload >> SUBTYPE_SHIFT) & 3) as u8,
+        pointer,
+        ((continuation >> 32) & MAX_DETAIL as u64) as u32,
+        continuation as u32,
+    ))
+}
+
+/// A HotSpot frame as two stack words ([`pointer_frame_words`]).
 pub const fn hotspot_frame_words(
     subtype: HotspotSubtype,
     pointer: u64,
     detail: u32,
     cookie: u32,
 ) -> [u64; 2] {
-    let outside = pointer & !HOTSPOT_POINTER_BITS;
-    let refused = (outside | outside.wrapping_neg()) >> 63;
-    let pointer = pointer & refused.wrapping_sub(1);
-    let detail = if detail > (1 << 29) - 1 {
-        (1 << 29) - 1
-    } else {
-        detail
-    };
-    [
-        WordKind::Hotspot.word(((subtype as u64) << HOTSPOT_SUBTYPE_SHIFT) | (pointer >> 3)),
-        WordKind::Continuation.word(((detail as u64) << 32) | cookie as u64),
-    ]
+    pointer_frame_words(WordKind::Hotspot, subtype as u8, pointer, detail, cookie)
 }
 
 /// A HotSpot frame's parts from its first word and its continuation's payload: subtype,
@@ -162,24 +205,42 @@ pub const fn hotspot_frame_parts(
     word: u64,
     continuation: u64,
 ) -> Option<(HotspotSubtype, u64, u32, u32)> {
-    if !matches!(WordKind::of(word), Some(WordKind::Hotspot)) {
+    let Some((subtype, pointer, detail, cookie)) =
+        pointer_frame_parts(WordKind::Hotspot, word, continuation)
+    else {
         return None;
-    }
-    let payload = word_payload(word);
-    let subtype = match (payload >> HOTSPOT_SUBTYPE_SHIFT) & 3 {
+    };
+    let subtype = match subtype {
         0 => HotspotSubtype::Interpreted,
         1 => HotspotSubtype::Compiled,
         2 => HotspotSubtype::Stub,
         _ => HotspotSubtype::Vtable,
     };
-    let pointer = (payload << 3) & HOTSPOT_POINTER_BITS;
-    let continuation = continuation & WORD_PAYLOAD_MASK;
-    Some((
-        subtype,
-        pointer,
-        ((continuation >> 32) & ((1 << 29) - 1)) as u32,
-        continuation as u32,
-    ))
+    Some((subtype, pointer, detail, cookie))
+}
+
+/// A V8 frame as two stack words ([`pointer_frame_words`]).
+pub const fn v8_frame_words(
+    subtype: crate::V8Subtype,
+    pointer: u64,
+    detail: u32,
+    cookie: u32,
+) -> [u64; 2] {
+    pointer_frame_words(WordKind::V8, subtype as u8, pointer, detail, cookie)
+}
+
+/// A V8 frame's parts from its first word and its continuation's payload: subtype, pointer,
+/// detail and cookie; `None` when `word` is no V8 word.
+pub const fn v8_frame_parts(
+    word: u64,
+    continuation: u64,
+) -> Option<(crate::V8Subtype, u64, u32, u32)> {
+    let Some((subtype, pointer, detail, cookie)) =
+        pointer_frame_parts(WordKind::V8, word, continuation)
+    else {
+        return None;
+    };
+    Some((crate::V8Subtype::of(subtype), pointer, detail, cookie))
 }
 
 #[cfg(test)]
@@ -265,6 +326,21 @@ mod tests {
     }
 
     #[test]
+    fn v8_frames_take_two_words_of_their_own_kind() {
+        let [word, more] = v8_frame_words(crate::V8Subtype::Baseline, 0x7f12_3456_7898, 0x40, 9);
+        assert_eq!(WordKind::of(word), Some(WordKind::V8));
+        assert_eq!(WordKind::of(more), Some(WordKind::Continuation));
+        assert_eq!(
+            v8_frame_parts(word, word_payload(more)),
+            Some((crate::V8Subtype::Baseline, 0x7f12_3456_7898, 0x40, 9))
+        );
+        // A HotSpot word is no V8 word, nor the other way round.
+        assert_eq!(hotspot_frame_parts(word, more), None);
+        let [java, more] = hotspot_frame_words(HotspotSubtype::Stub, 0x1000, 1, 2);
+        assert_eq!(v8_frame_parts(java, more), None);
+    }
+
+    #[test]
     fn kinds_are_read_from_the_top_bits() {
         assert_eq!(
             WordKind::of(WordKind::Continuation.word(u64::MAX)),
@@ -275,7 +351,7 @@ mod tests {
             WORD_PAYLOAD_MASK
         );
         // Unassigned kinds: what a garbage pc with its top bits set reads as.
-        for kind in 3..7u64 {
+        for kind in 4..7u64 {
             assert_eq!(WordKind::of(kind << WORD_KIND_SHIFT | 0x1234), None);
         }
         // The old Python tag (bit 63) is no Python word now.

@@ -7,8 +7,10 @@
 
 mod frame;
 mod hotspot;
+mod v8;
 pub use frame::*;
 pub use hotspot::*;
+pub use v8::*;
 
 /// Deepest stack the kernel records per sample (`PERF_MAX_STACK_DEPTH`): kernel stacks, and
 /// user stacks walked by frame pointers only (`--unwind fp`). A stack of exactly this many
@@ -538,6 +540,9 @@ pub enum RuntimeId {
     /// HotSpot's code cache: the frame and those after it, to the call stub, are Java frames
     /// ([`HotspotProc`], `HOTSPOT_PROCS`).
     Hotspot = 2,
+    /// V8's code (its embedded builtins and its JIT code): the frame and those after it, to
+    /// the first typed frame, are JavaScript frames ([`V8Proc`], `V8_PROCS`).
+    V8 = 3,
 }
 
 /// One executable mapping of a process, as the BPF unwinder sees it. The agent may describe
@@ -973,6 +978,8 @@ mod pod {
     unsafe impl aya::Pod for super::PythonProc {}
     // SAFETY: see above; explicit padding.
     unsafe impl aya::Pod for super::HotspotProc {}
+    // SAFETY: see above.
+    unsafe impl aya::Pod for super::V8Proc {}
     // SAFETY: see above.
     unsafe impl aya::Pod for super::OffCpuControl {}
     // SAFETY: see above; explicit padding.

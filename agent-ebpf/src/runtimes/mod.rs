@@ -12,6 +12,7 @@
 
 mod hotspot;
 mod python;
+mod v8;
 
 use scorch_common::RuntimeId;
 
@@ -25,6 +26,8 @@ pub fn walk(runtime: u32, walk: &mut WalkState) {
         python::scorch_python_walk(walk.slot);
     } else if runtime == RuntimeId::Hotspot as u32 {
         hotspot::scorch_hotspot_walk(walk.slot);
+    } else if runtime == RuntimeId::V8 as u32 {
+        v8::scorch_v8_walk(walk.slot);
     }
 }
 
@@ -33,4 +36,5 @@ pub fn walk(runtime: u32, walk: &mut WalkState) {
 pub fn forget(tgid: u32) {
     python::forget(tgid);
     hotspot::forget(tgid);
+    v8::forget(tgid);
 }

@@ -20,7 +20,7 @@ use crate::{
     export::{RemoteCompression, RemoteProtocol},
     labels::relabel::{self, RuleConfig},
     pipeline::sampler::UnwindMode,
-    runtimes::{hotspot::JvmMode, python::PythonMode},
+    runtimes::{hotspot::JvmMode, python::PythonMode, v8::NodeMode},
     symbolize::user::SymbolizeMode,
 };
 
@@ -108,6 +108,9 @@ pub struct RunArgs {
     /// `auto` (name the Java frames of HotSpot JVMs, JDK 8 to 26) or `off` [default: auto].
     #[arg(long, value_enum)]
     pub jvm: Option<JvmMode>,
+    /// `auto` (name the JavaScript frames of Node.js 18 to 24) or `off` [default: auto].
+    #[arg(long, value_enum)]
+    pub node: Option<NodeMode>,
     /// Also record off-CPU time: where threads wait (sleep, I/O, locks, preemption) and for
     /// how long, stored beside the CPU samples as its own profile type (`off-cpu`)
     /// [default: false].
@@ -200,6 +203,7 @@ struct FileConfig {
     stack_map_entries: Option<u32>,
     python: Option<String>,
     jvm: Option<String>,
+    node: Option<String>,
     off_cpu: Option<bool>,
     off_cpu_mean: Option<String>,
     off_cpu_min: Option<String>,
@@ -327,6 +331,10 @@ fn apply_file(config: &mut RunConfig, text: &str, path: &Path) -> Result<(), Con
     if let Some(mode) = file.jvm {
         config.jvm = <JvmMode as clap::ValueEnum>::from_str(&mode, false)
             .map_err(|_| value("jvm", format!("{mode:?}: expected auto or off")))?;
+    }
+    if let Some(mode) = file.node {
+        config.node = <NodeMode as clap::ValueEnum>::from_str(&mode, false)
+            .map_err(|_| value("node", format!("{mode:?}: expected auto or off")))?;
     }
     if let Some(on) = file.off_cpu {
         config.off_cpu = on;
@@ -476,6 +484,9 @@ fn apply_flags(config: &mut RunConfig, args: &RunArgs) {
     }
     if let Some(mode) = args.jvm {
         config.jvm = mode;
+    }
+    if let Some(mode) = args.node {
+        config.node = mode;
     }
     if let Some(on) = args.off_cpu {
         config.off_cpu = on;
@@ -712,6 +723,7 @@ mod tests {
             file.stack_map_entries.is_some(),
             file.python.is_some(),
             file.jvm.is_some(),
+            file.node.is_some(),
             file.off_cpu.is_some(),
             file.off_cpu_mean.is_some(),
             file.off_cpu_min.is_some(),

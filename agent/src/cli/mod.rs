@@ -19,7 +19,7 @@ use crate::{
         encode::{svg::Orientation, Format},
         SampleKind,
     },
-    runtimes::{hotspot::JvmMode, python::PythonMode},
+    runtimes::{hotspot::JvmMode, python::PythonMode, v8::NodeMode},
     symbolize::user::SymbolizeMode,
 };
 
@@ -135,6 +135,10 @@ pub struct RecordArgs {
     /// their code cache; `off`: leave them unnamed addresses.
     #[arg(long, value_enum, default_value = "auto")]
     pub jvm: JvmMode,
+    /// `auto`: name the JavaScript frames of Node.js processes (V8 10 to 13, Node 18 to 24),
+    /// walked in BPF through V8's code; `off`: leave them unnamed addresses.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub node: NodeMode,
     /// Record off-CPU time instead of CPU samples: where threads wait (sleep, I/O, locks,
     /// preemption) and for how long, from the scheduler's `sched_switch`. The profile's values
     /// are nanoseconds blocked, labelled `state` (sleeping, disk, preempted) and `thread`.
@@ -185,6 +189,7 @@ impl RecordArgs {
             stack_map_entries: self.stack_map_entries,
             python: self.python,
             jvm: self.jvm,
+            node: self.node,
             off_cpu: self.off_cpu.then_some(OffCpuSettings {
                 mean: self.off_cpu_mean,
                 min: self.off_cpu_min,

@@ -21,7 +21,7 @@ use crate::{
         encode::{self, svg::Orientation, EncodeOptions, Format},
         SampleType,
     },
-    runtimes::{hotspot::JvmMode, python::PythonMode, Registry, RuntimeConfig},
+    runtimes::{hotspot::JvmMode, python::PythonMode, v8::NodeMode, Registry, RuntimeConfig},
     symbolize::{
         self,
         elf::SectionCache,
@@ -67,6 +67,7 @@ pub struct RecordConfig {
     pub python: PythonMode,
     /// Whether JVMs' Java frames are walked.
     pub jvm: JvmMode,
+    pub node: NodeMode,
     /// Record off-CPU time, sampled so, instead of CPU samples.
     pub off_cpu: Option<OffCpuSettings>,
     /// Label samples with their thread's id too (`--thread-ids`).
@@ -246,6 +247,7 @@ pub async fn record(args: &RecordConfig) -> Result<RecordSummary, RecordError> {
     let registry = Registry::new(RuntimeConfig {
         python: args.python,
         jvm: args.jvm,
+        node: args.node,
     });
     let mut sampling = Sampling::start(&config, registry, symbolizer)?;
     tracing::info!(

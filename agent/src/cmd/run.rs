@@ -48,7 +48,7 @@ use crate::{
     pipeline::sampler::{Sampler, SamplerConfig, UnwindCapacity, UnwindMode},
     pipeline::stack_sizing::DEFAULT_MAX_STACK_ENTRIES,
     profile::{Labels, Profile, SampleType},
-    runtimes::{self, hotspot::JvmMode, python::PythonMode, RuntimeConfig},
+    runtimes::{self, hotspot::JvmMode, python::PythonMode, v8::NodeMode, RuntimeConfig},
     serve::{
         guard::AllowedHosts,
         http::{self, HttpState},
@@ -106,6 +106,8 @@ pub struct RunConfig {
     pub python: PythonMode,
     /// Whether JVMs' Java frames are walked (`--jvm`, `jvm`).
     pub jvm: JvmMode,
+    /// Whether Node's JavaScript frames are walked (`--node`, `node`).
+    pub node: NodeMode,
     /// Whether off-CPU time is recorded beside the CPU samples (`--off-cpu`, `off-cpu`).
     pub off_cpu: bool,
     /// How off-CPU time is sampled (`off-cpu-mean`, `off-cpu-min`, `off-cpu-max-events`),
@@ -140,6 +142,7 @@ impl Default for RunConfig {
             stack_map_entries: DEFAULT_MAX_STACK_ENTRIES,
             python: PythonMode::Auto,
             jvm: JvmMode::Auto,
+            node: NodeMode::Auto,
             off_cpu: false,
             off_cpu_sampling: OffCpuSettings::default(),
             thread_ids: false,
@@ -313,6 +316,7 @@ pub async fn run(
     let registry = runtimes::Registry::new(RuntimeConfig {
         python: config.python,
         jvm: config.jvm,
+        node: config.node,
     });
     let mut sampling = Sampling::start(&sampler_config, registry, user_symbolizer)?;
     // What processes exec'd names the executable of one that exited before it was read.

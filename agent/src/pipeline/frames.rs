@@ -42,7 +42,7 @@ pub fn decode_user(words: &[u64]) -> Vec<Frame> {
     for &word in words {
         let frame = match WordKind::of(word) {
             Some(WordKind::Native) => Frame::Native(word_payload(word)),
-            Some(WordKind::Python | WordKind::Hotspot) => Frame::Runtime(word, 0),
+            Some(WordKind::Python | WordKind::Hotspot | WordKind::V8) => Frame::Runtime(word, 0),
             Some(WordKind::Continuation) => {
                 if let (true, Some(Frame::Runtime(_, more))) = (open, frames.last_mut()) {
                     *more = word_payload(word);

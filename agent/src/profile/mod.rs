@@ -148,16 +148,19 @@ pub enum FrameKind {
     Go,
     /// A HotSpot JVM's Java frame (interpreted or compiled), or one of its stubs.
     Jvm,
+    /// A V8 JavaScript frame (Node.js): interpreted, baseline or optimised.
+    V8js,
 }
 
 impl FrameKind {
     /// Every kind, in [`FrameKind::code`] order.
-    pub const ALL: [FrameKind; 5] = [
+    pub const ALL: [FrameKind; 6] = [
         FrameKind::Native,
         FrameKind::Kernel,
         FrameKind::Python,
         FrameKind::Go,
         FrameKind::Jvm,
+        FrameKind::V8js,
     ];
 
     /// The kind's number where it is stored (the store's `locations.kind`, pprof's
@@ -169,6 +172,7 @@ impl FrameKind {
             FrameKind::Python => 2,
             FrameKind::Go => 3,
             FrameKind::Jvm => 4,
+            FrameKind::V8js => 5,
         }
     }
 

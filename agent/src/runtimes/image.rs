@@ -190,6 +190,16 @@ impl<'a> Image<'a> {
         Ok(rest.split(|&b| b == 0).next().unwrap_or(rest))
     }
 
+    /// Whether `range` lies within one section of code.
+    pub fn is_code(&self, range: Range<u64>) -> bool {
+        range.start < range.end
+            && self.file.sections().any(|s| {
+                s.kind() == SectionKind::Text
+                    && range.start >= s.address()
+                    && range.end <= s.address().saturating_add(s.size())
+            })
+    }
+
     /// The code of the function `symbol`.
     pub fn code(&self, what: &'static str, symbol: Symbol) -> Result<&'a [u8], ImageError> {
         self.bytes_at(what, symbol.address, symbol.size)

@@ -24,7 +24,8 @@
 //! - `libc`: where glibc keeps a thread's `pthread_getspecific` values, which an interpreter
 //!   keeping its thread state under a pthread key needs ([`Support`]).
 //! - `python`: CPython 3.11 to 3.15.
-//! - `v8`: V8 (Node.js): its layout, read from its post-mortem constants; not yet walked.
+//! - `v8`: V8 (Node.js 18 to 24), whose layout is read from its post-mortem constants and
+//!   whose builtins and JIT code the walk takes over.
 
 pub mod hotspot;
 pub mod image;
@@ -32,6 +33,7 @@ pub mod libc;
 pub mod memory;
 pub mod python;
 pub mod v8;
+pub mod window;
 
 use std::{any::Any, fmt, ops::Range, path::Path, sync::Arc};
 
@@ -109,6 +111,9 @@ pub struct Support {
 pub struct Attachment {
     /// The process's code (its addresses) whose frames the runtime's BPF walk takes over.
     pub owned: Vec<Range<u64>>,
+    /// Whether the process's anonymous executable mappings are the runtime's too (a JIT's
+    /// code, which comes and goes): the loader marks them at each look at its mappings.
+    pub anonymous_code: bool,
     /// The process's value in [`Runtime::procs_map`], as the BPF side lays it out.
     pub entry: Vec<u8>,
     /// What [`Names`] needs to name the process's frames, handed to the symbolizer.
@@ -162,6 +167,7 @@ pub struct Registry {
 pub struct RuntimeConfig {
     pub python: python::PythonMode,
     pub jvm: hotspot::JvmMode,
+    pub node: v8::NodeMode,
 }
 
 impl Registry {
@@ -173,6 +179,9 @@ impl Registry {
         }
         if config.jvm == hotspot::JvmMode::Auto {
             runtimes.push(Arc::new(hotspot::Hotspot));
+        }
+        if config.node == v8::NodeMode::Auto {
+            runtimes.push(Arc::new(v8::V8));
         }
         Registry { runtimes }
     }
@@ -255,6 +264,14 @@ impl Detected {
     pub fn is_empty(&self) -> bool {
         self.binaries.is_empty() && self.support == Support::default()
     }
+}
+
+/// `value` as a BPF map holds it.
+pub fn pod_bytes<T: aya::Pod>(value: &T) -> Vec<u8> {
+    // SAFETY: a `Pod` is `repr(C)` plain data with explicit padding, so all its bytes are
+    // initialised; the slice lives only as long as `value`.
+    unsafe { std::slice::from_raw_parts(std::ptr::from_ref(value).cast::<u8>(), size_of::<T>()) }
+        .to_vec()
 }
 
 /// Every registered runtime's namer, for the symbolizer: the registry's per-frame side.

@@ -317,6 +317,7 @@ fn frame_type(profile: &Profile, index: LocationIndex) -> &'static str {
         FrameKind::Python => "cpython",
         FrameKind::Go => "go",
         FrameKind::Jvm => "jvm",
+        FrameKind::V8js => "v8js",
     }
 }
 
@@ -531,6 +532,7 @@ mod tests {
             (FrameKind::Python, "cpython"),
             (FrameKind::Go, "go"),
             (FrameKind::Jvm, "jvm"),
+            (FrameKind::V8js, "v8js"),
         ] {
             profile.locations[1].kind = kind;
             assert_eq!(frame_type(&profile, 1), name);

@@ -24,18 +24,13 @@
 //! A frame that cannot be named (memory unreadable, a cookie that does not match, an nmethod
 //! evicted) is [`UNKNOWN_FRAME`], never another frame's name.
 //!
-//! Frames are named at [`Names::capture`], while their process runs: a process exits, a class
-//! is unloaded, an nmethod is flushed, and the words then point at nothing or at something
-//! else. What is named is kept for the window, by (process, word, continuation), at most
-//! [`MAX_CACHED`] frames and [`MAX_CACHED_TEXT`] bytes of names, and dropped at its end (an
-//! address freed and reused within a window is the one case a stale name is given; the
-//! cookies catch most of those). Past the bound, frames are named when their lines are asked.
-//!
-//! The memory is another process's: the readers are bounded (`method`, `nmethod`), a blob's
-//! name is read to at most [`MAX_BLOB_NAME`] bytes, and every name kept is cut to
-//! [`MAX_NAME`] bytes, so a hostile process costs at most the cache's bound.
+//! Frames are named while their process runs, and kept for the window (`runtimes::window`):
+//! a class is unloaded, an nmethod is flushed, and the words then point at nothing or at
+//! something else. The memory is another process's: the readers are bounded (`method`,
+//! `nmethod`), a blob's name is read to at most [`MAX_BLOB_NAME`] bytes, and every name kept
+//! is cut to [`MAX_NAME`] bytes.
 
-use std::{any::Any, collections::HashMap, sync::Arc};
+use std::sync::Arc;
 
 use scorch_common::{hotspot_cookie_parts, hotspot_frame_parts, HotspotSubtype};
 
@@ -43,8 +38,10 @@ use super::layout::Layout;
 use super::method::{name_method, JavaFrame, MethodError};
 use super::nmethod::{name_compiled, NmethodError};
 use super::vmstructs::{read_c_string, StringError};
-use crate::runtimes::memory::{read_u64, Memory, ProcessMemory};
-use crate::{profile::Line, runtimes::Names};
+use crate::profile::Line;
+use crate::runtimes::memory::{read_u64, Memory};
+use crate::runtimes::window::{bounded, Reader, WindowNames};
+pub use crate::runtimes::window::{MAX_CACHED, MAX_CACHED_TEXT, MAX_NAME};
 
 /// What the loader's attachment hands the namer for a JVM process (through
 /// `Attachment::process`): its layout, read once from its libjvm's tables.
@@ -61,15 +58,6 @@ pub struct Process {
 pub const UNKNOWN_FRAME: &str = "[jvm: unknown frame]";
 /// Longest blob name read (HotSpot's are short: `StubRoutines (1)`, `I2C/C2I adapters`).
 pub const MAX_BLOB_NAME: usize = 256;
-/// Longest name kept (a function, a system name or a file). A class file allows names of 64
-/// KiB; none a compiler writes for a real class comes near this, and the cut bounds what a
-/// hostile process makes the agent keep per line.
-pub const MAX_NAME: usize = 4096;
-/// Most frames kept named at once.
-pub const MAX_CACHED: usize = 65_536;
-/// Most bytes of names kept at once: real frames take a few hundred bytes each, so the frame
-/// bound is reached first; this one holds when names are long.
-pub const MAX_CACHED_TEXT: usize = 32 << 20;
 /// The bci the walk writes when it could not read the frame's.
 pub const UNKNOWN_BCI: u32 = 0xffff;
 
@@ -234,216 +222,30 @@ fn java_line(frame: JavaFrame) -> Line {
     }
 }
 
-/// `text` cut to [`MAX_NAME`] bytes, on a character's boundary.
-fn bounded(mut text: String) -> String {
-    if text.len() > MAX_NAME {
-        let mut end = MAX_NAME;
-        while !text.is_char_boundary(end) {
-            end -= 1;
-        }
-        text.truncate(end);
+/// HotSpot's [`Reader`]: a frame's collections count, then its words.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct HotspotReader;
+
+impl Reader for HotspotReader {
+    type Process = Process;
+    const UNKNOWN: &'static str = UNKNOWN_FRAME;
+    const RUNTIME: &'static str = "HotSpot";
+
+    fn read(
+        &self,
+        memory: &dyn Memory,
+        process: &Process,
+        word: u64,
+        more: u64,
+    ) -> Result<Vec<Line>, String> {
+        same_collections(memory, process, word, more)
+            .and_then(|()| name_frame(memory, &process.layout, word, more))
+            .map_err(|err| err.to_string())
     }
-    text
-}
-
-/// The bytes of names a frame's lines keep.
-fn text_size(lines: &[Line]) -> usize {
-    lines
-        .iter()
-        .map(|l| l.function.len() + l.system_name.len() + l.file.as_ref().map_or(0, String::len))
-        .sum()
-}
-
-/// Whose memory frames are read from.
-enum Source {
-    /// Each frame's process's own.
-    Processes,
-    /// The same bytes for every process (the tests).
-    Given(Arc<dyn Memory + Send + Sync>),
 }
 
 /// Names HotSpot frames; see the module documentation.
-pub struct HotspotNames {
-    /// Each JVM process's layout, from its attachment.
-    processes: HashMap<u32, Process>,
-    /// Frames named this window (`None`: left unknown), by (process, word, continuation).
-    cache: HashMap<(u32, u64, u64), Option<Vec<Line>>>,
-    /// The bytes of names `cache` holds, against [`MAX_CACHED_TEXT`].
-    cached_text: usize,
-    /// What the last window's names took ([`Names::window_bytes`]).
-    window_bytes: usize,
-    source: Source,
-    /// Frames named and frames left unknown, since start.
-    pub named: u64,
-    pub unknown: u64,
-}
-
-impl std::fmt::Debug for HotspotNames {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("HotspotNames")
-            .field("processes", &self.processes.len())
-            .field("cached", &self.cache.len())
-            .field("named", &self.named)
-            .field("unknown", &self.unknown)
-            .finish_non_exhaustive()
-    }
-}
-
-impl Default for HotspotNames {
-    fn default() -> HotspotNames {
-        HotspotNames::new()
-    }
-}
-
-impl HotspotNames {
-    /// A namer reading each frame's process's memory.
-    pub fn new() -> HotspotNames {
-        HotspotNames::with_source(Source::Processes)
-    }
-
-    /// A namer reading every process's frames from `memory` (the tests).
-    pub fn reading(memory: Arc<dyn Memory + Send + Sync>) -> HotspotNames {
-        HotspotNames::with_source(Source::Given(memory))
-    }
-
-    fn with_source(source: Source) -> HotspotNames {
-        HotspotNames {
-            processes: HashMap::new(),
-            cache: HashMap::new(),
-            cached_text: 0,
-            window_bytes: 0,
-            source,
-            named: 0,
-            unknown: 0,
-        }
-    }
-
-    /// Notes that `pid` runs a JVM of `layout` (or, with `None`, no longer does).
-    pub fn set_process(&mut self, pid: u32, process: Option<Process>) {
-        match process {
-            Some(process) => {
-                self.processes.insert(pid, process);
-            }
-            // What was captured stays until the window ends: a process that exited is
-            // named from it.
-            None => {
-                self.processes.remove(&pid);
-            }
-        }
-    }
-
-    /// The frame's lines read now, `None` when it cannot be named (or `pid` is no JVM the
-    /// namer was told of).
-    fn read(&self, pid: u32, word: u64, more: u64) -> Option<Vec<Line>> {
-        let process = self.processes.get(&pid)?;
-        let process_memory = ProcessMemory(pid);
-        let memory: &dyn Memory = match &self.source {
-            Source::Processes => &process_memory,
-            Source::Given(memory) => memory.as_ref(),
-        };
-        let named = same_collections(memory, process, word, more)
-            .and_then(|()| name_frame(memory, &process.layout, word, more));
-        match named {
-            Ok(lines) if !lines.is_empty() => Some(lines),
-            Ok(_) => None,
-            Err(err) => {
-                tracing::trace!("pid {pid}: HotSpot frame {word:#x}/{more:#x} unnamed: {err}");
-                None
-            }
-        }
-    }
-
-    /// Whether one more frame of `lines` fits the cache.
-    fn room_for(&self, lines: Option<&Vec<Line>>) -> bool {
-        self.cache.len() < MAX_CACHED
-            && self.cached_text + lines.map_or(0, |l| text_size(l)) <= MAX_CACHED_TEXT
-    }
-
-    fn keep(&mut self, key: (u32, u64, u64), lines: Option<Vec<Line>>) {
-        self.cached_text += lines.as_deref().map_or(0, text_size);
-        self.cache.insert(key, lines);
-    }
-
-    /// Frames kept named now.
-    #[cfg(test)]
-    fn cached(&self) -> usize {
-        self.cache.len()
-    }
-}
-
-impl Names for HotspotNames {
-    fn attach(&mut self, pid: u32, process: Option<Arc<dyn Any + Send + Sync>>) {
-        let process = process
-            .as_ref()
-            .and_then(|p| p.downcast_ref::<Process>())
-            .cloned();
-        self.set_process(pid, process);
-    }
-
-    fn capture(&mut self, pid: u32, word: u64, more: u64) {
-        let key = (pid, word, more);
-        if !self.processes.contains_key(&pid)
-            || self.cache.contains_key(&key)
-            || !self.room_for(None)
-        {
-            return;
-        }
-        let lines = self.read(pid, word, more);
-        if self.room_for(lines.as_ref()) {
-            self.keep(key, lines);
-        }
-    }
-
-    fn end_window(&mut self, alive: &dyn Fn(u32) -> bool) {
-        // The cache only grows within a window: what it holds now is its most.
-        self.window_bytes = self
-            .cache
-            .values()
-            .map(|lines| {
-                size_of::<((u32, u64, u64), Option<Vec<Line>>)>()
-                    + lines.as_ref().map_or(0, |lines| {
-                        lines.capacity() * size_of::<Line>() + text_size(lines)
-                    })
-            })
-            .sum();
-        self.cache.clear();
-        self.cached_text = 0;
-        self.processes.retain(|&pid, _| alive(pid));
-    }
-
-    fn lines(&mut self, pid: u32, word: u64, more: u64) -> Vec<Line> {
-        let key = (pid, word, more);
-        let lines = match self.cache.get(&key) {
-            Some(lines) => lines.clone(),
-            None => {
-                let lines = self.read(pid, word, more);
-                // A process the namer was not told of has nothing to keep.
-                if self.processes.contains_key(&pid) && self.room_for(lines.as_ref()) {
-                    self.keep(key, lines.clone());
-                }
-                lines
-            }
-        };
-        match lines {
-            Some(lines) => {
-                self.named += 1;
-                lines
-            }
-            None => {
-                self.unknown += 1;
-                vec![Line::named(UNKNOWN_FRAME)]
-            }
-        }
-    }
-
-    fn counts(&self) -> (u64, u64) {
-        (self.named, self.unknown)
-    }
-
-    fn window_bytes(&self) -> usize {
-        self.window_bytes
-    }
-}
+pub type HotspotNames = WindowNames<HotspotReader>;
 
 #[cfg(test)]
 mod tests;

@@ -172,6 +172,7 @@ impl Binary for Jvm {
             owned: (0..count)
                 .map(|i| entry.heap_start[i]..entry.heap_end[i])
                 .collect(),
+            anonymous_code: false,
             entry: entry_bytes(&entry),
             process: Arc::new(Process {
                 layout,

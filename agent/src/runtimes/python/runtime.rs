@@ -102,6 +102,7 @@ impl Binary for Interpreter {
             .collect();
         Attach::Attached(Attachment {
             owned,
+            anonymous_code: false,
             entry: entry_bytes(&value),
             process: Arc::new(process) as Arc<dyn Any + Send + Sync>,
         })

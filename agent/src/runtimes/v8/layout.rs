@@ -69,7 +69,23 @@ pub struct Layout {
     /// compiled, then its `ScopeInfo`, which holds the name; a Smi when it has none.
     pub shared_name: u16,
     pub scope_info: ScopeInfoSlots,
+    /// Where optimised code keeps its function: `None` where the build does not say in a
+    /// form read here (V8 13 wraps the function in its deoptimisation data).
+    pub deoptimization: Option<Deoptimization>,
 }
+
+/// The way from optimised code (Maglev's, TurboFan's) back to its function:
+/// `Code::deoptimization_data`, a `FixedArray` whose element `shared_index` is the
+/// function's `SharedFunctionInfo`. V8 10 exports neither; its values are 11.3's, which the
+/// live test checks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Deoptimization {
+    pub code_field: u16,
+    pub shared_index: u8,
+}
+
+/// A `FixedArray`'s elements start after its map and its length (a Smi).
+pub const FIXED_ARRAY_HEADER: u64 = 16;
 
 /// Where a `ScopeInfo` keeps what naming a function reads, in tagged slots after its map:
 /// its flags in the first, then the exported indices. The name's own slot follows the
@@ -354,6 +370,27 @@ pub fn layout(constants: &Constants) -> Result<Layout, LayoutError> {
         context_local_count: scope_slot("scopeinfo_idx_ncontextlocals")?,
         first_vars: scope_slot("scopeinfo_idx_first_vars")?,
     };
+    let deoptimization = match (
+        constants.field("Code", "deoptimization_data"),
+        constants.get("DeoptimizationDataSharedFunctionInfoIndex"),
+    ) {
+        (Some(field), Some(index)) => Some(Deoptimization {
+            code_field: offset("Code::deoptimization_data", field)?,
+            shared_index: u8::try_from(index)
+                .ok()
+                .filter(|&i| i < MAX_DEOPTIMIZATION_INDEX)
+                .ok_or_else(|| LayoutError::OutOfRange {
+                    version,
+                    what: "DeoptimizationDataSharedFunctionInfoIndex".into(),
+                    value: index.into(),
+                })?,
+        }),
+        _ if version.major == 10 => Some(Deoptimization {
+            code_field: 2 * POINTER as u16,
+            shared_index: 6,
+        }),
+        _ => None,
+    };
     Ok(Layout {
         version,
         tagging,
@@ -371,8 +408,12 @@ pub fn layout(constants: &Constants) -> Result<Layout, LayoutError> {
         script_name,
         shared_name,
         scope_info,
+        deoptimization,
     })
 }
+
+/// Past the header entries a `DeoptimizationData` starts with.
+const MAX_DEOPTIMIZATION_INDEX: u8 = 32;
 
 /// Past the few header slots a `ScopeInfo` has (flags, counts, positions).
 const MAX_SCOPE_INFO_SLOT: u8 = 16;

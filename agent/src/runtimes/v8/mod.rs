@@ -19,13 +19,29 @@
 //! walk of JavaScript frames lands next, the naming of their functions, scripts and lines
 //! after it.
 
+pub mod builtins;
 pub mod constants;
 pub mod layout;
+pub mod names;
+pub mod runtime;
 pub mod shared;
 pub mod strings;
 
 pub use constants::{Constants, ConstantsError, Version};
 pub use layout::{layout, Layout, LayoutError};
+pub use names::{name_frame, V8Names};
+pub use runtime::{v8_proc, V8};
+
+/// Whether JavaScript frames are walked (`--node`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum NodeMode {
+    /// Node.js binaries (`node`, `libnode.so.N`) are recognised from V8's post-mortem
+    /// constants, and their JavaScript frames walked in BPF and named from V8's heap.
+    #[default]
+    Auto,
+    /// Node is not looked for: its JavaScript shows as V8's builtins and unnamed JIT code.
+    Off,
+}
 
 use super::image::Image;
 
@@ -106,6 +122,8 @@ pub(crate) const NODE_20: &[(&str, i32)] = &[
     ("type_ScopeInfo__SCOPE_INFO_TYPE", 261),
     ("scopeinfo_idx_ncontextlocals", 2),
     ("scopeinfo_idx_first_vars", 3),
+    ("class_Code__deoptimization_data__FixedArray", 16),
+    ("DeoptimizationDataSharedFunctionInfoIndex", 6),
 ];
 
 /// Constants a build may have beyond [`NODE_20`]'s, for the fuzz target to choose too.

@@ -76,11 +76,21 @@ impl<M: LoaderMaps> Unwinder<M> {
         // The walk hands a frame in a runtime's code to that runtime's walk when its mapping
         // says so.
         for (id, attachment) in &attachments {
-            let ranges: Vec<(u64, u64)> = attachment
+            let mut ranges: Vec<(u64, u64)> = attachment
                 .owned
                 .iter()
                 .map(|range| (range.start, range.end))
                 .collect();
+            // A JIT's code: every anonymous executable mapping, as the process has them now
+            // (a new one holds a pc no mapping does, which has the process looked at again).
+            if attachment.anonymous_code {
+                ranges.extend(
+                    mappings
+                        .iter()
+                        .filter(|m| m.key.is_none())
+                        .map(|m| (m.start, m.end)),
+                );
+            }
             chosen = mark_owned(chosen, &ranges, *id);
         }
         self.note_attach_later(pid, later);

@@ -314,6 +314,7 @@ mod tests {
             let owned = OWNED.start + bias..OWNED.end + bias;
             Attach::Attached(super::Attachment {
                 owned: std::iter::once(owned).collect(),
+                anonymous_code: false,
                 entry: bias.to_le_bytes().to_vec(),
                 process: Arc::new(bias) as Arc<dyn Any + Send + Sync>,
             })

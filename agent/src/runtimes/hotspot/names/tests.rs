@@ -11,6 +11,7 @@ use scorch_common::{hotspot_frame_words, word_payload, HotspotSubtype};
 
 use super::super::tests::names::{demo, nmethod, COMPILE_ID, CONST_METHOD, METHOD, NMETHOD};
 use super::*;
+use crate::runtimes::Names;
 use crate::runtimes::{hotspot::Layout, memory::Regions};
 
 const PID: u32 = 4_500_000;
@@ -300,7 +301,7 @@ fn the_hosts_jdk_17_frames_are_named_from_their_words() {
         }
     };
     let (nmethod, method) = spin;
-    let mut names = HotspotNames::new();
+    let mut names = HotspotNames::default();
     let process: Arc<dyn Any + Send + Sync> = Arc::new(Process {
         layout: Arc::new(layout.clone()),
         collected_heap: 0,

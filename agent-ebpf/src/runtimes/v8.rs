@@ -1,0 +1,306 @@
+//! V8's JavaScript frames, walked where the native walk meets V8's code.
+//!
+//! The agent marks V8's code as owned by [`RuntimeId::V8`]: the embedded builtins in `node`
+//! or `libnode` (the interpreter's handlers among them) and the process's anonymous
+//! executable mappings (the JIT's code). When the native walk meets a pc there it hands the
+//! frame over ([`walk_at`]). Every frame V8 builds keeps a frame pointer, so this walk steps
+//! by it, up to [`FRAMES_PER_CALL`] JavaScript frames per iteration of the walk's loop, and
+//! hands back at the first frame that is not one (a typed frame: the entry frame V8 was
+//! called through, an exit frame into C++, a stub's), which the native walk records and
+//! steps past, so `node::Start`, `main` and `_start` follow.
+//!
+//! Per frame (the slots V8's `frame-constants.h` gives, exported as `v8dbg_off_fp_*`):
+//! 1. **Typed or JavaScript.** The context slot holds a typed frame's marker (the frame type
+//!    shifted left by one: a Smi's tag, not a Smi) or a JavaScript frame's context (a tagged
+//!    pointer).
+//! 2. **The function**, from the function slot: a `JSFunction` (its map's instance type in
+//!    the range the agent gives).
+//! 3. **Its code.** Compiled code (Sparkplug's, Maglev's, TurboFan's) when the function's
+//!    `Code` is of a kind from baseline up and holds the pc: the pc's offset from its
+//!    instructions, and a cookie of the code's size and kind. Otherwise Ignition's, when the
+//!    frame's bytecode offset slot holds a Smi and its bytecode array slot a `BytecodeArray`:
+//!    the offset. Otherwise (the code was replaced since the frame was entered, a leaf in a
+//!    prologue, a builtin's frame, or a function whose code sits behind leaptiering's
+//!    dispatch table) the function alone, through its `SharedFunctionInfo`.
+//! 4. **Its words**: the subtype and the pointer the agent names it from (the
+//!    `SharedFunctionInfo`, the optimised `Code`, or for baseline code, which keeps no way
+//!    back to its function, the `JSFunction`), then the offset and the cookie.
+
+use aya_ebpf::{
+    macros::map,
+    maps::{HashMap, PerCpuArray},
+};
+use scorch_common::{
+    v8_code_cookie, v8_frame_words, RuntimeId, V8Count, V8Proc, V8Subtype, COUNTER_RUNS,
+    MAX_V8_PROCS, V8_CODE_BYTES, V8_CODE_DISPATCH, V8_CODE_INLINE, V8_COUNTS, V8_FRAME_BELOW,
+    V8_FRAME_WORDS,
+};
+
+use crate::shared::{
+    counters,
+    stack::{push_frame, WalkState, WALK},
+    user::{read, read_into, read_u64},
+};
+
+/// Processes running V8, written by the agent; not preallocated.
+#[map]
+static V8_PROCS: HashMap<u32, V8Proc> =
+    HashMap::with_max_entries(MAX_V8_PROCS, crate::shared::flags::BPF_F_NO_PREALLOC);
+
+/// Per-CPU counters indexed by [`V8Count`]; cumulative, the agent takes differences.
+#[map]
+static V8_COUNTS_MAP: PerCpuArray<u64> = PerCpuArray::with_max_entries(V8_COUNTS * COUNTER_RUNS, 0);
+
+/// Per CPU, too large for the stack: a frame's words and a `Code`'s first bytes.
+#[repr(C)]
+struct Scratch {
+    words: [u64; V8_FRAME_WORDS],
+    code: [u8; V8_CODE_BYTES],
+    /// JavaScript frames this hand-over emitted, counted once when it ends.
+    frames: u64,
+}
+
+#[map]
+static V8_SCRATCH: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1, 0);
+
+/// JavaScript frames unwound per call of [`scorch_v8_walk`] (see `hotspot.rs`).
+const FRAMES_PER_CALL: u32 = 8;
+
+/// The farthest a frame pointer may lie above the stack pointer: a JavaScript frame holds
+/// its locals and the arguments it pushes, and V8 bounds both far below this.
+const MAX_FRAME_BYTES: u64 = 0x10000;
+
+/// A V8 tagged pointer's tag (`HeapObjectTag` under `HeapObjectTagMask`): the agent writes
+/// an entry only for builds whose tagging is this.
+const HEAP_OBJECT_TAG: u64 = 1;
+const HEAP_OBJECT_TAG_MASK: u64 = 3;
+/// A Smi's value is the word's upper half (no pointer compression).
+const SMI_SHIFT: u32 = 32;
+
+/// After an exec the process runs another program: forget its V8.
+#[inline(always)]
+pub fn forget(tgid: u32) {
+    let _ = V8_PROCS.remove(tgid);
+}
+
+#[inline(always)]
+fn count(run: u32, kind: V8Count, n: u64) {
+    counters::add(&V8_COUNTS_MAP, run * V8_COUNTS + kind as u32, n);
+}
+
+/// The object a tagged word points to, or `None` for a Smi or a marker.
+#[inline(always)]
+fn untag(tagged: u64) -> Option<u64> {
+    (tagged & HEAP_OBJECT_TAG_MASK == HEAP_OBJECT_TAG).then(|| tagged - HEAP_OBJECT_TAG)
+}
+
+/// The instance type of the object whose map is the tagged word `map`.
+#[inline(always)]
+fn type_of_map(proc: &V8Proc, map: u64) -> Option<u16> {
+    read::<u16>(untag(map)?.wrapping_add(u64::from(proc.instance_type)))
+}
+
+/// The instance type of the object at `object` (untagged).
+#[inline(always)]
+fn type_of(proc: &V8Proc, object: u64) -> Option<u16> {
+    type_of_map(proc, read_u64(object.wrapping_add(u64::from(proc.map)))?)
+}
+
+/// A field of the `Code` bytes in the scratch buffer, at an offset the agent checked to lie
+/// within them (clamped again here for the verifier).
+#[inline(always)]
+fn code_u64(code: &[u8; V8_CODE_BYTES], offset: u16) -> u64 {
+    let at = (offset as usize).min(V8_CODE_BYTES - 8);
+    u64::from_le_bytes(code[at..at + 8].try_into().unwrap_or([0; 8]))
+}
+
+#[inline(always)]
+fn code_u32(code: &[u8; V8_CODE_BYTES], offset: u16) -> u32 {
+    let at = (offset as usize).min(V8_CODE_BYTES - 4);
+    u32::from_le_bytes(code[at..at + 4].try_into().unwrap_or([0; 4]))
+}
+
+/// The frame's slot at index `slot` of the words read.
+#[inline(always)]
+fn slot(words: &[u64; V8_FRAME_WORDS], slot: u8) -> u64 {
+    words[(slot as usize).min(V8_FRAME_WORDS - 1)]
+}
+
+/// What became of one frame.
+#[derive(PartialEq, Eq)]
+enum Step {
+    /// A JavaScript frame: its words pushed, the walk's registers at its caller.
+    Javascript,
+    /// Not a JavaScript frame (counted): the native walk records and steps past it.
+    Other,
+    /// The stack is full.
+    Full,
+}
+
+/// The words of the JavaScript frame whose function is `function` (untagged), at `lookup`
+/// (its pc, or its return address less one).
+#[inline(always)]
+fn words_of(
+    walk: &WalkState,
+    proc: &V8Proc,
+    scratch: &mut Scratch,
+    function: u64,
+    lookup: u64,
+) -> Option<[u64; 2]> {
+    // Compiled code holding the pc.
+    if proc.flags & V8_CODE_DISPATCH == 0 {
+        if let Some(code) =
+            read_u64(function.wrapping_add(u64::from(proc.function_code))).and_then(untag)
+        {
+            if read_into(&mut scratch.code, code)
+                && type_of_map(proc, code_u64(&scratch.code, proc.map)) == Some(proc.code_type)
+            {
+                let flags = code_u32(&scratch.code, proc.code_flags);
+                let kind = (flags >> (proc.code_kind_shift & 31)) & u32::from(proc.code_kind_mask);
+                let start = if proc.flags & V8_CODE_INLINE != 0 {
+                    code.wrapping_add(u64::from(proc.code_start))
+                } else {
+                    code_u64(&scratch.code, proc.code_start)
+                };
+                let size = code_u32(&scratch.code, proc.code_size);
+                if kind >= u32::from(proc.code_kind_baseline)
+                    && lookup >= start
+                    && lookup < start.wrapping_add(u64::from(size))
+                {
+                    let (subtype, pointer) = if kind == u32::from(proc.code_kind_baseline) {
+                        (V8Subtype::Baseline, function)
+                    } else {
+                        (V8Subtype::Optimised, code)
+                    };
+                    return Some(v8_frame_words(
+                        subtype,
+                        pointer,
+                        walk.pc.wrapping_sub(start) as u32,
+                        v8_code_cookie(size, kind),
+                    ));
+                }
+            }
+        }
+    }
+    let shared =
+        read_u64(function.wrapping_add(u64::from(proc.function_shared))).and_then(untag)?;
+    if type_of(proc, shared) != Some(proc.shared_function_info_type) {
+        return None;
+    }
+    // Ignition's: the bytecode offset a Smi, the bytecode array's slot a `BytecodeArray`.
+    let offset = slot(&scratch.words, proc.slot_bytecode_offset);
+    if offset & 1 == 0 && (offset >> 63) == 0 {
+        if let Some(bytecode) = untag(slot(&scratch.words, proc.slot_bytecode_array)) {
+            if type_of(proc, bytecode) == Some(proc.bytecode_array_type) {
+                return Some(v8_frame_words(
+                    V8Subtype::Interpreted,
+                    shared,
+                    (offset >> SMI_SHIFT) as u32,
+                    0,
+                ));
+            }
+        }
+    }
+    count(walk.counters, V8Count::NoCode, 1);
+    Some(v8_frame_words(V8Subtype::Function, shared, 0, 0))
+}
+
+/// One frame at the walk's registers: pushed when it is a JavaScript frame.
+#[inline(always)]
+fn frame(walk: &mut WalkState, proc: &V8Proc, scratch: &mut Scratch) -> Step {
+    let (pc, sp, fp) = (walk.pc, walk.sp, walk.fp);
+    if fp < sp || fp - sp > MAX_FRAME_BYTES {
+        count(walk.counters, V8Count::BadFramePointer, 1);
+        return Step::Other;
+    }
+    if !read_into(&mut scratch.words, fp.wrapping_sub(V8_FRAME_BELOW as u64)) {
+        count(walk.counters, V8Count::BadFramePointer, 1);
+        return Step::Other;
+    }
+    // A typed frame's marker: a Smi's tag bit, clear.
+    let context = slot(&scratch.words, proc.slot_context);
+    if context & 1 == 0 {
+        count(walk.counters, V8Count::TypedFrame, 1);
+        return Step::Other;
+    }
+    let function = untag(slot(&scratch.words, proc.slot_function));
+    let is_function = function
+        .and_then(|f| type_of(proc, f))
+        .is_some_and(|t| t >= proc.first_function_type && t <= proc.last_function_type);
+    let (Some(function), true) = (function, is_function) else {
+        count(walk.counters, V8Count::BadFunction, 1);
+        return Step::Other;
+    };
+    // A return address's call is one byte before it.
+    let lookup = if walk.return_address == 0 { pc } else { pc - 1 };
+    let Some(words) = words_of(walk, proc, scratch, function, lookup) else {
+        count(walk.counters, V8Count::BadFunction, 1);
+        return Step::Other;
+    };
+    if !push_frame(walk, words[0]) || !push_frame(walk, words[1]) {
+        count(walk.counters, V8Count::FrameLimit, 1);
+        return Step::Full;
+    }
+    walk.runtime_frames += 1;
+    // The saved frame pointer and the return address, the last two words read.
+    walk.pc = scratch.words[V8_FRAME_WORDS - 1];
+    walk.fp = scratch.words[V8_FRAME_WORDS - 2];
+    walk.sp = fp + 16;
+    walk.return_address = 1;
+    Step::Javascript
+}
+
+/// Replaces the V8 frame the walk in `WALK`'s `slot` is at with its JavaScript frames, up to
+/// [`FRAMES_PER_CALL`], and leaves the walk's registers at the last one's caller; returns 0.
+/// While the frames go on being JavaScript's, the walk's next iteration comes back here; at
+/// the first that is not, the native walk goes on from it (`stepped`), and hands it back if
+/// its pc is V8's, to be recorded and stepped past natively. A global function, so the
+/// verifier checks it once on its own (see `python.rs`).
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn scorch_v8_walk(slot: u32) -> u32 {
+    if let Some(walk) = WALK.get_ptr_mut(slot) {
+        // SAFETY: this CPU's walk state, which the walk that called this has handed over.
+        walk_at(unsafe { &mut *walk });
+    }
+    0
+}
+
+#[inline(always)]
+fn walk_at(walk: &mut WalkState) {
+    let Some(proc) = V8_PROCS.get_ptr(walk.tgid) else {
+        return;
+    };
+    let Some(scratch) = V8_SCRATCH.get_ptr_mut(0) else {
+        return;
+    };
+    // SAFETY: map values, alive while the program runs; the scratch is this CPU's.
+    let (proc, scratch) = unsafe { (&*proc, &mut *scratch) };
+    if walk.claimed == 0 {
+        scratch.frames = 0;
+    }
+    for _ in 0..FRAMES_PER_CALL {
+        let first = walk.claimed == 0;
+        match frame(walk, proc, scratch) {
+            Step::Javascript => {
+                scratch.frames += 1;
+                walk.claimed = 1;
+            }
+            Step::Other if first => {
+                // Not claimed: the native walk records the pc and steps past it.
+                walk.stepped = 0;
+                return;
+            }
+            _ => {
+                // The hand-over ends at a frame that is not JavaScript's (or a full stack):
+                // its frames are counted once, and the native walk takes the registers.
+                count(walk.counters, V8Count::Frames, scratch.frames);
+                walk.claimed = 0;
+                walk.stepped = 1;
+                return;
+            }
+        }
+    }
+    // More frames may be JavaScript's: the walk's next iteration comes back here.
+    walk.runtime = RuntimeId::V8 as u32;
+}
