@@ -172,10 +172,12 @@ fn words_of(
                     } else {
                         (V8Subtype::Optimised, code)
                     };
+                    // The offset of the pc, or of the call a return address follows: the
+                    // source position the agent looks up is the call's.
                     return Some(v8_frame_words(
                         subtype,
                         pointer,
-                        walk.pc.wrapping_sub(start) as u32,
+                        lookup.wrapping_sub(start) as u32,
                         v8_code_cookie(size, kind),
                     ));
                 }

@@ -36,15 +36,19 @@ pub trait Reader: Send {
     const UNKNOWN: &'static str;
     /// The runtime, in the log.
     const RUNTIME: &'static str;
-    /// The lines (innermost first) of the frame (`word`, `more`) of a process with `process`,
-    /// read from `memory`; why not, when it cannot be named.
+    /// The lines (innermost first) of the frame (`word`, `more`) of process `pid`, with
+    /// `process`, read from `memory`; why not, when it cannot be named.
     fn read(
-        &self,
+        &mut self,
+        pid: u32,
         memory: &dyn Memory,
         process: &Self::Process,
         word: u64,
         more: u64,
     ) -> Result<Vec<Line>, String>;
+
+    /// Ends a window: what the reader kept of the processes' memory may be stale by the next.
+    fn end_window(&mut self) {}
 }
 
 /// Whose memory frames are read from.
@@ -126,14 +130,14 @@ impl<R: Reader> WindowNames<R> {
 
     /// The frame's lines read now, `None` when it cannot be named (or `pid` is no process
     /// the namer was told of).
-    fn read(&self, pid: u32, word: u64, more: u64) -> Option<Vec<Line>> {
+    fn read(&mut self, pid: u32, word: u64, more: u64) -> Option<Vec<Line>> {
         let process = self.processes.get(&pid)?;
         let process_memory = ProcessMemory(pid);
         let memory: &dyn Memory = match &self.source {
             Source::Processes => &process_memory,
             Source::Given(memory) => memory.as_ref(),
         };
-        match self.reader.read(memory, process, word, more) {
+        match self.reader.read(pid, memory, process, word, more) {
             Ok(lines) if !lines.is_empty() => Some(lines),
             Ok(_) => None,
             Err(err) => {
@@ -200,6 +204,7 @@ impl<R: Reader> Names for WindowNames<R> {
             .sum();
         self.cache.clear();
         self.cached_text = 0;
+        self.reader.end_window();
         self.processes.retain(|&pid, _| alive(pid));
     }
 

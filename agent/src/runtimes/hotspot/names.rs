@@ -232,7 +232,8 @@ impl Reader for HotspotReader {
     const RUNTIME: &'static str = "HotSpot";
 
     fn read(
-        &self,
+        &mut self,
+        _: u32,
         memory: &dyn Memory,
         process: &Process,
         word: u64,

@@ -72,6 +72,37 @@ pub struct Layout {
     /// Where optimised code keeps its function: `None` where the build does not say in a
     /// form read here (V8 13 wraps the function in its deoptimisation data).
     pub deoptimization: Option<Deoptimization>,
+    /// Where code keeps its source positions: `None` where the build does not say in a form
+    /// read here (V8 13 moved them into trusted space).
+    pub positions: Option<Positions>,
+    /// `Script::source` (a string) and `Script::line_ends` (a `FixedArray` of Smis once V8
+    /// has counted them, else `undefined`).
+    pub script_source: u16,
+    pub script_line_ends: u16,
+}
+
+/// Where source positions are kept. V8 10 and 11 export the fields but for the tables'
+/// places in `Code` (V8 10) and `BytecodeArray` (both), which follow rules the live test
+/// checks: `Code::source_position_table` two words before its instruction size, and the
+/// bytecode's table three words past its length (after its constant pool and handler
+/// table).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Positions {
+    /// `Code::source_position_table`: a `ByteArray`.
+    pub code_table: u16,
+    /// `BytecodeArray::source_position_table`: a `ByteArray`, or `undefined` until V8 has
+    /// collected the positions (it does so lazily, when a stack trace or a profiler asks).
+    pub bytecode_table: u16,
+    /// `BytecodeArray::data`: where its bytecode starts; a frame's bytecode offset counts
+    /// from the array's tagged address.
+    pub bytecode_data: u16,
+    /// `SharedFunctionInfo::function_data`: its `BytecodeArray` (or, with baseline code, that
+    /// `Code`, whose deoptimisation data slot holds the `BytecodeArray`).
+    pub function_data: u16,
+    /// `FixedArrayBase::length`: a Smi, in every array's second word.
+    pub array_length: u16,
+    pub byte_array_type: u16,
+    pub fixed_array_type: u16,
 }
 
 /// The way from optimised code (Maglev's, TurboFan's) back to its function:
@@ -82,6 +113,12 @@ pub struct Layout {
 pub struct Deoptimization {
     pub code_field: u16,
     pub shared_index: u8,
+    /// The inlined functions' count (a Smi), the literal array (whose first elements are
+    /// the inlined functions' `SharedFunctionInfo`s) and the inlining positions (a
+    /// `ByteArray`).
+    pub inlined_count_index: u8,
+    pub literal_array_index: u8,
+    pub inlining_positions_index: u8,
 }
 
 /// A `FixedArray`'s elements start after its map and its length (a Smi).
@@ -370,27 +407,80 @@ pub fn layout(constants: &Constants) -> Result<Layout, LayoutError> {
         context_local_count: scope_slot("scopeinfo_idx_ncontextlocals")?,
         first_vars: scope_slot("scopeinfo_idx_first_vars")?,
     };
-    let deoptimization = match (
-        constants.field("Code", "deoptimization_data"),
-        constants.get("DeoptimizationDataSharedFunctionInfoIndex"),
-    ) {
-        (Some(field), Some(index)) => Some(Deoptimization {
-            code_field: offset("Code::deoptimization_data", field)?,
-            shared_index: u8::try_from(index)
-                .ok()
-                .filter(|&i| i < MAX_DEOPTIMIZATION_INDEX)
-                .ok_or_else(|| LayoutError::OutOfRange {
-                    version,
-                    what: "DeoptimizationDataSharedFunctionInfoIndex".into(),
-                    value: index.into(),
-                })?,
-        }),
-        _ if version.major == 10 => Some(Deoptimization {
-            code_field: 2 * POINTER as u16,
-            shared_index: 6,
-        }),
+    let index = |name: &str, default: u8| -> Result<u8, LayoutError> {
+        let Some(value) = constants.get(name) else {
+            return Ok(default);
+        };
+        u8::try_from(value)
+            .ok()
+            .filter(|&i| i < MAX_DEOPTIMIZATION_INDEX)
+            .ok_or_else(|| LayoutError::OutOfRange {
+                version,
+                what: name.into(),
+                value: value.into(),
+            })
+    };
+    // V8 10 exports none of these; its values are 11's.
+    let code_field = match constants.field("Code", "deoptimization_data") {
+        Some(field) => Some(offset("Code::deoptimization_data", field)?),
+        None if version.major == 10 => Some(2 * POINTER as u16),
+        None => None,
+    };
+    let deoptimization = match code_field {
+        Some(code_field)
+            if version.major == 10
+                || constants
+                    .get("DeoptimizationDataSharedFunctionInfoIndex")
+                    .is_some() =>
+        {
+            Some(Deoptimization {
+                code_field,
+                shared_index: index("DeoptimizationDataSharedFunctionInfoIndex", 6)?,
+                inlined_count_index: index("DeoptimizationDataInlinedFunctionCountIndex", 1)?,
+                literal_array_index: index("DeoptimizationDataLiteralArrayIndex", 2)?,
+                inlining_positions_index: index("DeoptimizationDataInliningPositionsIndex", 7)?,
+            })
+        }
         _ => None,
     };
+    let positions = if version.major <= 11 {
+        let code_table = match constants.field("Code", "source_position_table") {
+            Some(field) => offset("Code::source_position_table", field)?,
+            None => offset(
+                "Code::source_position_table",
+                i32::from(code.instruction_size) - 2 * POINTER,
+            )?,
+        };
+        let array_length = offset("FixedArrayBase::length", field("FixedArrayBase", "length")?)?;
+        Some(Positions {
+            code_table,
+            bytecode_table: array_length + 3 * POINTER as u16,
+            bytecode_data: offset("BytecodeArray::data", field("BytecodeArray", "data")?)?,
+            function_data: offset(
+                "SharedFunctionInfo::function_data",
+                field("SharedFunctionInfo", "function_data")?,
+            )?,
+            array_length,
+            byte_array_type: narrow(
+                version,
+                "ByteArray__BYTE_ARRAY_TYPE",
+                constants
+                    .instance_type(&["ByteArray__BYTE_ARRAY_TYPE"])
+                    .ok_or_else(|| missing("type_ByteArray__BYTE_ARRAY_TYPE"))?,
+            )?,
+            fixed_array_type: narrow(
+                version,
+                "FixedArray__FIXED_ARRAY_TYPE",
+                constants
+                    .instance_type(&["FixedArray__FIXED_ARRAY_TYPE"])
+                    .ok_or_else(|| missing("type_FixedArray__FIXED_ARRAY_TYPE"))?,
+            )?,
+        })
+    } else {
+        None
+    };
+    let script_source = offset("Script::source", field("Script", "source")?)?;
+    let script_line_ends = offset("Script::line_ends", field("Script", "line_ends")?)?;
     Ok(Layout {
         version,
         tagging,
@@ -409,6 +499,9 @@ pub fn layout(constants: &Constants) -> Result<Layout, LayoutError> {
         shared_name,
         scope_info,
         deoptimization,
+        positions,
+        script_source,
+        script_line_ends,
     })
 }
 

@@ -23,6 +23,7 @@ pub mod builtins;
 pub mod constants;
 pub mod layout;
 pub mod names;
+pub mod positions;
 pub mod runtime;
 pub mod shared;
 pub mod strings;
@@ -124,6 +125,16 @@ pub(crate) const NODE_20: &[(&str, i32)] = &[
     ("scopeinfo_idx_first_vars", 3),
     ("class_Code__deoptimization_data__FixedArray", 16),
     ("DeoptimizationDataSharedFunctionInfoIndex", 6),
+    ("DeoptimizationDataInlinedFunctionCountIndex", 1),
+    ("DeoptimizationDataLiteralArrayIndex", 2),
+    ("DeoptimizationDataInliningPositionsIndex", 7),
+    ("class_FixedArrayBase__length__SMI", 8),
+    ("class_BytecodeArray__data__uintptr_t", 54),
+    ("class_SharedFunctionInfo__function_data__Object", 8),
+    ("type_ByteArray__BYTE_ARRAY_TYPE", 190),
+    ("type_FixedArray__FIXED_ARRAY_TYPE", 175),
+    ("class_Script__source__Object", 8),
+    ("class_Script__line_ends__Object", 56),
 ];
 
 /// Constants a build may have beyond [`NODE_20`]'s, for the fuzz target to choose too.

@@ -17,13 +17,14 @@
 //! (`(anonymous)` for a function without one, as V8's own profiler shows it) and its script
 //! (the file, as Node names it: a path, or a `file://` or `node:` URL).
 
-use std::sync::Arc;
+use std::{collections::HashMap, sync::Arc};
 
 use scorch_common::{v8_code_cookie, v8_frame_parts, V8Subtype};
 
 use super::layout::{Layout, FIXED_ARRAY_HEADER};
+use super::positions::{self, Position, PositionError};
 use super::shared::{function_name, script_name, SharedError};
-use super::strings::{instance_type, untag, StringError};
+use super::strings::{instance_type, read_string, untag, StringError};
 use crate::profile::Line;
 use crate::runtimes::memory::{read_u64, Memory};
 use crate::runtimes::window::{bounded, Reader, WindowNames};
@@ -58,6 +59,10 @@ pub enum FrameError {
     NoDeoptimizationData,
     #[error("{what} at {address:#x}: unreadable")]
     Unreadable { what: &'static str, address: u64 },
+    #[error("{what} of {length}, past what is believed")]
+    TooLong { what: &'static str, length: u64 },
+    #[error(transparent)]
+    Positions(#[from] PositionError),
     #[error(transparent)]
     Object(#[from] StringError),
     #[error(transparent)]
@@ -65,21 +70,31 @@ pub enum FrameError {
 }
 
 /// The lines of the V8 frame (`word`, `more`: its first word and its continuation's
-/// payload) in `memory`, innermost first.
+/// payload) in `memory`, innermost first: one per function inlined at an optimised frame's
+/// pc, then the code's own. `scripts` keeps the scripts' line ends read so far.
 pub fn name_frame(
     memory: &dyn Memory,
     layout: &Layout,
     word: u64,
     more: u64,
+    scripts: &mut Scripts,
 ) -> Result<Vec<Line>, FrameError> {
-    let (subtype, pointer, _detail, cookie) =
-        v8_frame_parts(word, more).ok_or(FrameError::NotV8)?;
+    let (subtype, pointer, detail, cookie) = v8_frame_parts(word, more).ok_or(FrameError::NotV8)?;
     if pointer == 0 {
         return Err(FrameError::NoPointer);
     }
     let tag = layout.tagging.heap_object_tag;
-    let shared = match subtype {
-        V8Subtype::Interpreted | V8Subtype::Function => pointer | tag,
+    match subtype {
+        V8Subtype::Interpreted => {
+            let shared = pointer | tag;
+            // The position is a nicety: a function whose bytecode has none yet (V8 collects
+            // them lazily) is named without its line.
+            let offset = bytecode_position(memory, layout, shared, detail)
+                .ok()
+                .flatten();
+            Ok(vec![line(memory, layout, shared, offset, scripts)?])
+        }
+        V8Subtype::Function => Ok(vec![line(memory, layout, pointer | tag, None, scripts)?]),
         V8Subtype::Baseline => {
             let kind = instance_type(memory, layout, pointer)?;
             if !(layout.types.first_function..=layout.types.last_function).contains(&kind) {
@@ -89,24 +104,42 @@ pub fn name_frame(
                     expected: "JSFunction",
                 });
             }
-            field(
+            let shared = field(
                 memory,
                 pointer,
                 layout.function_shared,
                 "JSFunction::shared",
-            )?
+            )?;
+            Ok(vec![line(memory, layout, shared, None, scripts)?])
         }
-        V8Subtype::Optimised => optimised_shared(memory, layout, pointer, cookie)?,
-    };
+        V8Subtype::Optimised => optimised(memory, layout, pointer, detail, cookie, scripts),
+    }
+}
+
+/// The line of the function whose `SharedFunctionInfo` is `shared` (tagged), at script
+/// offset `offset` when known.
+fn line(
+    memory: &dyn Memory,
+    layout: &Layout,
+    shared: u64,
+    offset: Option<u32>,
+    scripts: &mut Scripts,
+) -> Result<Line, FrameError> {
     let name = function_name(memory, layout, shared)?.unwrap_or_else(|| ANONYMOUS.to_owned());
     let file = script_name(memory, layout, shared)?;
+    let line = offset
+        .and_then(|offset| {
+            let ends = scripts.line_ends(memory, layout, shared)?;
+            positions::line_of(&ends, offset)
+        })
+        .map_or(0, |(line, _)| line);
     let name = bounded(name);
-    Ok(vec![Line {
+    Ok(Line {
         system_name: name.clone(),
         function: name,
         file: file.map(bounded),
-        line: 0,
-    }])
+        line,
+    })
 }
 
 /// The tagged word at `object + offset`.
@@ -120,14 +153,143 @@ fn field(
     read_u64(memory, address).ok_or(FrameError::Unreadable { what, address })
 }
 
-/// The `SharedFunctionInfo` (tagged) of the optimised `Code` at `code`, once its size and
-/// kind are checked against the frame's cookie.
-fn optimised_shared(
+/// The script offset of bytecode offset `detail` (as the frame keeps it, from the
+/// `BytecodeArray`'s tagged address) of the function `shared`: `None` when the build or the
+/// bytecode keeps no positions.
+fn bytecode_position(
+    memory: &dyn Memory,
+    layout: &Layout,
+    shared: u64,
+    detail: u32,
+) -> Result<Option<u32>, FrameError> {
+    let Some(positions) = layout.positions else {
+        return Ok(None);
+    };
+    let shared = untag(layout, shared)?;
+    let mut data = untag(
+        layout,
+        field(
+            memory,
+            shared,
+            positions.function_data,
+            "SharedFunctionInfo::function_data",
+        )?,
+    )?;
+    // With baseline code, the function's data is that `Code`, holding the bytecode where
+    // optimised code holds its deoptimisation data.
+    if instance_type(memory, layout, data)? == layout.types.code {
+        let Some(deoptimization) = layout.deoptimization else {
+            return Ok(None);
+        };
+        data = untag(
+            layout,
+            field(
+                memory,
+                data,
+                deoptimization.code_field,
+                "baseline Code's bytecode",
+            )?,
+        )?;
+    }
+    let kind = instance_type(memory, layout, data)?;
+    if kind != layout.types.bytecode_array {
+        return Err(FrameError::Type {
+            address: data,
+            kind,
+            expected: "BytecodeArray",
+        });
+    }
+    let table = field(
+        memory,
+        data,
+        positions.bytecode_table,
+        "BytecodeArray's positions",
+    )?;
+    let Some(table) = byte_array(memory, layout, table)? else {
+        return Ok(None);
+    };
+    let Some(offset) = detail.checked_sub(u32::from(positions.bytecode_data) - 1) else {
+        return Ok(None);
+    };
+    Ok(positions::position_at(&table, offset)?.script_offset())
+}
+
+/// The bytes of the `ByteArray` at the tagged `tagged`, at most [`MAX_TABLE`]; `None` when
+/// it is no heap object (`undefined` for positions not collected yet) or not a `ByteArray`.
+fn byte_array(
+    memory: &dyn Memory,
+    layout: &Layout,
+    tagged: u64,
+) -> Result<Option<Vec<u8>>, FrameError> {
+    let Some(positions) = layout.positions else {
+        return Ok(None);
+    };
+    let Ok(array) = untag(layout, tagged) else {
+        return Ok(None);
+    };
+    if instance_type(memory, layout, array)? != positions.byte_array_type {
+        return Ok(None);
+    }
+    let length = field(memory, array, positions.array_length, "ByteArray::length")? >> 32;
+    if length > MAX_TABLE as u64 {
+        return Err(FrameError::TooLong {
+            what: "a ByteArray",
+            length,
+        });
+    }
+    let mut bytes = vec![0u8; length as usize];
+    let at = array.wrapping_add(FIXED_ARRAY_HEADER);
+    if !memory.read(at, &mut bytes) {
+        return Err(FrameError::Unreadable {
+            what: "a ByteArray's bytes",
+            address: at,
+        });
+    }
+    Ok(Some(bytes))
+}
+
+/// The first `count` tagged elements of the `FixedArray` (or weak one: a weak element is
+/// tagged 3) at the tagged `tagged`.
+fn elements(
+    memory: &dyn Memory,
+    layout: &Layout,
+    tagged: u64,
+    count: u64,
+) -> Result<Vec<u64>, FrameError> {
+    let array = untag(layout, tagged)?;
+    let length = field(memory, array, 8, "FixedArray::length")? >> 32;
+    if count > length || count > MAX_INLINED as u64 {
+        return Err(FrameError::TooLong {
+            what: "an array's elements",
+            length: count,
+        });
+    }
+    let mut bytes = vec![0u8; count as usize * 8];
+    let at = array.wrapping_add(FIXED_ARRAY_HEADER);
+    if !memory.read(at, &mut bytes) {
+        return Err(FrameError::Unreadable {
+            what: "an array's elements",
+            address: at,
+        });
+    }
+    Ok(bytes
+        .chunks_exact(8)
+        // A weak reference's tag (3) as a strong one's (1).
+        .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")) & !2)
+        .collect())
+}
+
+/// The lines of the optimised `Code` at `code` at pc offset `offset`, once its size and kind
+/// are checked against the frame's cookie: the functions inlined there, innermost first, then
+/// its own.
+fn optimised(
     memory: &dyn Memory,
     layout: &Layout,
     code: u64,
+    offset: u32,
     cookie: u32,
-) -> Result<u64, FrameError> {
+    scripts: &mut Scripts,
+) -> Result<Vec<Line>, FrameError> {
     let kind = instance_type(memory, layout, code)?;
     if kind != layout.types.code {
         return Err(FrameError::Type {
@@ -163,18 +325,157 @@ fn optimised_shared(
         deoptimization.code_field,
         "Code::deoptimization_data",
     )?;
-    let data = untag(layout, data)?;
-    let at = FIXED_ARRAY_HEADER + 8 * u64::from(deoptimization.shared_index);
-    let shared = read_u64(memory, data.wrapping_add(at)).ok_or(FrameError::Unreadable {
-        what: "DeoptimizationData's SharedFunctionInfo",
-        address: data.wrapping_add(at),
-    })?;
-    Ok(shared)
+    let last = deoptimization
+        .shared_index
+        .max(deoptimization.inlined_count_index)
+        .max(deoptimization.literal_array_index)
+        .max(deoptimization.inlining_positions_index);
+    let entries = elements(memory, layout, data, u64::from(last) + 1)?;
+    let entry = |index: u8| entries[usize::from(index)];
+    let shared = entry(deoptimization.shared_index);
+    let position = match layout.positions {
+        Some(positions) => {
+            let table = field(memory, code, positions.code_table, "Code's positions")?;
+            match byte_array(memory, layout, table)? {
+                Some(table) => positions::position_at(&table, offset)?,
+                None => Position::default(),
+            }
+        }
+        None => Position::default(),
+    };
+    let inlined = entry(deoptimization.inlined_count_index) >> 32;
+    let frames = if inlined == 0 || position.inlining_id().is_none() {
+        vec![(position, None)]
+    } else {
+        let inlining = entry(deoptimization.inlining_positions_index);
+        let inlining = byte_array(memory, layout, inlining)?.unwrap_or_default();
+        positions::inlined_frames(&inlining, position)?
+    };
+    let literals = if frames.iter().any(|(_, f)| f.is_some()) {
+        elements(
+            memory,
+            layout,
+            entry(deoptimization.literal_array_index),
+            inlined,
+        )?
+    } else {
+        Vec::new()
+    };
+    frames
+        .into_iter()
+        .map(|(position, function)| {
+            let shared = match function {
+                Some(index) => *literals.get(index as usize).ok_or(FrameError::TooLong {
+                    what: "an inlined function's index",
+                    length: u64::from(index),
+                })?,
+                None => shared,
+            };
+            line(memory, layout, shared, position.script_offset(), scripts)
+        })
+        .collect()
 }
 
-/// V8's [`Reader`].
-#[derive(Debug, Clone, Copy, Default)]
-pub struct V8Reader;
+/// Most bytes of a position table read.
+pub const MAX_TABLE: usize = 1 << 20;
+/// Most functions inlined into one optimised function believed.
+pub const MAX_INLINED: usize = 4096;
+/// Most characters of a script's source read to count its lines.
+pub const MAX_SOURCE: usize = 4 << 20;
+/// Most lines of a script believed.
+pub const MAX_LINES: u64 = 1 << 20;
+/// Most line ends kept at once, over every script: past it, a script's lines are read
+/// again for each frame that needs them.
+pub const MAX_CACHED_LINES: usize = 1 << 20;
+
+/// The line ends of the scripts met this window, by process and script address.
+#[derive(Debug, Default)]
+pub struct Scripts {
+    pid: u32,
+    kept: HashMap<(u32, u64), Option<Arc<Vec<u32>>>>,
+    lines: usize,
+}
+
+impl Scripts {
+    /// Names frames of process `pid` from now on.
+    pub fn process(&mut self, pid: u32) {
+        self.pid = pid;
+    }
+
+    /// Forgets every script: its memory may be another's by the next window.
+    pub fn clear(&mut self) {
+        self.kept.clear();
+        self.lines = 0;
+    }
+
+    /// The line ends of the script of the function `shared` (tagged), from its `line_ends`
+    /// or its source; `None` when it has neither (or they cannot be read).
+    fn line_ends(
+        &mut self,
+        memory: &dyn Memory,
+        layout: &Layout,
+        shared: u64,
+    ) -> Option<Arc<Vec<u32>>> {
+        let shared = untag(layout, shared).ok()?;
+        let script = read_u64(memory, shared.wrapping_add(u64::from(layout.shared_script)))?;
+        let script = untag(layout, script).ok()?;
+        if let Some(kept) = self.kept.get(&(self.pid, script)) {
+            return kept.clone();
+        }
+        let ends = script_line_ends(memory, layout, script).map(Arc::new);
+        let lines = ends.as_ref().map_or(0, |e| e.len());
+        if self.lines + lines <= MAX_CACHED_LINES {
+            self.lines += lines;
+            self.kept.insert((self.pid, script), ends.clone());
+        }
+        ends
+    }
+}
+
+/// The line ends of the `Script` at `script`.
+fn script_line_ends(memory: &dyn Memory, layout: &Layout, script: u64) -> Option<Vec<u32>> {
+    if instance_type(memory, layout, script).ok()? != layout.types.script {
+        return None;
+    }
+    let positions = layout.positions?;
+    let ends = read_u64(
+        memory,
+        script.wrapping_add(u64::from(layout.script_line_ends)),
+    )?;
+    if let Ok(array) = untag(layout, ends) {
+        if instance_type(memory, layout, array).ok()? == positions.fixed_array_type {
+            let count = read_u64(
+                memory,
+                array.wrapping_add(u64::from(positions.array_length)),
+            )? >> 32;
+            if count == 0 || count > MAX_LINES {
+                return None;
+            }
+            let mut bytes = vec![0u8; count as usize * 8];
+            if !memory.read(array.wrapping_add(FIXED_ARRAY_HEADER), &mut bytes) {
+                return None;
+            }
+            // Smis: the value in the upper half.
+            return Some(
+                bytes
+                    .chunks_exact(8)
+                    .map(|b| (u64::from_le_bytes(b.try_into().expect("8 bytes")) >> 32) as u32)
+                    .collect(),
+            );
+        }
+    }
+    // Not counted yet: count them in the source.
+    let source = read_u64(memory, script.wrapping_add(u64::from(layout.script_source)))?;
+    let text = read_string(memory, layout, source, MAX_SOURCE).ok()?;
+    let units: Vec<u16> = text.encode_utf16().collect();
+    Some(positions::line_ends(&units))
+}
+
+/// V8's [`Reader`]: the scripts' line ends it read this window.
+#[derive(Debug, Default)]
+pub struct V8Reader {
+    scripts: Scripts,
+}
 
 impl Reader for V8Reader {
     type Process = Process;
@@ -182,13 +483,20 @@ impl Reader for V8Reader {
     const RUNTIME: &'static str = "V8";
 
     fn read(
-        &self,
+        &mut self,
+        pid: u32,
         memory: &dyn Memory,
         process: &Process,
         word: u64,
         more: u64,
     ) -> Result<Vec<Line>, String> {
-        name_frame(memory, &process.layout, word, more).map_err(|err| err.to_string())
+        self.scripts.process(pid);
+        name_frame(memory, &process.layout, word, more, &mut self.scripts)
+            .map_err(|err| err.to_string())
+    }
+
+    fn end_window(&mut self) {
+        self.scripts.clear();
     }
 }
 
