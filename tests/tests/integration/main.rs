@@ -31,4 +31,5 @@ mod ui_compare;
 mod ui_flame;
 mod unwind;
 mod v8_layout;
+mod v8_walk;
 mod workloads;

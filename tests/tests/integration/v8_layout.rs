@@ -36,14 +36,14 @@ use scorch::{
 use scorch_tests::{debian::root_filesystem, KillOnDrop};
 
 /// A Node: where its `node` runs (a Debian root, or this host) and the file V8 is in.
-struct Node {
-    root: Option<PathBuf>,
+pub(crate) struct Node {
+    pub(crate) root: Option<PathBuf>,
     /// The file exporting V8's constants, as this test sees it.
-    v8: PathBuf,
+    pub(crate) v8: PathBuf,
 }
 
 impl Node {
-    fn host() -> Node {
+    pub(crate) fn host() -> Node {
         Node {
             root: None,
             v8: PathBuf::from("/usr/bin/node"),
@@ -51,7 +51,7 @@ impl Node {
     }
 
     /// Debian `suite`'s nodejs, whose V8 is its libnode.
-    fn debian(suite: &str) -> Result<Node> {
+    pub(crate) fn debian(suite: &str) -> Result<Node> {
         let root = root_filesystem(suite, &["nodejs"])?;
         let lib = root.join("usr/lib/x86_64-linux-gnu");
         let v8 = std::fs::read_dir(&lib)?
@@ -69,8 +69,13 @@ impl Node {
     }
 
     /// A directory both this test and node see: its path here, and node's.
-    fn shared_dir(&self) -> Result<(PathBuf, String)> {
-        let inside = format!("/tmp/scorch-v8-layout-{}", std::process::id());
+    pub(crate) fn shared_dir(&self) -> Result<(PathBuf, String)> {
+        self.shared_dir_named("layout")
+    }
+
+    /// A directory both this test and node see, for test `tag`: its path here, and node's.
+    pub(crate) fn shared_dir_named(&self, tag: &str) -> Result<(PathBuf, String)> {
+        let inside = format!("/tmp/scorch-v8-{tag}-{}", std::process::id());
         let here = match &self.root {
             None => PathBuf::from(&inside),
             Some(root) => root.join(inside.trim_start_matches('/')),
@@ -80,7 +85,7 @@ impl Node {
         Ok((here, inside))
     }
 
-    fn command(&self) -> Command {
+    pub(crate) fn command(&self) -> Command {
         match &self.root {
             None => Command::new("/usr/bin/node"),
             Some(root) => {

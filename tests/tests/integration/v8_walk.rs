@@ -1,0 +1,242 @@
+//! JavaScript frames of Node processes run without flags, walked in BPF through V8's code
+//! and named from its heap, against what the program is built to spend and against
+//! `node --cpu-prof` (V8's own profiler) on a twin process.
+//!
+//! `v8_calltree.js` spends known shares of its CPU time in four functions (parse 1, matmul 4,
+//! reduce 2, digest 1 units of 8), set by the process's clock. Each Node runs it while scorch
+//! records it, and a twin runs it under `--cpu-prof`: each function's share within 3 points
+//! of its built share and of V8's profiler's; the stacks whole from the leaf through `run`
+//! and V8's entry into node's own `node::Start`; the functions named with their script and a
+//! line within their body. TurboFan inlines the small leaves into their callers: the shares
+//! hold only because the inlined functions come out as their own frames.
+//!
+//! Node 20 is the host's (NodeSource's static `node`); Node 18 and 20 are Debian's (libnode108
+//! and 115) in debootstrap roots of bookworm and trixie.
+
+use std::{collections::HashMap, process::Stdio};
+
+use anyhow::{bail, ensure, Context, Result};
+use scorch_tests::{work_dir, DetailedSample, KillOnDrop};
+
+use super::v8_layout::Node;
+
+/// The call tree's leaves and the share of the tree's time each is built to take.
+const LEAVES: [(&str, f64); 4] = [
+    ("parse", 0.125),
+    ("matmul", 0.5),
+    ("reduce", 0.25),
+    ("digest", 0.125),
+];
+
+/// The functions of a scorch sample's frames, leaf first (an optimised frame's inlined
+/// functions each).
+fn functions(sample: &DetailedSample) -> Vec<&str> {
+    sample
+        .frames
+        .iter()
+        .flat_map(|f| f.lines.iter())
+        .map(|l| l.function.as_str())
+        .collect()
+}
+
+/// Each function's inclusive share of the samples under `run` in a `.cpuprofile` (V8's
+/// profile: its call tree's nodes, each with its function and children, and the samples as
+/// the nodes they hit), and how many samples that is.
+fn cpu_prof_shares(profile: &serde_json::Value) -> Result<(HashMap<String, f64>, usize)> {
+    let nodes = profile["nodes"].as_array().context("no nodes")?;
+    let mut parent: HashMap<u64, u64> = HashMap::new();
+    let mut name: HashMap<u64, String> = HashMap::new();
+    for node in nodes {
+        let id = node["id"].as_u64().context("a node without an id")?;
+        name.insert(
+            id,
+            node["callFrame"]["functionName"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+        );
+        for child in node["children"].as_array().into_iter().flatten() {
+            parent.insert(child.as_u64().context("a child id")?, id);
+        }
+    }
+    let mut counts: HashMap<String, usize> = HashMap::new();
+    let mut total = 0;
+    for sample in profile["samples"].as_array().context("no samples")? {
+        let mut id = sample.as_u64().context("a sample's node")?;
+        let mut stack = vec![name.get(&id).cloned().unwrap_or_default()];
+        while let Some(&up) = parent.get(&id) {
+            id = up;
+            stack.push(name.get(&id).cloned().unwrap_or_default());
+        }
+        if !stack.iter().any(|n| n == "run") {
+            continue;
+        }
+        total += 1;
+        stack.sort();
+        stack.dedup();
+        for function in stack {
+            *counts.entry(function).or_default() += 1;
+        }
+    }
+    let shares = counts
+        .into_iter()
+        .map(|(f, n)| (f, n as f64 / total.max(1) as f64))
+        .collect();
+    Ok((shares, total))
+}
+
+/// The 1-based lines of the function declared as `function NAME(` in `source`, to its
+/// closing brace at column 0.
+fn body_lines(source: &str, name: &str) -> std::ops::RangeInclusive<u32> {
+    let lines: Vec<&str> = source.lines().collect();
+    let declaration = format!("function {name}(");
+    let start = lines
+        .iter()
+        .position(|l| l.starts_with(&declaration))
+        .expect("the declaration");
+    let end = (start..lines.len())
+        .find(|&i| lines[i] == "}")
+        .expect("the closing brace");
+    (start as u32 + 1)..=(end as u32 + 1)
+}
+
+/// The call tree on `node`, recorded by scorch and, on a twin, by `--cpu-prof`; see the
+/// module documentation.
+fn call_tree_like_cpu_prof(node: &Node, tag: &str) -> Result<()> {
+    let (here, inside) = node.shared_dir_named(tag)?;
+    std::fs::copy(
+        scorch_tests::workload_source("v8_calltree.js"),
+        here.join("v8_calltree.js"),
+    )?;
+    let script = format!("{inside}/v8_calltree.js");
+    let child = node
+        .command()
+        .args([&script, "22"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let _kill = KillOnDrop(child.id());
+    let mut twin = node
+        .command()
+        .args(["--cpu-prof", "--cpu-prof-dir", &inside, &script, "18"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let _kill_twin = KillOnDrop(twin.id());
+    // Past node's start and the first optimisations.
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    let path = work_dir().join(format!("v8-calltree-{tag}.pb.gz"));
+    let output = scorch_tests::record_pid_to(child.id(), 14, &path, &[])?;
+    let report = scorch_tests::parse_record_output(&output)?;
+    println!("scorch: {}", report.summary);
+    ensure!(twin.wait()?.success(), "node --cpu-prof failed");
+
+    let profile = scorch_tests::read_pprof(&path)?;
+    let samples: Vec<DetailedSample> = scorch_tests::detailed_samples(&profile)
+        .into_iter()
+        .filter(|s| s.pid == i64::from(child.id()))
+        .collect();
+    let in_tree = |s: &DetailedSample| functions(s).contains(&"run");
+    let all: i64 = samples.iter().map(|s| s.count).sum();
+    let total: i64 = samples.iter().filter(|s| in_tree(s)).map(|s| s.count).sum();
+    ensure!(
+        total > 300,
+        "only {total} of {all} samples in the call tree: {}",
+        report.summary
+    );
+    let share = |name: &str| -> f64 {
+        samples
+            .iter()
+            .filter(|s| in_tree(s) && functions(s).contains(&name))
+            .map(|s| s.count)
+            .sum::<i64>() as f64
+            / total as f64
+    };
+
+    let cpu_prof = std::fs::read_dir(&here)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.extension().is_some_and(|e| e == "cpuprofile"))
+        .context("node --cpu-prof wrote no profile")?;
+    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(&cpu_prof)?)?;
+    let (reference, reference_total) = cpu_prof_shares(&json)?;
+    ensure!(
+        reference_total > 300,
+        "--cpu-prof took only {reference_total} samples of the call tree"
+    );
+    let mut table = String::new();
+    for (name, built) in LEAVES {
+        table += &format!(
+            "{name}: scorch {:.3}, --cpu-prof {:.3}, built {built:.3}\n",
+            share(name),
+            reference.get(name).copied().unwrap_or(0.0)
+        );
+    }
+    println!("{table}");
+    for (name, built) in LEAVES {
+        let reference = reference.get(name).copied().unwrap_or(0.0);
+        ensure!(
+            (share(name) - built).abs() <= 0.03 && (share(name) - reference).abs() <= 0.03,
+            "{name}'s share is more than 3 points from its built share or --cpu-prof's:\n{table}"
+        );
+    }
+
+    // Whole stacks: nearly every sample reaches `run`, and below it V8's entry and node's
+    // own start.
+    let whole: i64 = samples
+        .iter()
+        .filter(|s| {
+            let names = functions(s);
+            names.contains(&"run") && names.iter().any(|n| n.starts_with("node::Start"))
+        })
+        .map(|s| s.count)
+        .sum();
+    ensure!(
+        whole as f64 >= 0.95 * all as f64,
+        "{whole} of {all} samples reach run and node::Start: {}",
+        report.summary
+    );
+
+    // Names: the script, and lines within each leaf's body.
+    let source = std::fs::read_to_string(scorch_tests::workload_source("v8_calltree.js"))?;
+    for (name, _) in LEAVES {
+        let body = body_lines(&source, name);
+        let mut lines: HashMap<u32, i64> = HashMap::new();
+        for sample in &samples {
+            for line in sample.frames.iter().flat_map(|f| f.lines.iter()) {
+                if line.function == name {
+                    ensure!(
+                        line.file.ends_with("v8_calltree.js"),
+                        "{name} named in {:?}",
+                        line.file
+                    );
+                    *lines.entry(line.line as u32).or_default() += sample.count;
+                }
+            }
+        }
+        let named: i64 = lines.values().sum();
+        let in_body: i64 = lines
+            .iter()
+            .filter(|(l, _)| body.contains(l))
+            .map(|(_, n)| n)
+            .sum();
+        if named == 0 || (in_body as f64) < 0.9 * named as f64 {
+            bail!("{name}'s lines {lines:?}, its body {body:?}");
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn host_node_20_javascript_is_named_like_cpu_prof() -> Result<()> {
+    call_tree_like_cpu_prof(&Node::host(), "host20")
+}
+
+#[test]
+fn debian_node_18_javascript_is_named_like_cpu_prof() -> Result<()> {
+    call_tree_like_cpu_prof(&Node::debian("bookworm")?, "bookworm18")
+}
+
+#[test]
+fn debian_node_20_javascript_is_named_like_cpu_prof() -> Result<()> {
+    call_tree_like_cpu_prof(&Node::debian("trixie")?, "trixie20")
+}
