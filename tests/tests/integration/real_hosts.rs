@@ -99,8 +99,9 @@ fn is_js(frame: &str, function: &str) -> bool {
 }
 
 /// Node.js's builtins are generated code inside the node binary's text, without FDEs but with
-/// frame pointers: under the default unwinder, the walk steps through them by frame pointer
-/// and the JavaScript callers stay on the stack, as in perf's frame-pointer walk.
+/// frame pointers: with V8's walk off (`--node off`: the JIT's frames named from the perf
+/// map, as before it), the native walk steps through them by frame pointer and the
+/// JavaScript callers stay on the stack, as in perf's frame-pointer walk.
 #[test]
 fn node_with_a_perf_map_keeps_its_javascript_callers_like_perf() -> Result<()> {
     let node = Path::new("/usr/bin/node");
@@ -130,7 +131,7 @@ fn node_with_a_perf_map_keeps_its_javascript_callers_like_perf() -> Result<()> {
     let perf_data = work_dir().join("node.perf.data");
     let path = work_dir().join("node.pb.gz");
     let mut perf = start_perf(&["-p", &pid.to_string()], 199, 8, &perf_data)?;
-    let output = record_pid_to(pid, 7, &path, &[])?;
+    let output = record_pid_to(pid, 7, &path, &["--node", "off"])?;
     let perf_ok = perf.wait()?.success();
     drop(workload);
     ensure!(perf_ok, "perf record failed");

@@ -240,3 +240,160 @@ fn debian_node_18_javascript_is_named_like_cpu_prof() -> Result<()> {
 fn debian_node_20_javascript_is_named_like_cpu_prof() -> Result<()> {
     call_tree_like_cpu_prof(&Node::debian("trixie")?, "trixie20")
 }
+
+/// An async service and a worker thread (`v8_async.js`) on the host's Node: every thread's
+/// JavaScript is named. The main thread's time is in `fetchRecord` (resumed from the
+/// microtask queue at each `await`) and the worker's in `workerLoop`, each through `busy` to
+/// `spin`; each takes about half the process's samples, nearly all of them named to `spin`.
+#[test]
+fn async_functions_and_worker_threads_are_named() -> Result<()> {
+    let node = Node::host();
+    let (here, inside) = node.shared_dir_named("async")?;
+    std::fs::copy(
+        scorch_tests::workload_source("v8_async.js"),
+        here.join("v8_async.js"),
+    )?;
+    let child = node
+        .command()
+        .args([&format!("{inside}/v8_async.js"), "14"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let _kill = KillOnDrop(child.id());
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    let path = work_dir().join("v8-async.pb.gz");
+    let output = scorch_tests::record_pid_to(child.id(), 8, &path, &[])?;
+    let report = scorch_tests::parse_record_output(&output)?;
+    println!("scorch: {}", report.summary);
+    let samples: Vec<DetailedSample> =
+        scorch_tests::detailed_samples(&scorch_tests::read_pprof(&path)?)
+            .into_iter()
+            .filter(|s| s.pid == i64::from(child.id()))
+            .collect();
+    let all: i64 = samples.iter().map(|s| s.count).sum();
+    ensure!(all > 300, "only {all} samples: {}", report.summary);
+    for root in ["fetchRecord", "workerLoop"] {
+        let under = |s: &&DetailedSample| functions(s).contains(&root);
+        let count: i64 = samples.iter().filter(under).map(|s| s.count).sum();
+        let named: i64 = samples
+            .iter()
+            .filter(under)
+            .filter(|s| {
+                let names = functions(s);
+                let at = |f: &str| names.iter().position(|n| *n == f);
+                // Leaf first: spin, then busy, then the root.
+                matches!((at("spin"), at("busy"), at(root)), (Some(a), Some(b), Some(c)) if a < b && b < c)
+            })
+            .map(|s| s.count)
+            .sum();
+        let share = count as f64 / all as f64;
+        ensure!(
+            (0.35..=0.65).contains(&share) && named as f64 >= 0.9 * count as f64,
+            "{root}: {count} of {all} samples, {named} of them through busy to spin: {}",
+            report.summary
+        );
+    }
+    Ok(())
+}
+
+/// A copy of the host's `node` whose post-mortem constants say `lies` (name, value): V8
+/// itself never reads them, so the process runs as before, and only a reader of them is
+/// misled.
+fn lying_node(lies: &[(&str, i32)], tag: &str) -> Result<std::path::PathBuf> {
+    use object::{Object, ObjectSection, ObjectSymbol};
+    let mut bytes = std::fs::read("/usr/bin/node")?;
+    let mut patches = Vec::new();
+    {
+        let elf = object::File::parse(&*bytes)?;
+        for &(name, value) in lies {
+            let symbol = elf
+                .dynamic_symbols()
+                .find(|s| s.name() == Ok(name))
+                .with_context(|| format!("no {name} in node"))?;
+            let section =
+                elf.section_by_index(symbol.section_index().context("an undefined symbol")?)?;
+            let (file_offset, _) = section.file_range().context("a section without data")?;
+            let at = (file_offset + symbol.address() - section.address()) as usize;
+            patches.push((at, value));
+        }
+    }
+    for (at, value) in patches {
+        bytes[at..at + 4].copy_from_slice(&value.to_le_bytes());
+    }
+    let path = work_dir().join(format!("node-{tag}"));
+    std::fs::write(&path, &bytes)?;
+    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
+    Ok(path)
+}
+
+/// Nodes whose `v8dbg_*` constants lie: the frame's slots swapped (every frame's function is
+/// its context), and the names' fields moved (a function's name read from its map, a
+/// script's from its source). The recording completes with every sample, the walk's refusals
+/// are counted, and no name passes the namer's bound.
+#[test]
+fn nodes_whose_constants_lie_are_bounded_and_counted() -> Result<()> {
+    let cases: [(&str, &[(&str, i32)]); 2] = [
+        (
+            "slots",
+            &[("v8dbg_off_fp_function", -8), ("v8dbg_off_fp_context", -16)],
+        ),
+        (
+            "names",
+            &[
+                (
+                    "v8dbg_class_SharedFunctionInfo__name_or_scope_info__Object",
+                    0,
+                ),
+                ("v8dbg_class_Script__name__Object", 8),
+            ],
+        ),
+    ];
+    for (tag, lies) in cases {
+        let node = lying_node(lies, tag)?;
+        let child = std::process::Command::new(&node)
+            .arg(scorch_tests::workload_source("v8_calltree.js"))
+            .arg("12")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?;
+        let _kill = KillOnDrop(child.id());
+        std::thread::sleep(std::time::Duration::from_secs(2));
+        let path = work_dir().join(format!("v8-lies-{tag}.pb.gz"));
+        let output = scorch_tests::record_pid_to(child.id(), 6, &path, &[])?;
+        let report = scorch_tests::parse_record_output(&output)?;
+        println!("{tag}: {}", report.summary);
+        let samples: Vec<DetailedSample> =
+            scorch_tests::detailed_samples(&scorch_tests::read_pprof(&path)?)
+                .into_iter()
+                .filter(|s| s.pid == i64::from(child.id()))
+                .collect();
+        let all: i64 = samples.iter().map(|s| s.count).sum();
+        ensure!(all > 600, "{tag}: only {all} samples: {}", report.summary);
+        let longest = samples
+            .iter()
+            .flat_map(|s| s.frames.iter().flat_map(|f| f.lines.iter()))
+            .map(|l| l.function.len().max(l.file.len()))
+            .max()
+            .unwrap_or(0);
+        ensure!(
+            longest <= scorch::runtimes::window::MAX_NAME,
+            "{tag}: a name of {longest} bytes"
+        );
+        match tag {
+            // Every frame's function slot holds its context: refused, and counted.
+            "slots" => ensure!(
+                report.summary.contains("invalid function")
+                    && !samples.iter().any(|s| functions(s).contains(&"run")),
+                "{tag}: {}",
+                report.summary
+            ),
+            // The functions are still walked; their names are whatever the lies lead to.
+            _ => ensure!(
+                report.summary.contains("v8: "),
+                "{tag}: no V8 frames: {}",
+                report.summary
+            ),
+        }
+    }
+    Ok(())
+}
