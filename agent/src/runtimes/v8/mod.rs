@@ -210,3 +210,41 @@ pub fn fuzz_strings(data: &[u8]) {
 
 #[cfg(test)]
 mod tests;
+
+/// Arbitrary bytes as what naming a frame reads: the source position and inlining tables
+/// and a source's lines over the bytes themselves, the builtins' accessor forms, then the
+/// bytes as a process's memory at [`FUZZ_BASE`] whose first words are a frame's pointers
+/// and details (so the input chooses every object, map, table and link), named as each
+/// subtype with Node 20's layout. Must never panic, and ends within the readers' bounds.
+pub fn fuzz_frames(data: &[u8]) {
+    use scorch_common::{v8_frame_words, word_payload, V8Subtype};
+    let word = |at: usize| {
+        data.get(at..at + 8)
+            .map_or(0, |b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
+    };
+    for offset in [0, 0x40, u32::MAX] {
+        let _ = positions::position_at(data, offset);
+    }
+    let _ = positions::inlined_frames(data, positions::Position(word(0)));
+    let units: Vec<u16> = data
+        .chunks_exact(2)
+        .map(|c| u16::from_le_bytes([c[0], c[1]]))
+        .collect();
+    let ends = positions::line_ends(&units);
+    let _ = positions::line_of(&ends, word(8) as u32);
+    let _ = builtins::accessor(data, word(16));
+    let mut memory = crate::runtimes::memory::Regions::new();
+    memory.add(FUZZ_BASE, data.to_vec());
+    let layout = node_20_layout();
+    let mut scripts = names::Scripts::default();
+    for subtype in [
+        V8Subtype::Interpreted,
+        V8Subtype::Optimised,
+        V8Subtype::Baseline,
+        V8Subtype::Function,
+    ] {
+        let [first, more] =
+            v8_frame_words(subtype, FUZZ_BASE, word(24) as u32, (word(24) >> 32) as u32);
+        let _ = names::name_frame(&memory, &layout, first, word_payload(more), &mut scripts);
+    }
+}

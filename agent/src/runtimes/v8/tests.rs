@@ -483,3 +483,16 @@ fn a_function_is_named_from_its_shared_info_or_its_scope_info() {
         )))
     ));
 }
+
+#[test]
+fn the_frames_fuzz_target_survives_its_own_seeds() {
+    super::fuzz_frames(&[]);
+    super::fuzz_frames(&[0xff; 64]);
+    super::fuzz_frames(&[0x80; 4096]);
+    // Its words point back into it: every object's map is the input's first word.
+    let mut seed = Vec::new();
+    for _ in 0..64 {
+        seed.extend_from_slice(&(FUZZ_BASE + 1).to_le_bytes());
+    }
+    super::fuzz_frames(&seed);
+}
