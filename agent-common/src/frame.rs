@@ -23,13 +23,14 @@
 //!   written as code 0, which the agent names as an unknown code object, never as another
 //!   function; an instruction offset above `u16::MAX` is written as `u16::MAX`, so the frame
 //!   keeps its function and is given the line of that offset.
-//! - [`WordKind::Continuation`] (7): more payload for the frame of the word before it. The
-//!   runtimes to come (HotSpot, V8, CRuby) need more than 61 bits for a frame (a method and
-//!   a bytecode index, a function and a pc offset); their BPF walk writes a frame's first
-//!   word with the runtime's kind and each further word as a continuation, and the agent's
-//!   decoder gathers them. A frame of a runtime takes a kind of its own from the unassigned
-//!   2-6; when those run out, kind 6 can become an escape whose continuation names the
-//!   runtime.
+//! - [`WordKind::Hotspot`] (2) and [`WordKind::V8`] (3): a frame of two words
+//!   ([`pointer_frame_words`]): its subtype and pointer, then a continuation.
+//! - [`WordKind::Continuation`] (7): more payload for the frame of the word before it. A
+//!   runtime that needs more than 61 bits for a frame (a method and a bytecode index, a
+//!   function and a pc offset) writes a frame's first word with the runtime's kind and each
+//!   further word as a continuation, and the agent's decoder gathers them. A frame of a
+//!   runtime takes a kind of its own from the unassigned 4-6; when those run out, kind 6 can
+//!   become an escape whose continuation names the runtime.
 //!
 //! The walk writes every word through the functions here, and the agent decodes each word
 //! once (its drain) into a typed frame.
