@@ -100,7 +100,7 @@ enum Task {
         #[arg(long, default_value_t = 60)]
         seconds: u64,
         /// Runs of each measurement (default 3; `slowdown` and `offcpu`: rounds, default 5;
-        /// `scale`: runs of each cell, default 1; `python` and `jvm` record at least 5 times).
+        /// `scale`: runs of each cell, default 1; `python`, `jvm` and `node` record at least 5 times).
         #[arg(long)]
         runs: Option<usize>,
         /// Run only this bench (default: record, symbolize, daemon, remote, unwind, walk).

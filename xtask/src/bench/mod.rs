@@ -17,8 +17,10 @@ mod go;
 mod harness;
 mod heap;
 mod jvm;
+mod managed;
 pub mod measure;
 mod micro;
+mod node;
 mod offcpu;
 mod overhead;
 mod python;
@@ -58,6 +60,8 @@ pub enum Bench {
     Python,
     /// The Java walk's cost beside the native walk's, and the daemon with 5 JVMs.
     Jvm,
+    /// The JavaScript walk's cost beside the native walk's, and the daemon with 5 nodes.
+    Node,
     /// Stripped Go binaries named from .gopclntab, and the daemon with 20 of them.
     Go,
     /// A context switch's cost with `record --off-cpu`, beside perf on sched_switch.
@@ -78,7 +82,7 @@ pub enum Bench {
 
 impl Bench {
     /// Every bench, in the order `docs/benchmarks.md` gives them.
-    pub const ALL: [Bench; 17] = [
+    pub const ALL: [Bench; 18] = [
         Bench::Overhead,
         Bench::Slowdown,
         Bench::Scale,
@@ -88,6 +92,7 @@ impl Bench {
         Bench::Walk,
         Bench::Python,
         Bench::Jvm,
+        Bench::Node,
         Bench::Go,
         Bench::Offcpu,
         Bench::Daemon,
@@ -110,6 +115,7 @@ impl Bench {
             Bench::Walk => "walk",
             Bench::Python => "python",
             Bench::Jvm => "jvm",
+            Bench::Node => "node",
             Bench::Go => "go",
             Bench::Offcpu => "offcpu",
             Bench::Daemon => "daemon",
@@ -133,6 +139,7 @@ impl Bench {
             Bench::Walk => "The BPF unwinder's walk",
             Bench::Python => "Python frames",
             Bench::Jvm => "Java frames",
+            Bench::Node => "JavaScript frames",
             Bench::Go => "Stripped Go binaries",
             Bench::Offcpu => "Off-CPU: a context switch's cost",
             Bench::Daemon => "The daemon in steady state",
@@ -202,6 +209,12 @@ impl Bench {
                  with `--jvm auto` and `--jvm off`, beside a C program 50 native frames deep \
                  walked through unwind tables; then `scorch run` beside 5 JVMs, walking on and \
                  off."
+            }
+            Bench::Node => {
+                "Node 20 50 JavaScript frames deep, each a frame of its own, recorded at 999 Hz \
+                 with `--node auto` and `--node off`, beside a C program 50 native frames deep \
+                 walked through unwind tables; then `scorch run` beside 5 node processes, \
+                 walking on and off."
             }
             Bench::Go => {
                 "10,000 pcs of a stripped Go service named from `.gopclntab` beside DWARF \
@@ -358,6 +371,7 @@ fn measure(
         Bench::Heap => heap::heap(root, scorch()?, command),
         Bench::Python => python::python(root, scorch()?, runs(3), command),
         Bench::Jvm => jvm::jvm(root, scorch()?, runs(3), command),
+        Bench::Node => node::node(root, scorch()?, runs(3), command),
         Bench::Go => go::go(root, scorch()?, runs(3), command),
         Bench::Overhead => overhead::overhead(root, scorch()?, runs(3), phases, command),
         Bench::Churn => overhead::churn_ab(

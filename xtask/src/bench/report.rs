@@ -114,7 +114,8 @@ fn section(out: &mut String, result: &BenchResult, header: &Host) {
     }
 }
 
-fn table_markdown(out: &mut String, table: &Table) {
+/// `table`'s header and rows as a markdown table.
+pub fn table_markdown(out: &mut String, table: &Table) {
     let _ = writeln!(out, "| {} | {} |", table.label, table.columns.join(" | "));
     let _ = writeln!(out, "|---{}|", "|---".repeat(table.columns.len()));
     for row in &table.rows {
