@@ -32,8 +32,8 @@ use aya_ebpf::{
 };
 use scorch_common::{
     v8_code_cookie, v8_frame_words, RuntimeId, V8Count, V8Proc, V8Subtype, COUNTER_RUNS,
-    MAX_V8_PROCS, V8_CODE_BYTES, V8_CODE_DISPATCH, V8_CODE_INLINE, V8_COUNTS, V8_FRAME_BELOW,
-    V8_FRAME_WORDS,
+    MAX_V8_PROCS, SUBTYPE_SHIFT, V8_CODE_BYTES, V8_CODE_DISPATCH, V8_CODE_INLINE, V8_COUNTS,
+    V8_FRAME_BELOW,
 };
 
 use crate::shared::{
@@ -51,20 +51,54 @@ static V8_PROCS: HashMap<u32, V8Proc> =
 #[map]
 static V8_COUNTS_MAP: PerCpuArray<u64> = PerCpuArray::with_max_entries(V8_COUNTS * COUNTER_RUNS, 0);
 
-/// Per CPU, too large for the stack: a frame's words and a `Code`'s first bytes.
+/// Slots of the per-CPU cache of frames read ([`Seen`]), a power of two. A service's hot
+/// stacks return to a few hundred call sites; a slot lost to another costs one read more.
+const CACHE_SLOTS: usize = 256;
+
+/// What a frame's pc told the walk the last time this CPU read one there, so that a stack
+/// seen before costs a read a frame (its words), or two, not the eight of its objects' maps,
+/// types and fields.
+/// - **Compiled code** (`function` 0): the words of a frame at this pc, whatever its
+///   function. The pc lies in one `Code`, and the words name that `Code`'s address, so a
+///   stale entry gives the words the full read would whenever the code now there starts
+///   where the old one did; other code there makes the agent's check of the `Code` fail, and
+///   the frame is left unnamed, never misnamed.
+/// - **Ignition's, or a function alone** (`function` set): the `SharedFunctionInfo` of
+///   `function` at this pc (the interpreter's, or code the function's own does not hold, as
+///   on-stack-replaced code), read again from the function at each use: a function moved by
+///   the collector and another allocated in its place has another.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Seen {
+    /// The pc looked up (0: an empty slot), and its process.
+    pc: u64,
+    tgid: u32,
+    /// [`V8Subtype`], as its bits.
+    subtype: u32,
+    function: u64,
+    /// The frame's first word, and its continuation.
+    words: [u64; 2],
+}
+
+/// Per CPU, too large for the stack: a frame's words, a `Code`'s first bytes, and the
+/// cache of frames read.
 #[repr(C)]
 struct Scratch {
-    words: [u64; V8_FRAME_WORDS],
     code: [u8; V8_CODE_BYTES],
     /// JavaScript frames this hand-over emitted, counted once when it ends.
     frames: u64,
+    cache: [Seen; CACHE_SLOTS],
 }
 
 #[map]
 static V8_SCRATCH: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1, 0);
 
 /// JavaScript frames unwound per call of [`scorch_v8_walk`] (see `hotspot.rs`).
-const FRAMES_PER_CALL: u32 = 8;
+const FRAMES_PER_CALL: u32 = 16;
+
+/// Words of a frame below its function, from `fp - V8_FRAME_BELOW`: its bytecode slots lie
+/// there (the agent checks they do).
+const BELOW_FUNCTION: u64 = (V8_FRAME_BELOW as u64 - 16) / 8;
 
 /// The farthest a frame pointer may lie above the stack pointer: a JavaScript frame holds
 /// its locals and the arguments it pushes, and V8 bounds both far below this.
@@ -120,10 +154,12 @@ fn code_u32(code: &[u8; V8_CODE_BYTES], offset: u16) -> u32 {
     u32::from_le_bytes(code[at..at + 4].try_into().unwrap_or([0; 4]))
 }
 
-/// The frame's slot at index `slot` of the words read.
+/// The cache slot of `pc` and `function` in `tgid`.
 #[inline(always)]
-fn slot(words: &[u64; V8_FRAME_WORDS], slot: u8) -> u64 {
-    words[(slot as usize).min(V8_FRAME_WORDS - 1)]
+fn slot_of(tgid: u32, pc: u64, function: u64) -> usize {
+    let mixed =
+        (pc ^ (pc >> 9) ^ (function >> 3) ^ u64::from(tgid)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    (mixed >> 56) as usize & (CACHE_SLOTS - 1)
 }
 
 /// What became of one frame.
@@ -138,14 +174,94 @@ enum Step {
 }
 
 /// The words of the JavaScript frame whose function is `function` (untagged), at `lookup`
-/// (its pc, or its return address less one).
+/// (its pc, or its return address less one): from the cache when this CPU read a frame there
+/// before, else read and kept.
 #[inline(always)]
 fn words_of(
+    walk: &mut WalkState,
+    proc: &V8Proc,
+    scratch: &mut Scratch,
+    function: u64,
+    lookup: u64,
+) -> Option<[u64; 2]> {
+    // Compiled code's entry, keyed by the pc alone, then Ignition's, by the pc and function.
+    let compiled = slot_of(walk.tgid, lookup, 0);
+    let seen = scratch.cache[compiled];
+    if seen.pc == lookup && seen.tgid == walk.tgid && seen.function == 0 {
+        let mut words = seen.words;
+        // Sparkplug's frames name their function, this frame's.
+        if seen.subtype == V8Subtype::Baseline as u32 {
+            words[0] = v8_frame_words(V8Subtype::Baseline, function, 0, 0)[0];
+        }
+        return Some(words);
+    }
+    // The frame's words below its function, for its bytecode slots (the agent checks they
+    // are there).
+    if !walk.read_up_to(walk.fp.wrapping_sub(16), BELOW_FUNCTION) {
+        return None;
+    }
+    let offset = walk.word(u64::from(proc.slot_bytecode_offset));
+    let array = walk.word(u64::from(proc.slot_bytecode_array));
+    let interpreted = slot_of(walk.tgid, lookup, function);
+    let seen = scratch.cache[interpreted];
+    let is_smi = offset & 1 == 0 && (offset >> 63) == 0;
+    if seen.pc == lookup
+        && seen.tgid == walk.tgid
+        && seen.function == function
+        && (is_smi || seen.subtype == V8Subtype::Function as u32)
+    {
+        let shared =
+            read_u64(function.wrapping_add(u64::from(proc.function_shared))).and_then(untag);
+        if shared == Some(seen.words[0]) {
+            if seen.subtype == V8Subtype::Function as u32 {
+                count(walk.counters, V8Count::NoCode, 1);
+                return Some(v8_frame_words(V8Subtype::Function, seen.words[0], 0, 0));
+            }
+            return Some(v8_frame_words(
+                V8Subtype::Interpreted,
+                seen.words[0],
+                (offset >> SMI_SHIFT) as u32,
+                0,
+            ));
+        }
+    }
+    // Not seen: the function must be one before anything else is read of it.
+    let is_function = type_of(proc, function)
+        .is_some_and(|t| t >= proc.first_function_type && t <= proc.last_function_type);
+    if !is_function {
+        return None;
+    }
+    let words = read_words(walk, proc, scratch, function, lookup, offset, array)?;
+    let subtype = V8Subtype::of((scorch_common::word_payload(words[0]) >> SUBTYPE_SHIFT) as u8);
+    let (index, function, kept) = match subtype {
+        V8Subtype::Optimised | V8Subtype::Baseline => (compiled, 0, words),
+        // The shared info alone: the offset is the frame's; a function whose code holds
+        // no pc here (on-stack-replaced code, most often) stays so while it runs there.
+        V8Subtype::Interpreted | V8Subtype::Function => {
+            let shared = (scorch_common::word_payload(words[0]) << 3) & scorch_common::POINTER_BITS;
+            (interpreted, function, [shared, 0])
+        }
+    };
+    let entry = &mut scratch.cache[index];
+    entry.pc = lookup;
+    entry.tgid = walk.tgid;
+    entry.subtype = subtype as u32;
+    entry.function = function;
+    entry.words = kept;
+    Some(words)
+}
+
+/// The words of the JavaScript frame whose function is `function`, read from its objects;
+/// `offset` and `array` are its bytecode slots.
+#[inline(always)]
+fn read_words(
     walk: &WalkState,
     proc: &V8Proc,
     scratch: &mut Scratch,
     function: u64,
     lookup: u64,
+    offset: u64,
+    array: u64,
 ) -> Option<[u64; 2]> {
     // Compiled code holding the pc.
     if proc.flags & V8_CODE_DISPATCH == 0 {
@@ -190,9 +306,8 @@ fn words_of(
         return None;
     }
     // Ignition's: the bytecode offset a Smi, the bytecode array's slot a `BytecodeArray`.
-    let offset = slot(&scratch.words, proc.slot_bytecode_offset);
     if offset & 1 == 0 && (offset >> 63) == 0 {
-        if let Some(bytecode) = untag(slot(&scratch.words, proc.slot_bytecode_array)) {
+        if let Some(bytecode) = untag(array) {
             if type_of(proc, bytecode) == Some(proc.bytecode_array_type) {
                 return Some(v8_frame_words(
                     V8Subtype::Interpreted,
@@ -215,38 +330,54 @@ fn frame(walk: &mut WalkState, proc: &V8Proc, scratch: &mut Scratch) -> Step {
         count(walk.counters, V8Count::BadFramePointer, 1);
         return Step::Other;
     }
-    if !read_into(&mut scratch.words, fp.wrapping_sub(V8_FRAME_BELOW as u64)) {
-        count(walk.counters, V8Count::BadFramePointer, 1);
-        return Step::Other;
-    }
-    // A typed frame's marker: a Smi's tag bit, clear.
-    let context = slot(&scratch.words, proc.slot_context);
-    if context & 1 == 0 {
-        count(walk.counters, V8Count::TypedFrame, 1);
-        return Step::Other;
-    }
-    let function = untag(slot(&scratch.words, proc.slot_function));
-    let is_function = function
-        .and_then(|f| type_of(proc, f))
-        .is_some_and(|t| t >= proc.first_function_type && t <= proc.last_function_type);
-    let (Some(function), true) = (function, is_function) else {
-        count(walk.counters, V8Count::BadFunction, 1);
-        return Step::Other;
-    };
     // A return address's call is one byte before it.
     let lookup = if walk.return_address == 0 { pc } else { pc - 1 };
-    let Some(words) = words_of(walk, proc, scratch, function, lookup) else {
-        count(walk.counters, V8Count::BadFunction, 1);
-        return Step::Other;
+    // Optimised code seen at this pc: the frame is its function's, whose words the cache
+    // has; only the caller's registers are read, as a frame-pointer step reads them.
+    let seen = &scratch.cache[slot_of(walk.tgid, lookup, 0)];
+    let (words, saved_fp, return_address) = if seen.pc == lookup
+        && seen.tgid == walk.tgid
+        && seen.function == 0
+        && seen.subtype == V8Subtype::Optimised as u32
+    {
+        let words = seen.words;
+        if !walk.read_up_to(fp.wrapping_add(16), 2) {
+            count(walk.counters, V8Count::BadFramePointer, 1);
+            return Step::Other;
+        }
+        (words, walk.word(0), walk.word(1))
+    } else {
+        // Through the walk's copy of the stack, as the native walk reads its frames: one
+        // read for the frames of several hundred bytes of stack.
+        if !walk.read_up_to(fp.wrapping_add(16), 4) {
+            count(walk.counters, V8Count::BadFramePointer, 1);
+            return Step::Other;
+        }
+        // A typed frame's marker: a Smi's tag bit, clear. The agent writes an entry only
+        // for builds whose function and context are the two words below the frame pointer.
+        let (function, context, saved_fp, return_address) =
+            (walk.word(0), walk.word(1), walk.word(2), walk.word(3));
+        if context & 1 == 0 {
+            count(walk.counters, V8Count::TypedFrame, 1);
+            return Step::Other;
+        }
+        let Some(function) = untag(function) else {
+            count(walk.counters, V8Count::BadFunction, 1);
+            return Step::Other;
+        };
+        let Some(words) = words_of(walk, proc, scratch, function, lookup) else {
+            count(walk.counters, V8Count::BadFunction, 1);
+            return Step::Other;
+        };
+        (words, saved_fp, return_address)
     };
     if !push_frame(walk, words[0]) || !push_frame(walk, words[1]) {
         count(walk.counters, V8Count::FrameLimit, 1);
         return Step::Full;
     }
     walk.runtime_frames += 1;
-    // The saved frame pointer and the return address, the last two words read.
-    walk.pc = scratch.words[V8_FRAME_WORDS - 1];
-    walk.fp = scratch.words[V8_FRAME_WORDS - 2];
+    walk.pc = return_address;
+    walk.fp = saved_fp;
     walk.sp = fp + 16;
     walk.return_address = 1;
     Step::Javascript

@@ -6,6 +6,8 @@
 //! runtime through [`WalkState::runtime`], a value read from the frame's mapping
 //! (`scorch_common::RuntimeId`).
 
+use core::ffi::c_void;
+
 use aya_ebpf::{bindings::BPF_NOEXIST, btf_maps, macros::map, maps::PerCpuArray};
 use scorch_common::{
     ShortUserStack, UnwindEvent, UserStack, WalkedStack, EVENT_RUNTIME_STACK,
@@ -251,5 +253,71 @@ fn insert_new<V: WalkedStack, const FLAGS: usize>(
             Some(_) => Err(StoreError::Collision),
             None => Err(StoreError::Refused),
         },
+    }
+}
+
+/// Most words [`WalkState::read_up_to`] reads at once: the callee-saved registers a function pushes
+/// (the frame pointer among them) and the return address, 64 bytes.
+pub const MAX_SAVE_WORDS: usize = 8;
+
+impl WalkState {
+    /// Makes the `count` words (1 to [`MAX_SAVE_WORDS`]) below `end` readable with [`WalkState::word`].
+    /// They come from the walk's copy of the stack when it holds them; otherwise the
+    /// [`WINDOW_WORDS`] from their first are copied in one read (the callers' frames lie above),
+    /// or, where that read fails (the stack's end is closer than that), the `count` alone.
+    /// Reads cost about the same for 8 bytes as for 512, and each frame needs its return address
+    /// and most often a saved frame pointer a few words below it (`cargo xtask bench --only walk`).
+    #[inline(always)]
+    pub fn read_up_to(&mut self, end: u64, count: u64) -> bool {
+        let walk = self;
+        if count == 0 || count > MAX_SAVE_WORDS as u64 {
+            return false;
+        }
+        let start = end.wrapping_sub(count * 8);
+        // Below the copy, the offset wraps to a huge value: one comparison covers both sides.
+        let offset = start.wrapping_sub(walk.window_base);
+        if offset & 7 == 0 && offset / 8 + count <= walk.window_words {
+            walk.window_index = offset / 8;
+            return true;
+        }
+        walk.window_base = start;
+        walk.window_index = 0;
+        // SAFETY: the destination is this CPU's walk state, the size the window's; the helper
+        // checks the user address, a fault is an error, never a crash.
+        let whole = unsafe {
+            aya_ebpf::helpers::generated::bpf_probe_read_user(
+                walk.window.as_mut_ptr().cast(),
+                (WINDOW_WORDS * 8) as u32,
+                start as *const c_void,
+            )
+        };
+        if whole == 0 {
+            walk.window_words = WINDOW_WORDS as u64;
+            return true;
+        }
+        walk.window_words = 0;
+        // The same size, in a form the verifier bounds by the buffer's (it may not relate the
+        // test above to this register).
+        let bytes = ((((count - 1) as u32) & (MAX_SAVE_WORDS as u32 - 1)) + 1) * 8;
+        // SAFETY: as above, `bytes` at most 64.
+        let result = unsafe {
+            aya_ebpf::helpers::generated::bpf_probe_read_user(
+                walk.window.as_mut_ptr().cast(),
+                bytes,
+                start as *const c_void,
+            )
+        };
+        if result != 0 {
+            return false;
+        }
+        walk.window_words = count;
+        true
+    }
+
+    /// Word `i` of the last [`WalkState::read_up_to`].
+    #[inline(always)]
+    pub fn word(&self, i: u64) -> u64 {
+        let walk = self;
+        walk.window[(walk.window_index.wrapping_add(i) as usize) & (WINDOW_WORDS - 1)]
     }
 }

@@ -27,7 +27,7 @@ use crate::{
     arch,
     shared::{
         loops::repeat,
-        stack::{push_frame, WalkState, WALKING, WINDOW_WORDS},
+        stack::{push_frame, WalkState, MAX_SAVE_WORDS, WALKING},
         user,
     },
 };
@@ -96,10 +96,6 @@ static ROW_CACHE: PerCpuArray<CachedRow> = PerCpuArray::with_max_entries(ROW_CAC
 #[map]
 pub static ROW_EPOCH: Array<u64> = Array::with_max_entries(1, 0);
 
-/// Most words [`read_up_to`] reads at once: the callee-saved registers a function pushes
-/// (the frame pointer among them) and the return address, 64 bytes.
-const MAX_SAVE_WORDS: usize = 8;
-
 /// The search for the mapping holding `pc` (mappings are sorted by start).
 #[repr(C)]
 struct MappingSearch {
@@ -153,64 +149,6 @@ fn mapping_at(procs: &ProcMappings, i: u32) -> &UnwindMapping {
     &procs.mappings[(i as usize) & (MAX_PROC_MAPPINGS - 1)]
 }
 
-/// Makes the `count` words (1 to [`MAX_SAVE_WORDS`]) below `end` readable with [`word`].
-/// They come from the walk's copy of the stack when it holds them; otherwise the
-/// [`WINDOW_WORDS`] from their first are copied in one read (the callers' frames lie above),
-/// or, where that read fails (the stack's end is closer than that), the `count` alone.
-/// Reads cost about the same for 8 bytes as for 512, and each frame needs its return address
-/// and most often a saved frame pointer a few words below it (`cargo xtask bench --only walk`).
-#[inline(always)]
-fn read_up_to(walk: &mut WalkState, end: u64, count: u64) -> bool {
-    if count == 0 || count > MAX_SAVE_WORDS as u64 {
-        return false;
-    }
-    let start = end.wrapping_sub(count * 8);
-    // Below the copy, the offset wraps to a huge value: one comparison covers both sides.
-    let offset = start.wrapping_sub(walk.window_base);
-    if offset & 7 == 0 && offset / 8 + count <= walk.window_words {
-        walk.window_index = offset / 8;
-        return true;
-    }
-    walk.window_base = start;
-    walk.window_index = 0;
-    // SAFETY: the destination is this CPU's walk state, the size the window's; the helper
-    // checks the user address, a fault is an error, never a crash.
-    let whole = unsafe {
-        aya_ebpf::helpers::generated::bpf_probe_read_user(
-            walk.window.as_mut_ptr().cast(),
-            (WINDOW_WORDS * 8) as u32,
-            start as *const c_void,
-        )
-    };
-    if whole == 0 {
-        walk.window_words = WINDOW_WORDS as u64;
-        return true;
-    }
-    walk.window_words = 0;
-    // The same size, in a form the verifier bounds by the buffer's (it may not relate the
-    // test above to this register).
-    let bytes = ((((count - 1) as u32) & (MAX_SAVE_WORDS as u32 - 1)) + 1) * 8;
-    // SAFETY: as above, `bytes` at most 64.
-    let result = unsafe {
-        aya_ebpf::helpers::generated::bpf_probe_read_user(
-            walk.window.as_mut_ptr().cast(),
-            bytes,
-            start as *const c_void,
-        )
-    };
-    if result != 0 {
-        return false;
-    }
-    walk.window_words = count;
-    true
-}
-
-/// Word `i` of the last [`read_up_to`].
-#[inline(always)]
-fn word(walk: &WalkState, i: u64) -> u64 {
-    walk.window[(walk.window_index.wrapping_add(i) as usize) & (WINDOW_WORDS - 1)]
-}
-
 #[inline(always)]
 fn read(address: u64) -> Option<u64> {
     user::read_u64(address)
@@ -232,10 +170,10 @@ fn frame_pointer_step(walk: &mut WalkState) -> u32 {
     if bp < walk.sp {
         return UnwindOutcome::ReadFault as u32;
     }
-    if !read_up_to(walk, bp.wrapping_add(16), 2) {
+    if !walk.read_up_to(bp.wrapping_add(16), 2) {
         return UnwindOutcome::ReadFault as u32;
     }
-    let (caller_bp, return_address) = (word(walk, 0), arch::return_address(word(walk, 1)));
+    let (caller_bp, return_address) = (walk.word(0), arch::return_address(walk.word(1)));
     if return_address == 0 {
         return UnwindOutcome::Completed as u32;
     }
@@ -257,10 +195,10 @@ fn checked_frame_pointer_step(walk: &mut WalkState, procs: &ProcMappings) -> u32
     if walk.fp_known == 0 || bp == 0 || bp < walk.sp {
         return UnwindOutcome::NoRow as u32;
     }
-    if !read_up_to(walk, bp.wrapping_add(16), 2) {
+    if !walk.read_up_to(bp.wrapping_add(16), 2) {
         return UnwindOutcome::NoRow as u32;
     }
-    let (caller_bp, return_address) = (word(walk, 0), arch::return_address(word(walk, 1)));
+    let (caller_bp, return_address) = (walk.word(0), arch::return_address(walk.word(1)));
     // The call instruction before the return address must be code this process maps.
     let call = return_address.wrapping_sub(1);
     let mut search = MappingSearch {
@@ -379,13 +317,13 @@ fn table_step(walk: &mut WalkState, mapping: &UnwindMapping, row_pc: u32, lr_val
     } else {
         1
     };
-    if !read_up_to(walk, cfa, words) {
+    if !walk.read_up_to(cfa, words) {
         return UnwindOutcome::ReadFault as u32;
     }
-    let return_address = arch::return_address(word(walk, words - 1));
+    let return_address = arch::return_address(walk.word(words - 1));
     match fp_kind {
         FpKind::Unchanged => {}
-        FpKind::CfaOffset if saved_below => walk.fp = word(walk, 0),
+        FpKind::CfaOffset if saved_below => walk.fp = walk.word(0),
         FpKind::CfaOffset => match read(cfa.wrapping_add(fp_offset as u64)) {
             Some(bp) => walk.fp = bp,
             None => return UnwindOutcome::ReadFault as u32,
@@ -445,16 +383,16 @@ fn record_step(
     };
     let at = base.wrapping_add(fp_offset as u64);
     let return_address = if fp_kind == FpKind::ReturnAddressAt {
-        if !read_up_to(walk, at.wrapping_add(8), 1) {
+        if !walk.read_up_to(at.wrapping_add(8), 1) {
             return UnwindOutcome::ReadFault as u32;
         }
-        word(walk, 0)
+        walk.word(0)
     } else {
-        if !read_up_to(walk, at.wrapping_add(16), 2) {
+        if !walk.read_up_to(at.wrapping_add(16), 2) {
             return UnwindOutcome::ReadFault as u32;
         }
-        walk.fp = word(walk, 0);
-        word(walk, 1)
+        walk.fp = walk.word(0);
+        walk.word(1)
     };
     let return_address = arch::return_address(return_address);
     to_caller(walk, return_address, cfa)

@@ -326,17 +326,14 @@ fn lying_node(lies: &[(&str, i32)], tag: &str) -> Result<std::path::PathBuf> {
     Ok(path)
 }
 
-/// Nodes whose `v8dbg_*` constants lie: the frame's slots swapped (every frame's function is
-/// its context), and the names' fields moved (a function's name read from its map, a
-/// script's from its source). The recording completes with every sample, the walk's refusals
+/// Nodes whose `v8dbg_*` constants lie: the function's instance type (no frame's function
+/// is one), and the names' fields moved (a function's name read from its map, a script's
+/// from its source). The recording completes with every sample, the walk's refusals
 /// are counted, and no name passes the namer's bound.
 #[test]
 fn nodes_whose_constants_lie_are_bounded_and_counted() -> Result<()> {
     let cases: [(&str, &[(&str, i32)]); 2] = [
-        (
-            "slots",
-            &[("v8dbg_off_fp_function", -8), ("v8dbg_off_fp_context", -16)],
-        ),
+        ("types", &[("v8dbg_type_JSFunction__JS_FUNCTION_TYPE", 1)]),
         (
             "names",
             &[
@@ -380,8 +377,8 @@ fn nodes_whose_constants_lie_are_bounded_and_counted() -> Result<()> {
             "{tag}: a name of {longest} bytes"
         );
         match tag {
-            // Every frame's function slot holds its context: refused, and counted.
-            "slots" => ensure!(
+            // No frame's function is of the function types: refused, and counted.
+            "types" => ensure!(
                 report.summary.contains("invalid function")
                     && !samples.iter().any(|s| functions(s).contains(&"run")),
                 "{tag}: {}",

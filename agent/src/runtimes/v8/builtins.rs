@@ -3,10 +3,13 @@
 //! walk must take over.
 //!
 //! V8 links its builtins into the binary's text as one blob, without CFI and, in Debian's
-//! stripped `libnode`, without symbols. Every build exports two accessors of the blob it was
-//! built with, `DefaultEmbeddedBlobCode()` and `DefaultEmbeddedBlobCodeSize()`, each a load or
-//! an address and a `ret`; their few forms are decoded here ([`accessor`]), and read from
-//! the file (the start through its relocation where it is a stored pointer).
+//! stripped `libnode`, without symbols. Node 18 and 20 export two accessors of the blob they
+//! were built with, `DefaultEmbeddedBlobCode()` and `DefaultEmbeddedBlobCodeSize()`, each a
+//! load or an address and a `ret`; their few forms are decoded here ([`accessor`]), and read
+//! from the file (the start through its relocation where it is a stored pointer). Debian's
+//! Node 24 hides them: there the blob is the one long stretch of the text that no `.eh_frame`
+//! FDE describes ([`uncovered`]), which on the builds that have both is where the accessors
+//! say it is.
 
 use std::ops::Range;
 
@@ -27,6 +30,8 @@ const ACCESSOR_BYTES: usize = 16;
 pub enum BuiltinsError {
     #[error("no {0} among its symbols")]
     Missing(&'static str),
+    #[error("no {0} among its symbols, and no one stretch of its text without CFI")]
+    Hidden(&'static str),
     #[error("{function}: {bytes:02x?}, not a form its accessor is known to take")]
     Unrecognised {
         function: &'static str,
@@ -103,8 +108,42 @@ fn value(image: &Image, function: &'static str, access: Access) -> Result<u64, B
     })
 }
 
-/// The embedded builtins' code in `image`, in its ELF addresses.
+/// The shortest stretch of text without CFI taken for the builtins: V8's take megabytes, a
+/// compiler's gaps between functions bytes.
+pub const MIN_UNCOVERED: u64 = 512 << 10;
+
+/// The embedded builtins' code in `image`, in its ELF addresses: through the accessors, or
+/// where a build hides them, the text no FDE covers.
 pub fn embedded_builtins(image: &Image) -> Result<Range<u64>, BuiltinsError> {
+    match from_accessors(image) {
+        Err(BuiltinsError::Missing(function)) => uncovered(&image.fde_ranges())
+            .filter(|range| image.is_code(range.clone()))
+            .ok_or(BuiltinsError::Hidden(function)),
+        other => other,
+    }
+}
+
+/// The one stretch between `fdes` (the ranges the FDEs cover) of at least [`MIN_UNCOVERED`]
+/// bytes: `None` when there is none, or more than one (which would be a guess).
+pub fn uncovered(fdes: &[Range<u64>]) -> Option<Range<u64>> {
+    let mut sorted: Vec<&Range<u64>> = fdes.iter().filter(|r| r.start < r.end).collect();
+    sorted.sort_by_key(|r| r.start);
+    let mut found = None;
+    let mut end = sorted.first()?.end;
+    for range in sorted.iter().skip(1) {
+        if range.start >= end.saturating_add(MIN_UNCOVERED) {
+            if found.is_some() {
+                return None;
+            }
+            found = Some(end..range.start);
+        }
+        end = end.max(range.end);
+    }
+    found.filter(|r| r.end - r.start <= MAX_BLOB)
+}
+
+/// The builtins' code through the accessors.
+fn from_accessors(image: &Image) -> Result<Range<u64>, BuiltinsError> {
     let read = |function: &'static str| -> Result<u64, BuiltinsError> {
         let symbol = image
             .symbol(function)
@@ -167,6 +206,7 @@ mod tests {
             Some(Access::Address(0xe4_3000))
         );
         // Anything else, and every form cut short, is refused.
+        assert_eq!(accessor(&[0xc3], 0), None);
         assert_eq!(accessor(&[0x55, 0x48, 0x89, 0xe5], 0), None);
         assert_eq!(accessor(&[0x48, 0x8d, 0x05, 0, 0, 0, 0, 0x90], 0), None);
         for form in [
@@ -178,5 +218,31 @@ mod tests {
                 assert_eq!(accessor(&form[..len], 0), None, "{form:02x?}[..{len}]");
             }
         }
+    }
+
+    #[test]
+    fn the_builtins_are_the_one_long_stretch_without_cfi() {
+        let fdes = |ranges: &[(u64, u64)]| -> Vec<Range<u64>> {
+            ranges.iter().map(|&(s, e)| s..e).collect()
+        };
+        // Debian's libnode 137: functions, then 2 MiB without an FDE, then functions again.
+        let found = uncovered(&fdes(&[
+            (0x39_5000, 0x9b_90df),
+            (0x39_4810, 0x39_5000),
+            (0xbc_0000, 0xbd_0000),
+            (0xbd_0010, 0xbe_0000),
+        ]));
+        assert_eq!(found, Some(0x9b_90df..0xbc_0000));
+        // Gaps under the threshold are a compiler's; two long ones are a guess.
+        assert_eq!(uncovered(&fdes(&[(0, 0x1000), (0x1100, 0x2000)])), None);
+        assert_eq!(
+            uncovered(&fdes(&[
+                (0, 0x1000),
+                (0x10_0000, 0x10_1000),
+                (0x20_0000, 0x20_1000)
+            ])),
+            None
+        );
+        assert_eq!(uncovered(&[]), None);
     }
 }

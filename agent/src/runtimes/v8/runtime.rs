@@ -131,6 +131,11 @@ pub enum EntryError {
     OutsideFrame { what: &'static str, offset: i32 },
     #[error("Code::{field} at byte {offset}, past the {V8_CODE_BYTES} the walk reads")]
     OutsideCode { field: &'static str, offset: u16 },
+    #[error(
+        "a frame's function at fp{function:+} and context at fp{context:+}, not the two words \
+         below the frame pointer the walk reads first"
+    )]
+    Top { function: i32, context: i32 },
     #[error("CodeKind's field ({mask:#x} << {shift}) or its baseline kind ({baseline})")]
     CodeKind {
         mask: u32,
@@ -159,6 +164,16 @@ pub fn v8_proc(layout: &Layout) -> Result<V8Proc, EntryError> {
             Err(EntryError::OutsideFrame { what, offset })
         }
     };
+    // The bytecode slots are read with the words below the function.
+    let below_function = |what: &'static str, offset: i32| {
+        slot(what, offset).and_then(|index| {
+            if offset < -16 {
+                Ok(index)
+            } else {
+                Err(EntryError::OutsideFrame { what, offset })
+            }
+        })
+    };
     let code = |field: &'static str, offset: u16, width: u16| {
         if usize::from(offset) + usize::from(width) <= V8_CODE_BYTES {
             Ok(offset)
@@ -166,6 +181,13 @@ pub fn v8_proc(layout: &Layout) -> Result<V8Proc, EntryError> {
             Err(EntryError::OutsideCode { field, offset })
         }
     };
+    // The walk reads every frame's top first: the function and the context must be there.
+    if layout.frame.function != -16 || layout.frame.context != -8 {
+        return Err(EntryError::Top {
+            function: layout.frame.function,
+            context: layout.frame.context,
+        });
+    }
     let kinds = layout.code_kind;
     if kinds.mask > 0xff || kinds.shift > 31 || kinds.baseline > 0xff || kinds.baseline == 0 {
         return Err(EntryError::CodeKind {
@@ -207,8 +229,8 @@ pub fn v8_proc(layout: &Layout) -> Result<V8Proc, EntryError> {
         code_flags: code("flags", layout.code.flags, 4)?,
         slot_context: slot("context", layout.frame.context)?,
         slot_function: slot("function", layout.frame.function)?,
-        slot_bytecode_array: slot("bytecode_array", layout.frame.bytecode_array)?,
-        slot_bytecode_offset: slot("bytecode_offset", layout.frame.bytecode_offset)?,
+        slot_bytecode_array: below_function("bytecode_array", layout.frame.bytecode_array)?,
+        slot_bytecode_offset: below_function("bytecode_offset", layout.frame.bytecode_offset)?,
         code_kind_shift: kinds.shift as u8,
         code_kind_mask: kinds.mask as u8,
         code_kind_baseline: kinds.baseline as u8,
@@ -264,6 +286,9 @@ mod tests {
                 offset: -72
             })
         );
+        let mut layout = super::super::node_20_layout();
+        layout.frame.function = -24;
+        assert!(matches!(v8_proc(&layout), Err(EntryError::Top { .. })));
         let mut layout = super::super::node_20_layout();
         layout.code.flags = 62;
         assert!(matches!(
