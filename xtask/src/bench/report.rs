@@ -41,7 +41,8 @@ pub fn section_heading(bench: Bench) -> String {
 
 /// The whole of `docs/benchmarks.md` from the results there are; `fallback` is this machine,
 /// for the header when no bench has written results.
-pub fn render(results: &[BenchResult], fallback: &Host) -> String {
+pub fn render(results: &[BenchResult], fallback: &Host, earlier: &str) -> String {
+    let kept = earlier_sections(earlier);
     // The newest result's machine heads the file; a section measured elsewhere or at another
     // commit says so on its own line.
     let header = results
@@ -75,16 +76,65 @@ pub fn render(results: &[BenchResult], fallback: &Host) -> String {
         let _ = write!(out, "\n{}\n\n{}\n\n", section_heading(bench), bench.about());
         match results.iter().find(|r| r.bench == bench) {
             Some(result) => section(&mut out, result, header),
-            None => {
-                let _ = writeln!(
-                    out,
-                    "Not run: `cargo xtask bench --only {}` writes this section.",
-                    bench.name()
-                );
-            }
+            // Measured before, on a machine whose results are not here: kept as it was.
+            None => match kept
+                .iter()
+                .find(|(heading, _)| *heading == section_heading(bench))
+            {
+                Some((_, body)) => out.push_str(body),
+                None => {
+                    let _ = writeln!(
+                        out,
+                        "Not run: `cargo xtask bench --only {}` writes this section.",
+                        bench.name()
+                    );
+                }
+            },
         }
     }
     out
+}
+
+/// The measured sections of an earlier rendering, by heading: each one's text from its
+/// "Measured by" line to the next section, that line given the earlier header's date, commit
+/// and machine where it had none of its own (it was measured then and there, and the new
+/// header will be another's).
+fn earlier_sections(text: &str) -> Vec<(String, String)> {
+    let field = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .unwrap_or("")
+            .to_owned()
+    };
+    let (date, commit) = (field(HEADER_FIELDS[0]), field(HEADER_FIELDS[1]));
+    // As `Host::machine` writes it.
+    let machine = format!(
+        "{}, {}, kernel {}",
+        field(HEADER_FIELDS[2]),
+        field(HEADER_FIELDS[3]),
+        field(HEADER_FIELDS[4])
+    );
+    let mut sections = Vec::new();
+    for part in text.split("\n## ").skip(1) {
+        let (heading, rest) = part.split_once('\n').unwrap_or((part, ""));
+        let Some(at) = rest.find("Measured by ") else {
+            continue;
+        };
+        let mut body = rest[at..].trim_end().to_owned() + "\n";
+        let first = body.lines().next().unwrap_or("").to_owned();
+        if let Some(stem) = first.strip_suffix('.') {
+            let mut line = stem.to_owned();
+            if !line.contains(" at commit ") {
+                line += &format!(", {date} at commit {commit}");
+            }
+            if !line.contains(", on ") {
+                line += &format!(", on {machine}");
+            }
+            body = body.replacen(&first, &format!("{line}."), 1);
+        }
+        sections.push((format!("## {heading}"), body));
+    }
+    sections
 }
 
 /// One bench's measured section: where and when, its tables, the lines it kept.
@@ -212,7 +262,9 @@ pub fn write(root: &Path) -> Result<()> {
         }
     }
     let path = root.join("docs/benchmarks.md");
-    std::fs::write(&path, render(&results, &Host::current()))
+    // The sections of benches whose results are not on this machine stay as they were.
+    let earlier = std::fs::read_to_string(&path).unwrap_or_default();
+    std::fs::write(&path, render(&results, &Host::current(), &earlier))
         .with_context(|| format!("writing {}", path.display()))?;
     eprintln!(
         "bench: {} written from {} bench results",
@@ -306,7 +358,7 @@ mod tests {
 
     #[test]
     fn the_file_has_the_marker_the_header_and_a_section_per_bench() {
-        let text = render(&[overhead()], &host("2027-01-01", "fffffff"));
+        let text = render(&[overhead()], &host("2027-01-01", "fffffff"), "");
         assert!(text.starts_with(MARKER));
         // The header is the results' machine, not the one rendering.
         assert!(text.contains("- Date: 2026-12-05\n- Commit: abc1234\n- CPU: 2 × Intel Xeon\n"));
@@ -327,7 +379,7 @@ mod tests {
 
     #[test]
     fn without_results_the_header_is_the_rendering_machine_and_every_section_is_not_run() {
-        let text = render(&[], &host("2027-01-01", "fffffff"));
+        let text = render(&[], &host("2027-01-01", "fffffff"), "");
         assert!(text.contains("No bench has written results here yet."));
         assert!(text.contains("- Commit: fffffff\n"));
         assert_eq!(
@@ -346,12 +398,41 @@ mod tests {
             ..host("2026-11-01", "0123456")
         };
         older.lines = vec!["walk: 1 ns".into()];
-        let text = render(&[overhead(), older], &host("2027-01-01", "fffffff"));
+        let text = render(&[overhead(), older], &host("2027-01-01", "fffffff"), "");
         assert!(text.contains(
             "Measured by `cargo xtask bench --only overhead --runs 3`, 2026-11-01 at commit \
              0123456, on 2 × Intel Xeon, 24 GiB, kernel 6.1.0."
         ));
         assert!(text.contains("```text\nwalk: 1 ns\n```\n"));
+    }
+
+    #[test]
+    fn sections_measured_on_another_machine_are_kept_with_their_date() {
+        let first = render(&[overhead()], &host("2027-01-01", "fffffff"), "");
+        let mut walk = overhead();
+        walk.bench = Bench::Walk;
+        walk.command = "cargo xtask bench --only walk".into();
+        walk.host = host("2027-02-01", "1111111");
+        let second = render(&[walk], &host("2027-03-01", "2222222"), &first);
+        // The new result heads the file; the overhead section, measured at the first file's
+        // header, says when.
+        assert!(second.contains("- Date: 2027-02-01\n- Commit: 1111111\n"));
+        assert!(second.contains(
+            "Measured by `cargo xtask bench --only overhead --runs 3`, 2026-12-05 at commit \
+             abc1234, on 2 × Intel Xeon, 24 GiB, kernel 6.18.44.\n"
+        ));
+        assert!(second.contains("| `perf record -g` | 0.26 [0.19-0.27] |"));
+        assert!(second.contains("Measured by `cargo xtask bench --only walk`.\n"));
+        assert!(second.contains("Not run: `cargo xtask bench --only slowdown`"));
+        // Rendered again from the second, nothing moves.
+        let mut walk = overhead();
+        walk.bench = Bench::Walk;
+        walk.command = "cargo xtask bench --only walk".into();
+        walk.host = host("2027-02-01", "1111111");
+        assert_eq!(
+            render(&[walk], &host("2027-03-01", "2222222"), &second),
+            second
+        );
     }
 
     #[test]

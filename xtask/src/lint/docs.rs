@@ -261,7 +261,7 @@ mod tests {
             memory_gib: 24.0,
             kernel: "6.18.44".into(),
         };
-        let rendered = report::render(&[], &host);
+        let rendered = report::render(&[], &host, "");
         assert_eq!(benchmarks_problems(&rendered), Vec::<String>::new());
         // By hand: no marker, no header.
         let by_hand = "# Benchmarks\n\n| tool | CPU |\n";
