@@ -394,3 +394,63 @@ fn nodes_whose_constants_lie_are_bounded_and_counted() -> Result<()> {
     }
     Ok(())
 }
+
+/// Debian's Node 24 (V8 13, libnode137, in a sid root), walked in part: its builtins found
+/// from its CFI (the accessor is hidden), its functions named by function and script, though
+/// without lines or the functions TurboFan inlined (their code is behind leaptiering's
+/// dispatch table). Nearly every sample whole from the leaf through `run` to `node::Start`,
+/// and each leaf named in its script.
+#[test]
+fn debian_node_24_javascript_is_named_without_its_lines() -> Result<()> {
+    let node = Node::debian("sid")?;
+    let (here, inside) = node.shared_dir_named("sid24")?;
+    std::fs::copy(
+        scorch_tests::workload_source("v8_calltree.js"),
+        here.join("v8_calltree.js"),
+    )?;
+    let child = node
+        .command()
+        .args([&format!("{inside}/v8_calltree.js"), "14"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let _kill = KillOnDrop(child.id());
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    let path = work_dir().join("v8-calltree-sid24.pb.gz");
+    let output = scorch_tests::record_pid_to(child.id(), 8, &path, &[])?;
+    let report = scorch_tests::parse_record_output(&output)?;
+    println!("scorch: {}", report.summary);
+    let samples: Vec<DetailedSample> =
+        scorch_tests::detailed_samples(&scorch_tests::read_pprof(&path)?)
+            .into_iter()
+            .filter(|s| s.pid == i64::from(child.id()))
+            .collect();
+    let all: i64 = samples.iter().map(|s| s.count).sum();
+    let whole: i64 = samples
+        .iter()
+        .filter(|s| {
+            let names = functions(s);
+            names.contains(&"run") && names.iter().any(|n| n.starts_with("node::Start"))
+        })
+        .map(|s| s.count)
+        .sum();
+    ensure!(
+        all > 300 && whole as f64 >= 0.95 * all as f64,
+        "{whole} of {all} samples reach run and node::Start: {}",
+        report.summary
+    );
+    for (name, _) in LEAVES {
+        let named = samples.iter().any(|s| {
+            s.frames
+                .iter()
+                .flat_map(|f| f.lines.iter())
+                .any(|l| l.function == name && l.file.ends_with("v8_calltree.js"))
+        });
+        ensure!(
+            named,
+            "{name} is not named in its script: {}",
+            report.summary
+        );
+    }
+    Ok(())
+}

@@ -17,8 +17,9 @@
 //! - **Per frame** (`names`): the function's name and script (`shared`, through `strings`),
 //!   its line (`positions`), and the functions optimised code inlined at its pc.
 //!
-//! Node 24 (V8 13) is recognised but not walked: its `libnode` hides the builtins' accessor,
-//! and its functions reach their code through leaptiering's dispatch table.
+//! Node 24 (V8 13) is walked in part: its `libnode` hides the builtins' accessor (found from
+//! its CFI instead), and its functions reach their code through leaptiering's dispatch
+//! table, which this does not read yet: its frames are named without lines or inlining.
 
 pub mod builtins;
 pub mod constants;

@@ -61,7 +61,7 @@ pub fn function_name(
     shared: u64,
 ) -> Result<Option<String>, SharedError> {
     let shared = shared_object(memory, layout, shared)?;
-    let at = shared + u64::from(layout.shared_name);
+    let at = shared.wrapping_add(u64::from(layout.shared_name));
     let value = read_u64(memory, at).ok_or(StringError::Unreadable(at))?;
     // A Smi: `kNoSharedNameSentinel`.
     let Ok(object) = untag(layout, value) else {
@@ -90,7 +90,7 @@ fn scope_info_name(
 ) -> Result<Option<u64>, SharedError> {
     // Slot `index` is the tagged word `index` after the map.
     let slot = |index: u64| -> Result<u64, SharedError> {
-        let at = scope_info + POINTER as u64 * (1 + index);
+        let at = scope_info.wrapping_add(POINTER as u64 * (1 + index));
         Ok(read_u64(memory, at).ok_or(StringError::Unreadable(at))?)
     };
     let word = slot(0)?;
@@ -153,7 +153,7 @@ pub fn script_name(
     shared: u64,
 ) -> Result<Option<String>, SharedError> {
     let shared = shared_object(memory, layout, shared)?;
-    let at = shared + u64::from(layout.shared_script);
+    let at = shared.wrapping_add(u64::from(layout.shared_script));
     let script = read_u64(memory, at).ok_or(StringError::Unreadable(at))?;
     let Ok(script) = untag(layout, script) else {
         return Ok(None);
@@ -161,7 +161,7 @@ pub fn script_name(
     if instance_type(memory, layout, script)? != layout.types.script {
         return Ok(None);
     }
-    let at = script + u64::from(layout.script_name);
+    let at = script.wrapping_add(u64::from(layout.script_name));
     let name = read_u64(memory, at).ok_or(StringError::Unreadable(at))?;
     let Ok(name_object) = untag(layout, name) else {
         return Ok(None);

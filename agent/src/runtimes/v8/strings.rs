@@ -65,12 +65,13 @@ pub fn read_string(
             });
         }
         let field = |offset: u16| {
-            read_u64(memory, object + u64::from(offset))
-                .ok_or(StringError::Unreadable(object + u64::from(offset)))
+            read_u64(memory, object.wrapping_add(u64::from(offset))).ok_or(StringError::Unreadable(
+                object.wrapping_add(u64::from(offset)),
+            ))
         };
         match kind & strings.representation_mask {
             r if r == strings.sequential => {
-                let count = read_i32(memory, object + u64::from(strings.length))
+                let count = read_i32(memory, object.wrapping_add(u64::from(strings.length)))
                     .ok_or(StringError::Unreadable(object))?;
                 let count = usize::try_from(count).map_err(|_| StringError::BadLength {
                     address: object,
@@ -79,7 +80,9 @@ pub fn read_string(
                 let take = count.saturating_sub(skip).min(wanted).min(max - length);
                 let one_byte = kind & strings.encoding_mask == strings.one_byte;
                 let width = if one_byte { 1 } else { 2 };
-                let start = object + u64::from(strings.characters) + (skip * width) as u64;
+                let start = object
+                    .wrapping_add(u64::from(strings.characters))
+                    .wrapping_add(skip.saturating_mul(width) as u64);
                 let mut bytes = vec![0u8; take * width];
                 if !memory.read(start, &mut bytes) {
                     return Err(StringError::Unreadable(start));
@@ -99,9 +102,11 @@ pub fn read_string(
                 // First then second, within what the slice around them wants.
                 let first = field(strings.cons_first)?;
                 let second = field(strings.cons_second)?;
-                let first_length =
-                    read_i32(memory, untag(layout, first)? + u64::from(strings.length))
-                        .ok_or(StringError::Unreadable(first))?;
+                let first_length = read_i32(
+                    memory,
+                    untag(layout, first)?.wrapping_add(u64::from(strings.length)),
+                )
+                .ok_or(StringError::Unreadable(first))?;
                 let first_length = usize::try_from(first_length).unwrap_or(0);
                 if skip >= first_length {
                     pending.push((second, skip - first_length, wanted));
@@ -119,7 +124,7 @@ pub fn read_string(
                 let offset = field(strings.sliced_offset)?;
                 // A Smi: its value in the upper half.
                 let offset = (offset >> layout.tagging.smi_shift) as usize;
-                let count = read_i32(memory, object + u64::from(strings.length))
+                let count = read_i32(memory, object.wrapping_add(u64::from(strings.length)))
                     .ok_or(StringError::Unreadable(object))?;
                 let count = usize::try_from(count).unwrap_or(0);
                 pending.push((
@@ -155,10 +160,10 @@ pub fn instance_type(
     layout: &Layout,
     object: u64,
 ) -> Result<u16, StringError> {
-    let at = object + u64::from(layout.map);
+    let at = object.wrapping_add(u64::from(layout.map));
     let map = read_u64(memory, at).ok_or(StringError::Unreadable(at))?;
     let map = untag(layout, map)?;
-    let at = map + u64::from(layout.instance_type);
+    let at = map.wrapping_add(u64::from(layout.instance_type));
     read_u16(memory, at).ok_or(StringError::Unreadable(at))
 }
 

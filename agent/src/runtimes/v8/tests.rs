@@ -496,3 +496,13 @@ fn the_frames_fuzz_target_survives_its_own_seeds() {
     }
     super::fuzz_frames(&seed);
 }
+
+/// The frames target's findings, replayed: each once ended in a panic.
+#[test]
+fn the_frames_fuzz_targets_findings_are_read_without_a_panic() {
+    let inputs = crate::sys::fs::fuzz_inputs("v8_frames");
+    assert!(!inputs.is_empty());
+    for (_, data) in inputs {
+        super::fuzz_frames(&data);
+    }
+}
