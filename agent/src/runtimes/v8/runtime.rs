@@ -110,7 +110,7 @@ impl Binary for Node {
 
     fn attach(&self, _: u32, bias: u64, _: &Support) -> Attach {
         Attach::Attached(Attachment {
-            owned: vec![self.builtins.start + bias..self.builtins.end + bias],
+            owned: std::iter::once(self.builtins.start + bias..self.builtins.end + bias).collect(),
             anonymous_code: true,
             entry: pod_bytes(&self.entry),
             process: Arc::new(Process {
@@ -158,7 +158,7 @@ pub fn v8_proc(layout: &Layout) -> Result<V8Proc, EntryError> {
     }
     let slot = |what: &'static str, offset: i32| {
         let index = (offset + V8_FRAME_BELOW) / 8;
-        if offset < 0 && offset >= -V8_FRAME_BELOW && offset % 8 == 0 {
+        if (-V8_FRAME_BELOW..0).contains(&offset) && offset % 8 == 0 {
             Ok(index as u8)
         } else {
             Err(EntryError::OutsideFrame { what, offset })
