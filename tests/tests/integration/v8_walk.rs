@@ -127,8 +127,8 @@ fn call_tree_like_cpu_prof(node: &Node, tag: &str) -> Result<()> {
     std::thread::sleep(std::time::Duration::from_secs(3));
     let path = work_dir().join(format!("v8-calltree-{tag}.pb.gz"));
     let output = scorch_tests::record_pid_to(child.id(), 14, &path, &[])?;
-    let report = scorch_tests::parse_record_output(&output)?;
-    println!("scorch: {}", report.summary);
+    let summary = scorch_tests::parse_record_output(&output)?.summary;
+    println!("scorch: {summary}");
     ensure!(twin.wait()?.success(), "node --cpu-prof failed");
 
     let profile = scorch_tests::read_pprof(&path)?;
@@ -142,7 +142,7 @@ fn call_tree_like_cpu_prof(node: &Node, tag: &str) -> Result<()> {
     ensure!(
         total > 300,
         "only {total} of {all} samples in the call tree: {}",
-        report.summary
+        summary
     );
     let share = |name: &str| -> f64 {
         samples
@@ -193,7 +193,7 @@ fn call_tree_like_cpu_prof(node: &Node, tag: &str) -> Result<()> {
     ensure!(
         whole as f64 >= 0.95 * all as f64,
         "{whole} of {all} samples reach run and node::Start: {}",
-        report.summary
+        summary
     );
 
     // Names: the script, and lines within each leaf's body.
@@ -241,37 +241,44 @@ fn debian_node_20_javascript_is_named_like_cpu_prof() -> Result<()> {
     call_tree_like_cpu_prof(&Node::debian("trixie")?, "trixie20")
 }
 
+/// A recording of `script` (a workload of tests/workloads) run by `node` for `runs` seconds:
+/// after `warm_up`, scorch records it for `seconds`. Its samples, and scorch's summary.
+fn record_script(
+    node: &Node,
+    tag: &str,
+    script: &str,
+    (runs, warm_up, seconds): (u32, u64, u32),
+) -> Result<(Vec<DetailedSample>, String)> {
+    let (here, inside) = node.shared_dir_named(tag)?;
+    std::fs::copy(scorch_tests::workload_source(script), here.join(script))?;
+    let child = node
+        .command()
+        .args([format!("{inside}/{script}"), runs.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let _kill = KillOnDrop(child.id());
+    std::thread::sleep(std::time::Duration::from_secs(warm_up));
+    let path = work_dir().join(format!("v8-{tag}.pb.gz"));
+    let output = scorch_tests::record_pid_to(child.id(), seconds, &path, &[])?;
+    let summary = scorch_tests::parse_record_output(&output)?.summary;
+    println!("scorch: {summary}");
+    let samples = scorch_tests::detailed_samples(&scorch_tests::read_pprof(&path)?)
+        .into_iter()
+        .filter(|s| s.pid == i64::from(child.id()))
+        .collect();
+    Ok((samples, summary))
+}
+
 /// An async service and a worker thread (`v8_async.js`) on the host's Node: every thread's
 /// JavaScript is named. The main thread's time is in `fetchRecord` (resumed from the
 /// microtask queue at each `await`) and the worker's in `workerLoop`, each through `busy` to
 /// `spin`; each takes about half the process's samples, nearly all of them named to `spin`.
 #[test]
 fn async_functions_and_worker_threads_are_named() -> Result<()> {
-    let node = Node::host();
-    let (here, inside) = node.shared_dir_named("async")?;
-    std::fs::copy(
-        scorch_tests::workload_source("v8_async.js"),
-        here.join("v8_async.js"),
-    )?;
-    let child = node
-        .command()
-        .args([&format!("{inside}/v8_async.js"), "14"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()?;
-    let _kill = KillOnDrop(child.id());
-    std::thread::sleep(std::time::Duration::from_secs(2));
-    let path = work_dir().join("v8-async.pb.gz");
-    let output = scorch_tests::record_pid_to(child.id(), 8, &path, &[])?;
-    let report = scorch_tests::parse_record_output(&output)?;
-    println!("scorch: {}", report.summary);
-    let samples: Vec<DetailedSample> =
-        scorch_tests::detailed_samples(&scorch_tests::read_pprof(&path)?)
-            .into_iter()
-            .filter(|s| s.pid == i64::from(child.id()))
-            .collect();
+    let (samples, summary) = record_script(&Node::host(), "async", "v8_async.js", (14, 2, 8))?;
     let all: i64 = samples.iter().map(|s| s.count).sum();
-    ensure!(all > 300, "only {all} samples: {}", report.summary);
+    ensure!(all > 300, "only {all} samples: {}", summary);
     for root in ["fetchRecord", "workerLoop"] {
         let under = |s: &&DetailedSample| functions(s).contains(&root);
         let count: i64 = samples.iter().filter(under).map(|s| s.count).sum();
@@ -290,7 +297,7 @@ fn async_functions_and_worker_threads_are_named() -> Result<()> {
         ensure!(
             (0.35..=0.65).contains(&share) && named as f64 >= 0.9 * count as f64,
             "{root}: {count} of {all} samples, {named} of them through busy to spin: {}",
-            report.summary
+            summary
         );
     }
     Ok(())
@@ -357,15 +364,15 @@ fn nodes_whose_constants_lie_are_bounded_and_counted() -> Result<()> {
         std::thread::sleep(std::time::Duration::from_secs(2));
         let path = work_dir().join(format!("v8-lies-{tag}.pb.gz"));
         let output = scorch_tests::record_pid_to(child.id(), 6, &path, &[])?;
-        let report = scorch_tests::parse_record_output(&output)?;
-        println!("{tag}: {}", report.summary);
+        let summary = scorch_tests::parse_record_output(&output)?.summary;
+        println!("{tag}: {summary}");
         let samples: Vec<DetailedSample> =
             scorch_tests::detailed_samples(&scorch_tests::read_pprof(&path)?)
                 .into_iter()
                 .filter(|s| s.pid == i64::from(child.id()))
                 .collect();
         let all: i64 = samples.iter().map(|s| s.count).sum();
-        ensure!(all > 600, "{tag}: only {all} samples: {}", report.summary);
+        ensure!(all > 600, "{tag}: only {all} samples: {}", summary);
         let longest = samples
             .iter()
             .flat_map(|s| s.frames.iter().flat_map(|f| f.lines.iter()))
@@ -379,17 +386,13 @@ fn nodes_whose_constants_lie_are_bounded_and_counted() -> Result<()> {
         match tag {
             // No frame's function is of the function types: refused, and counted.
             "types" => ensure!(
-                report.summary.contains("invalid function")
+                summary.contains("invalid function")
                     && !samples.iter().any(|s| functions(s).contains(&"run")),
                 "{tag}: {}",
-                report.summary
+                summary
             ),
             // The functions are still walked; their names are whatever the lies lead to.
-            _ => ensure!(
-                report.summary.contains("v8: "),
-                "{tag}: no V8 frames: {}",
-                report.summary
-            ),
+            _ => ensure!(summary.contains("v8: "), "{tag}: no V8 frames: {}", summary),
         }
     }
     Ok(())
@@ -403,28 +406,7 @@ fn nodes_whose_constants_lie_are_bounded_and_counted() -> Result<()> {
 #[test]
 fn debian_node_24_javascript_is_named_without_its_lines() -> Result<()> {
     let node = Node::debian("sid")?;
-    let (here, inside) = node.shared_dir_named("sid24")?;
-    std::fs::copy(
-        scorch_tests::workload_source("v8_calltree.js"),
-        here.join("v8_calltree.js"),
-    )?;
-    let child = node
-        .command()
-        .args([&format!("{inside}/v8_calltree.js"), "14"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()?;
-    let _kill = KillOnDrop(child.id());
-    std::thread::sleep(std::time::Duration::from_secs(3));
-    let path = work_dir().join("v8-calltree-sid24.pb.gz");
-    let output = scorch_tests::record_pid_to(child.id(), 8, &path, &[])?;
-    let report = scorch_tests::parse_record_output(&output)?;
-    println!("scorch: {}", report.summary);
-    let samples: Vec<DetailedSample> =
-        scorch_tests::detailed_samples(&scorch_tests::read_pprof(&path)?)
-            .into_iter()
-            .filter(|s| s.pid == i64::from(child.id()))
-            .collect();
+    let (samples, summary) = record_script(&node, "sid24", "v8_calltree.js", (14, 3, 8))?;
     let all: i64 = samples.iter().map(|s| s.count).sum();
     let whole: i64 = samples
         .iter()
@@ -437,7 +419,7 @@ fn debian_node_24_javascript_is_named_without_its_lines() -> Result<()> {
     ensure!(
         all > 300 && whole as f64 >= 0.95 * all as f64,
         "{whole} of {all} samples reach run and node::Start: {}",
-        report.summary
+        summary
     );
     for (name, _) in LEAVES {
         let named = samples.iter().any(|s| {
@@ -446,11 +428,7 @@ fn debian_node_24_javascript_is_named_without_its_lines() -> Result<()> {
                 .flat_map(|f| f.lines.iter())
                 .any(|l| l.function == name && l.file.ends_with("v8_calltree.js"))
         });
-        ensure!(
-            named,
-            "{name} is not named in its script: {}",
-            report.summary
-        );
+        ensure!(named, "{name} is not named in its script: {}", summary);
     }
     Ok(())
 }

@@ -96,14 +96,10 @@ pub fn name_frame(
         }
         V8Subtype::Function => Ok(vec![line(memory, layout, pointer | tag, None, scripts)?]),
         V8Subtype::Baseline => {
-            let kind = instance_type(memory, layout, pointer)?;
-            if !(layout.types.first_function..=layout.types.last_function).contains(&kind) {
-                return Err(FrameError::Type {
-                    address: pointer,
-                    kind,
-                    expected: "JSFunction",
-                });
-            }
+            let functions = layout.types.first_function..=layout.types.last_function;
+            of_type(memory, layout, pointer, "JSFunction", |k| {
+                functions.contains(&k)
+            })?;
             let shared = field(
                 memory,
                 pointer,
@@ -140,6 +136,26 @@ fn line(
         file: file.map(bounded),
         line,
     })
+}
+
+/// `Ok` when the object at `object` has an instance type `accepts` (a type `expected` is).
+fn of_type(
+    memory: &dyn Memory,
+    layout: &Layout,
+    object: u64,
+    expected: &'static str,
+    accepts: impl Fn(u16) -> bool,
+) -> Result<(), FrameError> {
+    let kind = instance_type(memory, layout, object)?;
+    if accepts(kind) {
+        Ok(())
+    } else {
+        Err(FrameError::Type {
+            address: object,
+            kind,
+            expected,
+        })
+    }
 }
 
 /// The tagged word at `object + offset`.
@@ -191,14 +207,9 @@ fn bytecode_position(
             )?,
         )?;
     }
-    let kind = instance_type(memory, layout, data)?;
-    if kind != layout.types.bytecode_array {
-        return Err(FrameError::Type {
-            address: data,
-            kind,
-            expected: "BytecodeArray",
-        });
-    }
+    of_type(memory, layout, data, "BytecodeArray", |k| {
+        k == layout.types.bytecode_array
+    })?;
     let table = field(
         memory,
         data,
@@ -290,14 +301,7 @@ fn optimised(
     cookie: u32,
     scripts: &mut Scripts,
 ) -> Result<Vec<Line>, FrameError> {
-    let kind = instance_type(memory, layout, code)?;
-    if kind != layout.types.code {
-        return Err(FrameError::Type {
-            address: code,
-            kind,
-            expected: "Code",
-        });
-    }
+    of_type(memory, layout, code, "Code", |k| k == layout.types.code)?;
     let word = |offset: u16, what| -> Result<u32, FrameError> {
         let address = code.wrapping_add(u64::from(offset));
         let mut bytes = [0u8; 4];
