@@ -310,9 +310,12 @@ impl Sender {
             };
             self.report_queue();
             if pending.is_empty() {
-                if stopping || !wait(POLL_INTERVAL, &mut stop).await {
+                if stopping {
                     return;
                 }
+                // A stop ends the wait early: one more pass sends what the store took since
+                // this one read it (the windows written just before the stop), as `stop` says.
+                wait(POLL_INTERVAL, &mut stop).await;
                 continue;
             }
             for &(id, range) in &pending {
