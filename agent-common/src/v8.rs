@@ -4,12 +4,9 @@
 /// Most V8 processes the BPF side walks at once; the map is not preallocated.
 pub const MAX_V8_PROCS: u32 = 4096;
 
-/// Words of a frame the walk reads at once, from [`V8_FRAME_BELOW`] bytes below its frame
-/// pointer to the return address above it: every slot it reads (the context or marker, the
-/// function, the bytecode array and offset) must lie in them, which the agent checks when it
-/// writes the entry.
-pub const V8_FRAME_WORDS: usize = 10;
-/// Bytes below the frame pointer where the walk's read starts.
+/// Bytes below the frame pointer the walk reads a frame's bytecode slots from, with the
+/// function and context at its top: the slots must lie in them, which the agent checks when
+/// it writes the entry.
 pub const V8_FRAME_BELOW: i32 = 64;
 /// Bytes of a `Code` object the walk reads at once: its instruction start (when a pointer),
 /// size and flags must lie in them.
@@ -23,8 +20,8 @@ pub const V8_CODE_INLINE: u8 = 1;
 pub const V8_CODE_DISPATCH: u8 = 2;
 
 /// What the V8 walk needs of one process, written by the agent into `V8_PROCS`, keyed by
-/// tgid. The frame's slots are indices into the [`V8_FRAME_WORDS`] words read at once; the
-/// `Code` fields offsets into its first [`V8_CODE_BYTES`].
+/// tgid. The bytecode slots are indices into the words below the function; the `Code`
+/// fields offsets into its first [`V8_CODE_BYTES`].
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct V8Proc {
@@ -45,9 +42,10 @@ pub struct V8Proc {
     pub code_start: u16,
     pub code_size: u16,
     pub code_flags: u16,
-    /// The frame's slots, as indices into the words read from `fp - V8_FRAME_BELOW`.
-    pub slot_context: u8,
-    pub slot_function: u8,
+    /// The bytecode slots, as indices into the words read from `fp - V8_FRAME_BELOW`. The
+    /// function and the context are always the two words below the frame pointer (the agent
+    /// refuses a build where they are not).
+    pub _reserved: [u8; 2],
     pub slot_bytecode_array: u8,
     pub slot_bytecode_offset: u8,
     /// A `Code`'s kind: `(flags >> shift) & mask`; `baseline` is Sparkplug's, the kinds below

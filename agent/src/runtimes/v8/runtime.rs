@@ -9,7 +9,7 @@ use std::{any::Any, ops::Range, sync::Arc};
 
 use scorch_common::{
     RuntimeId, V8Count, V8Proc, V8_CODE_BYTES, V8_CODE_DISPATCH, V8_CODE_INLINE, V8_COUNTS,
-    V8_FRAME_BELOW, V8_FRAME_WORDS,
+    V8_FRAME_BELOW,
 };
 
 use super::{
@@ -227,8 +227,7 @@ pub fn v8_proc(layout: &Layout) -> Result<V8Proc, EntryError> {
         code_start,
         code_size: code("instruction_size", layout.code.instruction_size, 4)?,
         code_flags: code("flags", layout.code.flags, 4)?,
-        slot_context: slot("context", layout.frame.context)?,
-        slot_function: slot("function", layout.frame.function)?,
+        _reserved: [0; 2],
         slot_bytecode_array: below_function("bytecode_array", layout.frame.bytecode_array)?,
         slot_bytecode_offset: below_function("bytecode_offset", layout.frame.bytecode_offset)?,
         code_kind_shift: kinds.shift as u8,
@@ -238,10 +237,6 @@ pub fn v8_proc(layout: &Layout) -> Result<V8Proc, EntryError> {
     })
 }
 
-// The words the walk reads of a frame end with the saved frame pointer and the return
-// address, just above the frame pointer.
-const _: () = assert!(V8_FRAME_WORDS as i32 * 8 == V8_FRAME_BELOW + 16);
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -250,15 +245,10 @@ mod tests {
     fn node_20s_layout_gives_the_walk_its_slots_and_fields() {
         let layout = super::super::node_20_layout();
         let entry = v8_proc(&layout).unwrap();
-        // fp - 8 (context), fp - 16 (function), fp - 32 and - 40 (bytecode), from fp - 64.
+        // fp - 32 and - 40 (bytecode), from fp - 64.
         assert_eq!(
-            (
-                entry.slot_context,
-                entry.slot_function,
-                entry.slot_bytecode_array,
-                entry.slot_bytecode_offset
-            ),
-            (7, 6, 4, 3)
+            (entry.slot_bytecode_array, entry.slot_bytecode_offset),
+            (4, 3)
         );
         assert_eq!((entry.first_function_type, entry.code_type), (2066, 245));
         assert_eq!(entry.shared_function_info_type, 262);
