@@ -19,7 +19,7 @@ use super::super::image::{Image, ImageError};
 pub const CODE: &str = "_ZN2v88internal23DefaultEmbeddedBlobCodeEv";
 pub const CODE_SIZE: &str = "_ZN2v88internal27DefaultEmbeddedBlobCodeSizeEv";
 
-/// The largest blob believed: V8's builtins take a few MiB (about 1.6 on V8 11).
+/// The largest blob believed: V8's builtins take a few MiB.
 pub const MAX_BLOB: u64 = 64 << 20;
 
 /// Bytes of an accessor decoded: the longest form is 11 bytes.

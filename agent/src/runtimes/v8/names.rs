@@ -268,7 +268,8 @@ fn elements(
     count: u64,
 ) -> Result<Vec<u64>, FrameError> {
     let array = untag(layout, tagged)?;
-    let length = field(memory, array, 8, "FixedArray::length")? >> 32;
+    let length_at = layout.positions.map_or(8, |p| p.array_length);
+    let length = field(memory, array, length_at, "FixedArray::length")? >> 32;
     if count > length || count > MAX_INLINED as u64 {
         return Err(FrameError::TooLong {
             what: "an array's elements",
@@ -388,9 +389,11 @@ pub const MAX_INLINED: usize = 4096;
 pub const MAX_SOURCE: usize = 4 << 20;
 /// Most lines of a script believed.
 pub const MAX_LINES: u64 = 1 << 20;
-/// Most line ends kept at once, over every script: past it, a script's lines are read
-/// again for each frame that needs them.
+/// Most line ends kept at once, over every script: past it, a script met for the first
+/// time in the window is named without lines.
 pub const MAX_CACHED_LINES: usize = 1 << 20;
+/// Most scripts remembered a window (as many as the frames a window names at most).
+pub const MAX_SCRIPTS: usize = crate::runtimes::window::MAX_CACHED;
 
 /// The line ends of the scripts met this window, by process and script address.
 #[derive(Debug, Default)]
@@ -428,8 +431,15 @@ impl Scripts {
         }
         let ends = script_line_ends(memory, layout, script).map(Arc::new);
         let lines = ends.as_ref().map_or(0, |e| e.len());
-        if self.lines + lines <= MAX_CACHED_LINES {
+        // Read once a window: a script whose lines do not fit is kept as having none (its
+        // frames are named without lines), never read again for each of its frames.
+        let ends = if self.lines + lines <= MAX_CACHED_LINES {
             self.lines += lines;
+            ends
+        } else {
+            None
+        };
+        if self.kept.len() < MAX_SCRIPTS {
             self.kept.insert((self.pid, script), ends.clone());
         }
         ends
