@@ -16,8 +16,15 @@ pub const V8_CODE_BYTES: usize = 64;
 /// at the address held there.
 pub const V8_CODE_INLINE: u8 = 1;
 /// [`V8Proc::flags`]: a function keeps a handle into the dispatch table at `function_code`
-/// (leaptiering, V8 13), not its `Code`: the walk names such functions without their code.
+/// (leaptiering, V8 13), not its `Code`: the walk finds the code in the process's table
+/// ([`V8Proc::dispatch_table`]), or names such functions without it where that is 0.
 pub const V8_CODE_DISPATCH: u8 = 2;
+
+/// Where a dispatch table entry keeps its `Code`: its second word, the tagged pointer
+/// shifted left by this, over the entry's mark bit and parameter count.
+pub const V8_DISPATCH_CODE_SHIFT: u32 = 16;
+/// Bytes of a dispatch table entry (its entry point, then the code's word).
+pub const V8_DISPATCH_ENTRY_BYTES: u64 = 16;
 
 /// What the V8 walk needs of one process, written by the agent into `V8_PROCS`, keyed by
 /// tgid. The bytecode slots are indices into the words below the function; the `Code`
@@ -45,7 +52,9 @@ pub struct V8Proc {
     /// The bytecode slots, as indices into the words read from `fp - V8_FRAME_BELOW`. The
     /// function and the context are always the two words below the frame pointer (the agent
     /// refuses a build where they are not).
-    pub _reserved: [u8; 2],
+    /// A dispatch handle is an entry's index shifted left by this.
+    pub dispatch_shift: u8,
+    pub _reserved: u8,
     pub slot_bytecode_array: u8,
     pub slot_bytecode_offset: u8,
     /// A `Code`'s kind: `(flags >> shift) & mask`; `baseline` is Sparkplug's, the kinds below
@@ -55,6 +64,17 @@ pub struct V8Proc {
     pub code_kind_baseline: u8,
     /// [`V8_CODE_INLINE`], [`V8_CODE_DISPATCH`].
     pub flags: u8,
+    /// With [`V8_CODE_DISPATCH`], the process's dispatch table (its first entry's address),
+    /// or 0 where the agent did not find it.
+    pub dispatch_table: u64,
+    /// With leaptiering (V8 13), the process's embedded builtins, where Ignition's handlers
+    /// run: a frame is interpreted only with its pc there, as an on-stack-replaced frame
+    /// keeps its bytecode slots, stale, while its optimised code runs, which the agent finds
+    /// from the pc. 0 and 0 otherwise: a V8 that copies its builtins next to its JIT code
+    /// (short builtin calls, as NodeSource's Node 20 does) runs Ignition outside them, and
+    /// its on-stack-replaced frames are named as interpreted.
+    pub builtins_start: u64,
+    pub builtins_end: u64,
 }
 
 /// What a V8 frame is (bits 59-60 of its first word).
@@ -72,8 +92,10 @@ pub enum V8Subtype {
     /// `JSFunction`, the detail and cookie as [`V8Subtype::Optimised`]'s.
     Baseline = 2,
     /// A function whose code the walk could not place the pc in (a builtin's, code replaced
-    /// since the frame was entered, a leaf in its prologue, or a dispatch handle): the
-    /// pointer is the `SharedFunctionInfo`, the detail and cookie 0.
+    /// since the frame was entered, on-stack-replaced code, a leaf in its prologue, or a
+    /// dispatch handle without its table): the pointer is the `SharedFunctionInfo`, the
+    /// detail and cookie the frame's pc (its high and low halves; above a leaf, the return
+    /// address less one).
     Function = 3,
 }
 

@@ -20,8 +20,10 @@
 //!    instructions, and a cookie of the code's size and kind. Otherwise Ignition's, when the
 //!    frame's bytecode offset slot holds a Smi and its bytecode array slot a `BytecodeArray`:
 //!    the offset. Otherwise (the code was replaced since the frame was entered, a leaf in a
-//!    prologue, a builtin's frame, or a function whose code sits behind leaptiering's
-//!    dispatch table) the function alone, through its `SharedFunctionInfo`.
+//!    prologue, a builtin's frame) the function alone, through its `SharedFunctionInfo`.
+//!    With leaptiering (V8 13) the function keeps a handle into the process's dispatch
+//!    table, whose entry holds the code: the agent finds the table, and without it the
+//!    walk names such functions alone.
 //! 4. **Its words**: the subtype and the pointer the agent names it from (the
 //!    `SharedFunctionInfo`, the optimised `Code`, or for baseline code, which keeps no way
 //!    back to its function, the `JSFunction`), then the offset and the cookie.
@@ -33,7 +35,7 @@ use aya_ebpf::{
 use scorch_common::{
     v8_code_cookie, v8_frame_words, RuntimeId, V8Count, V8Proc, V8Subtype, COUNTER_RUNS,
     MAX_V8_PROCS, SUBTYPE_SHIFT, V8_CODE_BYTES, V8_CODE_DISPATCH, V8_CODE_INLINE, V8_COUNTS,
-    V8_FRAME_BELOW,
+    V8_DISPATCH_CODE_SHIFT, V8_DISPATCH_ENTRY_BYTES, V8_FRAME_BELOW,
 };
 
 use crate::shared::{
@@ -215,7 +217,7 @@ fn words_of(
         if shared == Some(seen.words[0]) {
             if seen.subtype == V8Subtype::Function as u32 {
                 count(walk.counters, V8Count::NoCode, 1);
-                return Some(v8_frame_words(V8Subtype::Function, seen.words[0], 0, 0));
+                return Some(function_words(seen.words[0], lookup));
             }
             return Some(v8_frame_words(
                 V8Subtype::Interpreted,
@@ -251,6 +253,30 @@ fn words_of(
     Some(words)
 }
 
+/// The `Code` (untagged) of the function at `function`: its code field's, or with
+/// leaptiering its dispatch table entry's, whose code word keeps the tagged pointer above
+/// the entry's mark bit and parameter count. `None` for a dispatch handle whose table the
+/// agent did not find.
+#[inline(always)]
+fn code_of(proc: &V8Proc, function: u64) -> Option<u64> {
+    let field = function.wrapping_add(u64::from(proc.function_code));
+    if proc.flags & V8_CODE_DISPATCH == 0 {
+        return read_u64(field).and_then(untag);
+    }
+    if proc.dispatch_table == 0 {
+        return None;
+    }
+    let handle = read::<u32>(field)?;
+    let entry = proc.dispatch_table.wrapping_add(
+        u64::from(handle >> (proc.dispatch_shift & 31)).wrapping_mul(V8_DISPATCH_ENTRY_BYTES),
+    );
+    let word = read_u64(entry.wrapping_add(8))?;
+    if word >> V8_DISPATCH_CODE_SHIFT == 0 {
+        return None;
+    }
+    untag((word >> V8_DISPATCH_CODE_SHIFT) | HEAP_OBJECT_TAG)
+}
+
 /// The words of the JavaScript frame whose function is `function`, read from its objects;
 /// `offset` and `array` are its bytecode slots.
 #[inline(always)]
@@ -264,10 +290,8 @@ fn read_words(
     array: u64,
 ) -> Option<[u64; 2]> {
     // Compiled code holding the pc.
-    if proc.flags & V8_CODE_DISPATCH == 0 {
-        if let Some(code) =
-            read_u64(function.wrapping_add(u64::from(proc.function_code))).and_then(untag)
-        {
+    {
+        if let Some(code) = code_of(proc, function) {
             if read_into(&mut scratch.code, code)
                 && type_of_map(proc, code_u64(&scratch.code, proc.map)) == Some(proc.code_type)
             {
@@ -305,8 +329,11 @@ fn read_words(
     if type_of(proc, shared) != Some(proc.shared_function_info_type) {
         return None;
     }
-    // Ignition's: the bytecode offset a Smi, the bytecode array's slot a `BytecodeArray`.
-    if offset & 1 == 0 && (offset >> 63) == 0 {
+    // Ignition's: the bytecode offset a Smi, the bytecode array's slot a `BytecodeArray`,
+    // and where the agent gives the builtins' range, the pc in its handlers.
+    let interpreter =
+        proc.builtins_end == 0 || (lookup >= proc.builtins_start && lookup < proc.builtins_end);
+    if interpreter && offset & 1 == 0 && (offset >> 63) == 0 {
         if let Some(bytecode) = untag(array) {
             if type_of(proc, bytecode) == Some(proc.bytecode_array_type) {
                 return Some(v8_frame_words(
@@ -319,7 +346,15 @@ fn read_words(
         }
     }
     count(walk.counters, V8Count::NoCode, 1);
-    Some(v8_frame_words(V8Subtype::Function, shared, 0, 0))
+    Some(function_words(shared, lookup))
+}
+
+/// A function named without its code: its `SharedFunctionInfo` and the frame's pc, from
+/// which the agent looks for the code (on-stack-replaced code is in no function's field).
+#[inline(always)]
+fn function_words(shared: u64, pc: u64) -> [u64; 2] {
+    // The detail's bits hold a user address's high half.
+    v8_frame_words(V8Subtype::Function, shared, (pc >> 32) as u32, pc as u32)
 }
 
 /// One frame at the walk's registers: pushed when it is a JavaScript frame.

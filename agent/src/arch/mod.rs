@@ -151,6 +151,20 @@ pub fn jumps_out(architecture: Architecture, code: &[u8], ip: u64) -> Result<Vec
     }
 }
 
+/// Where the pointer lies that a function of `architecture` reads from a global before it
+/// leaves ([`x86_64::decode::loaded_pointer`]). Only x86-64's forms are known: V8, its one
+/// reader, is walked on x86-64 alone.
+pub fn loaded_pointer(
+    architecture: Architecture,
+    code: &[u8],
+    ip: u64,
+) -> Result<Option<Place>, NoDecoder> {
+    match architecture {
+        Architecture::X86_64 => Ok(x86_64::decode::loaded_pointer(code, ip)),
+        _ => Err(NoDecoder { architecture }),
+    }
+}
+
 /// glibc's `pthread_getspecific` layout from its code ([`x86_64::decode::pthread_specific`],
 /// [`aarch64::decode::pthread_specific`]): the inner error says which form the code was not.
 pub fn pthread_specific(

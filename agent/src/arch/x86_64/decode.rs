@@ -154,6 +154,77 @@ pub fn jumps_out(code: &[u8], ip: u64) -> Vec<u64> {
     targets
 }
 
+/// Where the pointer lies that the function at `ip` reads from a global before its first
+/// call, jump or return, as an accessor of a static pointer does (V8's
+/// `IsolateGroup::GetDefault`):
+/// - `lea r, [rip + x]; mov r2, [r + d]`: at [`Place::Fixed`] `x + d`;
+/// - `mov r, [rip + got]; mov r2, [r + d]`: `d` past what the GOT slot holds
+///   ([`Place::Pointed`]);
+/// - `mov r, [rip + x]` and no load through `r`: at `x` itself.
+///
+/// `None` when the function reads no global so before it leaves.
+pub fn loaded_pointer(code: &[u8], ip: u64) -> Option<Place> {
+    // Registers holding a global's address (from `lea`), and those holding a word loaded
+    // from a global slot.
+    let mut addresses: Vec<(Register, u64)> = Vec::new();
+    let mut slots: Vec<(Register, u64)> = Vec::new();
+    let mut direct = None;
+    for instruction in instructions(code, ip).take(64) {
+        if instruction.flow_control() != FlowControl::Next {
+            break;
+        }
+        if instruction.op_count() != 2 || instruction.op0_kind() != OpKind::Register {
+            continue;
+        }
+        let target = instruction.op0_register();
+        let loads = instruction.op1_kind() == OpKind::Memory && target.is_gpr64();
+        let place = loads.then(|| {
+            let base = instruction.memory_base();
+            let from = |held: &[(Register, u64)]| {
+                held.iter()
+                    .find(|(register, _)| *register == base)
+                    .map(|&(_, at)| at)
+            };
+            (
+                operand_place(&instruction, &[]),
+                from(&addresses),
+                from(&slots),
+            )
+        });
+        let full = target.full_register();
+        addresses.retain(|(register, _)| *register != full);
+        slots.retain(|(register, _)| *register != full);
+        let Some((global, address, slot)) = place else {
+            continue;
+        };
+        let displacement = instruction.memory_displacement64();
+        match instruction.mnemonic() {
+            Mnemonic::Lea => {
+                if let Some(Place::Fixed(at)) = global {
+                    addresses.push((target, at));
+                }
+            }
+            Mnemonic::Mov if instruction.memory_index() == Register::None => {
+                if let Some(at) = address {
+                    return Some(Place::Fixed(at.wrapping_add(displacement)));
+                }
+                if let Some(slot) = slot {
+                    return Some(Place::Pointed {
+                        slot,
+                        offset: displacement,
+                    });
+                }
+                if let Some(Place::Fixed(at)) = global {
+                    slots.push((target, at));
+                    direct.get_or_insert(at);
+                }
+            }
+            _ => {}
+        }
+    }
+    direct.map(Place::Fixed)
+}
+
 /// glibc's `struct pthread` starts with its TCB header, whose `self` pointer (at 0x10) is the
 /// thread's `fs` base: the value `pthread_getspecific` adds is that base.
 const TCB_SELF: u64 = 0x10;
@@ -249,6 +320,48 @@ pub fn pthread_specific(code: &[u8], ip: u64) -> Result<SpecificLayout, &'static
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_static_pointer_read_through_its_address_or_its_got_slot() {
+        // libnode 137's IsolateGroup::GetDefault: lea 0x396b2cd(%rip),%rax; mov (%rax),%rax;
+        // lock addl $1,(%rax); ...; call
+        let code = [
+            0x55, 0x48, 0x89, 0xe5, 0x53, 0x48, 0x89, 0xfb, 0x48, 0x83, 0xec,
+            0x18, // prologue
+            0x48, 0x8d, 0x05, 0xcd, 0xb2, 0x96, 0x03, // lea 0x396b2cd(%rip),%rax
+            0x48, 0x8b, 0x00, // mov (%rax),%rax
+            0xf0, 0x83, 0x00, 0x01, // lock addl $0x1,(%rax)
+            0xe8, 0xa9, 0xc8, 0x68, 0xff, // call
+        ];
+        assert_eq!(
+            loaded_pointer(&code, 0xcf_a500),
+            Some(Place::Fixed(0x466_57e0))
+        );
+        // mov 0x100(%rip),%rax (a GOT slot); mov 0x8(%rax),%rax; ret
+        let code = [
+            0x48, 0x8b, 0x05, 0x00, 0x01, 0x00, 0x00, 0x48, 0x8b, 0x40, 0x08, 0xc3,
+        ];
+        assert_eq!(
+            loaded_pointer(&code, 0x1000),
+            Some(Place::Pointed {
+                slot: 0x1107,
+                offset: 8
+            })
+        );
+        // mov 0x100(%rip),%rax; lock addl $1,(%rax); ret: the pointer itself.
+        let code = [
+            0x48, 0x8b, 0x05, 0x00, 0x01, 0x00, 0x00, 0xf0, 0x83, 0x00, 0x01, 0xc3,
+        ];
+        assert_eq!(loaded_pointer(&code, 0x1000), Some(Place::Fixed(0x1107)));
+        // A register overwritten before it is read through forgets the address it held.
+        let code = [
+            0x48, 0x8d, 0x05, 0x00, 0x01, 0x00, 0x00, // lea 0x100(%rip),%rax
+            0x48, 0x89, 0xf8, // mov %rdi,%rax
+            0x48, 0x8b, 0x00, // mov (%rax),%rax
+            0xc3,
+        ];
+        assert_eq!(loaded_pointer(&code, 0x1000), None);
+    }
 
     #[test]
     fn a_key_loaded_from_a_global_before_a_tail_jump() {

@@ -79,13 +79,33 @@ pub struct Layout {
     /// has counted them, else `undefined`).
     pub script_source: u16,
     pub script_line_ends: u16,
+    /// Where a `Code`'s instructions are kept with a way back to it: `None` where the build
+    /// does not say in a form read here (before V8 13).
+    pub streams: Option<Streams>,
+}
+
+/// V8 13's `InstructionStream`: a header (its map, then its `Code`), then the instructions
+/// the `Code` starts at. The way from a pc to its code where no function holds the code
+/// (on-stack replacement's), as V8's own lookup by inner pointer goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Streams {
+    pub kind: u16,
+    /// Bytes of the header: where the instructions start.
+    pub header: u16,
+    /// `InstructionStream::code`: the word after its map.
+    pub code: u16,
+    /// `Code::instruction_stream`: the `Code`'s way back.
+    pub code_stream: u16,
 }
 
 /// Where source positions are kept. V8 10 and 11 export the fields but for the tables'
 /// places in `Code` (V8 10) and `BytecodeArray` (both), which follow rules the live test
 /// checks: `Code::source_position_table` two words before its instruction size, and the
 /// bytecode's table three words past its length (after its constant pool and handler
-/// table).
+/// table). V8 13 exports fewer (the tables moved to trusted space, as `TrustedByteArray`s):
+/// the code's table is the word before `Code::wrapper`, the bytecode's the word after
+/// `BytecodeArray::wrapper`, and the function's bytecode the first field of its
+/// `SharedFunctionInfo`. V8 12 is not read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Positions {
     /// `Code::source_position_table`: a `ByteArray`.
@@ -108,11 +128,14 @@ pub struct Positions {
 /// The way from optimised code (Maglev's, TurboFan's) back to its function:
 /// `Code::deoptimization_data`, a `FixedArray` whose element `shared_index` is the
 /// function's `SharedFunctionInfo`. V8 10 exports neither; its values are 11.3's, which the
-/// live test checks.
+/// live test checks. V8 13 exports the indices but not the field (see `layout`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Deoptimization {
     pub code_field: u16,
     pub shared_index: u8,
+    /// V8 13: the element is a `SharedFunctionInfoWrapper`, whose function is at this
+    /// offset.
+    pub shared_wrapper: Option<u16>,
     /// The inlined functions' count (a Smi), the literal array (whose first elements are
     /// the inlined functions' `SharedFunctionInfo`s) and the inlining positions (a
     /// `ByteArray`).
@@ -420,22 +443,47 @@ pub fn layout(constants: &Constants) -> Result<Layout, LayoutError> {
                 value: value.into(),
             })
     };
+    // V8 13's `Code` keeps its deoptimisation data and its positions (protected pointers,
+    // a word each without the sandbox) in the two words before its wrapper, the one field
+    // of the three it exports.
+    let wrapper = if version.major >= 13 {
+        constants.field("Code", "wrapper")
+    } else {
+        None
+    };
     // V8 10 exports none of these; its values are 11's.
     let code_field = match constants.field("Code", "deoptimization_data") {
         Some(field) => Some(offset("Code::deoptimization_data", field)?),
         None if version.major == 10 => Some(2 * POINTER as u16),
-        None => None,
+        None => match wrapper {
+            Some(wrapper) => Some(offset("Code::deoptimization_data", wrapper - 2 * POINTER)?),
+            None => None,
+        },
+    };
+    // V8 13 keeps the function in a `SharedFunctionInfoWrapper` (trusted space's way to a
+    // heap object).
+    let wrapped = match (
+        constants.get("DeoptimizationDataWrappedSharedFunctionInfoIndex"),
+        constants.field("SharedFunctionInfoWrapper", "shared_info"),
+    ) {
+        (Some(_), Some(field)) => Some(offset("SharedFunctionInfoWrapper::shared_info", field)?),
+        _ => None,
     };
     let deoptimization = match code_field {
         Some(code_field)
             if version.major == 10
                 || constants
                     .get("DeoptimizationDataSharedFunctionInfoIndex")
-                    .is_some() =>
+                    .is_some()
+                || wrapped.is_some() =>
         {
             Some(Deoptimization {
                 code_field,
-                shared_index: index("DeoptimizationDataSharedFunctionInfoIndex", 6)?,
+                shared_index: match wrapped {
+                    Some(_) => index("DeoptimizationDataWrappedSharedFunctionInfoIndex", 7)?,
+                    None => index("DeoptimizationDataSharedFunctionInfoIndex", 6)?,
+                },
+                shared_wrapper: wrapped,
                 inlined_count_index: index("DeoptimizationDataInlinedFunctionCountIndex", 1)?,
                 literal_array_index: index("DeoptimizationDataLiteralArrayIndex", 2)?,
                 inlining_positions_index: index("DeoptimizationDataInliningPositionsIndex", 7)?,
@@ -443,7 +491,45 @@ pub fn layout(constants: &Constants) -> Result<Layout, LayoutError> {
         }
         _ => None,
     };
-    let positions = if version.major <= 11 {
+    // An instance type every build that has the type exports.
+    let exported_type = |name: &str| -> Result<u16, LayoutError> {
+        let value = constants
+            .instance_type(&[name])
+            .ok_or_else(|| missing(&format!("type_{name}")))?;
+        narrow(version, name, value)
+    };
+    let positions = if version.major >= 13 {
+        match (
+            wrapper,
+            constants.field("BytecodeArray", "wrapper"),
+            constants.instance_type(&["TrustedByteArray__TRUSTED_BYTE_ARRAY_TYPE"]),
+        ) {
+            (Some(code_wrapper), Some(bytecode_wrapper), Some(_)) => {
+                Some(Positions {
+                    code_table: offset("Code::source_position_table", code_wrapper - POINTER)?,
+                    // After its wrapper: the positions, then the handler table and the
+                    // constant pool.
+                    bytecode_table: offset(
+                        "BytecodeArray::source_position_table",
+                        bytecode_wrapper + POINTER,
+                    )?,
+                    bytecode_data: offset("BytecodeArray::data", field("BytecodeArray", "data")?)?,
+                    // The trusted half of the function's data, its first field.
+                    function_data: offset(
+                        "SharedFunctionInfo::trusted_function_data",
+                        field("SharedFunctionInfo", "name_or_scope_info")? - 2 * POINTER,
+                    )?,
+                    array_length: offset(
+                        "FixedArrayBase::length",
+                        field("FixedArrayBase", "length")?,
+                    )?,
+                    byte_array_type: exported_type("TrustedByteArray__TRUSTED_BYTE_ARRAY_TYPE")?,
+                    fixed_array_type: exported_type("FixedArray__FIXED_ARRAY_TYPE")?,
+                })
+            }
+            _ => None,
+        }
+    } else if version.major <= 11 {
         let code_table = match constants.field("Code", "source_position_table") {
             Some(field) => offset("Code::source_position_table", field)?,
             None => offset(
@@ -461,26 +547,28 @@ pub fn layout(constants: &Constants) -> Result<Layout, LayoutError> {
                 field("SharedFunctionInfo", "function_data")?,
             )?,
             array_length,
-            byte_array_type: narrow(
-                version,
-                "ByteArray__BYTE_ARRAY_TYPE",
-                constants
-                    .instance_type(&["ByteArray__BYTE_ARRAY_TYPE"])
-                    .ok_or_else(|| missing("type_ByteArray__BYTE_ARRAY_TYPE"))?,
-            )?,
-            fixed_array_type: narrow(
-                version,
-                "FixedArray__FIXED_ARRAY_TYPE",
-                constants
-                    .instance_type(&["FixedArray__FIXED_ARRAY_TYPE"])
-                    .ok_or_else(|| missing("type_FixedArray__FIXED_ARRAY_TYPE"))?,
-            )?,
+            byte_array_type: exported_type("ByteArray__BYTE_ARRAY_TYPE")?,
+            fixed_array_type: exported_type("FixedArray__FIXED_ARRAY_TYPE")?,
         })
     } else {
         None
     };
     let script_source = offset("Script::source", field("Script", "source")?)?;
     let script_line_ends = offset("Script::line_ends", field("Script", "line_ends")?)?;
+    let streams = match (
+        version.major >= 13,
+        constants.field("InstructionStream", "instruction_start"),
+        constants.instance_type(&["InstructionStream__INSTRUCTION_STREAM_TYPE"]),
+        constants.field("Code", "instruction_stream"),
+    ) {
+        (true, Some(header), Some(kind), Some(code_stream)) => Some(Streams {
+            kind: narrow(version, "InstructionStream__INSTRUCTION_STREAM_TYPE", kind)?,
+            header: offset("InstructionStream::instruction_start", header)?,
+            code: map + POINTER as u16,
+            code_stream: offset("Code::instruction_stream", code_stream)?,
+        }),
+        _ => None,
+    };
     Ok(Layout {
         version,
         tagging,
@@ -502,6 +590,7 @@ pub fn layout(constants: &Constants) -> Result<Layout, LayoutError> {
         positions,
         script_source,
         script_line_ends,
+        streams,
     })
 }
 

@@ -17,12 +17,15 @@
 //! - **Per frame** (`names`): the function's name and script (`shared`, through `strings`),
 //!   its line (`positions`), and the functions optimised code inlined at its pc.
 //!
-//! Node 24 (V8 13) is walked in part: its `libnode` hides the builtins' accessor (found from
-//! its CFI instead), and its functions reach their code through leaptiering's dispatch
-//! table, which this does not read yet: its frames are named without lines or inlining.
+//! Node 24 (V8 13): its `libnode` hides the builtins' accessor (found from its CFI instead),
+//! and its functions reach their code through leaptiering's dispatch table, which is the
+//! process's own (`dispatch`, found at attach). Its on-stack-replaced code, which no
+//! function holds, is found back from the pc (`code`).
 
 pub mod builtins;
+pub mod code;
 pub mod constants;
+pub mod dispatch;
 pub mod layout;
 pub mod names;
 pub mod positions;
@@ -217,7 +220,9 @@ mod tests;
 /// and a source's lines over the bytes themselves, the builtins' accessor forms, then the
 /// bytes as a process's memory at [`FUZZ_BASE`] whose first words are a frame's pointers
 /// and details (so the input chooses every object, map, table and link), named as each
-/// subtype with Node 20's layout. Must never panic, and ends within the readers' bounds.
+/// subtype with Node 20's layout and V8 13's code streams; a dispatch table looked for and
+/// a pc's code looked up in the same memory. Must never panic, and ends within the readers'
+/// bounds.
 pub fn fuzz_frames(data: &[u8]) {
     use scorch_common::{v8_frame_words, word_payload, V8Subtype};
     let word = |at: usize| {
@@ -237,7 +242,17 @@ pub fn fuzz_frames(data: &[u8]) {
     let _ = builtins::accessor(data, word(16));
     let mut memory = crate::runtimes::memory::Regions::new();
     memory.add(FUZZ_BASE, data.to_vec());
-    let layout = node_20_layout();
+    // With V8 13's streams, so that a function's pc is looked up in its code.
+    let mut layout = node_20_layout();
+    layout.streams = Some(layout::Streams {
+        kind: 192,
+        header: 32,
+        code: 8,
+        code_stream: 32,
+    });
+    // The dispatch table looked for from a group pointer in the bytes, and a pc's code.
+    let _ = dispatch::find_table(&memory, &layout, FUZZ_BASE + (word(32) & 0xffff));
+    let _ = code::code_at(&memory, &layout, FUZZ_BASE + (word(40) & 0xfffff));
     let mut scripts = names::Scripts::default();
     for subtype in [
         V8Subtype::Interpreted,
@@ -247,6 +262,13 @@ pub fn fuzz_frames(data: &[u8]) {
     ] {
         let [first, more] =
             v8_frame_words(subtype, FUZZ_BASE, word(24) as u32, (word(24) >> 32) as u32);
-        let _ = names::name_frame(&memory, &layout, first, word_payload(more), &mut scripts);
+        let _ = names::name_frame(
+            &memory,
+            &layout,
+            &(0..0),
+            first,
+            word_payload(more),
+            &mut scripts,
+        );
     }
 }

@@ -17,10 +17,11 @@
 //! (`(anonymous)` for a function without one, as V8's own profiler shows it) and its script
 //! (the file, as Node names it: a path, or a `file://` or `node:` URL).
 
-use std::{collections::HashMap, sync::Arc};
+use std::{collections::HashMap, ops::Range, sync::Arc};
 
 use scorch_common::{v8_code_cookie, v8_frame_parts, V8Subtype};
 
+use super::code;
 use super::layout::{Layout, FIXED_ARRAY_HEADER};
 use super::positions::{self, Position, PositionError};
 use super::shared::{function_name, script_name, SharedError};
@@ -29,10 +30,13 @@ use crate::profile::Line;
 use crate::runtimes::memory::{read_u64, Memory};
 use crate::runtimes::window::{bounded, Reader, WindowNames};
 
-/// What the loader's attachment hands the namer for a Node process: its binary's layout.
+/// What the loader's attachment hands the namer for a Node process: its binary's layout, and
+/// its embedded builtins' code (in the process's addresses), where no `InstructionStream`
+/// is looked for.
 #[derive(Debug, Clone)]
 pub struct Process {
     pub layout: Arc<Layout>,
+    pub builtins: Range<u64>,
 }
 
 /// The name of a frame that could not be named.
@@ -53,6 +57,10 @@ pub enum FrameError {
         kind: u16,
         expected: &'static str,
     },
+    #[error("the code found at the pc is another function's ({0:#x})")]
+    OtherFunction(u64),
+    #[error("the code found at the pc is of kind {0}, not optimised")]
+    NotOptimised(u32),
     #[error("the code's size and kind are {found:#x}, not the sample's {expected:#x}: replaced")]
     Cookie { expected: u32, found: u32 },
     #[error("optimised code: this V8 keeps its function where this reader does not look")]
@@ -75,6 +83,7 @@ pub enum FrameError {
 pub fn name_frame(
     memory: &dyn Memory,
     layout: &Layout,
+    builtins: &Range<u64>,
     word: u64,
     more: u64,
     scripts: &mut Scripts,
@@ -94,7 +103,30 @@ pub fn name_frame(
                 .flatten();
             Ok(vec![line(memory, layout, shared, offset, scripts)?])
         }
-        V8Subtype::Function => Ok(vec![line(memory, layout, pointer | tag, None, scripts)?]),
+        V8Subtype::Function => {
+            let shared = pointer | tag;
+            // The code the pc is in, where no field of the function holds it (a loop's
+            // on-stack-replaced code): its lines and inlined functions, when it is this
+            // function's optimised code.
+            let pc = u64::from(detail) << 32 | u64::from(cookie);
+            if pc != 0 && !builtins.contains(&pc) {
+                if let Some(found) = code::code_at(memory, layout, pc) {
+                    let offset = (pc - found.start) as u32;
+                    if let Ok(lines) = optimised(
+                        memory,
+                        layout,
+                        found.code,
+                        offset,
+                        None,
+                        Some(shared),
+                        scripts,
+                    ) {
+                        return Ok(lines);
+                    }
+                }
+            }
+            Ok(vec![line(memory, layout, shared, None, scripts)?])
+        }
         V8Subtype::Baseline => {
             let functions = layout.types.first_function..=layout.types.last_function;
             of_type(memory, layout, pointer, "JSFunction", |k| {
@@ -108,7 +140,9 @@ pub fn name_frame(
             )?;
             Ok(vec![line(memory, layout, shared, None, scripts)?])
         }
-        V8Subtype::Optimised => optimised(memory, layout, pointer, detail, cookie, scripts),
+        V8Subtype::Optimised => {
+            optimised(memory, layout, pointer, detail, Some(cookie), None, scripts)
+        }
     }
 }
 
@@ -292,14 +326,16 @@ fn elements(
 }
 
 /// The lines of the optimised `Code` at `code` at pc offset `offset`, once its size and kind
-/// are checked against the frame's cookie: the functions inlined there, innermost first, then
+/// are checked against the frame's cookie (when the walk saw the code) and its function is
+/// `expected` (when the frame named it): the functions inlined there, innermost first, then
 /// its own.
 fn optimised(
     memory: &dyn Memory,
     layout: &Layout,
     code: u64,
     offset: u32,
-    cookie: u32,
+    cookie: Option<u32>,
+    expected: Option<u64>,
     scripts: &mut Scripts,
 ) -> Result<Vec<Line>, FrameError> {
     of_type(memory, layout, code, "Code", |k| k == layout.types.code)?;
@@ -314,12 +350,18 @@ fn optimised(
     };
     let flags = word(layout.code.flags, "Code::flags")?;
     let size = word(layout.code.instruction_size, "Code::instruction_size")?;
-    let found = v8_code_cookie(size, layout.code_kind.of(flags));
-    if found != cookie {
-        return Err(FrameError::Cookie {
-            expected: cookie,
-            found,
-        });
+    let kind = layout.code_kind.of(flags);
+    let found = v8_code_cookie(size, kind);
+    match cookie {
+        Some(cookie) if found != cookie => {
+            return Err(FrameError::Cookie {
+                expected: cookie,
+                found,
+            })
+        }
+        // Found from the pc: optimised code only (baseline code keeps no function).
+        None if kind <= layout.code_kind.baseline => return Err(FrameError::NotOptimised(kind)),
+        _ => {}
     }
     let deoptimization = layout
         .deoptimization
@@ -337,7 +379,19 @@ fn optimised(
         .max(deoptimization.inlining_positions_index);
     let entries = elements(memory, layout, data, u64::from(last) + 1)?;
     let entry = |index: u8| entries[usize::from(index)];
-    let shared = entry(deoptimization.shared_index);
+    let mut shared = entry(deoptimization.shared_index);
+    // V8 13's wrapper; what it holds is checked as any function is, when it is named.
+    if let Some(at) = deoptimization.shared_wrapper {
+        shared = field(
+            memory,
+            untag(layout, shared)?,
+            at,
+            "SharedFunctionInfoWrapper::shared_info",
+        )?;
+    }
+    if expected.is_some_and(|expected| expected != shared) {
+        return Err(FrameError::OtherFunction(shared));
+    }
     let position = match layout.positions {
         Some(positions) => {
             let table = field(memory, code, positions.code_table, "Code's positions")?;
@@ -505,8 +559,15 @@ impl Reader for V8Reader {
         more: u64,
     ) -> Result<Vec<Line>, String> {
         self.scripts.process(pid);
-        name_frame(memory, &process.layout, word, more, &mut self.scripts)
-            .map_err(|err| err.to_string())
+        name_frame(
+            memory,
+            &process.layout,
+            &process.builtins,
+            word,
+            more,
+            &mut self.scripts,
+        )
+        .map_err(|err| err.to_string())
     }
 
     fn end_window(&mut self) {

@@ -3,7 +3,9 @@
 //! (`builtins`) and every anonymous executable mapping, where V8's JIT puts its code.
 //!
 //! Everything the walk needs is in the binary, so a process is attached at its first look,
-//! whatever it has run yet.
+//! whatever it has run yet; but for leaptiering's dispatch table (V8 13), which is the
+//! process's own (`dispatch`): a process that has not set V8 up yet is attached at a later
+//! look.
 
 use std::{any::Any, ops::Range, sync::Arc};
 
@@ -14,6 +16,7 @@ use scorch_common::{
 
 use super::{
     builtins::embedded_builtins,
+    dispatch::{find_table, group_static, DispatchError, Table, HANDLE_SHIFT},
     layout::{FunctionCode, InstructionStart, Layout},
     names::{Process, V8Names},
     read_layout,
@@ -21,7 +24,10 @@ use super::{
 use crate::{
     pipeline::maps::RuntimeCounters,
     profile::FrameKind,
-    runtimes::{image::Image, pod_bytes, Attach, Attachment, Binary, Names, Runtime, Support},
+    runtimes::{
+        image::Image, memory::ProcessMemory, pod_bytes, Attach, Attachment, Binary, Names, Runtime,
+        Support,
+    },
 };
 
 /// `V8_COUNTS_MAP`'s counters by [`V8Count`], frames first.
@@ -82,10 +88,16 @@ impl Runtime for V8 {
         let entry = v8_proc(&layout).map_err(|err| format!("V8 {}: {err}", layout.version))?;
         let builtins = embedded_builtins(image)
             .map_err(|err| format!("V8 {}: its builtins not found: {err}", layout.version))?;
+        // Without the group, the walk names the functions without their code.
+        let group = match layout.function_code {
+            FunctionCode::DispatchHandle(_) => Some(group_static(image)),
+            FunctionCode::Code(_) => None,
+        };
         Ok(Some(Arc::new(Node {
             layout: Arc::new(layout),
             entry,
             builtins,
+            group,
         })))
     }
 
@@ -94,13 +106,44 @@ impl Runtime for V8 {
     }
 }
 
-/// A binary embedding V8 (`node`, `libnode.so.N`): its layout, the walk's entry, and its
-/// builtins' code in its own addresses.
+/// A binary embedding V8 (`node`, `libnode.so.N`): its layout, the walk's entry, its
+/// builtins' code in its own addresses, and with leaptiering where its default isolate
+/// group's pointer is (or why that is not known).
 #[derive(Debug)]
 struct Node {
     layout: Arc<Layout>,
     entry: V8Proc,
     builtins: Range<u64>,
+    group: Option<Result<u64, DispatchError>>,
+}
+
+impl Node {
+    /// The walk's entry for process `pid`: with leaptiering, its dispatch table's address.
+    /// `None` while the process has not set V8 up.
+    fn entry(&self, pid: u32, bias: u64) -> Option<V8Proc> {
+        let mut entry = self.entry;
+        let table = match &self.group {
+            None => return Some(entry),
+            Some(Ok(group)) => {
+                find_table(&ProcessMemory(pid), &self.layout, group.wrapping_add(bias))
+            }
+            Some(Err(err)) => Err(err.clone()),
+        };
+        match table {
+            Ok(Table::At(table)) => {
+                entry.dispatch_table = table;
+                entry.builtins_start = self.builtins.start.wrapping_add(bias);
+                entry.builtins_end = self.builtins.end.wrapping_add(bias);
+            }
+            Ok(Table::NotYet) => return None,
+            Err(err) => tracing::info!(
+                "process {pid}: V8 {}'s dispatch table: {err}: its JavaScript functions \
+                 are named without their code (no lines, no inlined functions)",
+                self.layout.version
+            ),
+        }
+        Some(entry)
+    }
 }
 
 impl Binary for Node {
@@ -108,13 +151,17 @@ impl Binary for Node {
         format!("V8 {}", self.layout.version)
     }
 
-    fn attach(&self, _: u32, bias: u64, _: &Support) -> Attach {
+    fn attach(&self, pid: u32, bias: u64, _: &Support) -> Attach {
+        let Some(entry) = self.entry(pid, bias) else {
+            return Attach::Later;
+        };
         Attach::Attached(Attachment {
             owned: std::iter::once(self.builtins.start + bias..self.builtins.end + bias).collect(),
             anonymous_code: true,
-            entry: pod_bytes(&self.entry),
+            entry: pod_bytes(&entry),
             process: Arc::new(Process {
                 layout: Arc::clone(&self.layout),
+                builtins: self.builtins.start + bias..self.builtins.end + bias,
             }) as Arc<dyn Any + Send + Sync>,
         })
     }
@@ -197,11 +244,13 @@ pub fn v8_proc(layout: &Layout) -> Result<V8Proc, EntryError> {
         });
     }
     let mut flags = 0;
+    let mut dispatch_shift = 0;
     let (function_code, code_start) = (
         match layout.function_code {
             FunctionCode::Code(at) => at,
             FunctionCode::DispatchHandle(at) => {
                 flags |= V8_CODE_DISPATCH;
+                dispatch_shift = HANDLE_SHIFT;
                 at
             }
         },
@@ -227,13 +276,17 @@ pub fn v8_proc(layout: &Layout) -> Result<V8Proc, EntryError> {
         code_start,
         code_size: code("instruction_size", layout.code.instruction_size, 4)?,
         code_flags: code("flags", layout.code.flags, 4)?,
-        _reserved: [0; 2],
+        dispatch_shift,
+        _reserved: 0,
         slot_bytecode_array: below_function("bytecode_array", layout.frame.bytecode_array)?,
         slot_bytecode_offset: below_function("bytecode_offset", layout.frame.bytecode_offset)?,
         code_kind_shift: kinds.shift as u8,
         code_kind_mask: kinds.mask as u8,
         code_kind_baseline: kinds.baseline as u8,
         flags,
+        dispatch_table: 0,
+        builtins_start: 0,
+        builtins_end: 0,
     })
 }
 

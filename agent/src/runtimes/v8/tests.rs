@@ -137,6 +137,50 @@ fn node_24_as_debian_unstable_ships_it() {
     );
     assert_eq!(layout.code_kind.interpreted_function, 9);
     assert_eq!(layout.code_kind.baseline, 10);
+    // Placed by the rules around the wrappers (checked live in `v8_walk`'s Node 24 lines).
+    let deoptimization = layout.deoptimization.unwrap();
+    assert_eq!(
+        (
+            deoptimization.code_field,
+            deoptimization.shared_index,
+            deoptimization.shared_wrapper
+        ),
+        (8, 7, Some(8))
+    );
+    assert_eq!(
+        (
+            deoptimization.literal_array_index,
+            deoptimization.inlining_positions_index
+        ),
+        (3, 8)
+    );
+    let positions = layout.positions.unwrap();
+    assert_eq!(
+        (
+            positions.code_table,
+            positions.bytecode_table,
+            positions.bytecode_data,
+            positions.function_data
+        ),
+        (16, 24, 64, 8)
+    );
+    assert_eq!(
+        (positions.byte_array_type, positions.fixed_array_type),
+        (196, 205)
+    );
+}
+
+#[test]
+fn node_24s_isolate_group_is_found_from_its_accessor() {
+    let path = libnode("sid", "libnode137", "libnode.so.137");
+    let data = std::fs::read(&path)
+        .unwrap_or_else(|e| panic!("{} ({e}): run `cargo xtask setup`", path.display()));
+    let elf = Elf::parse(&data).unwrap();
+    // `lea 0x396b2cd(%rip),%rax; mov (%rax),%rax` at 0xcfa50c.
+    assert_eq!(
+        super::dispatch::group_static(&Image::of(&elf)),
+        Ok(0x466_57e0)
+    );
 }
 
 #[test]
