@@ -55,7 +55,7 @@ pub fn code_at(memory: &dyn Memory, layout: &Layout, pc: u64) -> Option<Found> {
         let mut bottom = false;
         while !memory.read(low, &mut bytes) {
             let page = (low | 4095).checked_add(1)?;
-            if page + span > high {
+            if page.checked_add(span).is_none_or(|end| end > high) {
                 return None;
             }
             low = page;
@@ -69,16 +69,15 @@ pub fn code_at(memory: &dyn Memory, layout: &Layout, pc: u64) -> Option<Found> {
                 .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
         };
         // Each address whose header lies in the chunk, highest first.
-        let mut at = (high - span).min(top);
+        let mut at = high.saturating_sub(span).min(top);
         while at >= low {
-            let (map, code) = (word(at)?, word(at + u64::from(streams.code))?);
+            let (map, code) = (word(at)?, word(at.wrapping_add(u64::from(streams.code)))?);
             if map & mask == tag && code & mask == tag {
                 let is_stream = *maps.entry(map).or_insert_with(|| {
                     checked += 1;
-                    untag(layout, map)
-                        .ok()
-                        .and_then(|map| read_u16_at(memory, map + u64::from(layout.instance_type)))
-                        == Some(streams.kind)
+                    untag(layout, map).ok().and_then(|map| {
+                        read_u16_at(memory, map.wrapping_add(u64::from(layout.instance_type)))
+                    }) == Some(streams.kind)
                 });
                 if is_stream {
                     // The nearest stream below the pc decides.
@@ -104,13 +103,16 @@ fn holds(memory: &dyn Memory, layout: &Layout, stream: u64, code: u64, pc: u64) 
     if instance_type(memory, layout, code).ok()? != layout.types.code {
         return None;
     }
-    let back = read_u64(memory, code + u64::from(streams.code_stream))?;
-    if back != stream + layout.tagging.heap_object_tag {
+    let back = read_u64(memory, code.wrapping_add(u64::from(streams.code_stream)))?;
+    if back != stream.wrapping_add(layout.tagging.heap_object_tag) {
         return None;
     }
-    let start = stream + u64::from(streams.header);
+    let start = stream.wrapping_add(u64::from(streams.header));
     let mut size = [0u8; 4];
-    if !memory.read(code + u64::from(layout.code.instruction_size), &mut size) {
+    if !memory.read(
+        code.wrapping_add(u64::from(layout.code.instruction_size)),
+        &mut size,
+    ) {
         return None;
     }
     let end = start.checked_add(u64::from(u32::from_le_bytes(size)))?;
