@@ -290,37 +290,35 @@ fn read_words(
     array: u64,
 ) -> Option<[u64; 2]> {
     // Compiled code holding the pc.
-    {
-        if let Some(code) = code_of(proc, function) {
-            if read_into(&mut scratch.code, code)
-                && type_of_map(proc, code_u64(&scratch.code, proc.map)) == Some(proc.code_type)
+    if let Some(code) = code_of(proc, function) {
+        if read_into(&mut scratch.code, code)
+            && type_of_map(proc, code_u64(&scratch.code, proc.map)) == Some(proc.code_type)
+        {
+            let flags = code_u32(&scratch.code, proc.code_flags);
+            let kind = (flags >> (proc.code_kind_shift & 31)) & u32::from(proc.code_kind_mask);
+            let start = if proc.flags & V8_CODE_INLINE != 0 {
+                code.wrapping_add(u64::from(proc.code_start))
+            } else {
+                code_u64(&scratch.code, proc.code_start)
+            };
+            let size = code_u32(&scratch.code, proc.code_size);
+            if kind >= u32::from(proc.code_kind_baseline)
+                && lookup >= start
+                && lookup < start.wrapping_add(u64::from(size))
             {
-                let flags = code_u32(&scratch.code, proc.code_flags);
-                let kind = (flags >> (proc.code_kind_shift & 31)) & u32::from(proc.code_kind_mask);
-                let start = if proc.flags & V8_CODE_INLINE != 0 {
-                    code.wrapping_add(u64::from(proc.code_start))
+                let (subtype, pointer) = if kind == u32::from(proc.code_kind_baseline) {
+                    (V8Subtype::Baseline, function)
                 } else {
-                    code_u64(&scratch.code, proc.code_start)
+                    (V8Subtype::Optimised, code)
                 };
-                let size = code_u32(&scratch.code, proc.code_size);
-                if kind >= u32::from(proc.code_kind_baseline)
-                    && lookup >= start
-                    && lookup < start.wrapping_add(u64::from(size))
-                {
-                    let (subtype, pointer) = if kind == u32::from(proc.code_kind_baseline) {
-                        (V8Subtype::Baseline, function)
-                    } else {
-                        (V8Subtype::Optimised, code)
-                    };
-                    // The offset of the pc, or of the call a return address follows: the
-                    // source position the agent looks up is the call's.
-                    return Some(v8_frame_words(
-                        subtype,
-                        pointer,
-                        lookup.wrapping_sub(start) as u32,
-                        v8_code_cookie(size, kind),
-                    ));
-                }
+                // The offset of the pc, or of the call a return address follows: the
+                // source position the agent looks up is the call's.
+                return Some(v8_frame_words(
+                    subtype,
+                    pointer,
+                    lookup.wrapping_sub(start) as u32,
+                    v8_code_cookie(size, kind),
+                ));
             }
         }
     }
