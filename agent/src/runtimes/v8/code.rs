@@ -14,7 +14,7 @@ use super::{
     layout::Layout,
     strings::{instance_type, untag},
 };
-use crate::runtimes::memory::{read_u64, Memory};
+use crate::runtimes::memory::{read_u16, read_u64, Memory};
 
 /// Bytes read at once.
 const CHUNK: u64 = 16 << 10;
@@ -76,7 +76,7 @@ pub fn code_at(memory: &dyn Memory, layout: &Layout, pc: u64) -> Option<Found> {
                 let is_stream = *maps.entry(map).or_insert_with(|| {
                     checked += 1;
                     untag(layout, map).ok().and_then(|map| {
-                        read_u16_at(memory, map.wrapping_add(u64::from(layout.instance_type)))
+                        read_u16(memory, map.wrapping_add(u64::from(layout.instance_type)))
                     }) == Some(streams.kind)
                 });
                 if is_stream {
@@ -117,13 +117,6 @@ fn holds(memory: &dyn Memory, layout: &Layout, stream: u64, code: u64, pc: u64) 
     }
     let end = start.checked_add(u64::from(u32::from_le_bytes(size)))?;
     (start..end).contains(&pc).then_some(Found { code, start })
-}
-
-fn read_u16_at(memory: &dyn Memory, address: u64) -> Option<u16> {
-    let mut bytes = [0u8; 2];
-    memory
-        .read(address, &mut bytes)
-        .then(|| u16::from_le_bytes(bytes))
 }
 
 #[cfg(test)]
