@@ -644,6 +644,8 @@ pub struct LineInfo {
     pub file: String,
     /// Line in `file`; 0 when unknown.
     pub line: i64,
+    /// Column in `line`, from 1; 0 when unknown.
+    pub column: i64,
 }
 
 /// A pprof mapping with its strings resolved.
@@ -761,6 +763,7 @@ pub fn detailed_samples(profile: &pprof::Profile) -> Vec<DetailedSample> {
                         system_name: function.map_or_else(String::new, |f| string(f.system_name)),
                         file: function.map_or_else(String::new, |f| string(f.filename)),
                         line: line.line,
+                        column: line.column,
                     }
                 })
                 .collect();

@@ -201,6 +201,8 @@ pub struct Line {
     pub file: Option<String>,
     /// Source line (for an inlined function's caller, the call site); 0 when unknown.
     pub line: u32,
+    /// Column in `line`, from 1; 0 when unknown (most sources keep lines alone).
+    pub column: u32,
 }
 
 impl Line {
@@ -212,6 +214,7 @@ impl Line {
             function,
             file: None,
             line: 0,
+            column: 0,
         }
     }
 }

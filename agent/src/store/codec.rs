@@ -16,13 +16,22 @@ pub(super) fn content_hash(bytes: &[u8]) -> i64 {
 }
 
 /// A `locations` row's hash: its mapping id, address, frame kind (`FrameKind::code`, which
-/// for native and kernel frames is the byte the old `kernel` flag hashed) and encoded lines.
-pub(super) fn location_hash(mapping: i64, address: i64, kind: u8, lines: &[u8]) -> i64 {
-    let mut content = Vec::with_capacity(lines.len() + 24);
+/// for native and kernel frames is the byte the old `kernel` flag hashed), encoded lines and
+/// their columns. Columns count only when known, so that a location without them hashes as
+/// the schemas before them did.
+pub(super) fn location_hash(
+    mapping: i64,
+    address: i64,
+    kind: u8,
+    lines: &[u8],
+    columns: &[u8],
+) -> i64 {
+    let mut content = Vec::with_capacity(lines.len() + columns.len() + 24);
     put_varint(&mut content, mapping as u64);
     put_varint(&mut content, address as u64);
     content.push(kind);
     content.extend_from_slice(lines);
+    content.extend_from_slice(columns);
     content_hash(&content)
 }
 

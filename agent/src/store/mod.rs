@@ -167,6 +167,8 @@ pub struct Store {
     /// Whether the locations say their frame kind (schema 5): a store of an earlier release,
     /// opened read-only, has a `kernel` flag ([`schema::legacy_kind`] reads it).
     frame_kinds: bool,
+    /// Whether the locations keep their lines' columns (schema 6).
+    line_columns: bool,
 }
 
 impl Store {
@@ -229,6 +231,7 @@ impl Store {
             cache: IdCache::default(),
             kinds: true,
             frame_kinds: true,
+            line_columns: true,
         })
     }
 
@@ -265,6 +268,7 @@ impl Store {
         };
         let kinds = schema::windows_have_kinds(&connection).map_err(sqlite)?;
         let frame_kinds = schema::locations_have_kinds(&connection).map_err(sqlite)?;
+        let line_columns = schema::locations_have_columns(&connection).map_err(sqlite)?;
         Ok(Store {
             connection,
             path,
@@ -272,6 +276,7 @@ impl Store {
             cache: IdCache::default(),
             kinds,
             frame_kinds,
+            line_columns,
         })
     }
 
@@ -283,6 +288,14 @@ impl Store {
             (true, SampleKind::OffCpu) => "kind = 1",
             (false, SampleKind::Cpu) => "1",
             (false, SampleKind::OffCpu) => "0",
+        }
+    }
+
+    /// What the locations table holds, for a [`reader::Reader`].
+    fn shape(&self) -> reader::Shape {
+        reader::Shape {
+            frame_kinds: self.frame_kinds,
+            line_columns: self.line_columns,
         }
     }
 

@@ -108,7 +108,7 @@ impl Store {
         let mut merged: Vec<_> = merged.into_iter().collect();
         // Stable output: the same store and range give the same profile.
         merged.sort_unstable();
-        let mut reader = Reader::new(&self.connection, &self.path, self.frame_kinds);
+        let mut reader = Reader::new(&self.connection, &self.path, self.shape());
         for (done, ((series, stack), value)) in merged.into_iter().enumerate() {
             if done % 1024 == 0 {
                 limits.check_time()?;
@@ -177,7 +177,7 @@ impl Store {
             },
             QueryLimits::NONE,
         )?;
-        let mut reader = Reader::new(&self.connection, &self.path, self.frame_kinds);
+        let mut reader = Reader::new(&self.connection, &self.path, self.shape());
         let mut series = Vec::new();
         for id in ids {
             let labels = reader.series(id)?.ok_or_else(|| StoreError::Damaged {
@@ -241,12 +241,23 @@ pub(super) struct Reader<'a> {
     mappings: HashMap<i64, usize>,
     /// Database location id -> index in the profile's locations.
     locations: HashMap<i64, usize>,
-    /// Whether locations keep their frame kind (schema 5), or a `kernel` flag.
-    frame_kinds: bool,
+    shape: Shape,
+}
+
+/// A `locations` row: mapping, address, kind (or `kernel` flag), lines, columns.
+type LocationRow = (i64, i64, i64, Vec<u8>, Vec<u8>);
+
+/// What a store's locations table holds, by the schema that made it.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Shape {
+    /// Frame kinds (schema 5), or a `kernel` flag.
+    pub frame_kinds: bool,
+    /// The lines' columns (schema 6).
+    pub line_columns: bool,
 }
 
 impl<'a> Reader<'a> {
-    pub(super) fn new(connection: &'a Connection, path: &'a Path, frame_kinds: bool) -> Self {
+    pub(super) fn new(connection: &'a Connection, path: &'a Path, shape: Shape) -> Self {
         Reader {
             connection,
             path,
@@ -255,7 +266,7 @@ impl<'a> Reader<'a> {
             functions: HashMap::new(),
             mappings: HashMap::new(),
             locations: HashMap::new(),
-            frame_kinds,
+            shape,
         }
     }
 
@@ -349,16 +360,7 @@ impl<'a> Reader<'a> {
                 "SELECT start, limit_, file_offset, path, build_id, flags FROM mappings WHERE id = ?1",
             )
             .and_then(|mut s| {
-                s.query_row([id], |row| {
-                    Ok((
-                        row.get(0)?,
-                        row.get(1)?,
-                        row.get(2)?,
-                        row.get(3)?,
-                        row.get(4)?,
-                        row.get(5)?,
-                    ))
-                })
+                s.query_row([id], |row| Row::try_from(row))
                 .optional()
             })
             .map_err(|e| self.sqlite(e))?;
@@ -387,33 +389,41 @@ impl<'a> Reader<'a> {
         }
         // Before schema 5 the column was the `kernel` flag, whose 0 and 1 are the codes of
         // native and kernel frames.
-        let sql = if self.frame_kinds {
-            "SELECT mapping, address, kind, lines FROM locations WHERE id = ?1"
-        } else {
-            "SELECT mapping, address, kernel, lines FROM locations WHERE id = ?1"
+        let sql = match (self.shape.frame_kinds, self.shape.line_columns) {
+            (true, true) => {
+                "SELECT mapping, address, kind, lines, columns FROM locations WHERE id = ?1"
+            }
+            (true, false) => {
+                "SELECT mapping, address, kind, lines, x'' FROM locations WHERE id = ?1"
+            }
+            (false, _) => {
+                "SELECT mapping, address, kernel, lines, x'' FROM locations WHERE id = ?1"
+            }
         };
-        let row: Option<(i64, i64, i64, Vec<u8>)> = self
+        let row: Option<LocationRow> = self
             .connection
             .prepare_cached(sql)
             .and_then(|mut s| {
-                s.query_row([id], |row| {
-                    Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?))
-                })
-                .optional()
+                s.query_row([id], |row| LocationRow::try_from(row))
+                    .optional()
             })
             .map_err(|e| self.sqlite(e))?;
-        let (mapping, address, kind, blob) =
+        let (mapping, address, kind, blob, column_blob) =
             row.ok_or_else(|| self.damaged(format!("location {id} is missing")))?;
         let numbers =
             varints(&blob).ok_or_else(|| self.damaged(format!("location {id}: bad lines")))?;
+        let columns = varints(&column_blob)
+            .filter(|c| c.is_empty() || c.len() == numbers.len() / 2)
+            .ok_or_else(|| self.damaged(format!("location {id}: bad columns")))?;
         let mut lines = Vec::with_capacity(numbers.len() / 2);
-        for pair in numbers.chunks_exact(2) {
+        for (i, pair) in numbers.chunks_exact(2).enumerate() {
             let (function, system_name, file) = self.function(pair[0] as i64)?;
             lines.push(Line {
                 function,
                 system_name,
                 file,
                 line: pair[1] as u32,
+                column: columns.get(i).map_or(0, |&c| c as u32),
             });
         }
         let mapping = self.mapping(mapping, profile)?;
@@ -432,7 +442,7 @@ impl<'a> Reader<'a> {
             lines,
             kind,
         };
-        if !self.frame_kinds {
+        if !self.shape.frame_kinds {
             location.kind = super::schema::legacy_kind(&location);
         }
         profile.locations.push(location);

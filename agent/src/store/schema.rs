@@ -14,10 +14,10 @@ use crate::{
 /// `PRAGMA application_id` of a scorch store ("SCOR"): how a SQLite file says what it is.
 pub(super) const APPLICATION_ID: i32 = 0x5343_4f52;
 /// `PRAGMA user_version`: the schema below.
-pub(super) const SCHEMA_VERSION: i32 = 5;
+pub(super) const SCHEMA_VERSION: i32 = 6;
 /// The oldest schema [`migrate`] upgrades (and readers still read): 2 lacks `window_totals`,
 /// 2 and 3 lack the windows' `kind` (all their windows are CPU samples), 2 to 4 keep a
-/// location's `kernel` flag where 5 keeps its frame `kind`.
+/// location's `kernel` flag where 5 keeps its frame `kind`, 2 to 5 lack the lines' `columns`.
 pub(super) const OLDEST_MIGRATED: i32 = 2;
 
 const SCHEMA: &str = "
@@ -54,7 +54,8 @@ CREATE TABLE locations (
     address INTEGER NOT NULL,
     kind INTEGER NOT NULL,    -- FrameKind::code: 0 native, 1 kernel, 2 Python, 3 Go, 4 JVM
     lines BLOB NOT NULL,      -- varint (functions.id, line) pairs, innermost first
-    last_window INTEGER NOT NULL
+    last_window INTEGER NOT NULL,
+    columns BLOB NOT NULL DEFAULT x'' -- LINE_COLUMNS
 );
 CREATE INDEX locations_by_hash ON locations (hash);
 CREATE TABLE stacks (
@@ -110,6 +111,12 @@ ALTER TABLE windows ADD COLUMN off_cpu_min_ns INTEGER NOT NULL DEFAULT 0;
 /// found by [`legacy_kind`] and rehashed (the hash covers the kind).
 const FRAME_KINDS: &str = "ALTER TABLE locations RENAME COLUMN kernel TO kind;";
 
+/// Schema 6: the column of each of a location's lines, as varints in the lines' order, or
+/// empty when none is known (most frames: DWARF's columns are not kept, and only V8 gives
+/// them). Apart from `lines` so that a location without columns keeps its schema 5 blob and
+/// hash: the migration adds the column and touches no row.
+const LINE_COLUMNS: &str = "ALTER TABLE locations ADD COLUMN columns BLOB NOT NULL DEFAULT x'';";
+
 /// Creates a new store's tables in an empty database.
 pub(super) fn create(connection: &Connection) -> rusqlite::Result<()> {
     // auto_vacuum must be chosen before the first table exists. The schema and the header
@@ -148,7 +155,8 @@ pub(super) fn configure(connection: &Connection) -> rusqlite::Result<()> {
 ///
 /// 2 -> 3: `window_totals`, filled from every stored window's rows (nothing is dropped; the
 /// rows themselves are untouched). 3 -> 4: the windows' `kind` columns, every existing window
-/// a CPU one. 4 -> 5: the locations' frame kinds ([`FRAME_KINDS`]).
+/// a CPU one. 4 -> 5: the locations' frame kinds ([`FRAME_KINDS`]). 5 -> 6: their lines'
+/// columns ([`LINE_COLUMNS`]), none known for the rows already there.
 pub(super) fn migrate(connection: &Connection, found: i32) -> rusqlite::Result<usize> {
     if found >= SCHEMA_VERSION {
         return Ok(0);
@@ -160,6 +168,9 @@ pub(super) fn migrate(connection: &Connection, found: i32) -> rusqlite::Result<u
     if !locations_have_kinds(&tx)? {
         tx.execute_batch(FRAME_KINDS)?;
         mark_python_locations(&tx)?;
+    }
+    if !locations_have_columns(&tx)? {
+        tx.execute_batch(LINE_COLUMNS)?;
     }
     tx.execute_batch(WINDOW_TOTALS)?;
     let mut backfilled = 0;
@@ -207,6 +218,15 @@ pub(super) fn windows_have_kinds(connection: &Connection) -> rusqlite::Result<bo
 pub(super) fn locations_have_kinds(connection: &Connection) -> rusqlite::Result<bool> {
     connection.query_row(
         "SELECT COUNT(*) FROM pragma_table_info('locations') WHERE name = 'kind'",
+        [],
+        |row| row.get::<_, i64>(0).map(|n| n > 0),
+    )
+}
+
+/// Whether the locations keep their lines' columns (schema 6).
+pub(super) fn locations_have_columns(connection: &Connection) -> rusqlite::Result<bool> {
+    connection.query_row(
+        "SELECT COUNT(*) FROM pragma_table_info('locations') WHERE name = 'columns'",
         [],
         |row| row.get::<_, i64>(0).map(|n| n > 0),
     )
@@ -273,7 +293,7 @@ fn mark_python_locations(tx: &Connection) -> rusqlite::Result<()> {
         };
         let kind = legacy_kind(&location);
         if kind == FrameKind::Python {
-            let hash = location_hash(0, 0, kind.code(), &lines);
+            let hash = location_hash(0, 0, kind.code(), &lines, &[]);
             update.execute(rusqlite::params![kind.code(), hash, id])?;
         }
     }
@@ -383,7 +403,7 @@ mod tests {
             .collect::<Result<_, _>>()
             .unwrap();
         for (id, mapping, address, kernel, lines) in rows {
-            let hash = location_hash(mapping, address, kernel as u8, &lines);
+            let hash = location_hash(mapping, address, kernel as u8, &lines, &[]);
             connection
                 .execute(
                     "UPDATE locations SET hash = ?1 WHERE id = ?2",
@@ -439,6 +459,103 @@ mod tests {
         codes.sort();
         codes.dedup();
         assert_eq!(codes, [0, 1, 2, 3]);
+    }
+
+    /// The sample window with a JavaScript frame of two lines, the inlined one's column
+    /// known, its caller's not.
+    fn with_columns(seconds: u64) -> Profile {
+        let mut window = window_at(seconds);
+        let at = window.locations.len();
+        let line = |name: &str, line, column| Line {
+            file: Some("/srv/app.js".into()),
+            line,
+            column,
+            ..Line::named(name)
+        };
+        window.locations.push(Location {
+            mapping: None,
+            address: 0,
+            lines: vec![line("parse", 14, 9), line("run", 40, 0)],
+            kind: FrameKind::V8js,
+        });
+        window.samples[0].locations.insert(0, at);
+        window
+    }
+
+    fn location_rows(store: &Store) -> i64 {
+        store
+            .connection
+            .query_row("SELECT COUNT(*) FROM locations", [], |row| row.get(0))
+            .unwrap()
+    }
+
+    /// Columns are kept and read back, and a store of schema 5 (no `columns`) is read as it
+    /// is, then migrated without a row touched: the locations it holds are found again by the
+    /// windows written after, and those with columns added beside them.
+    #[test]
+    fn columns_are_kept_and_schema_5_stores_gain_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let now = now_secs();
+        let all = |_: &crate::profile::Labels| true;
+        let with = with_columns(now - 40);
+        let written = {
+            let mut store = Store::open(dir.path(), Retention::default()).unwrap();
+            store.write_window(&with).unwrap();
+            store.query(everything(), &all).unwrap()
+        };
+        let javascript = |p: &Profile| {
+            p.locations
+                .iter()
+                .find(|l| l.kind == FrameKind::V8js)
+                .map(|l| {
+                    l.lines
+                        .iter()
+                        .map(|l| (l.line, l.column))
+                        .collect::<Vec<_>>()
+                })
+        };
+        assert_eq!(javascript(&written), Some(vec![(14, 9), (40, 0)]));
+
+        // A schema 5 store: the rows of a window without columns.
+        std::fs::remove_dir_all(dir.path()).unwrap();
+        {
+            let mut store = Store::open(dir.path(), Retention::default()).unwrap();
+            store.write_window(&window_at(now - 30)).unwrap();
+        }
+        let connection = Connection::open(dir.path().join(DATABASE_FILE)).unwrap();
+        connection
+            .execute_batch(
+                "ALTER TABLE locations DROP COLUMN columns;
+                 PRAGMA user_version = 5; PRAGMA wal_checkpoint(TRUNCATE);",
+            )
+            .unwrap();
+        drop(connection);
+        let old = Store::open_read_only(dir.path()).unwrap();
+        assert!(!old.line_columns);
+        let before = old.query(everything(), &all).unwrap();
+        let rows = location_rows(&old);
+        drop(old);
+
+        let mut store = Store::open(dir.path(), Retention::default()).unwrap();
+        assert!(store.line_columns);
+        assert_eq!(store.query(everything(), &all).unwrap(), before);
+        // The same window again adds no location; one with a JavaScript frame adds it alone.
+        store.write_window(&window_at(now - 20)).unwrap();
+        assert_eq!(location_rows(&store), rows);
+        store.write_window(&with_columns(now - 10)).unwrap();
+        assert_eq!(location_rows(&store), rows + 1);
+        let after = store.query(everything(), &all).unwrap();
+        assert_eq!(javascript(&after), Some(vec![(14, 9), (40, 0)]));
+        // A damaged column blob is an error naming the location, never a misread.
+        store
+            .connection
+            .execute(
+                "UPDATE locations SET columns = x'09' WHERE length(columns) > 0",
+                [],
+            )
+            .unwrap();
+        let err = store.query(everything(), &all).unwrap_err().to_string();
+        assert!(err.contains("bad columns"), "{err}");
     }
 
     #[test]

@@ -60,8 +60,8 @@ impl IdCache {
 }
 
 type MappingKey = (i64, i64, i64, i64, i64, i64);
-/// (mapping id, address, frame kind's code, encoded lines).
-type LocationKey = (i64, i64, u8, Vec<u8>);
+/// (mapping id, address, frame kind's code, encoded lines, encoded columns).
+type LocationKey = (i64, i64, u8, Vec<u8>, Vec<u8>);
 
 impl Store {
     /// Writes one window's profile: one series per label set its samples carry. Then applies
@@ -305,12 +305,19 @@ impl Writer<'_> {
             put_varint(&mut lines, self.function(line)? as u64);
             put_varint(&mut lines, u64::from(line.line));
         }
+        let mut columns = Vec::new();
+        if location.lines.iter().any(|line| line.column != 0) {
+            for line in &location.lines {
+                put_varint(&mut columns, u64::from(line.column));
+            }
+        }
         let mapping = location.mapping.map_or(0, |m| mapping_ids[m]);
         let key = (
             mapping,
             location.address as i64,
             location.kind.code(),
             lines,
+            columns,
         );
         let (connection, window) = (self.connection, self.window);
         let k = key.clone();
@@ -321,16 +328,18 @@ impl Writer<'_> {
             key,
             "locations",
             || {
-                let hash = location_hash(k.0, k.1, k.2, &k.3);
+                let hash = location_hash(k.0, k.1, k.2, &k.3, &k.4);
                 let mut select = connection.prepare_cached(
-                    "SELECT id, mapping, address, kind, lines FROM locations WHERE hash = ?1",
+                    "SELECT id, mapping, address, kind, lines, columns FROM locations
+                     WHERE hash = ?1",
                 )?;
                 let mut rows = select.query([hash])?;
                 while let Some(row) = rows.next()? {
                     let same = row.get::<_, i64>(1)? == k.0
                         && row.get::<_, i64>(2)? == k.1
                         && row.get::<_, i64>(3)? == i64::from(k.2)
-                        && row.get_ref(4)?.as_blob()? == k.3.as_slice();
+                        && row.get_ref(4)?.as_blob()? == k.3.as_slice()
+                        && row.get_ref(5)?.as_blob()? == k.4.as_slice();
                     if same {
                         let id: i64 = row.get(0)?;
                         touch(connection, "locations", id, window)?;
@@ -339,10 +348,11 @@ impl Writer<'_> {
                 }
                 connection
                     .prepare_cached(
-                        "INSERT INTO locations (hash, mapping, address, kind, lines, last_window)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                        "INSERT INTO locations
+                         (hash, mapping, address, kind, lines, columns, last_window)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
                     )?
-                    .execute(params![hash, k.0, k.1, k.2, k.3, window])?;
+                    .execute(params![hash, k.0, k.1, k.2, k.3, k.4, window])?;
                 Ok(connection.last_insert_rowid())
             },
         )

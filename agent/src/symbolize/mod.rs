@@ -401,6 +401,7 @@ fn user_frame_location(
                 system_name: f.system_name,
                 file: f.file,
                 line: f.line,
+                column: 0,
             })
             .collect(),
         Err(_) => Vec::new(),

@@ -222,11 +222,14 @@ fn call_tree_like_cpu_prof(node: &Node, tag: &str, reference: Reference) -> Resu
         summary
     );
 
-    // Names: the script, and lines within each leaf's body.
+    // Names: the script, and lines within each leaf's body, with a column at an expression
+    // (V8's positions are its expressions' starts: never a blank, never past the line).
     let source = std::fs::read_to_string(scorch_tests::workload_source("v8_calltree.js"))?;
+    let source_lines: Vec<&str> = source.lines().collect();
     for (name, _) in LEAVES {
         let body = body_lines(&source, name);
         let mut lines: HashMap<u32, i64> = HashMap::new();
+        let (mut at_expression, mut elsewhere) = (0, Vec::new());
         for sample in &samples {
             for line in sample.frames.iter().flat_map(|f| f.lines.iter()) {
                 if line.function == name {
@@ -236,10 +239,23 @@ fn call_tree_like_cpu_prof(node: &Node, tag: &str, reference: Reference) -> Resu
                         line.file
                     );
                     *lines.entry(line.line as u32).or_default() += sample.count;
+                    let character = source_lines
+                        .get((line.line as usize).wrapping_sub(1))
+                        .and_then(|text| text.chars().nth((line.column as usize).wrapping_sub(1)));
+                    match character {
+                        Some(c) if !c.is_whitespace() => at_expression += sample.count,
+                        _ if elsewhere.len() < 20 => elsewhere.push((line.line, line.column)),
+                        _ => {}
+                    }
                 }
             }
         }
         let named: i64 = lines.values().sum();
+        ensure!(
+            at_expression as f64 >= 0.9 * named as f64,
+            "{name}: {at_expression} of {named} samples' columns at an expression; the others \
+             at (line, column) {elsewhere:?}"
+        );
         let in_body: i64 = lines
             .iter()
             .filter(|(l, _)| body.contains(l))
@@ -248,6 +264,49 @@ fn call_tree_like_cpu_prof(node: &Node, tag: &str, reference: Reference) -> Resu
         if named == 0 || (in_body as f64) < 0.9 * named as f64 {
             bail!("{name}'s lines {lines:?}, its body {body:?}");
         }
+    }
+    call_sites_by_column(&samples, &source_lines)
+}
+
+/// `compute` calls `matmul` four times on one line and `reduce` twice on the next: only
+/// columns tell the calls apart. Each call of a callee takes as long, so `compute`'s frames
+/// above it must be at the columns where the calls start (as Node's stack traces give them),
+/// each call's column with its share of the callee's samples.
+fn call_sites_by_column(samples: &[DetailedSample], source: &[&str]) -> Result<()> {
+    for (callee, calls) in [("matmul", 4), ("reduce", 2)] {
+        let call = format!("{callee}(unit)");
+        let (line, text) = source
+            .iter()
+            .enumerate()
+            .find(|(_, text)| text.contains(&call) && !text.contains("function"))
+            .with_context(|| format!("no call of {callee} in the source"))?;
+        let expected: Vec<(i64, i64)> = text
+            .match_indices(&call)
+            .map(|(at, _)| (line as i64 + 1, at as i64 + 1))
+            .collect();
+        ensure!(expected.len() == calls, "{callee}'s calls: {expected:?}");
+        let mut sites: HashMap<(i64, i64), i64> = HashMap::new();
+        for sample in samples {
+            let lines: Vec<_> = sample.frames.iter().flat_map(|f| f.lines.iter()).collect();
+            // Leaf first: the caller's line follows its callee's.
+            if let Some(pair) = lines
+                .windows(2)
+                .find(|pair| pair[0].function == callee && pair[1].function == "compute")
+            {
+                *sites.entry((pair[1].line, pair[1].column)).or_default() += sample.count;
+            }
+        }
+        let all: i64 = sites.values().sum();
+        let share = |site| sites.get(site).copied().unwrap_or(0) as f64 / all.max(1) as f64;
+        let even = 1.0 / calls as f64;
+        ensure!(
+            all > 0
+                && expected
+                    .iter()
+                    .all(|site| (share(site) - even).abs() <= 0.6 * even),
+            "compute's calls of {callee}, (line, column): samples {sites:?}; the calls are at \
+             {expected:?}, each about {even:.2} of them"
+        );
     }
     Ok(())
 }

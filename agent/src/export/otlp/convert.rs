@@ -460,7 +460,7 @@ impl<'a> Dictionary<'a> {
             .map(|line| Line {
                 function_index: self.function(line),
                 line: i64::from(line.line),
-                column: 0,
+                column: i64::from(line.column),
             })
             .collect();
         let frame_type = self.attribute("profile.frame.type", frame_type(profile, index));
@@ -568,6 +568,7 @@ mod tests {
                 system_name: "handler".into(),
                 file: Some("/srv/app.py".into()),
                 line: 12,
+                column: 5,
             }],
             kind: FrameKind::Python,
         });
@@ -877,7 +878,7 @@ mod tests {
             attribute(mapping.attribute_indices[0]),
             ("process.executable.build_id.gnu".into(), "abcdef".into())
         );
-        // The Python frame: its file and line, no mapping.
+        // The Python frame: its file, line and column, no mapping.
         let container = &request.resource_profiles[0].scope_profiles[0].profiles[0].samples[0];
         let top = &d.location_table
             [d.stack_table[container.stack_index as usize].location_indices[0] as usize];
@@ -885,7 +886,7 @@ mod tests {
         assert_eq!(attribute(top.attribute_indices[0]).1, "cpython");
         let function = &d.function_table[top.lines[0].function_index as usize];
         assert_eq!(text(function.filename_strindex), "/srv/app.py");
-        assert_eq!(top.lines[0].line, 12);
+        assert_eq!((top.lines[0].line, top.lines[0].column), (12, 5));
         // `main` is shared by three stacks but described once.
         let mains = d
             .function_table

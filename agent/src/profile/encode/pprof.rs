@@ -177,7 +177,7 @@ pub fn samples_message(profile: &Profile, samples: &[&Sample]) -> pb::Profile {
                                 pb::Line {
                                     function_id: id,
                                     line: i64::from(line.line),
-                                    column: 0,
+                                    column: i64::from(line.column),
                                 }
                             })
                             .collect();
@@ -466,5 +466,24 @@ mod tests {
         let unnamed = p.location.iter().find(|l| l.address == 0x5300).unwrap();
         assert!(unnamed.line.is_empty());
         assert_eq!(unnamed.mapping_id, 1);
+    }
+
+    /// A line's column goes in pprof's `Line.column`; unknown is 0, as pprof reads it.
+    #[test]
+    fn lines_carry_their_columns() {
+        let mut profile = sample_profile();
+        profile.locations[1].lines[0].line = 14;
+        profile.locations[1].lines[0].column = 9;
+        let p = to_message(&profile);
+        let columns: Vec<(i64, i64)> = p
+            .location
+            .iter()
+            .flat_map(|l| l.line.iter().map(|line| (line.line, line.column)))
+            .collect();
+        assert!(columns.contains(&(14, 9)), "{columns:?}");
+        assert!(
+            columns.iter().filter(|c| c.1 == 0).count() >= 2,
+            "{columns:?}"
+        );
     }
 }

@@ -201,12 +201,7 @@ pub fn name_frame(
                 }
             })?;
             let text = bounded(text);
-            Ok(vec![Line {
-                function: text.clone(),
-                system_name: text,
-                file: None,
-                line: 0,
-            }])
+            Ok(vec![Line::named(text)])
         }
     }
 }
@@ -219,6 +214,7 @@ fn java_line(frame: JavaFrame) -> Line {
         function: bounded(function),
         file: frame.file.map(bounded),
         line: frame.line.unwrap_or(0),
+        column: 0,
     }
 }
 

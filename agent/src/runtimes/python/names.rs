@@ -130,6 +130,7 @@ impl PythonNames {
                     line: line_of(&code.linetable, code.firstlineno, instr)
                         .and_then(|line| u32::try_from(line).ok())
                         .unwrap_or(0),
+                    column: 0,
                 }
             }
             None => {

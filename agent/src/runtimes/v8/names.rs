@@ -157,18 +157,20 @@ fn line(
 ) -> Result<Line, FrameError> {
     let name = function_name(memory, layout, shared)?.unwrap_or_else(|| ANONYMOUS.to_owned());
     let file = script_name(memory, layout, shared)?;
-    let line = offset
+    // Columns from 1, as Node's stack traces and pprof count them (0 is pprof's unknown).
+    let (line, column) = offset
         .and_then(|offset| {
             let ends = scripts.line_ends(memory, layout, shared)?;
             positions::line_of(&ends, offset)
         })
-        .map_or(0, |(line, _)| line);
+        .map_or((0, 0), |(line, column)| (line, column.saturating_add(1)));
     let name = bounded(name);
     Ok(Line {
         system_name: name.clone(),
         function: name,
         file: file.map(bounded),
         line,
+        column,
     })
 }
 

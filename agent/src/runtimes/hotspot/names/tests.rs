@@ -79,6 +79,7 @@ fn work(line: u32) -> Line {
         system_name: "demo.Demo.work(Ljava/lang/String;I)V".into(),
         file: Some("Demo.java".into()),
         line,
+        column: 0,
     }
 }
 
@@ -141,12 +142,7 @@ fn a_window_s_names_are_measured_when_it_ends_and_then_dropped() {
 fn a_stub_is_its_blobs_name_when_its_first_bytes_match() {
     let name = b"StubRoutines (1)\0";
     let mut names = names_over(memory_with_stub(name));
-    let stub = Line {
-        function: "StubRoutines (1)".into(),
-        system_name: "StubRoutines (1)".into(),
-        file: None,
-        line: 0,
-    };
+    let stub = Line::named("StubRoutines (1)");
     for subtype in [HotspotSubtype::Stub, HotspotSubtype::Vtable] {
         let frame = frame(subtype, BLOB, 0x20, cookie_of(name));
         assert_eq!(lines_of(&mut names, frame), std::slice::from_ref(&stub));
@@ -318,6 +314,7 @@ fn the_hosts_jdk_17_frames_are_named_from_their_words() {
         system_name: "Hot.spin(J)J".into(),
         file: Some("Hot.java".into()),
         line,
+        column: 0,
     };
     assert_eq!(named(&mut names, at_entry), [spin_line(3)]);
     let no_bci = frame(HotspotSubtype::Interpreted, method, UNKNOWN_BCI, cookie);
