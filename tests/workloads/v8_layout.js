@@ -33,6 +33,12 @@ function manyLocals(n) {
 const expression = function named(n) {
   return n > 0 ? named(n - 1) : 0;
 };
+// A function without a name of its own (`f.name` is empty), whose name V8 infers from the
+// assignment, as its profiler shows it: printed as `function inferred NAME`.
+const holder = {};
+holder.method = function (n) {
+  return n + 2;
+};
 %PrepareFunctionForOptimization(optimised);
 optimised(10);
 optimised(10);
@@ -43,11 +49,14 @@ new Shape(1);
 captures(1)();
 manyLocals(1)();
 expression(2);
+holder.method(1);
 gc();
 gc();
 for (const f of [optimised, interpreted, Shape, captures, manyLocals, expression]) {
   console.log(`function ${f.name}`);
   %DebugPrint(f);
 }
+console.log("function inferred holder.method");
+%DebugPrint(holder.method);
 console.log("ready");
 setInterval(() => {}, 1000);

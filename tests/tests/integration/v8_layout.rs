@@ -108,6 +108,8 @@ struct Printed {
     kind: String,
     /// The function's name string.
     name_string: u64,
+    /// Without a name of its own (its name string empty): `name` is the one V8 inferred.
+    inferred: bool,
 }
 
 fn hex(text: &str) -> Option<u64> {
@@ -124,8 +126,10 @@ fn parse(output: &str) -> Vec<Printed> {
     let mut printed: Vec<Printed> = Vec::new();
     for line in output.lines() {
         if let Some(name) = line.strip_prefix("function ") {
+            let inferred = name.strip_prefix("inferred ");
             printed.push(Printed {
-                name: name.to_owned(),
+                name: inferred.unwrap_or(name).to_owned(),
+                inferred: inferred.is_some(),
                 function: 0,
                 shared: 0,
                 code: 0,
@@ -266,7 +270,7 @@ fn check(node: &Node) -> Result<()> {
     };
     let printed = parse(&text);
     ensure!(
-        printed.len() == 6
+        printed.len() == 7
             && printed
                 .iter()
                 .all(|p| p.function != 0 && p.shared != 0 && p.code != 0),
@@ -351,9 +355,10 @@ fn check(node: &Node) -> Result<()> {
         // Its name, read as the namer will read strings.
         let name = read_string(&ProcessMemory(child.id()), &layout, p.name_string, 256)
             .with_context(|| format!("{what}: its name at {:#x}", p.name_string))?;
-        ensure!(name == p.name, "{what}: its name reads {name:?}");
+        let own = if p.inferred { "" } else { p.name.as_str() };
+        ensure!(name == own, "{what}: its name reads {name:?}");
         // Its name again, through its SharedFunctionInfo (in its ScopeInfo once compiled),
-        // as the namer reads it.
+        // as the namer reads it: the inferred one for a function without its own.
         let named = function_name(&ProcessMemory(child.id()), &layout, p.shared)
             .with_context(|| format!("{what}: its name from its SharedFunctionInfo"))?;
         ensure!(

@@ -13,9 +13,9 @@
 //!
 //! Every object is checked to be of its type before it is read further. V8's collector
 //! moves objects: one moved since the sample leaves a forwarding word where its map was, and
-//! the frame is left unnamed ([`UNKNOWN_FRAME`]). A frame's line is the function's name
-//! (`(anonymous)` for a function without one, as V8's own profiler shows it) and its script
-//! (the file, as Node names it: a path, or a `file://` or `node:` URL).
+//! the frame is left unnamed ([`UNKNOWN_FRAME`]). A frame's line is the function's name (or
+//! the one V8 inferred for it, else `(anonymous)`, as V8's own profiler shows it) and its
+//! script (the file, as Node names it: a path, or a `file://` or `node:` URL).
 
 use std::{collections::HashMap, ops::Range, sync::Arc};
 

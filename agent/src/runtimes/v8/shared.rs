@@ -7,7 +7,9 @@
 //! `scope-info.tq`) and on how many locals its context holds: after the header slots come
 //! the locals' names (inline below [`MAX_INLINED_LOCAL_NAMES`], else one slot for a hash
 //! table), their infos, a class's saved variable when the flags say, then the function
-//! variable's name and slot.
+//! variable's name and slot, then the name V8 inferred for a function without one of its own
+//! (`holder.method = function () {}` is `holder.method`), which V8's profiler shows in its
+//! place, as this does.
 //!
 //! The live test (`tests/tests/integration/v8_layout.rs`) reads the names of functions of
 //! each shape on Node 18, 20 and 24 (V8 10.2, 11.3, 13.6): the flags are a Smi in the first
@@ -46,15 +48,20 @@ const SAVED_CLASS_VARIABLE: u32 = 1 << 10;
 /// `ScopeFlags::function_variable`, two bits: `NONE` (0) when the scope keeps no function
 /// name; otherwise where the function's own variable lives, and its name is kept either way.
 const FUNCTION_VARIABLE_SHIFT: u32 = 12;
+/// `ScopeFlags::has_inferred_function_name`: a slot for the inferred name follows the
+/// function variable's.
+const INFERRED_FUNCTION_NAME: u32 = 1 << 14;
 /// `kScopeInfoMaxInlinedLocalNamesSize`: from this many context locals on, their names are
 /// in a hash table, one slot, instead of inline.
 pub const MAX_INLINED_LOCAL_NAMES: u64 = 75;
 /// Most context locals believed: more is not a `ScopeInfo` this reads.
 const MAX_CONTEXT_LOCALS: u64 = 1 << 16;
 
-/// The name of the function whose `SharedFunctionInfo` is `shared` (a tagged pointer):
-/// `Ok(None)` when it has none (an anonymous function, a script's or a module's top level).
-/// Names longer than [`MAX_FUNCTION_NAME`] are cut.
+/// The name of the function whose `SharedFunctionInfo` is `shared` (a tagged pointer), or
+/// for one without, the name V8 inferred from where it was assigned, as V8's profiler names
+/// it (`SharedFunctionInfo::DebugNameCStr`): `Ok(None)` when it has neither (an anonymous
+/// callback, a script's or a module's top level). Names longer than [`MAX_FUNCTION_NAME`]
+/// are cut.
 pub fn function_name(
     memory: &dyn Memory,
     layout: &Layout,
@@ -68,26 +75,29 @@ pub fn function_name(
         return Ok(None);
     };
     let kind = instance_type(memory, layout, object)?;
-    let name = if layout.strings.is_string(kind) {
-        value
+    let names = if layout.strings.is_string(kind) {
+        [Some(value), None]
     } else if kind == layout.types.scope_info {
-        match scope_info_name(memory, layout, object)? {
-            Some(name) => name,
-            None => return Ok(None),
-        }
+        scope_info_names(memory, layout, object)?
     } else {
         return Ok(None);
     };
-    let name = read_string(memory, layout, name, MAX_FUNCTION_NAME)?;
-    Ok((!name.is_empty()).then_some(name))
+    for name in names.into_iter().flatten() {
+        let name = read_string(memory, layout, name, MAX_FUNCTION_NAME)?;
+        if !name.is_empty() {
+            return Ok(Some(name));
+        }
+    }
+    Ok(None)
 }
 
-/// The tagged name a `ScopeInfo` (at `scope_info`, untagged) keeps of its function, if any.
-fn scope_info_name(
+/// The tagged names a `ScopeInfo` (at `scope_info`, untagged) keeps of its function: its
+/// own, and the one V8 inferred, each if any.
+fn scope_info_names(
     memory: &dyn Memory,
     layout: &Layout,
     scope_info: u64,
-) -> Result<Option<u64>, SharedError> {
+) -> Result<[Option<u64>; 2], SharedError> {
     // Slot `index` is the tagged word `index` after the map.
     let slot = |index: u64| -> Result<u64, SharedError> {
         let at = scope_info.wrapping_add(POINTER as u64 * (1 + index));
@@ -101,8 +111,10 @@ fn scope_info_name(
     } else {
         word as u32
     };
-    if (flags >> FUNCTION_VARIABLE_SHIFT) & 3 == 0 {
-        return Ok(None);
+    let function_variable = (flags >> FUNCTION_VARIABLE_SHIFT) & 3 != 0;
+    let inferred = flags & INFERRED_FUNCTION_NAME != 0;
+    if !function_variable && !inferred {
+        return Ok([None, None]);
     }
     let at = u64::from(layout.scope_info.context_local_count);
     let count = slot(at)?;
@@ -123,12 +135,27 @@ fn scope_info_name(
         + names
         + locals
         + u64::from(flags & SAVED_CLASS_VARIABLE != 0);
-    let name = slot(index)?;
-    // `Zero`: the scope has a function variable but no name for it.
-    if untag(layout, name).is_err() {
-        return Ok(None);
-    }
-    Ok(Some(name))
+    // A string, or `Zero` (a function variable without a name) or `undefined` (no inferred
+    // name): what is not a string reads as none.
+    let string = |name: u64| -> Result<Option<u64>, SharedError> {
+        let Ok(object) = untag(layout, name) else {
+            return Ok(None);
+        };
+        let kind = instance_type(memory, layout, object)?;
+        Ok(layout.strings.is_string(kind).then_some(name))
+    };
+    let own = if function_variable {
+        string(slot(index)?)?
+    } else {
+        None
+    };
+    let inferred = if inferred {
+        // After the function variable's name and slot, when it has them.
+        string(slot(index + 2 * u64::from(function_variable))?)?
+    } else {
+        None
+    };
+    Ok([own, inferred])
 }
 
 /// The untagged address of the `SharedFunctionInfo` at `shared`, checked to be one.

@@ -503,6 +503,38 @@ fn a_function_is_named_from_its_shared_info_or_its_scope_info() {
     let info = scope_info(&mut heap, HEAP + 0x1000, unused << 32, 2, 0);
     set(&mut heap, info);
     assert_eq!(read(&heap, shared), Ok(None));
+    // Without a name of its own, the one V8 inferred (bit 14), where the function variable
+    // would be, or after it.
+    let inferred = heap.one_byte(HEAP + 0x80, "holder.method");
+    let info = scope_info(
+        &mut heap,
+        HEAP + 0x1000,
+        (1u64 << 14 | 1 << 6 | 2) << 32,
+        2,
+        inferred,
+    );
+    set(&mut heap, info);
+    assert_eq!(read(&heap, shared), Ok(Some("holder.method".into())));
+    let empty = heap.one_byte(HEAP + 0xc0, "");
+    for own in [0, empty] {
+        let info = scope_info(&mut heap, HEAP + 0x1000, (unused | 1 << 14) << 32, 2, own);
+        heap.put(HEAP + 0x1000 + 8 * 10, &inferred.to_le_bytes());
+        set(&mut heap, info);
+        assert_eq!(
+            read(&heap, shared),
+            Ok(Some("holder.method".into())),
+            "{own:#x}"
+        );
+    }
+    // Its own name first.
+    let info = scope_info(&mut heap, HEAP + 0x1000, (unused | 1 << 14) << 32, 2, name);
+    heap.put(HEAP + 0x1000 + 8 * 10, &inferred.to_le_bytes());
+    set(&mut heap, info);
+    assert_eq!(read(&heap, shared), Ok(Some("captures".into())));
+    // `undefined` (no string) for the inferred name: none.
+    let info = scope_info(&mut heap, HEAP + 0x1000, (1u64 << 14) << 32, 2, 0);
+    set(&mut heap, info);
+    assert_eq!(read(&heap, shared), Ok(None));
     // A count of locals that is not a Smi, or too large: refused, never followed.
     for count in [(1u64 << 40) | 1, 1 << 60] {
         let info = scope_info(&mut heap, HEAP + 0x1000, unused << 32, 2, name);
