@@ -11,6 +11,10 @@
 // The stack is climbed and left again each round (a few hundred microseconds at the bottom),
 // so the levels run often enough for TurboFan to compile them within the first seconds; a
 // sample lands at the bottom, DEPTH frames deep, all but a small part of the time.
+//
+// `node v8_depth.js DEPTH SECONDS steady` draws the order once: every round climbs the same
+// stack (each call site still sees the three functions, from level to level), so samples
+// find one stack, not a new one each round.
 "use strict";
 
 // Iterations of the bottom's loop each round: a few hundred microseconds once compiled.
@@ -37,8 +41,12 @@ function downC(n) {
 
 const STEPS = [downA, downB, downC];
 
+const STEADY = process.argv[4] === "steady";
+
 function run(levels) {
-  order = Array.from({ length: levels }, () => Math.floor(Math.random() * 3));
+  if (!STEADY || order.length !== levels) {
+    order = Array.from({ length: levels }, () => Math.floor(Math.random() * 3));
+  }
   return STEPS[order[levels - 1]](levels - 1);
 }
 

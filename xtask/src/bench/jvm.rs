@@ -46,7 +46,8 @@ pub fn jvm(root: &Path, scorch: &Path, runs: usize, command: String) -> Result<B
     };
     let path = path_str(&classes)?.to_owned();
     let deep_path = path.clone();
-    let deep = move |depth: usize, seconds: u64| {
+    // JavaDepth draws its receivers afresh each round: no steady form.
+    let deep = move |depth: usize, seconds: u64, _steady: bool| {
         java(vec![
             "-cp".into(),
             deep_path.clone(),
@@ -78,6 +79,7 @@ pub fn jvm(root: &Path, scorch: &Path, runs: usize, command: String) -> Result<B
             .to_owned(),
         address: "127.0.0.1:17096",
         deep: Box::new(deep),
+        steady: false,
         // C2 has compiled JavaDepth's levels by then.
         deep_warm_up: Duration::from_secs(5),
         ours: |frame| frame.starts_with("JavaDepth"),

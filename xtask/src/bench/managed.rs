@@ -8,7 +8,10 @@
 //!   for each recording, recorded after a warm-up by `scorch record --pid P -F 999` with the
 //!   walk on and off (the native walk of the same process); beside them
 //!   `tests/workloads/deeprec.c` 50 native frames deep, built without frame pointers (the
-//!   native walk through unwind tables). The order turns by run. BPF ns per sample from
+//!   native walk through unwind tables). Where the workload can keep one stack throughout
+//!   ([`Subject::steady`]), it is recorded so too, the walk on: every sample of the others
+//!   is a stack not seen before, whose store costs the same for any walk, and this row
+//!   shows the walk without it. The order turns by run. BPF ns per sample from
 //!   `bpf_stats` (scorch's summary), the runtime's frames per sample the BPF walk emitted
 //!   (the summary's `RUNTIME: N frames`), and the workload's own frames per sample in the
 //!   profile written, which show the depth was walked and named.
@@ -68,8 +71,11 @@ pub struct Subject {
     pub version: String,
     /// `127.0.0.1:PORT` for the daemons.
     pub address: &'static str,
-    /// Starts the deep workload: `DEPTH` frames of the runtime's, for `seconds`.
-    pub deep: Box<dyn Fn(usize, u64) -> Result<Child>>,
+    /// Starts the deep workload: `DEPTH` frames of the runtime's, for `seconds`; with one
+    /// stack throughout when the third argument says (and [`Subject::steady`]).
+    pub deep: Box<dyn Fn(usize, u64, bool) -> Result<Child>>,
+    /// Whether the deep workload can keep one stack throughout.
+    pub steady: bool,
     /// From its start to its recording: its levels compiled by then.
     pub deep_warm_up: Duration,
     /// Whether a frame of the profile is one of the deep workload's own.
@@ -195,6 +201,9 @@ fn walk_table(subject: &Subject, costs: &[WalkCost]) -> Table {
     .with_note(subject.deep_note);
     for kind in Kind::ALL {
         let rows: Vec<&WalkCost> = costs.iter().filter(|c| c.kind == kind).collect();
+        if rows.is_empty() {
+            continue;
+        }
         let column = |f: &dyn Fn(&WalkCost) -> f64, decimals| {
             Cell::of(&rows.iter().map(|c| f(c)).collect::<Vec<_>>(), decimals)
         };
@@ -291,6 +300,8 @@ impl Mode {
 enum Kind {
     /// The deep workload, the walk on.
     On,
+    /// The deep workload with one stack throughout, the walk on.
+    Steady,
     /// The deep workload, the walk off.
     Off,
     /// deeprec, through unwind tables.
@@ -298,11 +309,15 @@ enum Kind {
 }
 
 impl Kind {
-    const ALL: [Kind; 3] = [Kind::On, Kind::Off, Kind::Native];
+    const ALL: [Kind; 4] = [Kind::On, Kind::Steady, Kind::Off, Kind::Native];
 
     fn label(self, subject: &Subject) -> String {
         match self {
             Kind::On => format!("{}, `{} auto`", subject.language, subject.flag),
+            Kind::Steady => format!(
+                "{}, `{} auto`, one stack throughout",
+                subject.language, subject.flag
+            ),
             Kind::Off => format!("{}, `{} off`", subject.language, subject.flag),
             Kind::Native => "native (C, unwind tables)".into(),
         }
@@ -311,7 +326,7 @@ impl Kind {
     /// Whether a frame of the profile is one of the workload's own.
     fn ours(self, subject: &Subject, frame: &str) -> bool {
         match self {
-            Kind::On | Kind::Off => (subject.ours)(frame),
+            Kind::On | Kind::Steady | Kind::Off => (subject.ours)(frame),
             Kind::Native => matches!(frame, "main" | "descend" | "spin"),
         }
     }
@@ -358,8 +373,14 @@ fn walk_costs(
         let mut order = Kind::ALL;
         order.rotate_left(run % Kind::ALL.len());
         for kind in order {
+            if kind == Kind::Steady && !subject.steady {
+                continue;
+            }
             let (process, warm_up) = match kind {
-                Kind::On | Kind::Off => ((subject.deep)(DEPTH, seconds)?, subject.deep_warm_up),
+                Kind::On | Kind::Off | Kind::Steady => (
+                    (subject.deep)(DEPTH, seconds, kind == Kind::Steady)?,
+                    subject.deep_warm_up,
+                ),
                 // main + DEPTH - 2 descend + spin.
                 Kind::Native => (
                     Command::new(deeprec)
@@ -372,7 +393,7 @@ fn walk_costs(
             let process = Processes(vec![process]);
             std::thread::sleep(warm_up);
             let pid = process.0[0].id().to_string();
-            let mode = if kind == Kind::On { "auto" } else { "off" };
+            let mode = if kind == Kind::Off { "off" } else { "auto" };
             let folded = dir.join("walk.folded");
             let output = Command::new(scorch)
                 .args([

@@ -37,12 +37,12 @@ pub fn node(root: &Path, scorch: &Path, runs: usize, command: String) -> Result<
             .spawn()
             .context("starting node")
     };
-    let deep = move |depth: usize, seconds: u64| {
-        node(vec![
-            depth_script.clone(),
-            depth.to_string(),
-            seconds.to_string(),
-        ])
+    let deep = move |depth: usize, seconds: u64, steady: bool| {
+        let mut args = vec![depth_script.clone(), depth.to_string(), seconds.to_string()];
+        if steady {
+            args.push("steady".into());
+        }
+        node(args)
     };
     let busy = move |seconds: u64| node(vec![tree_script.clone(), seconds.to_string()]);
     let subject = Subject {
@@ -55,6 +55,7 @@ pub fn node(root: &Path, scorch: &Path, runs: usize, command: String) -> Result<
         version: format!("Node {}", command_output(NODE, &["--version"]).trim()),
         address: "127.0.0.1:17097",
         deep: Box::new(deep),
+        steady: true,
         // TurboFan has compiled the levels by then.
         deep_warm_up: Duration::from_secs(5),
         ours: |frame| matches!(frame, "main" | "run" | "spin") || frame.starts_with("down"),
@@ -66,7 +67,8 @@ pub fn node(root: &Path, scorch: &Path, runs: usize, command: String) -> Result<
                     pointer, unnamed). Native: `deeprec` built without frame pointers, walked \
                     through unwind tables. Its frames: the workload's own in the profile \
                     written (main, run, the levels, spin). Target: at most 5 us a sample on \
-                    the JavaScript stack.",
+                    the JavaScript stack. One stack throughout: `v8_depth.js ... steady`, \
+                    its levels' order drawn once, so that no sample stores a new stack.",
         busy_note: "Each node process runs `v8_calltree.js` in one busy thread, started afresh \
                     for each daemon. JavaScript names: \
                     `scorch_runtime_names_bytes{runtime=\"v8\"}`, what the last window's names \
