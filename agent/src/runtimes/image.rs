@@ -200,6 +200,15 @@ impl<'a> Image<'a> {
             })
     }
 
+    /// The contents of each section of read-only data (`.rodata` and its kin), for tables
+    /// found by their shape rather than by a symbol.
+    pub fn read_only_data(&self) -> impl Iterator<Item = &'a [u8]> + '_ {
+        self.file
+            .sections()
+            .filter(|s| s.kind() == SectionKind::ReadOnlyData)
+            .filter_map(|s| s.data().ok())
+    }
+
     /// The code of the function `symbol`.
     pub fn code(&self, what: &'static str, symbol: Symbol) -> Result<&'a [u8], ImageError> {
         self.bytes_at(what, symbol.address, symbol.size)

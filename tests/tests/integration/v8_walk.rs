@@ -222,15 +222,20 @@ fn call_tree_like_cpu_prof(node: &Node, tag: &str, reference: Reference) -> Resu
         summary
     );
 
-    // Names: the script, and lines within each leaf's body, with a column at an expression
-    // (V8's positions are its expressions' starts: never a blank, never past the line).
+    lines_and_columns(&samples)
+}
+
+/// The call tree's frames named with their script, each leaf's lines within its body, with
+/// a column at an expression (V8's positions are its expressions' starts: never a blank,
+/// never past the line), and `compute`'s calls told apart by their columns.
+fn lines_and_columns(samples: &[DetailedSample]) -> Result<()> {
     let source = std::fs::read_to_string(scorch_tests::workload_source("v8_calltree.js"))?;
     let source_lines: Vec<&str> = source.lines().collect();
     for (name, _) in LEAVES {
         let body = body_lines(&source, name);
         let mut lines: HashMap<u32, i64> = HashMap::new();
         let (mut at_expression, mut elsewhere) = (0, Vec::new());
-        for sample in &samples {
+        for sample in samples {
             for line in sample.frames.iter().flat_map(|f| f.lines.iter()) {
                 if line.function == name {
                     ensure!(
@@ -265,7 +270,7 @@ fn call_tree_like_cpu_prof(node: &Node, tag: &str, reference: Reference) -> Resu
             bail!("{name}'s lines {lines:?}, its body {body:?}");
         }
     }
-    call_sites_by_column(&samples, &source_lines)
+    call_sites_by_column(samples, &source_lines)
 }
 
 /// `compute` calls `matmul` four times on one line and `reduce` twice on the next: only
@@ -332,12 +337,14 @@ fn record_script(
     node: &Node,
     tag: &str,
     script: &str,
+    flags: &[&str],
     (runs, warm_up, seconds): (u32, u64, u32),
 ) -> Result<(Vec<DetailedSample>, String)> {
     let (here, inside) = node.shared_dir_named(tag)?;
     std::fs::copy(scorch_tests::workload_source(script), here.join(script))?;
     let child = node
         .command()
+        .args(flags)
         .args([format!("{inside}/{script}"), runs.to_string()])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -361,7 +368,7 @@ fn record_script(
 /// `spin`; each takes about half the process's samples, nearly all of them named to `spin`.
 #[test]
 fn async_functions_and_worker_threads_are_named() -> Result<()> {
-    let (samples, summary) = record_script(&Node::host(), "async", "v8_async.js", (14, 2, 8))?;
+    let (samples, summary) = record_script(&Node::host(), "async", "v8_async.js", &[], (14, 2, 8))?;
     let all: i64 = samples.iter().map(|s| s.count).sum();
     ensure!(all > 300, "only {all} samples: {}", summary);
     for root in ["fetchRecord", "workerLoop"] {
@@ -490,4 +497,54 @@ fn nodes_whose_constants_lie_are_bounded_and_counted() -> Result<()> {
 #[test]
 fn debian_node_24_javascript_is_named_with_its_inlined_functions() -> Result<()> {
     call_tree_like_cpu_prof(&Node::debian("sid")?, "sid24", Reference::Built)
+}
+
+/// The call tree with its functions held at Sparkplug's baseline code (compiled at once, and
+/// no optimising tier), as a service's warm but not hot functions run: every JavaScript
+/// frame is baseline code's, whose line comes from the pc's bytecode (its code's bytecode
+/// offset table walked beside the bytecodes, sized by the binary's own table of bytecode
+/// sizes). The same names, lines and columns as the call tree's.
+fn baseline_lines_and_columns(node: &Node, tag: &str, flags: &[&str]) -> Result<()> {
+    let (samples, summary) = record_script(node, tag, "v8_calltree.js", flags, (16, 2, 10))?;
+    let in_tree: i64 = samples
+        .iter()
+        .filter(|s| functions(s).contains(&"run"))
+        .map(|s| s.count)
+        .sum();
+    ensure!(
+        in_tree > 300,
+        "only {in_tree} samples in the call tree: {summary}"
+    );
+    lines_and_columns(&samples)
+}
+
+/// No optimising tier on V8 11 and 13 (TurboFan, Maglev); V8 10 has no Maglev to turn off.
+const BASELINE_ONLY: [&str; 3] = ["--always-sparkplug", "--no-opt", "--no-maglev"];
+
+#[test]
+fn host_node_20_baseline_frames_have_their_lines() -> Result<()> {
+    baseline_lines_and_columns(&Node::host(), "baseline-host20", &BASELINE_ONLY)
+}
+
+#[test]
+fn debian_node_18_baseline_frames_have_their_lines() -> Result<()> {
+    baseline_lines_and_columns(
+        &Node::debian("bookworm")?,
+        "baseline-bookworm18",
+        &BASELINE_ONLY[..2],
+    )
+}
+
+#[test]
+fn debian_node_20_baseline_frames_have_their_lines() -> Result<()> {
+    baseline_lines_and_columns(
+        &Node::debian("trixie")?,
+        "baseline-trixie20",
+        &BASELINE_ONLY,
+    )
+}
+
+#[test]
+fn debian_node_24_baseline_frames_have_their_lines() -> Result<()> {
+    baseline_lines_and_columns(&Node::debian("sid")?, "baseline-sid24", &BASELINE_ONLY)
 }

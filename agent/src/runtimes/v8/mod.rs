@@ -15,7 +15,8 @@
 //! - **The registry's entry** (`runtime`): `--node auto` recognises the binary, and a
 //!   process's `V8_PROCS` value hands its builtins and JIT code to the BPF walk.
 //! - **Per frame** (`names`): the function's name and script (`shared`, through `strings`),
-//!   its line (`positions`), and the functions optimised code inlined at its pc.
+//!   its line (`positions`; for baseline code, through its bytecode, `bytecodes`), and the
+//!   functions optimised code inlined at its pc.
 //!
 //! Node 24 (V8 13): its `libnode` hides the builtins' accessor (found from its CFI instead),
 //! and its functions reach their code through leaptiering's dispatch table, which is the
@@ -23,6 +24,7 @@
 //! function holds, is found back from the pc (`code`).
 
 pub mod builtins;
+pub mod bytecodes;
 pub mod code;
 pub mod constants;
 pub mod dispatch;
@@ -253,6 +255,17 @@ pub fn fuzz_frames(data: &[u8]) {
     // The dispatch table looked for from a group pointer in the bytes, and a pc's code.
     let _ = dispatch::find_table(&memory, &layout, FUZZ_BASE + (word(32) & 0xffff));
     let _ = code::code_at(&memory, &layout, FUZZ_BASE + (word(40) & 0xfffff));
+    // The bytecode walk of a baseline frame, over the bytes as table and bytecodes, and
+    // through the namer with a release's sizes.
+    let sizes = bytecodes::BytecodeSizes::find(&bytecodes::BytecodeSizes::sample_table(198))
+        .map(|(_, sizes)| std::sync::Arc::new(sizes))
+        .expect("the sample table is found");
+    let _ = sizes.bytecode_at(data, data.get(64..).unwrap_or_default(), word(48));
+    let process = names::Process {
+        layout: std::sync::Arc::new(layout),
+        builtins: 0..0,
+        bytecodes: Some(sizes),
+    };
     let mut scripts = names::Scripts::default();
     for subtype in [
         V8Subtype::Interpreted,
@@ -262,13 +275,6 @@ pub fn fuzz_frames(data: &[u8]) {
     ] {
         let [first, more] =
             v8_frame_words(subtype, FUZZ_BASE, word(24) as u32, (word(24) >> 32) as u32);
-        let _ = names::name_frame(
-            &memory,
-            &layout,
-            &(0..0),
-            first,
-            word_payload(more),
-            &mut scripts,
-        );
+        let _ = names::name_frame(&memory, &process, first, word_payload(more), &mut scripts);
     }
 }

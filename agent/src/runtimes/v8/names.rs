@@ -6,7 +6,8 @@
 //! frame (`shared`):
 //! - **Interpreted**, **Function**: the pointer is the `SharedFunctionInfo`.
 //! - **Baseline**: the pointer is the `JSFunction` (Sparkplug's code keeps no way back to
-//!   its function); its `shared`.
+//!   its function); its `shared`. Its line is its bytecode's, at the pc's bytecode, which
+//!   the code's bytecode offset table gives (`bytecodes`).
 //! - **Optimised**: the pointer is the `Code`, whose size and kind must still be the
 //!   cookie's (code freed and its memory reused is left unnamed); its deoptimisation data's
 //!   `SharedFunctionInfo`.
@@ -21,6 +22,7 @@ use std::{collections::HashMap, ops::Range, sync::Arc};
 
 use scorch_common::{v8_code_cookie, v8_frame_parts, V8Subtype};
 
+use super::bytecodes::{BytecodeError, BytecodeSizes};
 use super::code;
 use super::layout::{Layout, FIXED_ARRAY_HEADER};
 use super::positions::{self, Position, PositionError};
@@ -30,13 +32,14 @@ use crate::profile::Line;
 use crate::runtimes::memory::{read_u64, Memory};
 use crate::runtimes::window::{bounded, Reader, WindowNames};
 
-/// What the loader's attachment hands the namer for a Node process: its binary's layout, and
-/// its embedded builtins' code (in the process's addresses), where no `InstructionStream`
-/// is looked for.
+/// What the loader's attachment hands the namer for a Node process: its binary's layout, its
+/// embedded builtins' code (in the process's addresses), where no `InstructionStream` is
+/// looked for, and its bytecodes' sizes, when the binary's table of them was found.
 #[derive(Debug, Clone)]
 pub struct Process {
     pub layout: Arc<Layout>,
     pub builtins: Range<u64>,
+    pub bytecodes: Option<Arc<BytecodeSizes>>,
 }
 
 /// The name of a frame that could not be named.
@@ -71,6 +74,8 @@ pub enum FrameError {
     TooLong { what: &'static str, length: u64 },
     #[error(transparent)]
     Positions(#[from] PositionError),
+    #[error("baseline code's bytecode: {0}")]
+    Bytecodes(#[from] BytecodeError),
     #[error(transparent)]
     Object(#[from] StringError),
     #[error(transparent)]
@@ -82,12 +87,12 @@ pub enum FrameError {
 /// pc, then the code's own. `scripts` keeps the scripts' line ends read so far.
 pub fn name_frame(
     memory: &dyn Memory,
-    layout: &Layout,
-    builtins: &Range<u64>,
+    process: &Process,
     word: u64,
     more: u64,
     scripts: &mut Scripts,
 ) -> Result<Vec<Line>, FrameError> {
+    let (layout, builtins) = (&*process.layout, &process.builtins);
     let (subtype, pointer, detail, cookie) = v8_frame_parts(word, more).ok_or(FrameError::NotV8)?;
     if pointer == 0 {
         return Err(FrameError::NoPointer);
@@ -138,7 +143,13 @@ pub fn name_frame(
                 layout.function_shared,
                 "JSFunction::shared",
             )?;
-            Ok(vec![line(memory, layout, shared, None, scripts)?])
+            // As the interpreter's: the line a nicety, the name not.
+            let offset = process.bytecodes.as_deref().and_then(|sizes| {
+                baseline_position(memory, layout, sizes, shared, detail, cookie)
+                    .ok()
+                    .flatten()
+            });
+            Ok(vec![line(memory, layout, shared, offset, scripts)?])
         }
         V8Subtype::Optimised => {
             optimised(memory, layout, pointer, detail, Some(cookie), None, scripts)
@@ -205,20 +216,17 @@ fn field(
     read_u64(memory, address).ok_or(FrameError::Unreadable { what, address })
 }
 
-/// The script offset of bytecode offset `detail` (as the frame keeps it, from the
-/// `BytecodeArray`'s tagged address) of the function `shared`: `None` when the build or the
-/// bytecode keeps no positions.
-fn bytecode_position(
+/// The function `shared`'s (tagged) `BytecodeArray` (untagged), and its baseline `Code` when
+/// it has one: `None` when the build keeps no positions.
+fn function_bytecode(
     memory: &dyn Memory,
     layout: &Layout,
     shared: u64,
-    detail: u32,
-) -> Result<Option<u32>, FrameError> {
-    let Some(positions) = layout.positions else {
+) -> Result<Option<(u64, Option<u64>)>, FrameError> {
+    let (Some(positions), Ok(shared)) = (layout.positions, untag(layout, shared)) else {
         return Ok(None);
     };
-    let shared = untag(layout, shared)?;
-    let mut data = untag(
+    let data = untag(
         layout,
         field(
             memory,
@@ -229,36 +237,145 @@ fn bytecode_position(
     )?;
     // With baseline code, the function's data is that `Code`, holding the bytecode where
     // optimised code holds its deoptimisation data.
-    if instance_type(memory, layout, data)? == layout.types.code {
+    let (array, baseline) = if instance_type(memory, layout, data)? == layout.types.code {
         let Some(deoptimization) = layout.deoptimization else {
             return Ok(None);
         };
-        data = untag(
-            layout,
-            field(
-                memory,
-                data,
-                deoptimization.code_field,
-                "baseline Code's bytecode",
-            )?,
+        let array = field(
+            memory,
+            data,
+            deoptimization.code_field,
+            "baseline Code's bytecode",
         )?;
-    }
-    of_type(memory, layout, data, "BytecodeArray", |k| {
+        (untag(layout, array)?, Some(data))
+    } else {
+        (data, None)
+    };
+    of_type(memory, layout, array, "BytecodeArray", |k| {
         k == layout.types.bytecode_array
     })?;
+    Ok(Some((array, baseline)))
+}
+
+/// The script offset of the bytecode at `index` of the `BytecodeArray` at `array`: `None`
+/// when its positions are not collected yet.
+fn bytecode_script_offset(
+    memory: &dyn Memory,
+    layout: &Layout,
+    array: u64,
+    index: u32,
+) -> Result<Option<u32>, FrameError> {
+    let Some(positions) = layout.positions else {
+        return Ok(None);
+    };
     let table = field(
         memory,
-        data,
+        array,
         positions.bytecode_table,
         "BytecodeArray's positions",
     )?;
     let Some(table) = byte_array(memory, layout, table)? else {
         return Ok(None);
     };
-    let Some(offset) = detail.checked_sub(u32::from(positions.bytecode_data) - 1) else {
+    Ok(positions::position_at(&table, index)?.script_offset())
+}
+
+/// The script offset of bytecode offset `detail` (as the frame keeps it, from the
+/// `BytecodeArray`'s tagged address) of the function `shared`: `None` when the build or the
+/// bytecode keeps no positions.
+fn bytecode_position(
+    memory: &dyn Memory,
+    layout: &Layout,
+    shared: u64,
+    detail: u32,
+) -> Result<Option<u32>, FrameError> {
+    let (Some(positions), Some((array, _))) =
+        (layout.positions, function_bytecode(memory, layout, shared)?)
+    else {
         return Ok(None);
     };
-    Ok(positions::position_at(&table, offset)?.script_offset())
+    let Some(index) = detail.checked_sub(u32::from(positions.bytecode_data) - 1) else {
+        return Ok(None);
+    };
+    bytecode_script_offset(memory, layout, array, index)
+}
+
+/// The script offset of a baseline frame of the function `shared` (tagged) at code offset
+/// `pc`, when the function's baseline code is still the one the walk saw (`cookie`): the
+/// position of the bytecode the code offset table puts the pc in. `None` in its prologue,
+/// or when the build or the bytecode keeps no positions.
+fn baseline_position(
+    memory: &dyn Memory,
+    layout: &Layout,
+    sizes: &BytecodeSizes,
+    shared: u64,
+    pc: u32,
+    cookie: u32,
+) -> Result<Option<u32>, FrameError> {
+    let (Some(positions), Some((array, Some(code)))) =
+        (layout.positions, function_bytecode(memory, layout, shared)?)
+    else {
+        return Ok(None);
+    };
+    let (found, _) = code_cookie(memory, layout, code)?;
+    if found != cookie {
+        return Err(FrameError::Cookie {
+            expected: cookie,
+            found,
+        });
+    }
+    // Baseline code keeps its bytecode offset table where other code keeps its positions.
+    let table = field(
+        memory,
+        code,
+        positions.code_table,
+        "baseline Code's bytecode offsets",
+    )?;
+    let Some(table) = byte_array(memory, layout, table)? else {
+        return Ok(None);
+    };
+    let length = field(
+        memory,
+        array,
+        positions.array_length,
+        "BytecodeArray::length",
+    )? >> 32;
+    if length > MAX_TABLE as u64 {
+        return Err(FrameError::TooLong {
+            what: "a BytecodeArray",
+            length,
+        });
+    }
+    let mut bytecodes = vec![0u8; length as usize];
+    let at = array.wrapping_add(u64::from(positions.bytecode_data));
+    if !memory.read(at, &mut bytecodes) {
+        return Err(FrameError::Unreadable {
+            what: "a BytecodeArray's bytecodes",
+            address: at,
+        });
+    }
+    let Some(index) = sizes.bytecode_at(&table, &bytecodes, u64::from(pc))? else {
+        return Ok(None);
+    };
+    bytecode_script_offset(memory, layout, array, index as u32)
+}
+
+/// The cookie of the `Code` at `code` (its size and kind, as the walk makes it), and its
+/// kind.
+fn code_cookie(memory: &dyn Memory, layout: &Layout, code: u64) -> Result<(u32, u32), FrameError> {
+    let word = |offset: u16, what| -> Result<u32, FrameError> {
+        let address = code.wrapping_add(u64::from(offset));
+        let mut bytes = [0u8; 4];
+        if memory.read(address, &mut bytes) {
+            Ok(u32::from_le_bytes(bytes))
+        } else {
+            Err(FrameError::Unreadable { what, address })
+        }
+    };
+    let flags = word(layout.code.flags, "Code::flags")?;
+    let size = word(layout.code.instruction_size, "Code::instruction_size")?;
+    let kind = layout.code_kind.of(flags);
+    Ok((v8_code_cookie(size, kind), kind))
 }
 
 /// The bytes of the `ByteArray` at the tagged `tagged`, at most [`MAX_TABLE`]; `None` when
@@ -341,19 +458,7 @@ fn optimised(
     scripts: &mut Scripts,
 ) -> Result<Vec<Line>, FrameError> {
     of_type(memory, layout, code, "Code", |k| k == layout.types.code)?;
-    let word = |offset: u16, what| -> Result<u32, FrameError> {
-        let address = code.wrapping_add(u64::from(offset));
-        let mut bytes = [0u8; 4];
-        if memory.read(address, &mut bytes) {
-            Ok(u32::from_le_bytes(bytes))
-        } else {
-            Err(FrameError::Unreadable { what, address })
-        }
-    };
-    let flags = word(layout.code.flags, "Code::flags")?;
-    let size = word(layout.code.instruction_size, "Code::instruction_size")?;
-    let kind = layout.code_kind.of(flags);
-    let found = v8_code_cookie(size, kind);
+    let (found, kind) = code_cookie(memory, layout, code)?;
     match cookie {
         Some(cookie) if found != cookie => {
             return Err(FrameError::Cookie {
@@ -561,15 +666,7 @@ impl Reader for V8Reader {
         more: u64,
     ) -> Result<Vec<Line>, String> {
         self.scripts.process(pid);
-        name_frame(
-            memory,
-            &process.layout,
-            &process.builtins,
-            word,
-            more,
-            &mut self.scripts,
-        )
-        .map_err(|err| err.to_string())
+        name_frame(memory, process, word, more, &mut self.scripts).map_err(|err| err.to_string())
     }
 
     fn end_window(&mut self) {

@@ -59,29 +59,39 @@ impl Position {
     }
 }
 
-/// Reads zigzag-signed VLQs.
-struct Reader<'a> {
+/// Reads VLQs: 7 bits a byte, low bits first, the top bit set on all but the last.
+pub(super) struct Reader<'a> {
     bytes: &'a [u8],
     at: usize,
 }
 
-impl Reader<'_> {
-    fn done(&self) -> bool {
+impl<'a> Reader<'a> {
+    pub(super) fn new(bytes: &'a [u8]) -> Reader<'a> {
+        Reader { bytes, at: 0 }
+    }
+
+    pub(super) fn done(&self) -> bool {
         self.at >= self.bytes.len()
     }
 
-    fn signed(&mut self) -> Result<i64, PositionError> {
+    pub(super) fn unsigned(&mut self) -> Result<u64, PositionError> {
         let start = self.at;
         let mut value = 0u64;
         for i in 0..MAX_VLQ_BYTES {
             let byte = *self.bytes.get(self.at).ok_or(PositionError::Vlq(start))?;
             self.at += 1;
-            value |= u64::from(byte & 0x7f) << (7 * i);
+            value |= u64::from(byte & 0x7f).wrapping_shl(7 * i as u32);
             if byte & 0x80 == 0 {
-                return Ok(((value >> 1) as i64) ^ -((value & 1) as i64));
+                return Ok(value);
             }
         }
         Err(PositionError::Vlq(start))
+    }
+
+    /// A zigzag-signed VLQ.
+    fn signed(&mut self) -> Result<i64, PositionError> {
+        let value = self.unsigned()?;
+        Ok(((value >> 1) as i64) ^ -((value & 1) as i64))
     }
 }
 

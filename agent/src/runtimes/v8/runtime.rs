@@ -16,6 +16,7 @@ use scorch_common::{
 
 use super::{
     builtins::embedded_builtins,
+    bytecodes::BytecodeSizes,
     dispatch::{find_table, group_static, DispatchError, Table, HANDLE_SHIFT},
     layout::{FunctionCode, InstructionStart, Layout},
     names::{Process, V8Names},
@@ -88,6 +89,18 @@ impl Runtime for V8 {
         let entry = v8_proc(&layout).map_err(|err| format!("V8 {}: {err}", layout.version))?;
         let builtins = embedded_builtins(image)
             .map_err(|err| format!("V8 {}: its builtins not found: {err}", layout.version))?;
+        // Without them, baseline frames are named without their lines.
+        let bytecodes = image
+            .read_only_data()
+            .find_map(BytecodeSizes::find)
+            .map(|(_, sizes)| Arc::new(sizes));
+        if bytecodes.is_none() {
+            tracing::info!(
+                "V8 {}: its bytecodes' sizes not found: baseline frames are named without \
+                 their lines",
+                layout.version
+            );
+        }
         // Without the group, the walk names the functions without their code.
         let group = match layout.function_code {
             FunctionCode::DispatchHandle(_) => Some(group_static(image)),
@@ -97,6 +110,7 @@ impl Runtime for V8 {
             layout: Arc::new(layout),
             entry,
             builtins,
+            bytecodes,
             group,
         })))
     }
@@ -114,6 +128,7 @@ struct Node {
     layout: Arc<Layout>,
     entry: V8Proc,
     builtins: Range<u64>,
+    bytecodes: Option<Arc<BytecodeSizes>>,
     group: Option<Result<u64, DispatchError>>,
 }
 
@@ -162,6 +177,7 @@ impl Binary for Node {
             process: Arc::new(Process {
                 layout: Arc::clone(&self.layout),
                 builtins: self.builtins.start + bias..self.builtins.end + bias,
+                bytecodes: self.bytecodes.clone(),
             }) as Arc<dyn Any + Send + Sync>,
         })
     }

@@ -183,6 +183,38 @@ fn node_24s_isolate_group_is_found_from_its_accessor() {
     );
 }
 
+/// Each build's `kBytecodeSizes`, found by its rows' shape: as many bytecodes as V8's
+/// `bytecodes.h` of the release lists (10.2 and 11.3 from Debian's sources of Node 18 and
+/// 20), and `Ldar`, `LdaZero` and `LdaSmi` sized as it sizes them at each scale.
+#[test]
+fn each_builds_bytecode_sizes_are_found() {
+    for (path, count) in [
+        (libnode("bookworm", "libnode108", "libnode.so.108"), 198),
+        (libnode("trixie", "libnode115", "libnode.so.115"), 198),
+        (libnode("sid", "libnode137", "libnode.so.137"), 208),
+        ("/usr/bin/node".into(), 198),
+    ] {
+        let data = std::fs::read(&path)
+            .unwrap_or_else(|e| panic!("{} ({e}): run `cargo xtask setup`", path.display()));
+        let elf = Elf::parse(&data).unwrap();
+        let image = Image::of(&elf);
+        let sizes: Vec<_> = image
+            .read_only_data()
+            .filter_map(bytecodes::BytecodeSizes::find)
+            .collect();
+        assert_eq!(sizes.len(), 1, "{}", path.display());
+        let sizes = &sizes[0].1;
+        assert_eq!(sizes.count(), count, "{}", path.display());
+        // Ldar r0, LdaZero, LdaSmi [1]; Wide Ldar; ExtraWide LdaSmi.
+        let bytecodes = [11, 0, 12, 13, 1, 0, 11, 0, 0, 1, 13, 1, 0, 0, 0];
+        let steps: Vec<usize> = [0, 2, 3, 5, 9]
+            .iter()
+            .map(|&at| sizes.size_at(&bytecodes, at).unwrap())
+            .collect();
+        assert_eq!(steps, [2, 1, 2, 4, 6], "{}", path.display());
+    }
+}
+
 #[test]
 fn binaries_without_the_constants_are_not_v8() {
     let data = std::fs::read("/proc/self/exe").unwrap();
