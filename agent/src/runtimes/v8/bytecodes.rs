@@ -33,6 +33,10 @@ const MAX_BYTECODES: usize = 256;
 /// `DebugBreakWide` double them, `ExtraWide` and `DebugBreakExtraWide` quadruple them.
 const DOUBLE: [u8; 2] = [0, 2];
 const QUADRUPLE: [u8; 2] = [1, 3];
+/// Most places where a row's start is met that are examined: the binary is the process's,
+/// and one that repeats the start everywhere must not cost a count check at each. V8's own
+/// builds hold it once.
+const MAX_CANDIDATES: usize = 64;
 /// Most bytecodes stepped over to reach a pc: V8 bounds a function's bytecodes far below.
 pub const MAX_BYTECODE_STEPS: usize = 1 << 20;
 
@@ -64,10 +68,14 @@ pub struct BytecodeSizes {
 impl BytecodeSizes {
     /// The table in `data` (a binary's read-only data), with its offset there: the one place
     /// where three rows of one length begin as [`ROW_STARTS`] says and end as [`ROW_END`]
-    /// says. `None` when there is none, or more than one.
+    /// says. `None` when there is none, or more than one, or the start is met more than
+    /// [`MAX_CANDIDATES`] times.
     pub fn find(data: &[u8]) -> Option<(usize, BytecodeSizes)> {
         let mut found = None;
-        for at in memchr::memmem::find_iter(data, &ROW_STARTS[0]) {
+        for (seen, at) in memchr::memmem::find_iter(data, &ROW_STARTS[0]).enumerate() {
+            if seen == MAX_CANDIDATES {
+                return None;
+            }
             for count in MIN_BYTECODES..=MAX_BYTECODES {
                 let Some(table) = data.get(at..at + 3 * count) else {
                     break;
@@ -180,6 +188,10 @@ mod tests {
         assert_eq!(BytecodeSizes::find(&twice), None);
         // A start without the rows that follow it.
         assert_eq!(BytecodeSizes::find(&ROW_STARTS.concat()), None);
+        // The start met more often than is examined: none, before the table is reached.
+        let mut noisy = ROW_STARTS[0].repeat(MAX_CANDIDATES);
+        noisy.extend(table(198));
+        assert_eq!(BytecodeSizes::find(&noisy), None);
     }
 
     #[test]
