@@ -149,7 +149,7 @@ impl Store {
             },
             super::QueryLimits::NONE,
         )?;
-        let mut reader = Reader::new(&self.connection, &self.path, self.shape());
+        let mut reader = Reader::new(&self.connection, &self.path, self.shape);
         for (series, stack, value) in rows {
             let labels = reader.series(series)?.unwrap_or_default();
             let locations = reader.stack(stack, &mut profile)?;

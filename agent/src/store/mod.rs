@@ -164,11 +164,10 @@ pub struct Store {
     /// Whether the windows say their kind (schema 4): a store of an earlier release, opened
     /// read-only, has CPU windows only.
     kinds: bool,
-    /// Whether the locations say their frame kind (schema 5): a store of an earlier release,
-    /// opened read-only, has a `kernel` flag ([`schema::legacy_kind`] reads it).
-    frame_kinds: bool,
-    /// Whether the locations keep their lines' columns (schema 6).
-    line_columns: bool,
+    /// What the locations table holds: a store of an earlier release, opened read-only, has
+    /// a `kernel` flag ([`schema::legacy_kind`] reads it) before schema 5, and no columns
+    /// before schema 6.
+    shape: reader::Shape,
 }
 
 impl Store {
@@ -230,8 +229,10 @@ impl Store {
             retention,
             cache: IdCache::default(),
             kinds: true,
-            frame_kinds: true,
-            line_columns: true,
+            shape: reader::Shape {
+                frame_kinds: true,
+                line_columns: true,
+            },
         })
     }
 
@@ -275,8 +276,10 @@ impl Store {
             retention: Retention::default(),
             cache: IdCache::default(),
             kinds,
-            frame_kinds,
-            line_columns,
+            shape: reader::Shape {
+                frame_kinds,
+                line_columns,
+            },
         })
     }
 
@@ -291,17 +294,9 @@ impl Store {
         }
     }
 
-    /// What the locations table holds, for a [`reader::Reader`].
-    fn shape(&self) -> reader::Shape {
-        reader::Shape {
-            frame_kinds: self.frame_kinds,
-            line_columns: self.line_columns,
-        }
-    }
-
     /// SQL over the `locations` table that keeps user-space locations (all but the kernel's).
     pub(super) fn user_location_condition(&self) -> String {
-        if self.frame_kinds {
+        if self.shape.frame_kinds {
             format!("kind != {}", crate::profile::FrameKind::Kernel.code())
         } else {
             "kernel = 0".to_owned()

@@ -90,7 +90,7 @@ impl Store {
                 }
             }
         }
-        let mut reader = Reader::new(&self.connection, &self.path, self.shape());
+        let mut reader = Reader::new(&self.connection, &self.path, self.shape);
         let mut names = BTreeMap::new();
         for (address, at) in seen {
             if at.conflict || at.functions.is_empty() {

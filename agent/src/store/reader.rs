@@ -108,7 +108,7 @@ impl Store {
         let mut merged: Vec<_> = merged.into_iter().collect();
         // Stable output: the same store and range give the same profile.
         merged.sort_unstable();
-        let mut reader = Reader::new(&self.connection, &self.path, self.shape());
+        let mut reader = Reader::new(&self.connection, &self.path, self.shape);
         for (done, ((series, stack), value)) in merged.into_iter().enumerate() {
             if done % 1024 == 0 {
                 limits.check_time()?;
@@ -177,7 +177,7 @@ impl Store {
             },
             QueryLimits::NONE,
         )?;
-        let mut reader = Reader::new(&self.connection, &self.path, self.shape());
+        let mut reader = Reader::new(&self.connection, &self.path, self.shape);
         let mut series = Vec::new();
         for id in ids {
             let labels = reader.series(id)?.ok_or_else(|| StoreError::Damaged {

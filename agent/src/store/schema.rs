@@ -423,12 +423,12 @@ mod tests {
             }
         }
         let old = Store::open_read_only(dir.path()).unwrap();
-        assert!(!old.frame_kinds);
+        assert!(!old.shape.frame_kinds);
         assert_eq!(old.query(everything(), &all).unwrap(), expected);
         drop(old);
 
         let mut store = Store::open(dir.path(), Retention::default()).unwrap();
-        assert!(store.frame_kinds);
+        assert!(store.shape.frame_kinds);
         assert_eq!(store.verify().unwrap(), 1);
         assert_eq!(store.query(everything(), &all).unwrap(), expected);
         assert_eq!(locations_of_kind(&store, FrameKind::Python), 2);
@@ -531,13 +531,13 @@ mod tests {
             .unwrap();
         drop(connection);
         let old = Store::open_read_only(dir.path()).unwrap();
-        assert!(!old.line_columns);
+        assert!(!old.shape.line_columns);
         let before = old.query(everything(), &all).unwrap();
         let rows = location_rows(&old);
         drop(old);
 
         let mut store = Store::open(dir.path(), Retention::default()).unwrap();
-        assert!(store.line_columns);
+        assert!(store.shape.line_columns);
         assert_eq!(store.query(everything(), &all).unwrap(), before);
         // The same window again adds no location; one with a JavaScript frame adds it alone.
         store.write_window(&window_at(now - 20)).unwrap();

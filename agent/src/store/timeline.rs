@@ -217,7 +217,7 @@ impl Store {
         matches: &dyn Fn(&Labels) -> bool,
         limits: QueryLimits,
     ) -> Result<Timeline, StoreError> {
-        let mut reader = Reader::new(&self.connection, &self.path, self.shape());
+        let mut reader = Reader::new(&self.connection, &self.path, self.shape);
         // Series id -> group index, or None when the selector drops it. Looked up once per
         // window and series (432,000 times for a day of 50 processes): a fast hasher.
         let mut group_of: HashMap<i64, Option<usize>, foldhash::fast::RandomState> =
@@ -270,7 +270,7 @@ impl Store {
             ids.insert(series);
             Ok(())
         })?;
-        let mut reader = Reader::new(&self.connection, &self.path, self.shape());
+        let mut reader = Reader::new(&self.connection, &self.path, self.shape);
         let mut names = std::collections::BTreeSet::new();
         for id in ids {
             if let Some(labels) = reader.series(id)? {
