@@ -60,7 +60,10 @@ fn build_ebpf() -> anyhow::Result<()> {
         .to_str()
         .ok_or_else(|| anyhow!("non-UTF-8 path {}", ebpf_dir.display()))?;
     // aya-build prints `rerun-if-changed` for the BPF crate's directory, so edits there rebuild
-    // the embedded object.
+    // the embedded object. The types it shares with the agent live in agent-common, which it
+    // does not watch: a change of a layout there (a stack's depth) must rebuild the object too,
+    // or the agent creates maps the object's templates do not match.
+    println!("cargo:rerun-if-changed={manifest_dir}/../agent-common");
     aya_build::build_ebpf(
         [aya_build::Package {
             name: "scorch-ebpf",
