@@ -87,8 +87,9 @@ pub fn jvm(root: &Path, scorch: &Path, runs: usize, command: String) -> Result<B
         busy_warm_up: Duration::from_secs(5),
         deep_note: "Java: `JavaDepth` on OpenJDK 17's default flags, each level a C2-compiled \
                     frame, recorded after 5 s; `--jvm off` walks the same JVM natively, and \
-                    stops in its code cache. Native: `deeprec` built without frame pointers, \
-                    walked through unwind tables. Its frames: the workload's own in the \
+                    stops in its code cache. Native: `deeprec` built without frame \
+                    pointers, walked through unwind tables (`vary`: a new stack each \
+                    round). Its frames: the workload's own in the \
                     profile written (JavaDepth's methods, deeprec's functions), each inlined \
                     method one. Target: at most 5 us a sample on the Java stack.",
         busy_note: "Each JVM runs `CallTree` in one busy thread, started afresh for each \

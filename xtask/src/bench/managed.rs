@@ -8,10 +8,12 @@
 //!   for each recording, recorded after a warm-up by `scorch record --pid P -F 999` with the
 //!   walk on and off (the native walk of the same process); beside them
 //!   `tests/workloads/deeprec.c` 50 native frames deep, built without frame pointers (the
-//!   native walk through unwind tables). Where the workload can keep one stack throughout
+//!   native walk through unwind tables), on one stack throughout and on a new one each round
+//!   (`deeprec ... vary`). Where the workload can keep one stack throughout
 //!   ([`Subject::steady`]), it is recorded so too, the walk on: every sample of the others
-//!   is a stack not seen before, whose store costs the same for any walk, and this row
-//!   shows the walk without it. The order turns by run. BPF ns per sample from
+//!   is a stack not seen before, whose store costs any walk the same kind of extra, and this
+//!   row shows the walk without it. The IRQ work interrupts over each recording show the
+//!   store's part (the allocator's refills). The order turns by run. BPF ns per sample from
 //!   `bpf_stats` (scorch's summary), the runtime's frames per sample the BPF walk emitted
 //!   (the summary's `RUNTIME: N frames`), and the workload's own frames per sample in the
 //!   profile written, which show the depth was walked and named.
@@ -35,9 +37,9 @@ use crate::{
     bench::{
         harness::{start_daemon, stop},
         measure::{
-            command_output, folded_user_stacks, load_average, median, metric_value, metrics_text,
-            path_str, sample_rss, summary_bpf_ns, summary_samples, verdict, with_bpf_stats,
-            CpuAccount, Processes,
+            command_output, folded_user_stacks, irq_work_interrupts, load_average, median,
+            metric_value, metrics_text, path_str, sample_rss, summary_bpf_ns, summary_samples,
+            verdict, with_bpf_stats, CpuAccount, Processes,
         },
         report::table_markdown,
         results::{BenchResult, Cell, Table},
@@ -144,6 +146,21 @@ pub fn managed(
         subject.flag,
         of(Kind::Native, &|c| c.ns) / of(Kind::Native, &|c| c.profile_frames),
     )?;
+    let new_stack = |new: Kind, steady: Kind| of(new, &|c| c.ns) - of(steady, &|c| c.ns);
+    if subject.steady {
+        writeln!(
+            out,
+            "A new stack each sample costs {} {:+.0} ns a sample against one stack throughout, \
+             and the native walk {:+.0} ns: the store of a stack not seen before, whose map \
+             takes a new element, and the IRQ work the kernel's allocator raises to refill \
+             its cache ({:.2} and {:.2} a sample).\n",
+            subject.language,
+            new_stack(Kind::On, Kind::Steady),
+            new_stack(Kind::NativeNew, Kind::Native),
+            of(Kind::On, &|c| c.irq_work),
+            of(Kind::NativeNew, &|c| c.irq_work),
+        )?;
+    }
     out += &markdown(&daemon);
     let of = |mode: Mode, f: &dyn Fn(&DaemonCost) -> f64| {
         median(daemons.iter().filter(|d| d.mode == mode).map(f).collect())
@@ -196,6 +213,7 @@ fn walk_table(subject: &Subject, costs: &[WalkCost]) -> Table {
             "BPF ns/sample",
             &format!("{language} frames/sample (BPF walk)"),
             "its frames/sample (profile)",
+            "IRQ work/sample",
         ],
     )
     .with_note(subject.deep_note);
@@ -211,12 +229,13 @@ fn walk_table(subject: &Subject, costs: &[WalkCost]) -> Table {
             kind.label(subject),
             vec![
                 column(&|c| c.ns, 0),
-                if kind == Kind::Native {
+                if matches!(kind, Kind::Native | Kind::NativeNew) {
                     Cell::Missing
                 } else {
                     column(&|c| c.frames, 1)
                 },
                 column(&|c| c.profile_frames, 1),
+                column(&|c| c.irq_work, 2),
             ],
         );
     }
@@ -306,10 +325,19 @@ enum Kind {
     Off,
     /// deeprec, through unwind tables.
     Native,
+    /// deeprec drawing a new stack each round (`vary`), through unwind tables: what storing
+    /// a new stack each sample costs a walk that is not the runtime's.
+    NativeNew,
 }
 
 impl Kind {
-    const ALL: [Kind; 4] = [Kind::On, Kind::Steady, Kind::Off, Kind::Native];
+    const ALL: [Kind; 5] = [
+        Kind::On,
+        Kind::Steady,
+        Kind::Off,
+        Kind::Native,
+        Kind::NativeNew,
+    ];
 
     fn label(self, subject: &Subject) -> String {
         match self {
@@ -319,7 +347,8 @@ impl Kind {
                 subject.language, subject.flag
             ),
             Kind::Off => format!("{}, `{} off`", subject.language, subject.flag),
-            Kind::Native => "native (C, unwind tables)".into(),
+            Kind::Native => "native (C, unwind tables), one stack throughout".into(),
+            Kind::NativeNew => "native (C, unwind tables)".into(),
         }
     }
 
@@ -328,6 +357,7 @@ impl Kind {
         match self {
             Kind::On | Kind::Steady | Kind::Off => (subject.ours)(frame),
             Kind::Native => matches!(frame, "main" | "descend" | "spin"),
+            Kind::NativeNew => matches!(frame, "main" | "vary") || frame.starts_with("step_"),
         }
     }
 }
@@ -339,6 +369,11 @@ struct WalkCost {
     frames: f64,
     /// The workload's own frames a sample in the profile written (inlined functions each).
     profile_frames: f64,
+    /// IRQ work interrupts on all CPUs over the recording, a sample: the kernel's allocator
+    /// raises them as a map that is not preallocated takes new elements (a stack not seen
+    /// before), and each is an interrupt the sampler's run pays for (a VM exit on a guest
+    /// without posted interrupts). NaN where `/proc/interrupts` has no such line.
+    irq_work: f64,
 }
 
 /// The frames a summary says runtime `runtime`'s walk emitted.
@@ -381,10 +416,18 @@ fn walk_costs(
                     (subject.deep)(DEPTH, seconds, kind == Kind::Steady)?,
                     subject.deep_warm_up,
                 ),
-                // main + DEPTH - 2 descend + spin.
+                // main + DEPTH - 2 descend + spin (`deeprec N` descends N + 1 times), and
+                // main + vary + DEPTH - 2 steps.
                 Kind::Native => (
                     Command::new(deeprec)
                         .args([&(DEPTH - 3).to_string(), &seconds.to_string()])
+                        .spawn()
+                        .context("starting deeprec")?,
+                    Duration::from_millis(500),
+                ),
+                Kind::NativeNew => (
+                    Command::new(deeprec)
+                        .args([&(DEPTH - 2).to_string(), &seconds.to_string(), "vary"])
                         .spawn()
                         .context("starting deeprec")?,
                     Duration::from_millis(500),
@@ -395,6 +438,7 @@ fn walk_costs(
             let pid = process.0[0].id().to_string();
             let mode = if kind == Kind::Off { "off" } else { "auto" };
             let folded = dir.join("walk.folded");
+            let irq_work_before = irq_work_interrupts();
             let output = Command::new(scorch)
                 .args([
                     "record",
@@ -409,6 +453,9 @@ fn walk_costs(
                 .stderr(std::process::Stdio::null())
                 .output()
                 .context("running scorch record")?;
+            let irq_work = irq_work_interrupts()
+                .zip(irq_work_before)
+                .map(|(after, before)| after.saturating_sub(before));
             drop(process);
             let summary = String::from_utf8_lossy(&output.stdout).trim().to_owned();
             if !output.status.success() {
@@ -422,12 +469,14 @@ fn walk_costs(
             let ns = summary_bpf_ns(&summary)
                 .with_context(|| format!("no BPF cost in scorch's summary: {summary}"))?;
             let frames = summary_runtime_frames(&summary, subject.runtime) / samples;
+            let irq_work = irq_work.map_or(f64::NAN, |n| n as f64 / samples);
             let profile_frames = frames_per_sample(&std::fs::read_to_string(&folded)?, |f| {
                 kind.ours(subject, f)
             });
             eprintln!(
                 "bench: {} walk, {}: {ns:.0} ns/sample, {frames:.1} frames/sample walked, \
-                 {profile_frames:.1} of its frames/sample in the profile; {summary}",
+                 {profile_frames:.1} of its frames/sample in the profile, {irq_work:.2} IRQ \
+                 work interrupts/sample; {summary}",
                 subject.bench.name(),
                 kind.label(subject)
             );
@@ -436,6 +485,7 @@ fn walk_costs(
                 ns,
                 frames,
                 profile_frames,
+                irq_work,
             });
         }
     }

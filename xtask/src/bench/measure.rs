@@ -247,6 +247,27 @@ pub fn load_average() -> String {
         .unwrap_or_default()
 }
 
+/// IRQ work interrupts taken on all CPUs since boot (`/proc/interrupts`); None where the
+/// file cannot be read or has no such line.
+pub fn irq_work_interrupts() -> Option<u64> {
+    parse_irq_work(&std::fs::read_to_string("/proc/interrupts").ok()?)
+}
+
+/// The sum over CPUs of `/proc/interrupts`'s IRQ work line: x86's `IWI`, an `IPIn` on arm64,
+/// found by its description rather than its name.
+fn parse_irq_work(interrupts: &str) -> Option<u64> {
+    let line = interrupts
+        .lines()
+        .find(|l| l.trim_end().ends_with("IRQ work interrupts"))?;
+    let counts = line.split_once(':')?.1;
+    Some(
+        counts
+            .split_whitespace()
+            .map_while(|field| field.parse::<u64>().ok())
+            .sum(),
+    )
+}
+
 /// The 1-minute load average alone; NaN when `/proc/loadavg` cannot be read.
 pub fn load_one_minute() -> f64 {
     load_average()
@@ -395,6 +416,20 @@ pub fn bpf_map_memory_mib(pid: u32) -> Option<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn irq_work_is_summed_over_cpus_on_either_architecture() {
+        let x86 = "           CPU0       CPU1\n  0:         34          0   IO-APIC    2-edge      timer\n\
+                   LOC:    1000000     900000   Local timer interrupts\n\
+                   IWI:       3700         12   IRQ work interrupts\n\
+                   RTR:          0          0   APIC ICR read retries\n";
+        assert_eq!(parse_irq_work(x86), Some(3712));
+        let arm64 = "           CPU0       CPU1\n\
+                     IPI4:          0          0       Timer broadcast interrupts\n\
+                     IPI5:         40          2       IRQ work interrupts\n";
+        assert_eq!(parse_irq_work(arm64), Some(42));
+        assert_eq!(parse_irq_work("LOC: 5 6 Local timer interrupts\n"), None);
+    }
 
     #[test]
     fn reads_a_number_from_an_fdinfo_text() {

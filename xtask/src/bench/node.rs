@@ -65,7 +65,8 @@ pub fn node(root: &Path, scorch: &Path, runs: usize, command: String) -> Result<
                     own (megamorphic calls, none inlined), recorded after 5 s; `--node off` \
                     walks the same process natively (V8's builtins and JIT code by frame \
                     pointer, unnamed). Native: `deeprec` built without frame pointers, walked \
-                    through unwind tables. Its frames: the workload's own in the profile \
+                    through unwind tables, on one stack throughout and with `vary` on a new \
+                    one each round. Its frames: the workload's own in the profile \
                     written (main, run, the levels, spin). Target: at most 5 us a sample on \
                     the JavaScript stack. One stack throughout: `v8_depth.js ... steady`, \
                     its levels' order drawn once, so that no sample stores a new stack.",
