@@ -145,13 +145,17 @@ pub fn decode_event(event: &OffCpuEvent) -> Block {
             Stack::Frames(frames)
         }
     };
+    let (user, kernel) = Stack::at_least_one(
+        frames(decode_user(&event.user.pcs[..user_len])),
+        frames(from_pcs(&event.kernel[..kernel_len], true)),
+    );
     Block {
         tgid: event.tgid,
         tid: event.tid,
         thread: comm_name(&event.comm),
         state: BlockState::decode(event.state),
-        kernel: frames(from_pcs(&event.kernel[..kernel_len], true)),
-        user: frames(decode_user(&event.user.pcs[..user_len])),
+        kernel,
+        user,
         weight_ns: scaled_ns(event.duration_ns, event.probability),
         duration_ns: event.duration_ns,
     }
@@ -374,5 +378,10 @@ mod tests {
             decode_event(&event).kernel,
             Stack::Frames(from_pcs(&event.kernel, true))
         );
+        // A block the kernel gave no stack for, of a thread with no user stack: lost, not a
+        // block of nothing.
+        event.kernel_len = 0;
+        let block = decode_event(&event);
+        assert_eq!((block.user, block.kernel), (Stack::Lost, Stack::Absent));
     }
 }

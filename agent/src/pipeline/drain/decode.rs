@@ -161,7 +161,8 @@ pub fn decode_samples(
         } else {
             stacks.resolve_trace(key.user_stack_id, false)
         };
-        let kernel = stacks.resolve_trace(key.kernel_stack_id, true);
+        let (user, kernel) =
+            Stack::at_least_one(user, stacks.resolve_trace(key.kernel_stack_id, true));
         // The program's own walk goes deeper than the kernel's stacks.
         let user_limit = if walked {
             MAX_USER_STACK_DEPTH
@@ -437,6 +438,44 @@ mod tests {
         assert_eq!(referenced_traces(&counts, &fp()), BTreeSet::from([5, 6, 9]));
         // The program walks user stacks into maps of their own: only kernel stacks.
         assert_eq!(referenced_traces(&counts, &tables()), BTreeSet::from([9]));
+    }
+
+    #[test]
+    fn a_sample_with_neither_stack_has_its_user_stack_lost() {
+        let mut stacks = WindowStacks::default();
+        let empty = ShortUserStack {
+            hash: 1,
+            len: 0,
+            outcome: 0,
+            pcs: [0; SHORT_USER_STACK_DEPTH],
+        };
+        stacks.add_walked(SHORT_USER_STACK_ID | 3, &empty);
+        stacks.add_trace(9, vec![0xffff_ffff_8100_0000]);
+        let counts = [
+            // A walk that gave no stack, in user mode.
+            (key(1, STACK_ABSENT, STACK_ABSENT), 2),
+            // A walk that stored no frame.
+            (key(2, SHORT_USER_STACK_ID | 3, STACK_ABSENT), 3),
+            // No user stack, a kernel one: as it was.
+            (key(3, STACK_ABSENT, 9), 4),
+        ];
+        let decoded = decode_samples(&counts, &stacks, &tables());
+        let stacks: Vec<(&Stack, &Stack)> = decoded
+            .samples
+            .iter()
+            .map(|s| (&s.user, &s.kernel))
+            .collect();
+        assert_eq!(
+            stacks,
+            [
+                (&Stack::Lost, &Stack::Absent),
+                (&Stack::Lost, &Stack::Absent),
+                (
+                    &Stack::Absent,
+                    &Stack::Frames(vec![Frame::Kernel(0xffff_ffff_8100_0000)])
+                ),
+            ]
+        );
     }
 
     #[test]

@@ -16,8 +16,29 @@ pub enum Stack {
     /// The sample has no stack of this kind (kernel thread: no user stack; user mode: no
     /// kernel stack).
     Absent,
-    /// The stack could not be recorded; the reason was counted in the losses.
+    /// The stack could not be recorded: the reason was counted in the losses, or the sample
+    /// came with no stack at all ([`Stack::at_least_one`]).
     Lost,
+}
+
+impl Stack {
+    /// A sample's user and kernel stacks, with the user one lost when neither holds a frame.
+    /// Every sample is somewhere: one with no frame would reach a profile as a sample of
+    /// nothing, which OTLP writes as its empty stack and pprof as a sample without
+    /// locations, and a flame graph cannot draw. The cases are an on-CPU sample in user mode
+    /// whose walk gave no frame, and an off-CPU block the kernel gave no stack for.
+    pub fn at_least_one(user: Stack, kernel: Stack) -> (Stack, Stack) {
+        let empty = |s: &Stack| match s {
+            Stack::Frames(frames) => frames.is_empty(),
+            Stack::Absent => true,
+            Stack::Lost => false,
+        };
+        if empty(&user) && empty(&kernel) {
+            (Stack::Lost, Stack::Absent)
+        } else {
+            (user, kernel)
+        }
+    }
 }
 
 /// Which thread of its process a sample or a block is: its name, and its id when thread ids
