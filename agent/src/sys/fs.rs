@@ -85,8 +85,28 @@ pub fn check_output_writable(path: &Path) -> Result<(), String> {
 /// The temporary file is created with `O_EXCL | O_NOFOLLOW`: its name is predictable, and in a
 /// shared directory such as `/tmp` another user could otherwise plant a symlink there and have
 /// this (privileged) process write through it.
+///
+/// A path that is a device, a pipe or a socket (`-o /dev/null`, `-o /dev/stdout`, a FIFO) is
+/// written in place: a rename would put a regular file where the device was, and a root
+/// process that replaces `/dev/null` breaks every other program on the host.
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    if is_special_file(path) {
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(path)?;
+        return file.write_all(bytes);
+    }
     write_through_temporary(path, bytes, create_new)
+}
+
+/// Whether `path` itself (not a symlink's target) is there and is neither a regular file, a
+/// directory nor a symlink.
+fn is_special_file(path: &Path) -> bool {
+    std::fs::symlink_metadata(path).is_ok_and(|m| {
+        let kind = m.file_type();
+        !(kind.is_file() || kind.is_dir() || kind.is_symlink())
+    })
 }
 
 /// [`write_atomically`] for a file this user alone may read and write ([`create_private`]),
@@ -284,6 +304,24 @@ mod tests {
         std::os::unix::fs::symlink(&victim, &planted).unwrap();
         assert!(write_atomically(&dir.path().join("z.txt"), b"evil").is_err());
         assert_eq!(std::fs::read(&victim).unwrap(), b"keep");
+    }
+
+    #[test]
+    fn a_pipe_or_device_is_written_in_place_not_replaced() {
+        use std::os::unix::{ffi::OsStrExt, fs::FileTypeExt};
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("out.fifo");
+        let name = std::ffi::CString::new(fifo.as_os_str().as_bytes()).unwrap();
+        // SAFETY: a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(name.as_ptr(), 0o600) }, 0);
+        let reader = {
+            let fifo = fifo.clone();
+            std::thread::spawn(move || std::fs::read(fifo).unwrap())
+        };
+        write_atomically(&fifo, b"profile").unwrap();
+        assert_eq!(reader.join().unwrap(), b"profile");
+        let kind = std::fs::symlink_metadata(&fifo).unwrap().file_type();
+        assert!(kind.is_fifo(), "the pipe was replaced: {kind:?}");
     }
 
     #[test]
