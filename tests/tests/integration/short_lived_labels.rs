@@ -352,9 +352,22 @@ fn short_lived_processes_of_a_container_keep_its_labels_in_the_store_and_parca()
         })
         .map(|s| s.count as i64)
         .sum();
+    // The others, by process and the cgroup they were labelled with: where they came from.
+    let mut elsewhere: BTreeMap<(u32, String, String), i64> = BTreeMap::new();
+    for s in &profile.samples {
+        if run.pids.contains(&i64::from(s.pid))
+            && s.labels.get("container_id").map(String::as_str) != Some(CONTAINER)
+        {
+            let label = |name: &str| s.labels.get(name).cloned().unwrap_or_default();
+            *elsewhere
+                .entry((s.pid, label("comm"), label("cgroup")))
+                .or_default() += s.count as i64;
+        }
+    }
     ensure!(
         in_container as f64 >= LABELLED * tally.samples as f64,
-        "{in_container} of {} samples of the loop name its container",
+        "{in_container} of {} samples of the loop name its container; the others (pid, comm, \
+         cgroup): {elsewhere:?}",
         tally.samples
     );
     Ok(())
