@@ -69,7 +69,9 @@ pub fn check_output_writable(path: &Path) -> Result<(), String> {
             ))
         }
     }
-    if path.exists() {
+    // A pipe or a device is opened only to be written: opening a FIFO here would wait for a
+    // reader, and closing it would hand that reader its end of file before the profile.
+    if path.exists() && !is_special_file(path) {
         std::fs::OpenOptions::new()
             .append(true)
             .custom_flags(libc::O_NOFOLLOW)
@@ -86,9 +88,11 @@ pub fn check_output_writable(path: &Path) -> Result<(), String> {
 /// shared directory such as `/tmp` another user could otherwise plant a symlink there and have
 /// this (privileged) process write through it.
 ///
-/// A path that is a device, a pipe or a socket (`-o /dev/null`, `-o /dev/stdout`, a FIFO) is
-/// written in place: a rename would put a regular file where the device was, and a root
-/// process that replaces `/dev/null` breaks every other program on the host.
+/// A path that is itself a device, a pipe or a socket (`-o /dev/null`, a FIFO) is written in
+/// place: a rename would put a regular file where the device was, and a root process that
+/// replaces `/dev/null` breaks every other program on the host. A symlink is never written
+/// through (`-o /dev/stdout` is refused by [`check_output_writable`]): one planted in a
+/// shared directory could lead to any device.
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
     if is_special_file(path) {
         let mut file = std::fs::OpenOptions::new()
@@ -314,6 +318,15 @@ mod tests {
         let name = std::ffi::CString::new(fifo.as_os_str().as_bytes()).unwrap();
         // SAFETY: a NUL-terminated path.
         assert_eq!(unsafe { libc::mkfifo(name.as_ptr(), 0o600) }, 0);
+        // With no reader yet: the check must not wait for one (nor open the pipe and hand
+        // one an early end of file).
+        let (done, checked) = std::sync::mpsc::channel();
+        let path = fifo.clone();
+        std::thread::spawn(move || done.send(check_output_writable(&path)));
+        assert_eq!(
+            checked.recv_timeout(std::time::Duration::from_secs(10)),
+            Ok(Ok(()))
+        );
         let reader = {
             let fifo = fifo.clone();
             std::thread::spawn(move || std::fs::read(fifo).unwrap())
