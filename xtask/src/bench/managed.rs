@@ -416,22 +416,20 @@ fn walk_costs(
                     (subject.deep)(DEPTH, seconds, kind == Kind::Steady)?,
                     subject.deep_warm_up,
                 ),
-                // main + DEPTH - 2 descend + spin (`deeprec N` descends N + 1 times), and
+                // main + DEPTH - 2 descend + spin (`deeprec N` descends N + 1 times), or
                 // main + vary + DEPTH - 2 steps.
-                Kind::Native => (
-                    Command::new(deeprec)
-                        .args([&(DEPTH - 3).to_string(), &seconds.to_string()])
-                        .spawn()
-                        .context("starting deeprec")?,
-                    Duration::from_millis(500),
-                ),
-                Kind::NativeNew => (
-                    Command::new(deeprec)
-                        .args([&(DEPTH - 2).to_string(), &seconds.to_string(), "vary"])
-                        .spawn()
-                        .context("starting deeprec")?,
-                    Duration::from_millis(500),
-                ),
+                Kind::Native | Kind::NativeNew => {
+                    let new = kind == Kind::NativeNew;
+                    let depth = if new { DEPTH - 2 } else { DEPTH - 3 };
+                    (
+                        Command::new(deeprec)
+                            .args([depth.to_string(), seconds.to_string()])
+                            .args(new.then_some("vary"))
+                            .spawn()
+                            .context("starting deeprec")?,
+                        Duration::from_millis(500),
+                    )
+                }
             };
             let process = Processes(vec![process]);
             std::thread::sleep(warm_up);
