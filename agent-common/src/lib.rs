@@ -141,7 +141,8 @@ pub struct Control {
 /// `Control::unwind`: user stacks from `bpf_get_stackid` (frame pointers), ids in `STACKS_g`.
 pub const UNWIND_FP: u32 = 0;
 /// `Control::unwind`: user stacks walked by the program with unwind tables where they are
-/// loaded and frame pointers elsewhere; ids in `USER_STACKS_g`.
+/// loaded and frame pointers elsewhere; ids of the stacks sent through
+/// `WALKED_STACKS` ([`walked_stack_id`]).
 pub const UNWIND_TABLES: u32 = 1;
 
 /// Per-CPU bracket around each run of the BPF program, used to prove a generation is quiescent.
@@ -172,10 +173,13 @@ pub enum Loss {
     CountsMapFull = 4,
     /// The comm map was full: the process is reported without a name.
     CommMapFull = 5,
+    /// A new walked user stack found the `WALKED_STACKS` ring buffer full: the agent had not
+    /// read it in time.
+    UserStackRingFull = 6,
 }
 
 /// Number of [`Loss`] kinds; the length of one run of the `LOSSES` array.
-pub const LOSS_KINDS: u32 = 6;
+pub const LOSS_KINDS: u32 = 7;
 
 /// The per-CPU counter arrays (`LOSSES`, `UNWIND_OUTCOMES_COUNT`, `PYTHON_COUNTS_MAP`) hold one
 /// run of counters per generation, at `run * kinds + kind`: a sample's counts go in the run of
@@ -198,6 +202,7 @@ impl Loss {
         Loss::KernelStackError,
         Loss::CountsMapFull,
         Loss::CommMapFull,
+        Loss::UserStackRingFull,
     ];
 
     /// Short name used in summaries and logs.
@@ -209,6 +214,7 @@ impl Loss {
             Loss::KernelStackError => "kernel stack error",
             Loss::CountsMapFull => "counts map full",
             Loss::CommMapFull => "comm map full",
+            Loss::UserStackRingFull => "user stack ring full",
         }
     }
 }
@@ -580,13 +586,15 @@ pub struct ProcMappings {
     pub mappings: [UnwindMapping; MAX_PROC_MAPPINGS],
 }
 
-/// A user stack the program walked itself, deeper than [`SHORT_USER_STACK_DEPTH`]: the value
-/// of `USER_STACKS_g`, keyed by the low 30 bits of `hash`, which are the counts key's
-/// `user_stack_id` (see [`SHORT_USER_STACK_ID`] for the shorter ones).
+/// A user stack the program walked itself. The sampler sends each stack new to its window
+/// once, as the first `WALKED_STACK_HEADER + 8 * len` bytes of this, through the
+/// `WALKED_STACKS` ring buffer; its id (a counts key's `user_stack_id`) is
+/// [`walked_stack_id`] of `hash`, and `SEEN_STACKS_g` remembers that the window sent it. The
+/// off-CPU program keeps whole ones in its LRU map.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct UserStack {
-    /// Hash of all the pcs: a different stack that lands on the same key is a collision,
+    /// Hash of all the pcs: a different stack that lands on the same id is a collision,
     /// counted as [`Loss::UserStackCollision`] like `bpf_get_stackid`'s.
     pub hash: u64,
     /// Frames in `pcs`.
@@ -594,39 +602,33 @@ pub struct UserStack {
     /// How the walk ended, an [`UnwindOutcome`]: the agent names the binary a walk stopped in
     /// early (the last frame's) and why.
     pub outcome: u32,
+    /// The process walked.
+    pub tgid: u32,
+    /// [`WALKED_GENERATION_1`] and [`WALKED_RUNTIME_FRAMES`].
+    pub flags: u32,
     /// Instruction pointers, leaf first.
     pub pcs: [u64; MAX_USER_STACK_DEPTH],
 }
 
-/// Frames a short user stack holds ([`ShortUserStack`]). Most walked stacks are this deep or
-/// less; each is stored in the smallest map value that holds it, because the kernel allocates a
-/// map element of a map that is not preallocated, zeroes, copies and frees it at a cost that
-/// follows its size: 48 frames make a 400-byte value, a 464-byte element in a 512-byte slab
-/// object, against 2,128 bytes in a 4 KiB object for [`UserStack`].
-pub const SHORT_USER_STACK_DEPTH: usize = 48;
+/// Bytes of a [`UserStack`] before its frames: a `WALKED_STACKS` record is these and `len`
+/// frames.
+pub const WALKED_STACK_HEADER: usize = core::mem::offset_of!(UserStack, pcs);
 
-/// The bit of a walked stack's id (a counts key's `user_stack_id`) that says it is stored in
-/// the short stacks' map (`SHORT_USER_STACKS_g`) rather than `USER_STACKS_g`: the id is the
-/// hash's low 30 bits and this bit, so no id names a stack in both.
-pub const SHORT_USER_STACK_ID: i32 = 1 << 30;
+/// [`UserStack::flags`]: the stack belongs to generation 1's window (else 0's).
+pub const WALKED_GENERATION_1: u32 = 1;
+/// [`UserStack::flags`]: the stack holds a runtime's frames (CPython's, V8's...), which the
+/// agent reads what they point at for soon, while the process still runs: one that exits
+/// before the window ends is then named too.
+pub const WALKED_RUNTIME_FRAMES: u32 = 2;
 
-/// A user stack of at most [`SHORT_USER_STACK_DEPTH`] frames, the value of
-/// `SHORT_USER_STACKS_g`: the first bytes of a [`UserStack`], field for field, so the program
-/// stores the prefix of the stack it walked without copying it.
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-pub struct ShortUserStack {
-    /// As [`UserStack::hash`].
-    pub hash: u64,
-    /// As [`UserStack::len`]; at most [`SHORT_USER_STACK_DEPTH`].
-    pub len: u32,
-    /// As [`UserStack::outcome`].
-    pub outcome: u32,
-    /// Instruction pointers, leaf first.
-    pub pcs: [u64; SHORT_USER_STACK_DEPTH],
+/// The id of a walked stack of mixed hash `hash`: its low 31 bits, so that no id is one of
+/// the negative sentinels ([`STACK_ABSENT`]...).
+#[inline(always)]
+pub const fn walked_stack_id(hash: u64) -> i32 {
+    (hash & 0x7fff_ffff) as i32
 }
 
-/// A walked user stack as a map holds it, whichever its size class.
+/// A walked user stack as the agent holds it.
 pub trait WalkedStack {
     /// The hash of all its pcs, which tells a collision on its id from the same stack.
     fn hash(&self) -> u64;
@@ -648,29 +650,6 @@ impl WalkedStack for UserStack {
     }
 }
 
-impl WalkedStack for ShortUserStack {
-    fn hash(&self) -> u64 {
-        self.hash
-    }
-    fn frames(&self) -> &[u64] {
-        &self.pcs[..(self.len as usize).min(SHORT_USER_STACK_DEPTH)]
-    }
-    fn outcome(&self) -> u32 {
-        self.outcome
-    }
-}
-
-// The program stores a `UserStack`'s prefix as a `ShortUserStack`: the layouts must agree.
-const _: () = {
-    assert!(core::mem::offset_of!(ShortUserStack, hash) == core::mem::offset_of!(UserStack, hash));
-    assert!(core::mem::offset_of!(ShortUserStack, len) == core::mem::offset_of!(UserStack, len));
-    assert!(
-        core::mem::offset_of!(ShortUserStack, outcome) == core::mem::offset_of!(UserStack, outcome)
-    );
-    assert!(core::mem::offset_of!(ShortUserStack, pcs) == core::mem::offset_of!(UserStack, pcs));
-    assert!(core::mem::size_of::<ShortUserStack>() <= core::mem::size_of::<UserStack>());
-};
-
 /// What the BPF unwinder tells the agent through the `UNWIND_EVENTS` ring buffer.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -678,8 +657,7 @@ pub struct UnwindEvent {
     pub tgid: u32,
     /// One of the `EVENT_*` kinds.
     pub kind: u32,
-    /// The pc no mapping covered, for [`EVENT_UNKNOWN_PC`]; the stack, for
-    /// [`EVENT_RUNTIME_STACK`].
+    /// The pc no mapping covered, for [`EVENT_UNKNOWN_PC`].
     pub pc: u64,
 }
 
@@ -687,13 +665,6 @@ pub struct UnwindEvent {
 pub const EVENT_UNKNOWN_PROCESS: u32 = 0;
 /// [`UnwindEvent::kind`]: a pc in no known mapping (dlopen, a new mapping).
 pub const EVENT_UNKNOWN_PC: u32 = 1;
-/// [`UnwindEvent::kind`]: a user stack with a runtime's frames (CPython's), new in its
-/// window's stack map: `pc` is the generation (bit 32) and the stack id (low 32 bits,
-/// [`SHORT_USER_STACK_ID`] saying which map holds it). The agent reads the stack and what its
-/// runtime frames point at (code objects) soon after, while the process still runs: one that
-/// exits before the window ends is then named too. Sent without a wakeup: the agent's 200 ms
-/// poll reads them.
-pub const EVENT_RUNTIME_STACK: u32 = 2;
 
 /// Index into the per-CPU `UNWIND_OUTCOMES` array: how each walk of a user stack with tables
 /// ended, and which samples fell back to frame pointers. Each walk adds one to exactly one of
@@ -971,7 +942,6 @@ mod pod {
     // SAFETY: see above.
     unsafe impl aya::Pod for super::UserStack {}
     // SAFETY: see above.
-    unsafe impl aya::Pod for super::ShortUserStack {}
     // SAFETY: see above.
     unsafe impl aya::Pod for super::UnwindEvent {}
     // SAFETY: see above.

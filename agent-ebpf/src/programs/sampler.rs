@@ -25,7 +25,7 @@ use crate::{
     shared::{
         control::{self, CONTROL},
         counters,
-        stack::{self, ShortUserStackMap, StoreError, UserStackMap},
+        stack::{self, SeenStackMap, StoreError},
         task,
     },
     walk,
@@ -68,21 +68,16 @@ static COMMS_0: HashMap<u32, SeenProcess> = HashMap::with_max_entries(MAX_COMMS,
 #[map]
 static COMMS_1: HashMap<u32, SeenProcess> = HashMap::with_max_entries(MAX_COMMS, 0);
 
-/// The two generations' user-stack maps, by generation; the agent creates and replaces them
-/// as it does `STACKS`'s.
+/// The two generations' records of the walked stacks they sent, by generation; the agent
+/// creates and replaces them as it does `STACKS`'s.
 #[btf_map]
-static USER_STACKS: btf_maps::ArrayOfMaps<UserStackMap, 2> = btf_maps::ArrayOfMaps::new();
-/// The two generations' short-stack maps, by generation, managed as `USER_STACKS`.
-#[btf_map]
-static SHORT_USER_STACKS: btf_maps::ArrayOfMaps<ShortUserStackMap, 2> =
-    btf_maps::ArrayOfMaps::new();
+static SEEN_STACKS: btf_maps::ArrayOfMaps<SeenStackMap, 2> = btf_maps::ArrayOfMaps::new();
 
 /// The maps of one generation.
 struct Generation {
     counts: &'static HashMap<StackKey, u64>,
     stacks: &'static StackMap,
-    user_stacks: &'static UserStackMap,
-    short_user_stacks: &'static ShortUserStackMap,
+    seen_stacks: &'static SeenStackMap,
 }
 
 #[perf_event]
@@ -163,38 +158,26 @@ fn try_sample<const TABLES: bool>(ctx: &PerfEventContext) -> Result<(), i64> {
     let tables = TABLES && unsafe { core::ptr::read_volatile(&control.unwind) } == UNWIND_TABLES;
     let walked = tables && walk::walk(ctx, tgid, user_mode, slot);
     // The agent fills every slot before it attaches the program.
-    let (Some(stacks), Some(user_stacks), Some(short_user_stacks)) = (
-        STACKS.get(slot),
-        USER_STACKS.get(slot),
-        SHORT_USER_STACKS.get(slot),
-    ) else {
+    let (Some(stacks), Some(seen_stacks)) = (STACKS.get(slot), SEEN_STACKS.get(slot)) else {
         return Ok(());
     };
     let generation = if slot == 0 {
         Generation {
             counts: &COUNTS_0,
             stacks,
-            user_stacks,
-            short_user_stacks,
+            seen_stacks,
         }
     } else {
         Generation {
             counts: &COUNTS_1,
             stacks,
-            user_stacks,
-            short_user_stacks,
+            seen_stacks,
         }
     };
     let user_stack_id = if tables {
         match walk::walked(walked) {
             None => STACK_ABSENT,
-            Some(walk) => match stack::store_stack(
-                generation.user_stacks,
-                generation.short_user_stacks,
-                walk,
-                tgid,
-                slot,
-            ) {
+            Some(walk) => match stack::store_stack(generation.seen_stacks, walk, tgid, slot) {
                 Ok(id) => id,
                 Err(StoreError::Collision) => {
                     count_loss(slot, Loss::UserStackCollision);
@@ -202,6 +185,10 @@ fn try_sample<const TABLES: bool>(ctx: &PerfEventContext) -> Result<(), i64> {
                 }
                 Err(StoreError::Refused) => {
                     count_loss(slot, Loss::UserStackError);
+                    STACK_LOST_OTHER
+                }
+                Err(StoreError::RingFull) => {
+                    count_loss(slot, Loss::UserStackRingFull);
                     STACK_LOST_OTHER
                 }
             },

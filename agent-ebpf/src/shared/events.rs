@@ -36,14 +36,6 @@ pub fn notify(tgid: u32, kind: u32, pc: u64) {
     let _ = UNWIND_EVENTS.output::<UnwindEvent>(UnwindEvent { tgid, kind, pc }, 0);
 }
 
-/// Sends `event` without waking the agent, which polls the ring buffer: for events that come
-/// in bursts. A full ring buffer drops it.
-#[inline(always)]
-pub fn send_quietly(event: UnwindEvent) {
-    let _ =
-        UNWIND_EVENTS.output::<UnwindEvent>(event, u64::from(aya_ebpf::bindings::BPF_RB_NO_WAKEUP));
-}
-
 /// After an exec the process may be another program: its next unknown pc is told at once.
 #[inline(always)]
 pub fn forget(tgid: u32) {

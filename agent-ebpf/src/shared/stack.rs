@@ -8,13 +8,18 @@
 
 use core::ffi::c_void;
 
-use aya_ebpf::{bindings::BPF_NOEXIST, btf_maps, macros::map, maps::PerCpuArray};
-use scorch_common::{
-    ShortUserStack, UnwindEvent, UserStack, WalkedStack, EVENT_RUNTIME_STACK,
-    SHORT_USER_STACK_DEPTH, SHORT_USER_STACK_ID,
+use aya_ebpf::{
+    bindings::{
+        BPF_NOEXIST, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP, BPF_RB_RING_SIZE,
+    },
+    btf_maps,
+    macros::map,
+    maps::{PerCpuArray, RingBuf},
 };
-
-use crate::shared::events;
+use scorch_common::{
+    walked_stack_id, UserStack, MAX_USER_STACK_DEPTH, WALKED_GENERATION_1, WALKED_RUNTIME_FRAMES,
+    WALKED_STACK_HEADER,
+};
 
 /// A task's user registers as a walk starts from them (`crate::arch` reads them).
 #[derive(Clone, Copy)]
@@ -162,18 +167,21 @@ pub fn mixed_hash(walk: &WalkState) -> u64 {
     hash
 }
 
-/// A generation's map of the user stacks the program walked itself (`UNWIND_TABLES`), keyed
-/// by a hash of their pcs. Not preallocated: a 256-frame stack is 2 KiB, and the map must hold
-/// a whole window's samples when each is a stack of its own (a runtime's frames carry the
-/// instruction of each), so its memory follows what it holds. The agent's inner maps carry
-/// the same flag, which the kernel requires of an inner map.
-pub type UserStackMap =
-    btf_maps::HashMap<i32, UserStack, 1, { crate::shared::flags::BPF_F_NO_PREALLOC as usize }>;
-/// A generation's map of the walked stacks of at most `SHORT_USER_STACK_DEPTH` frames: the
-/// same, with a value a fifth the size, since the kernel's cost to allocate, copy and free an
-/// element follows its size.
-pub type ShortUserStackMap =
-    btf_maps::HashMap<i32, ShortUserStack, 1, { crate::shared::flags::BPF_F_NO_PREALLOC as usize }>;
+/// A generation's record of the walked stacks its window sent through [`WALKED_STACKS`]: id
+/// to the stack's hash, which tells the same stack from a collision. Preallocated, so that a
+/// new stack allocates nothing: the kernel's allocator of maps that are not refills its
+/// per-CPU caches through IRQ work, an interrupt each few new stacks, which the sample that
+/// raises it pays for (an exit to the host in a VM). The agent creates each generation's
+/// map with the same flags, sized to the stacks its windows send.
+pub type SeenStackMap = btf_maps::HashMap<i32, u64, 1, 0>;
+
+/// The walked stacks new to their window, each sent once as a [`UserStack`]'s first
+/// `WALKED_STACK_HEADER + 8 * len` bytes: a ring is allocated once, and a record takes only
+/// the frames the stack has. The agent keeps them by generation, reads them every 200 ms, and
+/// at once when this program wakes it: when the ring is a quarter full. Sized by the agent at
+/// load time.
+#[map]
+pub static WALKED_STACKS: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
 
 /// Why a walked stack was not stored.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -182,78 +190,81 @@ pub enum StoreError {
     Collision,
     /// The map refused it (full, or another error).
     Refused,
+    /// [`WALKED_STACKS`] had no room for it.
+    RingFull,
 }
 
-/// Whether [`insert_new`] stored the stack or found it there.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Stored {
-    New,
-    Existing,
-}
-
-/// Inserts the walked stack of `tgid` into generation `generation`'s map for its size: the
-/// short stacks' (`short_stacks`) when it has at most `SHORT_USER_STACK_DEPTH` frames, else
-/// `stacks`. Returns its id.
+/// Returns the id of the walked stack of `tgid` in generation `generation`, sending it through
+/// [`WALKED_STACKS`] when `seen` (the generation's [`SeenStackMap`]) does not hold it yet.
 #[inline(always)]
 pub fn store_stack(
-    stacks: &UserStackMap,
-    short_stacks: &ShortUserStackMap,
+    seen: &SeenStackMap,
     walk: &mut WalkState,
     tgid: u32,
     generation: u32,
 ) -> Result<i32, StoreError> {
-    // The stored hash is the mixed one, so a later sample compares like with like.
+    // The sent hash is the mixed one, so a later sample compares like with like.
     let hash = mixed_hash(walk);
     walk.stack.hash = hash;
-    let low = (hash & 0x3fff_ffff) as i32;
-    let (id, stored) = if walk.stack.len as usize <= SHORT_USER_STACK_DEPTH {
-        // SAFETY: `ShortUserStack` is `UserStack`'s prefix, field for field (asserted in
-        // scorch-common), and the map copies only its size from this pointer.
-        let short = unsafe { &*(&walk.stack as *const UserStack).cast::<ShortUserStack>() };
-        let id = low | SHORT_USER_STACK_ID;
-        (id, insert_new(short_stacks, id, short, hash)?)
-    } else {
-        (low, insert_new(stacks, low, &walk.stack, hash)?)
-    };
-    if stored == Stored::New && walk.runtime_frames > 0 {
-        // A new stack with a runtime's frames: the agent reads what they point at soon, not
-        // at the window's end, when the process may be gone. No wakeup: these come in bursts
-        // (every stack is new again each window), and its 200 ms poll reads them.
-        events::send_quietly(UnwindEvent {
-            tgid,
-            kind: EVENT_RUNTIME_STACK,
-            pc: (u64::from(generation) << 32) | u64::from(id as u32),
-        });
-    }
-    Ok(id)
-}
-
-/// Stores `stack` under `id` unless a stack is there.
-#[inline(always)]
-fn insert_new<V: WalkedStack, const FLAGS: usize>(
-    map: &btf_maps::HashMap<i32, V, 1, FLAGS>,
-    id: i32,
-    stack: &V,
-    hash: u64,
-) -> Result<Stored, StoreError> {
-    // SAFETY: only the hash is read; a concurrent writer of the same key writes the same hash.
-    if let Some(existing) = unsafe { map.get(id) } {
-        return if existing.hash() == hash {
-            Ok(Stored::Existing)
+    let id = walked_stack_id(hash);
+    // SAFETY: a plain read of a map value; a concurrent writer of the same key writes the
+    // same hash or a colliding one, either read whole.
+    if let Some(existing) = unsafe { seen.get(id) } {
+        return if *existing == hash {
+            Ok(id)
         } else {
             Err(StoreError::Collision)
         };
     }
-    match map.insert(id, stack, u64::from(BPF_NOEXIST)) {
-        Ok(()) => Ok(Stored::New),
-        // Another CPU stored a stack under this id in between: the same one, or a collision.
+    if seen.insert(id, &hash, u64::from(BPF_NOEXIST)).is_err() {
+        // Another CPU recorded this id in between: the same stack, which it sends, or a
+        // collision; or the map is full.
         // SAFETY: as above.
-        Err(_) => match unsafe { map.get(id) } {
-            Some(existing) if existing.hash() == hash => Ok(Stored::Existing),
+        return match unsafe { seen.get(id) } {
+            Some(existing) if *existing == hash => Ok(id),
             Some(_) => Err(StoreError::Collision),
             None => Err(StoreError::Refused),
-        },
+        };
     }
+    walk.stack.tgid = tgid;
+    walk.stack.flags = (generation & WALKED_GENERATION_1)
+        | if walk.runtime_frames > 0 {
+            WALKED_RUNTIME_FRAMES
+        } else {
+            0
+        };
+    if send(walk).is_err() {
+        // Not sent: the next sample of this stack tries again.
+        let _ = seen.remove(id);
+        return Err(StoreError::RingFull);
+    }
+    Ok(id)
+}
+
+/// Sends the walked stack's header and frames through [`WALKED_STACKS`]; wakes the agent when
+/// the ring is over a quarter full, so a burst of new stacks is read before it fills.
+#[inline(always)]
+fn send(walk: &WalkState) -> Result<(), i32> {
+    let len = walk.stack.len as usize;
+    let len = if len > MAX_USER_STACK_DEPTH {
+        MAX_USER_STACK_DEPTH
+    } else {
+        len
+    };
+    let bytes = WALKED_STACK_HEADER + len * 8;
+    // SAFETY: `bytes` is at most a `UserStack`'s size, and the stack lives in this CPU's
+    // walk state for the whole run.
+    let record = unsafe {
+        core::slice::from_raw_parts((&walk.stack as *const UserStack).cast::<u8>(), bytes)
+    };
+    let queued = WALKED_STACKS.query(u64::from(BPF_RB_AVAIL_DATA));
+    let size = WALKED_STACKS.query(u64::from(BPF_RB_RING_SIZE));
+    let wakeup = if queued.saturating_mul(4) >= size {
+        BPF_RB_FORCE_WAKEUP
+    } else {
+        BPF_RB_NO_WAKEUP
+    };
+    WALKED_STACKS.output::<[u8]>(record, u64::from(wakeup))
 }
 
 /// Most words [`WalkState::read_up_to`] reads at once: the callee-saved registers a function pushes

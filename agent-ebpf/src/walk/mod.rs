@@ -156,6 +156,8 @@ pub fn walk_from(
     walk.serial = walk.serial.wrapping_add(1);
     walk.cache_base = slot * ROW_CACHE_SLOTS;
     walk.stack.len = 0;
+    walk.stack.tgid = 0;
+    walk.stack.flags = 0;
     walk.window_words = 0;
     walk.last_mapping = 0;
     walk.stack.hash = 0xcbf2_9ce4_8422_2325;

@@ -17,7 +17,7 @@ use tokio::{
 };
 
 use crate::{
-    cmd::session::{Session, UnwindEvents, DISCOVERY_INTERVAL},
+    cmd::session::{ReadyFd, Session, DISCOVERY_INTERVAL},
     pipeline::{
         drain::{DrainError, Drainer, Losses, StackMapFill},
         off_cpu::OffCpuReader,
@@ -185,6 +185,7 @@ impl Sampling {
     fn poll_unwinder<C: Consumer>(&mut self, consumer: &mut C, wait: bool) {
         let Sampling {
             sampler,
+            drainer,
             unwinder,
             session,
             ..
@@ -192,6 +193,8 @@ impl Sampling {
         let Some(unwinder) = unwinder else {
             return;
         };
+        drainer.read_walked();
+        unwinder.note_runtime_stacks(drainer.take_runtime_stacks());
         // A process the maps have no room for walks by frame pointers (logged and counted by
         // the unwinder); sampling goes on.
         let polled = unwinder
@@ -233,7 +236,20 @@ pub(crate) async fn drive<C: Consumer>(
     until: Option<tokio::time::Instant>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), C::Error> {
-    let events = UnwindEvents::new(sampling.unwinder.as_ref());
+    let events = ReadyFd::new(
+        sampling
+            .unwinder
+            .as_ref()
+            .map(|unwinder| unwinder.events_fd()),
+        "the unwinder's events",
+    );
+    let walked = ReadyFd::new(
+        sampling
+            .unwinder
+            .as_ref()
+            .map(|_| sampling.drainer.walked_fd()),
+        "the walked stacks' ring",
+    );
     let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + window, window);
     ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let mut discover = tokio::time::interval(DISCOVERY_INTERVAL);
@@ -263,6 +279,7 @@ pub(crate) async fn drive<C: Consumer>(
                 sampling.sampler.flush_logs();
             }
             _ = events.ready() => sampling.poll_unwinder(consumer, false),
+            _ = walked.ready() => sampling.drainer.read_walked(),
             _ = off_cpu_tick.tick(), if sampling.off_cpu.is_some() => sampling.read_blocks(),
             _ = discover.tick() => {
                 let new = sampling.session.discover(sampling.drainer.active_pids()?);

@@ -166,32 +166,30 @@ impl Session {
     }
 }
 
-/// The unwinder's event ring buffer as something to await: readable as soon as a process is
-/// first sampled, so its maps are read while it runs rather than at the next discovery tick,
-/// which a 20 ms process does not live to see.
-pub(crate) struct UnwindEvents(Option<AsyncFd<OwnedFd>>);
+/// A BPF ring buffer as something to await: the unwinder's events, readable as soon as a
+/// process is first sampled, so its maps are read while it runs rather than at the next
+/// discovery tick, which a 20 ms process does not live to see; the walked stacks' ring,
+/// readable when the program finds it filling.
+pub(crate) struct ReadyFd(Option<AsyncFd<OwnedFd>>);
 
-impl UnwindEvents {
-    pub(crate) fn new(unwinder: Option<&Unwinder>) -> Self {
-        let fd = unwinder.and_then(|unwinder| {
-            unwinder
-                .events_fd()
-                .and_then(|fd| {
-                    // SAFETY: an `OwnedFd` is open and returns the same descriptor from
-                    // `as_raw_fd` until the `AsyncFd` that owns it drops it.
-                    unsafe { AsyncFd::register(fd) }.map_err(std::io::Error::from)
-                })
-                .map_err(|err| {
-                    // The 200 ms discovery still reads them, later.
-                    tracing::warn!("waiting on the unwinder's events: {err}");
-                })
-                .ok()
+impl ReadyFd {
+    /// Waits on `fd` (`None`: never ready); `what` names it in the warning when it cannot be
+    /// waited on, and the 200 ms discovery reads it instead.
+    pub(crate) fn new(fd: Option<std::io::Result<OwnedFd>>, what: &str) -> Self {
+        let fd = fd.and_then(|fd| {
+            fd.and_then(|fd| {
+                // SAFETY: an `OwnedFd` is open and returns the same descriptor from
+                // `as_raw_fd` until the `AsyncFd` that owns it drops it.
+                unsafe { AsyncFd::register(fd) }.map_err(std::io::Error::from)
+            })
+            .map_err(|err| tracing::warn!("waiting on {what}: {err}"))
+            .ok()
         });
-        UnwindEvents(fd)
+        ReadyFd(fd)
     }
 
-    /// Waits until an event is there to read (forever without the unwinder). The caller then
-    /// reads every event queued ([`Unwinder::poll`]), so the readiness is cleared here.
+    /// Waits until a record is there to read (forever without a ring). The caller then reads
+    /// every record queued, so the readiness is cleared here.
     pub(crate) async fn ready(&self) {
         match &self.0 {
             Some(fd) => match fd.readable().await {

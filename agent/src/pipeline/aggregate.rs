@@ -259,33 +259,26 @@ mod tests {
     #[test]
     fn the_fullest_window_is_the_stack_maps_fill() {
         use crate::pipeline::maps::StackEntries;
-        let entries = |stacks, user_stacks, short_user_stacks| StackEntries {
+        let entries = |stacks, user_stacks| StackEntries {
             stacks,
             user_stacks,
-            short_user_stacks,
         };
-        let capacity = entries(8192, 1024, 2048);
+        let capacity = entries(8192, 1024);
         let mut agg = Aggregated::default();
         assert_eq!(agg.stack_maps.describe(), None);
-        for used in [
-            entries(40, 300, 7),
-            entries(75, 120, 900),
-            entries(10, 10, 10),
-        ] {
+        for used in [entries(40, 300), entries(75, 120), entries(10, 10)] {
             let mut raw = window(0, Vec::new());
             raw.stack_maps = StackMapFill { used, capacity };
             agg.add(raw, |_| 0);
         }
         assert_eq!(
             agg.stack_maps.describe().as_deref(),
-            Some(
-                "stacks 75 of 8192 entries, user stacks 300 of 1024, short user stacks 900 of 2048"
-            )
+            Some("stacks 75 of 8192 entries, user stacks 300 of 1024")
         );
         // Under --unwind fp no user-stack map is used, and none is mentioned.
         let fp = StackMapFill {
-            used: entries(75, 0, 0),
-            capacity: entries(8192, 0, 0),
+            used: entries(75, 0),
+            capacity: entries(8192, 0),
         };
         assert_eq!(fp.describe().as_deref(), Some("stacks 75 of 8192 entries"));
     }

@@ -4,15 +4,11 @@
 use aya::maps::{
     Array, HashMap as BpfHashMap, Map, MapData, MapError, PerCpuArray, RingBuf, StackTraceMap,
 };
-use aya::Pod;
-use scorch_common::{
-    Control, RunSeq, SeenProcess, ShortUserStack, StackKey, UserStack, MAX_STACK_DEPTH,
-};
+use scorch_common::{Control, RunSeq, SeenProcess, StackKey, MAX_STACK_DEPTH};
 
 use super::stack_sizing::StackSizing;
 use crate::sys::inner_maps::{
-    create_inner, set_inner, InnerMapError, BPF_F_NO_PREALLOC, BPF_MAP_TYPE_HASH,
-    BPF_MAP_TYPE_STACK_TRACE,
+    create_inner, set_inner, InnerMapError, BPF_MAP_TYPE_HASH, BPF_MAP_TYPE_STACK_TRACE,
 };
 
 /// The maps of one generation, taken out of the loaded program.
@@ -20,11 +16,9 @@ pub struct GenerationMaps {
     pub counts: BpfHashMap<MapData, StackKey, u64>,
     pub stacks: StackTraceMap<MapData>,
     pub comms: BpfHashMap<MapData, u32, SeenProcess>,
-    /// User stacks the program walked with unwind tables (`--unwind auto`), deeper than
-    /// `SHORT_USER_STACK_DEPTH` frames.
-    pub user_stacks: BpfHashMap<MapData, i32, UserStack>,
-    /// The walked stacks of at most `SHORT_USER_STACK_DEPTH` frames.
-    pub short_user_stacks: BpfHashMap<MapData, i32, ShortUserStack>,
+    /// The ids and hashes of the user stacks the program walked with unwind tables
+    /// (`--unwind auto`) and sent through `WALKED_STACKS` in this generation's window.
+    pub seen_stacks: BpfHashMap<MapData, i32, u64>,
 }
 
 /// Entries of a generation's two stack maps: the distinct stacks one window stored, or the
@@ -33,11 +27,8 @@ pub struct GenerationMaps {
 pub struct StackEntries {
     /// `STACKS_g` (`bpf_get_stackid`): kernel stacks, and user stacks under `--unwind fp`.
     pub stacks: u32,
-    /// `USER_STACKS_g`: the user stacks the program walked with tables, deeper than
-    /// `SHORT_USER_STACK_DEPTH` frames.
+    /// `SEEN_STACKS_g`: the user stacks the program walked with tables.
     pub user_stacks: u32,
-    /// `SHORT_USER_STACKS_g`: the shorter ones.
-    pub short_user_stacks: u32,
 }
 
 impl StackEntries {
@@ -46,7 +37,6 @@ impl StackEntries {
         StackEntries {
             stacks: self.stacks.max(other.stacks),
             user_stacks: self.user_stacks.max(other.user_stacks),
-            short_user_stacks: self.short_user_stacks.max(other.short_user_stacks),
         }
     }
 }
@@ -79,14 +69,12 @@ pub struct SamplerMaps {
     pub stacks_outer: MapData,
     /// How many entries each generation's stack-trace map has, and will have.
     pub stack_sizing: StackSizing,
-    /// `USER_STACKS`, the array of maps holding each generation's user-stack map.
-    pub user_stacks_outer: MapData,
-    /// How many entries each generation's user-stack map has, and will have.
-    pub user_stack_sizing: StackSizing,
-    /// `SHORT_USER_STACKS`, the array of maps holding each generation's short-stack map.
-    pub short_user_stacks_outer: MapData,
-    /// How many entries each generation's short-stack map has, and will have.
-    pub short_user_stack_sizing: StackSizing,
+    /// `SEEN_STACKS`, the array of maps holding each generation's seen-stack map.
+    pub seen_stacks_outer: MapData,
+    /// How many entries each generation's seen-stack map has, and will have.
+    pub seen_stack_sizing: StackSizing,
+    /// `WALKED_STACKS`: the walked user stacks, each sent once in the window it is new to.
+    pub walked_stacks: RingBuf<MapData>,
 }
 
 /// Why a stack map could not be created or put in place.
@@ -131,44 +119,22 @@ pub fn new_stack_map(
         .map_err(|source| StackMapError::Wrap { map, source })
 }
 
-/// The user-stack maps, by the size class of the stacks they hold.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum UserStackClass {
-    /// `USER_STACKS`: stacks deeper than `SHORT_USER_STACK_DEPTH` frames ([`UserStack`]).
-    Long,
-    /// `SHORT_USER_STACKS`: the others ([`ShortUserStack`]).
-    Short,
-}
-
-impl UserStackClass {
-    /// The program's array of maps for this class.
-    pub fn outer_name(self) -> &'static str {
-        match self {
-            UserStackClass::Long => "USER_STACKS",
-            UserStackClass::Short => "SHORT_USER_STACKS",
-        }
-    }
-}
-
-/// The same for generation `generation`'s user-stack map of `class`, in its array of maps
-/// (`outer`); `V` is the class's value type.
-pub fn new_user_stack_map<V: Pod>(
-    class: UserStackClass,
+/// The same for generation `generation`'s seen-stack map, in `SEEN_STACKS` (`outer`).
+pub fn new_seen_stack_map(
     outer: &MapData,
     generation: u32,
     entries: u32,
-) -> Result<BpfHashMap<MapData, i32, V>, StackMapError> {
-    let map = class.outer_name();
+) -> Result<BpfHashMap<MapData, i32, u64>, StackMapError> {
+    let map = "SEEN_STACKS";
     let data = new_inner(
         map,
         outer,
         generation,
         BPF_MAP_TYPE_HASH,
-        std::mem::size_of::<V>(),
+        std::mem::size_of::<u64>(),
         entries,
-        // Not preallocated, as the program's templates (`UserStackMap`, `ShortUserStackMap`)
-        // declare.
-        BPF_F_NO_PREALLOC,
+        // Preallocated, as the program's template (`SeenStackMap`) declares.
+        0,
     )?;
     BpfHashMap::try_from(Map::HashMap(data)).map_err(|source| StackMapError::Wrap { map, source })
 }
@@ -223,16 +189,4 @@ pub struct UnwindMaps {
     /// Each walked runtime's map of processes running it (`PYTHON_PROCS`), written with
     /// the value the runtime lays out.
     pub runtime_procs: Vec<(scorch_common::RuntimeId, crate::sys::inner_maps::BytesMap)>,
-    /// Second handles on `USER_STACKS` and `SHORT_USER_STACKS`, the generations' user-stack
-    /// maps (the drain holds the first, and replaces the maps as they need another size): the
-    /// Python stacks the program reports new are read through them while the window runs.
-    pub user_stacks: Option<UserStackOuters>,
-}
-
-/// The arrays of maps holding each generation's user-stack maps, one per size class.
-pub struct UserStackOuters {
-    /// `USER_STACKS`.
-    pub long: MapData,
-    /// `SHORT_USER_STACKS`.
-    pub short: MapData,
 }

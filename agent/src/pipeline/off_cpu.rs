@@ -355,6 +355,8 @@ mod tests {
                 hash: 0,
                 len: 0,
                 outcome: 0,
+                tgid: 0,
+                flags: 0,
                 pcs: [0; MAX_USER_STACK_DEPTH],
             },
         };

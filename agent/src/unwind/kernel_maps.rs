@@ -11,7 +11,7 @@ use scorch_common::{
 };
 
 use super::loader::{LoaderError, LoaderMaps};
-use crate::pipeline::maps::{UnwindMaps, UserStackOuters};
+use crate::pipeline::maps::UnwindMaps;
 use crate::sys::inner_maps::{
     clear_inner, create_inner, set_inner, AsFdRaw, BytesMap, InnerMapError, BPF_MAP_TYPE_ARRAY,
     BPF_MAP_TYPE_HASH,
@@ -38,9 +38,6 @@ pub struct KernelMaps {
     pub(super) events: RingBuf<MapData>,
     /// Each walked runtime's map of processes (`PYTHON_PROCS`), written as bytes.
     runtime_procs: Vec<(RuntimeId, BytesMap)>,
-    /// Second handles on the generations' user-stack maps, to read the Python stacks the
-    /// program reports new while the window runs.
-    pub(super) user_stacks: Option<UserStackOuters>,
 }
 
 impl KernelMaps {
@@ -56,7 +53,6 @@ impl KernelMaps {
             events,
             row_epoch,
             runtime_procs,
-            user_stacks,
         } = maps;
         let entries = initial_process_entries(crate::sys::running_processes(), processes);
         let procs_map = ProcMap::create(&procs, entries)?;
@@ -69,7 +65,6 @@ impl KernelMaps {
             row_epoch,
             events,
             runtime_procs,
-            user_stacks,
         })
     }
 }

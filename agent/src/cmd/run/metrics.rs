@@ -271,8 +271,9 @@ impl WindowMetrics {
             stack_map_entries: registry.register(
                 "stack_map_entries",
                 "Distinct stacks the last window stored, by stack map (`stacks`: kernel stacks, \
-                 and user stacks under --unwind fp; `user_stacks`: stacks walked with unwind \
-                 tables, deeper than 48 frames; `short_user_stacks`: the others); a map near its max entries loses stacks as collisions (losses)",
+                 and user stacks under --unwind fp; `user_stacks`: the record of the stacks \
+                 walked with unwind tables); a map near its max entries loses stacks as \
+                 collisions (losses)",
                 Family::default(),
             ),
             stack_map_max_entries: registry.register(
@@ -323,11 +324,6 @@ impl WindowMetrics {
                 "user_stacks",
                 stack_maps.used.user_stacks,
                 stack_maps.capacity.user_stacks,
-            ),
-            (
-                "short_user_stacks",
-                stack_maps.used.short_user_stacks,
-                stack_maps.capacity.short_user_stacks,
             ),
         ] {
             let label = [("map", map)];
@@ -551,12 +547,10 @@ mod tests {
             used: StackEntries {
                 stacks,
                 user_stacks,
-                short_user_stacks: user_stacks * 2,
             },
             capacity: StackEntries {
                 stacks: 8192,
                 user_stacks: 1024,
-                short_user_stacks: 2048,
             },
         };
         metrics.window_drained(100, &losses, &fill(40, 90), Duration::from_millis(3));
@@ -609,18 +603,8 @@ mod tests {
             30.0
         );
         assert_eq!(
-            value(
-                &text,
-                r#"scorch_stack_map_entries{map="short_user_stacks"}"#
-            ),
-            60.0
-        );
-        assert_eq!(
-            value(
-                &text,
-                r#"scorch_stack_map_max_entries{map="short_user_stacks"}"#
-            ),
-            2048.0
+            value(&text, r#"scorch_stack_map_max_entries{map="user_stacks"}"#),
+            1024.0
         );
         assert_eq!(
             value(&text, r#"scorch_stack_map_max_entries{map="stacks"}"#),

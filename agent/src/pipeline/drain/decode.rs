@@ -29,9 +29,8 @@ pub fn walks_user_stacks(control: &Control) -> bool {
 /// The stacks a window's count keys reference, as read out of its generation's maps.
 #[derive(Debug, Default)]
 pub struct WindowStacks {
-    /// The user stacks the program walked itself, both size classes by id (the ids' class
-    /// bit keeps them apart): their frames, decoded once, and how the walk ended (an
-    /// [`UnwindOutcome`] index), which says whether it stopped early.
+    /// The user stacks the program walked itself, by id: their frames, decoded once, and how
+    /// the walk ended (an [`UnwindOutcome`] index), which says whether it stopped early.
     walked: HashMap<i32, (Vec<Frame>, u32)>,
     /// The stack-trace map's stacks the keys reference, by id: kernel stacks, and user stacks
     /// walked by frame pointers. Kept as pcs, as the map holds them: whether they are kernel
@@ -40,7 +39,7 @@ pub struct WindowStacks {
 }
 
 impl WindowStacks {
-    /// Keeps a stack the program walked, stored under `id` in a user-stack map.
+    /// Keeps a stack the program walked, sent under `id`.
     pub fn add_walked(&mut self, id: i32, stack: &dyn WalkedStack) {
         self.walked
             .insert(id, (decode_user(stack.frames()), stack.outcome()));
@@ -255,8 +254,7 @@ pub fn user_stack_losses(stored: u32, capacity: u32, errors: u64) -> u64 {
 mod tests {
     use super::*;
     use scorch_common::{
-        python_frame_word, ShortUserStack, UserStack, LOSS_KINDS, SHORT_USER_STACK_DEPTH,
-        SHORT_USER_STACK_ID, STACK_LOST_OTHER, UNWIND_FP, UNWIND_OUTCOMES,
+        python_frame_word, UserStack, LOSS_KINDS, STACK_LOST_OTHER, UNWIND_FP, UNWIND_OUTCOMES,
     };
 
     /// A program that leaves user stacks to the kernel (`--unwind fp`).
@@ -300,18 +298,16 @@ mod tests {
             hash: 1,
             len,
             outcome: outcome as u32,
+            tgid: 1,
+            flags: 0,
             pcs,
         }
     }
 
-    fn short_stack(len: u32, outcome: UnwindOutcome, words: &[u64]) -> ShortUserStack {
-        let mut pcs = [0xdead_0000; SHORT_USER_STACK_DEPTH];
-        pcs[..words.len()].copy_from_slice(words);
-        ShortUserStack {
+    fn short_stack(len: u32, outcome: UnwindOutcome, words: &[u64]) -> UserStack {
+        UserStack {
             hash: 2,
-            len,
-            outcome: outcome as u32,
-            pcs,
+            ..long_stack(len, outcome, words)
         }
     }
 
@@ -333,21 +329,14 @@ mod tests {
             7,
             &long_stack(2, UnwindOutcome::Completed, &[0x10, 0x20, 0x30]),
         );
-        // A corrupt length is bounded by the value's array, whichever the size class.
+        // A corrupt length is bounded by the value's array.
         stacks.add_walked(8, &long_stack(u32::MAX, UnwindOutcome::Completed, &[]));
-        let short = SHORT_USER_STACK_ID | 9;
-        stacks.add_walked(short, &short_stack(1000, UnwindOutcome::Completed, &[0x40]));
 
         assert_eq!(stacks.resolve_walked(7).0, natives(&[0x10, 0x20]));
         let Stack::Frames(long) = stacks.resolve_walked(8).0 else {
             panic!("stack 8 was stored");
         };
         assert_eq!(long.len(), MAX_USER_STACK_DEPTH);
-        let Stack::Frames(frames) = stacks.resolve_walked(short).0 else {
-            panic!("the short stack was stored");
-        };
-        assert_eq!(frames.len(), SHORT_USER_STACK_DEPTH);
-        assert_eq!(frames[0], Frame::Native(0x40));
     }
 
     #[test]
@@ -443,19 +432,13 @@ mod tests {
     #[test]
     fn a_sample_with_neither_stack_has_its_user_stack_lost() {
         let mut stacks = WindowStacks::default();
-        let empty = ShortUserStack {
-            hash: 1,
-            len: 0,
-            outcome: 0,
-            pcs: [0; SHORT_USER_STACK_DEPTH],
-        };
-        stacks.add_walked(SHORT_USER_STACK_ID | 3, &empty);
+        stacks.add_walked(3, &long_stack(0, UnwindOutcome::Completed, &[]));
         stacks.add_trace(9, vec![0xffff_ffff_8100_0000]);
         let counts = [
             // A walk that gave no stack, in user mode.
             (key(1, STACK_ABSENT, STACK_ABSENT), 2),
             // A walk that stored no frame.
-            (key(2, SHORT_USER_STACK_ID | 3, STACK_ABSENT), 3),
+            (key(2, 3, STACK_ABSENT), 3),
             // No user stack, a kernel one: as it was.
             (key(3, STACK_ABSENT, 9), 4),
         ];
@@ -663,9 +646,9 @@ mod tests {
                 .map(|kind| sum_cpus(&array[counter_index(r, KINDS, kind) as usize]))
                 .collect()
         };
-        assert_eq!(run(0), [1, 2, 3, 4, 5, 6]);
-        assert_eq!(run(1), [101, 102, 103, 104, 105, 106]);
-        assert_eq!(run(2), [201, 202, 203, 204, 205, 206]);
+        assert_eq!(run(0), [1, 2, 3, 4, 5, 6, 7]);
+        assert_eq!(run(1), [101, 102, 103, 104, 105, 106, 107]);
+        assert_eq!(run(2), [201, 202, 203, 204, 205, 206, 207]);
     }
 
     #[test]

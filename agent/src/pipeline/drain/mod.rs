@@ -12,7 +12,13 @@
 //!    sequence (a full barrier) before it reads the generation;
 //! 3. read `COUNTS_g`, the stacks it references in `STACKS_g`, and `COMMS_g`; delete every entry.
 //!
-//! The hash maps (`COUNTS_g`, `COMMS_g`, `USER_STACKS_g`) are read and emptied with
+//! The user stacks the program walks itself reach the agent otherwise: each stack new to a
+//! window is sent once through the `WALKED_STACKS` ring buffer, tagged with its generation,
+//! and `SEEN_STACKS_g` records that it was sent. The ring is read every 200 ms, and when the
+//! program wakes the agent (`Drainer::read_walked`); at step 3 it is read to its end, which
+//! holds every record of the quiescent generation, and that window's stacks are taken.
+//!
+//! The hash maps (`COUNTS_g`, `COMMS_g`, `SEEN_STACKS_g`) are read and emptied with
 //! `BPF_MAP_LOOKUP_AND_DELETE_BATCH` (`sys::bpf_batch`), a few calls per map rather than three
 //! per entry; a kernel without batch operations (before 5.6) gets the per-entry calls, decided
 //! on the first refusal and kept. `STACKS_g` has no batch operations: its referenced stacks
@@ -31,6 +37,7 @@
 //! `window`.
 
 mod decode;
+mod walked;
 mod window;
 
 use std::time::{Duration, Instant, SystemTime};
@@ -42,7 +49,7 @@ use aya::{
 
 use crate::{
     pipeline::{
-        maps::{new_stack_map, new_user_stack_map, SamplerMaps, StackEntries, UserStackClass},
+        maps::{new_seen_stack_map, new_stack_map, SamplerMaps, StackEntries},
         stack_sizing::StackSizing,
     },
     sys::bpf_batch::{self, BatchError},
@@ -51,10 +58,8 @@ use decode::{
     add_off_cpu_gain, counter_index, decode_processes, decode_samples, referenced_traces,
     stack_map_collisions, sum_cpus, user_stack_losses, walks_user_stacks, WindowStacks,
 };
-use scorch_common::{
-    Control, Loss, SeenProcess, ShortUserStack, StackKey, UserStack, OFF_CPU_COUNTER_RUN,
-    UNWIND_OUTCOMES,
-};
+use scorch_common::{Control, Loss, SeenProcess, StackKey, OFF_CPU_COUNTER_RUN, UNWIND_OUTCOMES};
+use walked::WalkedStacks;
 
 pub use decode::comm_name;
 pub use window::{
@@ -102,6 +107,8 @@ pub struct Drainer {
     /// Whether hash maps are read in batches; false once the kernel refused a batch call
     /// (before 5.6), and then for good: the answer is the kernel's, not the window's.
     batched: bool,
+    /// The walked stacks read from `WALKED_STACKS`, until their windows are drained.
+    walked: WalkedStacks,
 }
 
 fn map_err(action: &'static str, map: &'static str) -> impl FnOnce(MapError) -> DrainError {
@@ -127,7 +134,34 @@ impl Drainer {
             previous_off_cpu_unwind: [0; UNWIND_OUTCOMES as usize],
             previous_off_cpu_runtimes,
             batched: true,
+            walked: WalkedStacks::default(),
         }
+    }
+
+    /// Reads the walked stacks the program sent since the last read. Call it when
+    /// [`Drainer::walked_fd`] is readable, and every 200 ms: the ring holds a burst of new
+    /// stacks only until it fills.
+    pub fn read_walked(&mut self) {
+        while let Some(item) = self.maps.walked_stacks.next() {
+            if let Err(error) = self.walked.add_bytes(&item) {
+                // The program writes whole records: this is a layout mismatch, said once.
+                if self.walked.refused == 1 {
+                    tracing::warn!("{error}");
+                }
+            }
+        }
+    }
+
+    /// The stacks with a runtime's frames read since the last call, with their processes:
+    /// the unwinder has what they point at read while the processes run.
+    pub fn take_runtime_stacks(&mut self) -> Vec<(u32, Box<[u64]>)> {
+        self.walked.take_runtime()
+    }
+
+    /// A descriptor of `WALKED_STACKS`, readable when the program woke the agent: the ring is
+    /// filling.
+    pub fn walked_fd(&self) -> std::io::Result<std::os::fd::OwnedFd> {
+        std::os::fd::AsFd::as_fd(&self.maps.walked_stacks).try_clone_to_owned()
     }
 
     /// Processes sampled so far in the current window, from the comm map the program fills the
@@ -164,35 +198,31 @@ impl Drainer {
         self.wait_quiescent()?;
 
         // The generation is quiescent: each hash map is read and emptied in the same pass.
-        let batched = &mut self.batched;
-        let generation = &mut self.maps.generations[old];
         let mut counts: Vec<(StackKey, u64)> = Vec::new();
-        take_all(batched, &mut generation.counts, "COUNTS", |key, count| {
-            counts.push((key, count))
-        })?;
+        take_all(
+            &mut self.batched,
+            &mut self.maps.generations[old].counts,
+            "COUNTS",
+            |key, count| counts.push((key, count)),
+        )?;
         let walked = walks_user_stacks(&self.control);
         let mut stacks = WindowStacks::default();
         let mut walked_stored = StackEntries::default();
         if walked {
+            // Every record of the quiescent generation is in the ring by now.
+            self.read_walked();
+            for (id, stack) in self.walked.take(old) {
+                stacks.add_walked(id, &stack);
+            }
             take_all(
-                batched,
-                &mut generation.user_stacks,
-                UserStackClass::Long.outer_name(),
-                |id, stack: UserStack| {
-                    walked_stored.user_stacks += 1;
-                    stacks.add_walked(id, &stack)
-                },
-            )?;
-            take_all(
-                batched,
-                &mut generation.short_user_stacks,
-                UserStackClass::Short.outer_name(),
-                |id, stack: ShortUserStack| {
-                    walked_stored.short_user_stacks += 1;
-                    stacks.add_walked(id, &stack)
-                },
+                &mut self.batched,
+                &mut self.maps.generations[old].seen_stacks,
+                "SEEN_STACKS",
+                |_, _: u64| walked_stored.user_stacks += 1,
             )?;
         }
+        let batched = &mut self.batched;
+        let generation = &mut self.maps.generations[old];
         for id in referenced_traces(&counts, &self.control) {
             if let Some(pcs) = read_trace(&generation.stacks, id)? {
                 stacks.add_trace(id, pcs);
@@ -261,31 +291,19 @@ impl Drainer {
             }
         }
 
-        // The user-stack maps, emptied by the takes above, likewise; a stack that found its
-        // map full is lost as a `user stack error`, which does not say which map: the one
-        // the window filled grows. None under `--unwind fp`: the program walks no user stack
-        // itself.
+        // The seen-stack map, emptied by the take above, likewise; a stack that found it full
+        // is lost as a `user stack error`. None under `--unwind fp`: the program walks no user
+        // stack itself.
         let mut user_capacity = StackEntries::default();
         if walked {
             let errors = losses.by_kind[Loss::UserStackError as usize];
             let maps = &mut self.maps;
-            let generation = &mut maps.generations[old];
-            user_capacity.user_stacks = resize_user_stacks(
-                UserStackClass::Long,
-                &maps.user_stacks_outer,
-                &mut maps.user_stack_sizing,
-                &mut generation.user_stacks,
+            user_capacity.user_stacks = resize_seen_stacks(
+                &maps.seen_stacks_outer,
+                &mut maps.seen_stack_sizing,
+                &mut maps.generations[old].seen_stacks,
                 old,
                 walked_stored.user_stacks,
-                errors,
-            );
-            user_capacity.short_user_stacks = resize_user_stacks(
-                UserStackClass::Short,
-                &maps.short_user_stacks_outer,
-                &mut maps.short_user_stack_sizing,
-                &mut generation.short_user_stacks,
-                old,
-                walked_stored.short_user_stacks,
                 errors,
             );
         }
@@ -366,15 +384,14 @@ impl Drainer {
     }
 }
 
-/// After a window stored `stored` stacks in generation `generation`'s user-stack map of
-/// `class` (`map`, in the array of maps `outer`) and lost `errors` user stacks to errors:
-/// replaces the map when `sizing` wants another size for it. A map the window filled takes
-/// the errors as its own. Returns the entries the map had in the window.
-fn resize_user_stacks<V: Pod>(
-    class: UserStackClass,
+/// After a window recorded `stored` stacks in generation `generation`'s seen-stack map (`map`,
+/// in `SEEN_STACKS`, `outer`) and lost `errors` user stacks to errors: replaces the map when
+/// `sizing` wants another size for it. A map the window filled takes the errors as its own.
+/// Returns the entries the map had in the window.
+fn resize_seen_stacks(
     outer: &MapData,
     sizing: &mut StackSizing,
-    map: &mut BpfHashMap<MapData, i32, V>,
+    map: &mut BpfHashMap<MapData, i32, u64>,
     generation: usize,
     stored: u32,
     errors: u64,
@@ -383,7 +400,7 @@ fn resize_user_stacks<V: Pod>(
     let lost = user_stack_losses(stored, capacity, errors);
     let entries = sizing.after_window(generation, stored, lost);
     if entries != capacity {
-        match new_user_stack_map(class, outer, generation as u32, entries) {
+        match new_seen_stack_map(outer, generation as u32, entries) {
             Ok(new) => *map = new,
             Err(error) => {
                 tracing::warn!("{error}; its map keeps {capacity} entries");

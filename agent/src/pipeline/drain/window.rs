@@ -308,7 +308,7 @@ impl StackMapFill {
         }
     }
 
-    /// `stacks 57 of 8192 entries, user stacks 3 of 1024, short user stacks 310 of 1024`,
+    /// `stacks 57 of 8192 entries, user stacks 310 of 1024`,
     /// or `None` before any window.
     pub fn describe(&self) -> Option<String> {
         if self.capacity == StackEntries::default() {
@@ -321,11 +321,8 @@ impl StackMapFill {
         // None: `--unwind fp`, where the program walks no user stack itself.
         if self.capacity.user_stacks > 0 {
             text.push_str(&format!(
-                ", user stacks {} of {}, short user stacks {} of {}",
-                self.used.user_stacks,
-                self.capacity.user_stacks,
-                self.used.short_user_stacks,
-                self.capacity.short_user_stacks
+                ", user stacks {} of {}",
+                self.used.user_stacks, self.capacity.user_stacks
             ));
         }
         Some(text)

@@ -167,6 +167,22 @@ pub(super) fn off_cpu_map_sizes(enabled: bool) -> (u32, u32, u32) {
     )
 }
 
+/// Bytes of the `WALKED_STACKS` ring buffer: a second of samples that are each a new stack
+/// of the deepest kind, a power of two from 256 KiB to 16 MiB. The agent reads it every
+/// 200 ms, and at once when the program finds it a quarter full; a record takes what its
+/// frames take, and most stacks repeat. One page without the unwinder, which sends nothing.
+pub(super) fn walked_ring_bytes(cpus: u64, frequency_hz: u64, tables: bool) -> u32 {
+    if !tables {
+        return 4096;
+    }
+    let record = std::mem::size_of::<scorch_common::UserStack>() as u64;
+    cpus.saturating_mul(frequency_hz)
+        .saturating_mul(record)
+        .checked_next_power_of_two()
+        .unwrap_or(u64::MAX)
+        .clamp(256 << 10, 16 << 20) as u32
+}
+
 /// The threads alive, from `/proc/loadavg`'s fourth field (`running/total`).
 pub(super) fn threads_in_loadavg(text: &str) -> Option<u32> {
     text.split_whitespace()
@@ -204,6 +220,17 @@ pub(super) fn per_window_map_entries(cpus: u64, config: &SamplerConfig) -> (u32,
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_walked_ring_holds_a_second_of_new_stacks_within_bounds() {
+        assert_eq!(walked_ring_bytes(2, 19, false), 4096);
+        // 2 CPUs at 19 Hz: 38 stacks of 2 KiB and its header, under the floor.
+        assert_eq!(walked_ring_bytes(2, 19, true), 256 << 10);
+        // 2 CPUs at 999 Hz: 1,998 records of 2,072 bytes, just under 4 MiB.
+        assert_eq!(walked_ring_bytes(2, 999, true), 4 << 20);
+        assert_eq!(walked_ring_bytes(64, 999, true), 16 << 20);
+        assert_eq!(walked_ring_bytes(u64::MAX, u64::MAX, true), 16 << 20);
+    }
 
     #[test]
     fn counts_threads_in_loadavg() {

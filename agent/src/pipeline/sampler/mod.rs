@@ -4,7 +4,7 @@
 
 mod config;
 
-use std::{io, os::fd::AsFd, path::PathBuf};
+use std::{io, path::PathBuf};
 
 use aya::{
     maps::{Array, HashMap as BpfHashMap, Map, MapData, MapError, PerCpuArray},
@@ -18,13 +18,13 @@ use scorch_common::{Control, ExecFile, RuntimeId, MAX_STACK_DEPTH};
 
 use super::{
     maps::{
-        new_stack_map, new_user_stack_map, GenerationMaps, RuntimeCounters, SamplerMaps,
-        StackMapError, UnwindMaps, UserStackClass, UserStackOuters,
+        new_seen_stack_map, new_stack_map, GenerationMaps, RuntimeCounters, SamplerMaps,
+        StackMapError, UnwindMaps,
     },
     off_cpu::{OffCpuMaps, OffCpuSettings},
     stack_sizing::StackSizing,
 };
-use config::{off_cpu_map_sizes, per_window_map_entries, samples_per_window};
+use config::{off_cpu_map_sizes, per_window_map_entries, samples_per_window, walked_ring_bytes};
 
 pub use config::{RuntimeMap, SamplerConfig, UnwindCapacity, UnwindMode};
 
@@ -143,8 +143,8 @@ impl Sampler {
         let stack_sizing = StackSizing::stack_trace(samples, config.stack_entries_ceiling);
         let (count_entries, comm_entries) = per_window_map_entries(cpus.len() as u64, config);
         let tables = config.unwind == UnwindMode::Auto;
-        // Only user stacks go in these, and only with tables: otherwise one entry each.
-        let user_stack_sizing = StackSizing::user_stacks(
+        // Only walked user stacks go in these, and only with tables: otherwise one entry each.
+        let seen_stack_sizing = StackSizing::user_stacks(
             samples,
             if tables {
                 config.stack_entries_ceiling
@@ -225,6 +225,10 @@ impl Sampler {
             .map_max_entries("OFF_CPU_THREADS", threads)
             .map_max_entries("OFF_CPU_USER_STACK_MAP", user_stacks)
             .map_max_entries("OFF_CPU_EVENTS", ring_bytes)
+            .map_max_entries(
+                "WALKED_STACKS",
+                walked_ring_bytes(cpus.len() as u64, config.frequency_hz, tables),
+            )
             .map_max_entries("COUNTS_0", count_entries)
             .map_max_entries("COUNTS_1", count_entries)
             .map_max_entries("COMMS_0", comm_entries)
@@ -253,30 +257,10 @@ impl Sampler {
             }
         };
 
-        // Taken before `take_maps` moves the maps out; only the unwinder needs them.
-        let runtime_stacks = if tables {
-            match duplicate_outer(&ebpf, UserStackClass::Long.outer_name()).and_then(|long| {
-                Ok(UserStackOuters {
-                    long,
-                    short: duplicate_outer(&ebpf, UserStackClass::Short.outer_name())?,
-                })
-            }) {
-                Ok(outers) => Some(outers),
-                Err(err) => {
-                    tracing::warn!(
-                        "runtime frames (Python's) are named at the window's end only (a \
-                         process that exits before it goes unnamed): {err}"
-                    );
-                    None
-                }
-            }
-        } else {
-            None
-        };
         let mut maps = take_maps(
             &mut ebpf,
             stack_sizing,
-            user_stack_sizing,
+            seen_stack_sizing,
             &config.runtime_counters,
         )?;
         let control = Control {
@@ -340,7 +324,6 @@ impl Sampler {
                 &mut ebpf,
                 pool_rows,
                 capacity.processes,
-                runtime_stacks,
                 &runtime_maps,
             )?)
         } else {
@@ -553,35 +536,23 @@ where
 }
 
 /// Takes the drain's maps out of the object, and creates each generation's stack maps: the
-/// user-stack maps of both size classes start with `user_stack_sizing`'s entries.
+/// seen-stack maps start with `seen_stack_sizing`'s entries.
 fn take_maps(
     ebpf: &mut Ebpf,
     stack_sizing: StackSizing,
-    user_stack_sizing: StackSizing,
+    seen_stack_sizing: StackSizing,
     runtime_counters: &[RuntimeCounters],
 ) -> Result<SamplerMaps, SamplerError> {
     let stacks_outer = take_outer(ebpf, "STACKS")?;
-    let user_stacks_outer = take_outer(ebpf, UserStackClass::Long.outer_name())?;
-    let short_user_stacks_outer = take_outer(ebpf, UserStackClass::Short.outer_name())?;
+    let seen_stacks_outer = take_outer(ebpf, "SEEN_STACKS")?;
     let generation = |ebpf: &mut Ebpf, g: u32, [counts, comms]: [&'static str; 2]| {
         let entries = stack_sizing.entries(g as usize);
-        let user_entries = user_stack_sizing.entries(g as usize);
+        let seen_entries = seen_stack_sizing.entries(g as usize);
         Ok::<_, SamplerError>(GenerationMaps {
             counts: take(ebpf, counts)?,
             stacks: new_stack_map(&stacks_outer, g, entries)?,
             comms: take(ebpf, comms)?,
-            user_stacks: new_user_stack_map(
-                UserStackClass::Long,
-                &user_stacks_outer,
-                g,
-                user_entries,
-            )?,
-            short_user_stacks: new_user_stack_map(
-                UserStackClass::Short,
-                &short_user_stacks_outer,
-                g,
-                user_entries,
-            )?,
+            seen_stacks: new_seen_stack_map(&seen_stacks_outer, g, seen_entries)?,
         })
     };
     let gen0 = generation(ebpf, 0, ["COUNTS_0", "COMMS_0"])?;
@@ -599,10 +570,9 @@ fn take_maps(
         generations: [gen0, gen1],
         stacks_outer,
         stack_sizing,
-        user_stacks_outer,
-        short_user_stack_sizing: user_stack_sizing.clone(),
-        user_stack_sizing,
-        short_user_stacks_outer,
+        seen_stacks_outer,
+        seen_stack_sizing,
+        walked_stacks: take(ebpf, "WALKED_STACKS")?,
     })
 }
 
@@ -614,24 +584,10 @@ fn take_outer(ebpf: &mut Ebpf, name: &'static str) -> Result<MapData, SamplerErr
     }
 }
 
-/// A second handle on the array of maps `name`, on a duplicated descriptor.
-fn duplicate_outer(ebpf: &Ebpf, name: &'static str) -> Result<MapData, SamplerError> {
-    let Some(Map::ArrayOfMaps(data)) = ebpf.map(name) else {
-        return Err(SamplerError::MissingMap(name));
-    };
-    let fd = data
-        .fd()
-        .as_fd()
-        .try_clone_to_owned()
-        .map_err(|source| SamplerError::Duplicate { name, source })?;
-    MapData::from_fd(fd).map_err(|source| SamplerError::Map { name, source })
-}
-
 fn take_unwind_maps(
     ebpf: &mut Ebpf,
     pool_rows: u32,
     processes: u32,
-    user_stacks: Option<UserStackOuters>,
     runtime_maps: &[RuntimeMap],
 ) -> Result<UnwindMaps, SamplerError> {
     let rows = take_outer(ebpf, "UNWIND_ROWS")?;
@@ -657,7 +613,6 @@ fn take_unwind_maps(
         events: take(ebpf, "UNWIND_EVENTS")?,
         row_epoch: take(ebpf, "ROW_EPOCH")?,
         runtime_procs,
-        user_stacks,
     })
 }
 

@@ -10,14 +10,11 @@ use scorch_common::RuntimeId;
 use std::collections::HashSet;
 use std::path::Path;
 
-use aya::maps::MapData;
-use scorch_common::{ShortUserStack, UserStack, WalkedStack, SHORT_USER_STACK_ID};
-
-use super::{KernelMaps, LoaderMaps, Unwinder};
+use super::{LoaderMaps, Unwinder};
 use crate::binary::elf::{load_bias, Elf, Segment};
 use crate::pipeline::frames::{decode_user, Frame};
+use crate::runtimes::Registry;
 use crate::runtimes::{Attach, Attachment, Detected, Support};
-use crate::{runtimes::Registry, sys::inner_maps::inner_map};
 
 /// What a binary is to the runtime walks, found before its table is built (in
 /// milliseconds, where the table takes a tenth of a second for an interpreter), so a
@@ -49,43 +46,15 @@ pub(super) struct Attachments {
 /// and what naming its frames needs (`None`: it no longer runs it).
 pub type AttachmentChange = (u32, RuntimeId, Option<Arc<dyn Any + Send + Sync>>);
 
-impl Unwinder<KernelMaps> {
-    /// Notes the runtime frames of the new stacks the BPF side reported (`stacks`: the
-    /// events' process, and generation and id): the symbolizer reads them while their
-    /// processes run. A stack its window's drain already took is gone from the map, and named
-    /// by then.
-    pub(super) fn read_runtime_stacks(&mut self, stacks: HashSet<(u32, u64)>) {
-        let Some(outers) = &self.maps.user_stacks else {
-            return;
-        };
-        // The generation's maps now, each opened at most once (`None` inside: it could not be):
-        // the drain replaces a map that needs another size.
-        type Opened<V> = [Option<Option<aya::maps::HashMap<MapData, i32, V>>>; 2];
-        let mut long: Opened<UserStack> = [None, None];
-        let mut short: Opened<ShortUserStack> = [None, None];
-        for (tgid, stack) in stacks {
-            let generation = (stack >> 32) as usize & 1;
-            let id = stack as u32 as i32;
-            // The id's class bit says which map holds it.
-            let words = &mut self.runtime_words;
-            if id & SHORT_USER_STACK_ID != 0 {
-                let map = short[generation]
-                    .get_or_insert_with(|| generation_map(&outers.short, generation as u32));
-                if let Some(walked) = map.as_ref().and_then(|map| map.get(&id, 0).ok()) {
-                    note_runtime_words(words, tgid, &walked);
-                }
-            } else {
-                let map = long[generation]
-                    .get_or_insert_with(|| generation_map(&outers.long, generation as u32));
-                if let Some(walked) = map.as_ref().and_then(|map| map.get(&id, 0).ok()) {
-                    note_runtime_words(words, tgid, &walked);
-                }
-            }
+impl<M: LoaderMaps> Unwinder<M> {
+    /// Notes the runtime frames of new walked stacks (`stacks`: each with its process): the
+    /// symbolizer reads what they point at while their processes run.
+    pub fn note_runtime_stacks(&mut self, stacks: Vec<(u32, Box<[u64]>)>) {
+        for (tgid, frames) in stacks {
+            note_runtime_words(&mut self.runtime_words, tgid, &frames);
         }
     }
-}
 
-impl<M: LoaderMaps> Unwinder<M> {
     /// The runtime frames (process, word, continuation's payload) of the stacks stored since
     /// the last call, for the symbolizer to read while their processes run.
     pub fn take_runtime_words(&mut self) -> HashSet<(u32, u64, u64)> {
@@ -225,8 +194,8 @@ pub(super) fn runtime(registry: &Registry, elf: &Elf<'_>, path: &Path) -> Option
 /// Adds the runtime frames of `stack` (of process `tgid`) to `words`, as (process, word,
 /// continuation's payload), up to [`MAX_RUNTIME_WORDS`]. The stack's words are decoded as the
 /// drain decodes them, so a frame noted here is the frame the symbolizer is later asked for.
-fn note_runtime_words(words: &mut HashSet<(u32, u64, u64)>, tgid: u32, stack: &dyn WalkedStack) {
-    for frame in decode_user(stack.frames()) {
+fn note_runtime_words(words: &mut HashSet<(u32, u64, u64)>, tgid: u32, frames: &[u64]) {
+    for frame in decode_user(frames) {
         if words.len() >= MAX_RUNTIME_WORDS {
             break;
         }
@@ -234,18 +203,6 @@ fn note_runtime_words(words: &mut HashSet<(u32, u64, u64)>, tgid: u32, stack: &d
             words.insert((tgid, word, more));
         }
     }
-}
-
-/// Generation `generation`'s map in the array of maps `outer`, or `None` when it cannot be
-/// opened (the stacks it holds are then named at the window's end).
-fn generation_map<V: aya::Pod>(
-    outer: &MapData,
-    generation: u32,
-) -> Option<aya::maps::HashMap<MapData, i32, V>> {
-    inner_map(outer.fd(), generation)
-        .ok()
-        .and_then(|fd| MapData::from_fd(fd).ok())
-        .and_then(|data| aya::maps::HashMap::try_from(aya::maps::Map::HashMap(data)).ok())
 }
 
 #[cfg(test)]
@@ -448,17 +405,11 @@ mod tests {
     fn only_runtime_words_of_a_stack_are_noted() {
         let mut words = HashSet::new();
         let python = scorch_common::python_frame_word(0x7f00_0000_1000, 3);
-        let mut stack = ShortUserStack {
-            hash: 0,
-            len: 3,
-            outcome: 0,
-            pcs: [0; scorch_common::SHORT_USER_STACK_DEPTH],
-        };
-        stack.pcs[0] = 0x5555_0000_1000;
-        stack.pcs[1] = python;
-        stack.pcs[2] = scorch_common::WordKind::Continuation.word(5);
-        // Past `len`: not a frame.
-        stack.pcs[3] = scorch_common::python_frame_word(0x7f00_0000_2000, 1);
+        let stack = [
+            0x5555_0000_1000,
+            python,
+            scorch_common::WordKind::Continuation.word(5),
+        ];
         note_runtime_words(&mut words, 7, &stack);
         assert_eq!(words, HashSet::from([(7, python, 5)]));
 
@@ -469,8 +420,7 @@ mod tests {
             4,
             0x1234,
         );
-        stack.len = 5;
-        stack.pcs[..5].copy_from_slice(&[0x5555_0000_1000, more, java, more, 0x5555_0000_2000]);
+        let stack = [0x5555_0000_1000, more, java, more, 0x5555_0000_2000];
         words.clear();
         note_runtime_words(&mut words, 8, &stack);
         assert_eq!(

@@ -4,7 +4,7 @@
 
 use std::collections::HashSet;
 
-use scorch_common::{UnwindEvent, EVENT_RUNTIME_STACK, PROCS_NO_MAPPINGS};
+use scorch_common::{UnwindEvent, PROCS_NO_MAPPINGS};
 
 use super::{FileKey, FileState, LoaderError, LoaderMaps, ProcMapping, Unwinder, VDSO};
 use crate::process::{
@@ -53,21 +53,15 @@ impl Unwinder {
     ) -> Result<Vec<(u32, ProcessMaps)>, LoaderError> {
         self.clock += 1;
         let mut pids = HashSet::new();
-        let mut runtime_stacks = HashSet::new();
         while let Some(item) = self.maps.events.next() {
             if item.len() >= std::mem::size_of::<UnwindEvent>() {
                 // SAFETY: the program writes whole `UnwindEvent`s; the length was checked,
                 // and read_unaligned needs no alignment.
                 let event: UnwindEvent = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
-                if event.kind == EVENT_RUNTIME_STACK {
-                    runtime_stacks.insert((event.tgid, event.pc));
-                } else {
-                    pids.insert(event.tgid);
-                    self.events += 1;
-                }
+                pids.insert(event.tgid);
+                self.events += 1;
             }
         }
-        self.read_runtime_stacks(runtime_stacks);
         let pids = self.reads_due(pids, wanted, std::time::Instant::now());
         self.scan_all(&pids, ProcessMaps::read)
     }
