@@ -67,9 +67,10 @@ pub fn node(root: &Path, scorch: &Path, runs: usize, command: String) -> Result<
                     pointer, unnamed). Native: `deeprec` built without frame pointers, walked \
                     through unwind tables, on one stack throughout and with `vary` on a new \
                     one each round. Its frames: the workload's own in the profile \
-                    written (main, run, the levels, spin). Target: at most 5 us a sample on \
+                    written (main, run, the levels, spin; under `vary`, main, vary and the \
+                    steps). Target: at most 5 us a sample on \
                     the JavaScript stack. One stack throughout: `v8_depth.js ... steady`, \
-                    its levels' order drawn once, so that no sample stores a new stack.",
+                    its levels' order drawn once, so that no sample sends a new stack.",
         busy_note: "Each node process runs `v8_calltree.js` in one busy thread, started afresh \
                     for each daemon. JavaScript names: \
                     `scorch_runtime_names_bytes{runtime=\"v8\"}`, what the last window's names \
