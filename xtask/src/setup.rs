@@ -28,8 +28,10 @@ const BPF_LINKER_VERSION: &str = "0.13.0";
 /// (the overhead bench's `scorch record` names libc frames from it, as on a host that has it
 /// installed), heaptrack profiles the daemon's heap (`cargo xtask bench --only heap`),
 /// openjdk-17-jdk-headless is the JVM whose layout tables the HotSpot readers' tests read,
-/// libc6-arm64-cross is the arm64 glibc whose code the arm64 readers' unit tests read, and
-/// binutils-aarch64-linux-gnu the objdump they compare its PLT's names with; skopeo and umoci
+/// libc6-arm64-cross is the arm64 glibc whose code the arm64 readers' unit tests read,
+/// binutils-aarch64-linux-gnu the objdump they compare its PLT's names with, and
+/// gcc-aarch64-linux-gnu and libc6-dev-arm64-cross the compiler and headers of the arm64
+/// programs they read (and of the arm64 build); skopeo and umoci
 /// read the container image back (`cargo xtask image --check`).
 const PACKAGES: &[&str] = &[
     "gcc",
@@ -55,6 +57,8 @@ const PACKAGES: &[&str] = &[
     "openjdk-17-jdk-headless",
     "libc6-arm64-cross",
     "binutils-aarch64-linux-gnu",
+    "gcc-aarch64-linux-gnu",
+    "libc6-dev-arm64-cross",
     "skopeo",
     "umoci",
 ];
