@@ -610,6 +610,16 @@ pub struct UserStack {
     pub pcs: [u64; MAX_USER_STACK_DEPTH],
 }
 
+/// The value of `SEEN_STACKS_g`: the hash of the walked stack sent under its id. A struct,
+/// not a bare `u64`: the agent creates each generation's map with a struct value in its BTF,
+/// and 6.1's kernel puts an inner map in its array only when it finds the template's value a
+/// struct too (it compares where each keeps a timer, which it looks for in structs only).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SeenStack {
+    pub hash: u64,
+}
+
 /// Bytes of a [`UserStack`] before its frames: a `WALKED_STACKS` record is these and `len`
 /// frames.
 pub const WALKED_STACK_HEADER: usize = core::mem::offset_of!(UserStack, pcs);
@@ -940,8 +950,9 @@ mod pod {
     // SAFETY: see above.
     unsafe impl aya::Pod for super::ProcMappings {}
     // SAFETY: see above.
-    unsafe impl aya::Pod for super::UserStack {}
+    unsafe impl aya::Pod for super::SeenStack {}
     // SAFETY: see above.
+    unsafe impl aya::Pod for super::UserStack {}
     // SAFETY: see above.
     unsafe impl aya::Pod for super::UnwindEvent {}
     // SAFETY: see above.

@@ -17,8 +17,8 @@ use aya_ebpf::{
     maps::{PerCpuArray, RingBuf},
 };
 use scorch_common::{
-    walked_stack_id, UserStack, MAX_USER_STACK_DEPTH, WALKED_GENERATION_1, WALKED_RUNTIME_FRAMES,
-    WALKED_STACK_HEADER,
+    walked_stack_id, SeenStack, UserStack, MAX_USER_STACK_DEPTH, WALKED_GENERATION_1,
+    WALKED_RUNTIME_FRAMES, WALKED_STACK_HEADER,
 };
 
 /// A task's user registers as a walk starts from them (`crate::arch` reads them).
@@ -173,7 +173,7 @@ pub fn mixed_hash(walk: &WalkState) -> u64 {
 /// per-CPU caches through IRQ work, an interrupt each few new stacks, which the sample that
 /// raises it pays for (an exit to the host in a VM). The agent creates each generation's
 /// map with the same flags, sized to the stacks its windows send.
-pub type SeenStackMap = btf_maps::HashMap<i32, u64, 1, 0>;
+pub type SeenStackMap = btf_maps::HashMap<i32, SeenStack, 1, 0>;
 
 /// The walked stacks new to their window, each sent once as a [`UserStack`]'s first
 /// `WALKED_STACK_HEADER + 8 * len` bytes: a ring is allocated once, and a record takes only
@@ -210,18 +210,21 @@ pub fn store_stack(
     // SAFETY: a plain read of a map value; a concurrent writer of the same key writes the
     // same hash or a colliding one, either read whole.
     if let Some(existing) = unsafe { seen.get(id) } {
-        return if *existing == hash {
+        return if existing.hash == hash {
             Ok(id)
         } else {
             Err(StoreError::Collision)
         };
     }
-    if seen.insert(id, &hash, u64::from(BPF_NOEXIST)).is_err() {
+    if seen
+        .insert(id, &SeenStack { hash }, u64::from(BPF_NOEXIST))
+        .is_err()
+    {
         // Another CPU recorded this id in between: the same stack, which it sends, or a
         // collision; or the map is full.
         // SAFETY: as above.
         return match unsafe { seen.get(id) } {
-            Some(existing) if *existing == hash => Ok(id),
+            Some(existing) if existing.hash == hash => Ok(id),
             Some(_) => Err(StoreError::Collision),
             None => Err(StoreError::Refused),
         };

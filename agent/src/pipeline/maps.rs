@@ -4,7 +4,7 @@
 use aya::maps::{
     Array, HashMap as BpfHashMap, Map, MapData, MapError, PerCpuArray, RingBuf, StackTraceMap,
 };
-use scorch_common::{Control, RunSeq, SeenProcess, StackKey, MAX_STACK_DEPTH};
+use scorch_common::{Control, RunSeq, SeenProcess, SeenStack, StackKey, MAX_STACK_DEPTH};
 
 use super::stack_sizing::StackSizing;
 use crate::sys::inner_maps::{
@@ -18,7 +18,7 @@ pub struct GenerationMaps {
     pub comms: BpfHashMap<MapData, u32, SeenProcess>,
     /// The ids and hashes of the user stacks the program walked with unwind tables
     /// (`--unwind auto`) and sent through `WALKED_STACKS` in this generation's window.
-    pub seen_stacks: BpfHashMap<MapData, i32, u64>,
+    pub seen_stacks: BpfHashMap<MapData, i32, SeenStack>,
 }
 
 /// Entries of a generation's two stack maps: the distinct stacks one window stored, or the
@@ -124,14 +124,14 @@ pub fn new_seen_stack_map(
     outer: &MapData,
     generation: u32,
     entries: u32,
-) -> Result<BpfHashMap<MapData, i32, u64>, StackMapError> {
+) -> Result<BpfHashMap<MapData, i32, SeenStack>, StackMapError> {
     let map = "SEEN_STACKS";
     let data = new_inner(
         map,
         outer,
         generation,
         BPF_MAP_TYPE_HASH,
-        std::mem::size_of::<u64>(),
+        std::mem::size_of::<SeenStack>(),
         entries,
         // Preallocated, as the program's template (`SeenStackMap`) declares.
         0,

@@ -58,7 +58,9 @@ use decode::{
     add_off_cpu_gain, counter_index, decode_processes, decode_samples, referenced_traces,
     stack_map_collisions, sum_cpus, user_stack_losses, walks_user_stacks, WindowStacks,
 };
-use scorch_common::{Control, Loss, SeenProcess, StackKey, OFF_CPU_COUNTER_RUN, UNWIND_OUTCOMES};
+use scorch_common::{
+    Control, Loss, SeenProcess, SeenStack, StackKey, OFF_CPU_COUNTER_RUN, UNWIND_OUTCOMES,
+};
 use walked::WalkedStacks;
 
 pub use decode::comm_name;
@@ -218,7 +220,7 @@ impl Drainer {
                 &mut self.batched,
                 &mut self.maps.generations[old].seen_stacks,
                 "SEEN_STACKS",
-                |_, _: u64| walked_stored.user_stacks += 1,
+                |_, _: SeenStack| walked_stored.user_stacks += 1,
             )?;
         }
         let batched = &mut self.batched;
@@ -391,7 +393,7 @@ impl Drainer {
 fn resize_seen_stacks(
     outer: &MapData,
     sizing: &mut StackSizing,
-    map: &mut BpfHashMap<MapData, i32, u64>,
+    map: &mut BpfHashMap<MapData, i32, SeenStack>,
     generation: usize,
     stored: u32,
     errors: u64,
