@@ -13,8 +13,6 @@ const BPF_BTF_LOAD: libc::c_long = 18;
 pub const BPF_MAP_TYPE_HASH: u32 = 1;
 pub const BPF_MAP_TYPE_ARRAY: u32 = 2;
 pub const BPF_MAP_TYPE_STACK_TRACE: u32 = 7;
-/// A hash map that allocates its entries as they are added.
-pub const BPF_F_NO_PREALLOC: u32 = 1;
 
 /// Creates a map to go in one of the program's outer arrays, keyed by `u32`, with a BTF
 /// description of its key and value.
@@ -238,31 +236,6 @@ pub fn set_inner(outer: &MapFd, index: u32, inner: &MapFd) -> std::io::Result<()
 /// once no program holds it and its last descriptor is closed.
 pub fn clear_inner(outer: &MapFd, index: u32) -> std::io::Result<()> {
     element_command(BPF_MAP_DELETE_ELEM, outer, index, None)
-}
-
-const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
-const BPF_MAP_GET_FD_BY_ID: libc::c_long = 14;
-
-/// A descriptor of the map now in slot `index` of the array of maps `outer` (whose elements
-/// read back as map ids), for reading it from another stage than the one that placed it.
-pub fn inner_map(outer: &MapFd, index: u32) -> std::io::Result<std::os::fd::OwnedFd> {
-    let mut id = 0u32;
-    element_command(BPF_MAP_LOOKUP_ELEM, outer, index, Some(&mut id))?;
-    /// `BPF_MAP_GET_FD_BY_ID`'s part of `union bpf_attr`.
-    #[repr(C)]
-    struct GetFdAttr {
-        map_id: u32,
-        next_id: u32,
-        open_flags: u32,
-    }
-    bpf(
-        BPF_MAP_GET_FD_BY_ID,
-        &GetFdAttr {
-            map_id: id,
-            next_id: 0,
-            open_flags: 0,
-        },
-    )
 }
 
 /// `BPF_MAP_UPDATE_ELEM` (with the inner map's fd) or `BPF_MAP_DELETE_ELEM` (without) of

@@ -190,6 +190,7 @@ impl Losses {
         [
             Loss::UserStackCollision,
             Loss::UserStackError,
+            Loss::UserStackRingFull,
             Loss::KernelStackCollision,
             Loss::KernelStackError,
         ]
@@ -356,8 +357,9 @@ mod tests {
             (Loss::KernelStackError, 4000),
             (Loss::CountsMapFull, 50_000),
             (Loss::CommMapFull, 600_000),
+            (Loss::UserStackRingFull, 7_000_000),
         ]);
-        assert_eq!(window.lost_stacks(), 4321);
+        assert_eq!(window.lost_stacks(), 7_004_321);
         assert_eq!(window.dropped_samples(), 50_000);
     }
 
